@@ -1,0 +1,128 @@
+// Package cli is knotless-run's command line: kong commands, logger set-up
+// and the mapping of failures to exit codes. It is the only package that
+// reads the process environment or knows about flags.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/alecthomas/kong"
+	charmlog "github.com/charmbracelet/log"
+	"golang.org/x/term"
+
+	"knotless.dev/run/internal/version"
+)
+
+// Exit codes.
+const (
+	ExitSuccess   = 0
+	ExitFailure   = 1   // a run failed: a step exited non-zero or timed out
+	ExitError     = 2   // bad input, or the runner or infrastructure failed
+	ExitCancelled = 130 // interrupted
+)
+
+// Env is what a command may touch of the process.
+type Env struct {
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+	Getenv func(string) string
+	Logger *slog.Logger
+}
+
+// CLI is the command tree.
+type CLI struct {
+	LogFormat string `help:"Log format: auto (text on a terminal, logfmt otherwise), text, logfmt or json." enum:"auto,text,logfmt,json" default:"auto"`
+	LogLevel  string `help:"Log level: debug, info, warn or error." enum:"debug,info,warn,error" default:"info"`
+
+	Run      RunCmd      `cmd:"" help:"Run one workflow now, without the daemon."`
+	Validate ValidateCmd `cmd:"" help:"Check workflow files and print every error with file:line:column."`
+	Version  VersionCmd  `cmd:"" help:"Print the version."`
+}
+
+// exitError carries an exit code out of a command that has already told
+// the user what happened.
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
+// Main runs the command line and returns the process exit code.
+func Main(ctx context.Context, args []string, env Env) int {
+	var cli CLI
+	parser, err := kong.New(&cli,
+		kong.Name("knotless-run"),
+		kong.Description("The CI runner of knotless: runs workflows as Kubernetes Jobs."),
+		kong.Writers(env.Stdout, env.Stderr),
+		kong.Exit(func(int) {}),
+		kong.UsageOnError(),
+	)
+	if err != nil {
+		fmt.Fprintf(env.Stderr, "knotless-run: %v\n", err)
+		return ExitError
+	}
+	kctx, err := parser.Parse(args)
+	if err != nil {
+		fmt.Fprintf(env.Stderr, "knotless-run: %v\n", err)
+		return ExitError
+	}
+	if kctx.Command() == "" {
+		return ExitSuccess // --help was printed
+	}
+	env.Logger = newLogger(env.Stderr, cli.LogFormat, cli.LogLevel)
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	kctx.BindTo(ctx, (*context.Context)(nil))
+	err = kctx.Run(&env)
+	return exitCode(env.Stderr, err)
+}
+
+// exitCode is the one place a failure is formatted for a human.
+func exitCode(stderr io.Writer, err error) int {
+	var ee exitError
+	switch {
+	case err == nil:
+		return ExitSuccess
+	case errors.As(err, &ee):
+		return ee.code
+	default:
+		fmt.Fprintf(stderr, "knotless-run: %v\n", err)
+		return ExitError
+	}
+}
+
+func newLogger(w io.Writer, format, level string) *slog.Logger {
+	if format == "auto" {
+		format = "logfmt"
+		if f, ok := w.(interface{ Fd() uintptr }); ok && term.IsTerminal(int(f.Fd())) {
+			format = "text"
+		}
+	}
+	formatter := map[string]charmlog.Formatter{
+		"text":   charmlog.TextFormatter,
+		"logfmt": charmlog.LogfmtFormatter,
+		"json":   charmlog.JSONFormatter,
+	}[format]
+	lvl, _ := charmlog.ParseLevel(level)
+	h := charmlog.NewWithOptions(w, charmlog.Options{
+		Formatter:       formatter,
+		Level:           lvl,
+		ReportTimestamp: true,
+	})
+	return slog.New(h)
+}
+
+// VersionCmd prints the version.
+type VersionCmd struct{}
+
+// Run prints the version to stdout.
+func (VersionCmd) Run(env *Env) error {
+	fmt.Fprintf(env.Stdout, "knotless-run %s\n", version.Version)
+	return nil
+}

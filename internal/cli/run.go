@@ -1,0 +1,233 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/executor/shell"
+	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/workflow"
+)
+
+// RunCmd runs one workflow ad hoc.
+type RunCmd struct {
+	Workflow  string   `help:"Workflow file to run." placeholder:"FILE" xor:"source" required:""`
+	StepsFile string   `help:"Steps as lines of name<TAB>script, in place of --workflow." placeholder:"FILE" xor:"source" required:""`
+	Workdir   string   `help:"The checkout: put at the run's work directory." default:"." placeholder:"DIR"`
+	Outputs   string   `help:"Directory that receives what the steps write to $$KNOTLESS_RUN_OUTPUTS." placeholder:"DIR"`
+	Result    string   `help:"Write the result as JSON to FILE (- for stdout)." placeholder:"FILE"`
+	Log       string   `help:"Write the masked run log (capped at 1 MB) to FILE." placeholder:"FILE"`
+	Executor  string   `help:"Where the run executes: kubernetes (kube is an alias), docker or shell. Never chosen implicitly." enum:"kubernetes,kube,docker,shell" default:"kubernetes"`
+	DryRun    bool     `help:"Print what would be sent for each step (secret values masked) and run nothing."`
+	Keep      bool     `help:"Keep the run's session (Job, container or directory) for debugging."`
+	Secret    []string `help:"Grant secret NAME with its value from the environment variable NAME, or NAME=@FILE to read it from FILE. A value is never taken from the command line." placeholder:"NAME"`
+	Untrusted bool     `help:"Run as untrusted code (a pull): no secret is given to any step."`
+	RunID     string   `help:"The run's id (default: generated)." placeholder:"ID"`
+	Image     string   `help:"Image for workflows that name none (pod executors)." default:"busybox:stable"`
+	ShellRoot string   `help:"Directory that holds the shell executor's run directories (default: the system temporary directory)." placeholder:"DIR"`
+}
+
+// Run runs the workflow and exits with the run's status.
+func (c *RunCmd) Run(ctx context.Context, env *Env) error {
+	wf, err := c.loadWorkflow()
+	if err != nil {
+		return err
+	}
+	secrets, err := c.readSecrets(env)
+	if err != nil {
+		return err
+	}
+	runID := c.RunID
+	if runID == "" {
+		runID = newRunID()
+	}
+	exec, err := c.newExecutor(env)
+	if err != nil {
+		return err
+	}
+	eng := run.New(run.Config{
+		Executor:     exec,
+		Logger:       env.Logger.With("component", "run"),
+		DefaultImage: c.Image,
+	})
+	req := run.Request{
+		RunID:    runID,
+		Workflow: wf,
+		Checkout: c.Workdir,
+		Outputs:  c.Outputs,
+		Secrets:  secrets,
+		Trusted:  !c.Untrusted,
+		Keep:     c.Keep,
+		Live:     env.Stdout,
+	}
+	if c.DryRun {
+		return c.dryRun(env, eng, req)
+	}
+	res := eng.Run(ctx, req)
+	if err := c.writeResult(env, res); err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "knotless-run: workflow %s: %s", res.Workflow, res.Status)
+	if res.Error != "" {
+		fmt.Fprintf(env.Stdout, ": %s", res.Error)
+	}
+	fmt.Fprintf(env.Stdout, " (%s)\n", res.FinishedAt.Sub(res.StartedAt).Round(time.Millisecond))
+	return exitError{statusCode(res.Status)}
+}
+
+func statusCode(s run.Status) int {
+	switch s {
+	case run.Success:
+		return ExitSuccess
+	case run.Failure:
+		return ExitFailure
+	case run.Cancelled:
+		return ExitCancelled
+	default:
+		return ExitError
+	}
+}
+
+func (c *RunCmd) loadWorkflow() (*workflow.Workflow, error) {
+	if c.Workflow != "" {
+		wf, err := workflow.Load(c.Workflow)
+		if err != nil {
+			return nil, fmt.Errorf("--workflow %s:\n%w", c.Workflow, err)
+		}
+		return wf, nil
+	}
+	return loadStepsFile(c.StepsFile)
+}
+
+// loadStepsFile reads the proof of concept's format: one step a line,
+// name<TAB>script.
+func loadStepsFile(name string) (*workflow.Workflow, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, fmt.Errorf("--steps-file: %w", err)
+	}
+	defer f.Close()
+	wf := &workflow.Workflow{
+		Name: strings.TrimSuffix(filepath.Base(name), filepath.Ext(name)),
+		File: name,
+		On:   []workflow.Trigger{workflow.Push},
+	}
+	sc := bufio.NewScanner(f)
+	for line := 1; sc.Scan(); line++ {
+		text := sc.Text()
+		if strings.TrimSpace(text) == "" || strings.HasPrefix(text, "#") {
+			continue
+		}
+		stepName, script, ok := strings.Cut(text, "\t")
+		if !ok || stepName == "" || script == "" {
+			return nil, fmt.Errorf("--steps-file %s:%d: want name<TAB>script", name, line)
+		}
+		wf.Steps = append(wf.Steps, workflow.Step{Name: stepName, Run: script, Line: line})
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("--steps-file %s: %w", name, err)
+	}
+	if len(wf.Steps) == 0 {
+		return nil, fmt.Errorf("--steps-file %s: no steps", name)
+	}
+	return wf, nil
+}
+
+// readSecrets reads each --secret's value from the environment or a file.
+func (c *RunCmd) readSecrets(env *Env) (map[string]string, error) {
+	secrets := map[string]string{}
+	for _, s := range c.Secret {
+		name, source, hasSource := strings.Cut(s, "=")
+		switch {
+		case !hasSource:
+			v := env.Getenv(name)
+			if v == "" {
+				return nil, fmt.Errorf("--secret %s: the environment variable %s is empty or unset", name, name)
+			}
+			secrets[name] = v
+		case strings.HasPrefix(source, "@"):
+			b, err := os.ReadFile(source[1:])
+			if err != nil {
+				return nil, fmt.Errorf("--secret %s: %w", name, err)
+			}
+			secrets[name] = strings.TrimSuffix(string(b), "\n")
+		default:
+			return nil, fmt.Errorf("--secret %s: a value is never taken from the command line; use --secret %s (environment) or --secret %s=@FILE", name, name, name)
+		}
+	}
+	return secrets, nil
+}
+
+// newExecutor builds the executor --executor names. No other code path
+// chooses one, and none falls back to another.
+func (c *RunCmd) newExecutor(env *Env) (executor.Executor, error) {
+	switch c.Executor {
+	case shell.Name:
+		return shell.New(shell.Config{Root: c.ShellRoot, Logger: env.Logger.With("component", "executor", "executor", shell.Name)}), nil
+	case "kubernetes", "kube", "docker":
+		return nil, fmt.Errorf("--executor %s: %w in this build; choose --executor shell explicitly", c.Executor, executor.ErrNotImplemented)
+	}
+	return nil, fmt.Errorf("--executor %s: unknown executor", c.Executor)
+}
+
+func (c *RunCmd) dryRun(env *Env, eng *run.Engine, req run.Request) error {
+	dirs := executor.PodDirs()
+	if c.Executor == shell.Name {
+		dirs = executor.Dirs{Work: "<run dir>/work", Steps: "<run dir>/steps", Outputs: "<run dir>/outputs"}
+	}
+	payloads, err := eng.DryRun(req, dirs)
+	if err != nil {
+		return err
+	}
+	for i, p := range payloads {
+		fmt.Fprintf(env.Stdout, "# step %d/%d: %s (sent to sh on stdin)\n%s\n", i+1, len(payloads), req.Workflow.Steps[i].Name, p)
+	}
+	return nil
+}
+
+func (c *RunCmd) writeResult(env *Env, res *run.Result) error {
+	if c.Log != "" {
+		if err := os.WriteFile(c.Log, res.Log, 0o600); err != nil {
+			return fmt.Errorf("--log: %w", err)
+		}
+	}
+	if c.Result == "" {
+		return nil
+	}
+	b, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode result: %w", err)
+	}
+	b = append(b, '\n')
+	var w io.Writer = env.Stdout
+	if c.Result != "-" {
+		f, err := os.OpenFile(c.Result, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+		if err != nil {
+			return fmt.Errorf("--result: %w", err)
+		}
+		defer f.Close()
+		w = f
+	}
+	if _, err := w.Write(b); err != nil {
+		return fmt.Errorf("--result: %w", err)
+	}
+	return nil
+}
+
+// newRunID returns a short random id that is safe as a label value and
+// in a Kubernetes object name.
+func newRunID() string {
+	b := make([]byte, 10)
+	_, _ = rand.Read(b)
+	return "r" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b))
+}

@@ -1,0 +1,55 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"knotless.dev/run/internal/workflow"
+)
+
+// ValidateCmd checks workflow files.
+type ValidateCmd struct {
+	Paths []string `arg:"" optional:"" help:"Workflow files, or directories to search for *.yaml (default: .knotless/workflows)." type:"path"`
+}
+
+// Run validates every file and prints each error on a line of its own.
+func (c *ValidateCmd) Run(env *Env) error {
+	paths := c.Paths
+	if len(paths) == 0 {
+		paths = []string{workflow.Dir}
+	}
+	var files []string
+	for _, p := range paths {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return fmt.Errorf("validate %s: %w", p, err)
+		}
+		if !fi.IsDir() {
+			files = append(files, p)
+			continue
+		}
+		for _, pattern := range []string{"*.yaml", "*.yml"} {
+			found, _ := filepath.Glob(filepath.Join(p, pattern))
+			files = append(files, found...)
+		}
+	}
+	if len(files) == 0 {
+		return fmt.Errorf("validate: no workflow files in %s", strings.Join(paths, ", "))
+	}
+	bad := 0
+	for _, f := range files {
+		if _, err := workflow.Load(f); err != nil {
+			bad++
+			fmt.Fprintln(env.Stdout, err)
+			continue
+		}
+		fmt.Fprintf(env.Stdout, "%s: ok\n", f)
+	}
+	if bad > 0 {
+		fmt.Fprintf(env.Stderr, "knotless-run: %d of %d workflow files have errors\n", bad, len(files))
+		return exitError{ExitFailure}
+	}
+	return nil
+}

@@ -1,0 +1,127 @@
+// Package executor is the contract between the run engine and the places a
+// run can execute: a Kubernetes Job, a Docker container, or a local shell.
+//
+// A session is one run's sandbox. It outlives the process that started it
+// where the executor allows (its Ref is serializable), and a step in it is
+// started, followed from a byte offset and awaited, so a dropped stream or
+// a restarted runner can pick a step up again.
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+)
+
+// Executor starts sessions and sweeps the leftovers of earlier runs.
+type Executor interface {
+	// Name is the executor's name as the --executor flag spells it.
+	Name() string
+	// Start creates a session for one run and waits until it can run steps.
+	Start(ctx context.Context, spec Spec) (Session, error)
+	// Sweep removes every session of this runner whose run is not in keep,
+	// and returns the refs of what it removed.
+	Sweep(ctx context.Context, keep []string) ([]Ref, error)
+}
+
+// Resumer is an Executor that can take a session over from another
+// process by its Ref.
+type Resumer interface {
+	Resume(ctx context.Context, ref Ref) (Session, error)
+}
+
+// Session is one run's sandbox.
+type Session interface {
+	// Ref identifies the session for state.json and Resume.
+	Ref() Ref
+	// Dirs tells where the run's directories are, as steps see them.
+	Dirs() Dirs
+	// Put unpacks the tar stream r at dir, a directory inside the session.
+	Put(ctx context.Context, dir string, r io.Reader) error
+	// Get writes the tree at dir inside the session to w as a tar stream.
+	Get(ctx context.Context, dir string, w io.Writer) error
+	// StartStep starts a step detached: sh reads payload on its stdin.
+	// id is unique within the session.
+	StartStep(ctx context.Context, id string, payload []byte) error
+	// FollowStep writes the step's combined output from byte offset on to
+	// out until the step has ended and its output is drained, and returns
+	// its exit. When ctx ends first it returns the context's error and the
+	// step goes on. An exit that cannot be learned is ErrExitUnknown, never
+	// a guess.
+	FollowStep(ctx context.Context, id string, offset int64, out io.Writer) (Exit, error)
+	// KillStep kills every process of the step.
+	KillStep(ctx context.Context, id string) error
+	// Stop removes the session and everything it made. It is safe to call
+	// more than once.
+	Stop(ctx context.Context) error
+}
+
+// Spec is what a session is started from.
+type Spec struct {
+	RunID     string // unique per run; label-safe
+	Runner    string // the runner's DID
+	Image     string
+	Resources Resources
+	// Timeout bounds the whole run; an executor may enforce it as a
+	// last resort (a Job's active deadline).
+	Timeout time.Duration
+	// Keep leaves the session in place after Stop, for debugging.
+	Keep bool
+	// Annotations are recorded on the session's objects (check key, DID).
+	Annotations map[string]string
+}
+
+// Resources are a run's requests.
+type Resources struct {
+	CPU, Memory string
+}
+
+// Dirs are the run's well-known directories inside the session.
+type Dirs struct {
+	Work, Steps, Outputs string
+}
+
+// Ref is a session's serializable identity.
+type Ref struct {
+	Executor  string `json:"executor"`
+	RunID     string `json:"run"`
+	Namespace string `json:"namespace,omitempty"`
+	Name      string `json:"name"`
+}
+
+func (r Ref) String() string {
+	if r.Namespace != "" {
+		return fmt.Sprintf("%s:%s/%s", r.Executor, r.Namespace, r.Name)
+	}
+	return fmt.Sprintf("%s:%s", r.Executor, r.Name)
+}
+
+// Exit is how a step ended.
+type Exit struct {
+	Code int
+}
+
+// ErrExitUnknown means a step's end could not be learned: its stream
+// ended and its exit status could not be read back.
+var ErrExitUnknown = errors.New("step exit status unknown")
+
+// ErrNotImplemented is returned by executors that are not built yet.
+var ErrNotImplemented = errors.New("executor not implemented")
+
+// Environment variable names that tell a step where the run's
+// directories are.
+const (
+	EnvWork     = "KNOTLESS_RUN_WORK"
+	EnvSteps    = "KNOTLESS_RUN_STEPS"
+	EnvOutputs  = "KNOTLESS_RUN_OUTPUTS"
+	EnvRunID    = "KNOTLESS_RUN_ID"
+	EnvWorkflow = "KNOTLESS_RUN_WORKFLOW"
+	EnvStep     = "KNOTLESS_RUN_STEP"
+)
+
+// PodDirs are the directories inside a pod or container.
+func PodDirs() Dirs {
+	return Dirs{Work: "/work", Steps: "/steps", Outputs: "/outputs"}
+}

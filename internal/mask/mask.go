@@ -1,0 +1,119 @@
+// Package mask hides secret values in a stream of log output.
+package mask
+
+import (
+	"bytes"
+	"io"
+	"sort"
+	"sync"
+)
+
+// Replacement is what a secret value becomes.
+const Replacement = "***"
+
+// Writer replaces every secret value written through it with ***. A value
+// split across two writes is still caught: the bytes that could begin a
+// value are held back until the next write or Flush decides.
+type Writer struct {
+	mu      sync.Mutex
+	out     io.Writer
+	values  [][]byte // longest first
+	pending []byte
+}
+
+// NewWriter returns a Writer to out that masks values. Empty values are
+// ignored: they cannot be found in output.
+func NewWriter(out io.Writer, values []string) *Writer {
+	w := &Writer{out: out}
+	seen := map[string]bool{}
+	for _, v := range values {
+		if v == "" || seen[v] {
+			continue
+		}
+		seen[v] = true
+		w.values = append(w.values, []byte(v))
+	}
+	sort.SliceStable(w.values, func(i, j int) bool { return len(w.values[i]) > len(w.values[j]) })
+	return w
+}
+
+// Write masks p and writes what is decided. It reports len(p) on success.
+func (w *Writer) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.values) == 0 {
+		return w.out.Write(p)
+	}
+	w.pending = append(w.pending, p...)
+	out, rest := w.scan(w.pending, false)
+	w.pending = append(w.pending[:0], rest...)
+	if len(out) > 0 {
+		if _, err := w.out.Write(out); err != nil {
+			return 0, err
+		}
+	}
+	return len(p), nil
+}
+
+// Flush writes the held-back bytes: at the end of the stream they can no
+// longer begin a value.
+func (w *Writer) Flush() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out, _ := w.scan(w.pending, true)
+	w.pending = w.pending[:0]
+	if len(out) == 0 {
+		return nil
+	}
+	_, err := w.out.Write(out)
+	return err
+}
+
+// scan returns the masked bytes that are final and the tail to hold back.
+func (w *Writer) scan(buf []byte, final bool) (out, rest []byte) {
+	out = make([]byte, 0, len(buf))
+	i := 0
+	for i < len(buf) {
+		if v := w.matchAt(buf[i:]); v != nil {
+			out = append(out, Replacement...)
+			i += len(v)
+			continue
+		}
+		if !final && w.couldStart(buf[i:]) {
+			return out, buf[i:]
+		}
+		out = append(out, buf[i])
+		i++
+	}
+	return out, nil
+}
+
+// matchAt returns the longest value that buf starts with.
+func (w *Writer) matchAt(buf []byte) []byte {
+	for _, v := range w.values {
+		if bytes.HasPrefix(buf, v) {
+			return v
+		}
+	}
+	return nil
+}
+
+// couldStart reports whether buf is a proper prefix of a value, so more
+// input could complete a match.
+func (w *Writer) couldStart(buf []byte) bool {
+	for _, v := range w.values {
+		if len(buf) < len(v) && bytes.HasPrefix(v, buf) {
+			return true
+		}
+	}
+	return false
+}
+
+// String masks s in one go, for text that is not a stream.
+func String(s string, values []string) string {
+	var b bytes.Buffer
+	w := NewWriter(&b, values)
+	_, _ = w.Write([]byte(s))
+	_ = w.Flush()
+	return b.String()
+}

@@ -1,0 +1,576 @@
+// Package run is the run lifecycle: it takes a workflow and a checkout,
+// runs the steps on an executor session, and produces a Result and a
+// masked, capped log. It reads top to bottom in Engine.Run.
+package run
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"time"
+
+	"knotless.dev/run/internal/caplog"
+	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/mask"
+	"knotless.dev/run/internal/payload"
+	"knotless.dev/run/internal/tarstream"
+	"knotless.dev/run/internal/workflow"
+)
+
+// Config configures an Engine.
+type Config struct {
+	Executor executor.Executor
+	Logger   *slog.Logger
+	// Runner is the runner's DID.
+	Runner string
+	// DefaultImage is used when a workflow names none.
+	DefaultImage string
+	// Limits bound every transfer in and out of a session.
+	Limits tarstream.Limits
+	// CleanupTimeout bounds stopping a session after the run, also after
+	// the run's context has ended.
+	CleanupTimeout time.Duration
+}
+
+// Engine runs workflows.
+type Engine struct {
+	cfg Config
+}
+
+// New returns an Engine.
+func New(cfg Config) *Engine {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.CleanupTimeout == 0 {
+		cfg.CleanupTimeout = 2 * time.Minute
+	}
+	return &Engine{cfg: cfg}
+}
+
+// Request is one run to do.
+type Request struct {
+	RunID    string
+	Workflow *workflow.Workflow
+	// Checkout is the directory put at the session's work directory.
+	Checkout string
+	// Outputs receives what the steps wrote to their outputs directory;
+	// empty means the outputs are not collected.
+	Outputs string
+	// Secrets holds the values this runner has, by name; the workflow
+	// and its steps decide which are granted.
+	Secrets map[string]string
+	// Trusted runs (pushes by the owner) get secrets; untrusted ones
+	// (pulls, batches from others) never do.
+	Trusted bool
+	Keep    bool
+	// Live receives the masked log as it is written (a terminal).
+	Live        io.Writer
+	Annotations map[string]string
+}
+
+// Run runs req to the end and returns its result. It never returns
+// without a final status: every fault becomes Error, a cancelled ctx
+// becomes Cancelled.
+func (e *Engine) Run(ctx context.Context, req Request) *Result {
+	r := &runState{
+		eng: e,
+		req: req,
+		log: e.cfg.Logger.With("run", req.RunID, "workflow", req.Workflow.Name),
+		res: &Result{
+			RunID:     req.RunID,
+			Workflow:  req.Workflow.Name,
+			Executor:  e.cfg.Executor.Name(),
+			StartedAt: time.Now().UTC(),
+		},
+		buf: caplog.New(caplog.DefaultMax),
+	}
+	for _, s := range req.Workflow.Steps {
+		r.res.Steps = append(r.res.Steps, StepResult{Name: s.Name, Status: Skipped})
+	}
+	r.execute(ctx)
+	r.finish()
+	return r.res
+}
+
+type runState struct {
+	eng     *Engine
+	req     Request
+	log     *slog.Logger
+	res     *Result
+	buf     *caplog.Buffer
+	out     *mask.Writer // everything written to the run log goes through it
+	lines   lineTracker
+	granted map[string]string
+	scripts [][]byte
+}
+
+func (r *runState) execute(ctx context.Context) {
+	wf := r.req.Workflow
+	grantErr := r.grantSecrets()
+	r.openLog()
+	if grantErr != nil {
+		r.fail(Error, "", grantErr)
+		return
+	}
+	if err := r.readScripts(); err != nil {
+		r.fail(Error, "", err)
+		return
+	}
+
+	runCtx := ctx
+	if wf.Timeout > 0 {
+		var cancel context.CancelFunc
+		runCtx, cancel = context.WithTimeout(ctx, wf.Timeout)
+		defer cancel()
+	}
+
+	r.logf("knotless-run: workflow %s, run %s, executor %s", wf.Name, r.req.RunID, r.eng.cfg.Executor.Name())
+	sess, err := r.eng.cfg.Executor.Start(runCtx, r.spec())
+	if err != nil {
+		r.fail(r.faultStatus(ctx), "", fmt.Errorf("start session: %w", err))
+		return
+	}
+	r.log.Info("session started", "session", sess.Ref().String())
+	defer r.stop(ctx, sess)
+
+	dirs := sess.Dirs()
+	if err := r.putCheckout(runCtx, sess, dirs); err != nil {
+		r.fail(r.faultStatus(ctx), "", err)
+		return
+	}
+	r.runSteps(ctx, runCtx, sess, dirs)
+	if err := r.collectOutputs(ctx, sess, dirs); err != nil && r.res.Status == Success {
+		r.fail(Error, "", err)
+	}
+}
+
+// grantSecrets decides which secret values the run gets: none for an
+// untrusted run, else each name the workflow grants, which must have a
+// value.
+func (r *runState) grantSecrets() error {
+	r.granted = map[string]string{}
+	if !r.req.Trusted {
+		return nil
+	}
+	for _, name := range r.req.Workflow.Secrets {
+		v, ok := r.req.Secrets[name]
+		if !ok {
+			return fmt.Errorf("secret %s is granted by workflow %s but this runner has no value for it", name, r.req.Workflow.Name)
+		}
+		r.granted[name] = v
+	}
+	return nil
+}
+
+func (r *runState) openLog() {
+	sink := io.Writer(r.buf)
+	if r.req.Live != nil {
+		sink = io.MultiWriter(r.buf, r.req.Live)
+	}
+	values := make([]string, 0, len(r.granted))
+	for _, v := range r.granted {
+		values = append(values, v)
+	}
+	r.out = mask.NewWriter(&r.lines, values)
+	r.lines.w = sink
+	if !r.req.Trusted {
+		for _, name := range r.req.Workflow.Secrets {
+			r.logf("knotless-run: secret %s withheld: untrusted run", name)
+		}
+	}
+}
+
+// readScripts loads each step's script: its run text, or the shared step
+// file it uses, read through an os.Root so a link in the checkout cannot
+// make the runner read a file of its own host.
+func (r *runState) readScripts() error {
+	var root *os.Root
+	for _, s := range r.req.Workflow.Steps {
+		if s.Uses == "" {
+			r.scripts = append(r.scripts, []byte(s.Run))
+			continue
+		}
+		if root == nil {
+			var err error
+			if root, err = os.OpenRoot(r.req.Checkout); err != nil {
+				return fmt.Errorf("read checkout: %w", err)
+			}
+			defer root.Close()
+		}
+		b, err := root.ReadFile(path.Join(workflow.StepsDir, s.Uses))
+		if err != nil {
+			return fmt.Errorf("step %s uses %s: %w", s.Name, s.Uses, err)
+		}
+		r.scripts = append(r.scripts, b)
+	}
+	return nil
+}
+
+func (r *runState) spec() executor.Spec {
+	wf := r.req.Workflow
+	image := wf.Image
+	if image == "" {
+		image = r.eng.cfg.DefaultImage
+	}
+	return executor.Spec{
+		RunID:       r.req.RunID,
+		Runner:      r.eng.cfg.Runner,
+		Image:       image,
+		Resources:   executor.Resources{CPU: wf.Resources.CPU, Memory: wf.Resources.Memory},
+		Timeout:     wf.Timeout,
+		Keep:        r.req.Keep,
+		Annotations: r.req.Annotations,
+	}
+}
+
+// putCheckout sends the checkout and the step scripts into the session.
+func (r *runState) putCheckout(ctx context.Context, sess executor.Session, dirs executor.Dirs) error {
+	if fi, err := os.Stat(r.req.Checkout); err != nil || !fi.IsDir() {
+		if err == nil {
+			err = errors.New("not a directory")
+		}
+		return fmt.Errorf("checkout %s: %w", r.req.Checkout, err)
+	}
+	start := time.Now()
+	n, err := transfer(ctx, func(w io.Writer) error {
+		return tarstream.Pack(ctx, r.req.Checkout, w, r.eng.cfg.Limits)
+	}, func(rd io.Reader) error { return sess.Put(ctx, dirs.Work, rd) })
+	if err != nil {
+		return fmt.Errorf("put checkout: %w", err)
+	}
+	r.log.Info("checkout sent", "bytes", n, "duration", time.Since(start).Round(time.Millisecond))
+	steps, err := scriptsTar(r.scripts)
+	if err != nil {
+		return err
+	}
+	if err := sess.Put(ctx, dirs.Steps, bytes.NewReader(steps)); err != nil {
+		return fmt.Errorf("put step scripts: %w", err)
+	}
+	return nil
+}
+
+func scriptsTar(scripts [][]byte) ([]byte, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for i, s := range scripts {
+		hdr := &tar.Header{Name: strconv.Itoa(i + 1), Mode: 0o755, Size: int64(len(s)), Typeflag: tar.TypeReg, ModTime: time.Now()}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return nil, err
+		}
+		if _, err := tw.Write(s); err != nil {
+			return nil, err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, fmt.Errorf("pack step scripts: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// runSteps runs the steps in order until one does not succeed.
+func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, dirs executor.Dirs) {
+	steps := r.req.Workflow.Steps
+	for i, s := range steps {
+		sr := &r.res.Steps[i]
+		r.logf("==> step %d/%d: %s", i+1, len(steps), s.Name)
+		r.log.Info("step started", "step", s.Name)
+		start := time.Now()
+		exit, err := r.runStep(ctx, runCtx, sess, dirs, i)
+		sr.Duration = time.Since(start)
+		r.out.Flush()
+		r.lines.endLine()
+		switch {
+		case err == nil && exit.Code == 0:
+			sr.Status = Success
+			sr.ExitCode = &exit.Code
+		case err == nil:
+			sr.Status = Failure
+			sr.ExitCode = &exit.Code
+			r.fail(Failure, s.Name, &StepError{Step: s.Name, ExitCode: &exit.Code})
+		default:
+			var se *StepError
+			if errors.As(err, &se) {
+				sr.TimedOut = se.TimedOut
+			}
+			sr.Status = r.classify(ctx, runCtx, err)
+			r.fail(sr.Status, s.Name, err)
+		}
+		code := "none"
+		if sr.ExitCode != nil {
+			code = strconv.Itoa(*sr.ExitCode)
+		}
+		r.logf("<== step %s: %s, exit %s, %s", s.Name, sr.Status, code, sr.Duration.Round(time.Millisecond))
+		r.log.Info("step ended", "step", s.Name, "status", sr.Status, "exit", code, "duration", sr.Duration.Round(time.Millisecond))
+		if sr.Status != Success {
+			return
+		}
+	}
+	r.res.Status = Success
+}
+
+// runStep starts one step and follows it to its end, killing it at its
+// timeout, at the run's timeout, or when the run is cancelled.
+func (r *runState) runStep(ctx, runCtx context.Context, sess executor.Session, dirs executor.Dirs, i int) (executor.Exit, error) {
+	s := r.req.Workflow.Steps[i]
+	text, err := r.payload(dirs, i)
+	if err != nil {
+		return executor.Exit{}, fmt.Errorf("step %s: %w", s.Name, err)
+	}
+	stepCtx := runCtx
+	if s.Timeout > 0 {
+		var cancel context.CancelFunc
+		stepCtx, cancel = context.WithTimeout(runCtx, s.Timeout)
+		defer cancel()
+	}
+	id := strconv.Itoa(i + 1)
+	if err := sess.StartStep(stepCtx, id, []byte(text)); err != nil {
+		return executor.Exit{}, fmt.Errorf("start step %s: %w", s.Name, err)
+	}
+	exit, err := sess.FollowStep(stepCtx, id, 0, r.out)
+	if err == nil {
+		return exit, nil
+	}
+	if stepCtx.Err() != nil {
+		killCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.eng.cfg.CleanupTimeout)
+		defer cancel()
+		if kerr := sess.KillStep(killCtx, id); kerr != nil {
+			r.log.Error("kill step", "step", s.Name, "err", kerr)
+		}
+		switch {
+		case ctx.Err() != nil:
+			return executor.Exit{}, fmt.Errorf("step %s: run cancelled", s.Name)
+		case runCtx.Err() != nil:
+			return executor.Exit{}, &StepError{Step: s.Name, TimedOut: true, Timeout: r.req.Workflow.Timeout}
+		default:
+			return executor.Exit{}, &StepError{Step: s.Name, TimedOut: true, Timeout: s.Timeout}
+		}
+	}
+	return executor.Exit{}, fmt.Errorf("follow step %s: %w", s.Name, err)
+}
+
+// payload builds the text that starts step i: the run's variables, the
+// step's granted secrets, and its script.
+func (r *runState) payload(dirs executor.Dirs, i int) (string, error) {
+	s := r.req.Workflow.Steps[i]
+	env := []payload.Var{
+		{Name: executor.EnvWork, Value: dirs.Work},
+		{Name: executor.EnvSteps, Value: dirs.Steps},
+		{Name: executor.EnvOutputs, Value: dirs.Outputs},
+		{Name: executor.EnvRunID, Value: r.req.RunID},
+		{Name: executor.EnvWorkflow, Value: r.req.Workflow.Name},
+		{Name: executor.EnvStep, Value: s.Name},
+		{Name: "CI", Value: "true"},
+	}
+	for _, v := range r.req.Workflow.Env {
+		env = append(env, payload.Var{Name: v.Name, Value: v.Value})
+	}
+	var secrets []payload.Var
+	for _, name := range s.Secrets {
+		if v, ok := r.granted[name]; ok {
+			secrets = append(secrets, payload.Var{Name: name, Value: v})
+		}
+	}
+	return payload.Build(payload.Step{
+		Env:     env,
+		Secrets: secrets,
+		Dir:     dirs.Work,
+		Script:  path.Join(dirs.Steps, strconv.Itoa(i+1)),
+	})
+}
+
+// DryRun returns each step's payload with secret values masked, as the
+// executor would receive it.
+func (e *Engine) DryRun(req Request, dirs executor.Dirs) ([]string, error) {
+	r := &runState{eng: e, req: req}
+	if err := r.grantSecrets(); err != nil {
+		return nil, err
+	}
+	var out []string
+	for i := range req.Workflow.Steps {
+		text, err := r.payload(dirs, i)
+		if err != nil {
+			return nil, err
+		}
+		values := make([]string, 0, len(r.granted))
+		for _, v := range r.granted {
+			values = append(values, v)
+		}
+		out = append(out, mask.String(text, values))
+	}
+	return out, nil
+}
+
+// collectOutputs brings the session's outputs directory back and unpacks
+// it, as hostile input, into the request's outputs directory.
+func (r *runState) collectOutputs(ctx context.Context, sess executor.Session, dirs executor.Dirs) error {
+	if r.req.Outputs == "" || r.res.Status == Cancelled {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.eng.cfg.CleanupTimeout)
+	defer cancel()
+	if err := os.MkdirAll(r.req.Outputs, 0o755); err != nil {
+		return fmt.Errorf("create outputs directory: %w", err)
+	}
+	n, err := transfer(ctx, func(w io.Writer) error { return sess.Get(ctx, dirs.Outputs, w) },
+		func(rd io.Reader) error { return tarstream.Unpack(ctx, rd, r.req.Outputs, r.eng.cfg.Limits) })
+	if err != nil {
+		return fmt.Errorf("collect outputs: %w", err)
+	}
+	r.log.Info("outputs collected", "bytes", n)
+	files, err := listFiles(r.req.Outputs)
+	r.res.Outputs = files
+	return err
+}
+
+func listFiles(dir string) ([]string, error) {
+	var files []string
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		files = append(files, filepath.ToSlash(rel))
+		return err
+	})
+	sort.Strings(files)
+	return files, err
+}
+
+// stop ends the session, also when the run's context is gone.
+func (r *runState) stop(ctx context.Context, sess executor.Session) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.eng.cfg.CleanupTimeout)
+	defer cancel()
+	if err := sess.Stop(ctx); err != nil {
+		r.log.Error("stop session", "session", sess.Ref().String(), "err", err)
+		if r.res.Status == Success {
+			r.fail(Error, "", fmt.Errorf("stop session: %w", err))
+		}
+		return
+	}
+	if r.req.Keep {
+		r.log.Info("session kept", "session", sess.Ref().String())
+	} else {
+		r.log.Info("session stopped", "session", sess.Ref().String())
+	}
+}
+
+// faultStatus is the status of a fault outside any step: Cancelled when
+// the run was cancelled, else Error.
+func (r *runState) faultStatus(ctx context.Context) Status {
+	if ctx.Err() != nil {
+		return Cancelled
+	}
+	return Error
+}
+
+// classify turns a step's error into a status.
+func (r *runState) classify(ctx, runCtx context.Context, err error) Status {
+	var se *StepError
+	switch {
+	case ctx.Err() != nil:
+		return Cancelled
+	case errors.As(err, &se):
+		return Failure
+	default:
+		return Error
+	}
+}
+
+// fail records the first thing that ended the run.
+func (r *runState) fail(status Status, step string, err error) {
+	if r.res.Status != "" && r.res.Status != Success {
+		return
+	}
+	r.res.Status, r.res.FailedStep, r.res.Error = status, step, err.Error()
+	if r.out != nil {
+		r.logf("knotless-run: %s: %s", status, err)
+	}
+}
+
+func (r *runState) finish() {
+	if r.res.Status == "" {
+		r.res.Status = Error
+		r.res.Error = "run ended without a status"
+	}
+	if r.out != nil {
+		_ = r.out.Flush()
+	}
+	if r.granted != nil && r.res.Error != "" {
+		values := make([]string, 0, len(r.granted))
+		for _, v := range r.granted {
+			values = append(values, v)
+		}
+		r.res.Error = mask.String(r.res.Error, values)
+	}
+	r.res.FinishedAt = time.Now().UTC()
+	r.res.Log = r.buf.Bytes()
+	r.log.Info("run finished", "status", r.res.Status, "failed_step", r.res.FailedStep, "duration", r.res.FinishedAt.Sub(r.res.StartedAt).Round(time.Millisecond))
+}
+
+// logf writes one line of the runner's own to the run log.
+func (r *runState) logf(format string, args ...any) {
+	r.lines.endLine()
+	fmt.Fprintf(r.out, format+"\n", args...)
+	_ = r.out.Flush()
+}
+
+// transfer runs produce and consume over a pipe and returns the bytes
+// that crossed it.
+func transfer(ctx context.Context, produce func(io.Writer) error, consume func(io.Reader) error) (int64, error) {
+	pr, pw := io.Pipe()
+	counted := &countWriter{w: pw}
+	produced := make(chan error, 1)
+	go func() {
+		err := produce(counted)
+		pw.CloseWithError(err)
+		produced <- err
+	}()
+	cerr := consume(pr)
+	pr.CloseWithError(errors.New("consumer finished"))
+	perr := <-produced
+	if cerr != nil {
+		return counted.n, cerr
+	}
+	return counted.n, perr
+}
+
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// lineTracker remembers whether the log ends mid-line, so the runner's
+// own lines always start on a line of their own.
+type lineTracker struct {
+	w       io.Writer
+	midLine bool
+}
+
+func (l *lineTracker) Write(p []byte) (int, error) {
+	if len(p) > 0 {
+		l.midLine = p[len(p)-1] != '\n'
+	}
+	return l.w.Write(p)
+}
+
+func (l *lineTracker) endLine() {
+	if l.midLine {
+		_, _ = l.Write([]byte("\n"))
+	}
+}

@@ -1,0 +1,294 @@
+// Package tarstream packs a directory into a tar stream and unpacks one
+// into a directory. Unpacking assumes the stream is hostile: it comes out
+// of a pod or container that ran someone else's code.
+package tarstream
+
+import (
+	"archive/tar"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Limits bound a transfer. A zero field means no bound.
+type Limits struct {
+	// MaxBytes is the most tar bytes read or written.
+	MaxBytes int64
+}
+
+// ErrTooLarge is returned when a stream passes Limits.MaxBytes.
+var ErrTooLarge = errors.New("tar stream exceeds the size limit")
+
+// Pack writes the tree under dir to w as a tar stream. Symbolic links are
+// stored as links, not followed. The context bounds the time it takes.
+func Pack(ctx context.Context, dir string, w io.Writer, lim Limits) error {
+	cw := &limitWriter{ctx: ctx, w: w, max: lim.MaxBytes}
+	tw := tar.NewWriter(cw)
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil {
+			return err
+		}
+		if rel == "." {
+			return nil
+		}
+		return packEntry(tw, p, filepath.ToSlash(rel))
+	})
+	if err != nil {
+		return fmt.Errorf("pack %s: %w", dir, err)
+	}
+	if err := tw.Close(); err != nil {
+		return fmt.Errorf("pack %s: %w", dir, err)
+	}
+	return nil
+}
+
+func packEntry(tw *tar.Writer, p, name string) error {
+	fi, err := os.Lstat(p)
+	if err != nil {
+		return err
+	}
+	var link string
+	switch {
+	case fi.Mode()&fs.ModeSymlink != 0:
+		if link, err = os.Readlink(p); err != nil {
+			return err
+		}
+	case fi.IsDir(), fi.Mode().IsRegular():
+	default:
+		return fmt.Errorf("%s: unsupported file type %s", name, fi.Mode().Type())
+	}
+	hdr, err := tar.FileInfoHeader(fi, link)
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	hdr.Name = name
+	if fi.IsDir() {
+		hdr.Name += "/"
+	}
+	hdr.Uid, hdr.Gid, hdr.Uname, hdr.Gname = 0, 0, "", ""
+	hdr.Format = tar.FormatPAX
+	if err := tw.WriteHeader(hdr); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := io.Copy(tw, f); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
+}
+
+// Unpack reads a tar stream from r into dir, which must exist. It keeps
+// permission bits, symbolic links and empty directories, and refuses
+// absolute names, names with "..", links that point outside dir, and
+// device or FIFO entries, with an error that names the entry. Nothing is
+// ever written outside dir, also through links made by earlier entries.
+func Unpack(ctx context.Context, r io.Reader, dir string, lim Limits) error {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return fmt.Errorf("unpack into %s: %w", dir, err)
+	}
+	defer root.Close()
+	tr := tar.NewReader(&limitReader{ctx: ctx, r: r, max: lim.MaxBytes})
+	type dirMode struct {
+		name  string
+		mode  fs.FileMode
+		mtime time.Time
+	}
+	var dirs []dirMode
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("unpack into %s: %w", dir, err)
+		}
+		name, err := cleanName(hdr.Name)
+		if err != nil {
+			return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
+		}
+		if name == "." {
+			continue
+		}
+		mode := fs.FileMode(hdr.Mode) & fs.ModePerm
+		if err := unpackEntry(root, tr, hdr, name, mode); err != nil {
+			return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
+		}
+		if hdr.Typeflag == tar.TypeDir {
+			dirs = append(dirs, dirMode{name, mode, hdr.ModTime})
+		}
+	}
+	// Directory modes last, so a read-only directory can still be filled.
+	for i := len(dirs) - 1; i >= 0; i-- {
+		d := dirs[i]
+		if err := root.Chmod(d.name, d.mode); err != nil {
+			return fmt.Errorf("tar entry %q: %w", d.name, err)
+		}
+		_ = root.Chtimes(d.name, d.mtime, d.mtime)
+	}
+	return nil
+}
+
+func unpackEntry(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string, mode fs.FileMode) error {
+	if parent := path.Dir(name); parent != "." {
+		if err := root.MkdirAll(parent, 0o755); err != nil {
+			return err
+		}
+	}
+	switch hdr.Typeflag {
+	case tar.TypeDir:
+		if fi, err := root.Lstat(name); err == nil && fi.IsDir() {
+			return nil
+		}
+		if err := removeExisting(root, name); err != nil {
+			return err
+		}
+		return root.Mkdir(name, 0o755)
+	case tar.TypeReg:
+		if err := removeExisting(root, name); err != nil {
+			return err
+		}
+		f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(f, tr)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+		// The umask may have narrowed the mode at create.
+		if err := root.Chmod(name, mode); err != nil {
+			return err
+		}
+		return root.Chtimes(name, hdr.ModTime, hdr.ModTime)
+	case tar.TypeSymlink:
+		if err := checkLinkTarget(name, hdr.Linkname); err != nil {
+			return err
+		}
+		if err := removeExisting(root, name); err != nil {
+			return err
+		}
+		return root.Symlink(hdr.Linkname, name)
+	case tar.TypeLink:
+		target, err := cleanName(hdr.Linkname)
+		if err != nil || target == "." {
+			return fmt.Errorf("hard link to %q points outside the target", hdr.Linkname)
+		}
+		if err := removeExisting(root, name); err != nil {
+			return err
+		}
+		return root.Link(target, name)
+	case tar.TypeXGlobalHeader:
+		return nil
+	default:
+		return fmt.Errorf("entry type %q not allowed (devices, FIFOs and others are refused)", string(hdr.Typeflag))
+	}
+}
+
+// cleanName returns the entry name as a clean relative path, or an error
+// for an absolute name or one that climbs with "..".
+func cleanName(name string) (string, error) {
+	if name == "" {
+		return "", errors.New("empty name")
+	}
+	if strings.HasPrefix(name, "/") || filepath.VolumeName(name) != "" {
+		return "", errors.New("absolute path not allowed")
+	}
+	if strings.IndexByte(name, 0) >= 0 {
+		return "", errors.New("NUL in name")
+	}
+	for _, part := range strings.Split(name, "/") {
+		if part == ".." {
+			return "", errors.New(`".." not allowed`)
+		}
+	}
+	return path.Clean(name), nil
+}
+
+// checkLinkTarget refuses a symbolic link whose target, read relative to
+// the link's own directory, leaves the tree.
+func checkLinkTarget(name, target string) error {
+	if target == "" || strings.HasPrefix(target, "/") {
+		return fmt.Errorf("symbolic link to %q points outside the target", target)
+	}
+	resolved := path.Join(path.Dir(name), target)
+	if resolved == ".." || strings.HasPrefix(resolved, "../") {
+		return fmt.Errorf("symbolic link to %q points outside the target", target)
+	}
+	return nil
+}
+
+// removeExisting clears name unless it is absent, so a new entry never
+// writes through a link or into a file an earlier entry made.
+func removeExisting(root *os.Root, name string) error {
+	fi, err := root.Lstat(name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if fi.IsDir() {
+		return root.RemoveAll(name)
+	}
+	return root.Remove(name)
+}
+
+type limitReader struct {
+	ctx context.Context
+	r   io.Reader
+	n   int64
+	max int64
+}
+
+func (l *limitReader) Read(p []byte) (int, error) {
+	if err := l.ctx.Err(); err != nil {
+		return 0, err
+	}
+	n, err := l.r.Read(p)
+	l.n += int64(n)
+	if l.max > 0 && l.n > l.max {
+		return n, fmt.Errorf("%w (%d bytes)", ErrTooLarge, l.max)
+	}
+	return n, err
+}
+
+type limitWriter struct {
+	ctx context.Context
+	w   io.Writer
+	n   int64
+	max int64
+}
+
+func (l *limitWriter) Write(p []byte) (int, error) {
+	if err := l.ctx.Err(); err != nil {
+		return 0, err
+	}
+	if l.max > 0 && l.n+int64(len(p)) > l.max {
+		return 0, fmt.Errorf("%w (%d bytes)", ErrTooLarge, l.max)
+	}
+	n, err := l.w.Write(p)
+	l.n += int64(n)
+	return n, err
+}

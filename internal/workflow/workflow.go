@@ -1,0 +1,135 @@
+// Package workflow reads and validates knotless workflow files
+// (.knotless/workflows/<name>.yaml). It is pure: no I/O beyond reading the
+// files it is given.
+package workflow
+
+import (
+	"fmt"
+	"path"
+	"strings"
+	"time"
+)
+
+// Dir is where a repository keeps its workflows.
+const Dir = ".knotless/workflows"
+
+// StepsDir is where a repository keeps shared steps for `uses`.
+const StepsDir = ".knotless/steps"
+
+// Trigger is an event a workflow runs on.
+type Trigger string
+
+// The events a workflow can run on.
+const (
+	Push  Trigger = "push"
+	Pull  Trigger = "pull"
+	Batch Trigger = "batch"
+)
+
+// Workflow is one validated workflow file.
+type Workflow struct {
+	Name       string // the file stem
+	File       string
+	On         []Trigger
+	Branches   []string
+	Image      string
+	Runners    []string
+	Timeout    time.Duration
+	Env        []EnvVar
+	Secrets    []string
+	Cache      []string
+	Queue      string // "" or "first"
+	Superseded string // "cancel" (the default) or "finish"
+	Resources  Resources
+	Steps      []Step
+}
+
+// EnvVar is a plain variable, in file order.
+type EnvVar struct {
+	Name, Value string
+}
+
+// Resources are the requests of a run.
+type Resources struct {
+	CPU, Memory string
+}
+
+// Step is one step of a workflow.
+type Step struct {
+	Name    string
+	Run     string // the POSIX sh script, or empty when Uses is set
+	Uses    string // a shared step from .knotless/steps/<Uses>
+	Timeout time.Duration
+	Secrets []string
+	Line    int
+}
+
+// Position is where an error is in a file.
+type Position struct {
+	File         string
+	Line, Column int
+}
+
+// Error is one problem in a workflow file.
+type Error struct {
+	Position
+	Msg string
+}
+
+func (e Error) Error() string {
+	return fmt.Sprintf("%s:%d:%d: %s", e.File, e.Line, e.Column, e.Msg)
+}
+
+// Errors is every problem found in one file, in file order.
+type Errors []Error
+
+func (es Errors) Error() string {
+	msgs := make([]string, len(es))
+	for i, e := range es {
+		msgs[i] = e.Error()
+	}
+	return strings.Join(msgs, "\n")
+}
+
+// Matches reports whether the workflow runs for event on branch.
+func (w *Workflow) Matches(event Trigger, branch string) bool {
+	on := false
+	for _, t := range w.On {
+		on = on || t == event
+	}
+	if !on {
+		return false
+	}
+	if len(w.Branches) == 0 {
+		return true
+	}
+	for _, glob := range w.Branches {
+		if ok, _ := path.Match(glob, branch); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// AllowsRunner reports whether the workflow may run on the runner did.
+// A workflow that names no runners runs on any runner the repository names.
+func (w *Workflow) AllowsRunner(did string) bool {
+	if len(w.Runners) == 0 {
+		return true
+	}
+	for _, r := range w.Runners {
+		if r == did {
+			return true
+		}
+	}
+	return false
+}
+
+// StepNames lists the step names in order.
+func (w *Workflow) StepNames() []string {
+	names := make([]string, len(w.Steps))
+	for i, s := range w.Steps {
+		names[i] = s.Name
+	}
+	return names
+}

@@ -1,0 +1,657 @@
+# shellcheck shell=bash
+# lib.sh: configuration and helpers shared by the test cluster's scripts
+# (up, down, env, restart-apiserver). Sourced, never run.
+#
+# Every name, port, CIDR and path below can be overridden by the
+# environment, so a second cluster can run beside the first one: give it
+# another KNOTLESS_CLUSTER_NAME, ports and CIDRs.
+
+KTC_SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+# Identity. The name prefixes the run directory, the node's network
+# namespace, the cgroup root and the CNI network, so that cleanup touches
+# only what carries it.
+KTC_NAME=${KNOTLESS_CLUSTER_NAME:-knotless-test}
+KTC_NODE_NAME=${KNOTLESS_CLUSTER_NODE_NAME:-${KTC_NAME}-node}
+KTC_DIR=${KNOTLESS_CLUSTER_DIR:-/var/lib/${KTC_NAME}}
+KTC_CACHE=${KNOTLESS_CLUSTER_CACHE:-/var/cache/knotless-test-cluster}
+KTC_NETNS=${KNOTLESS_CLUSTER_NETNS:-${KTC_NAME}-node}
+KTC_CGROUP_ROOT=${KNOTLESS_CLUSTER_CGROUP_ROOT:-/${KTC_NAME}}
+KTC_CNI_NETWORK=${KNOTLESS_CLUSTER_CNI_NETWORK:-${KTC_NAME}-pods}
+
+# Network. The node (containerd, kubelet, kube-router and every pod) lives
+# in its own network namespace, joined to the host by one veth pair:
+# HOST_VETH (HOST_IP, in the host) <-> NODE_VETH (NODE_IP, the node IP).
+KTC_HOST_VETH=${KNOTLESS_CLUSTER_HOST_VETH:-ktc0-host}
+KTC_NODE_VETH=${KNOTLESS_CLUSTER_NODE_VETH:-ktc0-node}
+KTC_LINK_CIDR=${KNOTLESS_CLUSTER_LINK_CIDR:-10.223.255.0/30}
+KTC_HOST_IP=${KNOTLESS_CLUSTER_HOST_IP:-10.223.255.1}
+KTC_NODE_IP=${KNOTLESS_CLUSTER_NODE_IP:-10.223.255.2}
+KTC_POD_BRIDGE=${KNOTLESS_CLUSTER_POD_BRIDGE:-ktc0-pods}
+KTC_POD_CIDR=${KNOTLESS_CLUSTER_POD_CIDR:-10.223.0.0/24}
+KTC_SERVICE_CIDR=${KNOTLESS_CLUSTER_SERVICE_CIDR:-10.223.128.0/24}
+KTC_SERVICE_IP=${KNOTLESS_CLUSTER_SERVICE_IP:-10.223.128.1}
+
+# Ports. Control plane ports are bound on the host (loopback, or HOST_IP
+# for the API server); the kubelet's are bound in the node's namespace.
+KTC_APISERVER_PORT=${KNOTLESS_CLUSTER_APISERVER_PORT:-26443}
+KTC_ETCD_PORT=${KNOTLESS_CLUSTER_ETCD_PORT:-22379}
+KTC_ETCD_PEER_PORT=${KNOTLESS_CLUSTER_ETCD_PEER_PORT:-22380}
+KTC_CONTROLLER_MANAGER_PORT=${KNOTLESS_CLUSTER_CONTROLLER_MANAGER_PORT:-20257}
+KTC_SCHEDULER_PORT=${KNOTLESS_CLUSTER_SCHEDULER_PORT:-20259}
+KTC_KUBELET_PORT=${KNOTLESS_CLUSTER_KUBELET_PORT:-20250}
+KTC_KUBELET_HEALTHZ_PORT=${KNOTLESS_CLUSTER_KUBELET_HEALTHZ_PORT:-20248}
+KTC_KUBE_ROUTER_HEALTH_PORT=${KNOTLESS_CLUSTER_KUBE_ROUTER_HEALTH_PORT:-20244}
+
+# Images, built from Debian's busybox-static and imported into the node's
+# containerd. Nothing is pulled from a registry.
+KTC_IMAGE=${KNOTLESS_CLUSTER_IMAGE:-knotless.test/busybox:1}
+KTC_PAUSE_IMAGE=${KNOTLESS_CLUSTER_PAUSE_IMAGE:-knotless.test/pause:1}
+
+KTC_KUBE_VERSION=v1.34.4
+
+# Paths inside the run directory.
+KTC_PKI=$KTC_DIR/pki
+KTC_LOGS=$KTC_DIR/logs
+KTC_PIDS=$KTC_DIR/pids
+KTC_STATE=$KTC_DIR/state
+KTC_CONTAINERD_SOCK=$KTC_DIR/containerd/containerd.sock
+KTC_ADMIN_KUBECONFIG=$KTC_DIR/admin.kubeconfig
+
+# The sysctls that the node changes on the host (the kubelet sets the
+# first three; the net.* ones live in the node's namespace and go with it).
+KTC_HOST_SYSCTLS=(kernel.panic kernel.panic_on_oops vm.overcommit_memory)
+
+# Host paths outside the run directory that the node's components create
+# whatever they are told; down removes each one that up found absent.
+KTC_HOST_PATHS=(
+	/var/lib/kubelet/device-plugins/kubelet.sock
+	/var/lib/kubelet/device-plugins
+	/var/lib/kubelet
+	/var/log/containers
+	/run/containerd/s
+	/run/containerd
+	/var/lib/cni/results
+	/var/lib/cni
+	/run/netns
+)
+
+# The components, in start order. Each runs from the cached binaries with
+# its PID in $KTC_PIDS/NAME.pid and its log in $KTC_LOGS/NAME.log.
+KTC_COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-router)
+
+ktc_log() { printf '%s [%s] %s\n' "$(date +%H:%M:%S)" "${KTC_SCRIPT:-cluster}" "$*" >&2; }
+ktc_die() {
+	ktc_log "error: $*"
+	exit 1
+}
+
+# ktc_now prints seconds since the epoch with milliseconds.
+ktc_now() { date +%s.%3N; }
+
+# ktc_phase NAME START prints how long the phase NAME took since START.
+ktc_phase() { ktc_log "$(printf 'phase %-22s %6.2fs' "$1" "$(echo "$(ktc_now) - $2" | bc)")"; }
+
+# ktc_in_node runs a command in the node's network namespace (and nothing
+# else: the mount namespace stays the host's, so kubelet's volume mounts
+# are seen by containerd).
+ktc_in_node() { nsenter --net="/run/netns/$KTC_NETNS" -- "$@"; }
+
+# ktc_hash prints a short hash of the harness sources that decide what the
+# binaries are, plus the Go version that builds them.
+ktc_hash() {
+	(
+		cd "$KTC_SRC"
+		go version
+		echo "$KTC_KUBE_VERSION"
+		cat go.mod go.sum kube-router/go.mod kube-router/go.sum
+		find cmd -type f -name '*.go' | LC_ALL=C sort | xargs cat
+		sed -n '/^# BUILD-BEGIN/,/^# BUILD-END/p' "$KTC_SRC/lib.sh"
+	) | sha256sum | cut -c1-16
+}
+
+# BUILD-BEGIN (this block is part of the cache key)
+# ktc_build builds (or finds cached) the binaries and sets KTC_BIN to the
+# directory that holds them: kube and its component symlinks, kube-router,
+# pause, mkimage.
+ktc_build() {
+	local hash out tmp ldflags pkg=k8s.io/component-base/version
+	hash=$(ktc_hash)
+	out=$KTC_CACHE/bin-$hash
+	KTC_BIN=$out
+	if [[ -x $out/kube && -x $out/kube-router && -x $out/pause && -x $out/mkimage ]]; then
+		ktc_log "binaries cached in $out"
+		return 0
+	fi
+	mkdir -p "$KTC_CACHE"
+	tmp=$(mktemp -d "$KTC_CACHE/build.XXXXXX")
+	ldflags="-s -w -X $pkg.gitVersion=$KTC_KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=34"
+	ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+	ktc_log "building Kubernetes $KTC_KUBE_VERSION components into $out (cold: ~10 min on 2 cores)"
+	(
+		cd "$KTC_SRC"
+		export CGO_ENABLED=0
+		go build -trimpath -ldflags "$ldflags" -o "$tmp/kube" ./cmd/kube
+		go build -trimpath -ldflags "-s -w" -o "$tmp/pause" ./cmd/pause
+		go build -trimpath -ldflags "-s -w" -o "$tmp/mkimage" ./cmd/mkimage
+		cd kube-router
+		go build -trimpath -ldflags "-s -w" -o "$tmp/kube-router" github.com/cloudnativelabs/kube-router/v2/cmd/kube-router
+	) || {
+		rm -rf "$tmp"
+		ktc_die "build failed"
+	}
+	local c
+	for c in kube-apiserver kube-controller-manager kube-scheduler kubelet; do
+		ln -s kube "$tmp/$c"
+	done
+	rm -rf "$out"
+	mv "$tmp" "$out"
+	# Keep the cache small: binaries of other source hashes are stale.
+	find "$KTC_CACHE" -mindepth 1 -maxdepth 1 -name 'bin-*' ! -name "bin-$hash" -exec rm -rf {} +
+}
+# BUILD-END
+
+# ---------------------------------------------------------------------------
+# Packages
+
+KTC_PACKAGES=(etcd-server containerd runc containernetworking-plugins busybox-static
+	ipset iptables conntrack openssl nftables iproute2 util-linux procps curl jq bc)
+
+ktc_packages() {
+	local missing=() p
+	for p in "${KTC_PACKAGES[@]}"; do
+		dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$p")
+	done
+	((${#missing[@]} == 0)) && return 0
+	ktc_log "installing ${missing[*]}"
+	# policy-rc.d keeps the system's containerd.service from being started
+	# by the package; ours runs with its own socket, root and state anyway.
+	local had_policy=1
+	[[ -e /usr/sbin/policy-rc.d ]] || had_policy=0
+	((had_policy)) || printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+	local rc=0
+	{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >&2 || rc=$?
+	((had_policy)) || rm -f /usr/sbin/policy-rc.d
+	((rc == 0)) || ktc_die "apt-get install ${missing[*]} failed"
+}
+
+# ---------------------------------------------------------------------------
+# Processes
+
+# ktc_is_ours PID succeeds when PID is a process of this cluster: its
+# command line names the run directory (every component gets flags under
+# it, and the containerd shims get our containerd's socket).
+ktc_is_ours() {
+	local args
+	mapfile -d '' args <"/proc/$1/cmdline" 2>/dev/null || return 1
+	[[ "${args[*]}" == *"$KTC_DIR/"* ]]
+}
+
+# ktc_start NAME CMD... starts a component detached, in its own session,
+# with its log and PID file in the run directory.
+ktc_start() {
+	local name=$1
+	shift
+	setsid "$@" >>"$KTC_LOGS/$name.log" 2>&1 </dev/null &
+	echo $! >"$KTC_PIDS/$name.pid"
+}
+
+# ktc_our_pids prints every PID that belongs to this cluster: the PID
+# files (command line checked: PIDs are reused), every process of one of
+# the cluster's binaries whose command line names the run directory
+# (components and containerd shims, also after kill -9 of their parent),
+# every process in the node's network namespace and every process in the
+# cluster's cgroups (the containers).
+ktc_our_pids() {
+	local f pid exe
+	for f in "$KTC_PIDS"/*.pid; do
+		[[ -f $f ]] || continue
+		pid=$(<"$f")
+		[[ $pid =~ ^[0-9]+$ ]] && ktc_is_ours "$pid" && echo "$pid"
+	done
+	for pid in $(pgrep -f -- "$KTC_DIR/"); do
+		exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || continue
+		case ${exe##*/} in
+		kube | kube-router | containerd | containerd-shim* | etcd | runc)
+			ktc_is_ours "$pid" && echo "$pid"
+			;;
+		esac
+	done
+	[[ -e /run/netns/$KTC_NETNS ]] && ip netns pids "$KTC_NETNS" 2>/dev/null
+	local h
+	for h in /sys/fs/cgroup/*/; do
+		[[ -d $h${KTC_CGROUP_ROOT#/} ]] || continue
+		find "$h${KTC_CGROUP_ROOT#/}" -name cgroup.procs -exec cat {} + 2>/dev/null
+	done
+	return 0
+}
+
+# ktc_kill_all stops every process of the cluster: SIGTERM, then SIGKILL
+# for what is left after a grace period (the API server alone can take 15 s
+# to stop gracefully; nothing here needs its state kept).
+ktc_kill_all() {
+	local pids deadline
+	mapfile -t pids < <(ktc_our_pids | sort -un)
+	((${#pids[@]} == 0)) && return 0
+	kill -TERM "${pids[@]}" 2>/dev/null || true
+	deadline=$((SECONDS + 3))
+	while ((SECONDS < deadline)); do
+		mapfile -t pids < <(ktc_our_pids | sort -un)
+		((${#pids[@]} == 0)) && return 0
+		sleep 0.2
+	done
+	local round
+	for round in 1 2 3 4 5 6 7 8 9 10; do
+		mapfile -t pids < <(ktc_our_pids | sort -un)
+		((${#pids[@]} == 0)) && return 0
+		kill -KILL "${pids[@]}" 2>/dev/null || true
+		sleep 0.3
+	done
+	mapfile -t pids < <(ktc_our_pids | sort -un)
+	((${#pids[@]} == 0)) || ktc_log "warning: processes left: ${pids[*]}"
+}
+
+# ktc_stop NAME stops one component by its PID file.
+ktc_stop() {
+	local f=$KTC_PIDS/$1.pid pid i
+	[[ -f $f ]] || return 0
+	pid=$(<"$f")
+	if [[ $pid =~ ^[0-9]+$ ]] && ktc_is_ours "$pid"; then
+		kill -TERM "$pid" 2>/dev/null || true
+		for i in $(seq 30); do
+			ktc_is_ours "$pid" || break
+			sleep 0.1
+		done
+		ktc_is_ours "$pid" && kill -KILL "$pid" 2>/dev/null
+		for i in $(seq 30); do
+			ktc_is_ours "$pid" || break
+			sleep 0.1
+		done
+	fi
+	rm -f "$f"
+}
+
+# ---------------------------------------------------------------------------
+# Teardown
+
+# ktc_teardown removes every trace of the cluster; it is safe to run any
+# number of times and after any of the components was killed.
+ktc_teardown() {
+	ktc_kill_all
+
+	# Mounts under the run directory, deepest first: the pods' volumes,
+	# root filesystems, shm and network namespaces (containerd keeps them
+	# under its state directory: netns_mounts_under_state_dir).
+	local m
+	if [[ -d $KTC_DIR ]]; then
+		while read -r m; do
+			umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || ktc_log "warning: cannot unmount $m"
+		done < <(awk -v d="$KTC_DIR" '$5 == d || index($5, d "/") == 1 { print $5 }' /proc/self/mountinfo | sort -r)
+	fi
+	# The node's network namespace holds the pod bridge, the veth pair,
+	# the pods' routes, kube-router's iptables chains and ipsets, the
+	# egress guard and the node's net.* sysctls: all go with it.
+	if [[ -e /run/netns/$KTC_NETNS ]]; then
+		ip netns delete "$KTC_NETNS" 2>/dev/null || {
+			umount -l "/run/netns/$KTC_NETNS" 2>/dev/null || true
+			rm -f "/run/netns/$KTC_NETNS"
+		}
+	fi
+	ip link show "$KTC_HOST_VETH" >/dev/null 2>&1 && ip link delete "$KTC_HOST_VETH"
+
+	# Cgroups, deepest first.
+	local h
+	for h in /sys/fs/cgroup/*/; do
+		[[ -d $h${KTC_CGROUP_ROOT#/} ]] || continue
+		find "$h${KTC_CGROUP_ROOT#/}" -depth -type d -exec rmdir {} + 2>/dev/null ||
+			ktc_log "warning: cannot remove cgroup $h${KTC_CGROUP_ROOT#/}"
+	done
+
+	# Host state that the node changed.
+	if [[ -f $KTC_STATE/sysctl ]]; then
+		local key val
+		while read -r key val; do
+			sysctl -qw "$key=$val" || ktc_log "warning: cannot restore $key=$val"
+		done <"$KTC_STATE/sysctl"
+	fi
+	rm -f /var/lib/cni/results/"$KTC_CNI_NETWORK"-*
+	if [[ -f $KTC_STATE/created-paths ]]; then
+		local p
+		while read -r p; do
+			case $p in
+			/run/containerd | /run/containerd/s)
+				# Only when no other containerd may be using it.
+				pgrep -x containerd >/dev/null || rm -rf --one-file-system "$p"
+				;;
+			/var/lib/kubelet/device-plugins/kubelet.sock) rm -f "$p" ;;
+			/run/netns)
+				# ip netns add made it a mount point; leave it to whoever
+				# has a namespace in it now.
+				if [[ -d $p && -z $(ls -A "$p") ]]; then
+					! mountpoint -q "$p" || umount "$p" 2>/dev/null || umount -l "$p"
+					rmdir "$p" 2>/dev/null || true
+				fi
+				;;
+			*) [[ -d $p ]] && rmdir "$p" 2>/dev/null || true ;;
+			esac
+		done <"$KTC_STATE/created-paths"
+	fi
+
+	if [[ -d $KTC_DIR ]]; then
+		rm -rf --one-file-system "$KTC_DIR" || ktc_log "warning: cannot remove $KTC_DIR"
+	fi
+}
+
+# ktc_leftovers [SYSCTL_FILE] prints one line for everything of the
+# cluster that is still on the machine, and for each host sysctl that
+# differs from the value saved in SYSCTL_FILE; nothing after a clean
+# teardown.
+ktc_leftovers() {
+	local saved=${1:-$KTC_STATE/sysctl}
+	local pids
+	pids=$(ktc_our_pids | sort -un | tr '\n' ' ')
+	[[ -z ${pids// /} ]] || echo "processes: $pids"
+	awk -v d="$KTC_DIR" '$5 == d || index($5, d "/") == 1 { print "mount: " $5 }' /proc/self/mountinfo
+	[[ ! -e $KTC_DIR ]] || echo "path: $KTC_DIR"
+	[[ ! -e /run/netns/$KTC_NETNS ]] || echo "netns: $KTC_NETNS"
+	ip -o link show 2>/dev/null | awk -v a="$KTC_HOST_VETH" -v b="$KTC_NODE_VETH" -v c="$KTC_POD_BRIDGE" \
+		'{ n = $2; sub(/:$/, "", n); sub(/@.*/, "", n); if (n == a || n == b || n == c) print "link: " n }'
+	ip -o addr show 2>/dev/null | awk -v a="$KTC_HOST_IP" -v b="$KTC_NODE_IP" '{ split($4, x, "/"); if (x[1] == a || x[1] == b) print "address: " $4 " on " $2 }'
+	ip route show 2>/dev/null | grep -F -e "${KTC_POD_CIDR}" -e "${KTC_LINK_CIDR}" | sed 's/^/route: /' || true
+	local h
+	for h in /sys/fs/cgroup/*/; do
+		[[ ! -d $h${KTC_CGROUP_ROOT#/} ]] || echo "cgroup: $h${KTC_CGROUP_ROOT#/}"
+	done
+	if command -v iptables-save >/dev/null; then
+		iptables-save 2>/dev/null | grep -E -e "$KTC_POD_BRIDGE|${KTC_POD_CIDR%/*}|${KTC_NAME}" -e '^:KUBE-ROUTER' | sed 's/^/iptables: /' || true
+	fi
+	if command -v ipset >/dev/null; then
+		ipset list -n 2>/dev/null | grep -E '^KUBE-' | sed 's/^/ipset: /' || true
+	fi
+	ls /var/lib/cni/results/"$KTC_CNI_NETWORK"-* 2>/dev/null | sed 's/^/cni result: /' || true
+	if [[ -f $saved ]]; then
+		local key val
+		while read -r key val; do
+			[[ $(sysctl -n "$key") == "$val" ]] || echo "sysctl: $key=$(sysctl -n "$key") (was $val)"
+		done <"$saved"
+	fi
+	return 0
+}
+
+# ---------------------------------------------------------------------------
+# Certificates and kubeconfigs
+
+# ktc_cert NAME CN O [SANS] makes $KTC_PKI/NAME.{key,crt}, signed by the CA.
+ktc_cert() {
+	local name=$1 cn=$2 o=$3 sans=${4:-} subj ext
+	subj="/CN=$cn"
+	[[ -z $o ]] || subj="/O=$o$subj"
+	ext=$KTC_PKI/$name.ext
+	{
+		echo "basicConstraints=critical,CA:FALSE"
+		echo "keyUsage=critical,digitalSignature,keyEncipherment"
+		if [[ -n $sans ]]; then
+			echo "extendedKeyUsage=serverAuth,clientAuth"
+			echo "subjectAltName=$sans"
+		else
+			echo "extendedKeyUsage=clientAuth"
+		fi
+	} >"$ext"
+	openssl ecparam -name prime256v1 -genkey -noout -out "$KTC_PKI/$name.key" 2>/dev/null
+	openssl req -new -key "$KTC_PKI/$name.key" -subj "$subj" -out "$KTC_PKI/$name.csr" 2>/dev/null
+	openssl x509 -req -in "$KTC_PKI/$name.csr" -CA "$KTC_PKI/ca.crt" -CAkey "$KTC_PKI/ca.key" \
+		-CAcreateserial -days 30 -extfile "$ext" -out "$KTC_PKI/$name.crt" 2>/dev/null
+	rm -f "$KTC_PKI/$name.csr" "$ext"
+}
+
+# ktc_pki makes the cluster's CA, serving and client certificates and the
+# service account signing key.
+ktc_pki() {
+	mkdir -p "$KTC_PKI"
+	chmod 700 "$KTC_PKI"
+	openssl ecparam -name prime256v1 -genkey -noout -out "$KTC_PKI/ca.key" 2>/dev/null
+	openssl req -x509 -new -key "$KTC_PKI/ca.key" -subj "/CN=$KTC_NAME-ca" -days 30 \
+		-addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
+		-out "$KTC_PKI/ca.crt" 2>/dev/null
+	ktc_cert apiserver kube-apiserver "" \
+		"IP:$KTC_HOST_IP,IP:127.0.0.1,IP:$KTC_SERVICE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+	ktc_cert admin "$KTC_NAME-admin" system:masters
+	ktc_cert controller-manager system:kube-controller-manager ""
+	ktc_cert scheduler system:kube-scheduler ""
+	ktc_cert kubelet "system:node:$KTC_NODE_NAME" system:nodes
+	ktc_cert apiserver-kubelet-client kube-apiserver-kubelet-client system:masters
+	ktc_cert kube-router "$KTC_NAME-kube-router" system:masters
+	openssl genrsa -out "$KTC_PKI/sa.key" 2048 2>/dev/null
+	openssl rsa -in "$KTC_PKI/sa.key" -pubout -out "$KTC_PKI/sa.pub" 2>/dev/null
+}
+
+# ktc_kubeconfig NAME SERVER writes $KTC_DIR/NAME.kubeconfig for the
+# client certificate NAME.
+ktc_kubeconfig() {
+	cat >"$KTC_DIR/$1.kubeconfig" <<KUBECONFIG
+apiVersion: v1
+kind: Config
+clusters:
+- name: $KTC_NAME
+  cluster:
+    server: $2
+    certificate-authority: $KTC_PKI/ca.crt
+users:
+- name: $1
+  user:
+    client-certificate: $KTC_PKI/$1.crt
+    client-key: $KTC_PKI/$1.key
+contexts:
+- name: $KTC_NAME
+  context:
+    cluster: $KTC_NAME
+    user: $1
+current-context: $KTC_NAME
+KUBECONFIG
+}
+
+# ktc_api PATH... GETs an API path as the admin; extra args go to curl.
+ktc_api() {
+	local path=$1
+	shift
+	curl -sf --max-time 5 --cacert "$KTC_PKI/ca.crt" --cert "$KTC_PKI/admin.crt" --key "$KTC_PKI/admin.key" \
+		"$@" "https://$KTC_HOST_IP:$KTC_APISERVER_PORT$path"
+}
+
+# ktc_wait WHAT TIMEOUT CMD... polls CMD every 0.2 s until it succeeds.
+ktc_wait() {
+	local what=$1 timeout=$2 deadline
+	shift 2
+	deadline=$(($(date +%s) + timeout))
+	until "$@" >/dev/null 2>&1; do
+		if (($(date +%s) >= deadline)); then
+			ktc_log "timed out after ${timeout}s waiting for $what; logs in $KTC_LOGS"
+			return 1
+		fi
+		sleep 0.2
+	done
+}
+
+# ktc_env prints the shell export lines that describe a running cluster.
+ktc_env() {
+	cat <<ENV
+export KNOTLESS_TEST_KUBECONFIG=$KTC_ADMIN_KUBECONFIG
+export KNOTLESS_TEST_IMAGE=$KTC_IMAGE
+export KNOTLESS_TEST_PAUSE_IMAGE=$KTC_PAUSE_IMAGE
+export KNOTLESS_TEST_NODE_NAME=$KTC_NODE_NAME
+export KNOTLESS_TEST_NODE_NETNS=$KTC_NETNS
+export KNOTLESS_TEST_NODE_IP=$KTC_NODE_IP
+export KNOTLESS_TEST_POD_CIDR=$KTC_POD_CIDR
+export KNOTLESS_TEST_POD_BRIDGE=$KTC_POD_BRIDGE
+export KNOTLESS_TEST_CONTAINERD_SOCK=$KTC_CONTAINERD_SOCK
+export KNOTLESS_TEST_CLUSTER_DIR=$KTC_DIR
+export KNOTLESS_TEST_CLUSTER_SCRIPTS=$KTC_SRC
+ENV
+}
+
+# ---------------------------------------------------------------------------
+# Components
+
+# ktc_start_apiserver starts kube-apiserver (up, restart-apiserver).
+ktc_start_apiserver() {
+	ktc_start kube-apiserver "$KTC_BIN/kube-apiserver" \
+		--etcd-servers "http://127.0.0.1:$KTC_ETCD_PORT" \
+		--bind-address "$KTC_HOST_IP" --advertise-address "$KTC_HOST_IP" --secure-port "$KTC_APISERVER_PORT" \
+		--tls-cert-file "$KTC_PKI/apiserver.crt" --tls-private-key-file "$KTC_PKI/apiserver.key" \
+		--client-ca-file "$KTC_PKI/ca.crt" \
+		--kubelet-client-certificate "$KTC_PKI/apiserver-kubelet-client.crt" \
+		--kubelet-client-key "$KTC_PKI/apiserver-kubelet-client.key" \
+		--kubelet-preferred-address-types InternalIP \
+		--service-account-issuer "https://kubernetes.default.svc" \
+		--service-account-key-file "$KTC_PKI/sa.pub" \
+		--service-account-signing-key-file "$KTC_PKI/sa.key" \
+		--service-cluster-ip-range "$KTC_SERVICE_CIDR" \
+		--authorization-mode Node,RBAC \
+		--enable-admission-plugins NodeRestriction,PodNodeSelector \
+		--allow-privileged \
+		--profiling=false --cert-dir "$KTC_DIR/apiserver" --v 1
+}
+
+# ktc_node_config writes the configuration of containerd, the CNI network
+# and the kubelet.
+ktc_node_config() {
+	local cd=$KTC_DIR/containerd
+	mkdir -p "$cd" "$KTC_DIR/cni/net.d" "$KTC_DIR/kubelet"
+	cat >"$cd/config.toml" <<TOML
+version = 2
+root = "$cd/root"
+state = "$cd/state"
+disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp"]
+
+[grpc]
+  address = "$KTC_CONTAINERD_SOCK"
+
+[ttrpc]
+  address = "$KTC_CONTAINERD_SOCK.ttrpc"
+
+[debug]
+  address = ""
+
+[metrics]
+  address = ""
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$KTC_PAUSE_IMAGE"
+  # Root here lacks CAP_SYS_RESOURCE: without this every sandbox fails
+  # with "can't get final child's PID from pipe".
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  disable_apparmor = true
+  max_container_log_line_size = 16384
+  # Pod network namespaces under our state directory, not /run/netns.
+  netns_mounts_under_state_dir = true
+
+[plugins."io.containerd.grpc.v1.cri".containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
+
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+  SystemdCgroup = false
+  Root = "$cd/runc"
+
+[plugins."io.containerd.grpc.v1.cri".cni]
+  bin_dir = "/usr/lib/cni"
+  conf_dir = "$KTC_DIR/cni/net.d"
+  max_conf_num = 1
+TOML
+	cat >"$KTC_DIR/cni/net.d/10-$KTC_NAME.conflist" <<JSON
+{
+  "cniVersion": "1.0.0",
+  "name": "$KTC_CNI_NETWORK",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "$KTC_POD_BRIDGE",
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{"subnet": "$KTC_POD_CIDR"}]],
+        "routes": [{"dst": "0.0.0.0/0"}],
+        "dataDir": "$KTC_DIR/cni/networks"
+      }
+    }
+  ]
+}
+JSON
+	cat >"$KTC_DIR/kubelet/config.yaml" <<YAML
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $KTC_NODE_IP
+port: $KTC_KUBELET_PORT
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: $KTC_KUBELET_HEALTHZ_PORT
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: true
+  x509:
+    clientCAFile: $KTC_PKI/ca.crt
+authorization:
+  mode: Webhook
+cgroupDriver: cgroupfs
+cgroupRoot: $KTC_CGROUP_ROOT
+cgroupsPerQOS: true
+containerRuntimeEndpoint: unix://$KTC_CONTAINERD_SOCK
+failSwapOn: false
+resolvConf: ""
+podLogsDir: $KTC_DIR/pod-logs
+volumePluginDir: $KTC_DIR/kubelet/volume-plugins
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard:
+  memory.available: 100Mi
+  nodefs.available: 1%
+  nodefs.inodesFree: 1%
+  imagefs.available: 1%
+serializeImagePulls: false
+nodeStatusUpdateFrequency: 4s
+syncFrequency: 10s
+fileCheckFrequency: 20s
+protectKernelDefaults: false
+maxPods: 110
+YAML
+}
+
+# ktc_images builds the run and sandbox images from the host's busybox and
+# our pause binary and imports them into the node's containerd.
+ktc_images() {
+	local img=$KTC_DIR/images
+	mkdir -p "$img"
+	"$KTC_BIN/mkimage" -name "$KTC_IMAGE" -out "$img/run.tar" \
+		-add /bin/busybox=/bin/busybox -busybox /bin/busybox -cmd sh
+	"$KTC_BIN/mkimage" -name "$KTC_PAUSE_IMAGE" -out "$img/pause.tar" \
+		-add "$KTC_BIN/pause=/pause" -entrypoint /pause
+	local t
+	for t in run pause; do
+		ctr --address "$KTC_CONTAINERD_SOCK" --timeout 60s -n k8s.io images import "$img/$t.tar" >/dev/null ||
+			ktc_die "import $t image"
+	done
+	ctr --address "$KTC_CONTAINERD_SOCK" -n k8s.io images ls -q | grep -qxF "$KTC_IMAGE" || ktc_die "image $KTC_IMAGE not imported"
+	ctr --address "$KTC_CONTAINERD_SOCK" -n k8s.io images ls -q | grep -qxF "$KTC_PAUSE_IMAGE" || ktc_die "image $KTC_PAUSE_IMAGE not imported"
+}
+
+# ktc_load_config re-reads the KNOTLESS_CLUSTER_* settings that up ran
+# with, so env, down and restart-apiserver need only the run directory
+# (or nothing, for the default cluster).
+ktc_load_config() {
+	if [[ -f $KTC_DIR/cluster.env ]]; then
+		# shellcheck disable=SC1091
+		source "$KTC_DIR/cluster.env"
+		# shellcheck source=lib.sh
+		source "$KTC_SRC/lib.sh"
+	fi
+}

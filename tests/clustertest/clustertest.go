@@ -1,0 +1,357 @@
+// Package clustertest gives integration tests a real Kubernetes cluster:
+// the single-node cluster of tests/cluster (etcd, kube-apiserver,
+// kube-controller-manager, kube-scheduler, containerd, kubelet and
+// kube-router for NetworkPolicy, all on this machine).
+//
+// A test package uses it in two places:
+//
+//	func TestMain(m *testing.M) { clustertest.Main(m) }
+//
+//	func TestSomething(t *testing.T) {
+//		c := clustertest.Start(t) // its own namespace, deleted after the test
+//		c.Clientset.BatchV1().Jobs(c.Namespace).Create(...)
+//	}
+//
+// When KNOTLESS_TEST_KUBECONFIG is set (CI starts one cluster for the whole
+// run: tests/cluster/up && eval "$(tests/cluster/env)"), tests use that
+// cluster. Otherwise Main brings one up with tests/cluster/up before the
+// package's tests and takes it down after them. Under -short every test
+// that calls Start skips, saying why.
+package clustertest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// The environment that tests/cluster/env prints and that describes a
+// running test cluster.
+const (
+	EnvKubeconfig     = "KNOTLESS_TEST_KUBECONFIG"
+	EnvImage          = "KNOTLESS_TEST_IMAGE"
+	EnvPauseImage     = "KNOTLESS_TEST_PAUSE_IMAGE"
+	EnvNodeName       = "KNOTLESS_TEST_NODE_NAME"
+	EnvNodeNetns      = "KNOTLESS_TEST_NODE_NETNS"
+	EnvNodeIP         = "KNOTLESS_TEST_NODE_IP"
+	EnvPodCIDR        = "KNOTLESS_TEST_POD_CIDR"
+	EnvPodBridge      = "KNOTLESS_TEST_POD_BRIDGE"
+	EnvContainerdSock = "KNOTLESS_TEST_CONTAINERD_SOCK"
+	EnvClusterDir     = "KNOTLESS_TEST_CLUSTER_DIR"
+	EnvScripts        = "KNOTLESS_TEST_CLUSTER_SCRIPTS"
+
+	// envUpError carries the failure of Main's `up` to Start, which fails
+	// every test with it (a cluster that should be there and is not is a
+	// failure, not a skip).
+	envUpError = "KNOTLESS_TEST_CLUSTER_UP_ERROR"
+)
+
+// LabelTest is set on every namespace Start creates.
+const LabelTest = "knotless.dev/test"
+
+// Info describes the running cluster beyond its kubeconfig: what the
+// network and fault-injection helpers need. Fields are empty when the
+// environment does not say (a cluster not made by tests/cluster).
+type Info struct {
+	NodeName       string
+	NodeNetns      string // network namespace of the node and its pods
+	NodeIP         string
+	PodCIDR        string
+	PodBridge      string
+	ContainerdSock string // the node's containerd, for ctr
+	Dir            string // run directory of the cluster
+	Scripts        string // tests/cluster: up, down, env, restart-apiserver
+}
+
+// Cluster is one test's view of the test cluster.
+type Cluster struct {
+	Config     *rest.Config // admin
+	Clientset  kubernetes.Interface
+	Kubeconfig string // admin kubeconfig path
+	Image      string // run image: busybox (sh, tar, sha256sum, nc, ...)
+	Namespace  string // this test's own namespace
+	Info       Info
+}
+
+// Main runs a test package's tests against a test cluster and exits. Call
+// it from TestMain. With KNOTLESS_TEST_KUBECONFIG set, or under -short, it
+// only runs the tests; otherwise it brings a cluster up with
+// tests/cluster/up first (holding a lock, so test binaries that go test
+// runs in parallel take turns) and takes it down with tests/cluster/down
+// after.
+func Main(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	flag.Parse()
+	if testing.Short() || os.Getenv(EnvKubeconfig) != "" {
+		return m.Run()
+	}
+	ctx := context.Background()
+	scripts := scriptsDir()
+	unlock, err := lock(filepath.Join(os.TempDir(), "knotless-test-cluster.lock"))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "clustertest: %v\n", err)
+		return 1
+	}
+	defer unlock()
+
+	fmt.Fprintf(os.Stderr, "clustertest: %s is not set: bringing up a test cluster with %s/up\n", EnvKubeconfig, scripts)
+	if err := Script(ctx, scripts, "up", nil); err != nil {
+		os.Setenv(envUpError, err.Error())
+		code := m.Run()
+		if err := Script(ctx, scripts, "down", nil); err != nil {
+			fmt.Fprintf(os.Stderr, "clustertest: %v\n", err)
+		}
+		return max(code, 1)
+	}
+	env, err := ScriptEnv(ctx, scripts, nil)
+	if err == nil {
+		for k, v := range env {
+			if err = os.Setenv(k, v); err != nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		os.Setenv(envUpError, err.Error())
+	}
+	code := m.Run()
+	if err := Script(ctx, scripts, "down", nil); err != nil {
+		fmt.Fprintf(os.Stderr, "clustertest: %v\n", err)
+		code = max(code, 1)
+	}
+	return code
+}
+
+// lock takes an exclusive flock on path, waiting for it.
+func lock(path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open cluster lock: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("take cluster lock %s: %w", path, err)
+	}
+	return func() { f.Close() }, nil
+}
+
+// scriptsDir finds tests/cluster: from the environment of a running
+// cluster, else next to this source file.
+func scriptsDir() string {
+	if d := os.Getenv(EnvScripts); d != "" {
+		return d
+	}
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "cluster")
+}
+
+// Script runs tests/cluster/NAME with extra environment (KEY=VALUE), its
+// output going to this process's stderr.
+func Script(ctx context.Context, scripts, name string, env []string) error {
+	cmd := exec.CommandContext(ctx, filepath.Join(scripts, name))
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("run tests/cluster/%s: %w", name, err)
+	}
+	return nil
+}
+
+var exportLine = regexp.MustCompile(`^export ([A-Z_][A-Z0-9_]*)=(.*)$`)
+
+// ScriptEnv runs tests/cluster/env and returns the variables it exports.
+func ScriptEnv(ctx context.Context, scripts string, env []string) (map[string]string, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(scripts, "env"))
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("run tests/cluster/env: %w", err)
+	}
+	vars := map[string]string{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		if m := exportLine.FindStringSubmatch(sc.Text()); m != nil {
+			vars[m[1]] = m[2]
+		}
+	}
+	if vars[EnvKubeconfig] == "" {
+		return nil, fmt.Errorf("tests/cluster/env printed no %s", EnvKubeconfig)
+	}
+	return vars, nil
+}
+
+// Connect returns an admin Cluster (without a namespace of its own) for
+// the kubeconfig at path.
+func Connect(kubeconfig string) (*Cluster, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("load kubeconfig %s: %w", kubeconfig, err)
+	}
+	cfg.QPS, cfg.Burst = 100, 200
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("make clientset: %w", err)
+	}
+	image := os.Getenv(EnvImage)
+	if image == "" {
+		image = "knotless.test/busybox:1"
+	}
+	return &Cluster{
+		Config:     cfg,
+		Clientset:  cs,
+		Kubeconfig: kubeconfig,
+		Image:      image,
+		Info: Info{
+			NodeName:       os.Getenv(EnvNodeName),
+			NodeNetns:      os.Getenv(EnvNodeNetns),
+			NodeIP:         os.Getenv(EnvNodeIP),
+			PodCIDR:        os.Getenv(EnvPodCIDR),
+			PodBridge:      os.Getenv(EnvPodBridge),
+			ContainerdSock: os.Getenv(EnvContainerdSock),
+			Dir:            os.Getenv(EnvClusterDir),
+			Scripts:        scriptsDir(),
+		},
+	}, nil
+}
+
+// Start gives the test the test cluster and a namespace of its own,
+// deleted (without waiting for it to go) when the test ends. Under -short
+// it skips the test.
+func Start(t testing.TB) *Cluster {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("clustertest: SKIPPED: this test needs a real Kubernetes cluster and -short is set; " +
+			"run without -short (tests/cluster/up && eval \"$(tests/cluster/env)\" && go test ./...)")
+	}
+	if msg := os.Getenv(envUpError); msg != "" {
+		t.Fatalf("clustertest: the test cluster did not come up: %s", msg)
+	}
+	kubeconfig := os.Getenv(EnvKubeconfig)
+	if kubeconfig == "" {
+		t.Fatalf("clustertest: no test cluster: set %s (tests/cluster/up && eval \"$(tests/cluster/env)\"), "+
+			"or call clustertest.Main from the package's TestMain", EnvKubeconfig)
+	}
+	c, err := Connect(kubeconfig)
+	if err != nil {
+		t.Fatalf("clustertest: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ns, err := c.createNamespace(ctx, t.Name())
+	if err != nil {
+		t.Fatalf("clustertest: %v", err)
+	}
+	c.Namespace = ns
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		bg := metav1.DeletePropagationBackground
+		err := c.Clientset.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{PropagationPolicy: &bg})
+		if err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("clustertest: delete namespace %s: %v", ns, err)
+		}
+	})
+	return c
+}
+
+var nonName = regexp.MustCompile(`[^a-z0-9-]+`)
+
+// createNamespace makes a namespace named after the test and waits for
+// its default service account, without which no pod is admitted.
+func (c *Cluster) createNamespace(ctx context.Context, testName string) (string, error) {
+	base := strings.Trim(nonName.ReplaceAllString(strings.ToLower(testName), "-"), "-")
+	if len(base) > 40 {
+		base = strings.TrimRight(base[:40], "-")
+	}
+	ns, err := c.Clientset.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{
+		ObjectMeta: metav1.ObjectMeta{
+			GenerateName: "kt-" + base + "-",
+			Labels:       map[string]string{LabelTest: "true"},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return "", fmt.Errorf("create test namespace: %w", err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := c.Clientset.CoreV1().ServiceAccounts(ns.Name).Get(ctx, "default", metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return err == nil, err
+	})
+	if err != nil {
+		return "", fmt.Errorf("wait for the default service account of %s: %w", ns.Name, err)
+	}
+	return ns.Name, nil
+}
+
+// WaitForPod waits until a pod in namespace matching selector (a label
+// selector) satisfies cond, and returns it.
+func (c *Cluster) WaitForPod(ctx context.Context, namespace, selector string, cond func(*corev1.Pod) bool) (*corev1.Pod, error) {
+	var found *corev1.Pod
+	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		pods, err := c.Clientset.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
+		if err != nil {
+			return false, nil // the API server may be restarting
+		}
+		for i := range pods.Items {
+			if cond(&pods.Items[i]) {
+				found = &pods.Items[i]
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("wait for a pod %q in %s: %w", selector, namespace, err)
+	}
+	return found, nil
+}
+
+// PodReady reports whether the pod's Ready condition is true.
+func PodReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// PodUnschedulable reports whether the scheduler found no node for the pod.
+func PodUnschedulable(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled {
+			return c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable
+		}
+	}
+	return false
+}
+
+// errNoNodeInfo is returned by helpers that need to know the cluster's
+// node when the environment does not describe it.
+var errNoNodeInfo = errors.New("the environment does not describe the node (" + EnvNodeName + ", " + EnvNodeNetns + "): not a tests/cluster cluster")
