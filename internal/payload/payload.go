@@ -33,7 +33,8 @@ type Step struct {
 
 var validName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
-// Quote returns s as one single-quoted sh word: ' becomes '\”. Newlines
+// Quote returns s as one single-quoted sh word; each single quote in s
+// closes the quoting, is escaped with a backslash and reopens it. Newlines
 // and every other byte are kept as they are; sh reads them literally
 // between single quotes.
 func Quote(s string) string {
