@@ -11,7 +11,7 @@ import (
 
 // ValidateCmd checks workflow files.
 type ValidateCmd struct {
-	Paths []string `arg:"" optional:"" help:"Workflow files, or directories to search for *.yaml (default: .knotless/workflows)." type:"path"`
+	Paths []string `arg:"" optional:"" help:"Workflow files, or directories to search for *.yaml (default: .knotless/workflows)."`
 }
 
 // Run validates every file and prints each error on a line of its own.

@@ -1,0 +1,178 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"knotless.dev/run/internal/run"
+)
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func runCLI(t *testing.T, env map[string]string, args ...string) result {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := Main(context.Background(), args, Env{
+		Stdin: strings.NewReader(""), Stdout: &stdout, Stderr: &stderr,
+		Getenv: func(k string) string { return env[k] },
+	})
+	return result{code, stdout.String(), stderr.String()}
+}
+
+func readResult(t *testing.T, name string) run.Result {
+	t.Helper()
+	b, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res run.Result
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func TestRunExampleWithShell(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	outputs, resultFile, logFile := filepath.Join(dir, "out"), filepath.Join(dir, "result.json"), filepath.Join(dir, "run.log")
+	r := runCLI(t, nil, "run", "--executor", "shell", "--shell-root", filepath.Join(dir, "runs"),
+		"--workflow", "../../examples/hello/.knotless/workflows/build.yaml", "--workdir", "../../examples/hello",
+		"--outputs", outputs, "--result", resultFile, "--log", logFile)
+	if r.code != ExitSuccess {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+	res := readResult(t, resultFile)
+	var names []string
+	for _, s := range res.Steps {
+		names = append(names, s.Name+":"+string(s.Status))
+	}
+	if diff := cmp.Diff([]string{"inspect:success", "build:success", "publish:success"}, names); diff != "" {
+		t.Errorf("steps (-want +got):\n%s", diff)
+	}
+	sum, err := os.ReadFile(filepath.Join(outputs, "greeting.sha256"))
+	if err != nil || !strings.Contains(string(sum), "greeting.txt") {
+		t.Errorf("output greeting.sha256 = %q, %v", sum, err)
+	}
+	log, _ := os.ReadFile(logFile)
+	for _, want := range []string{"==> step 2/3: build", "<== step build: success, exit 0", "hello from knotless-run"} {
+		if !strings.Contains(string(log), want) || !strings.Contains(r.stdout, want) {
+			t.Errorf("log file and live output should contain %q", want)
+		}
+	}
+	if entries, _ := os.ReadDir(filepath.Join(dir, "runs")); len(entries) != 0 {
+		t.Errorf("run directory left behind: %v", entries)
+	}
+}
+
+func TestRunStatusesAndExitCodes(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	failing := filepath.Join(dir, "fail.tsv")
+	if err := os.WriteFile(failing, []byte("ok\ttrue\nbad\texit 7\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name       string
+		args       []string
+		wantCode   int
+		wantStatus run.Status
+		wantError  string
+	}{
+		{"failing step", []string{"--steps-file", failing, "--workdir", dir}, ExitFailure, run.Failure, `step "bad" exited with code 7`},
+		{"missing workdir", []string{"--steps-file", failing, "--workdir", filepath.Join(dir, "missing")}, ExitError, run.Error, "checkout " + filepath.Join(dir, "missing")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			resultFile := filepath.Join(t.TempDir(), "result.json")
+			args := append([]string{"run", "--executor", "shell", "--shell-root", t.TempDir(), "--result", resultFile}, tt.args...)
+			r := runCLI(t, nil, args...)
+			if r.code != tt.wantCode {
+				t.Fatalf("exit %d, want %d\nstdout:\n%s\nstderr:\n%s", r.code, tt.wantCode, r.stdout, r.stderr)
+			}
+			res := readResult(t, resultFile)
+			if res.Status != tt.wantStatus || !strings.Contains(res.Error, tt.wantError) {
+				t.Errorf("result %s %q, want %s %q", res.Status, res.Error, tt.wantStatus, tt.wantError)
+			}
+		})
+	}
+}
+
+func TestRunBadInput(t *testing.T) {
+	t.Parallel()
+	wf := "../../examples/hello/.knotless/workflows/build.yaml"
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"secret value on argv", []string{"run", "--executor", "shell", "--workflow", wf, "--secret", "TOKEN=hunter2"}, nil,
+			"--secret TOKEN: a value is never taken from the command line"},
+		{"secret missing from env", []string{"run", "--executor", "shell", "--workflow", wf, "--secret", "TOKEN"}, nil,
+			"--secret TOKEN: the environment variable TOKEN is empty or unset"},
+		{"kubernetes is the default and not built yet", []string{"run", "--workflow", wf}, nil,
+			"--executor kubernetes: executor not implemented in this build; choose --executor shell explicitly"},
+		{"no workflow", []string{"run", "--executor", "shell"}, nil, "missing flags: --workflow=FILE or --steps-file=FILE"},
+		{"bad workflow", []string{"run", "--executor", "shell", "--workflow", "testdata/bad.yaml"}, nil,
+			`testdata/bad.yaml:3:1: workflow: unknown field "stepz"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			r := runCLI(t, tt.env, tt.args...)
+			if r.code != ExitError || !strings.Contains(r.stderr, tt.want) {
+				t.Errorf("exit %d, stderr:\n%s\nwant exit %d and %q", r.code, r.stderr, ExitError, tt.want)
+			}
+		})
+	}
+}
+
+func TestDryRunMasksSecrets(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	wf := filepath.Join(dir, "w.yaml")
+	if err := os.WriteFile(wf, []byte("on: push\nsecrets: [TOKEN]\nsteps:\n  - {name: s, secrets: [TOKEN], run: 'echo hi'}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := runCLI(t, map[string]string{"TOKEN": "hunter2"}, "run", "--executor", "shell", "--dry-run", "--workflow", wf, "--secret", "TOKEN")
+	if r.code != 0 || strings.Contains(r.stdout, "hunter2") || !strings.Contains(r.stdout, "export TOKEN='***'") {
+		t.Errorf("exit %d, stdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	t.Parallel()
+	r := runCLI(t, nil, "validate", "testdata/bad.yaml", "../../examples/hello/.knotless/workflows")
+	want := []string{
+		`testdata/bad.yaml:2:10: timeout: want a positive duration like 90s or 10m, got "soon"`,
+		`testdata/bad.yaml:3:1: workflow: unknown field "stepz"`,
+		"../../examples/hello/.knotless/workflows/build.yaml: ok",
+	}
+	for _, w := range want {
+		if !strings.Contains(r.stdout, w) {
+			t.Errorf("validate output lacks %q:\n%s", w, r.stdout)
+		}
+	}
+	if r.code != ExitFailure {
+		t.Errorf("exit %d, want %d", r.code, ExitFailure)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	if r := runCLI(t, nil, "version"); r.code != 0 || !strings.HasPrefix(r.stdout, "knotless-run ") {
+		t.Errorf("version: %d %q", r.code, r.stdout)
+	}
+}

@@ -1,0 +1,354 @@
+// Package conformance is the one behaviour table that every executor must
+// pass: status rules, timeouts, secrets, leftover processes and hostile
+// transfers. Each executor's tests call Run with a way to build it; a
+// behaviour only one executor passes is a bug in that executor.
+package conformance
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/workflow"
+)
+
+// Harness tells the table how to use one executor.
+type Harness struct {
+	// New returns a fresh executor for one test.
+	New func(t *testing.T) executor.Executor
+	// Image is the image steps run in (pod executors); it has a POSIX
+	// sh and busybox-like tools.
+	Image string
+	// SecretSearch lists, as sh words, the places a step greps for a
+	// leaked secret value: the session's whole writable file system.
+	SecretSearch string
+}
+
+// Run runs the whole table against h.
+func Run(t *testing.T, h Harness) {
+	t.Run("status", func(t *testing.T) { t.Parallel(); testStatus(t, h) })
+	t.Run("secrets", func(t *testing.T) { t.Parallel(); testSecrets(t, h) })
+	t.Run("transfers", func(t *testing.T) { t.Parallel(); testTransfers(t, h) })
+	t.Run("hostile outputs", func(t *testing.T) { t.Parallel(); testHostileOutputs(t, h) })
+	t.Run("session steps", func(t *testing.T) { t.Parallel(); testSessionSteps(t, h) })
+}
+
+func engine(t *testing.T, h Harness) *run.Engine {
+	return run.New(run.Config{Executor: h.New(t), DefaultImage: h.Image, Runner: "did:plc:conformance", CleanupTimeout: time.Minute})
+}
+
+func parse(t *testing.T, src string) *workflow.Workflow {
+	t.Helper()
+	wf, err := workflow.Parse("conformance.yaml", []byte(src))
+	if err != nil {
+		t.Fatalf("test workflow: %v", err)
+	}
+	return wf
+}
+
+func runID(t *testing.T) string {
+	b := make([]byte, 5)
+	_, _ = rand.Read(b)
+	return "t" + hex.EncodeToString(b)
+}
+
+func intp(i int) *int { return &i }
+
+func testStatus(t *testing.T, h Harness) {
+	tests := []struct {
+		name       string
+		src        string
+		checkout   string // "" = an empty temporary directory
+		cancel     time.Duration
+		wantStatus run.Status
+		wantFailed string
+		wantSteps  []run.StepResult // Name, Status, ExitCode, TimedOut compared
+		wantError  string           // substring
+	}{
+		{
+			name:       "success",
+			src:        "on: push\nsteps:\n  - {name: a, run: 'echo one'}\n  - {name: b, run: 'echo two'}\n",
+			wantStatus: run.Success,
+			wantSteps:  []run.StepResult{{Name: "a", Status: run.Success, ExitCode: intp(0)}, {Name: "b", Status: run.Success, ExitCode: intp(0)}},
+		},
+		{
+			name:       "failing step names step and exit code",
+			src:        "on: push\nsteps:\n  - {name: ok, run: 'true'}\n  - {name: bad, run: 'echo failing; exit 3'}\n  - {name: never, run: 'true'}\n",
+			wantStatus: run.Failure, wantFailed: "bad", wantError: `step "bad" exited with code 3`,
+			wantSteps: []run.StepResult{{Name: "ok", Status: run.Success, ExitCode: intp(0)}, {Name: "bad", Status: run.Failure, ExitCode: intp(3)}, {Name: "never", Status: run.Skipped}},
+		},
+		{
+			name:       "set -e stops a script at its first failing command",
+			src:        "on: push\nsteps:\n  - {name: e, run: \"false\\necho unreachable\"}\n",
+			wantStatus: run.Failure, wantFailed: "e",
+			wantSteps: []run.StepResult{{Name: "e", Status: run.Failure, ExitCode: intp(1)}},
+		},
+		{
+			name:       "hanging step is killed at its timeout",
+			src:        "on: push\nsteps:\n  - {name: hang, timeout: 2s, run: 'sleep 300 & sleep 300'}\n",
+			wantStatus: run.Failure, wantFailed: "hang", wantError: `step "hang" timed out after 2s`,
+			wantSteps: []run.StepResult{{Name: "hang", Status: run.Failure, TimedOut: true}},
+		},
+		{
+			name:       "run timeout",
+			src:        "on: push\ntimeout: 3s\nsteps:\n  - {name: slow, run: 'sleep 300'}\n",
+			wantStatus: run.Failure, wantFailed: "slow", wantError: `step "slow" timed out after 3s`,
+			wantSteps: []run.StepResult{{Name: "slow", Status: run.Failure, TimedOut: true}},
+		},
+		{
+			name:       "missing checkout is an error",
+			src:        "on: push\nsteps:\n  - {name: a, run: 'true'}\n",
+			checkout:   "/nonexistent/knotless-checkout",
+			wantStatus: run.Error, wantError: "checkout /nonexistent/knotless-checkout",
+			wantSteps: []run.StepResult{{Name: "a", Status: run.Skipped}},
+		},
+		{
+			name:       "cancel",
+			src:        "on: push\nsteps:\n  - {name: long, run: 'sleep 300'}\n",
+			cancel:     2 * time.Second,
+			wantStatus: run.Cancelled, wantFailed: "long",
+			wantSteps: []run.StepResult{{Name: "long", Status: run.Cancelled}},
+		},
+		{
+			name:       "uses a missing shared step",
+			src:        "on: push\nsteps:\n  - {uses: nothing-here}\n",
+			wantStatus: run.Error, wantError: "step nothing-here uses nothing-here",
+			wantSteps: []run.StepResult{{Name: "nothing-here", Status: run.Skipped}},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			checkout := tt.checkout
+			if checkout == "" {
+				checkout = t.TempDir()
+			}
+			ctx := context.Background()
+			if tt.cancel > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithCancel(ctx)
+				time.AfterFunc(tt.cancel, cancel)
+				defer cancel()
+			}
+			res := engine(t, h).Run(ctx, run.Request{RunID: runID(t), Workflow: parse(t, tt.src), Checkout: checkout, Trusted: true})
+			if res.Status != tt.wantStatus || res.FailedStep != tt.wantFailed || !strings.Contains(res.Error, tt.wantError) {
+				t.Errorf("result = %s, failed step %q, error %q; want %s, %q, error containing %q\nlog:\n%s",
+					res.Status, res.FailedStep, res.Error, tt.wantStatus, tt.wantFailed, tt.wantError, res.Log)
+			}
+			if len(res.Steps) != len(tt.wantSteps) {
+				t.Fatalf("%d step results, want %d", len(res.Steps), len(tt.wantSteps))
+			}
+			for i, want := range tt.wantSteps {
+				got := res.Steps[i]
+				if got.Name != want.Name || got.Status != want.Status || got.TimedOut != want.TimedOut || fmtCode(got.ExitCode) != fmtCode(want.ExitCode) {
+					t.Errorf("step %d = %s %s exit %s timedOut %v; want %s %s exit %s timedOut %v",
+						i, got.Name, got.Status, fmtCode(got.ExitCode), got.TimedOut, want.Name, want.Status, fmtCode(want.ExitCode), want.TimedOut)
+				}
+			}
+		})
+	}
+}
+
+func fmtCode(c *int) string {
+	if c == nil {
+		return "none"
+	}
+	return string(rune('0' + *c))
+}
+
+// hostileSecret exercises every quoting hazard of sh. Masking replaces
+// the exact bytes of a value: output that transforms it (dash's echo
+// turns \n into a newline) is not the value, so steps print it with
+// printf %s.
+const hostileSecret = "it's \"quoted\" $HOME ${PATH} `id` $(id)\nsecond line\\n \\ end '"
+
+func testSecrets(t *testing.T, h Harness) {
+	probe := "probe-" + runID(t) + "-value"
+	sum := sha256.Sum256([]byte(hostileSecret))
+	src := `on: push
+secrets: [TOKEN, PROBE, UNUSED]
+steps:
+  - name: use
+    secrets: [TOKEN, PROBE]
+    run: |
+      printf %s "$TOKEN" | sha256sum
+      printf 'token=%s\n' "$TOKEN"
+      printf 'probe=%s\n' "$PROBE"
+      # No process may carry the value in its argv.
+      for f in /proc/[0-9]*/cmdline; do cat "$f" 2>/dev/null | tr '\0' ' '; echo; done > "$TMPDIR_ARGV"
+      if printf %s "$PROBE" | grep -qF -f - "$TMPDIR_ARGV"; then echo "PROBE IN ARGV"; fi
+      rm -f "$TMPDIR_ARGV"
+      # A background process left behind by a secret-bearing step.
+      sh -c 'sleep 300; :' knotless-leftover-marker &
+  - name: ungranted
+    run: |
+      test -z "${TOKEN:-}" && test -z "${PROBE:-}" && echo "no secrets here"
+  - name: search
+    secrets: [PROBE]
+    run: |
+      # The bracket keeps this grep from matching its own argv.
+      if grep -l 'knotless-leftover-marke[r]' /proc/[0-9]*/cmdline 2>/dev/null | grep -q .; then echo "LEFTOVER PROCESS"; fi
+      if printf %s "$PROBE" | grep -rlsF -f - ` + h.SecretSearch + `; then echo "PROBE IN A FILE"; fi
+      echo "search done"
+`
+	src = strings.ReplaceAll(src, "$TMPDIR_ARGV", "/tmp/knotless-argv.$$")
+	var live bytes.Buffer
+	res := engine(t, h).Run(context.Background(), run.Request{
+		RunID: runID(t), Workflow: parse(t, src), Checkout: t.TempDir(), Trusted: true,
+		Secrets: map[string]string{"TOKEN": hostileSecret, "PROBE": probe, "UNUSED": "never-granted-to-a-step"},
+		Live:    &live,
+	})
+	log := string(res.Log)
+	if res.Status != run.Success {
+		t.Fatalf("status %s (%s), log:\n%s", res.Status, res.Error, log)
+	}
+	for _, want := range []string{hex.EncodeToString(sum[:]), "token=***", "probe=***", "no secrets here", "search done"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("log lacks %q:\n%s", want, log)
+		}
+	}
+	for _, leak := range []string{"second line", probe, "PROBE IN ARGV", "PROBE IN A FILE", "LEFTOVER PROCESS"} {
+		if strings.Contains(log, leak) {
+			t.Errorf("log contains %q:\n%s", leak, log)
+		}
+	}
+	if live.String() != log {
+		t.Errorf("live output differs from the run log")
+	}
+
+	// An untrusted run gets no secret, and the log names what was withheld.
+	res = engine(t, h).Run(context.Background(), run.Request{
+		RunID: runID(t), Workflow: parse(t, "on: pull\nsecrets: [TOKEN]\nsteps:\n  - {name: s, secrets: [TOKEN], run: 'test -z \"${TOKEN:-}\" && echo empty'}\n"),
+		Checkout: t.TempDir(), Trusted: false, Secrets: map[string]string{"TOKEN": probe},
+	})
+	if res.Status != run.Success || !strings.Contains(string(res.Log), "secret TOKEN withheld: untrusted run") || !strings.Contains(string(res.Log), "empty") {
+		t.Errorf("untrusted run: %s (%s), log:\n%s", res.Status, res.Error, res.Log)
+	}
+}
+
+func testTransfers(t *testing.T, h Harness) {
+	checkout := t.TempDir()
+	mustWrite(t, filepath.Join(checkout, "bin/tool.sh"), "#!/bin/sh\necho tool ran\n", 0o755)
+	mustWrite(t, filepath.Join(checkout, "data/file.txt"), "data\n", 0o640)
+	must(t, os.Symlink("../data/file.txt", filepath.Join(checkout, "bin/link")))
+	must(t, os.MkdirAll(filepath.Join(checkout, "empty"), 0o755))
+	src := `on: push
+steps:
+  - name: check
+    run: |
+      ./bin/tool.sh
+      test -L bin/link && cat bin/link
+      test -d empty
+      mkdir -p "$KNOTLESS_RUN_OUTPUTS/sub"
+      cp bin/tool.sh "$KNOTLESS_RUN_OUTPUTS/sub/tool.sh"
+      ln -s tool.sh "$KNOTLESS_RUN_OUTPUTS/sub/tool-link"
+      echo result > "$KNOTLESS_RUN_OUTPUTS/result.txt"
+`
+	out := filepath.Join(t.TempDir(), "outputs")
+	res := engine(t, h).Run(context.Background(), run.Request{RunID: runID(t), Workflow: parse(t, src), Checkout: checkout, Outputs: out, Trusted: true})
+	if res.Status != run.Success {
+		t.Fatalf("status %s (%s), log:\n%s", res.Status, res.Error, res.Log)
+	}
+	if !strings.Contains(string(res.Log), "tool ran") || !strings.Contains(string(res.Log), "data") {
+		t.Errorf("log:\n%s", res.Log)
+	}
+	if got := strings.Join(res.Outputs, ","); got != "result.txt,sub/tool-link,sub/tool.sh" {
+		t.Errorf("outputs = %s", got)
+	}
+	fi, err := os.Stat(filepath.Join(out, "sub/tool.sh"))
+	if err != nil || fi.Mode().Perm()&0o111 == 0 {
+		t.Errorf("output sub/tool.sh lost its executable bit: %v %v", fi, err)
+	}
+	if link, err := os.Readlink(filepath.Join(out, "sub/tool-link")); err != nil || link != "tool.sh" {
+		t.Errorf("output link = %q, %v", link, err)
+	}
+}
+
+func testHostileOutputs(t *testing.T, h Harness) {
+	parent := t.TempDir()
+	out := filepath.Join(parent, "outputs")
+	src := `on: push
+steps:
+  - name: escape
+    run: |
+      ln -s ../../../../../../etc "$KNOTLESS_RUN_OUTPUTS/escape"
+      echo x > "$KNOTLESS_RUN_OUTPUTS/plain"
+`
+	res := engine(t, h).Run(context.Background(), run.Request{RunID: runID(t), Workflow: parse(t, src), Checkout: t.TempDir(), Outputs: out, Trusted: true})
+	if res.Status != run.Error || !strings.Contains(res.Error, `"escape"`) {
+		t.Errorf("status %s (%s), want error naming the entry", res.Status, res.Error)
+	}
+	entries, _ := os.ReadDir(parent)
+	if len(entries) != 1 || entries[0].Name() != "outputs" {
+		t.Errorf("something was written beside the outputs: %v", entries)
+	}
+	if _, err := os.Lstat(filepath.Join(out, "escape")); err == nil {
+		t.Errorf("the escaping link was created")
+	}
+}
+
+// testSessionSteps drives a session directly: offsets, kill, leftovers.
+func testSessionSteps(t *testing.T, h Harness) {
+	ctx := context.Background()
+	ex := h.New(t)
+	sess, err := ex.Start(ctx, executor.Spec{RunID: runID(t), Runner: "did:plc:conformance", Image: h.Image, Timeout: 5 * time.Minute})
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	defer func() {
+		if err := sess.Stop(context.Background()); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	}()
+	script := func(id, text string) {
+		t.Helper()
+		var tarball bytes.Buffer
+		must(t, tarOne(&tarball, id, text))
+		must(t, sess.Put(ctx, sess.Dirs().Steps, &tarball))
+	}
+	start := func(id string) {
+		t.Helper()
+		p := "cd " + sess.Dirs().Work + "\nexec sh -e " + sess.Dirs().Steps + "/" + id + "\n"
+		must(t, sess.StartStep(ctx, id, []byte(p)))
+	}
+
+	script("1", "echo 0123456789\n")
+	start("1")
+	var out bytes.Buffer
+	exit, err := sess.FollowStep(ctx, "1", 5, &out)
+	if err != nil || exit.Code != 0 || out.String() != "56789\n" {
+		t.Errorf("follow from offset 5: %q exit %d err %v; want %q", out.String(), exit.Code, err, "56789\n")
+	}
+
+	script("2", "sh -c 'sleep 300; :' knotless-kill-marker &\nsleep 300\n")
+	start("2")
+	short, cancel := context.WithTimeout(ctx, time.Second)
+	_, err = sess.FollowStep(short, "2", 0, io.Discard)
+	cancel()
+	if err == nil {
+		t.Fatalf("a hanging step ended by itself")
+	}
+	must(t, sess.KillStep(ctx, "2"))
+	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := sess.FollowStep(waitCtx, "2", 0, io.Discard); err != nil && waitCtx.Err() != nil {
+		t.Errorf("killed step did not end: %v", err)
+	}
+
+	script("3", "grep -l 'knotless-kill-marke[r]' /proc/[0-9]*/cmdline 2>/dev/null | while read f; do echo \"left: $f\"; done; echo checked\n")
+	start("3")
+	out.Reset()
+	if _, err := sess.FollowStep(ctx, "3", 0, &out); err != nil || strings.Contains(out.String(), "left:") || !strings.Contains(out.String(), "checked") {
+		t.Errorf("after kill: %q, %v; want no process of the killed step", out.String(), err)
+	}
+}
