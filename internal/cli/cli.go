@@ -53,14 +53,26 @@ type exitError struct{ code int }
 
 func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
 
+// exitRequest is how kong's --help asks to exit without killing a test.
+type exitRequest int
+
 // Main runs the command line and returns the process exit code.
-func Main(ctx context.Context, args []string, env Env) int {
+func Main(ctx context.Context, args []string, env Env) (code int) {
+	defer func() {
+		if r := recover(); r != nil {
+			req, ok := r.(exitRequest)
+			if !ok {
+				panic(r)
+			}
+			code = int(req)
+		}
+	}()
 	var cli CLI
 	parser, err := kong.New(&cli,
 		kong.Name("knotless-run"),
 		kong.Description("The CI runner of knotless: runs workflows as Kubernetes Jobs."),
 		kong.Writers(env.Stdout, env.Stderr),
-		kong.Exit(func(int) {}),
+		kong.Exit(func(code int) { panic(exitRequest(code)) }),
 		kong.UsageOnError(),
 	)
 	if err != nil {
@@ -71,9 +83,6 @@ func Main(ctx context.Context, args []string, env Env) int {
 	if err != nil {
 		fmt.Fprintf(env.Stderr, "knotless-run: %v\n", err)
 		return ExitError
-	}
-	if kctx.Command() == "" {
-		return ExitSuccess // --help was printed
 	}
 	env.Logger = newLogger(env.Stderr, cli.LogFormat, cli.LogLevel)
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)

@@ -35,6 +35,9 @@ type RunCmd struct {
 	RunID     string   `help:"The run's id (default: generated)." placeholder:"ID"`
 	Image     string   `help:"Image for workflows that name none (pod executors)." default:"busybox:stable"`
 	ShellRoot string   `help:"Directory that holds the shell executor's run directories (default: the system temporary directory)." placeholder:"DIR"`
+	Runner    string   `help:"The runner's DID: labels every object a run makes." default:"did:web:localhost"`
+
+	KubeFlags `embed:""`
 }
 
 // Run runs the workflow and exits with the run's status.
@@ -57,6 +60,7 @@ func (c *RunCmd) Run(ctx context.Context, env *Env) error {
 	}
 	eng := run.New(run.Config{
 		Executor:     exec,
+		Runner:       c.Runner,
 		Logger:       env.Logger.With("component", "run"),
 		DefaultImage: c.Image,
 	})
@@ -174,8 +178,10 @@ func (c *RunCmd) newExecutor(env *Env) (executor.Executor, error) {
 	switch c.Executor {
 	case shell.Name:
 		return shell.New(shell.Config{Root: c.ShellRoot, Logger: env.Logger.With("component", "executor", "executor", shell.Name)}), nil
-	case "kubernetes", "kube", "docker":
-		return nil, fmt.Errorf("--executor %s: %w in this build; choose --executor shell explicitly", c.Executor, executor.ErrNotImplemented)
+	case "kubernetes", "kube":
+		return c.newKubernetes(env, c.Runner, c.Image, env.Logger.With("component", "executor", "executor", "kubernetes"))
+	case "docker":
+		return nil, fmt.Errorf("--executor %s: %w in this build; choose --executor shell or kubernetes explicitly", c.Executor, executor.ErrNotImplemented)
 	}
 	return nil, fmt.Errorf("--executor %s: unknown executor", c.Executor)
 }

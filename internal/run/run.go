@@ -242,9 +242,11 @@ func (r *runState) putCheckout(ctx context.Context, sess executor.Session, dirs 
 		return fmt.Errorf("checkout %s: %w", r.req.Checkout, err)
 	}
 	start := time.Now()
-	n, err := transfer(ctx, func(w io.Writer) error {
-		return tarstream.Pack(ctx, r.req.Checkout, w, r.eng.cfg.Limits)
-	}, func(rd io.Reader) error { return sess.Put(ctx, dirs.Work, rd) })
+	n, err := retryCorrupt(func() (int64, error) {
+		return transfer(ctx, func(w io.Writer) error {
+			return tarstream.Pack(ctx, r.req.Checkout, w, r.eng.cfg.Limits)
+		}, func(rd io.Reader) error { return sess.Put(ctx, dirs.Work, rd) })
+	})
 	if err != nil {
 		return fmt.Errorf("put checkout: %w", err)
 	}
@@ -421,8 +423,21 @@ func (r *runState) collectOutputs(ctx context.Context, sess executor.Session, di
 	if err := os.MkdirAll(r.req.Outputs, 0o755); err != nil {
 		return fmt.Errorf("create outputs directory: %w", err)
 	}
-	n, err := transfer(ctx, func(w io.Writer) error { return sess.Get(ctx, dirs.Outputs, w) },
-		func(rd io.Reader) error { return tarstream.Unpack(ctx, rd, r.req.Outputs, r.eng.cfg.Limits) })
+	// Unpack into a staging directory beside the outputs, so a refused or
+	// corrupted transfer leaves nothing half-written among them.
+	n, err := retryCorrupt(func() (int64, error) {
+		stage, err := os.MkdirTemp(filepath.Dir(filepath.Clean(r.req.Outputs)), ".knotless-outputs-")
+		if err != nil {
+			return 0, fmt.Errorf("create staging directory: %w", err)
+		}
+		defer os.RemoveAll(stage)
+		n, err := transfer(ctx, func(w io.Writer) error { return sess.Get(ctx, dirs.Outputs, w) },
+			func(rd io.Reader) error { return tarstream.Unpack(ctx, rd, stage, r.eng.cfg.Limits) })
+		if err != nil {
+			return n, err
+		}
+		return n, moveEntries(stage, r.req.Outputs)
+	})
 	if err != nil {
 		return fmt.Errorf("collect outputs: %w", err)
 	}
@@ -430,6 +445,35 @@ func (r *runState) collectOutputs(ctx context.Context, sess executor.Session, di
 	files, err := listFiles(r.req.Outputs)
 	r.res.Outputs = files
 	return err
+}
+
+// retryCorrupt runs a transfer again once when the two ends' digests
+// differ.
+func retryCorrupt(do func() (int64, error)) (int64, error) {
+	n, err := do()
+	if errors.Is(err, executor.ErrTransferCorrupt) {
+		n, err = do()
+	}
+	return n, err
+}
+
+// moveEntries moves each top-level entry of from into to, replacing an
+// entry of the same name.
+func moveEntries(from, to string) error {
+	entries, err := os.ReadDir(from)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		dst := filepath.Join(to, e.Name())
+		if err := os.RemoveAll(dst); err != nil {
+			return err
+		}
+		if err := os.Rename(filepath.Join(from, e.Name()), dst); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func listFiles(dir string) ([]string, error) {

@@ -22,7 +22,38 @@ type Spool struct {
 
 // New returns an empty Spool.
 func New() *Spool {
-	return &Spool{wake: make(chan struct{})}
+	return NewAt(0)
+}
+
+// NewAt returns an empty Spool whose first byte is at offset: a follower
+// that picks a stream up again starts where the old one stopped.
+func NewAt(offset int64) *Spool {
+	return &Spool{base: offset, wake: make(chan struct{})}
+}
+
+// Len is the offset just past the last byte written.
+func (s *Spool) Len() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.base + int64(len(s.buf))
+}
+
+// WaitLen blocks until at least n bytes were written in all, the spool is
+// closed, or ctx ends.
+func (s *Spool) WaitLen(ctx context.Context, n int64) error {
+	for {
+		s.mu.Lock()
+		have, closed, wake := s.base+int64(len(s.buf)), s.closed, s.wake
+		s.mu.Unlock()
+		if have >= n || closed {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-wake:
+		}
+	}
 }
 
 // Write appends p. It never fails.

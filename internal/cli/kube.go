@@ -1,0 +1,88 @@
+package cli
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"knotless.dev/run/internal/executor/kubernetes"
+)
+
+// KubeFlags configure the Kubernetes executor; run and the daemon share
+// them.
+type KubeFlags struct {
+	Kubeconfig      string            `help:"Kubeconfig file (default: $$KUBECONFIG, else the in-cluster service account, else ~/.kube/config). Re-read when it changes." placeholder:"FILE" group:"kubernetes"`
+	Context         string            `help:"Kubeconfig context to use." group:"kubernetes"`
+	Namespace       string            `help:"Namespace for run Jobs (default: the context's, else knotless-runs)." group:"kubernetes"`
+	CPURequest      string            `help:"CPU request of a run pod when the workflow sets none." group:"kubernetes"`
+	MemoryRequest   string            `help:"Memory request of a run pod when the workflow sets none." group:"kubernetes"`
+	CPULimit        string            `help:"CPU limit of a run pod." group:"kubernetes"`
+	MemoryLimit     string            `help:"Memory limit of a run pod." group:"kubernetes"`
+	RuntimeClass    string            `help:"RuntimeClass of run pods (e.g. gvisor, kata)." group:"kubernetes"`
+	NodeSelector    map[string]string `help:"Node selector of run pods, KEY=VALUE (repeatable)." placeholder:"KEY=VALUE" group:"kubernetes"`
+	Toleration      []string          `help:"Toleration of run pods: KEY[=VALUE]:EFFECT (repeatable)." placeholder:"KEY[=VALUE]:EFFECT" group:"kubernetes"`
+	ServiceAccount  string            `help:"Service account of run pods (its token is never mounted)." group:"kubernetes"`
+	ScheduleTimeout time.Duration     `help:"How long a run waits for a node (Pending is the scale-up signal)." default:"10m" group:"kubernetes"`
+}
+
+// newKubernetes builds the Kubernetes executor from the flags.
+func (f *KubeFlags) newKubernetes(env *Env, runner, image string, log *slog.Logger) (*kubernetes.Executor, error) {
+	tolerations, err := parseTolerations(f.Toleration)
+	if err != nil {
+		return nil, err
+	}
+	ex, err := kubernetes.New(kubernetes.Config{
+		Credentials: kubernetes.Credentials{
+			Kubeconfig:    f.Kubeconfig,
+			KubeconfigEnv: env.Getenv("KUBECONFIG"),
+			Home:          env.Getenv("HOME"),
+			Context:       f.Context,
+			Namespace:     f.Namespace,
+		},
+		Runner: runner,
+		Pod: kubernetes.PodOptions{
+			Image:          image,
+			CPURequest:     f.CPURequest,
+			MemoryRequest:  f.MemoryRequest,
+			CPULimit:       f.CPULimit,
+			MemoryLimit:    f.MemoryLimit,
+			RuntimeClass:   f.RuntimeClass,
+			NodeSelector:   f.NodeSelector,
+			Tolerations:    tolerations,
+			ServiceAccount: f.ServiceAccount,
+		},
+		ScheduleTimeout: f.ScheduleTimeout,
+		Logger:          log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("--executor kubernetes: %w", err)
+	}
+	return ex, nil
+}
+
+// parseTolerations reads KEY[=VALUE]:EFFECT.
+func parseTolerations(specs []string) ([]corev1.Toleration, error) {
+	var out []corev1.Toleration
+	for _, s := range specs {
+		kv, effect, ok := strings.Cut(s, ":")
+		if !ok || kv == "" {
+			return nil, fmt.Errorf("--toleration %q: want KEY[=VALUE]:EFFECT", s)
+		}
+		t := corev1.Toleration{Effect: corev1.TaintEffect(effect), Operator: corev1.TolerationOpExists}
+		switch t.Effect {
+		case corev1.TaintEffectNoSchedule, corev1.TaintEffectPreferNoSchedule, corev1.TaintEffectNoExecute, "":
+		default:
+			return nil, fmt.Errorf("--toleration %q: effect must be NoSchedule, PreferNoSchedule or NoExecute", s)
+		}
+		if k, v, hasValue := strings.Cut(kv, "="); hasValue {
+			t.Key, t.Value, t.Operator = k, v, corev1.TolerationOpEqual
+		} else {
+			t.Key = kv
+		}
+		out = append(out, t)
+	}
+	return out, nil
+}

@@ -1,0 +1,467 @@
+// Package docker is the executor that runs each workflow run in one
+// long-lived container on a Docker daemon, driven in-process through the
+// Engine API. It is the explicit fallback for a host without a cluster.
+//
+// A run gets a container, a bridge network and three volumes (/work,
+// /steps, /outputs), all labelled with the runner and the run so that
+// Sweep finds them again after a crash. A step is an exec of `sh -s` with
+// its payload on the exec's stdin; every process it leaves behind is
+// killed when it ends. docs/design/docker.md tells the whole design.
+package docker
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"regexp"
+	"sort"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/mount"
+	"github.com/moby/moby/client"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/tarstream"
+)
+
+// Name is the executor's name.
+const Name = "docker"
+
+// Label keys on every container, network and volume a run makes.
+const (
+	// LabelRunner holds RunnerLabel of the runner's DID.
+	LabelRunner = "dev.knotless.runner"
+	// LabelRun holds the run id.
+	LabelRun = "dev.knotless.run"
+	// LabelDir tells which of the run's directories a volume holds.
+	LabelDir = "dev.knotless.dir"
+)
+
+// Network choices besides a network's name.
+const (
+	// NetworkPerRun (the default) creates a bridge network for each run,
+	// so that one run's container cannot reach another's.
+	NetworkPerRun = ""
+	// NetworkNone gives the container no network at all.
+	NetworkNone = "none"
+)
+
+// PullPolicy says when Start pulls the run's image.
+type PullPolicy string
+
+// The pull policies.
+const (
+	PullMissing PullPolicy = "missing" // pull only an image the daemon lacks (the default)
+	PullNever   PullPolicy = "never"   // never pull: the image must be there
+	PullAlways  PullPolicy = "always"  // pull before every run
+)
+
+// DefaultCapabilities are the only capabilities a run's container keeps
+// (all others are dropped): what root in a build container needs to own,
+// chmod and write its files, drop to another user, kill its own
+// processes and bind a low port. docs/design/docker.md says why each.
+var DefaultCapabilities = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID",
+	"CAP_KILL", "CAP_SETGID", "CAP_SETUID", "CAP_NET_BIND_SERVICE",
+}
+
+// DefaultPidsLimit bounds the processes of one run.
+const DefaultPidsLimit = 4096
+
+// Config configures the docker executor.
+type Config struct {
+	// Host is the daemon's address, as DOCKER_HOST spells it
+	// (unix:///var/run/docker.sock when empty).
+	Host string
+	// Network is NetworkPerRun, NetworkNone or the name of an existing
+	// network that every run joins (then runs can reach each other).
+	Network string
+	// CPU and Memory are a run's limits when its workflow asks for none,
+	// as quantities ("2", "500m"; "4Gi"); empty means no limit.
+	CPU, Memory string
+	// PidsLimit bounds a run's processes; 0 means DefaultPidsLimit.
+	PidsLimit int64
+	// Capabilities replaces DefaultCapabilities when not nil.
+	Capabilities []string
+	// Pull is the pull policy; empty means PullMissing.
+	Pull PullPolicy
+	// Runner is the runner's DID: Sweep removes only its runs.
+	Runner string
+	// Limits bound every transfer in and out of a container.
+	Limits tarstream.Limits
+	Logger *slog.Logger
+}
+
+// Executor runs sessions as containers on one Docker daemon.
+type Executor struct {
+	cfg    Config
+	cli    *client.Client
+	raw    *http.Client // for the few answers the client flattens
+	cpu    int64        // default NanoCPUs
+	memory int64        // default bytes
+	log    *slog.Logger
+}
+
+// New returns a docker executor for the daemon at cfg.Host. It does not
+// contact the daemon: Start does, and says when it cannot.
+func New(cfg Config) (*Executor, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.PidsLimit == 0 {
+		cfg.PidsLimit = DefaultPidsLimit
+	}
+	if cfg.Capabilities == nil {
+		cfg.Capabilities = DefaultCapabilities
+	}
+	switch cfg.Pull {
+	case "":
+		cfg.Pull = PullMissing
+	case PullMissing, PullNever, PullAlways:
+	default:
+		return nil, fmt.Errorf("docker pull policy %q: want missing, never or always", cfg.Pull)
+	}
+	cpu, err := parseCPU(cfg.CPU)
+	if err != nil {
+		return nil, fmt.Errorf("docker default cpu: %w", err)
+	}
+	memory, err := parseMemory(cfg.Memory)
+	if err != nil {
+		return nil, fmt.Errorf("docker default memory: %w", err)
+	}
+	opts := []client.Opt{client.WithAPIVersionNegotiation()}
+	if cfg.Host != "" {
+		opts = append(opts, client.WithHost(cfg.Host))
+	}
+	cli, err := client.New(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("docker client for %q: %w", cfg.Host, err)
+	}
+	dial := cli.Dialer()
+	raw := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
+	}}
+	return &Executor{cfg: cfg, cli: cli, raw: raw, cpu: cpu, memory: memory, log: cfg.Logger.With("component", "docker")}, nil
+}
+
+// Name implements executor.Executor.
+func (e *Executor) Name() string { return Name }
+
+// Close releases the executor's connections to the daemon.
+func (e *Executor) Close() error {
+	e.raw.CloseIdleConnections()
+	return e.cli.Close()
+}
+
+// RunnerLabel is the label-safe value of LabelRunner for a runner's DID:
+// the first 16 hex digits of its SHA-256.
+func RunnerLabel(did string) string {
+	sum := sha256.Sum256([]byte(did))
+	return hex.EncodeToString(sum[:8])
+}
+
+var validRunID = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
+
+// names are the objects of one run.
+type names struct {
+	container, network string
+	volumes            map[string]string // by directory: work, steps, outputs
+}
+
+func runNames(runner, run string) names {
+	base := "knotless-" + runner + "-" + run
+	return names{
+		container: base,
+		network:   base,
+		volumes:   map[string]string{"work": base + "-work", "steps": base + "-steps", "outputs": base + "-outputs"},
+	}
+}
+
+// daemonError names the daemon in an error that says it cannot be
+// reached, so that a run's error tells the cause.
+func (e *Executor) daemonError(err error) error {
+	var op *net.OpError
+	if client.IsErrConnectionFailed(err) || errors.As(err, &op) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("docker daemon at %s is not reachable: %w", e.cli.DaemonHost(), err)
+	}
+	return err
+}
+
+// Start creates the run's network, volumes and container, starts the
+// container, and returns when steps can run in it. Whatever it made is
+// removed again when it fails.
+func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Session, error) {
+	if !validRunID.MatchString(spec.RunID) {
+		return nil, fmt.Errorf("run id %q cannot name a docker object", spec.RunID)
+	}
+	runner := RunnerLabel(spec.Runner)
+	n := runNames(runner, spec.RunID)
+	log := e.log.With("run", spec.RunID)
+	if _, err := e.cli.Ping(ctx, client.PingOptions{NegotiateAPIVersion: true}); err != nil {
+		return nil, e.daemonError(fmt.Errorf("ping docker daemon: %w", err))
+	}
+	if err := e.ensureImage(ctx, spec.Image, log); err != nil {
+		return nil, err
+	}
+	res, err := e.resources(spec.Resources)
+	if err != nil {
+		return nil, err
+	}
+	labels := map[string]string{}
+	for k, v := range spec.Annotations {
+		labels[k] = v
+	}
+	labels[LabelRunner], labels[LabelRun] = runner, spec.RunID
+
+	s := &Session{
+		ex:    e,
+		ref:   executor.Ref{Executor: Name, RunID: spec.RunID, Name: n.container},
+		names: n,
+		keep:  spec.Keep,
+		log:   log,
+		steps: map[string]*step{},
+		quit:  make(chan struct{}),
+	}
+	cleanup := func(err error) (executor.Session, error) {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		return nil, errors.Join(err, s.remove(cctx))
+	}
+
+	netMode := container.NetworkMode(e.cfg.Network)
+	if e.cfg.Network == NetworkPerRun {
+		nw, err := e.cli.NetworkCreate(ctx, n.network, client.NetworkCreateOptions{
+			Driver: "bridge",
+			Labels: labels,
+		})
+		if err != nil {
+			return cleanup(e.daemonError(fmt.Errorf("create network %s: %w", n.network, err)))
+		}
+		s.netID = nw.ID
+		netMode = container.NetworkMode(nw.ID)
+	}
+	var mounts []mount.Mount
+	for _, dir := range []string{"work", "steps", "outputs"} {
+		vl := map[string]string{LabelDir: dir}
+		for k, v := range labels {
+			vl[k] = v
+		}
+		if _, err := e.cli.VolumeCreate(ctx, client.VolumeCreateOptions{Name: n.volumes[dir], Driver: "local", Labels: vl}); err != nil {
+			return cleanup(e.daemonError(fmt.Errorf("create volume %s: %w", n.volumes[dir], err)))
+		}
+		mounts = append(mounts, mount.Mount{
+			Type: mount.TypeVolume, Source: n.volumes[dir], Target: "/" + dir,
+			VolumeOptions: &mount.VolumeOptions{NoCopy: true},
+		})
+	}
+	yes := true
+	pids := e.cfg.PidsLimit
+	res.PidsLimit = &pids
+	created, err := e.cli.ContainerCreate(ctx, client.ContainerCreateOptions{
+		Name: n.container,
+		Config: &container.Config{
+			Image:      spec.Image,
+			Entrypoint: []string{"sh", "-c", keepAlive},
+			Cmd:        []string{},
+			WorkingDir: "/work",
+			Labels:     labels,
+			StopSignal: "SIGTERM",
+		},
+		HostConfig: &container.HostConfig{
+			NetworkMode:  netMode,
+			Mounts:       mounts,
+			Init:         &yes,
+			CapDrop:      []string{"ALL"},
+			CapAdd:       e.cfg.Capabilities,
+			SecurityOpt:  []string{"no-new-privileges"},
+			IpcMode:      container.IPCModePrivate,
+			CgroupnsMode: container.CgroupnsModePrivate,
+			LogConfig:    container.LogConfig{Type: "none"},
+			Resources:    res,
+		},
+	})
+	if err != nil {
+		return cleanup(e.daemonError(fmt.Errorf("create container %s: %w", n.container, err)))
+	}
+	s.id = created.ID
+	if _, err := e.cli.ContainerStart(ctx, s.id, client.ContainerStartOptions{}); err != nil {
+		return cleanup(e.daemonError(fmt.Errorf("start container %s: %w", n.container, err)))
+	}
+	in, err := e.cli.ContainerInspect(ctx, s.id, client.ContainerInspectOptions{})
+	if err != nil {
+		return cleanup(e.daemonError(fmt.Errorf("inspect container %s: %w", n.container, err)))
+	}
+	if st := in.Container.State; st == nil || !st.Running {
+		code := -1
+		if st != nil {
+			code = st.ExitCode
+		}
+		return cleanup(fmt.Errorf("container %s of image %s exited at once with code %d: the image needs a POSIX sh and sleep", n.container, spec.Image, code))
+	}
+	log.Info("container started", "container", n.container, "image", spec.Image)
+	return s, nil
+}
+
+// keepAlive is the container's main process: it idles until stopped, in
+// any image with a POSIX sh and sleep.
+const keepAlive = `trap "exit 0" TERM; while :; do sleep 3600 & wait; done`
+
+// ensureImage makes the image present according to the pull policy.
+func (e *Executor) ensureImage(ctx context.Context, image string, log *slog.Logger) error {
+	if image == "" {
+		return errors.New("no image: the workflow names none and the runner has no default image")
+	}
+	if e.cfg.Pull != PullAlways {
+		_, err := e.cli.ImageInspect(ctx, image)
+		if err == nil {
+			return nil
+		}
+		if !cerrdefs.IsNotFound(err) {
+			return e.daemonError(fmt.Errorf("inspect image %s: %w", image, err))
+		}
+		if e.cfg.Pull == PullNever {
+			return fmt.Errorf("image %s is not on the docker daemon and the pull policy is never", image)
+		}
+	}
+	log.Info("pulling image", "image", image)
+	resp, err := e.cli.ImagePull(ctx, image, client.ImagePullOptions{})
+	if err == nil {
+		err = resp.Wait(ctx)
+	}
+	if err != nil {
+		return e.daemonError(fmt.Errorf("image %s is not on the docker daemon and cannot be pulled: %w", image, err))
+	}
+	return nil
+}
+
+// resources turns a run's requests, or the configured defaults, into
+// container limits.
+func (e *Executor) resources(r executor.Resources) (container.Resources, error) {
+	cpu, memory := e.cpu, e.memory
+	if r.CPU != "" {
+		v, err := parseCPU(r.CPU)
+		if err != nil {
+			return container.Resources{}, fmt.Errorf("resources.cpu: %w", err)
+		}
+		cpu = v
+	}
+	if r.Memory != "" {
+		v, err := parseMemory(r.Memory)
+		if err != nil {
+			return container.Resources{}, fmt.Errorf("resources.memory: %w", err)
+		}
+		memory = v
+	}
+	res := container.Resources{NanoCPUs: cpu, Memory: memory}
+	if memory > 0 {
+		res.MemorySwap = memory // no swap beyond the limit
+	}
+	return res, nil
+}
+
+func parseCPU(s string) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	q, err := resource.ParseQuantity(s)
+	if err != nil || q.Sign() <= 0 {
+		return 0, fmt.Errorf("%q is not a positive quantity", s)
+	}
+	return q.MilliValue() * 1_000_000, nil
+}
+
+func parseMemory(s string) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	q, err := resource.ParseQuantity(s)
+	if err != nil || q.Sign() <= 0 {
+		return 0, fmt.Errorf("%q is not a positive quantity", s)
+	}
+	// The kernel refuses a memory limit below a few MiB.
+	if q.Value() < 6<<20 {
+		return 0, fmt.Errorf("%q is less than 6Mi", s)
+	}
+	return q.Value(), nil
+}
+
+// Sweep removes the containers, networks and volumes of the configured
+// runner whose run is not in keep, and returns one ref per run removed.
+func (e *Executor) Sweep(ctx context.Context, keep []string) ([]executor.Ref, error) {
+	if e.cfg.Runner == "" {
+		return nil, errors.New("docker sweep: the executor has no runner DID configured")
+	}
+	runner := RunnerLabel(e.cfg.Runner)
+	kept := map[string]bool{}
+	for _, id := range keep {
+		kept[id] = true
+	}
+	filter := client.Filters{}.Add("label", LabelRunner+"="+runner)
+	runs := map[string]*names{}
+	found := func(run string) *names {
+		if runs[run] == nil {
+			runs[run] = &names{volumes: map[string]string{}}
+		}
+		return runs[run]
+	}
+	cs, err := e.cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: filter})
+	if err != nil {
+		return nil, e.daemonError(fmt.Errorf("sweep: list containers: %w", err))
+	}
+	for _, c := range cs.Items {
+		if run := c.Labels[LabelRun]; run != "" && !kept[run] {
+			found(run).container = c.ID
+		}
+	}
+	ns, err := e.cli.NetworkList(ctx, client.NetworkListOptions{Filters: filter})
+	if err != nil {
+		return nil, e.daemonError(fmt.Errorf("sweep: list networks: %w", err))
+	}
+	for _, nw := range ns.Items {
+		if run := nw.Labels[LabelRun]; run != "" && !kept[run] {
+			found(run).network = nw.ID
+		}
+	}
+	vs, err := e.cli.VolumeList(ctx, client.VolumeListOptions{Filters: filter})
+	if err != nil {
+		return nil, e.daemonError(fmt.Errorf("sweep: list volumes: %w", err))
+	}
+	for _, v := range vs.Items {
+		if run := v.Labels[LabelRun]; run != "" && !kept[run] {
+			found(run).volumes[v.Name] = v.Name
+		}
+	}
+	ids := make([]string, 0, len(runs))
+	for id := range runs {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	var swept []executor.Ref
+	var errs []error
+	for _, id := range ids {
+		r := runs[id]
+		s := &Session{ex: e, id: r.container, netID: r.network, names: *r}
+		if err := s.remove(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("sweep run %s: %w", id, err))
+			continue
+		}
+		e.log.Info("swept run", "run", id, "container", r.container != "", "network", r.network != "", "volumes", len(r.volumes))
+		swept = append(swept, executor.Ref{Executor: Name, RunID: id, Name: runNames(runner, id).container})
+	}
+	return swept, errors.Join(errs...)
+}
+
+// drain reads r to its end and closes it.
+func drain(r io.ReadCloser) {
+	_, _ = io.Copy(io.Discard, r)
+	_ = r.Close()
+}

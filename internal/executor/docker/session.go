@@ -1,0 +1,479 @@
+package docker
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/pkg/stdcopy"
+	"github.com/moby/moby/client"
+
+	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/executor/spool"
+)
+
+// Session is one run's container, network and volumes.
+type Session struct {
+	ex    *Executor
+	id    string // the container's id
+	netID string // the run's own network, when it has one
+	ref   executor.Ref
+	names names
+	keep  bool
+	log   *slog.Logger
+	quit  chan struct{} // closed by Stop
+
+	reapMu sync.Mutex // one reaper at a time
+
+	mu      sync.Mutex
+	steps   map[string]*step
+	execs   []string // every exec made, for tests
+	stopped bool
+}
+
+// step is one exec of the launcher and what it wrote.
+type step struct {
+	exec string
+	conn client.HijackedResponse
+	out  *spool.Spool
+	// sidKnown is closed when sid is known, or when the step ended
+	// without telling it (sid stays 0).
+	sidKnown chan struct{}
+	sid      int
+	done     chan struct{} // closed when exit and err are final
+	exit     executor.Exit
+	err      error
+}
+
+// Ref implements executor.Session.
+func (s *Session) Ref() executor.Ref { return s.ref }
+
+// Dirs implements executor.Session.
+func (s *Session) Dirs() executor.Dirs { return executor.PodDirs() }
+
+// Put implements executor.Session: it checks the stream entry by entry
+// and copies it into the container with the Engine API.
+func (s *Session) Put(ctx context.Context, dir string, r io.Reader) error {
+	if err := checkDir(dir); err != nil {
+		return err
+	}
+	pr, pw := io.Pipe()
+	relayed := make(chan error, 1)
+	go func() {
+		err := relayIn(ctx, r, pw, s.ex.cfg.Limits)
+		pw.CloseWithError(err)
+		relayed <- err
+	}()
+	_, err := s.ex.cli.CopyToContainer(ctx, s.id, client.CopyToContainerOptions{DestinationPath: dir, Content: pr})
+	pr.CloseWithError(errors.New("copy to container ended"))
+	if rerr := <-relayed; rerr != nil {
+		return fmt.Errorf("put %s: %w", dir, rerr)
+	}
+	if err != nil {
+		return s.ex.daemonError(fmt.Errorf("put %s: %w", dir, err))
+	}
+	return nil
+}
+
+// Get implements executor.Session. The daemon's archive names the
+// directory itself as its top entry; Get renames every entry to be
+// relative to the directory, as the other executors write it.
+func (s *Session) Get(ctx context.Context, dir string, w io.Writer) error {
+	if err := checkDir(dir); err != nil {
+		return err
+	}
+	res, err := s.ex.cli.CopyFromContainer(ctx, s.id, client.CopyFromContainerOptions{SourcePath: dir})
+	if err != nil {
+		return s.ex.daemonError(fmt.Errorf("get %s: %w", dir, err))
+	}
+	defer res.Content.Close()
+	if !res.Stat.Mode.IsDir() {
+		return fmt.Errorf("get %s: not a directory in the container", dir)
+	}
+	if err := relayOut(ctx, res.Content, w, res.Stat.Name, s.ex.cfg.Limits); err != nil {
+		return fmt.Errorf("get %s: %w", dir, err)
+	}
+	return nil
+}
+
+func checkDir(dir string) error {
+	if !strings.HasPrefix(dir, "/") || dir == "/" || strings.Contains("/"+dir+"/", "/../") {
+		return fmt.Errorf("path %q is not an absolute directory below / in the container", dir)
+	}
+	return nil
+}
+
+// StartStep starts the launcher as an exec, attached, and sends the
+// payload on its stdin.
+func (s *Session) StartStep(ctx context.Context, id string, payload []byte) error {
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		return fmt.Errorf("start step %s: session %s is stopped", id, s.names.container)
+	}
+	if _, dup := s.steps[id]; dup {
+		s.mu.Unlock()
+		return fmt.Errorf("step %s already started", id)
+	}
+	s.mu.Unlock()
+
+	ex, err := s.ex.cli.ExecCreate(ctx, s.id, client.ExecCreateOptions{
+		AttachStdin: true, AttachStdout: true, AttachStderr: true,
+		Cmd: []string{"sh", "-c", launcher},
+	})
+	if err != nil {
+		return s.ex.daemonError(fmt.Errorf("create exec for step %s: %w", id, err))
+	}
+	att, err := s.ex.cli.ExecAttach(ctx, ex.ID, client.ExecAttachOptions{})
+	if err != nil {
+		return s.ex.daemonError(fmt.Errorf("start exec for step %s: %w", id, err))
+	}
+	st := &step{exec: ex.ID, conn: att.HijackedResponse, out: spool.New(), sidKnown: make(chan struct{}), done: make(chan struct{})}
+	s.mu.Lock()
+	s.steps[id] = st
+	s.execs = append(s.execs, ex.ID)
+	s.mu.Unlock()
+	go s.follow(st)
+
+	stop := context.AfterFunc(ctx, func() { st.conn.Close() })
+	_, werr := st.conn.Conn.Write(payload)
+	if werr == nil {
+		werr = st.conn.CloseWrite()
+	}
+	if !stop() {
+		werr = errors.Join(werr, ctx.Err())
+	}
+	if werr != nil {
+		st.conn.Close()
+		return fmt.Errorf("send payload of step %s: %w", id, werr)
+	}
+	return nil
+}
+
+// follow owns a step's stream: it copies the output into the spool,
+// learns the exit status, and kills what the step left behind.
+func (s *Session) follow(st *step) {
+	defer close(st.done)
+	sw := &sidWriter{st: st, w: st.out}
+	_, cerr := stdcopy.StdCopy(sw, st.out, st.conn.Reader)
+	st.conn.Close()
+	sw.finish()
+	if cerr != nil {
+		s.log.Warn("step output stream broke", "exec", st.exec, "err", cerr)
+	}
+	ctx, cancel := s.untilStop()
+	defer cancel()
+	st.exit, st.err = s.exitOf(ctx, st.exec)
+	if st.sid > 1 && !s.isStopped() {
+		if err := s.reap(ctx, strconv.Itoa(st.sid)); err != nil {
+			s.log.Warn("kill the processes a step left", "exec", st.exec, "err", err)
+			if st.err == nil {
+				st.err = fmt.Errorf("kill the processes the step left: %w", err)
+			}
+		}
+	}
+	_ = st.out.Close()
+}
+
+// exitOf reads an ended exec's exit status. The stream can end before
+// the exec does (a broken connection): then it waits for the exec.
+func (s *Session) exitOf(ctx context.Context, execID string) (executor.Exit, error) {
+	var lastErr error
+	for failures, wait := 0, 50*time.Millisecond; ; {
+		st, err := s.ex.inspectExec(ctx, execID)
+		switch {
+		case err != nil:
+			lastErr = err
+			failures++
+			if failures >= 3 || ctx.Err() != nil {
+				return executor.Exit{}, fmt.Errorf("%w: %w", executor.ErrExitUnknown, s.ex.daemonError(lastErr))
+			}
+		case !st.Running && st.ExitCode == nil:
+			return executor.Exit{}, fmt.Errorf("%w: the exec ended without an exit code", executor.ErrExitUnknown)
+		case !st.Running:
+			return executor.Exit{Code: *st.ExitCode}, nil
+		}
+		select {
+		case <-ctx.Done():
+			return executor.Exit{}, fmt.Errorf("%w: %w", executor.ErrExitUnknown, ctx.Err())
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+// FollowStep implements executor.Session.
+func (s *Session) FollowStep(ctx context.Context, id string, offset int64, out io.Writer) (executor.Exit, error) {
+	st, err := s.step(id)
+	if err != nil {
+		return executor.Exit{}, err
+	}
+	if _, err := st.out.Follow(ctx, offset, out); err != nil {
+		return executor.Exit{}, err
+	}
+	select {
+	case <-st.done:
+		return st.exit, st.err
+	case <-ctx.Done():
+		return executor.Exit{}, ctx.Err()
+	}
+}
+
+// KillStep kills the step's session and every process of no live
+// session. Docker has no call that kills an exec: the reaper does it
+// from inside.
+func (s *Session) KillStep(ctx context.Context, id string) error {
+	st, err := s.step(id)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-st.sidKnown:
+	case <-st.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("kill step %s: %w", id, ctx.Err())
+	}
+	if st.sid <= 1 {
+		return fmt.Errorf("kill step %s: its session is unknown", id)
+	}
+	if err := s.reap(ctx, strconv.Itoa(st.sid)); err != nil {
+		return fmt.Errorf("kill step %s: %w", id, err)
+	}
+	return nil
+}
+
+func (s *Session) step(id string) (*step, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st, ok := s.steps[id]
+	if !ok {
+		return nil, fmt.Errorf("no step %s in session %s", id, s.names.container)
+	}
+	return st, nil
+}
+
+func (s *Session) isStopped() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stopped
+}
+
+// untilStop returns a context that ends when Stop is called.
+func (s *Session) untilStop() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-s.quit:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
+// reap runs the reaper in the container and waits for it.
+func (s *Session) reap(ctx context.Context, sid string) error {
+	s.reapMu.Lock()
+	defer s.reapMu.Unlock()
+	ex, err := s.ex.cli.ExecCreate(ctx, s.id, client.ExecCreateOptions{
+		AttachStdout: true, AttachStderr: true,
+		Cmd: []string{"sh", "-c", reaper, "knotless-reaper", sid},
+	})
+	if err != nil {
+		return s.ex.daemonError(fmt.Errorf("create reaper exec: %w", err))
+	}
+	s.mu.Lock()
+	s.execs = append(s.execs, ex.ID)
+	s.mu.Unlock()
+	att, err := s.ex.cli.ExecAttach(ctx, ex.ID, client.ExecAttachOptions{})
+	if err != nil {
+		return s.ex.daemonError(fmt.Errorf("start reaper exec: %w", err))
+	}
+	defer att.Close()
+	stop := context.AfterFunc(ctx, func() { att.Close() })
+	defer stop()
+	var out bytes.Buffer
+	if _, err := stdcopy.StdCopy(&out, &out, io.LimitReader(att.Reader, 64<<10)); err != nil {
+		return fmt.Errorf("reaper: %w", err)
+	}
+	if strings.TrimSpace(out.String()) != "reaped" {
+		return fmt.Errorf("reaper: %q", strings.TrimSpace(out.String()))
+	}
+	return nil
+}
+
+// Stop kills every step, waits for the steps' streams to end, and
+// removes the container, its network and its volumes unless the session
+// is kept. It is safe to call more than once.
+func (s *Session) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	if !s.stopped {
+		s.stopped = true
+		close(s.quit)
+	}
+	var running []*step
+	for _, st := range s.steps {
+		select {
+		case <-st.done:
+		default:
+			running = append(running, st)
+		}
+	}
+	s.mu.Unlock()
+
+	var errs []error
+	if s.keep && len(running) > 0 {
+		if err := s.reap(ctx, "all"); err != nil {
+			errs = append(errs, fmt.Errorf("kill steps: %w", err))
+		}
+	}
+	if !s.keep {
+		if err := s.removeContainer(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, st := range running {
+		st.conn.Close()
+		select {
+		case <-st.done:
+		case <-ctx.Done():
+			return errors.Join(append(errs, fmt.Errorf("stop session %s: %w", s.names.container, ctx.Err()))...)
+		}
+	}
+	if s.keep {
+		s.log.Info("container kept", "container", s.names.container)
+		return errors.Join(errs...)
+	}
+	if err := s.remove(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		s.log.Info("container removed", "container", s.names.container)
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Session) removeContainer(ctx context.Context) error {
+	if s.id == "" {
+		return nil
+	}
+	_, err := s.ex.cli.ContainerRemove(ctx, s.id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
+	if err != nil && !cerrdefs.IsNotFound(err) {
+		return s.ex.daemonError(fmt.Errorf("remove container %s: %w", s.names.container, err))
+	}
+	return nil
+}
+
+// remove removes whatever of the run's container, network and volumes
+// exists. Objects are addressed by id where the session made them, so
+// that nothing of another run with a clashing name is touched.
+func (s *Session) remove(ctx context.Context) error {
+	var errs []error
+	if err := s.removeContainer(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if s.netID != "" {
+		if _, err := s.ex.cli.NetworkRemove(ctx, s.netID, client.NetworkRemoveOptions{}); err != nil && !cerrdefs.IsNotFound(err) {
+			errs = append(errs, s.ex.daemonError(fmt.Errorf("remove network %s: %w", s.names.network, err)))
+		}
+	}
+	for _, v := range s.names.volumes {
+		if _, err := s.ex.cli.VolumeRemove(ctx, v, client.VolumeRemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
+			errs = append(errs, s.ex.daemonError(fmt.Errorf("remove volume %s: %w", v, err)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// sidWriter takes the launcher's first line off the step's stdout and
+// passes everything after it on.
+type sidWriter struct {
+	st   *step
+	w    io.Writer
+	line []byte
+	seen bool
+}
+
+func (w *sidWriter) Write(p []byte) (int, error) {
+	if w.seen {
+		return w.w.Write(p)
+	}
+	n := len(p)
+	w.line = append(w.line, p...)
+	i := bytes.IndexByte(w.line, '\n')
+	if i < 0 && len(w.line) < 128 {
+		return n, nil
+	}
+	w.seen = true
+	rest := w.line
+	if i >= 0 {
+		if f := strings.Fields(string(w.line[:i])); len(f) == 2 && f[0] == sidMarker {
+			w.st.sid, _ = strconv.Atoi(f[1])
+			rest = w.line[i+1:]
+		}
+	}
+	close(w.st.sidKnown)
+	w.line = nil
+	if len(rest) > 0 {
+		if _, err := w.w.Write(rest); err != nil {
+			return 0, err
+		}
+	}
+	return n, nil
+}
+
+// finish passes on a partial first line and marks the session id as
+// known (0 when the launcher never told it).
+func (w *sidWriter) finish() {
+	if w.seen {
+		return
+	}
+	w.seen = true
+	close(w.st.sidKnown)
+	if len(w.line) > 0 {
+		_, _ = w.w.Write(w.line)
+	}
+}
+
+// execState is the part of an exec's inspect that the client's own
+// ExecInspect flattens: a missing exit code must stay missing.
+type execState struct {
+	Running  bool
+	ExitCode *int
+}
+
+func (e *Executor) inspectExec(ctx context.Context, id string) (execState, error) {
+	path := "/exec/" + id + "/json"
+	if v := e.cli.ClientVersion(); v != "" {
+		path = "/v" + v + path
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+client.DummyHost+path, nil)
+	if err != nil {
+		return execState{}, err
+	}
+	resp, err := e.raw.Do(req)
+	if err != nil {
+		return execState{}, fmt.Errorf("inspect exec %s: %w", id, err)
+	}
+	defer drain(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+		return execState{}, fmt.Errorf("inspect exec %s: %s: %s", id, resp.Status, bytes.TrimSpace(msg))
+	}
+	var st execState
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&st); err != nil {
+		return execState{}, fmt.Errorf("inspect exec %s: %w", id, err)
+	}
+	return st, nil
+}

@@ -1,0 +1,209 @@
+package docker
+
+import (
+	"archive/tar"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"strings"
+
+	"knotless.dev/run/internal/tarstream"
+)
+
+// relayIn copies the tar stream r to w for the daemon to unpack, entry by
+// entry, and refuses what tarstream.Unpack refuses, so that a transfer
+// into a container fails where one into the shell executor does. Each
+// header is rebuilt from its plain fields: no PAX record or owner name
+// goes through.
+func relayIn(ctx context.Context, r io.Reader, w io.Writer, lim tarstream.Limits) error {
+	tr := tar.NewReader(&limitReader{ctx: ctx, r: r, max: lim.MaxBytes})
+	tw := tar.NewWriter(w)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if hdr.Typeflag == tar.TypeXGlobalHeader {
+			continue
+		}
+		name, err := cleanName(hdr.Name)
+		if err != nil {
+			return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
+		}
+		if name == "." {
+			continue
+		}
+		out, err := plainHeader(hdr, name)
+		if err != nil {
+			return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
+		}
+		switch hdr.Typeflag {
+		case tar.TypeSymlink:
+			if err := checkLinkTarget(name, hdr.Linkname); err != nil {
+				return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
+			}
+		case tar.TypeLink:
+			target, err := cleanName(hdr.Linkname)
+			if err != nil || target == "." {
+				return fmt.Errorf("tar entry %q: hard link to %q points outside the target", hdr.Name, hdr.Linkname)
+			}
+			out.Linkname = target
+		}
+		if err := writeEntry(tw, tr, out); err != nil {
+			return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
+		}
+	}
+	return tw.Close()
+}
+
+// relayOut copies the daemon's archive of a directory named base to w,
+// with every entry renamed relative to the directory and the directory's
+// own entry dropped. The archive comes out of a container that ran
+// someone else's code: the reader on the other end unpacks it as hostile
+// input; relayOut keeps its names inside the directory and bounds its
+// size.
+func relayOut(ctx context.Context, r io.Reader, w io.Writer, base string, lim tarstream.Limits) error {
+	tr := tar.NewReader(&limitReader{ctx: ctx, r: r, max: lim.MaxBytes})
+	tw := tar.NewWriter(w)
+	strip := func(name string) (string, error) {
+		clean, err := cleanName(name)
+		if err != nil {
+			return "", err
+		}
+		if clean == base {
+			return ".", nil
+		}
+		rel, ok := strings.CutPrefix(clean, base+"/")
+		if !ok {
+			return "", fmt.Errorf("entry is not inside %s", base)
+		}
+		return rel, nil
+	}
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if hdr.Typeflag == tar.TypeXGlobalHeader {
+			continue
+		}
+		name, err := strip(hdr.Name)
+		if err != nil {
+			return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
+		}
+		if name == "." {
+			continue
+		}
+		out, err := plainHeader(hdr, name)
+		if err != nil {
+			return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
+		}
+		if hdr.Typeflag == tar.TypeLink {
+			if out.Linkname, err = strip(hdr.Linkname); err != nil || out.Linkname == "." {
+				return fmt.Errorf("tar entry %q: hard link to %q points outside %s", hdr.Name, hdr.Linkname, base)
+			}
+		}
+		if err := writeEntry(tw, tr, out); err != nil {
+			return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
+		}
+	}
+	return tw.Close()
+}
+
+// plainHeader rebuilds hdr under name with only the fields a transfer
+// keeps. Devices, FIFOs and other types are refused.
+func plainHeader(hdr *tar.Header, name string) (*tar.Header, error) {
+	out := &tar.Header{
+		Typeflag: hdr.Typeflag,
+		Name:     name,
+		Mode:     hdr.Mode & 0o7777,
+		ModTime:  hdr.ModTime,
+		Format:   tar.FormatPAX,
+	}
+	switch hdr.Typeflag {
+	case tar.TypeDir:
+		out.Name += "/"
+	case tar.TypeReg:
+		out.Size = hdr.Size
+	case tar.TypeSymlink:
+		out.Linkname = hdr.Linkname
+	case tar.TypeLink:
+		out.Linkname = hdr.Linkname
+	default:
+		return nil, fmt.Errorf("entry type %q not allowed (devices, FIFOs and others are refused)", string(hdr.Typeflag))
+	}
+	return out, nil
+}
+
+func writeEntry(tw *tar.Writer, tr io.Reader, hdr *tar.Header) error {
+	if err := tw.WriteHeader(hdr); err != nil {
+		return err
+	}
+	if hdr.Typeflag != tar.TypeReg {
+		return nil
+	}
+	_, err := io.CopyN(tw, tr, hdr.Size)
+	return err
+}
+
+// cleanName returns the entry name as a clean relative path, or an error
+// for an absolute name or one that climbs with "..". It is the rule of
+// tarstream.Unpack.
+func cleanName(name string) (string, error) {
+	if name == "" {
+		return "", errors.New("empty name")
+	}
+	if strings.HasPrefix(name, "/") {
+		return "", errors.New("absolute path not allowed")
+	}
+	if strings.IndexByte(name, 0) >= 0 {
+		return "", errors.New("NUL in name")
+	}
+	for _, part := range strings.Split(name, "/") {
+		if part == ".." {
+			return "", errors.New(`".." not allowed`)
+		}
+	}
+	return path.Clean(name), nil
+}
+
+// checkLinkTarget refuses a symbolic link whose target, read relative to
+// the link's own directory, leaves the tree; the rule of
+// tarstream.Unpack.
+func checkLinkTarget(name, target string) error {
+	if target == "" || strings.HasPrefix(target, "/") {
+		return fmt.Errorf("symbolic link to %q points outside the target", target)
+	}
+	resolved := path.Join(path.Dir(name), target)
+	if resolved == ".." || strings.HasPrefix(resolved, "../") {
+		return fmt.Errorf("symbolic link to %q points outside the target", target)
+	}
+	return nil
+}
+
+type limitReader struct {
+	ctx context.Context
+	r   io.Reader
+	n   int64
+	max int64
+}
+
+func (l *limitReader) Read(p []byte) (int, error) {
+	if err := l.ctx.Err(); err != nil {
+		return 0, err
+	}
+	n, err := l.r.Read(p)
+	l.n += int64(n)
+	if l.max > 0 && l.n > l.max {
+		return n, fmt.Errorf("%w (%d bytes)", tarstream.ErrTooLarge, l.max)
+	}
+	return n, err
+}

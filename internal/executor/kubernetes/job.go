@@ -1,0 +1,226 @@
+package kubernetes
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"knotless.dev/run/internal/executor"
+)
+
+// Label and annotation keys on every object a run creates.
+const (
+	LabelRunner     = "dev.knotless.runner"
+	LabelRun        = "dev.knotless.run"
+	LabelManagedBy  = "app.kubernetes.io/managed-by"
+	AnnotationDID   = "dev.knotless.runner-did"
+	managedByValue  = "knotless-run"
+	containerName   = "run"
+	stateDir        = "/knotless"
+	stepStateDir    = stateDir + "/steps"
+	jobNamePrefix   = "knotless-"
+	networkPolicyNm = "knotless-deny-ingress-"
+)
+
+// deadlineMargin is added to a run's timeout for the Job's active
+// deadline: transfers and clean-up happen outside the steps.
+const deadlineMargin = 10 * time.Minute
+
+// defaultDeadline bounds a run with no timeout of its own.
+const defaultDeadline = 6 * time.Hour
+
+// ttlAfterFinished lets the TTL controller remove a Job the runner could
+// not delete itself.
+const ttlAfterFinished = 10 * time.Minute
+
+// capabilities are the only ones a run keeps: what package managers and
+// build tools running as root in the image need to own and chmod files
+// and to switch users. Everything else, NET_RAW among it, is dropped.
+func capabilities() []corev1.Capability { return []corev1.Capability{"CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID"} }
+
+// keepAlive is the pod's command: it works in any image with a POSIX sh,
+// reaps orphans (it is PID 1), and exits at once on SIGTERM.
+const keepAlive = `trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done`
+
+// RunnerLabel is the label value for a runner DID: DIDs hold characters
+// a label value cannot.
+func RunnerLabel(did string) string {
+	sum := sha256.Sum256([]byte(did))
+	return hex.EncodeToString(sum[:])[:20]
+}
+
+// JobName is the name of a run's Job.
+func JobName(runID string) string {
+	return jobNamePrefix + runID
+}
+
+// PodOptions are the operator's settings for run pods.
+type PodOptions struct {
+	Image          string
+	CPURequest     string
+	MemoryRequest  string
+	CPULimit       string
+	MemoryLimit    string
+	RuntimeClass   string
+	NodeSelector   map[string]string
+	Tolerations    []corev1.Toleration
+	ServiceAccount string
+	// StateSizeLimit bounds the memory-backed volume that holds step
+	// output spools.
+	StateSizeLimit string
+}
+
+// BuildJob returns the Job for one run. It is pure: everything it needs
+// is in its arguments.
+func BuildJob(namespace string, spec executor.Spec, opts PodOptions) (*batchv1.Job, error) {
+	runner := RunnerLabel(spec.Runner)
+	labels := map[string]string{LabelRunner: runner, LabelRun: spec.RunID, LabelManagedBy: managedByValue}
+	annotations := map[string]string{AnnotationDID: spec.Runner}
+	for k, v := range spec.Annotations {
+		annotations[k] = v
+	}
+	image := spec.Image
+	if image == "" {
+		image = opts.Image
+	}
+	res, err := resources(spec.Resources, opts)
+	if err != nil {
+		return nil, err
+	}
+	deadline := defaultDeadline
+	if spec.Timeout > 0 {
+		deadline = spec.Timeout + deadlineMargin
+	}
+	stateLimit := resource.MustParse("256Mi")
+	if opts.StateSizeLimit != "" {
+		if stateLimit, err = resource.ParseQuantity(opts.StateSizeLimit); err != nil {
+			return nil, fmt.Errorf("state size limit %q: %w", opts.StateSizeLimit, err)
+		}
+	}
+	volumes := []corev1.Volume{
+		{Name: "work", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		{Name: "steps", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		{Name: "outputs", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		// Step output spools: memory, never the node's disk.
+		{Name: "state", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: &stateLimit}}},
+	}
+	dirs := executor.PodDirs()
+	mounts := []corev1.VolumeMount{
+		{Name: "work", MountPath: dirs.Work},
+		{Name: "steps", MountPath: dirs.Steps},
+		{Name: "outputs", MountPath: dirs.Outputs},
+		{Name: "state", MountPath: stateDir},
+	}
+	pod := corev1.PodSpec{
+		RestartPolicy:                 corev1.RestartPolicyNever,
+		AutomountServiceAccountToken:  ptr.To(false),
+		EnableServiceLinks:            ptr.To(false),
+		TerminationGracePeriodSeconds: ptr.To[int64](5),
+		ServiceAccountName:            opts.ServiceAccount,
+		NodeSelector:                  opts.NodeSelector,
+		Tolerations:                   opts.Tolerations,
+		SecurityContext: &corev1.PodSecurityContext{
+			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		},
+		// One run per node: a run never shares a node with another run of
+		// this runner.
+		Affinity: &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+			RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
+				LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{LabelRunner: runner}},
+				TopologyKey:   corev1.LabelHostname,
+			}},
+		}},
+		Volumes: volumes,
+		Containers: []corev1.Container{{
+			Name:            containerName,
+			Image:           image,
+			ImagePullPolicy: corev1.PullIfNotPresent,
+			Command:         []string{"sh", "-c", keepAlive},
+			WorkingDir:      dirs.Work,
+			Resources:       res,
+			VolumeMounts:    mounts,
+			SecurityContext: &corev1.SecurityContext{
+				Privileged:               ptr.To(false),
+				AllowPrivilegeEscalation: ptr.To(false),
+				Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: capabilities()},
+			},
+		}},
+	}
+	if opts.RuntimeClass != "" {
+		pod.RuntimeClassName = ptr.To(opts.RuntimeClass)
+	}
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: JobName(spec.RunID), Namespace: namespace, Labels: labels, Annotations: annotations},
+		Spec: batchv1.JobSpec{
+			BackoffLimit:          ptr.To[int32](0),
+			ActiveDeadlineSeconds: ptr.To(int64(deadline / time.Second)),
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: annotations},
+				Spec:       pod,
+			},
+		},
+	}
+	if !spec.Keep {
+		job.Spec.TTLSecondsAfterFinished = ptr.To(int32(ttlAfterFinished / time.Second))
+	}
+	return job, nil
+}
+
+// resources merges the workflow's requests over the operator's defaults.
+func resources(wf executor.Resources, opts PodOptions) (corev1.ResourceRequirements, error) {
+	var rr corev1.ResourceRequirements
+	set := func(list *corev1.ResourceList, name corev1.ResourceName, values ...string) error {
+		for _, v := range values {
+			if v == "" {
+				continue
+			}
+			q, err := resource.ParseQuantity(v)
+			if err != nil {
+				return fmt.Errorf("%s %q: %w", name, v, err)
+			}
+			if *list == nil {
+				*list = corev1.ResourceList{}
+			}
+			(*list)[name] = q
+			return nil
+		}
+		return nil
+	}
+	for _, err := range []error{
+		set(&rr.Requests, corev1.ResourceCPU, wf.CPU, opts.CPURequest),
+		set(&rr.Requests, corev1.ResourceMemory, wf.Memory, opts.MemoryRequest),
+		set(&rr.Limits, corev1.ResourceCPU, opts.CPULimit),
+		set(&rr.Limits, corev1.ResourceMemory, opts.MemoryLimit),
+	} {
+		if err != nil {
+			return rr, err
+		}
+	}
+	return rr, nil
+}
+
+// BuildNetworkPolicy returns the policy that denies every ingress to this
+// runner's run pods.
+func BuildNetworkPolicy(namespace, runnerDID string) *networkingv1.NetworkPolicy {
+	runner := RunnerLabel(runnerDID)
+	return &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        networkPolicyNm + runner,
+			Namespace:   namespace,
+			Labels:      map[string]string{LabelRunner: runner, LabelManagedBy: managedByValue},
+			Annotations: map[string]string{AnnotationDID: runnerDID},
+		},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{LabelRunner: runner}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+		},
+	}
+}

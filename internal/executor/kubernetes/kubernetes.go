@@ -1,0 +1,229 @@
+// Package kubernetes is the default executor: each run is one Kubernetes
+// Job whose single pod stays alive while the runner execs one step at a
+// time into it through client-go. Steps run detached inside the pod, so a
+// dropped exec stream is picked up again from a byte offset; the step's
+// exit status is written to a file only when it ends.
+package kubernetes
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/tarstream"
+)
+
+// Name is the executor's name.
+const Name = "kubernetes"
+
+//go:embed scripts/step.sh
+var stepScript string
+
+//go:embed scripts/put.sh
+var putScript string
+
+//go:embed scripts/get.sh
+var getScript string
+
+// Config configures the Kubernetes executor.
+type Config struct {
+	Credentials Credentials
+	// Runner is the runner's DID; its digest labels every object.
+	Runner string
+	Pod    PodOptions
+	// ScheduleTimeout bounds how long a run waits for a node: Pending
+	// because nothing fits is the cluster's scale-up signal.
+	ScheduleTimeout time.Duration
+	// PullGrace is how long an image pull may fail before the run ends.
+	PullGrace time.Duration
+	Limits    tarstream.Limits
+	Logger    *slog.Logger
+}
+
+// Executor runs sessions as Jobs.
+type Executor struct {
+	cfg     Config
+	clients *clients
+	log     *slog.Logger
+
+	mu       sync.Mutex
+	policies map[string]bool // namespaces where the NetworkPolicy is in place
+}
+
+// New returns a Kubernetes executor. It checks that credentials can be
+// loaded, so a missing or broken configuration fails at start.
+func New(cfg Config) (*Executor, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.ScheduleTimeout == 0 {
+		cfg.ScheduleTimeout = 10 * time.Minute
+	}
+	if cfg.PullGrace == 0 {
+		cfg.PullGrace = 20 * time.Second
+	}
+	e := &Executor{cfg: cfg, clients: &clients{creds: cfg.Credentials}, log: cfg.Logger, policies: map[string]bool{}}
+	cc, _, ns, err := e.clients.get()
+	if err != nil {
+		return nil, err
+	}
+	e.log.Info("cluster credentials loaded", "server", cc.Host, "namespace", ns)
+	return e, nil
+}
+
+// Name implements executor.Executor.
+func (e *Executor) Name() string { return Name }
+
+// Namespace is the namespace runs go to with the current credentials.
+func (e *Executor) Namespace() (string, error) {
+	_, _, ns, err := e.clients.get()
+	return ns, err
+}
+
+// Start creates the run's Job and waits until its pod is Ready.
+func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Session, error) {
+	_, cs, ns, err := e.clients.get()
+	if err != nil {
+		return nil, err
+	}
+	if spec.Runner == "" {
+		spec.Runner = e.cfg.Runner
+	}
+	if err := e.ensureNetworkPolicy(ctx, ns, spec.Runner); err != nil {
+		return nil, err
+	}
+	job, err := BuildJob(ns, spec, e.cfg.Pod)
+	if err != nil {
+		return nil, fmt.Errorf("build job: %w", err)
+	}
+	log := e.log.With("run", spec.RunID, "job", job.Name, "namespace", ns)
+	created, err := cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("create job %s/%s: %w", ns, job.Name, err)
+	}
+	log.Info("job created")
+	s := &Session{
+		ex:   e,
+		ref:  executor.Ref{Executor: Name, RunID: spec.RunID, Namespace: ns, Name: job.Name},
+		keep: spec.Keep,
+		uid:  created.UID,
+		log:  log,
+	}
+	pod, err := e.waitForPod(ctx, cs, created, log)
+	if err != nil {
+		s.cleanupAfterFailedStart(ctx)
+		return nil, err
+	}
+	s.pod = pod
+	return s, nil
+}
+
+// Resume takes over a session from its Ref: the Job and pod must still
+// be there.
+func (e *Executor) Resume(ctx context.Context, ref executor.Ref) (executor.Session, error) {
+	_, cs, _, err := e.clients.get()
+	if err != nil {
+		return nil, err
+	}
+	job, err := cs.BatchV1().Jobs(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("resume job %s/%s: %w", ref.Namespace, ref.Name, err)
+	}
+	log := e.log.With("run", ref.RunID, "job", ref.Name, "namespace", ref.Namespace)
+	s := &Session{ex: e, ref: ref, uid: job.UID, log: log}
+	pod, err := e.waitForPod(ctx, cs, job, log)
+	if err != nil {
+		return nil, err
+	}
+	s.pod = pod
+	return s, nil
+}
+
+// ensureNetworkPolicy applies the default-deny-ingress policy once per
+// namespace. One that exists already is success: runners start
+// concurrently.
+func (e *Executor) ensureNetworkPolicy(ctx context.Context, ns, runner string) error {
+	e.mu.Lock()
+	done := e.policies[ns]
+	e.mu.Unlock()
+	if done {
+		return nil
+	}
+	_, cs, _, err := e.clients.get()
+	if err != nil {
+		return err
+	}
+	np := BuildNetworkPolicy(ns, runner)
+	_, err = cs.NetworkingV1().NetworkPolicies(ns).Create(ctx, np, metav1.CreateOptions{})
+	switch {
+	case err == nil:
+		e.log.Info("network policy created", "namespace", ns, "name", np.Name)
+	case apierrors.IsAlreadyExists(err):
+	case apierrors.IsForbidden(err):
+		return fmt.Errorf("create network policy %s/%s: RBAC denies it (the runner's Role needs networkpolicies create): %w", ns, np.Name, err)
+	default:
+		return fmt.Errorf("create network policy %s/%s: %w", ns, np.Name, err)
+	}
+	e.mu.Lock()
+	e.policies[ns] = true
+	e.mu.Unlock()
+	return nil
+}
+
+// Sweep deletes this runner's Jobs whose run is not in keep.
+func (e *Executor) Sweep(ctx context.Context, keep []string) ([]executor.Ref, error) {
+	_, cs, ns, err := e.clients.get()
+	if err != nil {
+		return nil, err
+	}
+	sel := labels.SelectorFromSet(labels.Set{LabelRunner: RunnerLabel(e.cfg.Runner)}).String()
+	jobs, err := cs.BatchV1().Jobs(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		return nil, fmt.Errorf("list jobs in %s: %w", ns, err)
+	}
+	going := map[string]bool{}
+	for _, id := range keep {
+		going[id] = true
+	}
+	var swept []executor.Ref
+	var errs []error
+	for _, job := range jobs.Items {
+		run := job.Labels[LabelRun]
+		if going[run] {
+			continue
+		}
+		ref := executor.Ref{Executor: Name, RunID: run, Namespace: ns, Name: job.Name}
+		if err := deleteJob(ctx, cs.BatchV1().Jobs(ns), job.Name); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		e.log.Info("orphan swept", "job", job.Name, "run", run, "namespace", ns)
+		swept = append(swept, ref)
+	}
+	return swept, errors.Join(errs...)
+}
+
+type jobDeleter interface {
+	Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error
+}
+
+func deleteJob(ctx context.Context, jobs jobDeleter, name string) error {
+	err := jobs.Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: ptrTo(metav1.DeletePropagationBackground)})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete job %s: %w", name, err)
+	}
+	return nil
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+var _ executor.Resumer = (*Executor)(nil)

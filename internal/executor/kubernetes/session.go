@@ -1,0 +1,472 @@
+package kubernetes
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/executor/spool"
+)
+
+// reattach bounds how a step's stream is picked up again after it drops.
+const (
+	reattachAttempts = 8
+	reattachFirst    = 500 * time.Millisecond
+	reattachMax      = 15 * time.Second
+	deleteWait       = 2 * time.Minute
+)
+
+// Session is one run's Job and pod.
+type Session struct {
+	ex   *Executor
+	ref  executor.Ref
+	uid  types.UID
+	pod  string
+	keep bool
+	log  *slog.Logger
+
+	mu      sync.Mutex
+	steps   map[string]*step
+	wg      sync.WaitGroup // the step pumps
+	stopped bool
+	// pumpCtx is the pumps' lifetime: it ends with Stop, not with the
+	// call that started a step.
+	pumpCtx context.Context //nolint:containedctx // owned by the session's goroutines
+	cancel  context.CancelFunc
+}
+
+// step is one step's output as received, and how it ended.
+type step struct {
+	out  *spool.Spool
+	done chan struct{} // closed when exit and err are final
+	exit executor.Exit
+	err  error
+}
+
+// Ref implements executor.Session.
+func (s *Session) Ref() executor.Ref { return s.ref }
+
+// Dirs implements executor.Session.
+func (s *Session) Dirs() executor.Dirs { return executor.PodDirs() }
+
+// Put implements executor.Session: the tar stream goes in over exec stdin
+// and the pod reports the digest of what it received.
+func (s *Session) Put(ctx context.Context, dir string, r io.Reader) error {
+	h := sha256.New()
+	var stderr bytes.Buffer
+	start := time.Now()
+	counted := &countingReader{r: io.TeeReader(r, h)}
+	code, err := s.exec(ctx, []string{"sh", "-c", putScript, "knotless-put", dir}, streams{stdin: counted, stderr: &stderr})
+	if err != nil {
+		return fmt.Errorf("put %s: %w", dir, err)
+	}
+	if err := checkDigest(code, stderr.String(), h.Sum(nil)); err != nil {
+		return fmt.Errorf("put %s: %w", dir, err)
+	}
+	s.log.Info("transfer in", "dir", dir, "bytes", counted.n, "duration", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// Get implements executor.Session.
+func (s *Session) Get(ctx context.Context, dir string, w io.Writer) error {
+	h := sha256.New()
+	var stderr bytes.Buffer
+	start := time.Now()
+	counted := &countingWriter{w: io.MultiWriter(w, h)}
+	code, err := s.exec(ctx, []string{"sh", "-c", getScript, "knotless-get", dir}, streams{stdout: counted, stderr: &stderr})
+	if err != nil {
+		return fmt.Errorf("get %s: %w", dir, err)
+	}
+	if err := checkDigest(code, stderr.String(), h.Sum(nil)); err != nil {
+		return fmt.Errorf("get %s: %w", dir, err)
+	}
+	s.log.Info("transfer out", "dir", dir, "bytes", counted.n, "duration", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// checkDigest compares the digest the pod printed with ours.
+func checkDigest(code int, stderr string, ours []byte) error {
+	theirs := ""
+	var other []string
+	for _, line := range strings.Split(stderr, "\n") {
+		if d, ok := strings.CutPrefix(line, "knotless: digest "); ok {
+			theirs = strings.TrimSpace(d)
+		} else if strings.TrimSpace(line) != "" {
+			other = append(other, line)
+		}
+	}
+	if code != 0 {
+		return fmt.Errorf("tar in the pod exited %d: %s", code, strings.Join(other, "; "))
+	}
+	if theirs != hex.EncodeToString(ours) {
+		return fmt.Errorf("%w (pod %q, runner %s)", executor.ErrTransferCorrupt, theirs, hex.EncodeToString(ours))
+	}
+	return nil
+}
+
+// StartStep implements executor.Session. It returns once the pod has read
+// the payload and started the step; the output is then pumped into the
+// runner in the background, reattaching when the stream drops.
+func (s *Session) StartStep(ctx context.Context, id string, payload []byte) error {
+	st, err := s.newStep(id, 0)
+	if err != nil {
+		return err
+	}
+	started := make(chan struct{})
+	s.wg.Add(1)
+	go s.pump(id, st, payload, started)
+	select {
+	case <-started:
+		return nil
+	case <-st.done:
+		if st.err != nil {
+			return fmt.Errorf("start step %s: %w", id, st.err)
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *Session) newStep(id string, offset int64) (*step, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return nil, fmt.Errorf("session %s is stopped", s.ref)
+	}
+	if _, dup := s.steps[id]; dup {
+		return nil, fmt.Errorf("step %s already started", id)
+	}
+	if s.steps == nil {
+		s.steps = map[string]*step{}
+		var ctx context.Context
+		ctx, s.cancel = context.WithCancel(context.Background())
+		s.pumpCtx = ctx
+	}
+	st := &step{out: spool.NewAt(offset), done: make(chan struct{})}
+	s.steps[id] = st
+	return st, nil
+}
+
+// pump owns one step's streams: the launching exec, then follow execs
+// from the last byte received whenever a stream ends without the step's
+// exit line. It never reports success for a stream that merely ended.
+func (s *Session) pump(id string, st *step, payload []byte, started chan struct{}) {
+	defer s.wg.Done()
+	ctx := s.pumpCtx
+	mode := "start"
+	wait := reattachFirst
+	var lastErr error
+	for attempt := 0; ; attempt++ {
+		offset := st.out.Len()
+		ctrl := &control{started: started}
+		in := &stdinFeed{ctrl: ctrl, out: st.out, ctx: ctx}
+		if mode == "start" {
+			in.first = fmt.Appendf(nil, "%d\n%s", len(payload), payload)
+		}
+		cmd := []string{"sh", "-c", stepScript, "knotless-step", mode, stepStateDir, id, strconv.FormatInt(offset, 10)}
+		_, err := s.exec(ctx, cmd, streams{stdin: in, stdout: st.out, stderr: ctrl})
+		if code, final, ok := ctrl.result(); ok && st.out.Len() >= final {
+			st.exit = executor.Exit{Code: code}
+			break
+		}
+		if ctrl.isUnknown() {
+			st.err = fmt.Errorf("%w: the step's status file is missing and its supervisor is gone", executor.ErrExitUnknown)
+			break
+		}
+		if mode == "start" && !ctrl.hasStarted() {
+			st.err = fmt.Errorf("launch in pod %s: %v", s.pod, orElse(err, "the launcher ended before starting the step"))
+			break
+		}
+		if ctx.Err() != nil {
+			st.err = fmt.Errorf("%w: session stopped while following", executor.ErrExitUnknown)
+			break
+		}
+		lastErr = orElseErr(err, "stream ended without the step's exit line")
+		if attempt >= reattachAttempts {
+			st.err = fmt.Errorf("%w after %d reattach attempts: %v", executor.ErrExitUnknown, attempt, lastErr)
+			break
+		}
+		s.log.Warn("step stream dropped; reattaching", "step", id, "offset", st.out.Len(), "attempt", attempt+1, "err", lastErr)
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+		wait = min(wait*2, reattachMax)
+		mode = "follow"
+	}
+	_ = st.out.Close()
+	close(st.done)
+}
+
+// FollowStep implements executor.Session.
+func (s *Session) FollowStep(ctx context.Context, id string, offset int64, out io.Writer) (executor.Exit, error) {
+	s.mu.Lock()
+	st, ok := s.steps[id]
+	s.mu.Unlock()
+	if !ok {
+		// A step started by another process: follow it from the offset
+		// that process reached.
+		var err error
+		if st, err = s.newStep(id, offset); err != nil {
+			return executor.Exit{}, err
+		}
+		s.wg.Add(1)
+		go s.pump(id, st, nil, make(chan struct{}))
+	}
+	if _, err := st.out.Follow(ctx, offset, out); err != nil {
+		return executor.Exit{}, err
+	}
+	select {
+	case <-st.done:
+		return st.exit, st.err
+	case <-ctx.Done():
+		return executor.Exit{}, ctx.Err()
+	}
+}
+
+// KillStep implements executor.Session: the step's whole session and
+// every process it started are killed inside the pod.
+func (s *Session) KillStep(ctx context.Context, id string) error {
+	var stderr bytes.Buffer
+	code, err := s.exec(ctx, []string{"sh", "-c", stepScript, "knotless-step", "kill", stepStateDir, id}, streams{stderr: &stderr})
+	if err != nil {
+		return fmt.Errorf("kill step %s: %w", id, err)
+	}
+	if code != 0 {
+		return fmt.Errorf("kill step %s: exit %d: %s", id, code, strings.TrimSpace(stderr.String()))
+	}
+	s.log.Info("step killed", "step", id)
+	return nil
+}
+
+// Stop implements executor.Session: it ends the pumps, deletes the Job
+// and waits until its pod is gone.
+func (s *Session) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	already := s.stopped
+	s.stopped = true
+	if s.cancel != nil {
+		s.cancel()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	if already || s.keep {
+		return nil
+	}
+	return s.deleteJob(ctx)
+}
+
+func (s *Session) deleteJob(ctx context.Context) error {
+	_, cs, _, err := s.ex.clients.get()
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	if err := deleteJob(ctx, cs.BatchV1().Jobs(s.ref.Namespace), s.ref.Name); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, deleteWait)
+	defer cancel()
+	sel := metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=" + s.ref.Name}
+	for {
+		pods, err := cs.CoreV1().Pods(s.ref.Namespace).List(ctx, sel)
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("confirm pods of job %s are gone: %w", s.ref.Name, err)
+		}
+		if err == nil && len(pods.Items) == 0 {
+			s.log.Info("job deleted", "after", time.Since(start).Round(time.Millisecond))
+			return nil
+		}
+		opts := sel
+		opts.ResourceVersion = pods.ResourceVersion
+		w, err := cs.CoreV1().Pods(s.ref.Namespace).Watch(ctx, opts)
+		if err != nil {
+			return fmt.Errorf("watch pods of job %s: %w", s.ref.Name, err)
+		}
+		for range w.ResultChan() {
+		}
+		w.Stop()
+		if ctx.Err() != nil {
+			return fmt.Errorf("pods of job %s still there after %s", s.ref.Name, deleteWait)
+		}
+	}
+}
+
+// cleanupAfterFailedStart deletes the Job of a session that never became
+// ready, also when the caller's context is gone.
+func (s *Session) cleanupAfterFailedStart(ctx context.Context) {
+	if s.keep {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deleteWait)
+	defer cancel()
+	if err := s.deleteJob(ctx); err != nil {
+		s.log.Error("delete job after failed start", "err", err)
+	}
+}
+
+// control parses the step tool's control lines on stderr.
+type control struct {
+	started chan struct{}
+
+	mu      sync.Mutex
+	partial []byte
+	start   bool
+	exit    *[2]int64 // code, final length
+	unknown bool
+	ack     chan struct{}
+}
+
+func (c *control) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.partial = append(c.partial, p...)
+	for {
+		i := bytes.IndexByte(c.partial, '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		line := string(c.partial[:i])
+		c.partial = c.partial[i+1:]
+		switch {
+		case line == "knotless: started":
+			if !c.start {
+				c.start = true
+				close(c.started)
+			}
+		case line == "knotless: unknown":
+			c.unknown = true
+		case strings.HasPrefix(line, "knotless: exit "):
+			f := strings.Fields(strings.TrimPrefix(line, "knotless: exit "))
+			if len(f) == 2 {
+				code, err1 := strconv.ParseInt(f[0], 10, 32)
+				n, err2 := strconv.ParseInt(f[1], 10, 64)
+				if err1 == nil && err2 == nil {
+					c.exit = &[2]int64{code, n}
+					if c.ack != nil {
+						close(c.ack)
+						c.ack = nil
+					}
+				}
+			}
+		}
+	}
+}
+
+func (c *control) result() (int, int64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.exit == nil {
+		return 0, 0, false
+	}
+	return int(c.exit[0]), c.exit[1], true
+}
+
+func (c *control) isUnknown() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.unknown
+}
+
+func (c *control) hasStarted() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.start
+}
+
+// exitSeen returns a channel closed when the exit line has arrived.
+func (c *control) exitSeen() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch := make(chan struct{})
+	if c.exit != nil {
+		close(ch)
+	} else {
+		c.ack = ch
+	}
+	return ch
+}
+
+// stdinFeed is the step tool's stdin: first the payload, then, once the
+// exit line has come and every byte it counts is here, "ok".
+type stdinFeed struct {
+	ctx   context.Context
+	ctrl  *control
+	out   *spool.Spool
+	first []byte
+	acked bool
+}
+
+func (f *stdinFeed) Read(p []byte) (int, error) {
+	if len(f.first) > 0 {
+		n := copy(p, f.first)
+		f.first = f.first[n:]
+		return n, nil
+	}
+	if f.acked {
+		return 0, io.EOF
+	}
+	select {
+	case <-f.ctrl.exitSeen():
+	case <-f.ctx.Done():
+		return 0, io.EOF
+	}
+	_, final, _ := f.ctrl.result()
+	if err := f.out.WaitLen(f.ctx, final); err != nil {
+		return 0, io.EOF
+	}
+	f.acked = true
+	return copy(p, "ok\n"), nil
+}
+
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+func orElse(err error, msg string) string {
+	if err != nil {
+		return err.Error()
+	}
+	return msg
+}
+
+func orElseErr(err error, msg string) error {
+	if err != nil {
+		return err
+	}
+	return errors.New(msg)
+}
+

@@ -1,0 +1,233 @@
+package kubernetes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+)
+
+// noPodTimeout is how long a Job may exist without a pod before the run
+// ends: quota or admission refusals show up as events on the Job.
+const noPodTimeout = 30 * time.Second
+
+// fatalWaiting reports container waiting reasons that never resolve by
+// waiting.
+func fatalWaiting(reason string) bool {
+	switch reason {
+	case "InvalidImageName", "CreateContainerConfigError", "CreateContainerError", "ErrImageNeverPull":
+		return true
+	}
+	return false
+}
+
+// podWaiter follows a Job's pod through a watch until it is Ready.
+type podWaiter struct {
+	cs      kubernetes.Interface
+	job     *batchv1.Job
+	log     *slog.Logger
+	grace   time.Duration
+	started time.Time
+
+	pullFailingSince time.Time
+	lastReason       string
+}
+
+// waitForPod returns the name of the Job's pod once it is Ready, or an
+// error that says why it never will be, with the cluster's own words.
+func (e *Executor) waitForPod(ctx context.Context, cs kubernetes.Interface, job *batchv1.Job, log *slog.Logger) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.ScheduleTimeout)
+	defer cancel()
+	w := &podWaiter{cs: cs, job: job, log: log, grace: e.cfg.PullGrace, started: time.Now()}
+	name, err := w.wait(ctx)
+	if err != nil && errors.Is(err, context.DeadlineExceeded) {
+		reason := w.lastReason
+		if reason == "" {
+			reason = "no reason given"
+		}
+		return "", fmt.Errorf("pod of job %s not ready after --schedule-timeout %s: %s", job.Name, e.cfg.ScheduleTimeout, reason)
+	}
+	return name, err
+}
+
+func (w *podWaiter) wait(ctx context.Context) (string, error) {
+	sel := metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=" + w.job.Name}
+	pods := w.cs.CoreV1().Pods(w.job.Namespace)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		list, err := pods.List(ctx, sel)
+		if err != nil {
+			return "", fmt.Errorf("list pods of job %s: %w", w.job.Name, err)
+		}
+		for i := range list.Items {
+			if name, done, err := w.check(&list.Items[i]); done || err != nil {
+				return name, err
+			}
+		}
+		if err := w.checkNoPod(ctx, len(list.Items)); err != nil {
+			return "", err
+		}
+		opts := sel
+		opts.ResourceVersion = list.ResourceVersion
+		watcher, err := pods.Watch(ctx, opts)
+		if err != nil {
+			return "", fmt.Errorf("watch pods of job %s: %w", w.job.Name, err)
+		}
+		name, done, err := w.follow(ctx, watcher, tick, len(list.Items))
+		watcher.Stop()
+		if done || err != nil {
+			return name, err
+		}
+		// The watch ended (server timeout or restart): list again.
+	}
+}
+
+// follow reads watch events until the pod is Ready, fails, or the watch
+// closes (done false, err nil: list and watch again).
+func (w *podWaiter) follow(ctx context.Context, watcher watch.Interface, tick *time.Ticker, seen int) (string, bool, error) {
+	var last *corev1.Pod
+	for {
+		select {
+		case <-ctx.Done():
+			return "", false, ctx.Err()
+		case <-tick.C:
+			// Time-based rules: a pull that keeps failing, a Job without a pod.
+			if last != nil {
+				if name, done, err := w.check(last); done || err != nil {
+					return name, done, err
+				}
+			}
+			if err := w.checkNoPod(ctx, seen); err != nil {
+				return "", false, err
+			}
+		case ev, ok := <-watcher.ResultChan():
+			if !ok {
+				return "", false, nil
+			}
+			switch ev.Type {
+			case watch.Error:
+				return "", false, nil
+			case watch.Deleted:
+				return "", false, fmt.Errorf("pod of job %s was deleted before it was ready", w.job.Name)
+			}
+			pod, ok := ev.Object.(*corev1.Pod)
+			if !ok {
+				continue
+			}
+			seen, last = seen+1, pod
+			if name, done, err := w.check(pod); done || err != nil {
+				return name, done, err
+			}
+		}
+	}
+}
+
+// check decides on one pod: ready, failed, or still waiting (logged).
+func (w *podWaiter) check(pod *corev1.Pod) (string, bool, error) {
+	switch pod.Status.Phase {
+	case corev1.PodSucceeded, corev1.PodFailed:
+		return "", false, fmt.Errorf("pod %s ended (%s) before it was ready: %s", pod.Name, pod.Status.Phase, podEndReason(pod))
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+			w.log.Info("pod ready", "pod", pod.Name, "node", pod.Spec.NodeName, "after", time.Since(w.started).Round(time.Millisecond))
+			return pod.Name, true, nil
+		}
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+			w.note(pod, "waiting for a node (Pending is the scale-up signal): "+c.Message)
+		}
+	}
+	pulling := false
+	for _, cs := range pod.Status.ContainerStatuses {
+		if t := cs.State.Terminated; t != nil {
+			return "", false, fmt.Errorf("container of pod %s ended before it was ready: %s (exit %d) %s", pod.Name, t.Reason, t.ExitCode, t.Message)
+		}
+		wt := cs.State.Waiting
+		if wt == nil {
+			continue
+		}
+		switch {
+		case fatalWaiting(wt.Reason):
+			return "", false, fmt.Errorf("pod %s cannot start: %s: %s", pod.Name, wt.Reason, wt.Message)
+		case wt.Reason == "ErrImagePull" || wt.Reason == "ImagePullBackOff":
+			pulling = true
+			if w.pullFailingSince.IsZero() {
+				w.pullFailingSince = time.Now()
+			}
+			w.note(pod, fmt.Sprintf("image pull failing: %s: %s", wt.Reason, wt.Message))
+			if time.Since(w.pullFailingSince) >= w.grace {
+				return "", false, fmt.Errorf("pod %s cannot pull image %s: %s: %s", pod.Name, cs.Image, wt.Reason, wt.Message)
+			}
+		}
+	}
+	if !pulling {
+		w.pullFailingSince = time.Time{}
+	}
+	if pod.Spec.NodeName != "" && w.lastReason != "scheduled" && !pulling {
+		w.lastReason = "scheduled"
+		w.log.Info("pod scheduled", "pod", pod.Name, "node", pod.Spec.NodeName)
+	}
+	return "", false, nil
+}
+
+// note logs a waiting reason once each time it changes.
+func (w *podWaiter) note(pod *corev1.Pod, reason string) {
+	if reason != w.lastReason {
+		w.lastReason = reason
+		w.log.Warn("pod not ready", "pod", pod.Name, "reason", reason)
+	}
+}
+
+// checkNoPod fails a Job that has made no pod for noPodTimeout, quoting
+// the Job's warning events.
+func (w *podWaiter) checkNoPod(ctx context.Context, pods int) error {
+	if pods > 0 || time.Since(w.started) < noPodTimeout {
+		return nil
+	}
+	job, err := w.cs.BatchV1().Jobs(w.job.Namespace).Get(ctx, w.job.Name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("job %s made no pod in %s, and reading it failed: %w", w.job.Name, noPodTimeout, err)
+	}
+	events, _ := w.cs.CoreV1().Events(w.job.Namespace).List(ctx, metav1.ListOptions{
+		FieldSelector: fields.Set{"involvedObject.name": job.Name, "involvedObject.kind": "Job"}.String(),
+	})
+	var msgs []string
+	if events != nil {
+		sort.Slice(events.Items, func(i, j int) bool { return events.Items[i].LastTimestamp.Before(&events.Items[j].LastTimestamp) })
+		for _, ev := range events.Items {
+			if ev.Type == corev1.EventTypeWarning {
+				msgs = append(msgs, ev.Reason+": "+ev.Message)
+			}
+		}
+	}
+	for _, c := range job.Status.Conditions {
+		if c.Status == corev1.ConditionTrue {
+			msgs = append(msgs, string(c.Type)+": "+c.Message)
+		}
+	}
+	if len(msgs) == 0 {
+		msgs = []string{"no event explains it"}
+	}
+	return fmt.Errorf("job %s made no pod in %s: %s", job.Name, noPodTimeout, strings.Join(msgs, "; "))
+}
+
+func podEndReason(pod *corev1.Pod) string {
+	parts := []string{pod.Status.Reason, pod.Status.Message}
+	for _, cs := range pod.Status.ContainerStatuses {
+		if t := cs.State.Terminated; t != nil {
+			parts = append(parts, fmt.Sprintf("%s exit %d %s", t.Reason, t.ExitCode, t.Message))
+		}
+	}
+	return strings.TrimSpace(strings.Join(parts, " "))
+}
