@@ -101,7 +101,7 @@ ktc_in_node() { nsenter --net="/run/netns/$KTC_NETNS" -- "$@"; }
 # binaries are, plus the Go version that builds them.
 ktc_hash() {
 	(
-		cd "$KTC_SRC"
+		cd "$KTC_SRC" || exit
 		go version
 		echo "$KTC_KUBE_VERSION"
 		cat go.mod go.sum kube-router/go.mod kube-router/go.sum
@@ -129,7 +129,7 @@ ktc_build() {
 	ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 	ktc_log "building Kubernetes $KTC_KUBE_VERSION components into $out (cold: ~10 min on 2 cores)"
 	(
-		cd "$KTC_SRC"
+		cd "$KTC_SRC" || exit
 		export CGO_ENABLED=0
 		go build -trimpath -ldflags "$ldflags" -o "$tmp/kube" ./cmd/kube
 		go build -trimpath -ldflags "-s -w" -o "$tmp/pause" ./cmd/pause
@@ -332,7 +332,7 @@ ktc_teardown() {
 					rmdir "$p" 2>/dev/null || true
 				fi
 				;;
-			*) [[ -d $p ]] && rmdir "$p" 2>/dev/null || true ;;
+			*) if [[ -d $p ]]; then rmdir "$p" 2>/dev/null || true; fi ;;
 			esac
 		done <"$KTC_STATE/created-paths"
 	fi
@@ -368,7 +368,7 @@ ktc_leftovers() {
 	if command -v ipset >/dev/null; then
 		ipset list -n 2>/dev/null | grep -E '^KUBE-' | sed 's/^/ipset: /' || true
 	fi
-	ls /var/lib/cni/results/"$KTC_CNI_NETWORK"-* 2>/dev/null | sed 's/^/cni result: /' || true
+	find /var/lib/cni/results -maxdepth 1 -name "$KTC_CNI_NETWORK-*" 2>/dev/null | sed 's/^/cni result: /' || true
 	if [[ -f $saved ]]; then
 		local key val
 		while read -r key val; do

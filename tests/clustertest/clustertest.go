@@ -23,6 +23,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -91,6 +93,8 @@ type Cluster struct {
 	Image      string // run image: busybox (sh, tar, sha256sum, nc, ...)
 	Namespace  string // this test's own namespace
 	Info       Info
+
+	capacityLabelled bool // AddCapacity labelled the nodes: Start's cleanup unlabels them
 }
 
 // Main runs a test package's tests against a test cluster and exits. Call
@@ -110,7 +114,7 @@ func run(m *testing.M) int {
 	}
 	ctx := context.Background()
 	scripts := scriptsDir()
-	unlock, err := lock(filepath.Join(os.TempDir(), "knotless-test-cluster.lock"))
+	unlock, err := flock(filepath.Join(os.TempDir(), "knotless-test-cluster-up.lock"), syscall.LOCK_EX)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "clustertest: %v\n", err)
 		return 1
@@ -145,13 +149,14 @@ func run(m *testing.M) int {
 	return code
 }
 
-// lock takes an exclusive flock on path, waiting for it.
-func lock(path string) (func(), error) {
+// flock takes a flock (LOCK_SH or LOCK_EX) on path, waiting for it, and
+// returns its release.
+func flock(path string, how int) (func(), error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open cluster lock: %w", err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+	if err := syscall.Flock(int(f.Fd()), how); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("take cluster lock %s: %w", path, err)
 	}
@@ -241,7 +246,25 @@ func Connect(kubeconfig string) (*Cluster, error) {
 // Start gives the test the test cluster and a namespace of its own,
 // deleted (without waiting for it to go) when the test ends. Under -short
 // it skips the test.
+//
+// The test shares the cluster with every other test of every test binary
+// on this machine: while it runs it holds a shared lock that
+// StartExclusive waits for.
 func Start(t testing.TB) *Cluster {
+	t.Helper()
+	return start(t, syscall.LOCK_SH)
+}
+
+// StartExclusive is Start for a test that disrupts the whole cluster (it
+// restarts the API server, say): it waits until no other test that called
+// Start or StartExclusive is running, on any test binary of this machine,
+// and keeps them waiting until it ends.
+func StartExclusive(t testing.TB) *Cluster {
+	t.Helper()
+	return start(t, syscall.LOCK_EX)
+}
+
+func start(t testing.TB, how int) *Cluster {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("clustertest: SKIPPED: this test needs a real Kubernetes cluster and -short is set; " +
@@ -255,6 +278,11 @@ func Start(t testing.TB) *Cluster {
 		t.Fatalf("clustertest: no test cluster: set %s (tests/cluster/up && eval \"$(tests/cluster/env)\"), "+
 			"or call clustertest.Main from the package's TestMain", EnvKubeconfig)
 	}
+	unlock, err := flock(useLockPath(kubeconfig), how)
+	if err != nil {
+		t.Fatalf("clustertest: %v", err)
+	}
+	t.Cleanup(unlock) // runs last: after the namespace cleanup below
 	c, err := Connect(kubeconfig)
 	if err != nil {
 		t.Fatalf("clustertest: %v", err)
@@ -269,6 +297,11 @@ func Start(t testing.TB) *Cluster {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
+		if c.capacityLabelled {
+			if err := c.labelNodes(ctx, c.capacityLabel(), nil); err != nil {
+				t.Errorf("clustertest: %v", err)
+			}
+		}
 		bg := metav1.DeletePropagationBackground
 		err := c.Clientset.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{PropagationPolicy: &bg})
 		if err != nil && !apierrors.IsNotFound(err) {
@@ -276,6 +309,13 @@ func Start(t testing.TB) *Cluster {
 		}
 	})
 	return c
+}
+
+// useLockPath is the lock that Start and StartExclusive take for the
+// cluster of a kubeconfig.
+func useLockPath(kubeconfig string) string {
+	sum := sha256.Sum256([]byte(kubeconfig))
+	return filepath.Join(os.TempDir(), "knotless-test-cluster-use-"+hex.EncodeToString(sum[:6])+".lock")
 }
 
 var nonName = regexp.MustCompile(`[^a-z0-9-]+`)

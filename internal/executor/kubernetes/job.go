@@ -44,7 +44,9 @@ const ttlAfterFinished = 10 * time.Minute
 // capabilities are the only ones a run keeps: what package managers and
 // build tools running as root in the image need to own and chmod files
 // and to switch users. Everything else, NET_RAW among it, is dropped.
-func capabilities() []corev1.Capability { return []corev1.Capability{"CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID"} }
+func capabilities() []corev1.Capability {
+	return []corev1.Capability{"CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID"}
+}
 
 // keepAlive is the pod's command: it works in any image with a POSIX sh,
 // reaps orphans (it is PID 1), and exits at once on SIGTERM.

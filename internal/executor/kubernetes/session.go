@@ -469,4 +469,3 @@ func orElseErr(err error, msg string) error {
 	}
 	return errors.New(msg)
 }
-
