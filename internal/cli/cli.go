@@ -42,9 +42,10 @@ type CLI struct {
 	LogFormat string `help:"Log format: auto (text on a terminal, logfmt otherwise), text, logfmt or json." enum:"auto,text,logfmt,json" default:"auto"`
 	LogLevel  string `help:"Log level: debug, info, warn or error." enum:"debug,info,warn,error" default:"info"`
 
-	Run      RunCmd      `cmd:"" help:"Run one workflow now, without the daemon."`
-	Validate ValidateCmd `cmd:"" help:"Check workflow files and print every error with file:line:column."`
-	Version  VersionCmd  `cmd:"" help:"Print the version."`
+	Run        RunCmd        `cmd:"" help:"Run one workflow now, without the daemon."`
+	Validate   ValidateCmd   `cmd:"" help:"Check workflow files and print every error with file:line:column."`
+	Kubeconfig KubeconfigCmd `cmd:"" help:"Mint the runner's scoped 24-hour kubeconfig (or --check one)."`
+	Version    VersionCmd    `cmd:"" help:"Print the version."`
 }
 
 // exitError carries an exit code out of a command that has already told

@@ -26,9 +26,8 @@ const sidMarker = "knotless-step"
 // process of no live session; with "all", everything but the init's
 // session. It repeats until a pass finds nothing to kill, and prints
 // "reaped" when it is done.
-const reaper = `set -f
-S=$1 me=$$ n=0
-stat() { { read -r l <"/proc/$1/stat"; } 2>/dev/null || return 1; l=${l##*") "}; set -- $l; st=$1 pp=$2 sid=$4; }
+const reaper = `S=$1 me=$$ n=0
+stat() { { read -r l <"/proc/$1/stat"; } 2>/dev/null || return 1; l=${l##*") "}; set -f; set -- $l; set +f; st=$1 pp=$2 sid=$4; }
 while :; do
 	live=" $me "
 	for d in /proc/[0-9]*; do

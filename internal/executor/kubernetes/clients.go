@@ -5,13 +5,17 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"knotless.dev/run/internal/kubecred"
 )
 
 // Credentials says where the cluster credentials come from, in client-go's
@@ -35,6 +39,7 @@ const DefaultNamespace = "knotless-runs"
 // replaces the file takes effect on the next Job without a restart.
 type clients struct {
 	creds Credentials
+	log   *slog.Logger
 
 	mu        sync.Mutex
 	file      string // the kubeconfig in use; "" for in-cluster
@@ -42,6 +47,7 @@ type clients struct {
 	config    *rest.Config
 	clientset *kubernetes.Clientset
 	namespace string
+	warned    time.Time
 }
 
 // errNoCredentials names every place that was looked at.
@@ -58,8 +64,39 @@ func (c *clients) files() []string {
 }
 
 // get returns the current config, clientset and namespace, reloading them
-// when the kubeconfig file's content changed.
+// when the kubeconfig file's content changed. An expired token is an
+// error every time until the file is replaced; one close to expiry is
+// logged.
 func (c *clients) get() (*rest.Config, *kubernetes.Clientset, string, error) {
+	cfg, cs, ns, err := c.load()
+	if err != nil {
+		return nil, nil, "", err
+	}
+	exp, err := kubecred.CheckExpiry(cfg, time.Now())
+	if err != nil {
+		return nil, nil, "", err
+	}
+	c.warnExpiry(exp)
+	return cfg, cs, ns, nil
+}
+
+// warnExpiry logs once per token when it has less than an hour left.
+func (c *clients) warnExpiry(exp time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if exp.IsZero() || time.Until(exp) > expiryWarning || c.warned.Equal(exp) {
+		return
+	}
+	c.warned = exp
+	if c.log != nil {
+		c.log.Warn("runner credentials expire soon", "expires", exp.Format(time.RFC3339), "in", time.Until(exp).Round(time.Second))
+	}
+}
+
+// expiryWarning is how close to its expiry a token is logged.
+const expiryWarning = time.Hour
+
+func (c *clients) load() (*rest.Config, *kubernetes.Clientset, string, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	files := c.files()

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/kubecred"
 	"knotless.dev/run/internal/tarstream"
 )
 
@@ -71,12 +72,17 @@ func New(cfg Config) (*Executor, error) {
 	if cfg.PullGrace == 0 {
 		cfg.PullGrace = 20 * time.Second
 	}
-	e := &Executor{cfg: cfg, clients: &clients{creds: cfg.Credentials}, log: cfg.Logger, policies: map[string]bool{}}
-	cc, _, ns, err := e.clients.get()
+	e := &Executor{cfg: cfg, clients: &clients{creds: cfg.Credentials, log: cfg.Logger}, log: cfg.Logger, policies: map[string]bool{}}
+	// An expired token is not a start failure: each run reports it until
+	// the refresh replaces the file.
+	cc, _, ns, err := e.clients.load()
 	if err != nil {
 		return nil, err
 	}
 	e.log.Info("cluster credentials loaded", "server", cc.Host, "namespace", ns)
+	if exp, err := kubecred.CheckExpiry(cc, time.Now()); err != nil {
+		e.log.Error("runner credentials expired", "expires", exp.Format(time.RFC3339))
+	}
 	return e, nil
 }
 

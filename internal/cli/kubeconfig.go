@@ -1,0 +1,100 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"knotless.dev/run/internal/kubecred"
+)
+
+// KubeconfigCmd mints the runner's scoped kubeconfig, or checks one.
+type KubeconfigCmd struct {
+	AdminKubeconfig string        `help:"Kubeconfig with rights to create the namespace, ServiceAccount, Role and RoleBinding and to request tokens." placeholder:"FILE"`
+	Out             string        `help:"Where to write the runner's kubeconfig (atomically, mode 0600)." placeholder:"FILE"`
+	Namespace       string        `help:"Namespace of the runs." default:"knotless-runs"`
+	ServiceAccount  string        `help:"The runner's ServiceAccount." default:"knotless-runner"`
+	Duration        time.Duration `help:"Life of the token." default:"24h"`
+	Context         string        `help:"Context of the admin kubeconfig."`
+	Check           string        `help:"Check an existing kubeconfig instead: print its access answers and token expiry; exit non-zero when expired or within --warn." placeholder:"FILE"`
+	Warn            time.Duration `help:"With --check: how close to expiry counts as a failure." default:"1h"`
+}
+
+// Run mints or checks.
+func (c *KubeconfigCmd) Run(ctx context.Context, env *Env) error {
+	if c.Check != "" {
+		return c.check(ctx, env)
+	}
+	if c.AdminKubeconfig == "" || c.Out == "" {
+		return errors.New("kubeconfig: --admin-kubeconfig and --out are required (or --check FILE)")
+	}
+	admin, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+		&clientcmd.ClientConfigLoadingRules{ExplicitPath: c.AdminKubeconfig},
+		&clientcmd.ConfigOverrides{CurrentContext: c.Context}).ClientConfig()
+	if err != nil {
+		return fmt.Errorf("--admin-kubeconfig %s: %w", c.AdminKubeconfig, err)
+	}
+	cs, err := kubernetes.NewForConfig(admin)
+	if err != nil {
+		return fmt.Errorf("--admin-kubeconfig %s: %w", c.AdminKubeconfig, err)
+	}
+	opts := kubecred.Options{Namespace: c.Namespace, ServiceAccount: c.ServiceAccount, Duration: c.Duration}
+	if err := kubecred.Ensure(ctx, cs, opts); err != nil {
+		return err
+	}
+	kc, expiry, err := kubecred.Mint(ctx, cs, admin, opts)
+	if err != nil {
+		return err
+	}
+	cfg, err := clientcmd.NewDefaultClientConfig(*kc, nil).ClientConfig()
+	if err != nil {
+		return fmt.Errorf("new kubeconfig: %w", err)
+	}
+	// The old file stays until the new credential has proved itself.
+	if _, err := kubecred.Verify(ctx, cfg, c.Namespace); err != nil {
+		return fmt.Errorf("%w; %s left as it was", err, c.Out)
+	}
+	if err := kubecred.WriteKubeconfig(c.Out, kc); err != nil {
+		return fmt.Errorf("--out: %w", err)
+	}
+	env.Logger.Info("kubeconfig written", "file", c.Out, "namespace", c.Namespace, "service_account", c.ServiceAccount, "expires", expiry.UTC().Format(time.RFC3339))
+	fmt.Fprintf(env.Stdout, "wrote %s: %s/%s, token expires %s\n", c.Out, c.Namespace, c.ServiceAccount, expiry.UTC().Format(time.RFC3339))
+	return nil
+}
+
+func (c *KubeconfigCmd) check(ctx context.Context, env *Env) error {
+	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+		&clientcmd.ClientConfigLoadingRules{ExplicitPath: c.Check}, &clientcmd.ConfigOverrides{CurrentContext: c.Context})
+	cfg, err := cc.ClientConfig()
+	if err != nil {
+		return fmt.Errorf("--check %s: %w", c.Check, err)
+	}
+	ns, _, err := cc.Namespace()
+	if err != nil {
+		return fmt.Errorf("--check %s: %w", c.Check, err)
+	}
+	exp, expErr := kubecred.TokenExpiry(cfg.BearerToken)
+	if expErr != nil {
+		return fmt.Errorf("--check %s: %w", c.Check, expErr)
+	}
+	left := time.Until(exp).Round(time.Second)
+	fmt.Fprintf(env.Stdout, "token expires %s (in %s)\n", exp.Format(time.RFC3339), left)
+	if left <= 0 {
+		return fmt.Errorf("--check %s: %w at %s", c.Check, kubecred.ErrExpired, exp.Format(time.RFC3339))
+	}
+	checks, verr := kubecred.Verify(ctx, cfg, ns)
+	for _, ch := range checks {
+		fmt.Fprintf(env.Stdout, "%-28s allowed=%-5v want=%v\n", ch.String(), ch.Got, ch.Want)
+	}
+	if verr != nil {
+		return fmt.Errorf("--check %s: %w", c.Check, verr)
+	}
+	if left < c.Warn {
+		return fmt.Errorf("--check %s: token expires in %s, within --warn %s", c.Check, left, c.Warn)
+	}
+	return nil
+}

@@ -1,0 +1,397 @@
+package kubernetes_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/executor/conformance"
+	"knotless.dev/run/internal/executor/kubernetes"
+	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/workflow"
+	"knotless.dev/run/tests/clustertest"
+)
+
+func TestMain(m *testing.M) { clustertest.Main(m) }
+
+func randomID(prefix string) string {
+	b := make([]byte, 5)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+// newExecutor returns an executor for the test's own namespace with a
+// runner DID of its own.
+func newExecutor(t *testing.T, c *clustertest.Cluster, mod func(*kubernetes.Config)) *kubernetes.Executor {
+	t.Helper()
+	cfg := kubernetes.Config{
+		Credentials:     kubernetes.Credentials{Kubeconfig: c.Kubeconfig, Namespace: c.Namespace},
+		Runner:          "did:plc:" + randomID("test"),
+		Pod:             kubernetes.PodOptions{Image: c.Image},
+		ScheduleTimeout: 2 * time.Minute,
+		PullGrace:       3 * time.Second,
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	ex, err := kubernetes.New(cfg)
+	if err != nil {
+		t.Fatalf("new executor: %v", err)
+	}
+	return ex
+}
+
+func TestConformance(t *testing.T) {
+	conformance.Run(t, conformance.Harness{
+		New: func(t *testing.T) executor.Executor {
+			return newExecutor(t, clustertest.Start(t), nil)
+		},
+		Image:        os.Getenv(clustertest.EnvImage),
+		SecretSearch: "/work /steps /outputs /knotless /tmp /etc /root /home /var",
+	})
+}
+
+// assertNothingLeft checks that the namespace holds no Job, pod or Secret
+// of any run.
+func assertNothingLeft(t *testing.T, c *clustertest.Cluster) {
+	t.Helper()
+	ctx := context.Background()
+	sel := metav1.ListOptions{LabelSelector: kubernetes.LabelRun}
+	jobs, err := c.Clientset.BatchV1().Jobs(c.Namespace).List(ctx, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods, err := c.Clientset.CoreV1().Pods(c.Namespace).List(ctx, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secrets, err := c.Clientset.CoreV1().Secrets(c.Namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(jobs.Items)+len(pods.Items)+len(secrets.Items) != 0 {
+		t.Errorf("left behind: %d jobs, %d pods, %d secrets", len(jobs.Items), len(pods.Items), len(secrets.Items))
+	}
+}
+
+func engine(ex executor.Executor, image string) *run.Engine {
+	return run.New(run.Config{Executor: ex, DefaultImage: image, CleanupTimeout: time.Minute})
+}
+
+func parse(t *testing.T, src string) *workflow.Workflow {
+	t.Helper()
+	wf, err := workflow.Parse("test.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return wf
+}
+
+func TestExampleWorkflowLeavesNothing(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t)
+	wf, err := workflow.Load("../../../examples/hello/.knotless/workflows/build.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "out")
+	res := engine(newExecutor(t, c, nil), c.Image).Run(context.Background(), run.Request{
+		RunID: randomID("ex"), Workflow: wf, Checkout: "../../../examples/hello", Outputs: out, Trusted: true,
+	})
+	if res.Status != run.Success {
+		t.Fatalf("status %s (%s), log:\n%s", res.Status, res.Error, res.Log)
+	}
+	if b, err := os.ReadFile(filepath.Join(out, "greeting.sha256")); err != nil || !strings.Contains(string(b), "greeting.txt") {
+		t.Errorf("output greeting.sha256: %q %v", b, err)
+	}
+	assertNothingLeft(t, c)
+}
+
+// A 100 MiB checkout in and a 10 MiB output out, modes and links kept.
+func TestLargeTransfers(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t)
+	checkout := t.TempDir()
+	big := make([]byte, 100<<20)
+	_, _ = rand.Read(big)
+	if err := os.WriteFile(filepath.Join(checkout, "big.bin"), big, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("big.bin", filepath.Join(checkout, "link")); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(big)
+	src := `on: push
+steps:
+  - name: check
+    run: |
+      sha256sum big.bin
+      test -L link
+      stat -c %a big.bin
+      head -c 10485760 big.bin > "$KNOTLESS_RUN_OUTPUTS/part.bin"
+      chmod 750 "$KNOTLESS_RUN_OUTPUTS/part.bin"
+`
+	out := filepath.Join(t.TempDir(), "out")
+	res := engine(newExecutor(t, c, nil), c.Image).Run(context.Background(), run.Request{
+		RunID: randomID("big"), Workflow: parse(t, src), Checkout: checkout, Outputs: out, Trusted: true,
+	})
+	if res.Status != run.Success {
+		t.Fatalf("status %s (%s), log:\n%s", res.Status, res.Error, res.Log)
+	}
+	log := string(res.Log)
+	if !strings.Contains(log, hex.EncodeToString(sum[:])) || !strings.Contains(log, "\n640\n") {
+		t.Errorf("checkout digest or mode differs in the pod:\n%s", log)
+	}
+	part, err := os.ReadFile(filepath.Join(out, "part.bin"))
+	if err != nil || !bytes.Equal(part, big[:10<<20]) {
+		t.Errorf("output part.bin differs (%d bytes, %v)", len(part), err)
+	}
+	if fi, err := os.Stat(filepath.Join(out, "part.bin")); err != nil || fi.Mode().Perm() != 0o750 {
+		t.Errorf("output mode %v, %v", fi.Mode(), err)
+	}
+}
+
+// The secret appears nowhere in the Job, the pod, a Secret or the log.
+func TestSecretNeverInSpecs(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t)
+	secret := randomID("s3cr3t-")
+	ex := newExecutor(t, c, nil)
+	src := "on: push\nsecrets: [TOKEN]\nsteps:\n  - {name: use, secrets: [TOKEN], run: 'printf \"%s\\n\" \"$TOKEN\"; sleep 3'}\n"
+	done := make(chan *run.Result, 1)
+	runID := randomID("sec")
+	go func() {
+		done <- engine(ex, c.Image).Run(context.Background(), run.Request{
+			RunID: runID, Workflow: parse(t, src), Checkout: t.TempDir(), Trusted: true,
+			Secrets: map[string]string{"TOKEN": secret},
+		})
+	}()
+	// While the step runs, read every object of the run as the API has it.
+	ctx := context.Background()
+	var seen []string
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) && len(seen) < 2 {
+		seen = seen[:0]
+		if job, err := c.Clientset.BatchV1().Jobs(c.Namespace).Get(ctx, kubernetes.JobName(runID), metav1.GetOptions{}); err == nil {
+			b, _ := json.Marshal(job)
+			seen = append(seen, string(b))
+		}
+		if pods, err := c.Clientset.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: kubernetes.LabelRun + "=" + runID}); err == nil && len(pods.Items) > 0 {
+			b, _ := json.Marshal(pods.Items)
+			seen = append(seen, string(b))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	res := <-done
+	if res.Status != run.Success {
+		t.Fatalf("status %s (%s), log:\n%s", res.Status, res.Error, res.Log)
+	}
+	if len(seen) < 2 {
+		t.Fatalf("never saw the run's Job and pod")
+	}
+	for _, s := range append(seen, string(res.Log)) {
+		if strings.Contains(s, secret) {
+			t.Errorf("secret value found in %.200s…", s)
+		}
+	}
+	if !strings.Contains(string(res.Log), "***") {
+		t.Errorf("log does not show the masked value:\n%s", res.Log)
+	}
+	assertNothingLeft(t, c)
+}
+
+// The failure matrix: each case ends error or failure with the cause in
+// the result, and leaves nothing in the namespace.
+func TestFailureMatrix(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name       string
+		src        string
+		mod        func(*kubernetes.Config)
+		during     func(t *testing.T, c *clustertest.Cluster, runID string)
+		wantStatus run.Status
+		wantError  string
+	}{
+		{
+			name: "image that does not exist", src: "on: push\nimage: " + clustertest.UnavailableImage + "\nsteps: [{run: 'true'}]\n",
+			wantStatus: run.Error, wantError: "cannot pull image",
+		},
+		{
+			name: "request above every node", src: "on: push\nresources: {cpu: '512'}\nsteps: [{run: 'true'}]\n",
+			mod:        func(cfg *kubernetes.Config) { cfg.ScheduleTimeout = 5 * time.Second },
+			wantStatus: run.Error, wantError: "Insufficient cpu",
+		},
+		{
+			name: "job deleted while a step runs", src: "on: push\nsteps: [{name: long, run: 'echo started; sleep 120'}]\n",
+			during: func(t *testing.T, c *clustertest.Cluster, runID string) {
+				waitForLog(t, c, runID)
+				if err := c.DeleteJob(context.Background(), c.Namespace, kubernetes.JobName(runID)); err != nil {
+					t.Error(err)
+				}
+			},
+			wantStatus: run.Error, wantError: "follow step long",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := clustertest.Start(t)
+			runID := randomID("fm")
+			done := make(chan *run.Result, 1)
+			go func() {
+				done <- engine(newExecutor(t, c, tt.mod), c.Image).Run(context.Background(), run.Request{
+					RunID: runID, Workflow: parse(t, tt.src), Checkout: t.TempDir(), Trusted: true,
+				})
+			}()
+			if tt.during != nil {
+				tt.during(t, c, runID)
+			}
+			res := <-done
+			if res.Status != tt.wantStatus || !strings.Contains(res.Error, tt.wantError) {
+				t.Errorf("status %s (%s), want %s with %q\nlog:\n%s", res.Status, res.Error, tt.wantStatus, tt.wantError, res.Log)
+			}
+			assertNothingLeft(t, c)
+		})
+	}
+}
+
+// waitForLog waits until the run's pod is Ready and a step has had time
+// to start.
+func waitForLog(t *testing.T, c *clustertest.Cluster, runID string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := c.WaitForPod(ctx, c.Namespace, kubernetes.LabelRun+"="+runID, clustertest.PodReady); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+}
+
+// A runner without the right to create NetworkPolicies stops the run with
+// an error that names RBAC.
+func TestNetworkPolicyDenied(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t)
+	ctx := context.Background()
+	kubeconfig := scopedKubeconfig(t, c, []rbacv1.PolicyRule{
+		{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: []string{"create", "get", "list", "watch", "delete"}},
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"pods/exec"}, Verbs: []string{"create", "get"}},
+	})
+	ex := newExecutor(t, c, func(cfg *kubernetes.Config) { cfg.Credentials.Kubeconfig = kubeconfig })
+	res := engine(ex, c.Image).Run(ctx, run.Request{RunID: randomID("np"), Workflow: parse(t, "on: push\nsteps: [{run: 'true'}]\n"), Checkout: t.TempDir(), Trusted: true})
+	if res.Status != run.Error || !strings.Contains(res.Error, "RBAC denies it") {
+		t.Errorf("status %s (%s), want error naming RBAC", res.Status, res.Error)
+	}
+	assertNothingLeft(t, c)
+}
+
+// scopedKubeconfig writes a kubeconfig for a new service account bound to
+// a Role with rules in the test's namespace.
+func scopedKubeconfig(t *testing.T, c *clustertest.Cluster, rules []rbacv1.PolicyRule) string {
+	t.Helper()
+	ctx := context.Background()
+	ns := c.Namespace
+	_, err := c.Clientset.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "runner"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Clientset.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "runner"}, Rules: rules}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Clientset.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "runner"},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "runner", Namespace: ns}},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "runner"},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := c.TokenConfig(ctx, ns, "runner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["test"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData, CertificateAuthority: cfg.CAFile}
+	kc.AuthInfos["runner"] = &clientcmdapi.AuthInfo{Token: cfg.BearerToken}
+	kc.Contexts["runner"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "runner", Namespace: ns}
+	kc.CurrentContext = "runner"
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// A runner killed mid-run leaves its Job; the next start sweeps it.
+func TestOrphanSwept(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t)
+	ctx := context.Background()
+	runner := "did:plc:" + randomID("orphan")
+	mod := func(cfg *kubernetes.Config) { cfg.Runner = runner }
+	first := newExecutor(t, c, mod)
+	if _, err := first.Start(ctx, executor.Spec{RunID: randomID("o"), Runner: runner, Image: c.Image, Timeout: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	// The first process is gone without stopping its session.
+	second := newExecutor(t, c, mod)
+	swept, err := second.Sweep(ctx, nil)
+	if err != nil || len(swept) != 1 {
+		t.Fatalf("Sweep = %v, %v; want the one orphan", swept, err)
+	}
+	waitGone(t, c)
+	assertNothingLeft(t, c)
+}
+
+func waitGone(t *testing.T, c *clustertest.Cluster) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		pods, err := c.Clientset.CoreV1().Pods(c.Namespace).List(context.Background(), metav1.ListOptions{LabelSelector: kubernetes.LabelRun})
+		if err == nil && len(pods.Items) == 0 {
+			return
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// An exec stream cut mid-step (the API server restarts) while the step
+// goes on: the step's real exit code is reported, and its whole output.
+func TestStreamCutMidStep(t *testing.T) {
+	c := clustertest.StartExclusive(t)
+	src := "on: push\nsteps:\n  - name: survive\n    run: |\n      echo before\n      sleep 8\n      echo after\n      exit 7\n"
+	runID := randomID("cut")
+	done := make(chan *run.Result, 1)
+	go func() {
+		done <- engine(newExecutor(t, c, nil), c.Image).Run(context.Background(), run.Request{
+			RunID: runID, Workflow: parse(t, src), Checkout: t.TempDir(), Trusted: true,
+		})
+	}()
+	waitForLog(t, c, runID)
+	if err := c.RestartAPIServer(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	res := <-done
+	if res.Status != run.Failure || res.Steps[0].ExitCode == nil || *res.Steps[0].ExitCode != 7 {
+		t.Fatalf("status %s (%s), steps %+v; want failure with exit 7\nlog:\n%s", res.Status, res.Error, res.Steps, res.Log)
+	}
+	if log := string(res.Log); !strings.Contains(log, "before") || !strings.Contains(log, "after") || strings.Count(log, "before") != 1 {
+		t.Errorf("output lost or repeated across the cut:\n%s", log)
+	}
+	assertNothingLeft(t, c)
+}

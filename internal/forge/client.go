@@ -1,0 +1,351 @@
+package forge
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/bluesky-social/indigo/api/agnostic"
+	"github.com/bluesky-social/indigo/atproto/atclient"
+	"github.com/bluesky-social/indigo/atproto/atdata"
+	"github.com/bluesky-social/indigo/atproto/identity"
+	"github.com/bluesky-social/indigo/atproto/syntax"
+)
+
+// Session is a password session that can be persisted and resumed.
+type Session = atclient.PasswordSessionData
+
+// Record is one record read from a repo, decoded and validated.
+type Record[T any] struct {
+	URI   syntax.ATURI
+	CID   string
+	Value T
+}
+
+// Invalid is a record that did not validate against its lexicon; it is
+// skipped, and the caller decides whether to tell.
+type Invalid struct {
+	URI syntax.ATURI
+	Err error
+}
+
+func (i Invalid) Error() string { return fmt.Sprintf("%s: %v", i.URI, i.Err) }
+
+// Reader reads any account's public records from its PDS, found through
+// the identity directory.
+type Reader struct {
+	Dir     identity.Directory
+	Catalog *Catalog
+	HTTP    *http.Client
+}
+
+// PDS returns the PDS host of did.
+func (r *Reader) PDS(ctx context.Context, did syntax.DID) (string, error) {
+	ident, err := r.Dir.LookupDID(ctx, did)
+	if err != nil {
+		return "", fmt.Errorf("resolve %s: %w", did, err)
+	}
+	host := ident.PDSEndpoint()
+	if host == "" {
+		return "", fmt.Errorf("resolve %s: no PDS in its DID document", did)
+	}
+	return host, nil
+}
+
+func (r *Reader) client(ctx context.Context, did syntax.DID) (*atclient.APIClient, error) {
+	host, err := r.PDS(ctx, did)
+	if err != nil {
+		return nil, err
+	}
+	c := atclient.NewAPIClient(host)
+	if r.HTTP != nil {
+		c.Client = r.HTTP
+	}
+	return c, nil
+}
+
+// Get reads one record and decodes it into v; it returns ErrNotFound
+// when there is none.
+func (r *Reader) Get(ctx context.Context, uri syntax.ATURI, v any) (string, error) {
+	did, err := uri.Authority().AsDID()
+	if err != nil {
+		return "", fmt.Errorf("get %s: authority is not a DID", uri)
+	}
+	c, err := r.client(ctx, did)
+	if err != nil {
+		return "", err
+	}
+	return getRecord(ctx, c, r.Catalog, uri, v)
+}
+
+// ErrNotFound is returned for a record that does not exist.
+var ErrNotFound = errors.New("record not found")
+
+func getRecord(ctx context.Context, c *atclient.APIClient, cat *Catalog, uri syntax.ATURI, v any) (string, error) {
+	coll := uri.Collection().String()
+	out, err := agnostic.RepoGetRecord(ctx, c, "", coll, uri.Authority().String(), uri.RecordKey().String())
+	if err != nil {
+		var apiErr *atclient.APIError
+		if errors.As(err, &apiErr) && (apiErr.Name == "RecordNotFound" || apiErr.StatusCode == http.StatusNotFound) {
+			return "", fmt.Errorf("get %s: %w", uri, ErrNotFound)
+		}
+		return "", fmt.Errorf("get %s: %w", uri, err)
+	}
+	if out.Value == nil {
+		return "", fmt.Errorf("get %s: %w", uri, ErrNotFound)
+	}
+	if err := cat.Decode(coll, *out.Value, v); err != nil {
+		return "", fmt.Errorf("get %s: %w", uri, err)
+	}
+	cid := ""
+	if out.Cid != nil {
+		cid = *out.Cid
+	}
+	return cid, nil
+}
+
+// List reads every record of collection in did's repo, validated and
+// decoded; records that do not validate are returned apart.
+func List[T any](ctx context.Context, r *Reader, did syntax.DID, collection string) ([]Record[T], []Invalid, error) {
+	c, err := r.client(ctx, did)
+	if err != nil {
+		return nil, nil, err
+	}
+	return list[T](ctx, c, r.Catalog, did, collection)
+}
+
+func list[T any](ctx context.Context, c *atclient.APIClient, cat *Catalog, did syntax.DID, collection string) ([]Record[T], []Invalid, error) {
+	var recs []Record[T]
+	var bad []Invalid
+	cursor := ""
+	for {
+		out, err := agnostic.RepoListRecords(ctx, c, collection, cursor, 100, did.String(), false)
+		if err != nil {
+			return nil, nil, fmt.Errorf("list %s of %s: %w", collection, did, err)
+		}
+		for _, rec := range out.Records {
+			uri, err := syntax.ParseATURI(rec.Uri)
+			if err != nil || rec.Value == nil {
+				bad = append(bad, Invalid{URI: syntax.ATURI(rec.Uri), Err: fmt.Errorf("malformed listing entry")})
+				continue
+			}
+			var v T
+			if err := cat.Decode(collection, *rec.Value, &v); err != nil {
+				bad = append(bad, Invalid{URI: uri, Err: err})
+				continue
+			}
+			recs = append(recs, Record[T]{URI: uri, CID: rec.Cid, Value: v})
+		}
+		if out.Cursor == nil || *out.Cursor == "" || len(out.Records) == 0 {
+			return recs, bad, nil
+		}
+		cursor = *out.Cursor
+	}
+}
+
+// ListRepos lists the DIDs of the accounts hosted on a PDS (or relay).
+func ListRepos(ctx context.Context, hc *http.Client, host string) ([]syntax.DID, error) {
+	c := atclient.NewAPIClient(host)
+	if hc != nil {
+		c.Client = hc
+	}
+	var dids []syntax.DID
+	cursor := ""
+	for {
+		params := map[string]any{"limit": 1000}
+		if cursor != "" {
+			params["cursor"] = cursor
+		}
+		var out struct {
+			Cursor string `json:"cursor"`
+			Repos  []struct {
+				Did    string `json:"did"`
+				Active *bool  `json:"active"`
+			} `json:"repos"`
+		}
+		if err := c.Get(ctx, "com.atproto.sync.listRepos", params, &out); err != nil {
+			return nil, fmt.Errorf("list repos of %s: %w", host, err)
+		}
+		for _, r := range out.Repos {
+			if r.Active != nil && !*r.Active {
+				continue
+			}
+			if d, err := syntax.ParseDID(r.Did); err == nil {
+				dids = append(dids, d)
+			}
+		}
+		if out.Cursor == "" || len(out.Repos) == 0 {
+			return dids, nil
+		}
+		cursor = out.Cursor
+	}
+}
+
+// Account is the runner's own account: it writes checks and uploads
+// blobs.
+type Account struct {
+	api     *atclient.APIClient
+	did     syntax.DID
+	catalog *Catalog
+}
+
+// LoginConfig says how to log the runner in.
+type LoginConfig struct {
+	// Host is the runner's PDS URL.
+	Host string
+	// Identifier is the runner's DID (or handle).
+	Identifier string
+	// Password is an app password.
+	Password string
+	// Session, when set, is resumed instead of logging in anew; a session
+	// the PDS refuses falls back to the password.
+	Session *Session
+	// OnSession is called with the session after login and after each
+	// token refresh, to persist it. It must return quickly.
+	OnSession func(Session)
+	HTTP      *http.Client
+}
+
+// Login logs the runner in, resuming a saved session when it still
+// works.
+func Login(ctx context.Context, cfg LoginConfig, cat *Catalog) (*Account, bool, error) {
+	cb := func(_ context.Context, s atclient.PasswordSessionData) {
+		if cfg.OnSession != nil {
+			cfg.OnSession(s)
+		}
+	}
+	if cfg.Session != nil && cfg.Session.RefreshToken != "" && (cfg.Host == "" || strings.TrimSuffix(cfg.Host, "/") == strings.TrimSuffix(cfg.Session.Host, "/")) {
+		c := atclient.ResumePasswordSession(*cfg.Session, cb)
+		if cfg.HTTP != nil {
+			c.Client = cfg.HTTP
+		}
+		// A refresh proves the saved session is still good and gives
+		// fresh tokens; a refused one falls back to the password.
+		if pa, ok := c.Auth.(*atclient.PasswordAuth); ok {
+			if err := pa.Refresh(ctx, c.Client, ""); err == nil {
+				return &Account{api: c, did: cfg.Session.AccountDID, catalog: cat}, true, nil
+			}
+		}
+	}
+	if cfg.Password == "" {
+		return nil, false, errors.New("log in: no app password and no usable saved session")
+	}
+	c, err := atclient.LoginWithPasswordHost(ctx, cfg.Host, cfg.Identifier, cfg.Password, "", cb)
+	if err != nil {
+		return nil, false, fmt.Errorf("log in to %s as %s: %w", cfg.Host, cfg.Identifier, err)
+	}
+	if cfg.HTTP != nil {
+		c.Client = cfg.HTTP
+	}
+	if cfg.OnSession != nil {
+		if pa, ok := c.Auth.(*atclient.PasswordAuth); ok {
+			cfg.OnSession(pa.Session.Clone())
+		}
+	}
+	return &Account{api: c, did: *c.AccountDID, catalog: cat}, false, nil
+}
+
+// DID is the account's DID.
+func (a *Account) DID() syntax.DID { return a.did }
+
+// Host is the account's PDS URL.
+func (a *Account) Host() string { return a.api.Host }
+
+// Put writes a record of collection at rkey, validated first.
+func (a *Account) Put(ctx context.Context, collection, rkey string, v any) (syntax.ATURI, error) {
+	rec, err := a.catalog.Encode(collection, v)
+	if err != nil {
+		return "", err
+	}
+	validate := false // the PDS does not know knotless lexicons; we validated
+	out, err := agnostic.RepoPutRecord(ctx, a.api, &agnostic.RepoPutRecord_Input{
+		Collection: collection,
+		Repo:       a.did.String(),
+		Rkey:       rkey,
+		Record:     rec,
+		Validate:   &validate,
+	})
+	if err != nil {
+		return "", fmt.Errorf("put %s/%s: %w", collection, rkey, err)
+	}
+	return syntax.ATURI(out.Uri), nil
+}
+
+// Create writes a record of collection under a new TID key.
+func (a *Account) Create(ctx context.Context, collection string, v any) (syntax.ATURI, error) {
+	return a.Put(ctx, collection, syntax.NewTIDNow(0).String(), v)
+}
+
+// Get reads one of the account's own records.
+func (a *Account) Get(ctx context.Context, collection, rkey string, v any) (string, error) {
+	uri := syntax.ATURI(fmt.Sprintf("at://%s/%s/%s", a.did, collection, rkey))
+	return getRecord(ctx, a.api, a.catalog, uri, v)
+}
+
+// Delete removes one of the account's own records.
+func (a *Account) Delete(ctx context.Context, collection, rkey string) error {
+	body := map[string]any{"repo": a.did.String(), "collection": collection, "rkey": rkey}
+	if err := a.api.Post(ctx, "com.atproto.repo.deleteRecord", body, nil); err != nil {
+		return fmt.Errorf("delete %s/%s: %w", collection, rkey, err)
+	}
+	return nil
+}
+
+// ListOwn lists the account's own records of collection.
+func ListOwn[T any](ctx context.Context, a *Account, collection string) ([]Record[T], []Invalid, error) {
+	return list[T](ctx, a.api, a.catalog, a.did, collection)
+}
+
+// UploadBlob uploads data with an explicit content type and returns the
+// blob reference for a record.
+func (a *Account) UploadBlob(ctx context.Context, mimeType string, data []byte) (atdata.Blob, error) {
+	req := atclient.NewAPIRequest(atclient.MethodProcedure, "com.atproto.repo.uploadBlob", bytes.NewReader(data))
+	req.Headers.Set("Content-Type", mimeType)
+	resp, err := a.api.Do(ctx, req)
+	if err != nil {
+		return atdata.Blob{}, fmt.Errorf("upload blob: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		var eb atclient.ErrorBody
+		if err := json.NewDecoder(resp.Body).Decode(&eb); err != nil {
+			return atdata.Blob{}, fmt.Errorf("upload blob: HTTP %d", resp.StatusCode)
+		}
+		return atdata.Blob{}, fmt.Errorf("upload blob: %w", eb.APIError(resp.StatusCode))
+	}
+	var out struct {
+		Blob atdata.Blob `json:"blob"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return atdata.Blob{}, fmt.Errorf("upload blob: decode response: %w", err)
+	}
+	return out.Blob, nil
+}
+
+// GetBlob downloads a blob of did (for tests and tools).
+func (r *Reader) GetBlob(ctx context.Context, did syntax.DID, cid string) ([]byte, error) {
+	c, err := r.client(ctx, did)
+	if err != nil {
+		return nil, err
+	}
+	req := atclient.NewAPIRequest(atclient.MethodQuery, "com.atproto.sync.getBlob", nil)
+	req.QueryParams.Set("did", did.String())
+	req.QueryParams.Set("cid", cid)
+	resp, err := c.Do(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("get blob %s: %w", cid, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("get blob %s: HTTP %d", cid, resp.StatusCode)
+	}
+	var buf bytes.Buffer
+	if _, err := buf.ReadFrom(resp.Body); err != nil {
+		return nil, fmt.Errorf("get blob %s: %w", cid, err)
+	}
+	return buf.Bytes(), nil
+}

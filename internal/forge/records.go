@@ -1,0 +1,233 @@
+// Package forge is knotless on atproto: the dev.knotless.* records as Go
+// types, validated against their lexicons on every read and write, the
+// runner's account (login, session, checks, blobs), public reads of other
+// accounts' records, and the sealing of secrets to a runner's key.
+package forge
+
+import (
+	"crypto/sha256"
+	"encoding/base32"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/atdata"
+	"github.com/bluesky-social/indigo/atproto/lexicon"
+	"github.com/bluesky-social/indigo/atproto/syntax"
+
+	lexicons "knotless.dev/run/lexicons/dev/knotless"
+)
+
+// The collections (record NSIDs).
+const (
+	CollectionRepo      = "dev.knotless.repo"
+	CollectionRefUpdate = "dev.knotless.refUpdate"
+	CollectionPull      = "dev.knotless.pull"
+	CollectionCheck     = "dev.knotless.check"
+	CollectionSecret    = "dev.knotless.secret"
+)
+
+// Check statuses beyond the run's final ones.
+const (
+	StatusQueued  = "queued"
+	StatusRunning = "running"
+)
+
+// Pull states.
+const (
+	PullOpen   = "open"
+	PullClosed = "closed"
+	PullMerged = "merged"
+)
+
+// Subject kinds.
+const (
+	KindPush = "push"
+	KindPull = "pull"
+)
+
+// ScopePush is the only secret scope: trusted runs (pushes by the owner).
+const ScopePush = "push"
+
+// Repo is a dev.knotless.repo record; its key is Name.
+type Repo struct {
+	Type          string   `json:"$type"`
+	Name          string   `json:"name"`
+	Source        string   `json:"source"`
+	DefaultBranch string   `json:"defaultBranch,omitempty"`
+	Runners       []string `json:"runners,omitempty"`
+	CreatedAt     string   `json:"createdAt"`
+}
+
+// NamesRunner reports whether the repository names runner did.
+func (r *Repo) NamesRunner(did string) bool {
+	for _, d := range r.Runners {
+		if d == did {
+			return true
+		}
+	}
+	return false
+}
+
+// RefUpdate is a dev.knotless.refUpdate record: a push.
+type RefUpdate struct {
+	Type      string `json:"$type"`
+	Repo      string `json:"repo"`
+	Ref       string `json:"ref"`
+	Old       string `json:"old,omitempty"`
+	New       string `json:"new"`
+	CreatedAt string `json:"createdAt"`
+}
+
+// Deleted reports whether the push deleted its ref.
+func (u *RefUpdate) Deleted() bool { return strings.Trim(u.New, "0") == "" }
+
+// Pull is a dev.knotless.pull record.
+type Pull struct {
+	Type      string   `json:"$type"`
+	Repo      string   `json:"repo"`
+	Base      string   `json:"base"`
+	Head      PullHead `json:"head"`
+	Title     string   `json:"title"`
+	State     string   `json:"state"`
+	CreatedAt string   `json:"createdAt"`
+}
+
+// PullHead is what a pull proposes.
+type PullHead struct {
+	Source string `json:"source"`
+	Ref    string `json:"ref"`
+	Commit string `json:"commit"`
+}
+
+// Check is a dev.knotless.check record.
+type Check struct {
+	Type       string       `json:"$type"`
+	Subject    Subject      `json:"subject"`
+	Workflow   string       `json:"workflow"`
+	Status     string       `json:"status"`
+	StartedAt  string       `json:"startedAt,omitempty"`
+	FinishedAt string       `json:"finishedAt,omitempty"`
+	FailedStep string       `json:"failedStep,omitempty"`
+	Steps      []CheckStep  `json:"steps,omitempty"`
+	Log        *atdata.Blob `json:"log,omitempty"`
+	Outputs    []Output     `json:"outputs,omitempty"`
+	Error      string       `json:"error,omitempty"`
+	CreatedAt  string       `json:"createdAt"`
+}
+
+// Final reports whether the check's status is a final one.
+func (c *Check) Final() bool {
+	return c.Status != StatusQueued && c.Status != StatusRunning
+}
+
+// Subject is what a check is about.
+type Subject struct {
+	Repo   string `json:"repo"`
+	Commit string `json:"commit"`
+	Ref    string `json:"ref,omitempty"`
+	Event  string `json:"event"`
+	Kind   string `json:"kind"`
+}
+
+// CheckStep is one step's outcome.
+type CheckStep struct {
+	Name       string `json:"name"`
+	Status     string `json:"status"`
+	ExitCode   *int64 `json:"exitCode,omitempty"`
+	DurationMs int64  `json:"durationMs"`
+	TimedOut   bool   `json:"timedOut,omitempty"`
+}
+
+// Output is an image a run wrote to its outputs directory.
+type Output struct {
+	Path string      `json:"path"`
+	Blob atdata.Blob `json:"blob"`
+}
+
+// Secret is a dev.knotless.secret record.
+type Secret struct {
+	Type      string       `json:"$type"`
+	Repo      string       `json:"repo"`
+	Name      string       `json:"name"`
+	Runner    string       `json:"runner"`
+	Key       string       `json:"key,omitempty"`
+	Scope     string       `json:"scope"`
+	Sealed    atdata.Bytes `json:"sealed"`
+	CreatedAt string       `json:"createdAt"`
+}
+
+// CheckKey is the record key of the check for workflow on the subject's
+// event and commit: the same work always has the same key, so a restarted
+// runner updates its check instead of writing a second one.
+func CheckKey(s Subject, workflow string) string {
+	h := sha256.Sum256([]byte(s.Event + "\n" + s.Commit + "\n" + workflow))
+	return strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(h[:16]))
+}
+
+// Now formats t as an atproto datetime.
+func Now() string { return Datetime(time.Now()) }
+
+// Datetime formats t as an atproto datetime (UTC, milliseconds).
+func Datetime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
+
+// Catalog is the set of knotless lexicons.
+type Catalog struct {
+	cat *lexicon.BaseCatalog
+}
+
+// NewCatalog loads the embedded knotless lexicons.
+func NewCatalog() (*Catalog, error) {
+	cat := lexicon.NewBaseCatalog()
+	if err := cat.LoadEmbedFS(lexicons.Files); err != nil {
+		return nil, fmt.Errorf("load knotless lexicons: %w", err)
+	}
+	return &Catalog{cat: cat}, nil
+}
+
+// Validate checks the JSON of a record against the lexicon of
+// collection.
+func (c *Catalog) Validate(collection string, raw []byte) error {
+	data, err := atdata.UnmarshalJSON(raw)
+	if err != nil {
+		return fmt.Errorf("%s record: %w", collection, err)
+	}
+	if err := lexicon.ValidateRecord(c.cat, data, collection, lexicon.AllowLenientDatetime); err != nil {
+		return fmt.Errorf("%s record: %w", collection, err)
+	}
+	return nil
+}
+
+// Decode validates raw as a record of collection and decodes it into v.
+func (c *Catalog) Decode(collection string, raw []byte, v any) error {
+	if err := c.Validate(collection, raw); err != nil {
+		return err
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		return fmt.Errorf("%s record: %w", collection, err)
+	}
+	return nil
+}
+
+// Encode marshals v, validates it as a record of
+// collection and returns it as a plain JSON object for the write calls.
+func (c *Catalog) Encode(collection string, v any) (map[string]any, error) {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s record: %w", collection, err)
+	}
+	if err := c.Validate(collection, raw); err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, fmt.Errorf("encode %s record: %w", collection, err)
+	}
+	return m, nil
+}
+
+// RepoURI is the AT-URI of owner's repository name.
+func RepoURI(owner syntax.DID, name string) syntax.ATURI {
+	return syntax.ATURI(fmt.Sprintf("at://%s/%s/%s", owner, CollectionRepo, name))
+}

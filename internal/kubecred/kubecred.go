@@ -1,0 +1,290 @@
+// Package kubecred mints and checks the runner's scoped cluster
+// credential: a namespaced ServiceAccount bound to a Role that grants
+// exactly what the Kubernetes executor uses, with a TokenRequest token of
+// bounded life written into a kubeconfig.
+package kubecred
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+// Rules are everything the Kubernetes executor does, and nothing else: no
+// secrets, no nodes, nothing cluster-wide.
+func Rules() []rbacv1.PolicyRule {
+	return []rbacv1.PolicyRule{
+		{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: []string{"create", "get", "list", "watch", "delete"}},
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
+		// get is what the API server checks for a WebSocket exec upgrade.
+		{APIGroups: []string{""}, Resources: []string{"pods/exec"}, Verbs: []string{"create", "get"}},
+		{APIGroups: []string{""}, Resources: []string{"pods/log"}, Verbs: []string{"get"}},
+		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"list", "watch"}},
+		{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"create", "get"}},
+	}
+}
+
+// Options say what to mint.
+type Options struct {
+	Namespace      string
+	ServiceAccount string
+	Duration       time.Duration
+}
+
+// Check is one access question and its answer.
+type Check struct {
+	Verb, Resource, Subresource string
+	Want, Got                   bool
+}
+
+func (c Check) String() string {
+	r := c.Resource
+	if c.Subresource != "" {
+		r += "/" + c.Subresource
+	}
+	return fmt.Sprintf("%s %s", c.Verb, r)
+}
+
+// Checks are the questions a fresh credential must answer right.
+func Checks() []Check {
+	return []Check{
+		{Verb: "create", Resource: "jobs", Want: true},
+		{Verb: "create", Resource: "pods", Subresource: "exec", Want: true},
+		{Verb: "create", Resource: "networkpolicies", Want: true},
+		{Verb: "get", Resource: "nodes", Want: false},
+		{Verb: "get", Resource: "secrets", Want: false},
+	}
+}
+
+// labels mark what this package made.
+func labels() map[string]string {
+	return map[string]string{"app.kubernetes.io/managed-by": "knotless-run"}
+}
+
+// Ensure creates or updates the namespace, ServiceAccount, Role and
+// RoleBinding. It is idempotent and safe to run concurrently: a create
+// that loses a race becomes an update.
+func Ensure(ctx context.Context, cs kubernetes.Interface, o Options) error {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: o.Namespace, Labels: labels()}}
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return permission(err, "create", "namespaces", o.Namespace)
+	}
+	sa := &corev1.ServiceAccount{
+		ObjectMeta:                   metav1.ObjectMeta{Name: o.ServiceAccount, Namespace: o.Namespace, Labels: labels()},
+		AutomountServiceAccountToken: ptr(false),
+	}
+	if _, err := cs.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return permission(err, "create", "serviceaccounts", o.Namespace)
+	}
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: o.ServiceAccount, Namespace: o.Namespace, Labels: labels()}, Rules: Rules()}
+	if err := createOrUpdate(ctx, "roles", o.Namespace,
+		func() error {
+			_, err := cs.RbacV1().Roles(o.Namespace).Create(ctx, role, metav1.CreateOptions{})
+			return err
+		},
+		func() error {
+			_, err := cs.RbacV1().Roles(o.Namespace).Update(ctx, role, metav1.UpdateOptions{})
+			return err
+		},
+	); err != nil {
+		return err
+	}
+	binding := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: o.ServiceAccount, Namespace: o.Namespace, Labels: labels()},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: o.ServiceAccount, Namespace: o.Namespace}},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: o.ServiceAccount},
+	}
+	return createOrUpdate(ctx, "rolebindings", o.Namespace,
+		func() error {
+			_, err := cs.RbacV1().RoleBindings(o.Namespace).Create(ctx, binding, metav1.CreateOptions{})
+			return err
+		},
+		func() error {
+			_, err := cs.RbacV1().RoleBindings(o.Namespace).Update(ctx, binding, metav1.UpdateOptions{})
+			return err
+		},
+	)
+}
+
+func createOrUpdate(ctx context.Context, resource, ns string, create, update func() error) error {
+	err := create()
+	if apierrors.IsAlreadyExists(err) {
+		if err = update(); err != nil {
+			return permission(err, "update", resource, ns)
+		}
+		return nil
+	}
+	if err != nil {
+		return permission(err, "create", resource, ns)
+	}
+	return nil
+}
+
+// permission names the missing right when the admin credential lacks it.
+func permission(err error, verb, resource, ns string) error {
+	if apierrors.IsForbidden(err) {
+		return fmt.Errorf("the admin credential may not %s %s in namespace %s (RBAC): %w", verb, resource, ns, err)
+	}
+	return fmt.Errorf("%s %s in namespace %s: %w", verb, resource, ns, err)
+}
+
+// Mint requests a token for the ServiceAccount and returns a kubeconfig
+// that uses it with the admin context's server and CA.
+func Mint(ctx context.Context, cs kubernetes.Interface, admin *rest.Config, o Options) (*clientcmdapi.Config, time.Time, error) {
+	seconds := int64(o.Duration / time.Second)
+	tr, err := cs.CoreV1().ServiceAccounts(o.Namespace).CreateToken(ctx, o.ServiceAccount, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &seconds},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return nil, time.Time{}, permission(err, "create", "serviceaccounts/token", o.Namespace)
+	}
+	ca := admin.CAData
+	if len(ca) == 0 && admin.CAFile != "" {
+		if ca, err = os.ReadFile(admin.CAFile); err != nil {
+			return nil, time.Time{}, fmt.Errorf("read the admin context's CA %s: %w", admin.CAFile, err)
+		}
+	}
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["cluster"] = &clientcmdapi.Cluster{Server: admin.Host, CertificateAuthorityData: ca, InsecureSkipTLSVerify: admin.Insecure, TLSServerName: admin.ServerName}
+	kc.AuthInfos[o.ServiceAccount] = &clientcmdapi.AuthInfo{Token: tr.Status.Token}
+	kc.Contexts["knotless-run"] = &clientcmdapi.Context{Cluster: "cluster", AuthInfo: o.ServiceAccount, Namespace: o.Namespace}
+	kc.CurrentContext = "knotless-run"
+	return kc, tr.Status.ExpirationTimestamp.Time, nil
+}
+
+// Verify asks the API server, as the credential itself, each of Checks.
+// It returns the answers and an error naming every wrong one.
+func Verify(ctx context.Context, cfg *rest.Config, ns string) ([]Check, error) {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	checks := Checks()
+	var wrong []string
+	for i, c := range checks {
+		review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: ns, Verb: c.Verb, Resource: c.Resource, Subresource: c.Subresource},
+		}}
+		if c.Resource == "nodes" {
+			review.Spec.ResourceAttributes.Namespace = ""
+		}
+		got, err := cs.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})
+		if err != nil {
+			return checks, fmt.Errorf("access review %q: %w", c, err)
+		}
+		checks[i].Got = got.Status.Allowed
+		if checks[i].Got != c.Want {
+			wrong = append(wrong, fmt.Sprintf("%s: allowed=%v, want %v", c, checks[i].Got, c.Want))
+		}
+	}
+	if len(wrong) > 0 {
+		return checks, fmt.Errorf("the new credential fails its checks: %s", strings.Join(wrong, "; "))
+	}
+	return checks, nil
+}
+
+// TokenExpiry reads the exp claim of a JWT without verifying it: the
+// file's mtime says nothing about when its token dies.
+func TokenExpiry(token string) (time.Time, error) {
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 {
+		return time.Time{}, errors.New("token is not a JWT")
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return time.Time{}, fmt.Errorf("decode token payload: %w", err)
+	}
+	var claims struct {
+		Exp int64 `json:"exp"`
+	}
+	if err := json.Unmarshal(payload, &claims); err != nil {
+		return time.Time{}, fmt.Errorf("decode token claims: %w", err)
+	}
+	if claims.Exp == 0 {
+		return time.Time{}, errors.New("token has no exp claim")
+	}
+	return time.Unix(claims.Exp, 0).UTC(), nil
+}
+
+// ErrExpired is returned for a credential whose token has expired.
+var ErrExpired = errors.New("runner credentials expired")
+
+// CheckExpiry returns an error wrapping ErrExpired when the token of cfg
+// has expired, and the expiry (zero when the config has no JWT).
+func CheckExpiry(cfg *rest.Config, now time.Time) (time.Time, error) {
+	if cfg.BearerToken == "" {
+		return time.Time{}, nil
+	}
+	exp, err := TokenExpiry(cfg.BearerToken)
+	if err != nil {
+		return time.Time{}, nil // not a JWT: nothing to say about its life
+	}
+	if !now.Before(exp) {
+		return exp, fmt.Errorf("%w at %s; the refresh timer may have failed", ErrExpired, exp.Format(time.RFC3339))
+	}
+	return exp, nil
+}
+
+// WriteKubeconfig writes kc to path atomically: a temporary file in the
+// same directory, fsync, rename. The file is mode 0600.
+func WriteKubeconfig(path string, kc *clientcmdapi.Config) error {
+	data, err := clientcmd.Write(*kc)
+	if err != nil {
+		return fmt.Errorf("encode kubeconfig: %w", err)
+	}
+	return WriteFileAtomic(path, data, 0o600)
+}
+
+// WriteFileAtomic replaces path with data so that a reader sees the old
+// file or the new one, never a part.
+func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp)
+	if err := f.Chmod(mode); err != nil {
+		f.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return nil
+}
+
+func ptr[T any](v T) *T { return &v }

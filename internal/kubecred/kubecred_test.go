@@ -1,0 +1,69 @@
+package kubecred
+
+import (
+	"encoding/base64"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/rest"
+)
+
+func jwt(payload string) string {
+	enc := base64.RawURLEncoding.EncodeToString
+	return enc([]byte(`{"alg":"RS256"}`)) + "." + enc([]byte(payload)) + ".sig"
+}
+
+func TestTokenExpiry(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, token string
+		want        time.Time
+		wantErr     bool
+	}{
+		{"exp", jwt(`{"exp":1800000000}`), time.Unix(1800000000, 0).UTC(), false},
+		{"no exp", jwt(`{"sub":"x"}`), time.Time{}, true},
+		{"not a jwt", "static-token", time.Time{}, true},
+	}
+	for _, tt := range tests {
+		got, err := TokenExpiry(tt.token)
+		if (err != nil) != tt.wantErr || !got.Equal(tt.want) {
+			t.Errorf("%s: TokenExpiry = %v, %v; want %v (err %v)", tt.name, got, err, tt.want, tt.wantErr)
+		}
+	}
+}
+
+func TestCheckExpiry(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1800000000, 0)
+	_, err := CheckExpiry(&rest.Config{BearerToken: jwt(`{"exp":1799999999}`)}, now)
+	if !errors.Is(err, ErrExpired) || err.Error() != "runner credentials expired at 2027-01-15T07:59:59Z; the refresh timer may have failed" {
+		t.Errorf("expired: %v", err)
+	}
+	if _, err := CheckExpiry(&rest.Config{BearerToken: jwt(`{"exp":1800000100}`)}, now); err != nil {
+		t.Errorf("valid: %v", err)
+	}
+	if _, err := CheckExpiry(&rest.Config{}, now); err != nil {
+		t.Errorf("client certificate: %v", err)
+	}
+}
+
+func TestWriteFileAtomic(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(path, []byte("old"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteFileAtomic(path, []byte("new"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(path)
+	fi, _ := os.Stat(path)
+	entries, _ := os.ReadDir(dir)
+	if string(b) != "new" || fi.Mode().Perm() != 0o600 || len(entries) != 1 {
+		t.Errorf("content %q mode %v entries %d", b, fi.Mode(), len(entries))
+	}
+}

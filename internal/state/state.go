@@ -1,0 +1,165 @@
+// Package state is the daemon's state directory: state.json (the
+// session, cursors, the runs going on and what an executor needs to
+// reattach to them) and secrets-key.json (the sealing key pair). Each file
+// is written atomically (temp file, fsync, rename) with mode 0600; a
+// corrupt file or one of an unknown version stops the start with an error
+// naming it and is never overwritten.
+package state
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/atclient"
+
+	"knotless.dev/run/internal/executor"
+)
+
+// Version is the state.json format this build reads and writes.
+const Version = 1
+
+// File names inside the state directory.
+const (
+	StateFile = "state.json"
+	KeyFile   = "secrets-key.json"
+)
+
+// State is the content of state.json.
+type State struct {
+	Version int `json:"version"`
+	// Session is the runner's PDS session (refresh token included).
+	Session *atclient.PasswordSessionData `json:"session,omitempty"`
+	// Cursors are the last event sequence numbers seen, by event source.
+	Cursors map[string]int64 `json:"cursors,omitempty"`
+	// Repos are the repositories seen, by AT-URI, with when first seen.
+	Repos map[string]time.Time `json:"repos,omitempty"`
+	// Done are the events (AT-URI and commit) whose every check is final.
+	Done map[string]time.Time `json:"done,omitempty"`
+	// Runs are the runs going on (started, or handed over by a stopped
+	// process), by check key.
+	Runs map[string]Run `json:"runs,omitempty"`
+}
+
+// Run is one run that was started and has no final check yet.
+type Run struct {
+	CheckKey string `json:"check"`
+	RunID    string `json:"run"`
+	Workflow string `json:"workflow"`
+	// Event and Commit identify the work (the refUpdate or pull).
+	Event  string `json:"event"`
+	Commit string `json:"commit"`
+	// Session is what the executor needs to reattach; empty until the
+	// session has started.
+	Session *executor.Ref `json:"session,omitempty"`
+	// Step and Offset are where a handed-over run's follower stopped.
+	Step   int   `json:"step,omitempty"`
+	Offset int64 `json:"offset,omitempty"`
+	// HandedOver is set when a stopping process left the run for its
+	// successor to adopt.
+	HandedOver bool      `json:"handedOver,omitempty"`
+	StartedAt  time.Time `json:"startedAt"`
+}
+
+// New returns an empty state.
+func New() *State { return &State{Version: Version} }
+
+// Load reads state.json from dir; a missing file is an empty state.
+func Load(dir string) (*State, error) {
+	name := filepath.Join(dir, StateFile)
+	b, err := os.ReadFile(name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return New(), nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read state %s: %w", name, err)
+	}
+	var probe struct {
+		Version *int `json:"version"`
+	}
+	if err := json.Unmarshal(b, &probe); err != nil {
+		return nil, fmt.Errorf("state file %s is corrupt (%v); move it away to start afresh (runs it recorded are then swept)", name, err)
+	}
+	if probe.Version == nil || *probe.Version != Version {
+		v := "none"
+		if probe.Version != nil {
+			v = fmt.Sprint(*probe.Version)
+		}
+		return nil, fmt.Errorf("state file %s has version %s; this knotless-run reads version %d only", name, v, Version)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	s := New()
+	if err := dec.Decode(s); err != nil {
+		return nil, fmt.Errorf("state file %s is corrupt (%v); move it away to start afresh", name, err)
+	}
+	return s, nil
+}
+
+// Save writes s to dir/state.json atomically.
+func (s *State) Save(dir string) error {
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode state: %w", err)
+	}
+	return WriteFile(filepath.Join(dir, StateFile), append(b, '\n'))
+}
+
+// Clone returns a deep copy of s.
+func (s *State) Clone() *State {
+	b, _ := json.Marshal(s)
+	c := New()
+	_ = json.Unmarshal(b, c)
+	return c
+}
+
+// RunIDs lists the run ids of the going runs, sorted.
+func (s *State) RunIDs() []string {
+	ids := make([]string, 0, len(s.Runs))
+	for _, r := range s.Runs {
+		ids = append(ids, r.RunID)
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// WriteFile writes data to name atomically with mode 0600: a temporary
+// file in the same directory, fsync, rename, fsync of the directory.
+func WriteFile(name string, data []byte) error {
+	dir := filepath.Dir(name)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(name)+".tmp-")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", name, err)
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp)
+	if err := f.Chmod(0o600); err != nil {
+		f.Close()
+		return fmt.Errorf("write %s: %w", name, err)
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return fmt.Errorf("write %s: %w", name, err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("write %s: %w", name, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", name, err)
+	}
+	if err := os.Rename(tmp, name); err != nil {
+		return fmt.Errorf("write %s: %w", name, err)
+	}
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return nil
+}
