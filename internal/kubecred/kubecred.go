@@ -82,15 +82,24 @@ func labels() map[string]string {
 // RoleBinding. It is idempotent and safe to run concurrently: a create
 // that loses a race becomes an update.
 func Ensure(ctx context.Context, cs kubernetes.Interface, o Options) error {
+	// An admin scoped to an existing namespace may not create namespaces:
+	// that only matters when the namespace turns out to be missing.
+	var nsErr error
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: o.Namespace, Labels: labels()}}
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return permission(err, "create", "namespaces", o.Namespace)
+		if !apierrors.IsForbidden(err) {
+			return permission(err, "create", "namespaces", o.Namespace)
+		}
+		nsErr = permission(err, "create", "namespaces", o.Namespace)
 	}
 	sa := &corev1.ServiceAccount{
 		ObjectMeta:                   metav1.ObjectMeta{Name: o.ServiceAccount, Namespace: o.Namespace, Labels: labels()},
 		AutomountServiceAccountToken: ptr(false),
 	}
 	if _, err := cs.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		if apierrors.IsNotFound(err) && nsErr != nil {
+			return nsErr
+		}
 		return permission(err, "create", "serviceaccounts", o.Namespace)
 	}
 	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: o.ServiceAccount, Namespace: o.Namespace, Labels: labels()}, Rules: Rules()}

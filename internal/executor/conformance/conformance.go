@@ -32,6 +32,12 @@ type Harness struct {
 	// SecretSearch lists, as sh words, the places a step greps for a
 	// leaked secret value: the session's whole writable file system.
 	SecretSearch string
+	// StartTime bounds how long Start takes on this executor's test
+	// setup, under load (a container or pod to create and start). A run
+	// timeout covers the session's start: a case whose run timeout must
+	// end while its step runs gets this much longer. Zero for an executor
+	// that starts at once.
+	StartTime time.Duration
 }
 
 // Run runs the whole table against h.
@@ -69,7 +75,7 @@ func testStatus(t *testing.T, h Harness) {
 		name       string
 		src        string
 		checkout   string // "" = an empty temporary directory
-		cancel     time.Duration
+		cancelOn   string // cancel the run when its log shows this
 		wantStatus run.Status
 		wantFailed string
 		wantSteps  []run.StepResult // Name, Status, ExitCode, TimedOut compared
@@ -101,8 +107,8 @@ func testStatus(t *testing.T, h Harness) {
 		},
 		{
 			name:       "run timeout",
-			src:        "on: push\ntimeout: 3s\nsteps:\n  - {name: slow, run: 'sleep 300'}\n",
-			wantStatus: run.Failure, wantFailed: "slow", wantError: `step "slow" timed out after 3s`,
+			src:        "on: push\ntimeout: {{runTimeout}}\nsteps:\n  - {name: slow, run: 'sleep 300'}\n",
+			wantStatus: run.Failure, wantFailed: "slow", wantError: `step "slow" timed out after {{runTimeout}}`,
 			wantSteps: []run.StepResult{{Name: "slow", Status: run.Failure, TimedOut: true}},
 		},
 		{
@@ -114,8 +120,8 @@ func testStatus(t *testing.T, h Harness) {
 		},
 		{
 			name:       "cancel",
-			src:        "on: push\nsteps:\n  - {name: long, run: 'sleep 300'}\n",
-			cancel:     2 * time.Second,
+			src:        "on: push\nsteps:\n  - {name: long, run: 'echo running; sleep 300'}\n",
+			cancelOn:   "running\n",
 			wantStatus: run.Cancelled, wantFailed: "long",
 			wantSteps: []run.StepResult{{Name: "long", Status: run.Cancelled}},
 		},
@@ -133,17 +139,31 @@ func testStatus(t *testing.T, h Harness) {
 			if checkout == "" {
 				checkout = t.TempDir()
 			}
+			// The run timeout starts before the session does.
+			runTimeout := (3*time.Second + h.StartTime).String()
+			src := strings.ReplaceAll(tt.src, "{{runTimeout}}", runTimeout)
+			wantError := strings.ReplaceAll(tt.wantError, "{{runTimeout}}", runTimeout)
 			ctx := context.Background()
-			if tt.cancel > 0 {
+			var live *cancelWriter
+			if tt.cancelOn != "" {
 				var cancel context.CancelFunc
 				ctx, cancel = context.WithCancel(ctx)
-				time.AfterFunc(tt.cancel, cancel)
 				defer cancel()
+				// Cancel while the step runs, however long the session
+				// took to start.
+				live = &cancelWriter{on: tt.cancelOn, cancel: cancel}
 			}
-			res := engine(t, h).Run(ctx, run.Request{RunID: runID(t), Workflow: parse(t, tt.src), Checkout: checkout, Trusted: true})
-			if res.Status != tt.wantStatus || res.FailedStep != tt.wantFailed || !strings.Contains(res.Error, tt.wantError) {
+			req := run.Request{RunID: runID(t), Workflow: parse(t, src), Checkout: checkout, Trusted: true}
+			if live != nil {
+				req.Live = live
+			}
+			res := engine(t, h).Run(ctx, req)
+			if live != nil && !live.fired() {
+				t.Errorf("the run ended before its step printed %q", tt.cancelOn)
+			}
+			if res.Status != tt.wantStatus || res.FailedStep != tt.wantFailed || !strings.Contains(res.Error, wantError) {
 				t.Errorf("result = %s, failed step %q, error %q; want %s, %q, error containing %q\nlog:\n%s",
-					res.Status, res.FailedStep, res.Error, tt.wantStatus, tt.wantFailed, tt.wantError, res.Log)
+					res.Status, res.FailedStep, res.Error, tt.wantStatus, tt.wantFailed, wantError, res.Log)
 			}
 			if len(res.Steps) != len(tt.wantSteps) {
 				t.Fatalf("%d step results, want %d", len(res.Steps), len(tt.wantSteps))

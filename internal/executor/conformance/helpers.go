@@ -2,11 +2,41 @@ package conformance
 
 import (
 	"archive/tar"
+	"bytes"
+	"context"
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 )
+
+// cancelWriter is a run's live log that cancels the run once the log
+// shows on.
+type cancelWriter struct {
+	on     string
+	cancel context.CancelFunc
+	mu     sync.Mutex
+	buf    bytes.Buffer
+	done   bool
+}
+
+func (w *cancelWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	if !w.done && bytes.Contains(w.buf.Bytes(), []byte(w.on)) {
+		w.done = true
+		w.cancel()
+	}
+	return len(p), nil
+}
+
+func (w *cancelWriter) fired() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.done
+}
 
 func tarOne(w io.Writer, name, content string) error {
 	tw := tar.NewWriter(w)

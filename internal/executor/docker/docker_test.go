@@ -63,6 +63,9 @@ func TestConformance(t *testing.T) {
 		// The container's whole writable file system: its root and
 		// volumes, and /dev/shm; not /proc, /sys and the device nodes.
 		SecretSearch: `$(ls -d /* | grep -vx -e /proc -e /sys -e /dev) /dev/shm`,
+		// Creating and starting a container with its network takes
+		// seconds on a loaded machine.
+		StartTime: 30 * time.Second,
 	})
 }
 
@@ -297,7 +300,7 @@ func execIn(t *testing.T, e *Executor, id, script string) string {
 }
 
 // startStep starts a step of the session with script as its payload.
-func startStep(t *testing.T, s executor.Session, id, script string) {
+func startStep(t testing.TB, s executor.Session, id, script string) {
 	t.Helper()
 	if err := s.StartStep(context.Background(), id, []byte("set -e\n"+script)); err != nil {
 		t.Fatalf("start step %s: %v", id, err)
@@ -305,7 +308,7 @@ func startStep(t *testing.T, s executor.Session, id, script string) {
 }
 
 // runStep runs a step of the session to its end and returns its output.
-func runStep(t *testing.T, s executor.Session, id, script string) (string, int) {
+func runStep(t testing.TB, s executor.Session, id, script string) (string, int) {
 	t.Helper()
 	startStep(t, s, id, script)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -318,7 +321,7 @@ func runStep(t *testing.T, s executor.Session, id, script string) (string, int) 
 	return out.String(), exit.Code
 }
 
-func startSession(t *testing.T, ex *Executor, image, id string, res executor.Resources) *Session {
+func startSession(t testing.TB, ex *Executor, image, id string, res executor.Resources) *Session {
 	t.Helper()
 	s, err := ex.Start(context.Background(), executor.Spec{RunID: id, Runner: ex.cfg.Runner, Image: image, Resources: res})
 	if err != nil {

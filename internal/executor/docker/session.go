@@ -160,8 +160,9 @@ func (s *Session) StartStep(ctx context.Context, id string, payload []byte) erro
 	return nil
 }
 
-// follow owns a step's stream: it copies the output into the spool,
-// learns the exit status, and kills what the step left behind.
+// follow owns a step's stream: it copies the output into the spool and
+// learns the exit status. The launcher has killed what the step left
+// before its exec ends.
 func (s *Session) follow(st *step) {
 	defer close(st.done)
 	sw := &sidWriter{st: st, w: st.out}
@@ -174,14 +175,6 @@ func (s *Session) follow(st *step) {
 	ctx, cancel := s.untilStop()
 	defer cancel()
 	st.exit, st.err = s.exitOf(ctx, st.exec)
-	if st.sid > 1 && !s.isStopped() {
-		if err := s.reap(ctx, strconv.Itoa(st.sid)); err != nil {
-			s.log.Warn("kill the processes a step left", "exec", st.exec, "err", err)
-			if st.err == nil {
-				st.err = fmt.Errorf("kill the processes the step left: %w", err)
-			}
-		}
-	}
 	_ = st.out.Close()
 }
 

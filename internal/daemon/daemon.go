@@ -1,0 +1,407 @@
+// Package daemon is the runner daemon's composition root: it logs the
+// runner in, loads its state, sweeps orphaned sessions, reconciles the
+// work on atproto, runs it through a bounded queue, writes check records
+// at each state change, and on SIGTERM hands over to its successor. It
+// owns every goroutine it starts and waits for them.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/identity"
+	"github.com/bluesky-social/indigo/atproto/syntax"
+
+	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/mirror"
+	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/state"
+)
+
+// Config configures the daemon. The cli fills it from flags, the config
+// file and credential files; nothing here reads the environment.
+type Config struct {
+	// Runner is the runner's DID; PDS its PDS URL (default: from its DID
+	// document).
+	Runner syntax.DID
+	PDS    string
+	// Password is the app password (read from a file by the caller).
+	Password string
+	// Directory resolves DIDs (PLC URL configured by the caller).
+	Directory identity.Directory
+	HTTP      *http.Client
+
+	Targets  []ingest.Target
+	Discover bool
+	Pulls    bool
+	// Relay, when set, is where events and discovery come from instead
+	// of the owners' PDSes.
+	Relay string
+	// Firehose follows com.atproto.sync.subscribeRepos; without it the
+	// daemon reconciles every Poll only.
+	Firehose bool
+	Poll     time.Duration
+
+	Executor     executor.Executor
+	DefaultImage string
+	Concurrency  int
+	StopWait     time.Duration
+	StateDir     string
+	CacheDir     string
+
+	// Secrets are the operator's secrets by name; they take precedence
+	// over sealed records.
+	Secrets map[string]string
+
+	// Notify sends one sd_notify message (nil: not under systemd).
+	Notify func(state string)
+	// Watchdog is systemd's WatchdogSec (0: off).
+	Watchdog time.Duration
+	Logger   *slog.Logger
+}
+
+func (c *Config) defaults() {
+	if c.Concurrency < 1 {
+		c.Concurrency = 1
+	}
+	if c.Poll == 0 {
+		c.Poll = 5 * time.Minute
+	}
+	if c.Notify == nil {
+		c.Notify = func(string) {}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.HTTP == nil {
+		c.HTTP = &http.Client{Timeout: 2 * time.Minute}
+	}
+	if c.Secrets == nil {
+		c.Secrets = map[string]string{}
+	}
+}
+
+// Daemon is one running runner process.
+type Daemon struct {
+	cfg     Config
+	log     *slog.Logger
+	cat     *forge.Catalog
+	reader  *forge.Reader
+	account *forge.Account
+	key     *forge.KeyPair
+	mirrors *mirror.Mirrors
+	engine  *run.Engine
+	lister  *ingest.Lister
+
+	wake chan struct{} // a hint that records changed: reconcile soon
+
+	mu       sync.Mutex
+	st       *state.State
+	checks   map[string]forge.Check // the runner's own check records, by key
+	queue    []*job
+	running  map[string]*job
+	draining bool
+	workCond chan struct{} // closed and replaced when the queue changes
+}
+
+// ErrStateCorrupt wraps a state file that stops the start.
+var ErrStateCorrupt = errors.New("state unusable")
+
+// Run runs the daemon until ctx ends, then hands over and returns.
+func Run(ctx context.Context, cfg Config) error {
+	cfg.defaults()
+	d := &Daemon{
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "daemon"),
+		wake:     make(chan struct{}, 1),
+		running:  map[string]*job{},
+		workCond: make(chan struct{}),
+	}
+	if err := d.start(ctx); err != nil {
+		return err
+	}
+	return d.serve(ctx)
+}
+
+// start does everything READY=1 waits for: state, key, login, the
+// executor's orphan sweep and the runner's known checks.
+func (d *Daemon) start(ctx context.Context) error {
+	cfg := d.cfg
+	for _, dir := range []string{cfg.StateDir, cfg.CacheDir} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("create %s: %w", dir, err)
+		}
+	}
+	st, err := state.Load(cfg.StateDir)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrStateCorrupt, err)
+	}
+	d.st = st
+	key, created, err := state.LoadKey(cfg.StateDir)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrStateCorrupt, err)
+	}
+	d.key = key
+	if created {
+		d.log.Info("made a sealing key pair", "file", filepath.Join(cfg.StateDir, state.KeyFile), "public", key.PublicString())
+	}
+	if d.cat, err = forge.NewCatalog(); err != nil {
+		return err
+	}
+	d.reader = &forge.Reader{Dir: cfg.Directory, Catalog: d.cat, HTTP: cfg.HTTP}
+	host := cfg.PDS
+	if host == "" {
+		if host, err = d.reader.PDS(ctx, cfg.Runner); err != nil {
+			return fmt.Errorf("find the runner's PDS: %w", err)
+		}
+	}
+	acct, resumed, err := forge.Login(ctx, forge.LoginConfig{
+		Host:       host,
+		Identifier: cfg.Runner.String(),
+		Password:   cfg.Password,
+		Session:    st.Session,
+		OnSession:  d.saveSession,
+		HTTP:       cfg.HTTP,
+	}, d.cat)
+	if err != nil {
+		return err
+	}
+	if acct.DID() != cfg.Runner {
+		return fmt.Errorf("log in: the PDS says this account is %s, not the runner %s", acct.DID(), cfg.Runner)
+	}
+	d.account = acct
+	d.log.Info("logged in", "did", acct.DID().String(), "pds", acct.Host(), "resumed_session", resumed)
+
+	if d.mirrors, err = mirror.New(filepath.Join(cfg.CacheDir, "mirrors")); err != nil {
+		return err
+	}
+	d.engine = run.New(run.Config{
+		Executor:     cfg.Executor,
+		Logger:       cfg.Logger.With("component", "run"),
+		Runner:       cfg.Runner.String(),
+		DefaultImage: cfg.DefaultImage,
+	})
+	discover := []string{acct.Host()}
+	if cfg.Relay != "" {
+		discover = []string{cfg.Relay}
+	}
+	d.lister = &ingest.Lister{
+		Reader: d.reader, Dir: cfg.Directory, Runner: cfg.Runner, Targets: cfg.Targets,
+		Discover: cfg.Discover, DiscoverHosts: discover, Pulls: cfg.Pulls,
+		Logger: cfg.Logger.With("component", "ingest"),
+	}
+
+	if err := d.sweep(ctx); err != nil {
+		return err
+	}
+	checks, bad, err := forge.ListOwn[forge.Check](ctx, acct, forge.CollectionCheck)
+	if err != nil {
+		return fmt.Errorf("list the runner's checks: %w", err)
+	}
+	for _, b := range bad {
+		d.log.Warn("check record does not match its lexicon; ignored", "uri", b.URI.String(), "err", b.Err)
+	}
+	d.checks = map[string]forge.Check{}
+	for _, c := range checks {
+		d.checks[c.URI.RecordKey().String()] = c.Value
+	}
+	return nil
+}
+
+// sweep removes the sessions no run owns any more. Runs a stopped process
+// left in state.json are not adopted by this build (see docs/design/
+// daemon.md): their checks are not final, so reconciliation runs them
+// again under the same check key.
+func (d *Daemon) sweep(ctx context.Context) error {
+	left := len(d.st.Runs)
+	removed, err := d.cfg.Executor.Sweep(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("sweep orphaned sessions: %w", err)
+	}
+	for _, r := range removed {
+		d.log.Info("swept orphaned session", "session", r.String())
+	}
+	if left > 0 {
+		d.log.Info("runs of an earlier process will run again", "runs", left)
+		d.st.Runs = nil
+		if err := d.saveState(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *Daemon) saveSession(s forge.Session) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.st == nil {
+		return
+	}
+	c := s
+	d.st.Session = &c
+	if err := d.st.Save(d.cfg.StateDir); err != nil {
+		d.log.Error("save session", "err", err)
+	}
+}
+
+// saveState writes state.json; the caller holds no lock.
+func (d *Daemon) saveState() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.saveStateLocked()
+}
+
+func (d *Daemon) saveStateLocked() error {
+	if err := d.st.Save(d.cfg.StateDir); err != nil {
+		return fmt.Errorf("save state: %w", err)
+	}
+	return nil
+}
+
+// serve is the daemon's life after start: workers, reconciliation, the
+// event sources, status and the watchdog, then the handover.
+func (d *Daemon) serve(ctx context.Context) error {
+	runCtx, stopRuns := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopRuns()
+	var workers sync.WaitGroup
+	for range d.cfg.Concurrency {
+		workers.Go(func() { d.worker(ctx, runCtx) })
+	}
+	var aux sync.WaitGroup
+	auxCtx, stopAux := context.WithCancel(ctx)
+	if d.cfg.Watchdog > 0 {
+		aux.Go(func() { d.watchdog(auxCtx) })
+	}
+	if d.cfg.Firehose {
+		aux.Go(func() { d.follow(auxCtx) })
+	}
+
+	d.cfg.Notify("READY=1")
+	d.log.Info("ready", "executor", d.cfg.Executor.Name(), "concurrency", d.cfg.Concurrency, "repos", len(d.cfg.Targets), "discover", d.cfg.Discover, "pulls", d.cfg.Pulls)
+	d.status()
+
+	d.loop(ctx)
+
+	stopAux()
+	aux.Wait()
+	d.handover(&workers, stopRuns)
+	return nil
+}
+
+// loop reconciles at start, on every hint and every Poll, until ctx ends.
+func (d *Daemon) loop(ctx context.Context) {
+	tick := time.NewTicker(d.cfg.Poll)
+	defer tick.Stop()
+	for {
+		if err := d.reconcile(ctx); err != nil && ctx.Err() == nil {
+			d.log.Error("reconcile", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-d.wake:
+		}
+	}
+}
+
+// Wake asks for a reconcile soon.
+func (d *Daemon) Wake() {
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (d *Daemon) watchdog(ctx context.Context) {
+	t := time.NewTicker(d.cfg.Watchdog / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			d.cfg.Notify("WATCHDOG=1")
+		}
+	}
+}
+
+// status tells systemd how many runs are going and waiting.
+func (d *Daemon) status() {
+	d.mu.Lock()
+	going, queued, draining := len(d.running), len(d.queue), d.draining
+	d.mu.Unlock()
+	msg := fmt.Sprintf("STATUS=%d running, %d queued", going, queued)
+	if draining {
+		msg = fmt.Sprintf("STATUS=stopping: %d running", going)
+	}
+	d.cfg.Notify(msg)
+}
+
+// handover ends the process's work on SIGTERM: nothing new is claimed,
+// queued runs are released (their checks stay queued: the successor's
+// work), and started runs get StopWait to finish; what is still going
+// then is cancelled and released the same way.
+func (d *Daemon) handover(workers *sync.WaitGroup, stopRuns context.CancelFunc) {
+	d.cfg.Notify("STOPPING=1")
+	d.mu.Lock()
+	d.draining = true
+	released := len(d.queue)
+	d.queue = nil
+	going := len(d.running)
+	d.signalLocked()
+	d.mu.Unlock()
+	d.status()
+	d.log.Info("stopping: claiming nothing new", "released_queued", released, "running", going, "stop_wait", d.cfg.StopWait)
+
+	done := make(chan struct{})
+	go func() { workers.Wait(); close(done) }()
+	deadline := time.NewTimer(d.cfg.StopWait)
+	defer deadline.Stop()
+	extend := time.NewTicker(5 * time.Second)
+	defer extend.Stop()
+	d.extendTimeout()
+	for {
+		select {
+		case <-done:
+			d.finishHandover(released, 0)
+			return
+		case <-extend.C:
+			d.extendTimeout()
+			d.status()
+		case <-deadline.C:
+			d.mu.Lock()
+			left := len(d.running)
+			for _, j := range d.running {
+				j.released = true
+			}
+			d.mu.Unlock()
+			d.log.Warn("stop wait over: cancelling the runs still going; their checks are released to the successor", "runs", left)
+			stopRuns()
+			<-done
+			d.finishHandover(released, left)
+			return
+		}
+	}
+}
+
+func (d *Daemon) extendTimeout() {
+	usec := (d.cfg.StopWait + 30*time.Second).Microseconds()
+	d.cfg.Notify(fmt.Sprintf("EXTEND_TIMEOUT_USEC=%d", usec))
+}
+
+func (d *Daemon) finishHandover(released, cancelled int) {
+	if err := d.saveState(); err != nil {
+		d.log.Error("save state", "err", err)
+	}
+	d.log.Info(fmt.Sprintf("handed over %d runs", released+cancelled), "queued", released, "cancelled_at_stop_wait", cancelled)
+}

@@ -1,0 +1,490 @@
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/mirror"
+	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/state"
+	"knotless.dev/run/internal/workflow"
+)
+
+// job is one workflow to run for one event.
+type job struct {
+	key    string // the check's record key
+	ev     ingest.Event
+	wf     *workflow.Workflow
+	repo   *mirror.Repo
+	tree   string // what to export: the pushed commit or the merge's tree
+	runID  string
+	check  forge.Check
+	cancel context.CancelFunc
+	// superseded names the newer event that cancelled this run.
+	superseded string
+	// released is set when a stopping daemon cancelled the run: its check
+	// goes back to queued for the successor.
+	released bool
+}
+
+// group is what supersedes: the same workflow on the same ref (a push)
+// or the same pull.
+func (j *job) group() string {
+	if j.ev.Kind == forge.KindPull {
+		return "pull " + j.ev.URI.String() + " " + j.wf.Name
+	}
+	return "push " + j.ev.Repo.URI.String() + " " + j.ev.Ref + " " + j.wf.Name
+}
+
+// reconcile lists the work and queues what has no final check.
+func (d *Daemon) reconcile(ctx context.Context) error {
+	snap, err := d.lister.Reconcile(ctx)
+	if err != nil {
+		return err
+	}
+	d.noteRepos(snap)
+	for _, ev := range snap.Events {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err := d.consider(ctx, ev); err != nil {
+			d.log.Error("event not handled; tried again at the next reconcile", "event", ev.URI.String(), "commit", ev.Commit, "err", err)
+		}
+	}
+	d.status()
+	return nil
+}
+
+// noteRepos records repositories seen for the first time; of their
+// pushes, only the newest per ref is work, the older ones are history.
+func (d *Daemon) noteRepos(snap *ingest.Snapshot) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.st.Repos == nil {
+		d.st.Repos = map[string]time.Time{}
+	}
+	if d.st.Done == nil {
+		d.st.Done = map[string]time.Time{}
+	}
+	now := time.Now().UTC()
+	changed := false
+	for _, r := range snap.Repos {
+		uri := r.URI.String()
+		if _, ok := d.st.Repos[uri]; ok {
+			continue
+		}
+		d.st.Repos[uri] = now
+		changed = true
+		newest := map[string]string{}
+		for _, ev := range snap.Events {
+			if ev.Kind == forge.KindPush && ev.Repo.URI == r.URI {
+				newest[ev.Ref] = ev.Key() // events come oldest first
+			}
+		}
+		history := 0
+		for _, ev := range snap.Events {
+			if ev.Kind == forge.KindPush && ev.Repo.URI == r.URI && newest[ev.Ref] != ev.Key() {
+				d.st.Done[ev.Key()] = now
+				history++
+			}
+		}
+		d.log.Info("watching repository", "repo", uri, "source", r.Value.Source, "older_pushes_skipped", history)
+	}
+	if changed {
+		if err := d.saveStateLocked(); err != nil {
+			d.log.Error("save state", "err", err)
+		}
+	}
+}
+
+// consider turns one event into queued jobs, or marks it done when all
+// its checks are final.
+func (d *Daemon) consider(ctx context.Context, ev ingest.Event) error {
+	d.mu.Lock()
+	_, done := d.st.Done[ev.Key()]
+	inHand := d.inHandLocked(ev.Key())
+	d.mu.Unlock()
+	if done || inHand {
+		return nil
+	}
+	log := d.log.With("event", ev.URI.String(), "commit", ev.Commit)
+	repo, err := d.mirrors.Open(ctx, ev.Repo.URI.String())
+	if err != nil {
+		return err
+	}
+	tree := ev.Commit
+	var conflict error
+	switch ev.Kind {
+	case forge.KindPush:
+		if err := repo.Fetch(ctx, ev.Repo.Value.Source, ev.Ref, ev.Commit); err != nil {
+			return err
+		}
+	case forge.KindPull:
+		if err := repo.Fetch(ctx, ev.Pull.Head.Source, ev.Pull.Head.Ref, ev.Commit); err != nil {
+			return err
+		}
+		base, err := repo.Branch(ctx, ev.Repo.Value.Source, ev.Pull.Base)
+		if err != nil {
+			return err
+		}
+		merged, err := repo.Merge(ctx, base, ev.Commit)
+		var ce *mirror.ConflictError
+		switch {
+		case errors.As(err, &ce):
+			conflict = ce
+		case err != nil:
+			return err
+		default:
+			tree = merged
+		}
+	}
+	wfs, bad, err := repo.Workflows(ctx, tree)
+	if err != nil {
+		return err
+	}
+	trigger := workflow.Push
+	if ev.Kind == forge.KindPull {
+		trigger = workflow.Pull
+	}
+	var jobs []*job
+	for _, wf := range wfs {
+		if !wf.Matches(trigger, ev.Branch()) || !wf.AllowsRunner(d.cfg.Runner.String()) {
+			continue
+		}
+		jobs = append(jobs, &job{key: forge.CheckKey(ev.Subject(), wf.Name), ev: ev, wf: wf, repo: repo, tree: tree})
+	}
+	for _, e := range bad {
+		// A workflow file that does not parse is an error check of its
+		// own, named after the file, so the owner sees why nothing ran.
+		name := workflowName(e)
+		if name == "" {
+			log.Warn("workflow file unreadable", "err", e)
+			continue
+		}
+		d.finalError(ctx, ev, name, "invalid workflow file:\n"+e.Error())
+	}
+	if conflict != nil {
+		for _, j := range jobs {
+			d.finalError(ctx, ev, j.wf.Name, conflict.Error())
+		}
+		jobs = nil
+	}
+	queued := 0
+	for _, j := range jobs {
+		d.mu.Lock()
+		c, known := d.checks[j.key]
+		d.mu.Unlock()
+		if known && c.Final() {
+			continue
+		}
+		if err := d.enqueue(ctx, j); err != nil {
+			return err
+		}
+		queued++
+	}
+	if queued == 0 {
+		d.markDone(ev)
+	}
+	log.Debug("event considered", "workflows", len(wfs), "queued", queued)
+	return nil
+}
+
+func workflowName(err error) string {
+	var wes workflow.Errors
+	if errors.As(err, &wes) && len(wes) > 0 {
+		base := filepath.Base(wes[0].File)
+		return strings.TrimSuffix(strings.TrimSuffix(base, ".yaml"), ".yml")
+	}
+	return ""
+}
+
+func (d *Daemon) inHandLocked(evKey string) bool {
+	for _, j := range d.running {
+		if j.ev.Key() == evKey {
+			return true
+		}
+	}
+	for _, j := range d.queue {
+		if j.ev.Key() == evKey {
+			return true
+		}
+	}
+	return false
+}
+
+func (d *Daemon) markDone(ev ingest.Event) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.inHandLocked(ev.Key()) {
+		return
+	}
+	d.st.Done[ev.Key()] = time.Now().UTC()
+	if err := d.saveStateLocked(); err != nil {
+		d.log.Error("save state", "err", err)
+	}
+}
+
+// enqueue writes the queued check, supersedes older runs of the same
+// group and puts the job in the queue.
+func (d *Daemon) enqueue(ctx context.Context, j *job) error {
+	now := forge.Now()
+	j.check = forge.Check{Type: forge.CollectionCheck, Subject: j.ev.Subject(), Workflow: j.wf.Name, Status: forge.StatusQueued, CreatedAt: now}
+	d.mu.Lock()
+	if c, ok := d.checks[j.key]; ok {
+		j.check.CreatedAt = c.CreatedAt
+	}
+	prev, known := d.checks[j.key]
+	d.mu.Unlock()
+	if !known || prev.Status != forge.StatusQueued {
+		if err := d.putCheck(ctx, j.key, j.check); err != nil {
+			return err
+		}
+	}
+	var cancelQueued []*job
+	d.mu.Lock()
+	if j.wf.Superseded != "finish" {
+		keep := d.queue[:0]
+		for _, o := range d.queue {
+			if o.group() == j.group() && older(o, j) {
+				cancelQueued = append(cancelQueued, o)
+				continue
+			}
+			keep = append(keep, o)
+		}
+		d.queue = keep
+		for _, o := range d.running {
+			if o.group() == j.group() && older(o, j) && o.superseded == "" {
+				o.superseded = j.ev.URI.String()
+				d.log.Info("superseded: cancelling the older run", "check", o.key, "by", j.ev.URI.String())
+				o.cancel()
+			}
+		}
+	}
+	d.queue = append(d.queue, j)
+	d.signalLocked()
+	d.mu.Unlock()
+	for _, o := range cancelQueued {
+		c := o.check
+		c.Status, c.Error, c.FinishedAt = string(run.Cancelled), "superseded by "+j.ev.URI.String(), forge.Now()
+		if err := d.putCheck(ctx, o.key, c); err != nil {
+			d.log.Error("write check", "check", o.key, "err", err)
+		}
+		d.markDoneIfIdle(o.ev)
+	}
+	d.log.Info("queued", "check", j.key, "workflow", j.wf.Name, "event", j.ev.URI.String(), "commit", j.ev.Commit)
+	return nil
+}
+
+// older reports whether a's event came before b's (record keys of both
+// kinds are TIDs, which sort by time).
+func older(a, b *job) bool {
+	if a.ev.URI == b.ev.URI {
+		return a.ev.Commit != b.ev.Commit && a.ev.Pull != nil && b.ev.Pull != nil
+	}
+	return a.ev.URI.RecordKey().String() < b.ev.URI.RecordKey().String()
+}
+
+func (d *Daemon) signalLocked() {
+	close(d.workCond)
+	d.workCond = make(chan struct{})
+}
+
+// next waits for a job and gives it a context under runCtx; nil means
+// the daemon is stopping.
+func (d *Daemon) next(ctx, runCtx context.Context) (*job, context.Context) {
+	for {
+		d.mu.Lock()
+		if d.draining || ctx.Err() != nil {
+			d.mu.Unlock()
+			return nil, nil
+		}
+		if len(d.queue) > 0 {
+			j := d.queue[0]
+			d.queue = d.queue[1:]
+			d.running[j.key] = j
+			jctx, cancel := context.WithCancel(runCtx)
+			j.cancel = cancel
+			d.mu.Unlock()
+			return j, jctx
+		}
+		wait := d.workCond
+		d.mu.Unlock()
+		select {
+		case <-ctx.Done():
+		case <-wait:
+		}
+	}
+}
+
+// worker runs jobs until the daemon stops claiming work. ctx is the
+// daemon's; runCtx ends only when a stopping daemon gives up waiting.
+func (d *Daemon) worker(ctx, runCtx context.Context) {
+	for {
+		j, jctx := d.next(ctx, runCtx)
+		if j == nil {
+			return
+		}
+		d.runJob(jctx, j)
+		j.cancel()
+		d.mu.Lock()
+		delete(d.running, j.key)
+		d.mu.Unlock()
+		d.markDoneIfIdle(j.ev)
+		d.status()
+	}
+}
+
+func (d *Daemon) markDoneIfIdle(ev ingest.Event) {
+	d.mu.Lock()
+	if d.inHandLocked(ev.Key()) {
+		d.mu.Unlock()
+		return
+	}
+	d.mu.Unlock()
+	// Done only when every check of the event is final; the next
+	// reconcile otherwise picks it up again.
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, c := range d.checks {
+		if c.Subject.Event == ev.URI.String() && c.Subject.Commit == ev.Commit && !c.Final() {
+			return
+		}
+	}
+	d.st.Done[ev.Key()] = time.Now().UTC()
+	if err := d.saveStateLocked(); err != nil {
+		d.log.Error("save state", "err", err)
+	}
+}
+
+// runJob runs one job and writes its running and final checks.
+func (d *Daemon) runJob(ctx context.Context, j *job) {
+	log := d.log.With("check", j.key, "workflow", j.wf.Name, "event", j.ev.URI.String())
+	j.runID = newRunID()
+	started := time.Now().UTC()
+	j.check.Status, j.check.StartedAt = forge.StatusRunning, forge.Datetime(started)
+	if err := d.putCheck(ctx, j.key, j.check); err != nil {
+		log.Error("write running check", "err", err)
+	}
+	d.mu.Lock()
+	if d.st.Runs == nil {
+		d.st.Runs = map[string]state.Run{}
+	}
+	d.st.Runs[j.key] = state.Run{CheckKey: j.key, RunID: j.runID, Workflow: j.wf.Name, Event: j.ev.URI.String(), Commit: j.ev.Commit, StartedAt: started}
+	if err := d.saveStateLocked(); err != nil {
+		log.Error("save state", "err", err)
+	}
+	d.mu.Unlock()
+	d.status()
+	log.Info("run started", "run", j.runID)
+
+	res := d.execute(ctx, j)
+
+	d.mu.Lock()
+	delete(d.st.Runs, j.key)
+	released := j.released && res.Status == run.Cancelled
+	superseded := j.superseded
+	if err := d.saveStateLocked(); err != nil {
+		log.Error("save state", "err", err)
+	}
+	d.mu.Unlock()
+
+	final := d.finalCheck(context.WithoutCancel(ctx), j, res, log)
+	switch {
+	case released:
+		final.Status, final.Error = forge.StatusQueued, "released by a stopping runner: runs again on its successor"
+		final.FinishedAt = ""
+	case superseded != "" && res.Status == run.Cancelled:
+		final.Error = "superseded by " + superseded
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if err := d.putCheck(wctx, j.key, final); err != nil {
+		log.Error("write final check", "err", err)
+		return
+	}
+	log.Info("run finished", "run", j.runID, "status", final.Status, "failed_step", res.FailedStep)
+}
+
+// execute exports the tree and runs the workflow on the engine.
+func (d *Daemon) execute(ctx context.Context, j *job) *run.Result {
+	dir := filepath.Join(d.cfg.CacheDir, "runs", j.runID)
+	defer os.RemoveAll(dir)
+	fail := func(err error) *run.Result {
+		now := time.Now().UTC()
+		return &run.Result{RunID: j.runID, Workflow: j.wf.Name, Status: run.Error, Error: err.Error(), StartedAt: now, FinishedAt: now,
+			Log: []byte("knotless-run: error: " + err.Error() + "\n")}
+	}
+	checkout := filepath.Join(dir, "checkout")
+	if err := j.repo.Export(ctx, j.tree, checkout); err != nil {
+		return fail(err)
+	}
+	secrets := map[string]string{}
+	if j.ev.Trusted {
+		var err error
+		if secrets, err = d.secrets(ctx, j); err != nil {
+			return fail(err)
+		}
+	}
+	return d.engine.Run(ctx, run.Request{
+		RunID:    j.runID,
+		Workflow: j.wf,
+		Checkout: checkout,
+		Outputs:  filepath.Join(dir, "outputs"),
+		Secrets:  secrets,
+		Trusted:  j.ev.Trusted,
+		Annotations: map[string]string{
+			"knotless.dev/check": j.key,
+			"knotless.dev/event": j.ev.URI.String(),
+		},
+	})
+}
+
+// finalError writes a final error check for a workflow that cannot run.
+func (d *Daemon) finalError(ctx context.Context, ev ingest.Event, wfName, msg string) {
+	key := forge.CheckKey(ev.Subject(), wfName)
+	d.mu.Lock()
+	c, known := d.checks[key]
+	d.mu.Unlock()
+	if known && c.Final() {
+		return
+	}
+	now := forge.Now()
+	check := forge.Check{Type: forge.CollectionCheck, Subject: ev.Subject(), Workflow: wfName, Status: string(run.Error),
+		Error: truncate(msg, 3000), CreatedAt: now, FinishedAt: now}
+	if err := d.putCheck(ctx, key, check); err != nil {
+		d.log.Error("write check", "check", key, "err", err)
+	}
+}
+
+func (d *Daemon) putCheck(ctx context.Context, key string, c forge.Check) error {
+	if _, err := d.account.Put(ctx, forge.CollectionCheck, key, c); err != nil {
+		return fmt.Errorf("write check %s (%s): %w", key, c.Status, err)
+	}
+	d.mu.Lock()
+	d.checks[key] = c
+	d.mu.Unlock()
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-3] + "..."
+}
+
+// newRunID returns a short random id, safe as a label value.
+func newRunID() string {
+	b := make([]byte, 10)
+	_, _ = rand.Read(b)
+	return "r" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b))
+}

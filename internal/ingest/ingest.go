@@ -1,0 +1,264 @@
+// Package ingest finds the work of a runner on atproto: the repositories
+// it serves and their pushes (dev.knotless.refUpdate) and open pulls
+// (dev.knotless.pull). Listing records is the source of truth
+// (Reconcile); event streams (Source) only say when to look again, so a
+// gap in a stream, or a runner that was down, loses nothing.
+package ingest
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+
+	"github.com/bluesky-social/indigo/atproto/identity"
+	"github.com/bluesky-social/indigo/atproto/syntax"
+
+	"knotless.dev/run/internal/forge"
+)
+
+// Target is a repository named on the command line.
+type Target struct {
+	Owner syntax.AtIdentifier
+	Name  string
+}
+
+func (t Target) String() string { return t.Owner.String() + "/" + t.Name }
+
+// ParseTarget reads a REPO argument: an AT-URI of a dev.knotless.repo
+// record, or OWNER/NAME where OWNER is a DID or a handle.
+func ParseTarget(s string) (Target, error) {
+	if strings.HasPrefix(s, "at://") {
+		uri, err := syntax.ParseATURI(s)
+		if err != nil {
+			return Target{}, fmt.Errorf("repo %q: %w", s, err)
+		}
+		if uri.Collection() != forge.CollectionRepo || uri.RecordKey() == "" {
+			return Target{}, fmt.Errorf("repo %q: want an AT-URI of a %s record", s, forge.CollectionRepo)
+		}
+		return Target{Owner: uri.Authority(), Name: uri.RecordKey().String()}, nil
+	}
+	owner, name, ok := strings.Cut(s, "/")
+	if !ok || name == "" || strings.Contains(name, "/") {
+		return Target{}, fmt.Errorf("repo %q: want at://OWNER/%s/NAME or OWNER/NAME", s, forge.CollectionRepo)
+	}
+	id, err := syntax.ParseAtIdentifier(owner)
+	if err != nil {
+		return Target{}, fmt.Errorf("repo %q: owner: %w", s, err)
+	}
+	if _, err := syntax.ParseRecordKey(name); err != nil {
+		return Target{}, fmt.Errorf("repo %q: name: %w", s, err)
+	}
+	return Target{Owner: id, Name: name}, nil
+}
+
+// Event is a push or a pull that may need runs.
+type Event struct {
+	Kind string // forge.KindPush or forge.KindPull
+	// URI is the refUpdate or pull record.
+	URI  syntax.ATURI
+	Repo forge.Record[forge.Repo]
+	// Ref is the pushed ref, or the pull's base branch as refs/heads/….
+	Ref string
+	// Commit is the pushed commit, or the pull's head commit.
+	Commit string
+	Push   *forge.RefUpdate
+	Pull   *forge.Pull
+	// Trusted is true for a push written by the repository's owner.
+	Trusted bool
+}
+
+// Key identifies the event's work: the record and its commit (a pull
+// whose head moves is new work).
+func (e Event) Key() string { return e.URI.String() + "@" + e.Commit }
+
+// Owner is the repository's owner.
+func (e Event) Owner() syntax.DID {
+	d, _ := e.Repo.URI.Authority().AsDID()
+	return d
+}
+
+// Subject is the check subject of the event.
+func (e Event) Subject() forge.Subject {
+	return forge.Subject{Repo: e.Repo.URI.String(), Commit: e.Commit, Ref: e.Ref, Event: e.URI.String(), Kind: e.Kind}
+}
+
+// Branch is the branch a workflow's branches filter matches: the pushed
+// branch, or the pull's base.
+func (e Event) Branch() string { return strings.TrimPrefix(e.Ref, "refs/heads/") }
+
+// Lister reconciles by listing records.
+type Lister struct {
+	Reader *forge.Reader
+	Dir    identity.Directory
+	// Runner is this runner's DID.
+	Runner syntax.DID
+	// Targets are the repositories named on the command line.
+	Targets []Target
+	// Discover adds every repository that names the runner, found on
+	// DiscoverHosts (the runner's PDS, or a relay).
+	Discover      bool
+	DiscoverHosts []string
+	// Pulls lists open pulls too, from every account on the owners' PDSes.
+	Pulls  bool
+	Logger *slog.Logger
+}
+
+// Snapshot is everything a reconcile found.
+type Snapshot struct {
+	Repos  []forge.Record[forge.Repo]
+	Events []Event
+	// Hosts are the PDS hosts of the repositories' owners: the event
+	// sources to follow.
+	Hosts []string
+}
+
+// Reconcile lists the repositories, their pushes and (with Pulls) their
+// open pulls. Events come oldest first.
+func (l *Lister) Reconcile(ctx context.Context) (*Snapshot, error) {
+	repos, err := l.repos(ctx)
+	if err != nil {
+		return nil, err
+	}
+	snap := &Snapshot{Repos: repos}
+	hosts := map[string]bool{}
+	pushes := map[syntax.DID][]forge.Record[forge.RefUpdate]{}
+	pullsByHost := map[string][]forge.Record[forge.Pull]{}
+	for _, repo := range repos {
+		owner, _ := repo.URI.Authority().AsDID()
+		host, err := l.Reader.PDS(ctx, owner)
+		if err != nil {
+			return nil, err
+		}
+		hosts[host] = true
+		ups, ok := pushes[owner]
+		if !ok {
+			var bad []forge.Invalid
+			ups, bad, err = forge.List[forge.RefUpdate](ctx, l.Reader, owner, forge.CollectionRefUpdate)
+			if err != nil {
+				return nil, err
+			}
+			l.warnInvalid(bad)
+			pushes[owner] = ups
+		}
+		for _, u := range ups {
+			if u.Value.Repo != repo.URI.String() || u.Value.Deleted() {
+				continue
+			}
+			v := u.Value
+			snap.Events = append(snap.Events, Event{Kind: forge.KindPush, URI: u.URI, Repo: repo, Ref: v.Ref, Commit: v.New, Push: &v, Trusted: true})
+		}
+		if !l.Pulls {
+			continue
+		}
+		pulls, ok := pullsByHost[host]
+		if !ok {
+			if pulls, err = l.pullsOn(ctx, host); err != nil {
+				return nil, err
+			}
+			pullsByHost[host] = pulls
+		}
+		for _, p := range pulls {
+			if p.Value.Repo != repo.URI.String() || p.Value.State != forge.PullOpen {
+				continue
+			}
+			v := p.Value
+			snap.Events = append(snap.Events, Event{Kind: forge.KindPull, URI: p.URI, Repo: repo, Ref: "refs/heads/" + v.Base, Commit: v.Head.Commit, Pull: &v})
+		}
+	}
+	for h := range hosts {
+		snap.Hosts = append(snap.Hosts, h)
+	}
+	sort.Strings(snap.Hosts)
+	sort.SliceStable(snap.Events, func(i, j int) bool {
+		return snap.Events[i].URI.RecordKey().String() < snap.Events[j].URI.RecordKey().String()
+	})
+	return snap, nil
+}
+
+func (l *Lister) repos(ctx context.Context) ([]forge.Record[forge.Repo], error) {
+	seen := map[syntax.ATURI]bool{}
+	var out []forge.Record[forge.Repo]
+	for _, t := range l.Targets {
+		owner, err := l.resolve(ctx, t.Owner)
+		if err != nil {
+			return nil, fmt.Errorf("repo %s: %w", t, err)
+		}
+		uri := forge.RepoURI(owner, t.Name)
+		var repo forge.Repo
+		cid, err := l.Reader.Get(ctx, uri, &repo)
+		if err != nil {
+			l.Logger.Warn("watched repository unreadable", "repo", uri.String(), "err", err)
+			continue
+		}
+		if len(repo.Runners) > 0 && !repo.NamesRunner(l.Runner.String()) {
+			l.Logger.Warn("watched repository does not name this runner; skipped", "repo", uri.String())
+			continue
+		}
+		seen[uri] = true
+		out = append(out, forge.Record[forge.Repo]{URI: uri, CID: cid, Value: repo})
+	}
+	if !l.Discover {
+		return out, nil
+	}
+	for _, host := range l.DiscoverHosts {
+		dids, err := forge.ListRepos(ctx, l.Reader.HTTP, host)
+		if err != nil {
+			return nil, err
+		}
+		for _, did := range dids {
+			recs, bad, err := forge.List[forge.Repo](ctx, l.Reader, did, forge.CollectionRepo)
+			if err != nil {
+				l.Logger.Warn("list repositories", "did", did.String(), "err", err)
+				continue
+			}
+			l.warnInvalid(bad)
+			for _, r := range recs {
+				if seen[r.URI] || !r.Value.NamesRunner(l.Runner.String()) {
+					continue
+				}
+				seen[r.URI] = true
+				out = append(out, r)
+			}
+		}
+	}
+	return out, nil
+}
+
+// pullsOn lists the pulls of every account on host.
+func (l *Lister) pullsOn(ctx context.Context, host string) ([]forge.Record[forge.Pull], error) {
+	dids, err := forge.ListRepos(ctx, l.Reader.HTTP, host)
+	if err != nil {
+		return nil, err
+	}
+	var out []forge.Record[forge.Pull]
+	for _, did := range dids {
+		recs, bad, err := forge.List[forge.Pull](ctx, l.Reader, did, forge.CollectionPull)
+		if err != nil {
+			l.Logger.Warn("list pulls", "did", did.String(), "err", err)
+			continue
+		}
+		l.warnInvalid(bad)
+		out = append(out, recs...)
+	}
+	return out, nil
+}
+
+func (l *Lister) resolve(ctx context.Context, id syntax.AtIdentifier) (syntax.DID, error) {
+	if did, err := id.AsDID(); err == nil {
+		return did, nil
+	}
+	h, _ := id.AsHandle()
+	ident, err := l.Dir.LookupHandle(ctx, h)
+	if err != nil {
+		return "", fmt.Errorf("resolve handle %s: %w", h, err)
+	}
+	return ident.DID, nil
+}
+
+func (l *Lister) warnInvalid(bad []forge.Invalid) {
+	for _, b := range bad {
+		l.Logger.Warn("record does not match its lexicon; ignored", "uri", b.URI.String(), "err", b.Err)
+	}
+}
