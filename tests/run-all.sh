@@ -1,28 +1,44 @@
 #!/usr/bin/env bash
-# The whole test suite, as `make test` and CI run it: checks, then every
-# Go test with the real servers the integration tests need, each phase
-# timed. Everything it starts it stops, also on failure.
+# The whole test suite, as `make test` and CI run it: static checks, then
+# every Go test with the real servers the integration tests need (the
+# Kubernetes test cluster from tests/cluster), each phase timed. What it
+# starts it stops, also on failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root=$PWD
 
-phase_start=0
+phase_name="" phase_start=0
 phase() {
-  local now
-  now=$(date +%s)
-  if [ "$phase_start" != 0 ]; then
-    echo "=== phase done in $((now - phase_start))s"
-  fi
-  phase_start=$now
-  echo "=== $*"
+	local now
+	now=$(date +%s)
+	[[ -z $phase_name ]] || echo "=== $phase_name: $((now - phase_start))s"
+	phase_name=$1 phase_start=$now
+	[[ $phase_name == done ]] || echo "=== $phase_name"
 }
+
+cluster_up=0
+cleanup() {
+	local rc=$?
+	if ((cluster_up)); then
+		phase "cluster down"
+		"$root/tests/cluster/down" || rc=1
+	fi
+	phase done
+	exit "$rc"
+}
+trap cleanup EXIT
 
 phase "format and vet"
 bad=$(gofmt -l $(git ls-files '*.go') 2>/dev/null || true)
-if [ -n "$bad" ]; then
-  echo "gofmt would change:"; echo "$bad"; exit 1
+if [[ -n $bad ]]; then
+	echo "gofmt would change:"; echo "$bad"; exit 1
 fi
 go vet ./...
 
+phase "cluster up"
+cluster_up=1
+tests/cluster/up
+eval "$(tests/cluster/env)"
+
 phase "go test"
-go test -count=1 ./... 2>&1 | tee /tmp/knotless-go-test.log
-phase "done"
+go test -count=1 -timeout 25m ./...

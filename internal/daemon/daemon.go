@@ -64,6 +64,9 @@ type Config struct {
 
 	// Notify sends one sd_notify message (nil: not under systemd).
 	Notify func(state string)
+	// OnCheck, when set, is told of every check record written, after the
+	// write (tests and metrics).
+	OnCheck func(key string, c forge.Check)
 	// Watchdog is systemd's WatchdogSec (0: off).
 	Watchdog time.Duration
 	Logger   *slog.Logger

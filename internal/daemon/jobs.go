@@ -386,7 +386,9 @@ func (d *Daemon) runJob(ctx context.Context, j *job) {
 	d.status()
 	log.Info("run started", "run", j.runID)
 
-	res := d.execute(ctx, j)
+	dir := filepath.Join(d.cfg.CacheDir, "runs", j.runID)
+	defer os.RemoveAll(dir)
+	res := d.execute(ctx, j, dir)
 
 	d.mu.Lock()
 	delete(d.st.Runs, j.key)
@@ -415,9 +417,7 @@ func (d *Daemon) runJob(ctx context.Context, j *job) {
 }
 
 // execute exports the tree and runs the workflow on the engine.
-func (d *Daemon) execute(ctx context.Context, j *job) *run.Result {
-	dir := filepath.Join(d.cfg.CacheDir, "runs", j.runID)
-	defer os.RemoveAll(dir)
+func (d *Daemon) execute(ctx context.Context, j *job, dir string) *run.Result {
 	fail := func(err error) *run.Result {
 		now := time.Now().UTC()
 		return &run.Result{RunID: j.runID, Workflow: j.wf.Name, Status: run.Error, Error: err.Error(), StartedAt: now, FinishedAt: now,
@@ -472,6 +472,9 @@ func (d *Daemon) putCheck(ctx context.Context, key string, c forge.Check) error 
 	d.mu.Lock()
 	d.checks[key] = c
 	d.mu.Unlock()
+	if d.cfg.OnCheck != nil {
+		d.cfg.OnCheck(key, c)
+	}
 	return nil
 }
 

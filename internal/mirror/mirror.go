@@ -219,8 +219,7 @@ func (r *Repo) Export(ctx context.Context, treeish, dir string) error {
 	if _, err := runGit(ctx, env, "--git-dir", r.Dir, "read-tree", treeish); err != nil {
 		return fmt.Errorf("export %s: %w", treeish, err)
 	}
-	prefix := filepath.Clean(dir) + "/"
-	if _, err := runGit(ctx, env, "--git-dir", r.Dir, "checkout-index", "--all", "--force", "--prefix="+prefix); err != nil {
+	if _, err := runGit(ctx, env, "--git-dir", r.Dir, "--work-tree", filepath.Clean(dir), "checkout-index", "--all", "--force"); err != nil {
 		return fmt.Errorf("export %s: %w", treeish, err)
 	}
 	return nil

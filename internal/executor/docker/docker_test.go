@@ -595,3 +595,21 @@ func (w *watchWriter) Write(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
+
+// TestStepKillsItsLauncher: a step that kills the launcher waiting for
+// it cannot leave its processes behind: the executor's reaper runs after
+// a launcher that died of a signal.
+func TestStepKillsItsLauncher(t *testing.T) {
+	t.Parallel()
+	d := daemon.Get(t)
+	ex := newExecutor(t, d, runner(t), Config{})
+	s := startSession(t, ex, d.Image(), "killer1", executor.Resources{})
+	_, code := runStep(t, s, "1", "sh -c 'sleep 300; :' knotless-orphan-marker &\nkill -9 $PPID\nsleep 1\n")
+	if code != 137 {
+		t.Errorf("exit %d, want 137 (the launcher was killed)", code)
+	}
+	out, _ := runStep(t, s, "2", "grep -l 'knotless-orphan-marke[r]' /proc/[0-9]*/cmdline 2>/dev/null | while read f; do echo \"left: $f\"; done; echo checked\n")
+	if strings.Contains(out, "left:") || !strings.Contains(out, "checked") {
+		t.Errorf("after the step: %q, want no process of it", out)
+	}
+}

@@ -75,8 +75,10 @@ func (s *Session) Put(ctx context.Context, dir string, r io.Reader) error {
 		relayed <- err
 	}()
 	_, err := s.ex.cli.CopyToContainer(ctx, s.id, client.CopyToContainerOptions{DestinationPath: dir, Content: pr})
-	pr.CloseWithError(errors.New("copy to container ended"))
-	if rerr := <-relayed; rerr != nil {
+	pr.CloseWithError(errCopyEnded)
+	// The relay's own error (a refused entry, the size limit) says more
+	// than the request's; the request's says more than a relay cut off.
+	if rerr := <-relayed; rerr != nil && (err == nil || !errors.Is(rerr, errCopyEnded)) {
 		return fmt.Errorf("put %s: %w", dir, rerr)
 	}
 	if err != nil {
@@ -84,6 +86,8 @@ func (s *Session) Put(ctx context.Context, dir string, r io.Reader) error {
 	}
 	return nil
 }
+
+var errCopyEnded = errors.New("the copy into the container ended early")
 
 // Get implements executor.Session. The daemon's archive names the
 // directory itself as its top entry; Get renames every entry to be
@@ -162,7 +166,7 @@ func (s *Session) StartStep(ctx context.Context, id string, payload []byte) erro
 
 // follow owns a step's stream: it copies the output into the spool and
 // learns the exit status. The launcher has killed what the step left
-// before its exec ends.
+// before its exec ends, unless it was killed itself.
 func (s *Session) follow(st *step) {
 	defer close(st.done)
 	sw := &sidWriter{st: st, w: st.out}
@@ -175,6 +179,19 @@ func (s *Session) follow(st *step) {
 	ctx, cancel := s.untilStop()
 	defer cancel()
 	st.exit, st.err = s.exitOf(ctx, st.exec)
+	// A launcher that died of a signal (KillStep, or a step that killed
+	// it) or never told its session may not have cleaned up: the reaper
+	// does it from outside. The step's session has no live process now,
+	// so it goes whatever id is named.
+	if (st.err == nil && st.exit.Code >= 128 || st.sid <= 1) && !s.isStopped() {
+		sid := "none"
+		if st.sid > 1 {
+			sid = strconv.Itoa(st.sid)
+		}
+		if err := s.reap(ctx, sid); err != nil && st.err == nil {
+			st.err = fmt.Errorf("kill the processes the step left: %w", err)
+		}
+	}
 	_ = st.out.Close()
 }
 

@@ -128,7 +128,7 @@ func (s *Session) StartStep(ctx context.Context, id string, payload []byte) erro
 	}
 	started := make(chan struct{})
 	s.wg.Add(1)
-	go s.pump(id, st, payload, started)
+	go s.pump(id, st, "start", payload, started)
 	select {
 	case <-started:
 		return nil
@@ -165,10 +165,9 @@ func (s *Session) newStep(id string, offset int64) (*step, error) {
 // pump owns one step's streams: the launching exec, then follow execs
 // from the last byte received whenever a stream ends without the step's
 // exit line. It never reports success for a stream that merely ended.
-func (s *Session) pump(id string, st *step, payload []byte, started chan struct{}) {
+func (s *Session) pump(id string, st *step, mode string, payload []byte, started chan struct{}) {
 	defer s.wg.Done()
 	ctx := s.pumpCtx
-	mode := "start"
 	wait := reattachFirst
 	var lastErr error
 	for attempt := 0; ; attempt++ {
@@ -226,7 +225,7 @@ func (s *Session) FollowStep(ctx context.Context, id string, offset int64, out i
 			return executor.Exit{}, err
 		}
 		s.wg.Add(1)
-		go s.pump(id, st, nil, make(chan struct{}))
+		go s.pump(id, st, "follow", nil, make(chan struct{}))
 	}
 	if _, err := st.out.Follow(ctx, offset, out); err != nil {
 		return executor.Exit{}, err

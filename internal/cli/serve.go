@@ -1,0 +1,386 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/alecthomas/kong"
+	"github.com/bluesky-social/indigo/atproto/identity"
+	"github.com/bluesky-social/indigo/atproto/syntax"
+	sddaemon "github.com/coreos/go-systemd/v22/daemon"
+	"github.com/coreos/go-systemd/v22/journal"
+
+	"knotless.dev/run/internal/daemon"
+	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/ingest"
+)
+
+// ServeCmd is the runner daemon: `knotless-run serve --config FILE
+// [REPO…]`, also the default command.
+type ServeCmd struct {
+	Config ConfigFile `help:"JSON file of flag values, keyed by long flag name (e.g. \"stop-wait\": \"15m\"); flags on the command line win." placeholder:"FILE"`
+	Repos  []string   `arg:"" optional:"" name:"repo" help:"Repositories to watch: at://OWNER/dev.knotless.repo/NAME or OWNER/NAME (OWNER a DID or handle)."`
+
+	Executor    string        `help:"Where runs execute: kubernetes (kube is an alias), docker or shell." enum:"kubernetes,kube,docker,shell" default:"kubernetes"`
+	Image       string        `help:"Image for workflows that name none (pod executors)." default:"busybox:stable"`
+	ShellRoot   string        `help:"Directory for the shell executor's run directories (default: the system temporary directory)." placeholder:"DIR"`
+	DID         string        `name:"did" help:"The runner's DID (its atproto account)." placeholder:"DID"`
+	PDS         string        `name:"pds" help:"The runner's PDS URL (default: from its DID document)." placeholder:"URL"`
+	PLCURL      string        `name:"plc-url" help:"The did:plc directory to resolve DIDs with." default:"https://plc.directory" placeholder:"URL"`
+	Concurrency int           `help:"Runs at once; more wait as queued checks." default:"1"`
+	StopWait    time.Duration `help:"On SIGTERM, how long started runs may take to finish before they are released to the successor." default:"10m"`
+	StateDir    string        `help:"State directory: state.json and secrets-key.json." default:"/var/lib/knotless" placeholder:"DIR"`
+	CacheDir    string        `help:"Cache directory: git mirrors and run checkouts." default:"/var/cache/knotless" placeholder:"DIR"`
+	Pulls       bool          `help:"Run open pulls too (untrusted: no secrets)."`
+	Discover    bool          `help:"Also serve every repository whose record names this runner."`
+	Relay       string        `help:"Take events and discovery from this relay instead of the owners' PDSes." placeholder:"URL"`
+	Poll        time.Duration `help:"Reconcile by listing records this often." default:"1m"`
+
+	AppPasswordFile string `help:"File holding the runner's app password (default: $$CREDENTIALS_DIRECTORY/app-password). Never taken from the command line." placeholder:"FILE"`
+	SecretsFile     string `help:"Operator secrets, a JSON object of name to value; they take precedence over sealed records (default: $$CREDENTIALS_DIRECTORY/secrets if present)." placeholder:"FILE"`
+
+	KubeFlags `embed:""`
+}
+
+// ConfigFile is the --config flag: before the other flags are resolved
+// it adds a resolver reading the file's JSON object, keyed by long flag
+// name.
+type ConfigFile string
+
+// BeforeResolve reads the file and adds its resolver.
+func (c ConfigFile) BeforeResolve(kctx *kong.Context, trace *kong.Path) error {
+	name, _ := kctx.FlagValue(trace.Flag).(ConfigFile)
+	if name == "" {
+		return nil
+	}
+	r, err := configResolver(kctx, string(name))
+	if err != nil {
+		return err
+	}
+	kctx.AddResolver(r)
+	return nil
+}
+
+func configResolver(kctx *kong.Context, name string) (kong.Resolver, error) {
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return nil, fmt.Errorf("--config: %w", err)
+	}
+	var values map[string]any
+	if err := json.Unmarshal(b, &values); err != nil {
+		return nil, fmt.Errorf("--config %s: %w", name, err)
+	}
+	known := map[string]bool{}
+	for _, f := range kctx.Flags() {
+		known[f.Name] = true
+	}
+	var unknown []string
+	for k := range values {
+		if !known[k] || k == "config" || k == "help" {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		return nil, fmt.Errorf("--config %s: unknown keys %s (keys are long flag names)", name, strings.Join(unknown, ", "))
+	}
+	if _, ok := values["app-password"]; ok {
+		return nil, fmt.Errorf("--config %s: the app password is read from a file only (app-password-file)", name)
+	}
+	return kong.ResolverFunc(func(_ *kong.Context, _ *kong.Path, flag *kong.Flag) (any, error) {
+		v, ok := values[flag.Name]
+		if !ok {
+			return nil, nil
+		}
+		if m, isMap := v.(map[string]any); isMap {
+			// KEY=VALUE flags (node-selector) take a JSON object.
+			parts := make([]string, 0, len(m))
+			for k, x := range m {
+				parts = append(parts, fmt.Sprintf("%s=%v", k, x))
+			}
+			sort.Strings(parts)
+			return strings.Join(parts, ";"), nil
+		}
+		return v, nil
+	}), nil
+}
+
+// Run runs the daemon until SIGTERM or SIGINT, then hands over.
+func (c *ServeCmd) Run(ctx context.Context, env *Env) error {
+	log := env.Logger
+	if ok, _ := journal.StderrIsJournalStream(); ok && journal.Enabled() {
+		log = slog.New(newJournalHandler(minLevel(env.Logger)))
+	}
+	if c.DID == "" {
+		return errors.New("serve: --did (the runner's DID) is required")
+	}
+	runner, err := syntax.ParseDID(c.DID)
+	if err != nil {
+		return fmt.Errorf("--did %q: %w", c.DID, err)
+	}
+	var targets []ingest.Target
+	for _, r := range c.Repos {
+		t, err := ingest.ParseTarget(r)
+		if err != nil {
+			return err
+		}
+		targets = append(targets, t)
+	}
+	if len(targets) == 0 && !c.Discover {
+		return errors.New("serve: no repositories: name some (OWNER/NAME) or pass --discover")
+	}
+	password, err := c.readPassword(env)
+	if err != nil {
+		return err
+	}
+	secrets, err := c.readSecrets(env)
+	if err != nil {
+		return err
+	}
+	rc := RunCmd{Executor: c.Executor, ShellRoot: c.ShellRoot, Runner: runner.String(), Image: c.Image, KubeFlags: c.KubeFlags}
+	exec, err := rc.newExecutor(&Env{Stdin: env.Stdin, Stdout: env.Stdout, Stderr: env.Stderr, Getenv: env.Getenv, Logger: log})
+	if err != nil {
+		return err
+	}
+	watchdog, _ := sddaemon.SdWatchdogEnabled(false)
+	err = daemon.Run(ctx, daemon.Config{
+		Runner:       runner,
+		PDS:          c.PDS,
+		Password:     password,
+		Directory:    &identity.BaseDirectory{PLCURL: strings.TrimSuffix(c.PLCURL, "/"), TryAuthoritativeDNS: true},
+		Targets:      targets,
+		Discover:     c.Discover,
+		Pulls:        c.Pulls,
+		Relay:        c.Relay,
+		Firehose:     true,
+		Poll:         c.Poll,
+		Executor:     exec,
+		DefaultImage: c.Image,
+		Concurrency:  c.Concurrency,
+		StopWait:     c.StopWait,
+		StateDir:     c.StateDir,
+		CacheDir:     c.CacheDir,
+		Secrets:      secrets,
+		Notify:       func(s string) { _, _ = sddaemon.SdNotify(false, s) },
+		Watchdog:     watchdog,
+		Logger:       log,
+	})
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// readPassword reads the app password from --app-password-file, else
+// $CREDENTIALS_DIRECTORY/app-password. Without either, a session saved
+// in the state directory must do.
+func (c *ServeCmd) readPassword(env *Env) (string, error) {
+	name := c.AppPasswordFile
+	explicit := name != ""
+	if !explicit {
+		dir := env.Getenv("CREDENTIALS_DIRECTORY")
+		if dir == "" {
+			return "", nil
+		}
+		name = filepath.Join(dir, "app-password")
+	}
+	b, err := os.ReadFile(name)
+	if errors.Is(err, fs.ErrNotExist) && !explicit {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("--app-password-file: %w", err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+// readSecrets reads the operator secrets file: a JSON object of name to
+// value.
+func (c *ServeCmd) readSecrets(env *Env) (map[string]string, error) {
+	name := c.SecretsFile
+	explicit := name != ""
+	if !explicit {
+		dir := env.Getenv("CREDENTIALS_DIRECTORY")
+		if dir == "" {
+			return nil, nil
+		}
+		name = filepath.Join(dir, "secrets")
+	}
+	b, err := os.ReadFile(name)
+	if errors.Is(err, fs.ErrNotExist) && !explicit {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--secrets-file: %w", err)
+	}
+	var secrets map[string]string
+	if err := json.Unmarshal(b, &secrets); err != nil {
+		return nil, fmt.Errorf("--secrets-file %s: want a JSON object of name to string value: %w", name, err)
+	}
+	return secrets, nil
+}
+
+// SecretCmd groups the secret helpers.
+type SecretCmd struct {
+	Seal SecretSealCmd `cmd:"" help:"Seal a secret value to a runner's key and print the dev.knotless.secret record to write."`
+}
+
+// SecretSealCmd prints a sealed secret record. The value comes from
+// stdin, never from the command line.
+type SecretSealCmd struct {
+	Runner    string `help:"The runner's DID." required:"" placeholder:"DID"`
+	Key       string `help:"The runner's public sealing key (base64, from its secrets-key.json or its log at first start)." required:"" placeholder:"KEY"`
+	Repo      string `help:"The repository: at://OWNER/dev.knotless.repo/NAME." required:"" placeholder:"AT-URI"`
+	Name      string `help:"The secret's name as workflows grant it." required:"" placeholder:"NAME"`
+	ValueFile string `help:"Read the value from FILE instead of stdin." placeholder:"FILE"`
+}
+
+// Run seals the value and prints the record as JSON.
+func (c *SecretSealCmd) Run(env *Env) error {
+	if _, err := syntax.ParseDID(c.Runner); err != nil {
+		return fmt.Errorf("--runner: %w", err)
+	}
+	if _, err := ingest.ParseTarget(c.Repo); err != nil || !strings.HasPrefix(c.Repo, "at://") {
+		return fmt.Errorf("--repo %q: want at://OWNER/%s/NAME", c.Repo, forge.CollectionRepo)
+	}
+	pub, err := forge.DecodeKey(c.Key)
+	if err != nil {
+		return fmt.Errorf("--key: %w", err)
+	}
+	var value []byte
+	if c.ValueFile != "" {
+		value, err = os.ReadFile(c.ValueFile)
+	} else {
+		value, err = readAll(env)
+	}
+	if err != nil {
+		return fmt.Errorf("read the value: %w", err)
+	}
+	value = []byte(strings.TrimSuffix(string(value), "\n"))
+	if len(value) == 0 {
+		return errors.New("the value is empty")
+	}
+	sealed, err := forge.Seal(pub, value)
+	if err != nil {
+		return err
+	}
+	rec := forge.Secret{Type: forge.CollectionSecret, Repo: c.Repo, Name: c.Name, Runner: c.Runner, Key: c.Key,
+		Scope: forge.ScopePush, Sealed: sealed, CreatedAt: forge.Now()}
+	cat, err := forge.NewCatalog()
+	if err != nil {
+		return err
+	}
+	if _, err := cat.Encode(forge.CollectionSecret, rec); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(rec, "", "  ")
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "%s\n", b)
+	return nil
+}
+
+func readAll(env *Env) ([]byte, error) {
+	if env.Stdin == nil {
+		return nil, errors.New("no stdin")
+	}
+	return io.ReadAll(io.LimitReader(env.Stdin, 64<<10))
+}
+
+// journalHandler is an slog.Handler writing structured entries to the
+// journal, used when stderr is the journal's stream.
+type journalHandler struct {
+	level  slog.Level
+	attrs  []slog.Attr
+	prefix string
+}
+
+func newJournalHandler(level slog.Level) *journalHandler { return &journalHandler{level: level} }
+
+func (h *journalHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= h.level }
+
+func (h *journalHandler) Handle(_ context.Context, r slog.Record) error {
+	vars := map[string]string{"SYSLOG_IDENTIFIER": "knotless-run"}
+	var add func(prefix string, a slog.Attr)
+	add = func(prefix string, a slog.Attr) {
+		if a.Value.Kind() == slog.KindGroup {
+			for _, g := range a.Value.Group() {
+				add(prefix+a.Key+"_", g)
+			}
+			return
+		}
+		vars[journalField(prefix+a.Key)] = a.Value.String()
+	}
+	for _, a := range h.attrs {
+		add("", a)
+	}
+	r.Attrs(func(a slog.Attr) bool { add(h.prefix, a); return true })
+	return journal.Send(r.Message, journalPriority(r.Level), vars)
+}
+
+func (h *journalHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	c := *h
+	for _, a := range attrs {
+		a.Key = h.prefix + a.Key
+		c.attrs = append(append([]slog.Attr(nil), c.attrs...), a)
+	}
+	return &c
+}
+
+func (h *journalHandler) WithGroup(name string) slog.Handler {
+	c := *h
+	c.prefix = h.prefix + name + "_"
+	return &c
+}
+
+func journalPriority(l slog.Level) journal.Priority {
+	switch {
+	case l >= slog.LevelError:
+		return journal.PriErr
+	case l >= slog.LevelWarn:
+		return journal.PriWarning
+	case l >= slog.LevelInfo:
+		return journal.PriInfo
+	default:
+		return journal.PriDebug
+	}
+}
+
+// journalField makes a journal field name: upper case letters, digits
+// and underscores, not starting with an underscore.
+func journalField(k string) string {
+	var b strings.Builder
+	for _, r := range strings.ToUpper(k) {
+		if (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9') {
+			b.WriteRune(r)
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	s := strings.TrimLeft(b.String(), "_")
+	if s == "" || (s[0] >= '0' && s[0] <= '9') {
+		s = "F_" + s
+	}
+	return s
+}
+
+// minLevel finds the lowest level the logger writes.
+func minLevel(l *slog.Logger) slog.Level {
+	for _, lvl := range []slog.Level{slog.LevelDebug, slog.LevelInfo, slog.LevelWarn} {
+		if l.Enabled(context.Background(), lvl) {
+			return lvl
+		}
+	}
+	return slog.LevelError
+}

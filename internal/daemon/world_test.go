@@ -1,0 +1,283 @@
+package daemon_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/syntax"
+
+	"knotless.dev/run/internal/daemon"
+	"knotless.dev/run/internal/executor/shell"
+	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/tests/pds"
+)
+
+// pixel is a 1x1 PNG.
+const pixel = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+
+// world is one owner with one repository (a real local git repository
+// served as file://), one runner account, and a reader.
+type world struct {
+	t         *testing.T
+	owner     *pds.Account
+	runner    *pds.Account
+	password  string
+	repoURI   syntax.ATURI
+	src       string
+	stateDir  string
+	cacheDir  string
+	shellRoot string
+	reader    *forge.Reader
+	checkLog  *checkLog
+	logs      *bytes.Buffer
+	logsMu    sync.Mutex
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	needPDS(t)
+	ctx := context.Background()
+	owner, err := srv.CreateAccount(ctx, "owner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runner, err := srv.CreateAccount(ctx, "runner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	password, err := runner.AppPassword(ctx, "knotless-run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cat, err := forge.NewCatalog()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &world{
+		t: t, owner: owner, runner: runner, password: password,
+		src:       t.TempDir(),
+		stateDir:  t.TempDir(),
+		cacheDir:  t.TempDir(),
+		shellRoot: t.TempDir(),
+		reader:    &forge.Reader{Dir: srv.Directory(), Catalog: cat},
+		checkLog:  &checkLog{},
+		logs:      &bytes.Buffer{},
+	}
+	w.git("init", "--quiet", "--initial-branch=main")
+	w.repoURI = forge.RepoURI(owner.DID, "hello")
+	w.put(owner, forge.CollectionRepo, "hello", forge.Repo{
+		Type: forge.CollectionRepo, Name: "hello", Source: "file://" + w.src, DefaultBranch: "main",
+		Runners: []string{runner.DID.String()}, CreatedAt: forge.Now(),
+	})
+	return w
+}
+
+func (w *world) git(args ...string) string {
+	w.t.Helper()
+	cmd := exec.Command("git", args...)
+	cmd.Dir = w.src
+	cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		w.t.Fatalf("git %v: %v\n%s", args, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// commit writes files on branch and commits them, returning the commit.
+func (w *world) commit(branch string, files map[string]string) string {
+	w.t.Helper()
+	if cur := w.git("symbolic-ref", "--short", "HEAD"); cur != branch {
+		if strings.Contains(w.git("branch", "--list", branch), branch) {
+			w.git("checkout", "--quiet", branch)
+		} else {
+			w.git("checkout", "--quiet", "-b", branch)
+		}
+	}
+	for name, content := range files {
+		p := filepath.Join(w.src, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			w.t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			w.t.Fatal(err)
+		}
+	}
+	w.git("add", "-A")
+	w.git("commit", "--quiet", "--allow-empty", "-m", "change")
+	return w.git("rev-parse", "HEAD")
+}
+
+// push commits files on main and writes the refUpdate.
+func (w *world) push(files map[string]string) (syntax.ATURI, string) {
+	w.t.Helper()
+	old := ""
+	if out, err := exec.Command("git", "-C", w.src, "rev-parse", "--verify", "--quiet", "refs/heads/main").Output(); err == nil {
+		old = strings.TrimSpace(string(out))
+	}
+	commit := w.commit("main", files)
+	uri := w.put(w.owner, forge.CollectionRefUpdate, "", forge.RefUpdate{
+		Type: forge.CollectionRefUpdate, Repo: w.repoURI.String(), Ref: "refs/heads/main", Old: old, New: commit, CreatedAt: forge.Now(),
+	})
+	return uri, commit
+}
+
+func (w *world) put(a *pds.Account, collection, rkey string, v any) syntax.ATURI {
+	w.t.Helper()
+	uri, err := a.Put(context.Background(), collection, rkey, v)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return uri
+}
+
+func (w *world) config(mod ...func(*daemon.Config)) daemon.Config {
+	log := slog.New(slog.NewTextHandler(lockedWriter{w}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	cfg := daemon.Config{
+		Runner:      w.runner.DID,
+		PDS:         srv.URL,
+		Password:    w.password,
+		Directory:   srv.Directory(),
+		Targets:     []ingest.Target{{Owner: syntax.AtIdentifier(w.owner.DID), Name: "hello"}},
+		Poll:        300 * time.Millisecond,
+		Executor:    shell.New(shell.Config{Root: w.shellRoot}),
+		Concurrency: 1,
+		StopWait:    time.Minute,
+		StateDir:    w.stateDir,
+		CacheDir:    w.cacheDir,
+		OnCheck:     w.checkLog.add,
+		Logger:      log,
+	}
+	for _, m := range mod {
+		m(&cfg)
+	}
+	return cfg
+}
+
+type lockedWriter struct{ w *world }
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.w.logsMu.Lock()
+	defer l.w.logsMu.Unlock()
+	return l.w.logs.Write(p)
+}
+
+func (w *world) logText() string {
+	w.logsMu.Lock()
+	defer w.logsMu.Unlock()
+	return w.logs.String()
+}
+
+// start runs the daemon until the returned stop is called.
+func (w *world) start(cfg daemon.Config) (stop func() error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- daemon.Run(ctx, cfg) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			err = <-done
+		})
+		return err
+	}
+	w.t.Cleanup(func() {
+		if err := stop(); err != nil {
+			w.t.Errorf("daemon: %v", err)
+		}
+		if w.t.Failed() {
+			w.t.Logf("daemon log:\n%s", w.logText())
+		}
+	})
+	return stop
+}
+
+// checkLog records every check write, in order.
+type checkLog struct {
+	mu     sync.Mutex
+	writes []checkWrite
+}
+
+type checkWrite struct {
+	key   string
+	check forge.Check
+}
+
+func (c *checkLog) add(key string, ch forge.Check) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.writes = append(c.writes, checkWrite{key, ch})
+}
+
+// statuses lists the statuses written for workflow on commit, in order.
+func (c *checkLog) statuses(workflow, commit string) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, w := range c.writes {
+		if w.check.Workflow == workflow && w.check.Subject.Commit == commit {
+			out = append(out, w.check.Status)
+		}
+	}
+	return out
+}
+
+// waitFinal waits for a final check of workflow on commit in the
+// runner's repo on the PDS, and returns it.
+func (w *world) waitFinal(workflow, commit string, timeout time.Duration) (string, forge.Check) {
+	w.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		recs := w.checks()
+		for _, r := range recs {
+			if r.Value.Workflow == workflow && r.Value.Subject.Commit == commit && r.Value.Final() {
+				return r.URI.RecordKey().String(), r.Value
+			}
+		}
+		if time.Now().After(deadline) {
+			w.t.Fatalf("no final check of %s on %s after %s; checks: %+v\nlog:\n%s", workflow, commit, timeout, recs, w.logText())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// checks lists the runner's check records on the PDS.
+func (w *world) checks() []forge.Record[forge.Check] {
+	w.t.Helper()
+	recs, bad, err := forge.List[forge.Check](context.Background(), w.reader, w.runner.DID, forge.CollectionCheck)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	if len(bad) > 0 {
+		w.t.Fatalf("invalid check records: %v", bad)
+	}
+	return recs
+}
+
+// blob downloads a blob of the runner.
+func (w *world) blob(cid string) []byte {
+	w.t.Helper()
+	b, err := w.reader.GetBlob(context.Background(), w.runner.DID, cid)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return b
+}
+
+func workflowFile(body string) string { return strings.TrimLeft(body, "\n") }
+
+var imageStep = fmt.Sprintf(`echo %s | base64 -d > "$KNOTLESS_RUN_OUTPUTS/pixel.png"`, pixel)
+
+var _ = base64.StdEncoding
