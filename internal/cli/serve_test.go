@@ -183,8 +183,8 @@ func TestServeHandover(t *testing.T) {
 	src := t.TempDir()
 	marker := filepath.Join(t.TempDir(), "slow-started")
 	gitRun(t, src, "init", "--quiet", "--initial-branch=main")
-	writeFile(t, filepath.Join(src, ".knotless/workflows/slow.yaml"), "on: [push]\nsteps:\n  - name: slow\n    run: touch "+marker+"; sleep 4; echo slow done\n")
-	writeFile(t, filepath.Join(src, ".knotless/workflows/quick.yaml"), "on: [push]\nsteps:\n  - name: quick\n    run: echo quick done\n")
+	writeFile(t, filepath.Join(src, ".knotless/workflows/build.yaml"), "on: [push]\nsteps:\n  - name: slow\n    run: touch "+marker+"; sleep 4; echo slow done\n")
+	writeFile(t, filepath.Join(src, ".knotless/workflows/report.yaml"), "on: [push]\nsteps:\n  - name: quick\n    run: echo quick done\n")
 	gitRun(t, src, "add", "-A")
 	gitRun(t, src, "commit", "--quiet", "-m", "workflows")
 	commit := gitRun(t, src, "rev-parse", "HEAD")
@@ -261,15 +261,15 @@ func TestServeHandover(t *testing.T) {
 		return out
 	}
 	got := checks()
-	if got["slow"].Status != "success" || got["quick"].Status != "queued" {
-		t.Fatalf("after the first process: slow %s, quick %s; want success, queued (released)\n%s", got["slow"].Status, got["quick"].Status, logs1.String())
+	if got["build"].Status != "success" || got["report"].Status != "queued" {
+		t.Fatalf("after the first process: build %s, report %s; want success, queued (released)\n%s", got["build"].Status, got["report"].Status, logs1.String())
 	}
 
 	second, logs2 := start()
-	waitFor(t, 90*time.Second, func() bool { return checks()["quick"].Status == "success" }, func() string { return logs2.String() })
+	waitFor(t, 90*time.Second, func() bool { return checks()["report"].Status == "success" }, func() string { return logs2.String() })
 	_ = second.Process.Signal(syscall.SIGTERM)
 	_ = second.Wait()
-	if got := checks(); len(got) != 2 || got["slow"].Status != "success" {
+	if got := checks(); len(got) != 2 || got["build"].Status != "success" {
 		t.Errorf("after the second process: %+v", got)
 	}
 }
@@ -360,4 +360,3 @@ func writeFile(t *testing.T, name, content string) {
 		t.Fatal(err)
 	}
 }
-

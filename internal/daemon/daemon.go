@@ -113,7 +113,10 @@ type Daemon struct {
 	queue    []*job
 	running  map[string]*job
 	draining bool
-	workCond chan struct{} // closed and replaced when the queue changes
+	// hosts are the PDSes of the watched repositories' owners.
+	hosts        []string
+	cursorsDirty bool
+	workCond     chan struct{} // closed and replaced when the queue changes
 }
 
 // ErrStateCorrupt wraps a state file that stops the start.

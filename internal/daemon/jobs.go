@@ -52,6 +52,9 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 		return err
 	}
 	d.noteRepos(snap)
+	d.mu.Lock()
+	d.hosts = snap.Hosts
+	d.mu.Unlock()
 	for _, ev := range snap.Events {
 		if ctx.Err() != nil {
 			return ctx.Err()

@@ -249,3 +249,29 @@ func TestCorruptState(t *testing.T) {
 		t.Errorf("state file was rewritten: %q", b)
 	}
 }
+
+// TestFirehoseWakes: with listing only every hour, a push written while
+// the runner runs is seen through the PDS's event stream.
+func TestFirehoseWakes(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.start(w.config(func(c *daemon.Config) {
+		c.Poll = time.Hour
+		c.Firehose = true
+	}))
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(w.logText(), "following events") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no event subscription\n%s", w.logText())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	_, commit := w.push(map[string]string{".knotless/workflows/build.yaml": "on: [push]\nsteps:\n  - name: build\n    run: echo built\n"})
+	_, got := w.waitFinal("build", commit, 60*time.Second)
+	if got.Status != "success" {
+		t.Fatalf("got %s", got.Status)
+	}
+	if !strings.Contains(w.logText(), "records changed") {
+		t.Errorf("the run was not woken by an event")
+	}
+}
