@@ -35,6 +35,9 @@ if [[ -n $bad ]]; then
 fi
 go vet ./...
 
+phase "test PDS packages (npm ci, cached by lockfile)"
+bash tests/pds/install.sh
+
 phase "cluster up"
 cluster_up=1
 tests/cluster/up
