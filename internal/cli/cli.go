@@ -16,6 +16,7 @@ import (
 	"github.com/alecthomas/kong"
 	charmlog "github.com/charmbracelet/log"
 	"golang.org/x/term"
+	"k8s.io/klog/v2"
 
 	"knotless.dev/run/internal/version"
 )
@@ -86,6 +87,8 @@ func Main(ctx context.Context, args []string, env Env) (code int) {
 		return ExitError
 	}
 	env.Logger = newLogger(env.Stderr, cli.LogFormat, cli.LogLevel)
+	// client-go logs through klog; send it where everything else goes.
+	klog.SetSlogLogger(env.Logger.With("component", "client-go"))
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	kctx.BindTo(ctx, (*context.Context)(nil))

@@ -127,15 +127,10 @@ func (r *runState) execute(ctx context.Context) {
 		return
 	}
 
-	runCtx := ctx
-	if wf.Timeout > 0 {
-		var cancel context.CancelFunc
-		runCtx, cancel = context.WithTimeout(ctx, wf.Timeout)
-		defer cancel()
-	}
-
 	r.logf("knotless-run: workflow %s, run %s, executor %s", wf.Name, r.req.RunID, r.eng.cfg.Executor.Name())
-	sess, err := r.eng.cfg.Executor.Start(runCtx, r.spec())
+	// Waiting for a node is bounded by the executor (a scale-up may take
+	// minutes); the workflow's timeout starts once the session is there.
+	sess, err := r.eng.cfg.Executor.Start(ctx, r.spec())
 	if err != nil {
 		r.fail(r.faultStatus(ctx), "", fmt.Errorf("start session: %w", err))
 		return
@@ -143,6 +138,12 @@ func (r *runState) execute(ctx context.Context) {
 	r.log.Info("session started", "session", sess.Ref().String())
 	defer r.stop(ctx, sess)
 
+	runCtx := ctx
+	if wf.Timeout > 0 {
+		var cancel context.CancelFunc
+		runCtx, cancel = context.WithTimeout(ctx, wf.Timeout)
+		defer cancel()
+	}
 	dirs := sess.Dirs()
 	if err := r.putCheckout(runCtx, sess, dirs); err != nil {
 		r.fail(r.faultStatus(ctx), "", err)
@@ -335,12 +336,14 @@ func (r *runState) runStep(ctx, runCtx context.Context, sess executor.Session, d
 		defer cancel()
 	}
 	id := strconv.Itoa(i + 1)
-	if err := sess.StartStep(stepCtx, id, []byte(text)); err != nil {
-		return executor.Exit{}, fmt.Errorf("start step %s: %w", s.Name, err)
-	}
-	exit, err := sess.FollowStep(stepCtx, id, 0, r.out)
+	exit, err := executor.Exit{}, sess.StartStep(stepCtx, id, []byte(text))
 	if err == nil {
-		return exit, nil
+		exit, err = sess.FollowStep(stepCtx, id, 0, r.out)
+		if err == nil {
+			return exit, nil
+		}
+	} else if stepCtx.Err() == nil {
+		return executor.Exit{}, fmt.Errorf("start step %s: %w", s.Name, err)
 	}
 	if stepCtx.Err() != nil {
 		killCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.eng.cfg.CleanupTimeout)

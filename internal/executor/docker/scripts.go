@@ -49,13 +49,16 @@ reap() {
 // its stdout, runs `sh -s`, which reads the payload from stdin, and when
 // that shell has ended kills everything the step left, then exits with
 // the shell's status. So a step's exec ends only when nothing of the
-// step is left, and nothing holds its output open.
-const launcher = reapFuncs + `s=$$
+// step is left, and nothing holds its output open. Its stderr goes to
+// its stdout: one pipe keeps the order in which the step wrote, which
+// the daemon's two streams would not.
+const launcher = reapFuncs + `exec 2>&1
+s=$$
 stat $$ && s=$sid
 echo "` + sidMarker + ` $s"
 sh -s
 rc=$?
-reap "$s" || echo "knotless-run: processes of the step survive SIGKILL" >&2
+reap "$s" || echo "knotless-run: processes of the step survive SIGKILL"
 exit "$rc"`
 
 // sidMarker starts the launcher's first line.

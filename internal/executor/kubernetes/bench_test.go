@@ -60,7 +60,7 @@ func BenchmarkStepOverhead(b *testing.B) {
 	var bare, step time.Duration
 	for i := 0; b.Loop(); i++ {
 		t0 := time.Now()
-		if code, err := s.exec(ctx, []string{"true"}, streams{}); err != nil || code != 0 {
+		if code, err := s.exec(ctx, []string{"true"}, streams{stdout: io.Discard}); err != nil || code != 0 {
 			b.Fatalf("bare exec: %d %v", code, err)
 		}
 		t1 := time.Now()

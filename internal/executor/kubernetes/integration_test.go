@@ -244,7 +244,7 @@ func TestFailureMatrix(t *testing.T) {
 					t.Error(err)
 				}
 			},
-			wantStatus: run.Error, wantError: "follow step long",
+			wantStatus: run.Error, wantError: "was deleted while the step ran",
 		},
 	}
 	for _, tt := range tests {
@@ -279,7 +279,7 @@ func waitForLog(t *testing.T, c *clustertest.Cluster, runID string) {
 	if _, err := c.WaitForPod(ctx, c.Namespace, kubernetes.LabelRun+"="+runID, clustertest.PodReady); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2 * time.Second)
+	time.Sleep(4 * time.Second)
 }
 
 // A runner without the right to create NetworkPolicies stops the run with

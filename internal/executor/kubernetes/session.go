@@ -187,6 +187,10 @@ func (s *Session) pump(id string, st *step, mode string, payload []byte, started
 			st.err = fmt.Errorf("%w: the step's status file is missing and its supervisor is gone", executor.ErrExitUnknown)
 			break
 		}
+		if gone := s.jobGone(ctx); gone != nil {
+			st.err = gone
+			break
+		}
 		if mode == "start" && !ctrl.hasStarted() {
 			st.err = fmt.Errorf("launch in pod %s: %v", s.pod, orElse(err, "the launcher ended before starting the step"))
 			break
@@ -210,6 +214,30 @@ func (s *Session) pump(id string, st *step, mode string, payload []byte, started
 	}
 	_ = st.out.Close()
 	close(st.done)
+}
+
+// jobGone returns an error saying so when the run's Job or pod has been
+// deleted: no reattach can help then.
+func (s *Session) jobGone(ctx context.Context) error {
+	_, cs, _, err := s.ex.clients.get()
+	if err != nil {
+		return nil
+	}
+	job, err := cs.BatchV1().Jobs(s.ref.Namespace).Get(ctx, s.ref.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return fmt.Errorf("job %s/%s was deleted while the step ran", s.ref.Namespace, s.ref.Name)
+	case err == nil && job.DeletionTimestamp != nil:
+		return fmt.Errorf("job %s/%s is being deleted while the step ran", s.ref.Namespace, s.ref.Name)
+	}
+	pod, err := cs.CoreV1().Pods(s.ref.Namespace).Get(ctx, s.pod, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return fmt.Errorf("pod %s/%s was deleted while the step ran", s.ref.Namespace, s.pod)
+	case err == nil && pod.DeletionTimestamp != nil:
+		return fmt.Errorf("pod %s/%s is being deleted while the step ran", s.ref.Namespace, s.pod)
+	}
+	return nil
 }
 
 // FollowStep implements executor.Session.
@@ -297,11 +325,14 @@ func (s *Session) deleteJob(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("watch pods of job %s: %w", s.ref.Name, err)
 		}
-		for range w.ResultChan() {
+		// Any change may be the last pod going: list again.
+		select {
+		case <-w.ResultChan():
+		case <-ctx.Done():
 		}
 		w.Stop()
 		if ctx.Err() != nil {
-			return fmt.Errorf("pods of job %s still there after %s", s.ref.Name, deleteWait)
+			return fmt.Errorf("pods of job %s still there after deleting it: %w", s.ref.Name, ctx.Err())
 		}
 	}
 }

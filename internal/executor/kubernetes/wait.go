@@ -50,7 +50,7 @@ func (e *Executor) waitForPod(ctx context.Context, cs kubernetes.Interface, job 
 	defer cancel()
 	w := &podWaiter{cs: cs, job: job, log: log, grace: e.cfg.PullGrace, started: time.Now()}
 	name, err := w.wait(ctx)
-	if err != nil && errors.Is(err, context.DeadlineExceeded) {
+	if err != nil && errors.Is(err, context.DeadlineExceeded) && time.Since(w.started) >= e.cfg.ScheduleTimeout {
 		reason := w.lastReason
 		if reason == "" {
 			reason = "no reason given"
