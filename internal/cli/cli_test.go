@@ -24,7 +24,12 @@ func runCLI(t *testing.T, env map[string]string, args ...string) result {
 	var stdout, stderr bytes.Buffer
 	code := Main(context.Background(), args, Env{
 		Stdin: strings.NewReader(""), Stdout: &stdout, Stderr: &stderr,
-		Getenv: func(k string) string { return env[k] },
+		Getenv: func(k string) string {
+			if v, ok := env[k]; ok || k != "PATH" {
+				return v
+			}
+			return os.Getenv("PATH") // steps find their tools where the tests do
+		},
 	})
 	return result{code, stdout.String(), stderr.String()}
 }

@@ -50,8 +50,8 @@ type Options struct {
 
 // Check is one access question and its answer.
 type Check struct {
-	Verb, Resource, Subresource string
-	Want, Got                   bool
+	Verb, Group, Resource, Subresource string
+	Want, Got                          bool
 }
 
 func (c Check) String() string {
@@ -65,9 +65,9 @@ func (c Check) String() string {
 // Checks are the questions a fresh credential must answer right.
 func Checks() []Check {
 	return []Check{
-		{Verb: "create", Resource: "jobs", Want: true},
+		{Verb: "create", Group: "batch", Resource: "jobs", Want: true},
 		{Verb: "create", Resource: "pods", Subresource: "exec", Want: true},
-		{Verb: "create", Resource: "networkpolicies", Want: true},
+		{Verb: "create", Group: "networking.k8s.io", Resource: "networkpolicies", Want: true},
 		{Verb: "get", Resource: "nodes", Want: false},
 		{Verb: "get", Resource: "secrets", Want: false},
 	}
@@ -189,7 +189,7 @@ func Verify(ctx context.Context, cfg *rest.Config, ns string) ([]Check, error) {
 	var wrong []string
 	for i, c := range checks {
 		review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
-			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: ns, Verb: c.Verb, Resource: c.Resource, Subresource: c.Subresource},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: ns, Verb: c.Verb, Group: c.Group, Resource: c.Resource, Subresource: c.Subresource},
 		}}
 		if c.Resource == "nodes" {
 			review.Spec.ResourceAttributes.Namespace = ""

@@ -31,6 +31,9 @@ type Config struct {
 	// Root holds one directory per run; it defaults to the system's
 	// temporary directory.
 	Root string
+	// Path is the PATH steps get; empty means a conventional one. It is
+	// the only thing of the runner's environment a step sees.
+	Path string
 	// Limits bound every transfer.
 	Limits tarstream.Limits
 	Logger *slog.Logger
@@ -48,6 +51,9 @@ func New(cfg Config) *Executor {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Path == "" {
+		cfg.Path = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 	}
 	return &Executor{cfg: cfg}
 }
@@ -73,6 +79,7 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 	s := &Session{
 		ref:   executor.Ref{Executor: Name, RunID: spec.RunID, Name: root},
 		root:  root,
+		path:  e.cfg.Path,
 		keep:  spec.Keep,
 		lim:   e.cfg.Limits,
 		steps: map[string]*process{},
@@ -125,6 +132,7 @@ func kept(dirName string, keep []string) bool {
 type Session struct {
 	ref  executor.Ref
 	root string
+	path string
 	dirs executor.Dirs
 	keep bool
 	lim  tarstream.Limits
@@ -193,7 +201,7 @@ func (s *Session) StartStep(ctx context.Context, id string, payload []byte) erro
 	cmd := exec.Command("/bin/sh", "-s")
 	cmd.Dir = s.dirs.Work
 	cmd.Env = []string{
-		"PATH=/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin",
+		"PATH=" + s.path,
 		"HOME=" + filepath.Join(s.root, "home"),
 		"TMPDIR=" + filepath.Join(s.root, "tmp"),
 		"LANG=C.UTF-8",

@@ -1,6 +1,7 @@
 package shell_test
 
 import (
+	"os"
 	"testing"
 
 	"knotless.dev/run/internal/executor"
@@ -11,7 +12,7 @@ import (
 func TestConformance(t *testing.T) {
 	conformance.Run(t, conformance.Harness{
 		New: func(t *testing.T) executor.Executor {
-			return shell.New(shell.Config{Root: t.TempDir()})
+			return shell.New(shell.Config{Root: t.TempDir(), Path: os.Getenv("PATH")})
 		},
 		// The shell executor's session is its run directory; the run
 		// directory's parent is the test's own root.
