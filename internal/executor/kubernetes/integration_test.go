@@ -22,6 +22,7 @@ import (
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/conformance"
 	"knotless.dev/run/internal/executor/kubernetes"
+	"knotless.dev/run/internal/kubecred"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/workflow"
 	"knotless.dev/run/tests/clustertest"
@@ -394,4 +395,34 @@ func TestStreamCutMidStep(t *testing.T) {
 		t.Errorf("output lost or repeated across the cut:\n%s", log)
 	}
 	assertNothingLeft(t, c)
+}
+
+// Credentials that stop working mid-run (the token is revoked) end the
+// run with an error that names the refusal; the Job's active deadline
+// lets the cluster reap what the runner can no longer delete.
+func TestTokenRevokedMidRun(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t)
+	kubeconfig := scopedKubeconfig(t, c, kubecred.Rules())
+	ex := newExecutor(t, c, func(cfg *kubernetes.Config) { cfg.Credentials.Kubeconfig = kubeconfig })
+	runID := randomID("rev")
+	done := make(chan *run.Result, 1)
+	go func() {
+		done <- engine(ex, c.Image).Run(context.Background(), run.Request{
+			RunID: runID, Workflow: parse(t, "on: push\ntimeout: 2m\nsteps:\n  - {name: a, run: 'sleep 6'}\n  - {name: b, run: 'echo b'}\n"),
+			Checkout: t.TempDir(), Trusted: true,
+		})
+	}()
+	waitForLog(t, c, runID)
+	if err := c.RevokeToken(context.Background(), c.Namespace, "runner"); err != nil {
+		t.Fatal(err)
+	}
+	res := <-done
+	if res.Status != run.Error || !strings.Contains(res.Error, "Unauthorized") {
+		t.Errorf("status %s (%s), want an error naming the refused credentials\nlog:\n%s", res.Status, res.Error, res.Log)
+	}
+	job, err := c.Clientset.BatchV1().Jobs(c.Namespace).Get(context.Background(), kubernetes.JobName(runID), metav1.GetOptions{})
+	if err == nil && (job.Spec.ActiveDeadlineSeconds == nil || *job.Spec.ActiveDeadlineSeconds > int64((2*time.Minute+15*time.Minute)/time.Second)) {
+		t.Errorf("a Job the runner cannot delete has no bounded deadline: %v", job.Spec.ActiveDeadlineSeconds)
+	}
 }
