@@ -38,6 +38,9 @@ go vet ./...
 phase "test PDS packages (npm ci, cached by lockfile)"
 bash tests/pds/install.sh
 
+phase "docker packages for the private test dockerd"
+sh tests/dockerd/install
+
 phase "cluster up"
 cluster_up=1
 tests/cluster/up

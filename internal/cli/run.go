@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/executor/docker"
 	"knotless.dev/run/internal/executor/shell"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/workflow"
@@ -37,7 +38,8 @@ type RunCmd struct {
 	ShellRoot string   `help:"Directory that holds the shell executor's run directories (default: the system temporary directory)." placeholder:"DIR"`
 	Runner    string   `help:"The runner's DID: labels every object a run makes." default:"did:web:localhost"`
 
-	KubeFlags `embed:""`
+	KubeFlags   `embed:""`
+	DockerFlags `embed:""`
 }
 
 // Run runs the workflow and exits with the run's status.
@@ -180,8 +182,8 @@ func (c *RunCmd) newExecutor(env *Env) (executor.Executor, error) {
 		return shell.New(shell.Config{Root: c.ShellRoot, Path: env.Getenv("PATH"), Logger: env.Logger.With("component", "executor", "executor", shell.Name)}), nil
 	case "kubernetes", "kube":
 		return c.newKubernetes(env, c.Runner, c.Image, env.Logger.With("component", "executor", "executor", "kubernetes"))
-	case "docker":
-		return nil, fmt.Errorf("--executor %s: %w in this build; choose --executor shell or kubernetes explicitly", c.Executor, executor.ErrNotImplemented)
+	case docker.Name:
+		return c.newDocker(env, c.Runner, env.Logger.With("component", "executor", "executor", docker.Name))
 	}
 	return nil, fmt.Errorf("--executor %s: unknown executor", c.Executor)
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
@@ -612,5 +613,22 @@ func TestStepKillsItsLauncher(t *testing.T) {
 	out, _ := runStep(t, s, "2", "grep -l 'knotless-orphan-marke[r]' /proc/[0-9]*/cmdline 2>/dev/null | while read f; do echo \"left: $f\"; done; echo checked\n")
 	if strings.Contains(out, "left:") || !strings.Contains(out, "checked") {
 		t.Errorf("after the step: %q, want no process of it", out)
+	}
+}
+
+// TestOutputOrder: a step's stdout and stderr reach the log in the order
+// the step wrote them, as one pipe would give them.
+func TestOutputOrder(t *testing.T) {
+	t.Parallel()
+	d := daemon.Get(t)
+	ex := newExecutor(t, d, runner(t), Config{})
+	s := startSession(t, ex, d.Image(), "order1", executor.Resources{})
+	out, code := runStep(t, s, "1", "for i in $(seq 1 100); do echo \"out $i\"; echo \"err $i\" >&2; done\n")
+	var want strings.Builder
+	for i := 1; i <= 100; i++ {
+		fmt.Fprintf(&want, "out %d\nerr %d\n", i, i)
+	}
+	if code != 0 || out != want.String() {
+		t.Errorf("output (exit %d):\n%s\nwant out and err lines alternating", code, out)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -99,8 +100,11 @@ func BenchmarkTransfer(b *testing.B) {
 	b.SetBytes(int64(len(data)))
 	for b.Loop() {
 		t0 := time.Now()
-		if code, err := s.exec(ctx, []string{"sh", "-c", "cat > /dev/null"}, streams{stdin: bytes.NewReader(tarball.Bytes())}); err != nil || code != 0 {
-			b.Fatalf("raw in: %d %v", code, err)
+		// wc proves every byte arrived (busybox cat > /dev/null may end
+		// before reading its input).
+		var count bytes.Buffer
+		if code, err := s.exec(ctx, []string{"wc", "-c"}, streams{stdin: bytes.NewReader(tarball.Bytes()), stdout: &count}); err != nil || code != 0 || strings.TrimSpace(count.String()) != strconv.Itoa(tarball.Len()) {
+			b.Fatalf("raw in: %d %v, %q bytes arrived", code, err, count.String())
 		}
 		t1 := time.Now()
 		if err := s.Put(ctx, "/work", bytes.NewReader(tarball.Bytes())); err != nil {

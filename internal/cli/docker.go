@@ -1,0 +1,40 @@
+package cli
+
+import (
+	"fmt"
+	"log/slog"
+
+	"knotless.dev/run/internal/executor/docker"
+)
+
+// DockerFlags configure the docker executor; run and the daemon share
+// them.
+type DockerFlags struct {
+	DockerHost    string `help:"Docker daemon address (default: $$DOCKER_HOST, else unix:///var/run/docker.sock)." placeholder:"URL" group:"docker"`
+	Network       string `help:"Network of run containers: empty for one network per run (runs cannot reach each other), none, or the name of an existing network." group:"docker"`
+	DockerCPU     string `help:"CPU limit of a run container when the workflow sets none." group:"docker"`
+	DockerMemory  string `help:"Memory limit of a run container when the workflow sets none." group:"docker"`
+	DockerPull    string `help:"Image pull policy: missing, never or always." enum:"missing,never,always" default:"missing" group:"docker"`
+	DockerPidsMax int64  `help:"Most processes in a run container (0: 4096)." group:"docker"`
+}
+
+func (f *DockerFlags) newDocker(env *Env, runner string, log *slog.Logger) (*docker.Executor, error) {
+	host := f.DockerHost
+	if host == "" {
+		host = env.Getenv("DOCKER_HOST")
+	}
+	ex, err := docker.New(docker.Config{
+		Host:      host,
+		Network:   f.Network,
+		CPU:       f.DockerCPU,
+		Memory:    f.DockerMemory,
+		PidsLimit: f.DockerPidsMax,
+		Pull:      docker.PullPolicy(f.DockerPull),
+		Runner:    runner,
+		Logger:    log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("--executor docker: %w", err)
+	}
+	return ex, nil
+}
