@@ -1,0 +1,83 @@
+# knotless-run, built from this repository with the Go that matches go.mod.
+#
+# The builder is chosen by go.mod's `go` line: `go 1.26.0` needs Go 1.26, so
+# this takes buildGo126Module. When go.mod moves to a new minor release,
+# change the argument below (tests/nix/check.sh fails until they agree).
+{
+  lib,
+  buildGo126Module ?
+    throw "knotless-run: go.mod asks for Go 1.26 and this nixpkgs has no buildGo126Module; use a nixpkgs that ships Go 1.26 (the flake's pinned one does)",
+  version ? "0-unstable",
+}:
+
+let
+  # buildGoModule runs with GOTOOLCHAIN=local: a go line above the Go that
+  # builds it fails deep inside the build. Say so at evaluation instead.
+  goLineMatch = builtins.match ".*\ngo ([0-9.]+)\n.*" ("\n" + builtins.readFile ../go.mod + "\n");
+  goLine =
+    if goLineMatch == null then
+      throw "knotless-run: no go line found in go.mod"
+    else
+      lib.head goLineMatch;
+
+  package = buildGo126Module {
+    pname = "knotless-run";
+    inherit version;
+
+    # The repository minus Nix files, docs and leftovers (nix/source.nix),
+    # so editing those does not rebuild the package.
+    src = lib.fileset.toSource {
+      root = ../.;
+      fileset = lib.fileset.difference ../. (
+        lib.fileset.unions (
+          map (p: lib.fileset.maybeMissing (../. + "/${p}")) (import ./source.nix).exclude
+        )
+      );
+    };
+
+    # The NAR hash of `go mod vendor` for the source above.
+    # tests/nix/vendor-hash.sh prints it; `--write` updates this line.
+    vendorHash = "sha256-B3t2afjWNENCstyf18NI1IxatJAXmWpnDf9sqi4eToo=";
+
+    subPackages = [ "cmd/knotless-run" ];
+
+    env.CGO_ENABLED = 0;
+
+    ldflags = [
+      "-s"
+      "-X knotless.dev/run/internal/version.Version=${version}"
+    ];
+
+    # subPackages would limit the tests to cmd/knotless-run, which has
+    # none: run every package's unit tests. -short skips the suites that
+    # need a real cluster or PDS.
+    checkPhase = ''
+      runHook preCheck
+      export GOFLAGS=''${GOFLAGS//-trimpath/}
+      go test -short -vet=off -p "$NIX_BUILD_CORES" ./...
+      runHook postCheck
+    '';
+
+    passthru = {
+      inherit goLine;
+      # `knotless-run kubeconfig` exists (issue 7): the module's
+      # kubeconfigRefresh asserts on this, and the VM test needs it.
+      hasKubeconfigCommand = true;
+    };
+
+    meta = {
+      description = "CI runner of knotless: runs workflows as Kubernetes Jobs";
+      longDescription = ''
+        knotless-run watches repositories on an atproto PDS, runs their
+        workflows as Kubernetes Jobs (or in Docker, or as local processes),
+        and publishes each run's result as a check record.
+      '';
+      license = lib.licenses.mit;
+      mainProgram = "knotless-run";
+      platforms = lib.platforms.linux;
+    };
+  };
+in
+lib.throwIfNot (lib.versionAtLeast package.go.version goLine)
+  "knotless-run: go.mod says go ${goLine} but buildGo126Module has Go ${package.go.version}; lower the go line or use a newer nixpkgs"
+  package

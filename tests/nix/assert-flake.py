@@ -1,0 +1,72 @@
+"""Assertions on tests/nix/eval-flake.nix's result: the flake's outputs,
+the package's builder arguments, default.nix, and the VM test's script
+(compiled, and linted with pyflakes where Debian's python3-pyflakes is
+installed). One line per check; exits 1 if any fails."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+d = json.load(open(sys.argv[1]))
+goline = sys.argv[2]
+failed = 0
+
+
+def check(name, ok, detail=""):
+    global failed
+    print(f"  {'ok  ' if ok else 'FAIL'}  {name}" + ("" if ok else f": {detail}"))
+    failed += not ok
+
+
+systems = ["aarch64-linux", "x86_64-linux"]
+check("outputs for x86_64-linux and aarch64-linux", all(v == systems for v in d["systems"].values()), d["systems"])
+check(
+    "flake outputs",
+    d["outputs"] == ["apps", "checks", "devShells", "formatter", "nixosModules", "overlays", "packages"],
+    d["outputs"],
+)
+check("checks: package (build + unit tests), version, vm-k3s", d["perSystem"]["checks"] == ["package", "version", "vm-k3s"], d["perSystem"])
+check("nixosModules.default = { imports = [ ./nix/module.nix ]; }", [os.path.basename(p) for p in d["moduleImports"]] == ["module.nix"], d["moduleImports"])
+p = d["package"]
+check("apps.default runs bin/knotless-run of packages.default", d["app"]["program"].endswith(f"-{p['version']}@/bin/knotless-run") and d["app"]["type"] == "app", d["app"])
+check("package: subPackages = [ cmd/knotless-run ], mainProgram, MIT", (p["subPackages"], p["mainProgram"], p["license"]) == (["cmd/knotless-run"], "knotless-run", "MIT"), p)
+check(
+    "package: version ldflag carries the flake's version",
+    f"-X knotless.dev/run/internal/version.Version={p['version']}" in p["ldflags"] and p["version"] == "0-unstable-20260427-abc1234",
+    p["ldflags"],
+)
+check("package: checkPhase runs go test -short over ./...", p["checkPhaseRunsAll"])
+check(f"package: go line read from go.mod ({goline})", p["goLine"] == goline, p["goLine"])
+check("package: a Go older than the go line is refused at evaluation", d["goTooOld"] is False and d["goNewer"] is True, (d["goTooOld"], d["goNewer"]))
+check("version check runs `knotless-run version`", d["versionCheck"] == {"command": "knotless-run version", "version": p["version"]}, d["versionCheck"])
+check(
+    "vm-k3s is the VM test (nodes server and agent): the package has the kubeconfig command",
+    p["hasKubeconfigCommand"] and d["vmCheck"] == "knotless-run-k3s" and d["vmNodes"] == ["agent", "server"],
+    (p["hasKubeconfigCommand"], d["vmCheck"], d["vmNodes"]),
+)
+check("devShell: the package's Go, gopls, kubectl", d["devShellPackages"][1:] == ["gopls", "kubectl"] and d["devShellPackages"][0].startswith("go-"), d["devShellPackages"])
+check("formatter is a package for each system", d["formatterIsDrv"])
+check("overlays.default adds knotless-run", d["overlay"] == "knotless-run")
+check("default.nix builds the same package (same vendorHash), given pkgs", d["defaultNix"] == {"pname": "knotless-run", "vendorHash": p["vendorHash"]}, d["defaultNix"])
+
+script = d["vmTestScript"]
+try:
+    compile(script, "testScript", "exec")
+    check("VM test script compiles", True)
+except SyntaxError as e:
+    check("VM test script compiles", False, e)
+pyflakes = "/usr/bin/python3"
+if subprocess.run([pyflakes, "-m", "pyflakes", "--version"], capture_output=True).returncode == 0:
+    # The test driver provides the machines and subtest.
+    prelude = "from contextlib import nullcontext as subtest\nserver = agent = None\n"
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(prelude + script)
+    r = subprocess.run([pyflakes, "-m", "pyflakes", f.name], capture_output=True, text=True)
+    os.unlink(f.name)
+    check("VM test script: pyflakes finds nothing", r.returncode == 0, r.stdout + r.stderr)
+else:
+    print("  SKIP  pyflakes (Debian's python3-pyflakes) not installed")
+
+sys.exit(1 if failed else 0)

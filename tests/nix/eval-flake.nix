@@ -1,0 +1,141 @@
+# Evaluates flake.nix's outputs, nix/package.nix and default.nix against a
+# stand-in nixpkgs (nixpkgs' real lib, stub builders that return their
+# arguments), so their wiring is checked without a nixpkgs checkout: output
+# names per system, the package's builder arguments, the Go version check,
+# the app's program, the module's import.
+#
+#   nix-instantiate --eval --strict --json tests/nix/eval-flake.nix \
+#     --arg lib 'import <nixpkgs/lib>'
+{ lib }:
+let
+  stubDrv =
+    name: attrs:
+    {
+      type = "derivation";
+      inherit name;
+      outPath = "@${name}@";
+    }
+    // attrs;
+
+  stubPkgs =
+    system: goVersion:
+    let
+      pkgs = {
+        inherit lib;
+        stdenv.hostPlatform.system = system;
+        callPackage =
+          f: args:
+          let
+            fn = if builtins.isFunction f then f else import f;
+            wanted = builtins.functionArgs fn;
+          in
+          fn ((builtins.intersectAttrs wanted pkgs) // args);
+        # buildGoModule's shape: the derivation carries its arguments,
+        # passthru at the top level, and `go`.
+        buildGo126Module =
+          args:
+          stubDrv "${args.pname}-${args.version}" (
+            removeAttrs args [ "passthru" ]
+            // args.passthru
+            // {
+              go = stubDrv "go-${goVersion}" { version = goVersion; };
+              meta = args.meta;
+            }
+          );
+        testers.testVersion = args: stubDrv "test-version" { testVersionArgs = removeAttrs args [ "package" ]; };
+        runCommand = name: _: _: stubDrv name { };
+        mkShell = args: stubDrv "shell" { inherit (args) packages; };
+        gopls = stubDrv "gopls" { };
+        kubectl = stubDrv "kubectl" { };
+        nixfmt-tree = stubDrv "nixfmt-tree" { };
+        # What nix/tests/k3s.nix uses; the test itself is the arguments.
+        inherit pkgs;
+        testers.runNixOSTest = args: stubDrv args.name { inherit (args) testScript nodes; };
+        buildEnv = args: stubDrv args.name { };
+        dockerTools.buildImage = args: stubDrv "image" { };
+        writeText = name: _: stubDrv name { };
+        writeTextDir = path: _: stubDrv "dir" { };
+        python3 = stubDrv "python3" { };
+        tini = stubDrv "tini" { };
+        busybox = stubDrv "busybox" { };
+        jq = stubDrv "jq" { };
+        git = stubDrv "git" { };
+      };
+    in
+    pkgs;
+
+  flake = import ../../flake.nix;
+  nixpkgs = {
+    inherit lib;
+    legacyPackages = lib.genAttrs [ "x86_64-linux" "aarch64-linux" ] (s: stubPkgs s "1.26.2");
+  };
+  self = flake.outputs {
+    inherit self nixpkgs;
+  } // {
+    lastModifiedDate = "20260427123456";
+    shortRev = "abc1234";
+  };
+  out = flake.outputs { inherit self nixpkgs; };
+  pkg = out.packages.x86_64-linux.default;
+
+  callWithGo =
+    goVersion:
+    builtins.tryEval (
+      builtins.deepSeq ((stubPkgs "x86_64-linux" goVersion).callPackage ../../nix/package.nix { }).pname true
+    );
+  viaDefault = import ../../default.nix {
+    system = "x86_64-linux";
+    nixpkgs = throw "default.nix must not fetch nixpkgs when pkgs is given";
+    pkgs = stubPkgs "x86_64-linux" "1.26.2";
+  };
+in
+{
+  systems = lib.mapAttrs (_: builtins.attrNames) {
+    inherit (out)
+      packages
+      apps
+      checks
+      devShells
+      formatter
+      ;
+  };
+  formatterIsDrv = lib.all (s: lib.isDerivation out.formatter.${s}) (builtins.attrNames out.formatter);
+  outputs = builtins.attrNames out;
+  perSystem = {
+    packages = builtins.attrNames out.packages.x86_64-linux;
+    apps = builtins.attrNames out.apps.x86_64-linux;
+    checks = builtins.attrNames out.checks.x86_64-linux;
+    devShells = builtins.attrNames out.devShells.x86_64-linux;
+  };
+  app = out.apps.x86_64-linux.default;
+  package = {
+    inherit (pkg)
+      pname
+      version
+      vendorHash
+      subPackages
+      ldflags
+      checkFlags
+      hasKubeconfigCommand
+      goLine
+      ;
+    mainProgram = pkg.meta.mainProgram;
+    license = pkg.meta.license.spdxId;
+    description = pkg.meta.description;
+    checkPhaseRunsAll = lib.hasInfix "go test -short" pkg.checkPhase && lib.hasInfix "./..." pkg.checkPhase;
+  };
+  devShellPackages = map (p: p.name) out.devShells.x86_64-linux.default.packages;
+  versionCheck = out.checks.x86_64-linux.version.testVersionArgs;
+  vmCheck = out.checks.x86_64-linux.vm-k3s.name;
+  moduleImports = map toString out.nixosModules.default.imports;
+  overlay = (out.overlays.default (stubPkgs "x86_64-linux" "1.26.2") { }).knotless-run.pname;
+  defaultNix = {
+    inherit (viaDefault) pname vendorHash;
+  };
+  # The VM test's Python script, with the store paths it interpolates
+  # stubbed; check.sh compiles it.
+  vmTestScript = out.checks.x86_64-linux.vm-k3s.testScript;
+  vmNodes = builtins.attrNames out.checks.x86_64-linux.vm-k3s.nodes;
+  goTooOld = (callWithGo "1.25.9").success;
+  goNewer = (callWithGo "1.26.9").success;
+}

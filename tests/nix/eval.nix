@@ -1,0 +1,221 @@
+# Evaluates nix/module.nix with the real module system (lib.evalModules)
+# for the configurations below, and renders the resulting units to the text
+# NixOS would write: one `Key=value` line per value (lists give one line per
+# item), booleans as true/false, keys sorted. Store paths of packages are
+# placeholders (@knotless-run@, @coreutils@) and the settings file is
+# @config@, so a later step can install the units into a real systemd.
+#
+#   nix-instantiate --eval --strict --json --read-write-mode \
+#     tests/nix/eval.nix --arg lib 'import <nixpkgs/lib>'
+{ lib }:
+let
+  inherit (lib)
+    concatLists
+    concatStrings
+    concatStringsSep
+    filterAttrs
+    mapAttrsToList
+    toList
+    ;
+
+  stubPackage =
+    name: extra:
+    {
+      type = "derivation";
+      inherit name;
+      outPath = "@${name}@";
+      outputs = [ "out" ];
+      meta.mainProgram = name;
+    }
+    // extra;
+
+  # pkgs.formats.json's value type, and a generate that writes the file.
+  jsonValue = lib.types.nullOr (
+    lib.types.oneOf [
+      lib.types.bool
+      lib.types.int
+      lib.types.float
+      lib.types.str
+      lib.types.path
+      (lib.types.attrsOf jsonValue)
+      (lib.types.listOf jsonValue)
+    ]
+  );
+
+  stubPkgs = package: {
+    formats.json =
+      { }:
+      {
+        type = jsonValue;
+        generate = name: value: builtins.toFile name (builtins.toJSON value);
+      };
+    coreutils = stubPackage "coreutils" { };
+    git = stubPackage "git" { };
+    knotless-run = package;
+    callPackage = _: _: throw "stub pkgs: callPackage is not available here";
+  };
+
+  withCommand = stubPackage "knotless-run" { hasKubeconfigCommand = true; };
+  withoutCommand = stubPackage "knotless-run" { };
+
+  eval =
+    package: cfg:
+    lib.evalModules {
+      modules = [
+        ./nixos-stubs.nix
+        ../../nix/module.nix
+        {
+          _module.args.pkgs = stubPkgs package;
+          services.knotless-run = cfg;
+        }
+      ];
+    };
+
+  # The configuration of docs/guide/nixos.md.
+  docs = {
+    enable = true;
+    settings = {
+      did = "did:plc:7u2ld3ffgzqvezmv6wxgxiix";
+      pds = "https://pds.example.com";
+      "plc-url" = "https://plc.example.com";
+      concurrency = 2;
+      "stop-wait" = "15m";
+    };
+    repos = [ "did:plc:ewvi7nxzyoun6zhxrhs64oiz/hello" ];
+    appPasswordFile = "/run/secrets/knotless-run/app-password";
+    secretsFile = "/run/secrets/knotless-run/secrets.json";
+    environmentFile = "/run/secrets/knotless-run/env";
+    kubeconfigRefresh = {
+      enable = true;
+      adminKubeconfigFile = "/etc/rancher/k3s/k3s.yaml";
+    };
+  };
+
+  minimal = extra: {
+    enable = true;
+    appPasswordFile = "/run/secrets/knotless-run/app-password";
+  } // extra;
+
+  toOption =
+    x:
+    if x == true then
+      "true"
+    else if x == false then
+      "false"
+    else
+      toString x;
+  section =
+    attrs:
+    concatStrings (
+      concatLists (mapAttrsToList (k: v: map (x: "${k}=${toOption x}\n") (toList v)) attrs)
+    );
+  unitSection =
+    u:
+    section (
+      filterAttrs (_: v: v != "") {
+        Description = u.description;
+        Wants = toString u.wants;
+        Requires = toString u.requires;
+        After = toString u.after;
+        Before = toString u.before;
+        PartOf = toString u.partOf;
+        BindsTo = toString u.bindsTo;
+      }
+      // u.unitConfig
+      // lib.optionalAttrs (u ? restartIfChanged && !u.restartIfChanged) { X-RestartIfChanged = false; }
+    );
+  install = u: lib.optionalString (u.wantedBy != [ ]) "\n[Install]\n${section { WantedBy = u.wantedBy; }}";
+
+  # NixOS also puts its default packages (coreutils, findutils, grep, sed,
+  # systemd) on PATH; only the unit's own `path` is rendered here.
+  environment =
+    u:
+    u.environment
+    // lib.optionalAttrs (u.path != [ ]) {
+      PATH = "${lib.makeBinPath u.path}:${lib.makeSearchPathOutput "bin" "sbin" u.path}";
+    };
+  renderService =
+    u:
+    "[Unit]\n"
+    + unitSection u
+    + "\n[Service]\n"
+    + concatStrings (mapAttrsToList (k: v: "Environment=${builtins.toJSON "${k}=${v}"}\n") (environment u))
+    + section u.serviceConfig
+    + install u;
+  renderTimer = u: "[Unit]\n" + unitSection u + "\n[Timer]\n" + section u.timerConfig + install u;
+
+  scenario =
+    package: cfg:
+    let
+      c = (eval package cfg).config;
+      services = c.systemd.services;
+      execStart = services.knotless-run.serviceConfig.ExecStart;
+      configMatch = builtins.match ".*(/nix/store/[a-z0-9]+-knotless-run\\.json).*" execStart;
+      configPath = if configMatch == null then throw "ExecStart names no settings file" else lib.head configMatch;
+      placeholders = lib.replaceStrings [ configPath ] [ "@config@" ];
+      units =
+        lib.mapAttrs' (n: u: lib.nameValuePair "${n}.service" (placeholders (renderService u))) services
+        // lib.mapAttrs' (n: u: lib.nameValuePair "${n}.timer" (renderTimer u)) c.systemd.timers;
+    in
+    {
+      failedAssertions = map (a: a.message) (lib.filter (a: !a.assertion) c.assertions);
+      inherit units;
+      settingsJSON = builtins.readFile configPath;
+      service = lib.mapAttrs (_: placeholders) (
+        lib.mapAttrs (_: v: if builtins.isList v then concatStringsSep "\n" (map toOption v) else toOption v)
+          services.knotless-run.serviceConfig
+      );
+      serviceUnit = {
+        inherit (services.knotless-run) wants after wantedBy restartIfChanged;
+        path = map toString services.knotless-run.path;
+      };
+      refresh = lib.mapAttrs (_: toOption) (
+        lib.mapAttrs (_: v: if builtins.isList v then concatStringsSep "\n" v else v) (
+          services.knotless-run-kubeconfig.serviceConfig or { }
+        )
+      );
+      timer = c.systemd.timers.knotless-run-kubeconfig.timerConfig or { };
+      users = c.users.users;
+    };
+
+  # Whether evaluating the configuration fails (a type error, for example).
+  fails =
+    cfg:
+    !(builtins.tryEval (builtins.deepSeq (scenario withCommand cfg).service true)).success;
+in
+{
+  scenarios = {
+    docs = scenario withCommand docs;
+    no-kubeconfig-command = scenario withoutCommand docs;
+    docker = scenario withoutCommand (minimal { settings.executor = "docker"; });
+    shell = scenario withoutCommand (minimal { settings.executor = "shell"; });
+    no-app-password = scenario withoutCommand { enable = true; };
+    odd-interval = scenario withCommand (
+      docs // { kubeconfigRefresh = docs.kubeconfigRefresh // { interval = "7h"; }; }
+    );
+    env-args = scenario withoutCommand (minimal {
+      extraArgs = [
+        "--did=\${RUNNER_DID}"
+        "--poll=50%"
+      ];
+    });
+    minutes = scenario withCommand (
+      docs // { kubeconfigRefresh = docs.kubeconfigRefresh // { interval = "30m"; }; }
+    );
+  };
+
+  stopWait = lib.genAttrs [ "1h30m" "90s" "1.5m" "500ms" "0" "2h45m10s" ] (
+    d: (scenario withoutCommand (minimal { settings."stop-wait" = d; })).service.TimeoutStopSec
+  );
+
+  rejected = {
+    storeAppPassword = fails (minimal {
+      appPasswordFile = "/nix/store/00000000000000000000000000000000-app-password";
+    });
+    pathLiteralSecrets = fails (minimal { secretsFile = ./eval.nix; });
+    relativeEnvironmentFile = fails (minimal { environmentFile = "secrets/env"; });
+    badStopWait = fails (minimal { settings."stop-wait" = "10 minutes"; });
+    badExecutor = fails (minimal { settings.executor = "podman"; });
+    stateDirSet = fails (minimal { settings."state-dir" = "/srv/knotless"; });
+  };
+}

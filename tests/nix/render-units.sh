@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Renders the units of services.knotless-run, for the configuration of
+# docs/guide/nixos.md, into OUTDIR as NixOS would write them:
+#
+#   knotless-run.service  knotless-run-kubeconfig.service
+#   knotless-run-kubeconfig.timer  knotless-run.json (the --config file)
+#
+# plus the docker and shell executors' runner units
+# (knotless-run.docker.service, knotless-run.shell.service). Store paths are
+# placeholders: @knotless-run@ (the package), @coreutils@, @config@ (the
+# settings file). The module is evaluated with nixpkgs' lib (see
+# find_nixpkgs_lib in lib.sh).
+#
+#   tests/nix/render-units.sh OUTDIR
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+
+out=${1:?usage: $0 OUTDIR}
+ensure_nix
+libdir=$(find_nixpkgs_lib) || { echo "no nixpkgs lib found (set NIXPKGS_LIB)" >&2; exit 1; }
+mkdir -p "$out"
+eval_module "$libdir" | python3 -c '
+import json, os, sys
+out = sys.argv[1]
+d = json.load(sys.stdin)["scenarios"]
+files = dict(d["docs"]["units"])
+files["knotless-run.json"] = json.dumps(json.loads(d["docs"]["settingsJSON"]), indent=2, sort_keys=True) + "\n"
+files["knotless-run.docker.service"] = d["docker"]["units"]["knotless-run.service"]
+files["knotless-run.shell.service"] = d["shell"]["units"]["knotless-run.service"]
+for name, text in sorted(files.items()):
+    with open(os.path.join(out, name), "w") as f:
+        f.write(text)
+    print(os.path.join(out, name))
+' "$out"
