@@ -115,7 +115,6 @@ in
       vendorHash
       subPackages
       ldflags
-      checkFlags
       hasKubeconfigCommand
       goLine
       ;
