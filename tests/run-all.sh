@@ -48,3 +48,6 @@ eval "$(tests/cluster/env)"
 
 phase "go test"
 go test -count=1 -timeout 25m ./...
+
+phase "nix: offline checks of the flake, package and module"
+bash tests/nix/check.sh
