@@ -9,7 +9,10 @@ rm -f "$f" "$f.sum"
 mkfifo "$f"
 sha256sum < "$f" > "$f.sum" &
 cd "$dir"
-{ tar -cf - . || echo "knotless: tar failed" >&2; } | tee "$f"
+# Re-block to 64 KiB: each write becomes one frame of the exec stream,
+# and tee's small writes made frames the API server relays slowly.
+{ tar -cf - . || echo "knotless: tar failed" >&2; } | tee "$f" |
+	{ dd bs=65536 iflag=fullblock 2>/dev/null || cat; }
 wait $!
 read -r sum rest < "$f.sum"
 rm -f "$f" "$f.sum"
