@@ -352,8 +352,8 @@ func TestOrphanSwept(t *testing.T) {
 	// The first process is gone without stopping its session.
 	second := newExecutor(t, c, mod)
 	swept, err := second.Sweep(ctx, nil)
-	if err != nil || len(swept) != 1 {
-		t.Fatalf("Sweep = %v, %v; want the one orphan", swept, err)
+	if err != nil || len(swept) != 1 || second.Counters().Swept != 1 {
+		t.Fatalf("Sweep = %v, %v (counted %d); want the one orphan", swept, err, second.Counters().Swept)
 	}
 	waitGone(t, c)
 	assertNothingLeft(t, c)
@@ -425,4 +425,40 @@ func TestTokenRevokedMidRun(t *testing.T) {
 	if err == nil && (job.Spec.ActiveDeadlineSeconds == nil || *job.Spec.ActiveDeadlineSeconds > int64((2*time.Minute+15*time.Minute)/time.Second)) {
 		t.Errorf("a Job the runner cannot delete has no bounded deadline: %v", job.Spec.ActiveDeadlineSeconds)
 	}
+}
+
+// Pending because no node fits is the scale-up signal: the run waits,
+// and completes once a node for it appears.
+func TestWaitsForScaleUp(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t)
+	ctx := context.Background()
+	if err := c.RemoveCapacity(ctx); err != nil {
+		t.Fatal(err)
+	}
+	runID := randomID("scale")
+	done := make(chan *run.Result, 1)
+	go func() {
+		done <- engine(newExecutor(t, c, nil), c.Image).Run(ctx, run.Request{
+			RunID: runID, Workflow: parse(t, "on: push\nsteps: [{run: 'echo scaled'}]\n"), Checkout: t.TempDir(), Trusted: true,
+		})
+	}()
+	waitCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if _, err := c.WaitForPod(waitCtx, c.Namespace, kubernetes.LabelRun+"="+runID, clustertest.PodUnschedulable); err != nil {
+		t.Fatalf("the run's pod never waited for a node: %v", err)
+	}
+	select {
+	case res := <-done:
+		t.Fatalf("the run ended while no node could take it: %s %s", res.Status, res.Error)
+	case <-time.After(3 * time.Second):
+	}
+	if err := c.AddCapacity(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res := <-done
+	if res.Status != run.Success || !strings.Contains(string(res.Log), "scaled") {
+		t.Errorf("status %s (%s), log:\n%s", res.Status, res.Error, res.Log)
+	}
+	assertNothingLeft(t, c)
 }

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -58,6 +59,20 @@ type Executor struct {
 
 	mu       sync.Mutex
 	policies map[string]bool // namespaces where the NetworkPolicy is in place
+
+	swept           atomic.Int64
+	cleanupFailures atomic.Int64
+}
+
+// Counters are the executor's running totals since it was made.
+type Counters struct {
+	Swept           int64 // Jobs of earlier processes deleted by Sweep
+	CleanupFailures int64 // Jobs a run could not delete
+}
+
+// Counters returns the running totals.
+func (e *Executor) Counters() Counters {
+	return Counters{Swept: e.swept.Load(), CleanupFailures: e.cleanupFailures.Load()}
 }
 
 // New returns a Kubernetes executor. It checks that credentials can be
@@ -212,7 +227,8 @@ func (e *Executor) Sweep(ctx context.Context, keep []string) ([]executor.Ref, er
 			errs = append(errs, err)
 			continue
 		}
-		e.log.Info("orphan swept", "job", job.Name, "run", run, "namespace", ns)
+		e.swept.Add(1)
+		e.log.Info("orphan swept", "job", job.Name, "run", run, "namespace", ns, "swept_total", e.swept.Load())
 		swept = append(swept, ref)
 	}
 	return swept, errors.Join(errs...)

@@ -295,7 +295,12 @@ func (s *Session) Stop(ctx context.Context) error {
 	if already || s.keep {
 		return nil
 	}
-	return s.deleteJob(ctx)
+	if err := s.deleteJob(ctx); err != nil {
+		s.ex.cleanupFailures.Add(1)
+		s.log.Error("delete job", "err", err, "cleanup_failures_total", s.ex.cleanupFailures.Load())
+		return err
+	}
+	return nil
 }
 
 func (s *Session) deleteJob(ctx context.Context) error {
@@ -346,7 +351,8 @@ func (s *Session) cleanupAfterFailedStart(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deleteWait)
 	defer cancel()
 	if err := s.deleteJob(ctx); err != nil {
-		s.log.Error("delete job after failed start", "err", err)
+		s.ex.cleanupFailures.Add(1)
+		s.log.Error("delete job after failed start", "err", err, "cleanup_failures_total", s.ex.cleanupFailures.Load())
 	}
 }
 
