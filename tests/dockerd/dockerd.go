@@ -92,7 +92,7 @@ func (d *Daemon) socket() string { return filepath.Join(d.dir, "d.sock") }
 
 // Client returns an Engine API client for the daemon.
 func (d *Daemon) Client() (*client.Client, error) {
-	return client.New(client.WithHost(d.Host()), client.WithAPIVersionNegotiation())
+	return client.New(client.WithHost(d.Host()))
 }
 
 // Start starts a private daemon for t and stops it when t ends. Under

@@ -138,7 +138,7 @@ func New(cfg Config) (*Executor, error) {
 	if err != nil {
 		return nil, fmt.Errorf("docker default memory: %w", err)
 	}
-	opts := []client.Opt{client.WithAPIVersionNegotiation()}
+	var opts []client.Opt // API-version negotiation is the default
 	if cfg.Host != "" {
 		opts = append(opts, client.WithHost(cfg.Host))
 	}
