@@ -106,7 +106,7 @@ func Unpack(ctx context.Context, r io.Reader, dir string, lim Limits) error {
 		return fmt.Errorf("unpack into %s: %w", dir, err)
 	}
 	defer root.Close()
-	tr := tar.NewReader(&limitReader{ctx: ctx, r: r, max: lim.MaxBytes})
+	tr := tar.NewReader(LimitReader(ctx, r, lim))
 	type dirMode struct {
 		name  string
 		mode  fs.FileMode
@@ -121,7 +121,7 @@ func Unpack(ctx context.Context, r io.Reader, dir string, lim Limits) error {
 		if err != nil {
 			return fmt.Errorf("unpack into %s: %w", dir, err)
 		}
-		name, err := cleanName(hdr.Name)
+		name, err := CleanName(hdr.Name)
 		if err != nil {
 			return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
 		}
@@ -183,7 +183,7 @@ func unpackEntry(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string, mo
 		}
 		return root.Chtimes(name, hdr.ModTime, hdr.ModTime)
 	case tar.TypeSymlink:
-		if err := checkLinkTarget(name, hdr.Linkname); err != nil {
+		if err := CheckLinkTarget(name, hdr.Linkname); err != nil {
 			return err
 		}
 		if err := removeExisting(root, name); err != nil {
@@ -191,7 +191,7 @@ func unpackEntry(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string, mo
 		}
 		return root.Symlink(hdr.Linkname, name)
 	case tar.TypeLink:
-		target, err := cleanName(hdr.Linkname)
+		target, err := CleanName(hdr.Linkname)
 		if err != nil || target == "." {
 			return fmt.Errorf("hard link to %q points outside the target", hdr.Linkname)
 		}
@@ -206,9 +206,9 @@ func unpackEntry(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string, mo
 	}
 }
 
-// cleanName returns the entry name as a clean relative path, or an error
+// CleanName returns the entry name as a clean relative path, or an error
 // for an absolute name or one that climbs with "..".
-func cleanName(name string) (string, error) {
+func CleanName(name string) (string, error) {
 	if name == "" {
 		return "", errors.New("empty name")
 	}
@@ -226,9 +226,9 @@ func cleanName(name string) (string, error) {
 	return path.Clean(name), nil
 }
 
-// checkLinkTarget refuses a symbolic link whose target, read relative to
+// CheckLinkTarget refuses a symbolic link whose target, read relative to
 // the link's own directory, leaves the tree.
-func checkLinkTarget(name, target string) error {
+func CheckLinkTarget(name, target string) error {
 	if target == "" || strings.HasPrefix(target, "/") {
 		return fmt.Errorf("symbolic link to %q points outside the target", target)
 	}
@@ -253,6 +253,12 @@ func removeExisting(root *os.Root, name string) error {
 		return root.RemoveAll(name)
 	}
 	return root.Remove(name)
+}
+
+// LimitReader bounds r by lim.MaxBytes and stops at ctx's end: the
+// reading side of every transfer.
+func LimitReader(ctx context.Context, r io.Reader, lim Limits) io.Reader {
+	return &limitReader{ctx: ctx, r: r, max: lim.MaxBytes}
 }
 
 type limitReader struct {

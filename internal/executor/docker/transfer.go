@@ -3,10 +3,8 @@ package docker
 import (
 	"archive/tar"
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"path"
 	"strings"
 
 	"knotless.dev/run/internal/tarstream"
@@ -18,7 +16,7 @@ import (
 // header is rebuilt from its plain fields: no PAX record or owner name
 // goes through.
 func relayIn(ctx context.Context, r io.Reader, w io.Writer, lim tarstream.Limits) error {
-	tr := tar.NewReader(&limitReader{ctx: ctx, r: r, max: lim.MaxBytes})
+	tr := tar.NewReader(tarstream.LimitReader(ctx, r, lim))
 	tw := tar.NewWriter(w)
 	for {
 		hdr, err := tr.Next()
@@ -31,7 +29,7 @@ func relayIn(ctx context.Context, r io.Reader, w io.Writer, lim tarstream.Limits
 		if hdr.Typeflag == tar.TypeXGlobalHeader {
 			continue
 		}
-		name, err := cleanName(hdr.Name)
+		name, err := tarstream.CleanName(hdr.Name)
 		if err != nil {
 			return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
 		}
@@ -44,11 +42,11 @@ func relayIn(ctx context.Context, r io.Reader, w io.Writer, lim tarstream.Limits
 		}
 		switch hdr.Typeflag {
 		case tar.TypeSymlink:
-			if err := checkLinkTarget(name, hdr.Linkname); err != nil {
+			if err := tarstream.CheckLinkTarget(name, hdr.Linkname); err != nil {
 				return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
 			}
 		case tar.TypeLink:
-			target, err := cleanName(hdr.Linkname)
+			target, err := tarstream.CleanName(hdr.Linkname)
 			if err != nil || target == "." {
 				return fmt.Errorf("tar entry %q: hard link to %q points outside the target", hdr.Name, hdr.Linkname)
 			}
@@ -68,10 +66,10 @@ func relayIn(ctx context.Context, r io.Reader, w io.Writer, lim tarstream.Limits
 // input; relayOut keeps its names inside the directory and bounds its
 // size.
 func relayOut(ctx context.Context, r io.Reader, w io.Writer, base string, lim tarstream.Limits) error {
-	tr := tar.NewReader(&limitReader{ctx: ctx, r: r, max: lim.MaxBytes})
+	tr := tar.NewReader(tarstream.LimitReader(ctx, r, lim))
 	tw := tar.NewWriter(w)
 	strip := func(name string) (string, error) {
-		clean, err := cleanName(name)
+		clean, err := tarstream.CleanName(name)
 		if err != nil {
 			return "", err
 		}
@@ -152,58 +150,4 @@ func writeEntry(tw *tar.Writer, tr io.Reader, hdr *tar.Header) error {
 	}
 	_, err := io.CopyN(tw, tr, hdr.Size)
 	return err
-}
-
-// cleanName returns the entry name as a clean relative path, or an error
-// for an absolute name or one that climbs with "..". It is the rule of
-// tarstream.Unpack.
-func cleanName(name string) (string, error) {
-	if name == "" {
-		return "", errors.New("empty name")
-	}
-	if strings.HasPrefix(name, "/") {
-		return "", errors.New("absolute path not allowed")
-	}
-	if strings.IndexByte(name, 0) >= 0 {
-		return "", errors.New("NUL in name")
-	}
-	for _, part := range strings.Split(name, "/") {
-		if part == ".." {
-			return "", errors.New(`".." not allowed`)
-		}
-	}
-	return path.Clean(name), nil
-}
-
-// checkLinkTarget refuses a symbolic link whose target, read relative to
-// the link's own directory, leaves the tree; the rule of
-// tarstream.Unpack.
-func checkLinkTarget(name, target string) error {
-	if target == "" || strings.HasPrefix(target, "/") {
-		return fmt.Errorf("symbolic link to %q points outside the target", target)
-	}
-	resolved := path.Join(path.Dir(name), target)
-	if resolved == ".." || strings.HasPrefix(resolved, "../") {
-		return fmt.Errorf("symbolic link to %q points outside the target", target)
-	}
-	return nil
-}
-
-type limitReader struct {
-	ctx context.Context
-	r   io.Reader
-	n   int64
-	max int64
-}
-
-func (l *limitReader) Read(p []byte) (int, error) {
-	if err := l.ctx.Err(); err != nil {
-		return 0, err
-	}
-	n, err := l.r.Read(p)
-	l.n += int64(n)
-	if l.max > 0 && l.n > l.max {
-		return n, fmt.Errorf("%w (%d bytes)", tarstream.ErrTooLarge, l.max)
-	}
-	return n, err
 }
