@@ -31,6 +31,10 @@ KTC_POD_BRIDGE=${KNOTLESS_CLUSTER_POD_BRIDGE:-ktc0-pods}
 KTC_POD_CIDR=${KNOTLESS_CLUSTER_POD_CIDR:-10.223.0.0/24}
 KTC_SERVICE_CIDR=${KNOTLESS_CLUSTER_SERVICE_CIDR:-10.223.128.0/24}
 KTC_SERVICE_IP=${KNOTLESS_CLUSTER_SERVICE_IP:-10.223.128.1}
+# The cluster's prefixes get an "unreachable" route in the host with this
+# metric, under the veth's own route: should the veth go, nothing bound
+# for them follows the default route off the machine.
+KTC_ROUTE_METRIC=${KNOTLESS_CLUSTER_ROUTE_METRIC:-4223}
 
 # Ports. Control plane ports are bound on the host (loopback, or HOST_IP
 # for the API server); the kubelet's are bound in the node's namespace.
@@ -160,15 +164,18 @@ KTC_PACKAGES=(etcd-server containerd runc containernetworking-plugins busybox-st
 ktc_packages() {
 	local missing=() p
 	for p in "${KTC_PACKAGES[@]}"; do
-		dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$p")
+		[[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) == "install ok installed" ]] || missing+=("$p")
 	done
 	((${#missing[@]} == 0)) && return 0
 	ktc_log "installing ${missing[*]}"
 	# policy-rc.d keeps the system's containerd.service from being started
 	# by the package; ours runs with its own socket, root and state anyway.
 	local had_policy=1
-	[[ -e /usr/sbin/policy-rc.d ]] || had_policy=0
-	((had_policy)) || printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+	if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+		had_policy=0
+		printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+		chmod +x /usr/sbin/policy-rc.d
+	fi
 	local rc=0
 	{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >&2 || rc=$?
 	((had_policy)) || rm -f /usr/sbin/policy-rc.d
@@ -183,7 +190,7 @@ ktc_packages() {
 # it, and the containerd shims get our containerd's socket).
 ktc_is_ours() {
 	local args
-	mapfile -d '' args <"/proc/$1/cmdline" 2>/dev/null || return 1
+	mapfile -d '' args 2>/dev/null <"/proc/$1/cmdline" || return 1
 	[[ "${args[*]}" == *"$KTC_DIR/"* ]]
 }
 
@@ -209,7 +216,7 @@ ktc_our_pids() {
 		pid=$(<"$f")
 		[[ $pid =~ ^[0-9]+$ ]] && ktc_is_ours "$pid" && echo "$pid"
 	done
-	for pid in $(pgrep -f -- "$KTC_DIR/"); do
+	for pid in $(pgrep -f -- "$KTC_DIR/" || true); do
 		exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || continue
 		case ${exe##*/} in
 		kube | kube-router | containerd | containerd-shim* | etcd | runc)
@@ -226,19 +233,27 @@ ktc_our_pids() {
 	return 0
 }
 
-# ktc_kill_all stops every process of the cluster: SIGTERM, then SIGKILL
-# for what is left after a grace period (the API server alone can take 15 s
-# to stop gracefully; nothing here needs its state kept).
+# ktc_kill_all stops every process of the cluster. The containers and
+# the containerd shims get SIGKILL at once (nothing of theirs is kept);
+# the components get SIGTERM and, after 2 s, SIGKILL (the API
+# server alone can take 15 s to stop gracefully).
 ktc_kill_all() {
-	local pids deadline
+	local pids comps=() f pid h
+	for f in "$KTC_PIDS"/*.pid; do
+		[[ -f $f ]] || continue
+		pid=$(<"$f")
+		[[ $pid =~ ^[0-9]+$ ]] && ktc_is_ours "$pid" && comps+=("$pid")
+	done
+	((${#comps[@]} == 0)) || kill -TERM "${comps[@]}" 2>/dev/null || true
 	mapfile -t pids < <(ktc_our_pids | sort -un)
-	((${#pids[@]} == 0)) && return 0
-	kill -TERM "${pids[@]}" 2>/dev/null || true
-	deadline=$((SECONDS + 3))
+	for pid in "${pids[@]}"; do
+		[[ " ${comps[*]} " == *" $pid "* ]] || kill -KILL "$pid" 2>/dev/null || true
+	done
+	local deadline=$((SECONDS + 2))
 	while ((SECONDS < deadline)); do
 		mapfile -t pids < <(ktc_our_pids | sort -un)
 		((${#pids[@]} == 0)) && return 0
-		sleep 0.2
+		sleep 0.1
 	done
 	local round
 	for round in 1 2 3 4 5 6 7 8 9 10; do
@@ -249,26 +264,6 @@ ktc_kill_all() {
 	done
 	mapfile -t pids < <(ktc_our_pids | sort -un)
 	((${#pids[@]} == 0)) || ktc_log "warning: processes left: ${pids[*]}"
-}
-
-# ktc_stop NAME stops one component by its PID file.
-ktc_stop() {
-	local f=$KTC_PIDS/$1.pid pid i
-	[[ -f $f ]] || return 0
-	pid=$(<"$f")
-	if [[ $pid =~ ^[0-9]+$ ]] && ktc_is_ours "$pid"; then
-		kill -TERM "$pid" 2>/dev/null || true
-		for i in $(seq 30); do
-			ktc_is_ours "$pid" || break
-			sleep 0.1
-		done
-		ktc_is_ours "$pid" && kill -KILL "$pid" 2>/dev/null
-		for i in $(seq 30); do
-			ktc_is_ours "$pid" || break
-			sleep 0.1
-		done
-	fi
-	rm -f "$f"
 }
 
 # ---------------------------------------------------------------------------
@@ -297,7 +292,12 @@ ktc_teardown() {
 			rm -f "/run/netns/$KTC_NETNS"
 		}
 	fi
-	ip link show "$KTC_HOST_VETH" >/dev/null 2>&1 && ip link delete "$KTC_HOST_VETH"
+	# (The host's end of the veth pair goes with the node's end: never
+	# delete a device by name, it may be another cluster's.)
+	local cidr
+	for cidr in "$KTC_LINK_CIDR" "$KTC_POD_CIDR" "$KTC_SERVICE_CIDR"; do
+		while ip route del unreachable "$cidr" metric "$KTC_ROUTE_METRIC" 2>/dev/null; do :; done
+	done
 
 	# Cgroups, deepest first.
 	local h
@@ -308,12 +308,7 @@ ktc_teardown() {
 	done
 
 	# Host state that the node changed.
-	if [[ -f $KTC_STATE/sysctl ]]; then
-		local key val
-		while read -r key val; do
-			sysctl -qw "$key=$val" || ktc_log "warning: cannot restore $key=$val"
-		done <"$KTC_STATE/sysctl"
-	fi
+	ktc_sysctl_release
 	rm -f /var/lib/cni/results/"$KTC_CNI_NETWORK"-*
 	if [[ -f $KTC_STATE/created-paths ]]; then
 		local p
@@ -342,6 +337,62 @@ ktc_teardown() {
 	fi
 }
 
+# The host sysctls the kubelet sets are machine-wide, and several
+# clusters may run at once: the values from before the first of them are
+# kept in $KTC_SHARED/sysctl, each running cluster holds them with a file
+# in $KTC_SHARED/holders, and the last one to go restores them.
+KTC_SHARED=/run/knotless-test-cluster
+
+# ktc_sysctl_hold saves the host sysctls unless a running cluster already
+# did, and registers this cluster as a holder.
+ktc_sysctl_hold() {
+	mkdir -p "$KTC_SHARED/holders"
+	(
+		flock 9
+		if [[ ! -f $KTC_SHARED/sysctl ]]; then
+			local key
+			for key in "${KTC_HOST_SYSCTLS[@]}"; do
+				echo "$key $(sysctl -n "$key")"
+			done >"$KTC_SHARED/sysctl.new"
+			mv "$KTC_SHARED/sysctl.new" "$KTC_SHARED/sysctl"
+		fi
+		echo "$KTC_DIR" >"$KTC_SHARED/holders/$KTC_NAME"
+	) 9>"$KTC_SHARED/lock"
+}
+
+# ktc_sysctl_release drops this cluster's hold; the last holder (holders
+# whose run directory is gone do not count) restores the saved sysctls and
+# removes $KTC_SHARED. A cluster started before holders existed restores
+# its own saved copy.
+ktc_sysctl_release() {
+	if [[ ! -d $KTC_SHARED ]]; then
+		local key val
+		if [[ -f $KTC_STATE/sysctl ]]; then
+			while read -r key val; do
+				sysctl -qw "$key=$val" || ktc_log "warning: cannot restore $key=$val"
+			done <"$KTC_STATE/sysctl"
+		fi
+		return 0
+	fi
+	(
+		flock 9
+		rm -f "$KTC_SHARED/holders/$KTC_NAME"
+		local h key val
+		for h in "$KTC_SHARED"/holders/*; do
+			[[ -f $h ]] || continue
+			[[ -d $(<"$h") ]] || rm -f "$h"
+		done
+		if [[ -z $(ls -A "$KTC_SHARED/holders" 2>/dev/null) ]]; then
+			if [[ -f $KTC_SHARED/sysctl ]]; then
+				while read -r key val; do
+					sysctl -qw "$key=$val" || ktc_log "warning: cannot restore $key=$val"
+				done <"$KTC_SHARED/sysctl"
+			fi
+			rm -rf "$KTC_SHARED"
+		fi
+	) 9>>"$KTC_SHARED/lock"
+}
+
 # ktc_leftovers [SYSCTL_FILE] prints one line for everything of the
 # cluster that is still on the machine, and for each host sysctl that
 # differs from the value saved in SYSCTL_FILE; nothing after a clean
@@ -354,10 +405,12 @@ ktc_leftovers() {
 	awk -v d="$KTC_DIR" '$5 == d || index($5, d "/") == 1 { print "mount: " $5 }' /proc/self/mountinfo
 	[[ ! -e $KTC_DIR ]] || echo "path: $KTC_DIR"
 	[[ ! -e /run/netns/$KTC_NETNS ]] || echo "netns: $KTC_NETNS"
-	ip -o link show 2>/dev/null | awk -v a="$KTC_HOST_VETH" -v b="$KTC_NODE_VETH" -v c="$KTC_POD_BRIDGE" \
-		'{ n = $2; sub(/:$/, "", n); sub(/@.*/, "", n); if (n == a || n == b || n == c) print "link: " n }'
-	ip -o addr show 2>/dev/null | awk -v a="$KTC_HOST_IP" -v b="$KTC_NODE_IP" '{ split($4, x, "/"); if (x[1] == a || x[1] == b) print "address: " $4 " on " $2 }'
-	ip route show 2>/dev/null | grep -F -e "${KTC_POD_CIDR}" -e "${KTC_LINK_CIDR}" | sed 's/^/route: /' || true
+	# A link whose other end is in the node's namespace (gone with it).
+	ip -o link show 2>/dev/null | grep -F "link-netns $KTC_NETNS " | sed 's/^/link: /' || true
+	local cidr
+	for cidr in "$KTC_LINK_CIDR" "$KTC_POD_CIDR" "$KTC_SERVICE_CIDR"; do
+		ip route show exact "$cidr" 2>/dev/null | sed 's/^/route: /'
+	done
 	local h
 	for h in /sys/fs/cgroup/*/; do
 		[[ ! -d $h${KTC_CGROUP_ROOT#/} ]] || echo "cgroup: $h${KTC_CGROUP_ROOT#/}"
@@ -421,8 +474,8 @@ ktc_pki() {
 	ktc_cert kubelet "system:node:$KTC_NODE_NAME" system:nodes
 	ktc_cert apiserver-kubelet-client kube-apiserver-kubelet-client system:masters
 	ktc_cert kube-router "$KTC_NAME-kube-router" system:masters
-	openssl genrsa -out "$KTC_PKI/sa.key" 2048 2>/dev/null
-	openssl rsa -in "$KTC_PKI/sa.key" -pubout -out "$KTC_PKI/sa.pub" 2>/dev/null
+	openssl ecparam -name prime256v1 -genkey -noout -out "$KTC_PKI/sa.key" 2>/dev/null
+	openssl ec -in "$KTC_PKI/sa.key" -pubout -out "$KTC_PKI/sa.pub" 2>/dev/null
 }
 
 # ktc_kubeconfig NAME SERVER writes $KTC_DIR/NAME.kubeconfig for the
@@ -640,8 +693,10 @@ ktc_images() {
 		ctr --address "$KTC_CONTAINERD_SOCK" --timeout 60s -n k8s.io images import "$img/$t.tar" >/dev/null ||
 			ktc_die "import $t image"
 	done
-	ctr --address "$KTC_CONTAINERD_SOCK" -n k8s.io images ls -q | grep -qxF "$KTC_IMAGE" || ktc_die "image $KTC_IMAGE not imported"
-	ctr --address "$KTC_CONTAINERD_SOCK" -n k8s.io images ls -q | grep -qxF "$KTC_PAUSE_IMAGE" || ktc_die "image $KTC_PAUSE_IMAGE not imported"
+	local have
+	have=$(ctr --address "$KTC_CONTAINERD_SOCK" -n k8s.io images ls -q)
+	grep -qxF "$KTC_IMAGE" <<<"$have" || ktc_die "image $KTC_IMAGE not imported"
+	grep -qxF "$KTC_PAUSE_IMAGE" <<<"$have" || ktc_die "image $KTC_PAUSE_IMAGE not imported"
 }
 
 # ktc_load_config re-reads the KNOTLESS_CLUSTER_* settings that up ran

@@ -31,7 +31,7 @@ func commands(ctx context.Context) map[string]func() *cobra.Command {
 	return map[string]func() *cobra.Command{
 		"kube-apiserver":          apiserver.NewAPIServerCommand,
 		"kube-controller-manager": controllermanager.NewControllerManagerCommand,
-		"kube-scheduler":          scheduler.NewSchedulerCommand,
+		"kube-scheduler":          func() *cobra.Command { return scheduler.NewSchedulerCommand() },
 		"kubelet":                 func() *cobra.Command { return kubelet.NewKubeletCommand(ctx) },
 	}
 }

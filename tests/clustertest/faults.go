@@ -1,0 +1,173 @@
+package clustertest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"strings"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+)
+
+// Scale signal. A namespace has no node for its new pods after
+// RemoveCapacity and has one again after AddCapacity. It is done per
+// namespace, so tests that run in parallel on the one cluster do not see
+// each other's signal: the PodNodeSelector admission plugin gives every
+// pod created in the namespace a node selector (capacityLabel) that the
+// node carries only while the namespace has capacity. A pod created while
+// the namespace has none stays Pending with PodScheduled=False,
+// reason Unschedulable, until capacity comes back.
+
+const nodeSelectorAnnotation = "scheduler.alpha.kubernetes.io/node-selector"
+
+// capacityLabel is the node label that gives the namespace capacity.
+func (c *Cluster) capacityLabel() string {
+	return "capacity.knotless.dev/" + c.Namespace
+}
+
+// RemoveCapacity makes the cluster have no schedulable node for pods
+// created from now on in the test's namespace.
+func (c *Cluster) RemoveCapacity(ctx context.Context) error {
+	if err := c.labelNodes(ctx, c.capacityLabel(), nil); err != nil {
+		return err
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
+		"annotations": map[string]string{nodeSelectorAnnotation: c.capacityLabel() + "=true"},
+	}})
+	if err != nil {
+		return fmt.Errorf("encode namespace patch: %w", err)
+	}
+	if _, err := c.Clientset.CoreV1().Namespaces().Patch(ctx, c.Namespace, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("set node selector of namespace %s: %w", c.Namespace, err)
+	}
+	return nil
+}
+
+// AddCapacity gives the test's namespace a schedulable node again: pods
+// left Pending by RemoveCapacity are scheduled.
+func (c *Cluster) AddCapacity(ctx context.Context) error {
+	v := "true"
+	c.capacityLabelled = true
+	return c.labelNodes(ctx, c.capacityLabel(), &v)
+}
+
+// labelNodes sets (value != nil) or removes a label on every node.
+func (c *Cluster) labelNodes(ctx context.Context, key string, value *string) error {
+	nodes, err := c.Clientset.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("list nodes: %w", err)
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]*string{key: value}}})
+	if err != nil {
+		return fmt.Errorf("encode node patch: %w", err)
+	}
+	for _, n := range nodes.Items {
+		if _, err := c.Clientset.CoreV1().Nodes().Patch(ctx, n.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			return fmt.Errorf("label node %s: %w", n.Name, err)
+		}
+	}
+	return nil
+}
+
+// Faults for the failure-matrix tests.
+
+// RestartAPIServer kills the API server (SIGKILL: every watch and exec
+// stream drops at once) and starts it again, returning once it is ready.
+// It needs the cluster's scripts and run directory on this machine.
+func (c *Cluster) RestartAPIServer(ctx context.Context) error {
+	if c.Info.Dir == "" {
+		return fmt.Errorf("restart the API server: %w", errNoNodeInfo)
+	}
+	return Script(ctx, c.Info.Scripts, "restart-apiserver", []string{"KNOTLESS_CLUSTER_DIR=" + c.Info.Dir})
+}
+
+// TokenConfig returns a client config that authenticates as the service
+// account with a bound token from the TokenRequest API.
+func (c *Cluster) TokenConfig(ctx context.Context, namespace, serviceAccount string) (*rest.Config, error) {
+	expiry := int64(600) // the API's minimum
+	tr, err := c.Clientset.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, serviceAccount,
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &expiry}},
+		metav1.CreateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("request a token for %s/%s: %w", namespace, serviceAccount, err)
+	}
+	cfg := rest.AnonymousClientConfig(c.Config)
+	cfg.BearerToken = tr.Status.Token
+	return cfg, nil
+}
+
+// RevokeToken revokes every token of a service account by deleting it:
+// a bound token names the service account's UID, and the API server
+// refuses it once that object is gone.
+func (c *Cluster) RevokeToken(ctx context.Context, namespace, serviceAccount string) error {
+	err := c.Clientset.CoreV1().ServiceAccounts(namespace).Delete(ctx, serviceAccount, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete service account %s/%s: %w", namespace, serviceAccount, err)
+	}
+	return nil
+}
+
+// DeleteJob deletes a Job as a user (or the runner's reaper) would, its
+// pods going in the background.
+func (c *Cluster) DeleteJob(ctx context.Context, namespace, name string) error {
+	bg := metav1.DeletePropagationBackground
+	err := c.Clientset.BatchV1().Jobs(namespace).Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: &bg})
+	if err != nil {
+		return fmt.Errorf("delete job %s/%s: %w", namespace, name, err)
+	}
+	return nil
+}
+
+// UnavailableImage is an image reference that no node has and no
+// registry serves: a pod using it (pull policy Never or IfNotPresent)
+// never starts.
+const UnavailableImage = "knotless.test/unavailable:never-imported"
+
+// TempImage tags the run image under a name of the test's own on the
+// node, and returns the name; RemoveImage makes it unavailable later.
+func (c *Cluster) TempImage(ctx context.Context) (string, error) {
+	name := "knotless.test/temp-" + c.Namespace + ":1"
+	if err := c.ctr(ctx, "images", "tag", "--force", c.Image, name); err != nil {
+		return "", err
+	}
+	return name, nil
+}
+
+// RemoveImage removes an image from the node's containerd, so that new
+// pods using it fail with ErrImageNeverPull or ImagePullBackOff. Do not
+// remove the shared run image: use TempImage.
+func (c *Cluster) RemoveImage(ctx context.Context, image string) error {
+	return c.ctr(ctx, "images", "rm", "--sync", image)
+}
+
+func (c *Cluster) ctr(ctx context.Context, args ...string) error {
+	if c.Info.ContainerdSock == "" {
+		return fmt.Errorf("run ctr: %w", errNoNodeInfo)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	full := append([]string{"--address", c.Info.ContainerdSock, "-n", "k8s.io"}, args...)
+	out, err := exec.CommandContext(ctx, "ctr", full...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ctr %s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// PodWaitingReason returns the waiting reason of the pod's first
+// container that has one (ErrImageNeverPull, ContainerCreating, ...).
+func PodWaitingReason(p *corev1.Pod) string {
+	for _, s := range p.Status.ContainerStatuses {
+		if s.State.Waiting != nil && s.State.Waiting.Reason != "" {
+			return s.State.Waiting.Reason
+		}
+	}
+	return ""
+}
