@@ -13,11 +13,8 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/conformance"
@@ -289,7 +286,7 @@ func TestNetworkPolicyDenied(t *testing.T) {
 	t.Parallel()
 	c := clustertest.Start(t)
 	ctx := context.Background()
-	kubeconfig := scopedKubeconfig(t, c, []rbacv1.PolicyRule{
+	kubeconfig := c.ScopedKubeconfig(t, "runner", []rbacv1.PolicyRule{
 		{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: []string{"create", "get", "list", "watch", "delete"}},
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{""}, Resources: []string{"pods/exec"}, Verbs: []string{"create", "get"}},
@@ -300,42 +297,6 @@ func TestNetworkPolicyDenied(t *testing.T) {
 		t.Errorf("status %s (%s), want error naming RBAC", res.Status, res.Error)
 	}
 	assertNothingLeft(t, c)
-}
-
-// scopedKubeconfig writes a kubeconfig for a new service account bound to
-// a Role with rules in the test's namespace.
-func scopedKubeconfig(t *testing.T, c *clustertest.Cluster, rules []rbacv1.PolicyRule) string {
-	t.Helper()
-	ctx := context.Background()
-	ns := c.Namespace
-	_, err := c.Clientset.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "runner"}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Clientset.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "runner"}, Rules: rules}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Clientset.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "runner"},
-		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "runner", Namespace: ns}},
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "runner"},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := c.TokenConfig(ctx, ns, "runner")
-	if err != nil {
-		t.Fatal(err)
-	}
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["test"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData, CertificateAuthority: cfg.CAFile}
-	kc.AuthInfos["runner"] = &clientcmdapi.AuthInfo{Token: cfg.BearerToken}
-	kc.Contexts["runner"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "runner", Namespace: ns}
-	kc.CurrentContext = "runner"
-	path := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := clientcmd.WriteToFile(*kc, path); err != nil {
-		t.Fatal(err)
-	}
-	return path
 }
 
 // A runner killed mid-run leaves its Job; the next start sweeps it.
@@ -403,7 +364,7 @@ func TestStreamCutMidStep(t *testing.T) {
 func TestTokenRevokedMidRun(t *testing.T) {
 	t.Parallel()
 	c := clustertest.Start(t)
-	kubeconfig := scopedKubeconfig(t, c, kubecred.Rules())
+	kubeconfig := c.ScopedKubeconfig(t, "runner", kubecred.Rules())
 	ex := newExecutor(t, c, func(cfg *kubernetes.Config) { cfg.Credentials.Kubeconfig = kubeconfig })
 	runID := randomID("rev")
 	done := make(chan *run.Result, 1)
