@@ -228,15 +228,10 @@ func (s *Session) FollowStep(ctx context.Context, id string, offset int64, out i
 	if err != nil {
 		return executor.Exit{}, err
 	}
-	if _, err := st.out.Follow(ctx, offset, out); err != nil {
+	if err := st.out.FollowUntil(ctx, offset, out, st.done); err != nil {
 		return executor.Exit{}, err
 	}
-	select {
-	case <-st.done:
-		return st.exit, st.err
-	case <-ctx.Done():
-		return executor.Exit{}, ctx.Err()
-	}
+	return st.exit, st.err
 }
 
 // KillStep kills the step's session and every process of no live

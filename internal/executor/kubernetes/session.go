@@ -255,15 +255,10 @@ func (s *Session) FollowStep(ctx context.Context, id string, offset int64, out i
 		s.wg.Add(1)
 		go s.pump(id, st, "follow", nil, make(chan struct{}))
 	}
-	if _, err := st.out.Follow(ctx, offset, out); err != nil {
+	if err := st.out.FollowUntil(ctx, offset, out, st.done); err != nil {
 		return executor.Exit{}, err
 	}
-	select {
-	case <-st.done:
-		return st.exit, st.err
-	case <-ctx.Done():
-		return executor.Exit{}, ctx.Err()
-	}
+	return st.exit, st.err
 }
 
 // KillStep implements executor.Session: the step's whole session and

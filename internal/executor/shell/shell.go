@@ -263,15 +263,10 @@ func (s *Session) FollowStep(ctx context.Context, id string, offset int64, out i
 	if err != nil {
 		return executor.Exit{}, err
 	}
-	if _, err := p.out.Follow(ctx, offset, out); err != nil {
+	if err := p.out.FollowUntil(ctx, offset, out, p.done); err != nil {
 		return executor.Exit{}, err
 	}
-	select {
-	case <-p.done:
-		return p.exit, p.err
-	case <-ctx.Done():
-		return executor.Exit{}, ctx.Err()
-	}
+	return p.exit, p.err
 }
 
 // KillStep kills every process in the step's session.

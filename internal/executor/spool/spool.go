@@ -120,3 +120,18 @@ func (s *Spool) drop(offset int64) {
 		s.base = offset
 	}
 }
+
+// FollowUntil follows the output to w and then waits for done, the signal
+// of the step's owner that its exit is known: every executor's
+// FollowStep is this, then the exit it recorded.
+func (s *Spool) FollowUntil(ctx context.Context, offset int64, w io.Writer, done <-chan struct{}) error {
+	if _, err := s.Follow(ctx, offset, w); err != nil {
+		return err
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -35,3 +35,21 @@ func TestFollowStopsWithContext(t *testing.T) {
 		t.Errorf("Follow on open spool = %v, want deadline exceeded", err)
 	}
 }
+
+func TestFollowUntilWaitsForTheOwner(t *testing.T) {
+	t.Parallel()
+	s := New()
+	done := make(chan struct{})
+	_, _ = s.Write([]byte("out"))
+	_ = s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	var b bytes.Buffer
+	if err := s.FollowUntil(ctx, 0, &b, done); err != context.DeadlineExceeded || b.String() != "out" {
+		t.Errorf("FollowUntil before the owner is done = %v, %q; want deadline exceeded after the output", err, b.String())
+	}
+	close(done)
+	if err := s.FollowUntil(context.Background(), 3, &b, done); err != nil || b.String() != "out" {
+		t.Errorf("FollowUntil after the owner is done = %v, %q", err, b.String())
+	}
+}
