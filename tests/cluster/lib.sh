@@ -565,6 +565,57 @@ ktc_start_apiserver() {
 		--profiling=false --cert-dir "$KTC_DIR/apiserver" --v 1
 }
 
+# ktc_start_controllers starts kube-controller-manager and kube-scheduler
+# (up, restart-apiserver).
+ktc_start_controllers() {
+	local mask=${KTC_POD_CIDR#*/}
+	ktc_start kube-controller-manager "$KTC_BIN/kube-controller-manager" \
+		--kubeconfig "$KTC_DIR/controller-manager.kubeconfig" \
+		--authentication-kubeconfig "$KTC_DIR/controller-manager.kubeconfig" \
+		--authorization-kubeconfig "$KTC_DIR/controller-manager.kubeconfig" \
+		--bind-address 127.0.0.1 --secure-port "$KTC_CONTROLLER_MANAGER_PORT" \
+		--leader-elect=false --use-service-account-credentials \
+		--service-account-private-key-file "$KTC_PKI/sa.key" --root-ca-file "$KTC_PKI/ca.crt" \
+		--cluster-signing-cert-file "$KTC_PKI/ca.crt" --cluster-signing-key-file "$KTC_PKI/ca.key" \
+		--allocate-node-cidrs --cluster-cidr "$KTC_POD_CIDR" --node-cidr-mask-size "$mask" \
+		--service-cluster-ip-range "$KTC_SERVICE_CIDR" \
+		--concurrent-job-syncs 10 --node-monitor-grace-period 20s \
+		--cert-dir "$KTC_DIR/controller-manager" --v 1
+	ktc_start kube-scheduler "$KTC_BIN/kube-scheduler" \
+		--kubeconfig "$KTC_DIR/scheduler.kubeconfig" \
+		--authentication-kubeconfig "$KTC_DIR/scheduler.kubeconfig" \
+		--authorization-kubeconfig "$KTC_DIR/scheduler.kubeconfig" \
+		--bind-address 127.0.0.1 --secure-port "$KTC_SCHEDULER_PORT" \
+		--leader-elect=false --cert-dir "$KTC_DIR/scheduler" --v 1
+}
+
+# ktc_start_kubelet starts the node's kubelet (up, restart-apiserver).
+ktc_start_kubelet() {
+	ktc_start kubelet nsenter --net="/run/netns/$KTC_NETNS" -- "$KTC_BIN/kubelet" \
+		--config "$KTC_DIR/kubelet/config.yaml" --kubeconfig "$KTC_DIR/kubelet.kubeconfig" \
+		--root-dir "$KTC_DIR/kubelet" --cert-dir "$KTC_DIR/kubelet/pki" \
+		--hostname-override "$KTC_NODE_NAME" --node-ip "$KTC_NODE_IP" --v 1
+}
+
+# ktc_start_router starts kube-router, the NetworkPolicy firewall (up,
+# restart-apiserver).
+ktc_start_router() {
+	ktc_start kube-router nsenter --net="/run/netns/$KTC_NETNS" -- "$KTC_BIN/kube-router" \
+		--kubeconfig "$KTC_DIR/kube-router.kubeconfig" --hostname-override "$KTC_NODE_NAME" \
+		--run-router=false --run-service-proxy=false --run-firewall=true --enable-cni=false \
+		--enable-ipv4=true --enable-ipv6=false \
+		--health-port "$KTC_KUBE_ROUTER_HEALTH_PORT" --metrics-port 0 --v 1
+}
+
+# ktc_router_ready: kube-router has installed its FORWARD chain.
+ktc_router_ready() { ip netns exec "$KTC_NETNS" iptables -w -S FORWARD | grep -q KUBE-ROUTER-FORWARD; }
+
+# ktc_node_ready: the node reports Ready.
+ktc_node_ready() {
+	[[ $(ktc_api "/api/v1/nodes/$KTC_NODE_NAME" |
+		jq -r '.status.conditions[] | select(.type == "Ready") | .status') == True ]]
+}
+
 # ktc_node_config writes the configuration of containerd, the CNI network
 # and the kubelet.
 ktc_node_config() {

@@ -228,7 +228,18 @@ func TestNetworkPolicy(t *testing.T) {
 		}
 		return strings.TrimSpace(out.String()), code
 	}
-	if out, code := probe(); code != 0 || out != "pong" {
+	// The server pod has no readiness probe: Ready can come a moment
+	// before nc listens, so the baseline gets a few tries.
+	var out string
+	var code int
+	for try := 1; try <= 5; try++ {
+		if out, code = probe(); code == 0 && out == "pong" {
+			break
+		}
+		t.Logf("without a policy, try %d: probe got %q, exit %d", try, out, code)
+		time.Sleep(time.Second)
+	}
+	if code != 0 || out != "pong" {
 		t.Fatalf("without a policy: probe got %q, exit %d; want pong, 0", out, code)
 	}
 
