@@ -360,7 +360,9 @@ func TestStreamCutMidStep(t *testing.T) {
 
 // Credentials that stop working mid-run (the token is revoked) end the
 // run with an error that names the refusal; the Job's active deadline
-// lets the cluster reap what the runner can no longer delete.
+// lets the cluster reap what the runner can no longer delete. Step a
+// outlasts the API server's 10 s cache of successful authentications,
+// so step b meets the revocation.
 func TestTokenRevokedMidRun(t *testing.T) {
 	t.Parallel()
 	c := clustertest.Start(t)
@@ -370,7 +372,7 @@ func TestTokenRevokedMidRun(t *testing.T) {
 	done := make(chan *run.Result, 1)
 	go func() {
 		done <- engine(ex, c.Image).Run(context.Background(), run.Request{
-			RunID: runID, Workflow: parse(t, "on: push\ntimeout: 2m\nsteps:\n  - {name: a, run: 'sleep 6'}\n  - {name: b, run: 'echo b'}\n"),
+			RunID: runID, Workflow: parse(t, "on: push\ntimeout: 2m\nsteps:\n  - {name: a, run: 'sleep 12'}\n  - {name: b, run: 'echo b'}\n"),
 			Checkout: t.TempDir(), Trusted: true,
 		})
 	}()
