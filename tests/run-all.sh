@@ -41,6 +41,9 @@ bash tests/pds/install.sh
 phase "docker packages for the private test dockerd"
 sh tests/dockerd/install
 
+phase "systemd-nspawn for the appliance tests under a real systemd"
+sh tests/systemd/install
+
 phase "cluster up"
 cluster_up=1
 tests/cluster/up
