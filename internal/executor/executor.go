@@ -32,6 +32,14 @@ type Resumer interface {
 	Resume(ctx context.Context, ref Ref) (Session, error)
 }
 
+// Releaser is a Session that can let go of its steps' streams: they end
+// at once (the steps are not told, no output is acknowledged), the steps
+// and the session go on, and another process can Resume the session and
+// follow them. The session stays usable; Stop still removes it.
+type Releaser interface {
+	Release()
+}
+
 // Session is one run's sandbox.
 type Session interface {
 	// Ref identifies the session for state.json and Resume.

@@ -3,6 +3,8 @@ package run
 import (
 	"fmt"
 	"time"
+
+	"knotless.dev/run/internal/executor"
 )
 
 // Status is how a run or a step ended.
@@ -15,6 +17,9 @@ const (
 	Error     Status = "error"     // the runner or the infrastructure failed
 	Cancelled Status = "cancelled" // the run was stopped from outside
 	Skipped   Status = "skipped"   // a step not run because an earlier one ended the run
+	// Detached is not final: the run was handed over (Request.Detach)
+	// and goes on in its session for a successor to Adopt.
+	Detached Status = "detached"
 )
 
 // Result is the outcome of a run; it maps one-to-one onto a
@@ -30,8 +35,29 @@ type Result struct {
 	Outputs    []string     `json:"outputs,omitempty"`
 	StartedAt  time.Time    `json:"startedAt"`
 	FinishedAt time.Time    `json:"finishedAt"`
+	// Handover is where a Detached run stopped.
+	Handover *Handover `json:"handover,omitempty"`
 	// Log is the masked run log, capped; it is written on its own.
 	Log []byte `json:"-"`
+}
+
+// Handover is what a successor process needs to Adopt a detached run:
+// the session, the step that was going and how much of its output the
+// log already holds. The log itself travels beside it (Result.Log).
+type Handover struct {
+	Session executor.Ref `json:"session"`
+	// Step is the index of the step to go on with; Started says whether
+	// it was started (follow it from Offset) or not (start it).
+	Step          int       `json:"step"`
+	Started       bool      `json:"started,omitempty"`
+	Offset        int64     `json:"offset,omitempty"`
+	StepStartedAt time.Time `json:"stepStartedAt,omitzero"`
+	// StartedAt is the run's start; SessionStartedAt the session's, from
+	// which the workflow's timeout counts.
+	StartedAt        time.Time `json:"startedAt"`
+	SessionStartedAt time.Time `json:"sessionStartedAt"`
+	// Steps are the step results so far.
+	Steps []StepResult `json:"steps"`
 }
 
 // StepResult is one step's outcome.

@@ -76,12 +76,51 @@ type Request struct {
 	// Live receives the masked log as it is written (a terminal).
 	Live        io.Writer
 	Annotations map[string]string
+	// Detach, when closed, hands the run over instead of finishing it:
+	// the engine stops following, leaves the step and the session going,
+	// and returns status Detached with the Handover a successor Adopts.
+	// A step that has not started yet is left for the successor to
+	// start; once the last step has ended the run finishes here. Only an
+	// executor that resumes sessions (executor.Resumer) detaches; with
+	// any other, Detach is ignored.
+	Detach <-chan struct{}
 }
 
 // Run runs req to the end and returns its result. It never returns
 // without a final status: every fault becomes Error, a cancelled ctx
 // becomes Cancelled.
 func (e *Engine) Run(ctx context.Context, req Request) *Result {
+	r := e.newRunState(req)
+	r.execute(ctx)
+	r.finish()
+	return r.res
+}
+
+// Adopt goes on with a run another process detached: it resumes the
+// session, follows the step that was going from where the log stopped
+// (or starts the step that was next), runs the remaining steps, collects
+// the outputs and stops the session as Run does. priorLog is the earlier
+// process's log (Result.Log of the detached run); the result's log
+// continues it. req must be the request the run was started with; its
+// secrets are granted again for the remaining steps.
+func (e *Engine) Adopt(ctx context.Context, req Request, h Handover, priorLog []byte) *Result {
+	r := e.newRunState(req)
+	r.res.StartedAt = h.StartedAt
+	for i := range r.res.Steps {
+		if i < len(h.Steps) && h.Steps[i].Name == r.res.Steps[i].Name {
+			r.res.Steps[i] = h.Steps[i]
+		}
+	}
+	_, _ = r.buf.Write(priorLog)
+	r.adopt(ctx, h)
+	r.finish()
+	return r.res
+}
+
+func (e *Engine) newRunState(req Request) *runState {
+	if _, ok := e.cfg.Executor.(executor.Resumer); !ok {
+		req.Detach = nil
+	}
 	r := &runState{
 		eng: e,
 		req: req,
@@ -97,9 +136,7 @@ func (e *Engine) Run(ctx context.Context, req Request) *Result {
 	for _, s := range req.Workflow.Steps {
 		r.res.Steps = append(r.res.Steps, StepResult{Name: s.Name, Status: Skipped})
 	}
-	r.execute(ctx)
-	r.finish()
-	return r.res
+	return r
 }
 
 type runState struct {
@@ -112,12 +149,15 @@ type runState struct {
 	lines   lineTracker
 	granted map[string]string
 	scripts [][]byte
+	// sessionStarted is when the session was there: the workflow's
+	// timeout counts from it, not from a wait for a node.
+	sessionStarted time.Time
 }
 
 func (r *runState) execute(ctx context.Context) {
 	wf := r.req.Workflow
 	grantErr := r.grantSecrets()
-	r.openLog()
+	r.openLog(true)
 	if grantErr != nil {
 		r.fail(Error, "", grantErr)
 		return
@@ -136,23 +176,66 @@ func (r *runState) execute(ctx context.Context) {
 		return
 	}
 	r.log.Info("session started", "session", sess.Ref().String())
+	r.sessionStarted = time.Now()
 	defer r.stop(ctx, sess)
 
-	runCtx := ctx
-	if wf.Timeout > 0 {
-		var cancel context.CancelFunc
-		runCtx, cancel = context.WithTimeout(ctx, wf.Timeout)
-		defer cancel()
-	}
+	runCtx, cancel := r.runContext(ctx)
+	defer cancel()
 	dirs := sess.Dirs()
 	if err := r.putCheckout(runCtx, sess, dirs); err != nil {
 		r.fail(r.faultStatus(ctx), "", err)
 		return
 	}
-	r.runSteps(ctx, runCtx, sess, dirs)
+	r.runSteps(ctx, runCtx, sess, dirs, nil)
 	if err := r.collectOutputs(ctx, sess, dirs); err != nil && r.res.Status == Success {
 		r.fail(Error, "", err)
 	}
+}
+
+// adopt is execute for a run an earlier process detached: the session
+// and the checkout are there already.
+func (r *runState) adopt(ctx context.Context, h Handover) {
+	grantErr := r.grantSecrets()
+	r.openLog(false)
+	if grantErr != nil {
+		r.fail(Error, "", grantErr)
+		return
+	}
+	if h.Step < 0 || h.Step >= len(r.req.Workflow.Steps) {
+		r.fail(Error, "", fmt.Errorf("adopt run %s: step %d of a workflow of %d steps", r.req.RunID, h.Step+1, len(r.req.Workflow.Steps)))
+		return
+	}
+	resumer, ok := r.eng.cfg.Executor.(executor.Resumer)
+	if !ok {
+		r.fail(Error, "", fmt.Errorf("adopt run %s: the %s executor cannot resume sessions", r.req.RunID, r.eng.cfg.Executor.Name()))
+		return
+	}
+	r.logf("knotless-run: adopted by a new runner process at step %d/%d", h.Step+1, len(r.req.Workflow.Steps))
+	sess, err := resumer.Resume(ctx, h.Session)
+	if err != nil {
+		r.fail(r.faultStatus(ctx), "", fmt.Errorf("resume session %s: %w", h.Session, err))
+		return
+	}
+	r.log.Info("session resumed", "session", sess.Ref().String(), "step", h.Step+1, "offset", h.Offset)
+	r.sessionStarted = h.SessionStartedAt
+	defer r.stop(ctx, sess)
+
+	runCtx, cancel := r.runContext(ctx)
+	defer cancel()
+	dirs := sess.Dirs()
+	r.runSteps(ctx, runCtx, sess, dirs, &h)
+	if err := r.collectOutputs(ctx, sess, dirs); err != nil && r.res.Status == Success {
+		r.fail(Error, "", err)
+	}
+}
+
+// runContext bounds the run by the workflow's timeout, counted from the
+// session's start (for an adopted run, the first process's session).
+func (r *runState) runContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if r.req.Workflow.Timeout <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithDeadline(ctx, r.sessionStarted.Add(r.req.Workflow.Timeout))
 }
 
 // grantSecrets decides which secret values the run gets: none for an
@@ -173,7 +256,7 @@ func (r *runState) grantSecrets() error {
 	return nil
 }
 
-func (r *runState) openLog() {
+func (r *runState) openLog(first bool) {
 	sink := io.Writer(r.buf)
 	if r.req.Live != nil {
 		sink = io.MultiWriter(r.buf, r.req.Live)
@@ -184,7 +267,7 @@ func (r *runState) openLog() {
 	}
 	r.out = mask.NewWriter(&r.lines, values)
 	r.lines.w = sink
-	if !r.req.Trusted {
+	if !r.req.Trusted && first {
 		for _, name := range r.req.Workflow.Secrets {
 			r.logf("knotless-run: secret %s withheld: untrusted run", name)
 		}
@@ -280,19 +363,38 @@ func scriptsTar(scripts [][]byte) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// runSteps runs the steps in order until one does not succeed.
-func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, dirs executor.Dirs) {
+// runSteps runs the steps in order until one does not succeed, or the
+// run is detached. from, for an adopted run, says where to go on.
+func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, dirs executor.Dirs, from *Handover) {
 	steps := r.req.Workflow.Steps
-	for i, s := range steps {
+	first := 0
+	if from != nil {
+		first = from.Step
+	}
+	for i := first; i < len(steps); i++ {
+		s := steps[i]
 		sr := &r.res.Steps[i]
-		r.logf("==> step %d/%d: %s", i+1, len(steps), s.Name)
-		r.log.Info("step started", "step", s.Name)
-		start := time.Now()
-		exit, err := r.runStep(ctx, runCtx, sess, dirs, i)
-		sr.Duration = time.Since(start)
+		at := stepStart{time: time.Now()}
+		if from != nil && i == from.Step && from.Started {
+			// Its header and the output up to Offset are in the log already.
+			at = stepStart{time: from.StepStartedAt, started: true, offset: from.Offset}
+		} else {
+			if r.detached() {
+				r.handOver(sess, Handover{Step: i})
+				return
+			}
+			r.logf("==> step %d/%d: %s", i+1, len(steps), s.Name)
+			r.log.Info("step started", "step", s.Name)
+		}
+		exit, err := r.runStep(ctx, runCtx, sess, dirs, i, at)
+		sr.Duration = time.Since(at.time)
 		r.out.Flush()
 		r.lines.endLine()
+		var d *detachedError
 		switch {
+		case errors.As(err, &d):
+			r.handOver(sess, Handover{Step: i, Started: true, Offset: d.offset, StepStartedAt: at.time})
+			return
 		case err == nil && exit.Code == 0:
 			sr.Status = Success
 			sr.ExitCode = &exit.Code
@@ -321,26 +423,74 @@ func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, 
 	r.res.Status = Success
 }
 
-// runStep starts one step and follows it to its end, killing it at its
-// timeout, at the run's timeout, or when the run is cancelled.
-func (r *runState) runStep(ctx, runCtx context.Context, sess executor.Session, dirs executor.Dirs, i int) (executor.Exit, error) {
-	s := r.req.Workflow.Steps[i]
-	text, err := r.payload(dirs, i)
-	if err != nil {
-		return executor.Exit{}, fmt.Errorf("step %s: %w", s.Name, err)
+// stepStart is where a step's run begins: now, or (adopted) a step an
+// earlier process started, of which offset output bytes are logged.
+type stepStart struct {
+	time    time.Time
+	started bool
+	offset  int64
+}
+
+// detachedError ends following a step whose run was detached.
+type detachedError struct{ offset int64 }
+
+func (e *detachedError) Error() string { return "run detached" }
+
+func (r *runState) detached() bool {
+	select {
+	case <-r.req.Detach:
+		return true
+	default:
+		return false
 	}
+}
+
+// handOver ends the run here as Detached, leaving the session going.
+func (r *runState) handOver(sess executor.Session, h Handover) {
+	h.Session = sess.Ref()
+	h.StartedAt, h.SessionStartedAt = r.res.StartedAt, r.sessionStarted
+	h.Steps = append([]StepResult(nil), r.res.Steps...)
+	r.res.Status, r.res.Handover = Detached, &h
+	if h.Started {
+		r.logf("knotless-run: runner stopping: step %d/%d goes on, handed over to the next runner process", h.Step+1, len(r.req.Workflow.Steps))
+	} else {
+		r.logf("knotless-run: runner stopping: step %d/%d is left to the next runner process", h.Step+1, len(r.req.Workflow.Steps))
+	}
+	r.log.Info("run detached", "session", h.Session.String(), "step", h.Step+1, "started", h.Started, "offset", h.Offset)
+}
+
+// runStep starts one step (unless at says it was started) and follows
+// it to its end, killing it at its timeout, at the run's timeout, or
+// when the run is cancelled. Detaching stops the following only.
+func (r *runState) runStep(ctx, runCtx context.Context, sess executor.Session, dirs executor.Dirs, i int, at stepStart) (executor.Exit, error) {
+	s := r.req.Workflow.Steps[i]
 	stepCtx := runCtx
 	if s.Timeout > 0 {
 		var cancel context.CancelFunc
-		stepCtx, cancel = context.WithTimeout(runCtx, s.Timeout)
+		stepCtx, cancel = context.WithDeadline(runCtx, at.time.Add(s.Timeout))
 		defer cancel()
 	}
 	id := strconv.Itoa(i + 1)
-	exit, err := executor.Exit{}, sess.StartStep(stepCtx, id, []byte(text))
+	var err error
+	if !at.started {
+		text, perr := r.payload(dirs, i)
+		if perr != nil {
+			return executor.Exit{}, fmt.Errorf("step %s: %w", s.Name, perr)
+		}
+		err = sess.StartStep(stepCtx, id, []byte(text))
+	}
+	exit := executor.Exit{}
 	if err == nil {
-		exit, err = sess.FollowStep(stepCtx, id, 0, r.out)
+		followCtx, stopFollow := r.followContext(stepCtx, sess)
+		out := &countWriter{w: r.out}
+		exit, err = sess.FollowStep(followCtx, id, at.offset, out)
+		stopFollow()
 		if err == nil {
+			// Also when detached meanwhile: the step ended here.
 			return exit, nil
+		}
+		if stepCtx.Err() == nil && r.detached() {
+			return executor.Exit{}, &detachedError{offset: at.offset + out.n}
 		}
 	} else if stepCtx.Err() == nil {
 		return executor.Exit{}, fmt.Errorf("start step %s: %w", s.Name, err)
@@ -361,6 +511,30 @@ func (r *runState) runStep(ctx, runCtx context.Context, sess executor.Session, d
 		}
 	}
 	return executor.Exit{}, fmt.Errorf("follow step %s: %w", s.Name, err)
+}
+
+// followContext is the context a step is followed under. Detaching the
+// run releases the session (its streams end, the step goes on, nothing is
+// acknowledged, so a successor follows from here), else ends the
+// following. The returned stop waits for the watcher to end.
+func (r *runState) followContext(stepCtx context.Context, sess executor.Session) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(stepCtx)
+	if r.req.Detach == nil {
+		return ctx, cancel
+	}
+	watcher := make(chan struct{})
+	go func() {
+		defer close(watcher)
+		select {
+		case <-r.req.Detach:
+			if rel, ok := sess.(executor.Releaser); ok {
+				rel.Release()
+			}
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() { cancel(); <-watcher }
 }
 
 // payload builds the text that starts step i: the run's variables, the
@@ -418,7 +592,7 @@ func (e *Engine) DryRun(req Request, dirs executor.Dirs) ([]string, error) {
 // collectOutputs brings the session's outputs directory back and unpacks
 // it, as hostile input, into the request's outputs directory.
 func (r *runState) collectOutputs(ctx context.Context, sess executor.Session, dirs executor.Dirs) error {
-	if r.req.Outputs == "" || r.res.Status == Cancelled {
+	if r.req.Outputs == "" || r.res.Status == Cancelled || r.res.Status == Detached {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.eng.cfg.CleanupTimeout)
@@ -493,8 +667,12 @@ func listFiles(dir string) ([]string, error) {
 	return files, err
 }
 
-// stop ends the session, also when the run's context is gone.
+// stop ends the session, also when the run's context is gone; a
+// detached run's session goes on for its successor.
 func (r *runState) stop(ctx context.Context, sess executor.Session) {
+	if r.res.Status == Detached {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.eng.cfg.CleanupTimeout)
 	defer cancel()
 	if err := sess.Stop(ctx); err != nil {

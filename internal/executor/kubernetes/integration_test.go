@@ -425,3 +425,65 @@ func TestWaitsForScaleUp(t *testing.T) {
 	}
 	assertNothingLeft(t, c)
 }
+
+// A run detached mid-step (its runner process stops) goes on in its Job;
+// the next process adopts it: it keeps the Job out of its sweep, follows
+// the step from where the log stopped, gets its real exit, runs the rest,
+// and leaves nothing. The log holds every line exactly once.
+func TestDetachAndAdopt(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t)
+	runner := "did:plc:" + randomID("adopt")
+	sameRunner := func(cfg *kubernetes.Config) { cfg.Runner = runner }
+	wf := parse(t, "on: push\nsteps:\n  - name: long\n    run: |\n      echo before\n      sleep 10\n      echo after\n  - name: next\n    run: echo next\n")
+	req := run.Request{RunID: randomID("adopt"), Workflow: wf, Checkout: t.TempDir(), Trusted: true}
+
+	detach := make(chan struct{})
+	first := req
+	first.Detach = detach
+	done := make(chan *run.Result, 1)
+	go func() { done <- engine(newExecutor(t, c, sameRunner), c.Image).Run(context.Background(), first) }()
+	waitForLog(t, c, req.RunID)
+	close(detach)
+	res := <-done
+	h := res.Handover
+	if res.Status != run.Detached || h == nil || h.Step != 0 || !h.Started || h.Offset != int64(len("before\n")) || h.SessionStartedAt.IsZero() {
+		t.Fatalf("status %s (%s), handover %+v; want detached in step 1 after its first line\nlog:\n%s", res.Status, res.Error, h, res.Log)
+	}
+
+	next := newExecutor(t, c, sameRunner)
+	swept, err := next.Sweep(context.Background(), []string{req.RunID})
+	if err != nil || len(swept) != 0 {
+		t.Fatalf("sweep keeping the detached run: swept %v, %v", swept, err)
+	}
+	adopted := engine(next, c.Image).Adopt(context.Background(), req, *h, res.Log)
+	if adopted.Status != run.Success {
+		t.Fatalf("adopted: status %s (%s)\nlog:\n%s", adopted.Status, adopted.Error, adopted.Log)
+	}
+	log := string(adopted.Log)
+	for _, line := range []string{"before", "after", "next", "==> step 1/2: long"} {
+		if n := countLines(log, line); n != 1 {
+			t.Errorf("line %q %d times in the log, want once:\n%s", line, n, log)
+		}
+	}
+	if !strings.Contains(log, "adopted by a new runner process") {
+		t.Errorf("the log does not say the run was adopted:\n%s", log)
+	}
+	if s := adopted.Steps[0]; s.ExitCode == nil || *s.ExitCode != 0 || s.Duration < 10*time.Second {
+		t.Errorf("step long: %+v, want exit 0 and its whole duration", s)
+	}
+	if !adopted.StartedAt.Equal(res.StartedAt) {
+		t.Errorf("adopted run started at %v, want the first start %v", adopted.StartedAt, res.StartedAt)
+	}
+	assertNothingLeft(t, c)
+}
+
+func countLines(text, line string) int {
+	n := 0
+	for _, l := range strings.Split(text, "\n") {
+		if l == line {
+			n++
+		}
+	}
+	return n
+}

@@ -248,4 +248,7 @@ func deleteJob(ctx context.Context, jobs jobDeleter, name string) error {
 
 func ptrTo[T any](v T) *T { return &v }
 
-var _ executor.Resumer = (*Executor)(nil)
+var (
+	_ executor.Resumer  = (*Executor)(nil)
+	_ executor.Releaser = (*Session)(nil)
+)

@@ -276,6 +276,21 @@ func (s *Session) KillStep(ctx context.Context, id string) error {
 	return nil
 }
 
+// Release implements executor.Releaser: the pumps end without
+// acknowledging any output, so each step's spool stays in the pod for a
+// successor that follows it from where this process stopped.
+func (s *Session) Release() {
+	s.mu.Lock()
+	if s.cancel != nil {
+		s.cancel()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	s.mu.Lock()
+	s.steps = nil // a step followed again gets a pump of its own
+	s.mu.Unlock()
+}
+
 // Stop implements executor.Session: it ends the pumps, deletes the Job
 // and waits until its pod is gone.
 func (s *Session) Stop(ctx context.Context) error {
