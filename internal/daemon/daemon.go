@@ -7,6 +7,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -25,6 +26,7 @@ import (
 	"knotless.dev/run/internal/mirror"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/state"
+	"knotless.dev/run/internal/workflow"
 )
 
 // Config configures the daemon. The cli fills it from flags, the config
@@ -106,6 +108,12 @@ type Daemon struct {
 	lister  *ingest.Lister
 
 	wake chan struct{} // a hint that records changed: reconcile soon
+	// detach is closed on SIGTERM to hand started runs over; nil when the
+	// executor cannot resume sessions (they then finish within StopWait).
+	detach chan struct{}
+	// adopted are the runs an earlier process handed over, taken up
+	// before READY=1.
+	adopted []*job
 
 	mu       sync.Mutex
 	st       *state.State
@@ -117,6 +125,7 @@ type Daemon struct {
 	hosts        []string
 	cursorsDirty bool
 	workCond     chan struct{} // closed and replaced when the queue changes
+	detached     int           // runs handed over by detaching
 }
 
 // ErrStateCorrupt wraps a state file that stops the start.
@@ -131,6 +140,9 @@ func Run(ctx context.Context, cfg Config) error {
 		wake:     make(chan struct{}, 1),
 		running:  map[string]*job{},
 		workCond: make(chan struct{}),
+	}
+	if _, ok := cfg.Executor.(executor.Resumer); ok {
+		d.detach = make(chan struct{})
 	}
 	if err := d.start(ctx); err != nil {
 		return err
@@ -206,7 +218,8 @@ func (d *Daemon) start(ctx context.Context) error {
 		Logger: cfg.Logger.With("component", "ingest"),
 	}
 
-	if err := d.sweep(ctx); err != nil {
+	d.adopted = d.adoptable(ctx)
+	if err := d.sweep(ctx, d.adopted); err != nil {
 		return err
 	}
 	checks, bad, err := forge.ListOwn[forge.Check](ctx, acct, forge.CollectionCheck)
@@ -223,22 +236,81 @@ func (d *Daemon) start(ctx context.Context) error {
 	return nil
 }
 
-// sweep removes the sessions no run owns any more. Runs a stopped process
-// left in state.json are not adopted by this build (see docs/design/
-// daemon.md): their checks are not final, so reconciliation runs them
-// again under the same check key.
-func (d *Daemon) sweep(ctx context.Context) error {
-	left := len(d.st.Runs)
-	removed, err := d.cfg.Executor.Sweep(ctx, nil)
+// adoptable returns, as jobs, the runs an earlier process handed over
+// that this executor can take up again. The other runs it left (killed
+// mid-run, or on an executor that cannot resume) are not final: the
+// reconciliation runs them again under the same check key.
+func (d *Daemon) adoptable(ctx context.Context) []*job {
+	if d.detach == nil {
+		return nil
+	}
+	var jobs []*job
+	for key, r := range d.st.Runs {
+		if r.Handover == nil {
+			continue
+		}
+		j, err := d.rebuild(ctx, key, r)
+		if err != nil {
+			d.log.Warn("cannot adopt a handed-over run; its work runs again", "check", key, "run", r.RunID, "err", err)
+			continue
+		}
+		jobs = append(jobs, j)
+	}
+	return jobs
+}
+
+// rebuild makes the job of a handed-over run from what state.json and
+// the run's directory keep.
+func (d *Daemon) rebuild(ctx context.Context, key string, r state.Run) (*job, error) {
+	var saved savedJob
+	if err := json.Unmarshal(r.Job, &saved); err != nil {
+		return nil, fmt.Errorf("decode job: %w", err)
+	}
+	repo, err := d.mirrors.Open(ctx, saved.Event.Repo.URI.String())
+	if err != nil {
+		return nil, err
+	}
+	wfs, _, err := repo.Workflows(ctx, saved.Tree)
+	if err != nil {
+		return nil, err
+	}
+	var wf *workflow.Workflow
+	for _, w := range wfs {
+		if w.Name == r.Workflow {
+			wf = w
+		}
+	}
+	if wf == nil {
+		return nil, fmt.Errorf("workflow %s not found at %s", r.Workflow, saved.Tree)
+	}
+	prior, err := os.ReadFile(filepath.Join(d.runDir(r.RunID), handoverLog))
+	if err != nil {
+		return nil, fmt.Errorf("read the run's log so far: %w", err)
+	}
+	return &job{key: key, ev: saved.Event, wf: wf, repo: repo, tree: saved.Tree, runID: r.RunID, check: saved.Check,
+		adopt: r.Handover, prior: prior}, nil
+}
+
+// sweep removes the sessions no run owns any more: all but those of the
+// runs to adopt. The other runs an earlier process left are forgotten
+// here; their checks are not final, so reconciliation runs them again.
+func (d *Daemon) sweep(ctx context.Context, adopt []*job) error {
+	keep := make([]string, 0, len(adopt))
+	runs := map[string]state.Run{}
+	for _, j := range adopt {
+		keep = append(keep, j.runID)
+		runs[j.key] = d.st.Runs[j.key]
+	}
+	removed, err := d.cfg.Executor.Sweep(ctx, keep)
 	if err != nil {
 		return fmt.Errorf("sweep orphaned sessions: %w", err)
 	}
 	for _, r := range removed {
 		d.log.Info("swept orphaned session", "session", r.String())
 	}
-	if left > 0 {
+	if left := len(d.st.Runs) - len(runs); left > 0 {
 		d.log.Info("runs of an earlier process will run again", "runs", left)
-		d.st.Runs = nil
+		d.st.Runs = runs
 		if err := d.saveState(); err != nil {
 			return err
 		}
@@ -289,6 +361,21 @@ func (d *Daemon) serve(ctx context.Context) error {
 	}
 	if d.cfg.Firehose {
 		aux.Go(func() { d.follow(auxCtx) })
+	}
+
+	for _, j := range d.adopted {
+		jctx, cancel := context.WithCancel(runCtx)
+		j.cancel = cancel
+		d.mu.Lock()
+		d.running[j.key] = j
+		d.mu.Unlock()
+		workers.Go(func() {
+			d.runJob(jctx, j)
+			d.jobEnded(j)
+		})
+	}
+	if len(d.adopted) > 0 {
+		d.log.Info(fmt.Sprintf("adopted %d runs", len(d.adopted)), "runs", len(d.adopted))
 	}
 
 	d.cfg.Notify("READY=1")
@@ -355,8 +442,9 @@ func (d *Daemon) status() {
 
 // handover ends the process's work on SIGTERM: nothing new is claimed,
 // queued runs are released (their checks stay queued: the successor's
-// work), and started runs get StopWait to finish; what is still going
-// then is cancelled and released the same way.
+// work), and started runs are detached for the successor to adopt (an
+// executor that resumes sessions) or get StopWait to finish; what is
+// still going then is cancelled and released the same way.
 func (d *Daemon) handover(workers *sync.WaitGroup, stopRuns context.CancelFunc) {
 	d.cfg.Notify("STOPPING=1")
 	d.mu.Lock()
@@ -368,6 +456,11 @@ func (d *Daemon) handover(workers *sync.WaitGroup, stopRuns context.CancelFunc) 
 	d.mu.Unlock()
 	d.status()
 	d.log.Info("stopping: claiming nothing new", "released_queued", released, "running", going, "stop_wait", d.cfg.StopWait)
+	if d.detach != nil {
+		// The executor resumes sessions: started runs go on in their
+		// sessions and the successor adopts them.
+		close(d.detach)
+	}
 
 	done := make(chan struct{})
 	go func() { workers.Wait(); close(done) }()
@@ -409,5 +502,8 @@ func (d *Daemon) finishHandover(released, cancelled int) {
 	if err := d.saveState(); err != nil {
 		d.log.Error("save state", "err", err)
 	}
-	d.log.Info(fmt.Sprintf("handed over %d runs", released+cancelled), "queued", released, "cancelled_at_stop_wait", cancelled)
+	d.mu.Lock()
+	detached := d.detached
+	d.mu.Unlock()
+	d.log.Info(fmt.Sprintf("handed over %d runs", released+cancelled+detached), "queued", released, "going_on", detached, "cancelled_at_stop_wait", cancelled)
 }

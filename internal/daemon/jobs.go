@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base32"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -34,6 +36,18 @@ type job struct {
 	// released is set when a stopping daemon cancelled the run: its check
 	// goes back to queued for the successor.
 	released bool
+	// adopt is where an earlier process handed the run over, and prior
+	// that process's log; nil for a run this process starts.
+	adopt *run.Handover
+	prior []byte
+}
+
+// savedJob is what state.json keeps of a started run's job, so that a
+// successor can adopt the run without listing.
+type savedJob struct {
+	Event ingest.Event `json:"event"`
+	Tree  string       `json:"tree"`
+	Check forge.Check  `json:"check"`
 }
 
 // group is what supersedes: the same workflow on the same ref (a push)
@@ -337,13 +351,19 @@ func (d *Daemon) worker(ctx, runCtx context.Context) {
 			return
 		}
 		d.runJob(jctx, j)
-		j.cancel()
-		d.mu.Lock()
-		delete(d.running, j.key)
-		d.mu.Unlock()
-		d.markDoneIfIdle(j.ev)
-		d.status()
+		d.jobEnded(j)
 	}
+}
+
+// jobEnded takes a job that ran (or was handed over) out of the running
+// set.
+func (d *Daemon) jobEnded(j *job) {
+	j.cancel()
+	d.mu.Lock()
+	delete(d.running, j.key)
+	d.mu.Unlock()
+	d.markDoneIfIdle(j.ev)
+	d.status()
 }
 
 func (d *Daemon) markDoneIfIdle(ev ingest.Event) {
@@ -368,30 +388,31 @@ func (d *Daemon) markDoneIfIdle(ev ingest.Event) {
 	}
 }
 
-// runJob runs one job and writes its running and final checks.
+// runJob runs one job (or goes on with an adopted one) and writes its
+// running and final checks. A run detached by a stopping daemon gets no
+// final check: it is recorded for the successor.
 func (d *Daemon) runJob(ctx context.Context, j *job) {
 	log := d.log.With("check", j.key, "workflow", j.wf.Name, "event", j.ev.URI.String())
-	j.runID = newRunID()
-	started := time.Now().UTC()
-	j.check.Status, j.check.StartedAt = forge.StatusRunning, forge.Datetime(started)
-	if err := d.putCheck(ctx, j.key, j.check); err != nil {
-		log.Error("write running check", "err", err)
+	if j.adopt == nil {
+		j.runID = newRunID()
+		if err := d.startJob(ctx, j, log); err != nil {
+			log.Error("record the run", "err", err)
+		}
+		d.status()
+		log.Info("run started", "run", j.runID)
 	}
-	d.mu.Lock()
-	if d.st.Runs == nil {
-		d.st.Runs = map[string]state.Run{}
-	}
-	d.st.Runs[j.key] = state.Run{CheckKey: j.key, RunID: j.runID, Workflow: j.wf.Name, Event: j.ev.URI.String(), Commit: j.ev.Commit, StartedAt: started}
-	if err := d.saveStateLocked(); err != nil {
-		log.Error("save state", "err", err)
-	}
-	d.mu.Unlock()
-	d.status()
-	log.Info("run started", "run", j.runID)
 
-	dir := filepath.Join(d.cfg.CacheDir, "runs", j.runID)
-	defer os.RemoveAll(dir)
+	dir := d.runDir(j.runID)
 	res := d.execute(ctx, j, dir)
+	if res.Status == run.Detached {
+		if err := d.detachJob(j, res); err != nil {
+			log.Error("record the handover; the successor runs the work again", "run", j.runID, "err", err)
+		} else {
+			log.Info("run handed over", "run", j.runID, "step", res.Handover.Step+1, "offset", res.Handover.Offset)
+		}
+		return
+	}
+	defer os.RemoveAll(dir)
 
 	d.mu.Lock()
 	delete(d.st.Runs, j.key)
@@ -419,16 +440,74 @@ func (d *Daemon) runJob(ctx context.Context, j *job) {
 	log.Info("run finished", "run", j.runID, "status", final.Status, "failed_step", res.FailedStep)
 }
 
-// execute exports the tree and runs the workflow on the engine.
+// startJob writes the running check and records the run in state.json.
+func (d *Daemon) startJob(ctx context.Context, j *job, log *slog.Logger) error {
+	started := time.Now().UTC()
+	j.check.Status, j.check.StartedAt = forge.StatusRunning, forge.Datetime(started)
+	if err := d.putCheck(ctx, j.key, j.check); err != nil {
+		log.Error("write running check", "err", err)
+	}
+	saved, err := json.Marshal(savedJob{Event: j.ev, Tree: j.tree, Check: j.check})
+	if err != nil {
+		return fmt.Errorf("encode job %s: %w", j.key, err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.st.Runs == nil {
+		d.st.Runs = map[string]state.Run{}
+	}
+	d.st.Runs[j.key] = state.Run{CheckKey: j.key, RunID: j.runID, Workflow: j.wf.Name, Event: j.ev.URI.String(), Commit: j.ev.Commit, StartedAt: started, Job: saved}
+	return d.saveStateLocked()
+}
+
+// detachJob records a detached run for the successor: where it stopped
+// in state.json, its log beside its run directory.
+func (d *Daemon) detachJob(j *job, res *run.Result) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.detached++
+	r, ok := d.st.Runs[j.key]
+	if !ok || r.Job == nil {
+		return fmt.Errorf("run %s is not in state.json", j.runID)
+	}
+	if err := writePrivate(filepath.Join(d.runDir(j.runID), handoverLog), res.Log); err != nil {
+		return err
+	}
+	r.Handover = res.Handover
+	d.st.Runs[j.key] = r
+	return d.saveStateLocked()
+}
+
+// handoverLog is the log so far of a detached run, in its run directory.
+const handoverLog = "handover.log"
+
+func (d *Daemon) runDir(runID string) string {
+	return filepath.Join(d.cfg.CacheDir, "runs", runID)
+}
+
+func writePrivate(name string, data []byte) error {
+	if err := os.MkdirAll(filepath.Dir(name), 0o700); err != nil {
+		return err
+	}
+	if err := os.WriteFile(name, data, 0o600); err != nil {
+		return fmt.Errorf("write %s: %w", name, err)
+	}
+	return nil
+}
+
+// execute exports the tree and runs the workflow on the engine, or
+// goes on with an adopted run.
 func (d *Daemon) execute(ctx context.Context, j *job, dir string) *run.Result {
 	fail := func(err error) *run.Result {
 		now := time.Now().UTC()
 		return &run.Result{RunID: j.runID, Workflow: j.wf.Name, Status: run.Error, Error: err.Error(), StartedAt: now, FinishedAt: now,
-			Log: []byte("knotless-run: error: " + err.Error() + "\n")}
+			Log: append(j.prior, "knotless-run: error: "+err.Error()+"\n"...)}
 	}
 	checkout := filepath.Join(dir, "checkout")
-	if err := j.repo.Export(ctx, j.tree, checkout); err != nil {
-		return fail(err)
+	if j.adopt == nil {
+		if err := j.repo.Export(ctx, j.tree, checkout); err != nil {
+			return fail(err)
+		}
 	}
 	secrets := map[string]string{}
 	if j.ev.Trusted {
@@ -437,7 +516,7 @@ func (d *Daemon) execute(ctx context.Context, j *job, dir string) *run.Result {
 			return fail(err)
 		}
 	}
-	return d.engine.Run(ctx, run.Request{
+	req := run.Request{
 		RunID:    j.runID,
 		Workflow: j.wf,
 		Checkout: checkout,
@@ -448,7 +527,12 @@ func (d *Daemon) execute(ctx context.Context, j *job, dir string) *run.Result {
 			"knotless.dev/check": j.key,
 			"knotless.dev/event": j.ev.URI.String(),
 		},
-	})
+		Detach: d.detach,
+	}
+	if j.adopt != nil {
+		return d.engine.Adopt(ctx, req, *j.adopt, j.prior)
+	}
+	return d.engine.Run(ctx, req)
 }
 
 // finalError writes a final error check for a workflow that cannot run.

@@ -19,7 +19,7 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/atclient"
 
-	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/run"
 )
 
 // Version is the state.json format this build reads and writes.
@@ -55,16 +55,13 @@ type Run struct {
 	// Event and Commit identify the work (the refUpdate or pull).
 	Event  string `json:"event"`
 	Commit string `json:"commit"`
-	// Session is what the executor needs to reattach; empty until the
-	// session has started.
-	Session *executor.Ref `json:"session,omitempty"`
-	// Step and Offset are where a handed-over run's follower stopped.
-	Step   int   `json:"step,omitempty"`
-	Offset int64 `json:"offset,omitempty"`
-	// HandedOver is set when a stopping process left the run for its
-	// successor to adopt.
-	HandedOver bool      `json:"handedOver,omitempty"`
-	StartedAt  time.Time `json:"startedAt"`
+	// Job is the daemon's own description of the work, enough to pick
+	// the run up again without listing (opaque here).
+	Job json.RawMessage `json:"job,omitempty"`
+	// Handover is set when a stopping process left the run going for its
+	// successor to adopt; its log is in the cache beside the run.
+	Handover  *run.Handover `json:"handover,omitempty"`
+	StartedAt time.Time     `json:"startedAt"`
 }
 
 // New returns an empty state.
