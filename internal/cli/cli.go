@@ -43,6 +43,8 @@ type CLI struct {
 	LogFormat string `help:"Log format: auto (text on a terminal, logfmt otherwise), text, logfmt or json." enum:"auto,text,logfmt,json" default:"auto"`
 	LogLevel  string `help:"Log level: debug, info, warn or error." enum:"debug,info,warn,error" default:"info"`
 
+	Serve      ServeCmd      `cmd:"" default:"withargs" help:"The runner daemon (the default command): watch the repositories that name this runner and run their workflows."`
+	Secret     SecretCmd     `cmd:"" help:"Seal secrets to a runner."`
 	Run        RunCmd        `cmd:"" help:"Run one workflow now, without the daemon."`
 	Validate   ValidateCmd   `cmd:"" help:"Check workflow files and print every error with file:line:column."`
 	Kubeconfig KubeconfigCmd `cmd:"" help:"Mint the runner's scoped 24-hour kubeconfig (or --check one)."`

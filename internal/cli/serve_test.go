@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -22,18 +21,10 @@ import (
 	"knotless.dev/run/tests/pds"
 )
 
-// serveRoot is the command tree with serve as its default command, as
-// cli.go wires it.
-type serveRoot struct {
-	LogFormat string    `enum:"auto,text,logfmt,json" default:"auto"`
-	LogLevel  string    `enum:"debug,info,warn,error" default:"info"`
-	Serve     ServeCmd  `cmd:"" default:"withargs"`
-	Secret    SecretCmd `cmd:""`
-}
-
-func parseServe(t *testing.T, args ...string) (*serveRoot, *kong.Context, error) {
+// parseServe parses args with the command tree Main uses.
+func parseServe(t *testing.T, args ...string) (*CLI, *kong.Context, error) {
 	t.Helper()
-	var root serveRoot
+	var root CLI
 	p, err := kong.New(&root, kong.Exit(func(int) { t.Fatal("exit") }))
 	if err != nil {
 		t.Fatal(err)
@@ -132,21 +123,8 @@ func TestServeHelperProcess(t *testing.T) {
 			break
 		}
 	}
-	var root serveRoot
-	p, err := kong.New(&root)
-	if err != nil {
-		os.Exit(2)
-	}
-	kctx, err := p.Parse(args)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	env := Env{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv, Logger: newLogger(os.Stderr, "logfmt", "debug")}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	defer stop()
-	kctx.BindTo(ctx, (*context.Context)(nil))
-	os.Exit(exitCode(os.Stderr, kctx.Run(&env)))
+	env := Env{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv}
+	os.Exit(Main(context.Background(), args, env))
 }
 
 // TestServeHandover: SIGTERM during a run. The daemon says STOPPING=1
