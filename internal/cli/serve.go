@@ -120,7 +120,18 @@ func (c *ServeCmd) Run(ctx context.Context, env *Env) error {
 	log := env.Logger
 	if ok, _ := journal.StderrIsJournalStream(); ok && journal.Enabled() {
 		log = slog.New(newJournalHandler(minLevel(env.Logger)))
+		// What stops the daemon goes to the journal as an error, with
+		// its priority, not as a plain line of the stderr stream.
+		if err := c.serve(ctx, env, log); err != nil {
+			log.Error("knotless-run serve: "+err.Error(), "err", err)
+			return exitError{code: ExitError}
+		}
+		return nil
 	}
+	return c.serve(ctx, env, log)
+}
+
+func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error {
 	if c.DID == "" {
 		return errors.New("serve: --did (the runner's DID) is required")
 	}

@@ -1,0 +1,343 @@
+// Package appliance_test runs knotless-run as the NixOS module's own
+// units under a real systemd (a throwaway systemd-nspawn machine from
+// tests/systemd), against a real PDS (tests/pds) and, for the Kubernetes
+// executor, the test cluster (tests/cluster).
+//
+// The units are the module's, rendered by tests/nix/render-units.sh into
+// tests/nix/golden (tests/nix/check.sh fails when the module's evaluation
+// and those copies disagree). Only the store paths are replaced: the
+// package by the binary built from this checkout, git and coreutils by the
+// machine's /usr, the settings file by the test's.
+package appliance_test
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/syntax"
+
+	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/tests/pds"
+	systemdtest "knotless.dev/run/tests/systemd"
+)
+
+// srv is the PDS every test shares; binary is knotless-run built from
+// this checkout.
+var (
+	srv    *pds.Server
+	binary []byte
+)
+
+func repoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() || os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "tests/appliance: SKIPPED under -short or when not root: these tests boot a real systemd (systemd-nspawn) and start a real PDS")
+		os.Exit(m.Run())
+	}
+	code, err := setup(m)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "tests/appliance: %v\n", err)
+		os.Exit(1)
+	}
+	os.Exit(code)
+}
+
+func setup(m *testing.M) (int, error) {
+	dir, err := os.MkdirTemp("", "knotless-appliance-test-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(dir)
+	bin := filepath.Join(dir, "knotless-run")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/knotless-run")
+	build.Dir = repoRoot()
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		return 0, fmt.Errorf("build knotless-run: %v\n%s", err, out)
+	}
+	if binary, err = os.ReadFile(bin); err != nil {
+		return 0, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if srv, err = pds.Start(ctx, dir); err != nil {
+		return 0, fmt.Errorf("start the test PDS: %w", err)
+	}
+	defer srv.Stop()
+	return m.Run(), nil
+}
+
+// Where the machine finds what the test gives it.
+const (
+	optPath      = systemdtest.OptPath
+	configPath   = optPath + "/knotless-run.json"
+	srcMount     = "/srv/knotless-test-src" // the owner's git repository
+	passwordPath = "/run/secrets/knotless-run/app-password"
+)
+
+var placeholder = regexp.MustCompile(`@[a-z-]+@`)
+
+// unit reads a rendered unit of the module and puts this test's paths in
+// place of the store paths.
+func unit(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repoRoot(), "tests", "nix", "golden", name))
+	if err != nil {
+		t.Fatalf("rendered unit: %v (tests/nix/render-units.sh tests/nix/golden)", err)
+	}
+	s := strings.NewReplacer(
+		"@knotless-run@", optPath,
+		"@config@", configPath,
+		"@git@", "/usr",
+		"@coreutils@", "/usr",
+	).Replace(string(b))
+	if left := placeholder.FindString(s); left != "" {
+		t.Fatalf("unit %s: store path placeholder %s is left", name, left)
+	}
+	return s
+}
+
+// world is an owner with a repository whose record names the runner,
+// served from a real git repository, and the runner's account.
+type world struct {
+	t        *testing.T
+	owner    *pds.Account
+	runner   *pds.Account
+	password string
+	repoURI  syntax.ATURI
+	src      string
+	reader   *forge.Reader
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	ctx := context.Background()
+	owner, err := srv.CreateAccount(ctx, "owner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runner, err := srv.CreateAccount(ctx, "runner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	password, err := runner.AppPassword(ctx, "knotless-run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cat, err := forge.NewCatalog()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &world{t: t, owner: owner, runner: runner, password: password, src: t.TempDir(),
+		reader: &forge.Reader{Dir: srv.Directory(), Catalog: cat}}
+	if err := os.Chmod(w.src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	w.git("init", "--quiet", "--initial-branch=main")
+	w.repoURI = forge.RepoURI(owner.DID, "hello")
+	if _, err := owner.Put(ctx, forge.CollectionRepo, "hello", forge.Repo{
+		Type: forge.CollectionRepo, Name: "hello", Source: "file://" + srcMount, DefaultBranch: "main",
+		Runners: []string{runner.DID.String()}, CreatedAt: forge.Now(),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func (w *world) git(args ...string) string {
+	w.t.Helper()
+	cmd := exec.Command("git", args...)
+	cmd.Dir = w.src
+	cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		w.t.Fatalf("git %v: %v\n%s", args, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// push commits files on main and writes the refUpdate.
+func (w *world) push(files map[string]string) string {
+	w.t.Helper()
+	old := ""
+	if out, err := exec.Command("git", "-C", w.src, "rev-parse", "--verify", "--quiet", "refs/heads/main").Output(); err == nil {
+		old = strings.TrimSpace(string(out))
+	}
+	for name, content := range files {
+		p := filepath.Join(w.src, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			w.t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(strings.TrimLeft(content, "\n")), 0o644); err != nil {
+			w.t.Fatal(err)
+		}
+	}
+	w.git("add", "-A")
+	w.git("commit", "--quiet", "--allow-empty", "-m", "change")
+	commit := w.git("rev-parse", "HEAD")
+	if _, err := w.owner.Put(context.Background(), forge.CollectionRefUpdate, "", forge.RefUpdate{
+		Type: forge.CollectionRefUpdate, Repo: w.repoURI.String(), Ref: "refs/heads/main", Old: old, New: commit, CreatedAt: forge.Now(),
+	}); err != nil {
+		w.t.Fatal(err)
+	}
+	return commit
+}
+
+// checks lists the runner's check records of workflow on commit.
+func (w *world) checks(workflow, commit string) []forge.Record[forge.Check] {
+	w.t.Helper()
+	recs, _, err := forge.List[forge.Check](context.Background(), w.reader, w.runner.DID, forge.CollectionCheck)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	var out []forge.Record[forge.Check]
+	for _, r := range recs {
+		if r.Value.Workflow == workflow && r.Value.Subject.Commit == commit {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// waitCheck waits until the check of workflow on commit has a status
+// for which done is true.
+func (w *world) waitCheck(workflow, commit string, timeout time.Duration, done func(forge.Check) bool) forge.Check {
+	w.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		cs := w.checks(workflow, commit)
+		if len(cs) > 1 {
+			w.t.Fatalf("%d checks of %s on %s, want one", len(cs), workflow, commit)
+		}
+		if len(cs) == 1 && done(cs[0].Value) {
+			return cs[0].Value
+		}
+		if time.Now().After(deadline) {
+			w.t.Fatalf("check of %s on %s: %+v after %s", workflow, commit, cs, timeout)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func final(c forge.Check) bool   { return c.Final() }
+func running(c forge.Check) bool { return c.Status == forge.StatusRunning }
+
+// settings are the daemon's settings file, as the module writes it from
+// services.knotless-run.settings.
+func (w *world) settings(extra map[string]any) []byte {
+	s := map[string]any{
+		"did":         w.runner.DID.String(),
+		"pds":         srv.URL,
+		"plc-url":     srv.PLCURL,
+		"executor":    "shell",
+		"state-dir":   "/var/lib/knotless",
+		"cache-dir":   "/var/cache/knotless",
+		"stop-wait":   "2m",
+		"poll":        "1s",
+		"concurrency": 1,
+		"discover":    true,
+	}
+	for k, v := range extra {
+		s[k] = v
+	}
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return b
+}
+
+// appliance is the runner's machine: the module's units, the binary, the
+// settings, the knotless user and the app password where the module's
+// LoadCredential= takes it from.
+type appliance struct {
+	*systemdtest.Machine
+	t *testing.T
+}
+
+const service = "knotless-run.service"
+
+func boot(t *testing.T, w *world, units map[string]string, settings []byte, password string) *appliance {
+	t.Helper()
+	m := systemdtest.Boot(t, systemdtest.Options{
+		Units: units,
+		Files: map[string][]byte{"bin/knotless-run": binary, "knotless-run.json": settings},
+		Binds: []string{w.src + ":" + srcMount},
+	})
+	a := &appliance{Machine: m, t: t}
+	// What NixOS makes of users.users.knotless and of the operator's
+	// secret files (sops, agenix), and git's check of the repository's
+	// owner (root here; the daemon reads it as knotless).
+	a.sh(`mkdir -p /etc/sysusers.d && echo 'u knotless - "knotless-run" /var/lib/knotless' > /etc/sysusers.d/knotless.conf && systemd-sysusers`)
+	a.sh(`git config --system --add safe.directory '*'`)
+	a.sh(`printf '127.0.0.1 localhost\n::1 localhost\n' > /etc/hosts`) // the volatile /etc has none
+	a.sh(`install -d -m 0700 /run/secrets/knotless-run && umask 077 && printf '%s' "$1" > `+passwordPath, password)
+	return a
+}
+
+// sh runs a shell script in the machine as root, failing the test on error.
+func (a *appliance) sh(script string, args ...string) string {
+	a.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := a.Exec(ctx, append([]string{"sh", "-c", script, "sh"}, args...)...)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	return string(out)
+}
+
+func (a *appliance) systemctl(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	out, err := a.Systemctl(ctx, args...)
+	return string(out), err
+}
+
+func (a *appliance) show(unit, prop string) string {
+	a.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	v, err := a.Show(ctx, unit, prop)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	return v
+}
+
+func (a *appliance) journal(unit string) []systemdtest.JournalEntry {
+	a.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	entries, err := a.Journal(ctx, unit)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	return entries
+}
+
+// find returns the journal entries whose MESSAGE contains msg.
+func find(entries []systemdtest.JournalEntry, msg string) []systemdtest.JournalEntry {
+	var out []systemdtest.JournalEntry
+	for _, e := range entries {
+		if strings.Contains(e["MESSAGE"], msg) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
