@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -341,3 +342,18 @@ func find(entries []systemdtest.JournalEntry, msg string) []systemdtest.JournalE
 	}
 	return out
 }
+
+// blob downloads the log blob of a check.
+func (w *world) blob(t *testing.T, c forge.Check) string {
+	t.Helper()
+	if c.Log == nil {
+		t.Fatal("the check has no log blob")
+	}
+	b, err := w.reader.GetBlob(context.Background(), w.runner.DID, c.Log.Ref.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func strconvOctal(mode uint32) string { return strconv.FormatUint(uint64(mode), 8) }

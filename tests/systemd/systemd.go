@@ -435,6 +435,12 @@ func (m *Machine) Exec(ctx context.Context, args ...string) ([]byte, error) {
 	return out, nil
 }
 
+// Command is the command Exec runs, for a caller that needs its stdin
+// or streams.
+func (m *Machine) Command(ctx context.Context, args ...string) (*exec.Cmd, error) {
+	return m.command(ctx, args)
+}
+
 func (m *Machine) command(ctx context.Context, args []string) (*exec.Cmd, error) {
 	if m.leader == 0 || m.closed.Load() {
 		return nil, fmt.Errorf("machine %s is not running", m.Name())

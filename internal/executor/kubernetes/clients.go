@@ -149,6 +149,10 @@ func (c *clients) load() (*rest.Config, *kubernetes.Clientset, string, error) {
 	if err != nil || ns == "default" && !contextNamesNamespace(cc) {
 		ns = ""
 	}
+	if c.clientset != nil {
+		// A refresh replaced the file: the next Job runs with it.
+		c.log.Info("kubeconfig changed: using the new credentials", "file", files[0])
+	}
 	c.file = files[0]
 	return c.build(cfg, files[0], digest, ns)
 }
