@@ -203,6 +203,32 @@ steps:
 		a.checkExposure(t, service)
 	})
 
+	t.Run("watchdog", func(t *testing.T) {
+		// The module's WatchdogSec= is minutes; a drop-in makes it short
+		// enough to watch the pings arrive.
+		dropIn := filepath.Join(a.UnitsDir(), service+".d", "watchdog.conf")
+		if err := os.MkdirAll(filepath.Dir(dropIn), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dropIn, []byte("[Service]\nWatchdogSec=2s\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for _, args := range [][]string{{"daemon-reload"}, {"restart", service}} {
+			if out, err := a.systemctl(args...); err != nil {
+				t.Fatalf("systemctl %v: %v\n%s", args, err, out)
+			}
+		}
+		pid, restarts := a.show(service, "MainPID"), a.show(service, "NRestarts")
+		first := a.monotonic(service, "WatchdogTimestampMonotonic")
+		time.Sleep(5 * time.Second)
+		if last := a.monotonic(service, "WatchdogTimestampMonotonic"); last <= first {
+			t.Errorf("no WATCHDOG=1 in 5 s with WatchdogSec=2s (last ping at %d)", last)
+		}
+		if a.show(service, "MainPID") != pid || a.show(service, "NRestarts") != restarts {
+			t.Errorf("the watchdog restarted the daemon")
+		}
+	})
+
 	t.Run("no secret in the journal", func(t *testing.T) {
 		for _, e := range a.journal("") {
 			for k, v := range e {
