@@ -38,6 +38,8 @@ import (
 	"time"
 
 	"github.com/moby/moby/client"
+
+	"knotless.dev/run/tests/internal/hostclean"
 )
 
 // Base holds one directory per daemon, named by its id.
@@ -208,31 +210,13 @@ func create() (*Daemon, error) {
 	if err := os.Mkdir(d.dir, 0o700); err != nil {
 		return nil, err
 	}
-	if d.lock, err = lockFile(filepath.Join(d.dir, "lock")); err != nil {
+	if d.lock, err = hostclean.LockDir(d.dir); err != nil {
 		return nil, errors.Join(err, os.RemoveAll(d.dir))
 	}
 	if d.lock == nil {
 		return nil, errors.Join(fmt.Errorf("new daemon directory %s is locked", d.dir), os.RemoveAll(d.dir))
 	}
 	return d, nil
-}
-
-// lockFile opens name and takes its lock without waiting; it returns nil
-// when another process holds it. The lock goes with the process: a test
-// killed with -9 leaves its daemon's lock free.
-func lockFile(name string) (*os.File, error) {
-	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, nil
-		}
-		return nil, err
-	}
-	return f, nil
 }
 
 // Clean removes what the daemons of dead test processes left: processes,
@@ -252,46 +236,15 @@ func Clean() error {
 
 // lockBase takes the lock on Base that creating and cleaning up daemons
 // hold; closing the file releases it.
-func lockBase() (*os.File, error) {
-	if err := os.MkdirAll(Base, 0o700); err != nil {
-		return nil, err
-	}
-	f, err := os.OpenFile(filepath.Join(Base, ".lock"), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("lock %s: %w", Base, err)
-	}
-	return f, nil
-}
+func lockBase() (*os.File, error) { return hostclean.LockBase(Base) }
 
+// cleanDead cleans every daemon whose directory lock no live process
+// holds.
 func cleanDead() error {
-	entries, err := os.ReadDir(Base)
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, e := range entries {
-		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
-			continue
-		}
-		lock, err := lockFile(filepath.Join(Base, e.Name(), "lock"))
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
-			continue
-		}
-		if lock == nil && err == nil {
-			continue // a live test process holds it
-		}
-		d := &Daemon{id: e.Name(), dir: filepath.Join(Base, e.Name())}
-		errs = append(errs, d.clean())
-		if lock != nil {
-			lock.Close()
-		}
-	}
-	return errors.Join(errs...)
+	return hostclean.CleanDead(Base, nil, func(id string) error {
+		d := &Daemon{id: id, dir: filepath.Join(Base, id)}
+		return d.clean()
+	})
 }
 
 // start runs dockerd in the daemon's namespaces and cgroup, waits for
@@ -336,23 +289,7 @@ func (d *Daemon) start(ctx context.Context, image []byte) error {
 	}
 	cmd := exec.Command("sh", args...)
 	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
-	// The parent-death signal follows the thread that started the
-	// process: keep that thread until dockerd has exited.
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		d.pid = cmd.Process.Pid
-		started <- nil
-		_ = cmd.Wait()
-		close(d.exited)
-	}()
-	if err := <-started; err != nil {
-		close(d.exited)
+	if d.pid, err = hostclean.Start(cmd, d.exited); err != nil {
 		return fmt.Errorf("start dockerd: %w", err)
 	}
 	cli, err := d.Client()
@@ -420,15 +357,7 @@ func (d *Daemon) Kill() error {
 // once.
 func (d *Daemon) Stop() error {
 	d.stop.Do(func() {
-		if d.pid != 0 {
-			_ = syscall.Kill(d.pid, syscall.SIGTERM)
-			select {
-			case <-d.exited:
-			case <-time.After(30 * time.Second):
-				_ = syscall.Kill(d.pid, syscall.SIGKILL)
-				<-d.exited
-			}
-		}
+		hostclean.Stop(d.pid, d.exited, 30*time.Second)
 		d.err = d.clean()
 		if d.log != nil {
 			d.log.Close()
@@ -444,40 +373,21 @@ func (d *Daemon) Stop() error {
 // running any more or is to be killed.
 func (d *Daemon) clean() error {
 	var errs []error
-	if err := d.killAll(); err != nil {
+	if err := hostclean.KillAll("daemon "+d.id, d.pids); err != nil {
 		errs = append(errs, err)
 	}
-	errs = append(errs, unmountUnder(d.dir))
+	errs = append(errs, hostclean.UnmountUnder(d.dir))
 	errs = append(errs, d.removeShimSockets())
 	if _, err := os.Stat("/run/netns/" + d.Netns()); err == nil {
 		if out, err := exec.Command("ip", "netns", "delete", d.Netns()).CombinedOutput(); err != nil {
 			errs = append(errs, fmt.Errorf("ip netns delete %s: %v: %s", d.Netns(), err, out))
 		}
 	}
-	errs = append(errs, d.removeCgroups())
+	errs = append(errs, hostclean.RemoveCgroupTree(d.Cgroup()))
 	if err := errors.Join(errs...); err != nil {
 		return err // keep the directory: the next Start tries again
 	}
 	return os.RemoveAll(d.dir)
-}
-
-// killAll kills every process in the daemon's network namespace or
-// cgroup, until none is left.
-func (d *Daemon) killAll() error {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		pids := d.pids()
-		if len(pids) == 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("processes of daemon %s survive SIGKILL: %v", d.id, pids)
-		}
-		for _, pid := range pids {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 // pids lists the processes of the daemon: in its network namespace (the
@@ -501,19 +411,8 @@ func (d *Daemon) pids() []int {
 			}
 		}
 	}
-	for _, root := range cgroupRoots() {
-		_ = filepath.WalkDir(filepath.Join(root, d.Cgroup()), func(p string, e os.DirEntry, err error) error {
-			if err != nil || e.IsDir() || e.Name() != "cgroup.procs" {
-				return nil
-			}
-			b, _ := os.ReadFile(p)
-			for _, f := range strings.Fields(string(b)) {
-				if pid, err := strconv.Atoi(f); err == nil {
-					seen[pid] = true
-				}
-			}
-			return nil
-		})
+	for _, pid := range hostclean.CgroupPids(d.Cgroup()) {
+		seen[pid] = true
 	}
 	pids := make([]int, 0, len(seen))
 	for pid := range seen {
@@ -536,90 +435,6 @@ func (d *Daemon) daemonCgroup() (string, error) {
 		return "", fmt.Errorf("create cgroup %s: %w", dir, err)
 	}
 	return filepath.Join(dir, "cgroup.procs"), nil
-}
-
-// cgroupRoots are the mount points of the host's cgroup hierarchies.
-func cgroupRoots() []string {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	var roots []string
-	for _, line := range strings.Split(string(b), "\n") {
-		pre, post, ok := strings.Cut(line, " - ")
-		if !ok {
-			continue
-		}
-		f, g := strings.Fields(pre), strings.Fields(post)
-		if len(f) >= 5 && len(g) >= 1 && (g[0] == "cgroup" || g[0] == "cgroup2") {
-			roots = append(roots, unescapeMount(f[4]))
-		}
-	}
-	return roots
-}
-
-// removeCgroups removes the daemon's cgroup tree in every hierarchy,
-// deepest first.
-func (d *Daemon) removeCgroups() error {
-	var errs []error
-	for _, root := range cgroupRoots() {
-		top := filepath.Join(root, d.Cgroup())
-		var dirs []string
-		_ = filepath.WalkDir(top, func(p string, e os.DirEntry, err error) error {
-			if err == nil && e.IsDir() {
-				dirs = append(dirs, p)
-			}
-			return nil
-		})
-		for i := len(dirs) - 1; i >= 0; i-- {
-			var err error
-			for try := 0; try < 50; try++ {
-				if err = syscall.Rmdir(dirs[i]); err == nil || errors.Is(err, syscall.ENOENT) {
-					err = nil
-					break
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
-			if err != nil {
-				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", dirs[i], err))
-			}
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// unmountUnder unmounts every mount of the host's mount namespace below
-// dir, deepest first. The daemon mounts in its own namespace, so there
-// are none unless it was started some other way.
-func unmountUnder(dir string) error {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return err
-	}
-	var points []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 {
-			continue
-		}
-		p := unescapeMount(f[4])
-		if p == dir || strings.HasPrefix(p, dir+"/") {
-			points = append(points, p)
-		}
-	}
-	sort.Sort(sort.Reverse(sort.StringSlice(points)))
-	var errs []error
-	for _, p := range points {
-		if err := syscall.Unmount(p, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
-			errs = append(errs, fmt.Errorf("unmount %s: %w", p, err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-func unescapeMount(s string) string {
-	r := strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
-	return r.Replace(s)
 }
 
 // removeShimSockets removes the sockets that the daemon's containerd
@@ -802,17 +617,11 @@ func (d *Daemon) Leftovers() []string {
 	if _, err := os.Stat("/run/netns/" + d.Netns()); err == nil {
 		out = append(out, "network namespace "+d.Netns())
 	}
-	for _, root := range cgroupRoots() {
-		if _, err := os.Stat(filepath.Join(root, d.Cgroup())); err == nil {
-			out = append(out, "cgroup "+filepath.Join(root, d.Cgroup()))
-		}
+	for _, c := range hostclean.Cgroups(d.Cgroup()) {
+		out = append(out, "cgroup "+c)
 	}
-	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(line); len(f) >= 5 && strings.HasPrefix(unescapeMount(f[4]), d.dir) {
-				out = append(out, "mount "+f[4])
-			}
-		}
+	for _, p := range hostclean.MountsUnder(d.dir) {
+		out = append(out, "mount "+p)
 	}
 	for _, s := range d.ShimSockets() {
 		out = append(out, "shim socket "+s)

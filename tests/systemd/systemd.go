@@ -42,15 +42,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
+
+	"knotless.dev/run/tests/internal/hostclean"
 )
 
 // Base holds one directory per machine, named by its id.
@@ -200,7 +199,7 @@ func create() (*Machine, error) {
 	if err := os.Mkdir(m.dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create machine directory: %w", err)
 	}
-	if m.lock, err = lockFile(filepath.Join(m.dir, "lock")); err != nil || m.lock == nil {
+	if m.lock, err = hostclean.LockDir(m.dir); err != nil || m.lock == nil {
 		return nil, errors.Join(fmt.Errorf("lock new machine directory %s: %v", m.dir, err), os.RemoveAll(m.dir))
 	}
 	return m, nil
@@ -323,23 +322,7 @@ func (m *Machine) start(ctx context.Context, opts Options) (string, error) {
 	// SYSTEMD_NSPAWN_LOCK=0: machines share the read-only tree "/".
 	cmd.Env = []string{path, "TERM=dumb", "SYSTEMD_NSPAWN_LOCK=0"}
 	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
-	// The parent-death signal follows the thread that started the
-	// process: keep that thread until nspawn has exited.
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		m.pid = cmd.Process.Pid
-		started <- nil
-		_ = cmd.Wait()
-		close(m.exited)
-	}()
-	if err := <-started; err != nil {
-		close(m.exited)
+	if m.pid, err = hostclean.Start(cmd, m.exited); err != nil {
 		return "", fmt.Errorf("start systemd-nspawn: %w", err)
 	}
 
@@ -568,15 +551,7 @@ func journalValue(v json.RawMessage) (string, error) {
 func (m *Machine) Close() error {
 	m.close.Do(func() {
 		m.closed.Store(true)
-		if m.pid != 0 {
-			_ = syscall.Kill(m.pid, syscall.SIGTERM)
-			select {
-			case <-m.exited:
-			case <-time.After(stopTimeout):
-				_ = syscall.Kill(m.pid, syscall.SIGKILL)
-				<-m.exited
-			}
-		}
+		hostclean.Stop(m.pid, m.exited, stopTimeout)
 		m.err = m.clean()
 		if m.log != nil {
 			m.log.Close()
@@ -601,89 +576,35 @@ func Clean() error {
 
 // lockBase takes the lock on Base that making and cleaning up machines
 // hold; closing the file releases it.
-func lockBase() (*os.File, error) {
-	if err := os.MkdirAll(Base, 0o700); err != nil {
-		return nil, err
-	}
-	f, err := os.OpenFile(filepath.Join(Base, ".lock"), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("lock %s: %w", Base, err)
-	}
-	return f, nil
-}
-
-// lockFile opens name and takes its lock without waiting; it returns nil
-// when another process holds it. The lock goes with the process: a test
-// killed with -9 leaves its machine's lock free.
-func lockFile(name string) (*os.File, error) {
-	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, nil
-		}
-		return nil, err
-	}
-	return f, nil
-}
+func lockBase() (*os.File, error) { return hostclean.LockBase(Base) }
 
 // cleanDead cleans every machine, known by its directory or only by its
 // cgroup, whose directory lock no live process holds.
 func cleanDead() error {
-	ids := map[string]bool{}
-	entries, err := os.ReadDir(Base)
-	if err != nil {
-		return err
-	}
-	for _, e := range entries {
-		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
-			ids[e.Name()] = true
-		}
-	}
-	for _, root := range cgroupRoots() {
+	var ids []string
+	for _, root := range hostclean.CgroupRoots() {
 		entries, _ := os.ReadDir(root)
 		for _, e := range entries {
 			if id, ok := strings.CutPrefix(e.Name(), prefix); ok && e.IsDir() && id != "" && filepath.IsLocal(id) {
-				ids[id] = true
+				ids = append(ids, id)
 			}
 		}
 	}
-	var errs []error
-	for id := range ids {
+	return hostclean.CleanDead(Base, ids, func(id string) error {
 		m := &Machine{id: id, dir: filepath.Join(Base, id)}
-		lock, err := lockFile(filepath.Join(m.dir, "lock"))
-		if errors.Is(err, os.ErrNotExist) {
-			err = nil // no directory: only cgroups are left
-		} else if err != nil {
-			errs = append(errs, err)
-			continue
-		} else if lock == nil {
-			continue // a live test process holds it
-		}
-		errs = append(errs, m.clean())
-		if lock != nil {
-			lock.Close()
-		}
-	}
-	return errors.Join(errs...)
+		return m.clean()
+	})
 }
 
 // clean removes everything of the machine m.id, whose nspawn is not
 // running any more or is to be killed.
 func (m *Machine) clean() error {
 	var errs []error
-	if err := m.killAll(); err != nil {
+	if err := hostclean.KillAll("machine "+m.Name(), m.pids); err != nil {
 		errs = append(errs, err)
 	}
-	errs = append(errs, unmountUnder(m.dir))
-	errs = append(errs, m.removeCgroups())
+	errs = append(errs, hostclean.UnmountUnder(m.dir))
+	errs = append(errs, hostclean.RemoveCgroupTree(m.Name()))
 	if err := errors.Join(errs...); err != nil {
 		return err // keep the directory: the next Boot tries again
 	}
@@ -693,49 +614,9 @@ func (m *Machine) clean() error {
 	return nil
 }
 
-// killAll kills every process in the machine's cgroups (nspawn, the
-// machine's systemd and its services) until none is left.
-func (m *Machine) killAll() error {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		pids := m.pids()
-		if len(pids) == 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("processes of machine %s survive SIGKILL: %v", m.Name(), pids)
-		}
-		for _, pid := range pids {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// pids lists the processes in the machine's cgroups.
-func (m *Machine) pids() []int {
-	seen := map[int]bool{}
-	for _, root := range cgroupRoots() {
-		_ = filepath.WalkDir(filepath.Join(root, m.Name()), func(p string, e os.DirEntry, err error) error {
-			if err != nil || e.IsDir() || e.Name() != "cgroup.procs" {
-				return nil
-			}
-			b, _ := os.ReadFile(p)
-			for _, f := range strings.Fields(string(b)) {
-				if pid, err := strconv.Atoi(f); err == nil {
-					seen[pid] = true
-				}
-			}
-			return nil
-		})
-	}
-	pids := make([]int, 0, len(seen))
-	for pid := range seen {
-		pids = append(pids, pid)
-	}
-	sort.Ints(pids)
-	return pids
-}
+// pids lists the processes in the machine's cgroups: nspawn, the
+// machine's systemd and its services.
+func (m *Machine) pids() []int { return hostclean.CgroupPids(m.Name()) }
 
 // makeCgroups makes the machine's cgroup in the hierarchies where nspawn
 // places itself and its payload, and returns their cgroup.procs.
@@ -755,114 +636,19 @@ func (m *Machine) makeCgroups() ([]string, error) {
 	return procs, nil
 }
 
-type cgroupMount struct {
-	point, fstype, options string
-}
-
-func cgroupMounts() []cgroupMount {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	var out []cgroupMount
-	for _, line := range strings.Split(string(b), "\n") {
-		pre, post, ok := strings.Cut(line, " - ")
-		if !ok {
-			continue
-		}
-		f, g := strings.Fields(pre), strings.Fields(post)
-		if len(f) >= 5 && len(g) >= 3 && (g[0] == "cgroup" || g[0] == "cgroup2") {
-			out = append(out, cgroupMount{unescapeMount(f[4]), g[0], g[2]})
-		}
-	}
-	return out
-}
-
 // cgroupRoots are the mount points of the host's cgroup hierarchies.
-func cgroupRoots() []string {
-	var roots []string
-	for _, c := range cgroupMounts() {
-		roots = append(roots, c.point)
-	}
-	return roots
-}
+func cgroupRoots() []string { return hostclean.CgroupRoots() }
 
 // trackingRoots are the hierarchies that systemd tracks processes in:
 // the cgroup2 one (unified or hybrid) and, with cgroup v1, name=systemd.
 func trackingRoots() []string {
 	var roots []string
-	for _, c := range cgroupMounts() {
-		if c.fstype == "cgroup2" || strings.Contains(","+c.options+",", ",name=systemd,") {
-			roots = append(roots, c.point)
+	for _, c := range hostclean.CgroupMounts() {
+		if c.FSType == "cgroup2" || strings.Contains(","+c.Options+",", ",name=systemd,") {
+			roots = append(roots, c.Point)
 		}
 	}
 	return roots
-}
-
-// removeCgroups removes the machine's cgroup tree in every hierarchy,
-// deepest first.
-func (m *Machine) removeCgroups() error {
-	var errs []error
-	for _, root := range cgroupRoots() {
-		top := filepath.Join(root, m.Name())
-		var dirs []string
-		_ = filepath.WalkDir(top, func(p string, e os.DirEntry, err error) error {
-			if err == nil && e.IsDir() {
-				dirs = append(dirs, p)
-			}
-			return nil
-		})
-		for i := len(dirs) - 1; i >= 0; i-- {
-			var err error
-			// A cgroup stays busy for a moment after its last process died.
-			for try := 0; try < 50; try++ {
-				if err = syscall.Rmdir(dirs[i]); err == nil || errors.Is(err, syscall.ENOENT) {
-					err = nil
-					break
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
-			if err != nil {
-				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", dirs[i], err))
-			}
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// unmountUnder unmounts every mount of the host's mount namespace below
-// dir, deepest first. The machine mounts only in its own namespaces, so
-// there are none unless something went wrong.
-func unmountUnder(dir string) error {
-	var errs []error
-	for _, p := range mountsUnder(dir) {
-		if err := syscall.Unmount(p, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
-			errs = append(errs, fmt.Errorf("unmount %s: %w", p, err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// mountsUnder lists the mount points of the host's mount namespace at or
-// below dir, deepest first.
-func mountsUnder(dir string) []string {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	var points []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 {
-			continue
-		}
-		p := unescapeMount(f[4])
-		if p == dir || strings.HasPrefix(p, dir+"/") {
-			points = append(points, p)
-		}
-	}
-	sort.Sort(sort.Reverse(sort.StringSlice(points)))
-	return points
 }
 
 // zombie says whether pid has exited and waits to be reaped.
@@ -880,11 +666,6 @@ func zombie(pid int) bool {
 func ownPidNS() string {
 	ns, _ := os.Readlink("/proc/self/ns/pid")
 	return ns
-}
-
-func unescapeMount(s string) string {
-	r := strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
-	return r.Replace(s)
 }
 
 // Leftovers lists what remains of the machine on the host: processes,
@@ -910,12 +691,10 @@ func (m *Machine) Leftovers() []string {
 			out = append(out, fmt.Sprintf("process %d (the machine's PID 1)", m.leader))
 		}
 	}
-	for _, root := range cgroupRoots() {
-		if _, err := os.Stat(filepath.Join(root, m.Name())); err == nil {
-			out = append(out, "cgroup "+filepath.Join(root, m.Name()))
-		}
+	for _, c := range hostclean.Cgroups(m.Name()) {
+		out = append(out, "cgroup "+c)
 	}
-	for _, p := range mountsUnder(m.dir) {
+	for _, p := range hostclean.MountsUnder(m.dir) {
 		out = append(out, "mount "+p)
 	}
 	if _, err := os.Stat(m.dir); err == nil {
