@@ -32,6 +32,7 @@ steps:
   - name: long
     run: |
       echo before
+      touch "$KNOTLESS_RUN_WORK/step-started"
       sleep 15
       echo after
   - name: next
@@ -63,10 +64,10 @@ steps:
 	stop := w.start(w.config(kube))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if _, err := c.WaitForPod(ctx, c.Namespace, kubernetes.LabelRunner+"="+kubernetes.RunnerLabel(w.runner.DID.String()), clustertest.PodReady); err != nil {
-		t.Fatalf("the run's pod: %v\n%s", err, w.logText())
+	selector := kubernetes.LabelRunner + "=" + kubernetes.RunnerLabel(w.runner.DID.String())
+	if err := c.WaitForCommand(ctx, c.Namespace, selector, "run", []string{"test", "-e", "/work/step-started"}); err != nil {
+		t.Fatalf("the step did not start: %v\n%s", err, w.logText())
 	}
-	time.Sleep(5 * time.Second) // into the step's sleep
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}

@@ -135,16 +135,17 @@ steps:
   - name: long
     run: |
       echo before
+      touch "$KNOTLESS_RUN_WORK/step-started"
       sleep 15
       echo after
 `})
 		w.waitCheck("long", commit, 3*time.Minute, running)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		if _, err := c.WaitForPod(ctx, runsNamespace, kubernetes.LabelRunner+"="+kubernetes.RunnerLabel(w.runner.DID.String()), clustertest.PodReady); err != nil {
-			t.Fatal(err)
+		selector := kubernetes.LabelRunner + "=" + kubernetes.RunnerLabel(w.runner.DID.String())
+		if err := c.WaitForCommand(ctx, runsNamespace, selector, "run", []string{"test", "-e", "/work/step-started"}); err != nil {
+			t.Fatalf("the step did not start: %v", err)
 		}
-		time.Sleep(4 * time.Second) // into the step
 		oldPID := a.show(service, "MainPID")
 		if out, err := a.systemctl("restart", service); err != nil {
 			t.Fatalf("systemctl restart: %v\n%s", err, out)

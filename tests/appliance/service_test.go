@@ -158,6 +158,12 @@ steps:
       echo second attempt
 `, marker)})
 		w.waitCheck("killed", commit, time.Minute, running)
+		for deadline := time.Now().Add(time.Minute); !strings.Contains(a.sh(`ls /var/lib/knotless`), "first-attempt"); {
+			if time.Now().After(deadline) {
+				t.Fatal("the step did not start")
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
 		oldPID := a.show(service, "MainPID")
 		a.sh(`kill -9 "$1"`, oldPID)
 		deadline := time.Now().Add(time.Minute)

@@ -1,10 +1,12 @@
 package clustertest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/httpstream"
@@ -54,5 +56,29 @@ func (c *Cluster) Exec(ctx context.Context, namespace, pod, container string, cm
 		return exit.ExitStatus(), nil
 	default:
 		return -1, fmt.Errorf("exec in %s/%s: %w", namespace, pod, err)
+	}
+}
+
+// WaitForCommand waits until the Ready pod matching selector exists and
+// cmd, run in its container, exits 0: e.g. a step has reached the point
+// where it touches a file. It gives up when ctx ends.
+func (c *Cluster) WaitForCommand(ctx context.Context, namespace, selector, container string, cmd []string) error {
+	var last string
+	for {
+		pod, err := c.WaitForPod(ctx, namespace, selector, PodReady)
+		if err != nil {
+			return fmt.Errorf("%w (last try: %s)", err, last)
+		}
+		var out bytes.Buffer
+		code, err := c.Exec(ctx, namespace, pod.Name, container, cmd, nil, &out, &out)
+		if err == nil && code == 0 {
+			return nil
+		}
+		last = fmt.Sprintf("exit %d, %v: %q", code, err, out.String())
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%v in pod %s/%s did not succeed (%s): %w", cmd, namespace, pod.Name, last, ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 }

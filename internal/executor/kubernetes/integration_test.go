@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -441,9 +442,15 @@ func TestDetachAndAdopt(t *testing.T) {
 	detach := make(chan struct{})
 	first := req
 	first.Detach = detach
+	live := &liveLog{want: "before\n", seen: make(chan struct{})}
+	first.Live = live
 	done := make(chan *run.Result, 1)
 	go func() { done <- engine(newExecutor(t, c, sameRunner), c.Image).Run(context.Background(), first) }()
-	waitForLog(t, c, req.RunID)
+	select {
+	case <-live.seen: // mid-step: its first line is out, the sleep goes on
+	case res := <-done:
+		t.Fatalf("the run ended before its first line: %s (%s)\n%s", res.Status, res.Error, res.Log)
+	}
 	close(detach)
 	res := <-done
 	h := res.Handover
@@ -486,4 +493,23 @@ func countLines(text, line string) int {
 		}
 	}
 	return n
+}
+
+// liveLog is a run's live log that says when a line has been written.
+type liveLog struct {
+	mu   sync.Mutex
+	buf  strings.Builder
+	want string
+	seen chan struct{}
+	once sync.Once
+}
+
+func (l *liveLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf.Write(p)
+	if strings.Contains(l.buf.String(), l.want) {
+		l.once.Do(func() { close(l.seen) })
+	}
+	return len(p), nil
 }
