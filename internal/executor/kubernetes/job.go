@@ -18,14 +18,17 @@ import (
 
 // Label and annotation keys on every object a run creates.
 const (
-	LabelRunner     = "dev.knotless.runner"
-	LabelRun        = "dev.knotless.run"
-	LabelManagedBy  = "app.kubernetes.io/managed-by"
-	AnnotationDID   = "dev.knotless.runner-did"
-	managedByValue  = "knotless-run"
-	containerName   = "run"
-	stateDir        = "/knotless"
-	stepStateDir    = stateDir + "/steps"
+	LabelRunner    = "dev.knotless.runner"
+	LabelRun       = "dev.knotless.run"
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	AnnotationDID  = "dev.knotless.runner-did"
+	managedByValue = "knotless-run"
+	containerName  = "run"
+	stateDir       = "/knotless"
+	stepStateDir   = stateDir + "/steps"
+	// transferDir stages a whole transfer on the node's disk (not the
+	// state tmpfs): the pod hashes it in one pass, not through a tee.
+	transferDir     = stateDir + "/transfer"
 	jobNamePrefix   = "knotless-"
 	networkPolicyNm = "knotless-deny-ingress-"
 )
@@ -113,6 +116,7 @@ func BuildJob(namespace string, spec executor.Spec, opts PodOptions) (*batchv1.J
 		{Name: "outputs", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 		// Step output spools: memory, never the node's disk.
 		{Name: "state", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: &stateLimit}}},
+		{Name: "transfer", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 	}
 	dirs := executor.PodDirs()
 	mounts := []corev1.VolumeMount{
@@ -120,6 +124,7 @@ func BuildJob(namespace string, spec executor.Spec, opts PodOptions) (*batchv1.J
 		{Name: "steps", MountPath: dirs.Steps},
 		{Name: "outputs", MountPath: dirs.Outputs},
 		{Name: "state", MountPath: stateDir},
+		{Name: "transfer", MountPath: transferDir},
 	}
 	pod := corev1.PodSpec{
 		RestartPolicy:                 corev1.RestartPolicyNever,
