@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/mirror"
@@ -499,6 +500,9 @@ func writePrivate(name string, data []byte) error {
 // goes on with an adopted run.
 func (d *Daemon) execute(ctx context.Context, j *job, dir string) *run.Result {
 	fail := func(err error) *run.Result {
+		if j.adopt != nil {
+			d.abandon(ctx, j)
+		}
 		now := time.Now().UTC()
 		return &run.Result{RunID: j.runID, Workflow: j.wf.Name, Status: run.Error, Error: err.Error(), StartedAt: now, FinishedAt: now,
 			Log: append(j.prior, "knotless-run: error: "+err.Error()+"\n"...)}
@@ -533,6 +537,24 @@ func (d *Daemon) execute(ctx context.Context, j *job, dir string) *run.Result {
 		return d.engine.Adopt(ctx, req, *j.adopt, j.prior)
 	}
 	return d.engine.Run(ctx, req)
+}
+
+// abandon stops the session of an adopted run that cannot go on here,
+// so that its Job does not outlive the run's final check.
+func (d *Daemon) abandon(ctx context.Context, j *job) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	resumer, ok := d.cfg.Executor.(executor.Resumer)
+	if !ok {
+		return
+	}
+	sess, err := resumer.Resume(ctx, j.adopt.Session)
+	if err == nil {
+		err = sess.Stop(ctx)
+	}
+	if err != nil {
+		d.log.Error("stop the session of a run that cannot go on; the next start sweeps it", "session", j.adopt.Session.String(), "err", err)
+	}
 }
 
 // finalError writes a final error check for a workflow that cannot run.

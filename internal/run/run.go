@@ -179,32 +179,15 @@ func (r *runState) execute(ctx context.Context) {
 	r.sessionStarted = time.Now()
 	defer r.stop(ctx, sess)
 
-	runCtx, cancel := r.runContext(ctx)
-	defer cancel()
-	dirs := sess.Dirs()
-	if err := r.putCheckout(runCtx, sess, dirs); err != nil {
-		r.fail(r.faultStatus(ctx), "", err)
-		return
-	}
-	r.runSteps(ctx, runCtx, sess, dirs, nil)
-	if err := r.collectOutputs(ctx, sess, dirs); err != nil && r.res.Status == Success {
-		r.fail(Error, "", err)
-	}
+	r.steps(ctx, sess, nil)
 }
 
 // adopt is execute for a run an earlier process detached: the session
-// and the checkout are there already.
+// and the checkout are there already. The session is resumed first, so
+// that whatever ends the run here also stops it.
 func (r *runState) adopt(ctx context.Context, h Handover) {
 	grantErr := r.grantSecrets()
 	r.openLog(false)
-	if grantErr != nil {
-		r.fail(Error, "", grantErr)
-		return
-	}
-	if h.Step < 0 || h.Step >= len(r.req.Workflow.Steps) {
-		r.fail(Error, "", fmt.Errorf("adopt run %s: step %d of a workflow of %d steps", r.req.RunID, h.Step+1, len(r.req.Workflow.Steps)))
-		return
-	}
 	resumer, ok := r.eng.cfg.Executor.(executor.Resumer)
 	if !ok {
 		r.fail(Error, "", fmt.Errorf("adopt run %s: the %s executor cannot resume sessions", r.req.RunID, r.eng.cfg.Executor.Name()))
@@ -219,11 +202,29 @@ func (r *runState) adopt(ctx context.Context, h Handover) {
 	r.log.Info("session resumed", "session", sess.Ref().String(), "step", h.Step+1, "offset", h.Offset)
 	r.sessionStarted = h.SessionStartedAt
 	defer r.stop(ctx, sess)
+	switch {
+	case grantErr != nil:
+		r.fail(Error, "", grantErr)
+	case h.Step < 0 || h.Step >= len(r.req.Workflow.Steps):
+		r.fail(Error, "", fmt.Errorf("adopt run %s: step %d of a workflow of %d steps", r.req.RunID, h.Step+1, len(r.req.Workflow.Steps)))
+	default:
+		r.steps(ctx, sess, &h)
+	}
+}
 
+// steps puts the checkout (unless the run is adopted: from is set), runs
+// the steps and collects the outputs, within the workflow's timeout.
+func (r *runState) steps(ctx context.Context, sess executor.Session, from *Handover) {
 	runCtx, cancel := r.runContext(ctx)
 	defer cancel()
 	dirs := sess.Dirs()
-	r.runSteps(ctx, runCtx, sess, dirs, &h)
+	if from == nil {
+		if err := r.putCheckout(runCtx, sess, dirs); err != nil {
+			r.fail(r.faultStatus(ctx), "", err)
+			return
+		}
+	}
+	r.runSteps(ctx, runCtx, sess, dirs, from)
 	if err := r.collectOutputs(ctx, sess, dirs); err != nil && r.res.Status == Success {
 		r.fail(Error, "", err)
 	}

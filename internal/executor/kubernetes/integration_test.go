@@ -513,3 +513,37 @@ func (l *liveLog) Write(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
+
+// An adopted run that cannot go on (here a granted secret has no value
+// in the new process) ends with an error and still deletes its Job.
+func TestAdoptThatFailsStopsTheSession(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t)
+	runner := "did:plc:" + randomID("adoptfail")
+	sameRunner := func(cfg *kubernetes.Config) { cfg.Runner = runner }
+	wf := parse(t, "on: push\nsecrets: [TOKEN]\nsteps:\n  - name: long\n    run: |\n      echo before\n      sleep 30\n")
+	req := run.Request{RunID: randomID("adoptfail"), Workflow: wf, Checkout: t.TempDir(), Trusted: true, Secrets: map[string]string{"TOKEN": "t0k3n"}}
+	detach := make(chan struct{})
+	first := req
+	first.Detach = detach
+	live := &liveLog{want: "before\n", seen: make(chan struct{})}
+	first.Live = live
+	done := make(chan *run.Result, 1)
+	go func() { done <- engine(newExecutor(t, c, sameRunner), c.Image).Run(context.Background(), first) }()
+	select {
+	case <-live.seen:
+	case res := <-done:
+		t.Fatalf("the run ended before its first line: %s (%s)", res.Status, res.Error)
+	}
+	close(detach)
+	res := <-done
+	if res.Status != run.Detached || res.Handover == nil {
+		t.Fatalf("status %s (%s), want detached", res.Status, res.Error)
+	}
+	req.Secrets = nil
+	adopted := engine(newExecutor(t, c, sameRunner), c.Image).Adopt(context.Background(), req, *res.Handover, res.Log)
+	if adopted.Status != run.Error || !strings.Contains(adopted.Error, "TOKEN") {
+		t.Fatalf("adopted without the secret: %s (%s), want an error naming it", adopted.Status, adopted.Error)
+	}
+	assertNothingLeft(t, c)
+}
