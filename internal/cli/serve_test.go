@@ -18,6 +18,7 @@ import (
 
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/state"
+	"knotless.dev/run/tests/gitrepo"
 	"knotless.dev/run/tests/pds"
 )
 
@@ -145,29 +146,19 @@ func TestServeHandover(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Stop()
-	owner, err := srv.CreateAccount(ctx, "owner")
-	if err != nil {
-		t.Fatal(err)
-	}
-	runner, err := srv.CreateAccount(ctx, "runner")
-	if err != nil {
-		t.Fatal(err)
-	}
-	password, err := runner.AppPassword(ctx, "serve")
+	owner, runner, password, err := srv.OwnerAndRunner(ctx, "serve")
 	if err != nil {
 		t.Fatal(err)
 	}
 
-	src := t.TempDir()
+	repo := gitrepo.New(t)
 	marker := filepath.Join(t.TempDir(), "slow-started")
-	gitRun(t, src, "init", "--quiet", "--initial-branch=main")
-	writeFile(t, filepath.Join(src, ".knotless/workflows/build.yaml"), "on: [push]\nsteps:\n  - name: slow\n    run: touch "+marker+"; sleep 4; echo slow done\n")
-	writeFile(t, filepath.Join(src, ".knotless/workflows/report.yaml"), "on: [push]\nsteps:\n  - name: quick\n    run: echo quick done\n")
-	gitRun(t, src, "add", "-A")
-	gitRun(t, src, "commit", "--quiet", "-m", "workflows")
-	commit := gitRun(t, src, "rev-parse", "HEAD")
+	commit := repo.Commit("main", map[string]string{
+		".knotless/workflows/build.yaml":  "on: [push]\nsteps:\n  - name: slow\n    run: touch " + marker + "; sleep 4; echo slow done\n",
+		".knotless/workflows/report.yaml": "on: [push]\nsteps:\n  - name: quick\n    run: echo quick done\n",
+	})
 	repoURI := forge.RepoURI(owner.DID, "hello")
-	if _, err := owner.Put(ctx, forge.CollectionRepo, "hello", forge.Repo{Type: forge.CollectionRepo, Name: "hello", Source: "file://" + src,
+	if _, err := owner.Put(ctx, forge.CollectionRepo, "hello", forge.Repo{Type: forge.CollectionRepo, Name: "hello", Source: "file://" + repo.Dir,
 		Runners: []string{runner.DID.String()}, CreatedAt: forge.Now()}); err != nil {
 		t.Fatal(err)
 	}
@@ -315,18 +306,6 @@ func waitFor(t *testing.T, timeout time.Duration, cond func() bool, logs func() 
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-}
-
-func gitRun(t *testing.T, dir string, args ...string) string {
-	t.Helper()
-	cmd := exec.Command("git", args...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("git %v: %v\n%s", args, err, out)
-	}
-	return strings.TrimSpace(string(out))
 }
 
 func writeFile(t *testing.T, name, content string) {

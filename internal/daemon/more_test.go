@@ -3,7 +3,6 @@ package daemon_test
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -83,15 +82,11 @@ func TestSecrets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fork := t.TempDir()
-	if out, err := exec.Command("git", "clone", "--quiet", w.src, fork).CombinedOutput(); err != nil {
-		t.Fatalf("clone: %v\n%s", err, out)
-	}
-	forkWorld := &world{t: t, src: fork}
-	head := forkWorld.commit("feature", map[string]string{"feature.txt": "new\n"})
+	fork := w.src.Clone(t)
+	head := fork.Commit("feature", map[string]string{"feature.txt": "new\n"})
 	pullURI := w.put(author, forge.CollectionPull, "", forge.Pull{
 		Type: forge.CollectionPull, Repo: w.repoURI.String(), Base: "main",
-		Head:  forge.PullHead{Source: "file://" + fork, Ref: "refs/heads/feature", Commit: head},
+		Head:  forge.PullHead{Source: "file://" + fork.Dir, Ref: "refs/heads/feature", Commit: head},
 		Title: "a feature", State: forge.PullOpen, CreatedAt: forge.Now(),
 	})
 

@@ -47,7 +47,7 @@ func (w *world) waitStatus(workflow, commit, status string, timeout time.Duratio
 // pushBranch commits files on branch and writes the refUpdate.
 func (w *world) pushBranch(branch string, files map[string]string) (syntax.ATURI, string) {
 	w.t.Helper()
-	commit := w.commit(branch, files)
+	commit := w.src.Commit(branch, files)
 	uri := w.put(w.owner, forge.CollectionRefUpdate, "", forge.RefUpdate{
 		Type: forge.CollectionRefUpdate, Repo: w.repoURI.String(), Ref: "refs/heads/" + branch, New: commit, CreatedAt: forge.Now(),
 	})

@@ -6,9 +6,6 @@ import (
 	"encoding/base64"
 	"fmt"
 	"log/slog"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +17,7 @@ import (
 	"knotless.dev/run/internal/executor/shell"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/tests/gitrepo"
 	"knotless.dev/run/tests/pds"
 )
 
@@ -34,7 +32,7 @@ type world struct {
 	runner    *pds.Account
 	password  string
 	repoURI   syntax.ATURI
-	src       string
+	src       *gitrepo.Repo
 	stateDir  string
 	cacheDir  string
 	shellRoot string
@@ -48,15 +46,7 @@ func newWorld(t *testing.T) *world {
 	t.Helper()
 	needPDS(t)
 	ctx := context.Background()
-	owner, err := srv.CreateAccount(ctx, "owner")
-	if err != nil {
-		t.Fatal(err)
-	}
-	runner, err := srv.CreateAccount(ctx, "runner")
-	if err != nil {
-		t.Fatal(err)
-	}
-	password, err := runner.AppPassword(ctx, "knotless-run")
+	owner, runner, password, err := srv.OwnerAndRunner(ctx, "knotless-run")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +56,7 @@ func newWorld(t *testing.T) *world {
 	}
 	w := &world{
 		t: t, owner: owner, runner: runner, password: password,
-		src:       t.TempDir(),
+		src:       gitrepo.New(t),
 		stateDir:  t.TempDir(),
 		cacheDir:  t.TempDir(),
 		shellRoot: t.TempDir(),
@@ -74,59 +64,19 @@ func newWorld(t *testing.T) *world {
 		checkLog:  &checkLog{},
 		logs:      &bytes.Buffer{},
 	}
-	w.git("init", "--quiet", "--initial-branch=main")
 	w.repoURI = forge.RepoURI(owner.DID, "hello")
 	w.put(owner, forge.CollectionRepo, "hello", forge.Repo{
-		Type: forge.CollectionRepo, Name: "hello", Source: "file://" + w.src, DefaultBranch: "main",
+		Type: forge.CollectionRepo, Name: "hello", Source: "file://" + w.src.Dir, DefaultBranch: "main",
 		Runners: []string{runner.DID.String()}, CreatedAt: forge.Now(),
 	})
 	return w
 }
 
-func (w *world) git(args ...string) string {
-	w.t.Helper()
-	cmd := exec.Command("git", args...)
-	cmd.Dir = w.src
-	cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		w.t.Fatalf("git %v: %v\n%s", args, err, out)
-	}
-	return strings.TrimSpace(string(out))
-}
-
-// commit writes files on branch and commits them, returning the commit.
-func (w *world) commit(branch string, files map[string]string) string {
-	w.t.Helper()
-	if cur := w.git("symbolic-ref", "--short", "HEAD"); cur != branch {
-		if strings.Contains(w.git("branch", "--list", branch), branch) {
-			w.git("checkout", "--quiet", branch)
-		} else {
-			w.git("checkout", "--quiet", "-b", branch)
-		}
-	}
-	for name, content := range files {
-		p := filepath.Join(w.src, name)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			w.t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-			w.t.Fatal(err)
-		}
-	}
-	w.git("add", "-A")
-	w.git("commit", "--quiet", "--allow-empty", "-m", "change")
-	return w.git("rev-parse", "HEAD")
-}
-
 // push commits files on main and writes the refUpdate.
 func (w *world) push(files map[string]string) (syntax.ATURI, string) {
 	w.t.Helper()
-	old := ""
-	if out, err := exec.Command("git", "-C", w.src, "rev-parse", "--verify", "--quiet", "refs/heads/main").Output(); err == nil {
-		old = strings.TrimSpace(string(out))
-	}
-	commit := w.commit("main", files)
+	old := w.src.Head("refs/heads/main")
+	commit := w.src.Commit("main", files)
 	uri := w.put(w.owner, forge.CollectionRefUpdate, "", forge.RefUpdate{
 		Type: forge.CollectionRefUpdate, Repo: w.repoURI.String(), Ref: "refs/heads/main", Old: old, New: commit, CreatedAt: forge.Now(),
 	})

@@ -28,6 +28,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/tests/gitrepo"
 	"knotless.dev/run/tests/pds"
 	systemdtest "knotless.dev/run/tests/systemd"
 )
@@ -121,7 +122,7 @@ type world struct {
 	runner   *pds.Account
 	password string
 	repoURI  syntax.ATURI
-	src      string
+	src      *gitrepo.Repo
 	reader   *forge.Reader
 }
 
@@ -131,15 +132,7 @@ func newWorld(t *testing.T) *world {
 		t.Skip("tests/appliance: SKIPPED: no test PDS and no systemd machine under -short or when not root")
 	}
 	ctx := context.Background()
-	owner, err := srv.CreateAccount(ctx, "owner")
-	if err != nil {
-		t.Fatal(err)
-	}
-	runner, err := srv.CreateAccount(ctx, "runner")
-	if err != nil {
-		t.Fatal(err)
-	}
-	password, err := runner.AppPassword(ctx, "knotless-run")
+	owner, runner, password, err := srv.OwnerAndRunner(ctx, "knotless-run")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,12 +140,8 @@ func newWorld(t *testing.T) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &world{t: t, owner: owner, runner: runner, password: password, src: t.TempDir(),
+	w := &world{t: t, owner: owner, runner: runner, password: password, src: gitrepo.New(t),
 		reader: &forge.Reader{Dir: srv.Directory(), Catalog: cat}}
-	if err := os.Chmod(w.src, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	w.git("init", "--quiet", "--initial-branch=main")
 	w.repoURI = forge.RepoURI(owner.DID, "hello")
 	if _, err := owner.Put(ctx, forge.CollectionRepo, "hello", forge.Repo{
 		Type: forge.CollectionRepo, Name: "hello", Source: "file://" + srcMount, DefaultBranch: "main",
@@ -163,37 +152,15 @@ func newWorld(t *testing.T) *world {
 	return w
 }
 
-func (w *world) git(args ...string) string {
-	w.t.Helper()
-	cmd := exec.Command("git", args...)
-	cmd.Dir = w.src
-	cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		w.t.Fatalf("git %v: %v\n%s", args, err, out)
-	}
-	return strings.TrimSpace(string(out))
-}
-
 // push commits files on main and writes the refUpdate.
 func (w *world) push(files map[string]string) string {
 	w.t.Helper()
-	old := ""
-	if out, err := exec.Command("git", "-C", w.src, "rev-parse", "--verify", "--quiet", "refs/heads/main").Output(); err == nil {
-		old = strings.TrimSpace(string(out))
-	}
+	old := w.src.Head("refs/heads/main")
+	trimmed := map[string]string{}
 	for name, content := range files {
-		p := filepath.Join(w.src, name)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			w.t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(strings.TrimLeft(content, "\n")), 0o644); err != nil {
-			w.t.Fatal(err)
-		}
+		trimmed[name] = strings.TrimLeft(content, "\n")
 	}
-	w.git("add", "-A")
-	w.git("commit", "--quiet", "--allow-empty", "-m", "change")
-	commit := w.git("rev-parse", "HEAD")
+	commit := w.src.Commit("main", trimmed)
 	if _, err := w.owner.Put(context.Background(), forge.CollectionRefUpdate, "", forge.RefUpdate{
 		Type: forge.CollectionRefUpdate, Repo: w.repoURI.String(), Ref: "refs/heads/main", Old: old, New: commit, CreatedAt: forge.Now(),
 	}); err != nil {
@@ -281,7 +248,7 @@ func boot(t *testing.T, w *world, units map[string]string, settings []byte, pass
 	m := systemdtest.Boot(t, systemdtest.Options{
 		Units: units,
 		Files: map[string][]byte{"bin/knotless-run": binary, "knotless-run.json": settings},
-		Binds: []string{w.src + ":" + srcMount},
+		Binds: []string{w.src.Dir + ":" + srcMount},
 	})
 	a := &appliance{Machine: m, t: t}
 	// What NixOS makes of users.users.knotless and of the operator's

@@ -317,3 +317,18 @@ func (s *syncBuffer) String() string {
 
 // ErrSkip is the reason integration tests skip under -short.
 var ErrSkip = errors.New("integration test: skipped under -short (it starts a real PDS)")
+
+// OwnerAndRunner makes the two accounts every runner test starts from: a
+// repository owner, and a runner with an app password named app.
+func (s *Server) OwnerAndRunner(ctx context.Context, app string) (owner, runner *Account, password string, err error) {
+	if owner, err = s.CreateAccount(ctx, "owner"); err != nil {
+		return nil, nil, "", err
+	}
+	if runner, err = s.CreateAccount(ctx, "runner"); err != nil {
+		return nil, nil, "", err
+	}
+	if password, err = runner.AppPassword(ctx, app); err != nil {
+		return nil, nil, "", err
+	}
+	return owner, runner, password, nil
+}

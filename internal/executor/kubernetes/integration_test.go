@@ -439,20 +439,7 @@ func TestDetachAndAdopt(t *testing.T) {
 	wf := parse(t, "on: push\nsteps:\n  - name: long\n    run: |\n      echo before\n      sleep 10\n      echo after\n  - name: next\n    run: echo next\n")
 	req := run.Request{RunID: randomID("adopt"), Workflow: wf, Checkout: t.TempDir(), Trusted: true}
 
-	detach := make(chan struct{})
-	first := req
-	first.Detach = detach
-	live := &liveLog{want: "before\n", seen: make(chan struct{})}
-	first.Live = live
-	done := make(chan *run.Result, 1)
-	go func() { done <- engine(newExecutor(t, c, sameRunner), c.Image).Run(context.Background(), first) }()
-	select {
-	case <-live.seen: // mid-step: its first line is out, the sleep goes on
-	case res := <-done:
-		t.Fatalf("the run ended before its first line: %s (%s)\n%s", res.Status, res.Error, res.Log)
-	}
-	close(detach)
-	res := <-done
+	res := detachMidStep(t, newExecutor(t, c, sameRunner), c.Image, req)
 	h := res.Handover
 	if res.Status != run.Detached || h == nil || h.Step != 0 || !h.Started || h.Offset != int64(len("before\n")) || h.SessionStartedAt.IsZero() {
 		t.Fatalf("status %s (%s), handover %+v; want detached in step 1 after its first line\nlog:\n%s", res.Status, res.Error, h, res.Log)
@@ -495,6 +482,24 @@ func countLines(text, line string) int {
 	return n
 }
 
+// detachMidStep runs req and detaches it once the live log has the
+// step's first line ("before"), as a stopping runner would mid-step.
+func detachMidStep(t *testing.T, ex executor.Executor, image string, req run.Request) *run.Result {
+	t.Helper()
+	detach := make(chan struct{})
+	live := &liveLog{want: "before\n", seen: make(chan struct{})}
+	req.Detach, req.Live = detach, live
+	done := make(chan *run.Result, 1)
+	go func() { done <- engine(ex, image).Run(context.Background(), req) }()
+	select {
+	case <-live.seen: // mid-step: its first line is out, the sleep goes on
+	case res := <-done:
+		t.Fatalf("the run ended before its first line: %s (%s)\n%s", res.Status, res.Error, res.Log)
+	}
+	close(detach)
+	return <-done
+}
+
 // liveLog is a run's live log that says when a line has been written.
 type liveLog struct {
 	mu   sync.Mutex
@@ -523,20 +528,7 @@ func TestAdoptThatFailsStopsTheSession(t *testing.T) {
 	sameRunner := func(cfg *kubernetes.Config) { cfg.Runner = runner }
 	wf := parse(t, "on: push\nsecrets: [TOKEN]\nsteps:\n  - name: long\n    run: |\n      echo before\n      sleep 30\n")
 	req := run.Request{RunID: randomID("adoptfail"), Workflow: wf, Checkout: t.TempDir(), Trusted: true, Secrets: map[string]string{"TOKEN": "t0k3n"}}
-	detach := make(chan struct{})
-	first := req
-	first.Detach = detach
-	live := &liveLog{want: "before\n", seen: make(chan struct{})}
-	first.Live = live
-	done := make(chan *run.Result, 1)
-	go func() { done <- engine(newExecutor(t, c, sameRunner), c.Image).Run(context.Background(), first) }()
-	select {
-	case <-live.seen:
-	case res := <-done:
-		t.Fatalf("the run ended before its first line: %s (%s)", res.Status, res.Error)
-	}
-	close(detach)
-	res := <-done
+	res := detachMidStep(t, newExecutor(t, c, sameRunner), c.Image, req)
 	if res.Status != run.Detached || res.Handover == nil {
 		t.Fatalf("status %s (%s), want detached", res.Status, res.Error)
 	}
