@@ -53,8 +53,19 @@ type Session struct {
 type step struct {
 	out  *spool.Spool
 	done chan struct{} // closed when exit and err are final
+	once sync.Once
 	exit executor.Exit
 	err  error
+}
+
+// settle records how the step ended, once: when the runner acknowledges
+// the exit line (the exec is still closing then) or when its pump gives up.
+func (st *step) settle(exit executor.Exit, err error) {
+	st.once.Do(func() {
+		st.exit, st.err = exit, err
+		_ = st.out.Close()
+		close(st.done)
+	})
 }
 
 // Ref implements executor.Session.
@@ -165,43 +176,49 @@ func (s *Session) newStep(id string, offset int64) (*step, error) {
 // pump owns one step's streams: the launching exec, then follow execs
 // from the last byte received whenever a stream ends without the step's
 // exit line. It never reports success for a stream that merely ended.
+// The step is settled as soon as its exit is acknowledged: the exec's own
+// end (the pod removing the step's files) is not waited for by the step's
+// caller, only by the session.
 func (s *Session) pump(id string, st *step, mode string, payload []byte, started chan struct{}) {
 	defer s.wg.Done()
 	ctx := s.pumpCtx
 	wait := reattachFirst
 	var lastErr error
+	var exit executor.Exit
+	var failed error
+	defer func() { st.settle(exit, failed) }()
 	for attempt := 0; ; attempt++ {
 		offset := st.out.Len()
 		ctrl := &control{started: started}
-		in := &stdinFeed{ctrl: ctrl, out: st.out, ctx: ctx}
+		in := &stdinFeed{ctrl: ctrl, out: st.out, ctx: ctx, acked: func(code int) { st.settle(executor.Exit{Code: code}, nil) }}
 		if mode == "start" {
-			in.first = fmt.Appendf(nil, "%d\n%s", len(payload), payload)
+			in.first = launchInput(payload)
 		}
 		cmd := []string{"sh", "-c", stepScript, "knotless-step", mode, stepStateDir, id, strconv.FormatInt(offset, 10)}
 		_, err := s.exec(ctx, cmd, streams{stdin: in, stdout: st.out, stderr: ctrl})
 		if code, final, ok := ctrl.result(); ok && st.out.Len() >= final {
-			st.exit = executor.Exit{Code: code}
+			exit = executor.Exit{Code: code}
 			break
 		}
 		if ctrl.isUnknown() {
-			st.err = fmt.Errorf("%w: the step's status file is missing and its supervisor is gone", executor.ErrExitUnknown)
+			failed = fmt.Errorf("%w: the step's status file is missing and its supervisor is gone", executor.ErrExitUnknown)
 			break
 		}
 		if gone := s.jobGone(ctx); gone != nil {
-			st.err = gone
+			failed = gone
 			break
 		}
 		if mode == "start" && !ctrl.hasStarted() {
-			st.err = fmt.Errorf("launch in pod %s: %v", s.pod, orElse(err, "the launcher ended before starting the step"))
+			failed = fmt.Errorf("launch in pod %s: %v", s.pod, orElse(err, "the launcher ended before starting the step"))
 			break
 		}
 		if ctx.Err() != nil {
-			st.err = fmt.Errorf("%w: session stopped while following", executor.ErrExitUnknown)
+			failed = fmt.Errorf("%w: session stopped while following", executor.ErrExitUnknown)
 			break
 		}
 		lastErr = orElseErr(err, "stream ended without the step's exit line")
 		if attempt >= reattachAttempts {
-			st.err = fmt.Errorf("%w after %d reattach attempts: %v", executor.ErrExitUnknown, attempt, lastErr)
+			failed = fmt.Errorf("%w after %d reattach attempts: %v", executor.ErrExitUnknown, attempt, lastErr)
 			break
 		}
 		s.log.Warn("step stream dropped; reattaching", "step", id, "offset", st.out.Len(), "attempt", attempt+1, "err", lastErr)
@@ -212,8 +229,16 @@ func (s *Session) pump(id string, st *step, mode string, payload []byte, started
 		wait = min(wait*2, reattachMax)
 		mode = "follow"
 	}
-	_ = st.out.Close()
-	close(st.done)
+}
+
+// launchInput is what the step tool reads at start: the payload's count
+// of lines, then the payload, ending in a newline. The tool reads whole
+// lines with the shell's own read, which needs no process of its own.
+func launchInput(payload []byte) []byte {
+	if len(payload) == 0 || payload[len(payload)-1] != '\n' {
+		payload = append(payload[:len(payload):len(payload)], '\n')
+	}
+	return fmt.Appendf(nil, "%d\n%s", bytes.Count(payload, []byte{'\n'}), payload)
 }
 
 // jobGone returns an error saying so when the run's Job or pod has been
@@ -455,7 +480,8 @@ type stdinFeed struct {
 	ctrl  *control
 	out   *spool.Spool
 	first []byte
-	acked bool
+	sent  bool
+	acked func(code int) // called once the runner holds every byte
 }
 
 func (f *stdinFeed) Read(p []byte) (int, error) {
@@ -464,7 +490,7 @@ func (f *stdinFeed) Read(p []byte) (int, error) {
 		f.first = f.first[n:]
 		return n, nil
 	}
-	if f.acked {
+	if f.sent {
 		return 0, io.EOF
 	}
 	select {
@@ -472,11 +498,12 @@ func (f *stdinFeed) Read(p []byte) (int, error) {
 	case <-f.ctx.Done():
 		return 0, io.EOF
 	}
-	_, final, _ := f.ctrl.result()
+	code, final, _ := f.ctrl.result()
 	if err := f.out.WaitLen(f.ctx, final); err != nil {
 		return 0, io.EOF
 	}
-	f.acked = true
+	f.sent = true
+	f.acked(code)
 	return copy(p, "ok\n"), nil
 }
 

@@ -1,135 +1,174 @@
 # knotless-run's step tool, run in the run's pod as
 #   sh -c "$(this file)" knotless-step MODE STATE_DIR ID [OFFSET]
-# MODE start: read "<length>\n<payload>" on stdin, start the step detached
-#             in a session of its own, then stream it as follow does.
+# MODE start: read "<lines>\n<payload>" on stdin (the payload is <lines>
+#             whole lines), start the step in the background, then stream
+#             it as follow does.
 # MODE follow: stream the step's output from byte OFFSET to stdout.
 # MODE kill:  kill the step and everything it started.
 # Control lines go to stderr: "knotless: started", "knotless: exit CODE
 # BYTES" (BYTES is the output's final length) or "knotless: unknown". After
 # an exit line the runner answers "ok" on stdin once it holds every byte;
-# only then is the step's output spool removed.
-# The payload lives only in a shell variable and on a pipe: it is never an
-# argument of any process and never written to a file.
+# only then are the step's files removed.
+#
+# It needs a POSIX sh and /proc, and it starts few processes: on a busy
+# node each costs milliseconds. A step that prints nothing and ends at
+# once costs, besides its own shell, one sleep, one cat and one rm. The
+# payload lives only in shell variables: it is never an argument of any
+# process and never written to a file.
+#
+# Files of step ID, flat in STATE_DIR: ID.out (its output), ID.pid (its
+# supervisor), ID.before (the processes alive before it), ID.watcher (the
+# shell streaming it) and ID.exit.CODE, created when it ends: the name
+# carries the code, so it exists only complete.
 set -u
 mode=$1 root=$2 id=$3
 d=$root/$id
+before=
 
-# alive_set prints every process id now alive.
+# alive_set sets before to every process id now alive.
 alive_set() {
-  s=" "
-  for p in /proc/[0-9]*; do s="$s${p#/proc/} "; done
-  printf '%s\n' "$s"
+  before=" "
+  for p in /proc/[0-9]*; do before="$before${p#/proc/} "; done
 }
 
 # kill_leftovers kills every process that was not alive before the step
-# started, except this shell.
+# started, except this shell; a few passes catch what was forking. The
+# shell that started the step keeps that set in memory, where the step
+# cannot change it; a shell that follows or kills reads it from ID.before.
 kill_leftovers() {
-  before=" "
-  [ -r "$d/before" ] && IFS= read -r before < "$d/before"
-  for p in /proc/[0-9]*; do
-    pid=${p#/proc/}
-    [ "$pid" = "$$" ] && continue
-    case "$before " in *" $pid "*) ;; *) kill -9 "$pid" 2>/dev/null ;; esac
+  if [ -z "$before" ]; then
+    before=" "
+    [ -r "$d.before" ] && IFS= read -r before < "$d.before"
+  fi
+  pass=0
+  while [ "$pass" -lt 3 ]; do
+    pass=$((pass + 1))
+    killed=
+    for p in /proc/[0-9]*; do
+      pid=${p#/proc/}
+      [ "$pid" = "$$" ] && continue
+      case "$before " in *" $pid "*) ;; *) kill -9 "$pid" 2>/dev/null && killed=1 ;; esac
+    done
+    [ -n "$killed" ] || return 0
   done
 }
 
-size() {
-  n=0
-  [ -e "$d/out" ] && n=$(wc -c < "$d/out")
-  echo $((n))
+# ended tells whether the step has ended, and sets code.
+ended() {
+  for f in "$d".exit.*; do
+    [ -e "$f" ] && code=${f##*.} && return 0
+  done
+  return 1
 }
 
-nap=0.02
-sleep 0.001 2>/dev/null || nap=1
-
-# stream writes the output from $off on until the step has ended.
+# stream writes the output from $off on until the step has ended. The
+# output is read through fd 3, whose offset is the count of bytes sent:
+# cat needs no size first, and /proc tells where it stopped.
 stream() {
-  woke=
-  trap 'woke=1' USR1
-  echo $$ > "$d/watcher"
-  wait_nap=$nap
+  exec 3< "$d.out" || exit 1
+  if [ "$off" -gt 0 ]; then
+    dd bs=1 skip="$off" count=0 <&3 2>/dev/null || exit 1
+  fi
+  nap=0.02
   while :; do
-    fin=
-    [ -e "$d/exit" ] && fin=1
-    sz=$(size)
-    if [ "$sz" -gt "$off" ]; then
-      tail -c +"$((off + 1))" "$d/out" | head -c "$((sz - off))" || exit 1
-      off=$sz
-      wait_nap=$nap
-    fi
-    [ -n "$fin" ] && return 0
-    if [ -r "$d/pid" ]; then
-      IFS= read -r spid < "$d/pid"
-      if ! kill -0 "$spid" 2>/dev/null && [ ! -e "$d/exit" ]; then
+    ended && return 0
+    # A step just started has nothing to send yet: the first pass naps.
+    [ -n "$quiet" ] || cat <&3 || exit 1
+    quiet=
+    if [ -r "$d.pid" ]; then
+      IFS= read -r spid < "$d.pid"
+      if ! kill -0 "$spid" 2>/dev/null && ! ended; then
         echo "knotless: unknown" >&2
         exit 0
       fi
     fi
     if [ -z "$woke" ]; then
-      sleep "$wait_nap" &
+      sleep "$nap" 2>/dev/null &
       wait $! 2>/dev/null
+      case $? in
+      0 | 1[2-9][0-9]) ;;
+      *) nap=1 ;; # a sleep that takes no fractions
+      esac
       kill $! 2>/dev/null
-      case $wait_nap in 0.02) wait_nap=0.05 ;; 0.05) wait_nap=0.1 ;; 0.1) wait_nap=0.25 ;; esac
+      case $nap in 0.02) nap=0.05 ;; 0.05) nap=0.1 ;; 0.1) nap=0.25 ;; esac
     fi
     woke=
   done
 }
 
 # finish kills what the step left, sends the last bytes and the exit line,
-# and removes the spool once the runner has everything.
+# and removes the step's files once the runner has everything.
 finish() {
   kill_leftovers
-  sz=$(size)
-  if [ "$sz" -gt "$off" ]; then
-    tail -c +"$((off + 1))" "$d/out" | head -c "$((sz - off))" || exit 1
-    off=$sz
-  fi
-  IFS= read -r code < "$d/exit"
+  cat <&3 || exit 1
+  off=
+  while read -r key value; do
+    [ "$key" = pos: ] && off=$value
+  done < "/proc/$$/fdinfo/3"
   echo "knotless: exit $code $off" >&2
-  if IFS= read -r ack && [ "$ack" = ok ]; then rm -rf "$d"; fi
+  if IFS= read -r ack && [ "$ack" = ok ]; then rm -f "$d".*; fi
+}
+
+# watch makes the supervisor's signal at the step's end cut a nap short.
+watch() {
+  woke=
+  trap 'woke=1' USR1
+  echo $$ > "$d.watcher"
 }
 
 case $mode in
 start)
-  # The output of earlier steps goes before this step can read it.
-  for old in "$root"/*; do
-    [ -e "$old" ] && rm -rf "$old"
+  [ -d "$root" ] || mkdir -p "$root" || exit 90
+  # The output of earlier steps goes before this step can read it (the
+  # runner's "ok" normally removed it already).
+  old=
+  for f in "$root"/*; do [ -e "$f" ] && old=1; done
+  [ -z "$old" ] || rm -f "$root"/* || exit 90
+  alive_set
+  printf '%s\n' "$before" > "$d.before"
+  IFS= read -r lines || exit 91
+  payload= nl='
+'
+  while [ "$lines" -gt 0 ]; do
+    IFS= read -r line || exit 92
+    payload=$payload$line$nl
+    lines=$((lines - 1))
   done
-  mkdir -p "$d" || exit 90
-  alive_set > "$d/before"
-  IFS= read -r len || exit 91
-  payload=$(dd bs=1 count="$len" 2>/dev/null) || exit 92
-  ss=
-  command -v setsid >/dev/null 2>&1 && ss=setsid
-  # The supervisor: runs the step with the payload on its stdin, then
-  # writes the exit status last, atomically, and wakes the watcher.
-  printf '%s\n' "$payload" | $ss sh -c '
-    d=$1
-    echo $$ > "$d/pid"
-    sh -s > "$d/out" 2>&1
-    echo $? > "$d/exit.tmp" && mv "$d/exit.tmp" "$d/exit"
-    [ -r "$d/watcher" ] && IFS= read -r w < "$d/watcher" && kill -USR1 "$w" 2>/dev/null
+  line=
+  : > "$d.out"
+  watch
+  # The supervisor: runs the step, then records its exit code and wakes
+  # the watcher. Its own streams are not the exec's: a dropped exec
+  # leaves it running.
+  (
+    (set +u; eval "$payload") < /dev/null >> "$d.out" 2>&1 &
+    payload=
+    wait $!
+    : > "$d.exit.$?"
+    [ -r "$d.watcher" ] && IFS= read -r w < "$d.watcher" && kill -USR1 "$w" 2>/dev/null
     exit 0
-  ' knotless-supervisor "$d" &
+  ) < /dev/null > /dev/null 2>&1 &
+  echo $! > "$d.pid"
   payload=
   echo "knotless: started" >&2
-  off=0
+  off=0 quiet=1
   stream
   finish
   ;;
 follow)
-  off=${4:-0}
-  if [ ! -d "$d" ]; then
+  off=${4:-0} quiet=
+  if [ ! -e "$d.out" ]; then
     echo "knotless: unknown" >&2
     exit 0
   fi
+  watch
   stream
   finish
   ;;
 kill)
-  if [ -r "$d/pid" ]; then
-    IFS= read -r spid < "$d/pid"
-    kill -9 -- "-$spid" 2>/dev/null
+  if [ -r "$d.pid" ]; then
+    IFS= read -r spid < "$d.pid"
+    kill -9 "$spid" 2>/dev/null
   fi
   kill_leftovers
   ;;

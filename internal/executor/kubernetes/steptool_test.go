@@ -1,0 +1,74 @@
+package kubernetes
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"knotless.dev/run/internal/payload"
+)
+
+// TestStepToolShells runs the step tool under each sh an image may have:
+// the test cluster's image has only busybox, and Debian-based images run
+// it under dash. Each shell runs in a PID namespace of its own, because
+// the tool kills every process that was not alive before the step.
+func TestStepToolShells(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("SKIPPED: needs root for a PID namespace (unshare); CI runs as root")
+	}
+	secret := "it's \"quoted\" $HOME `id`\nsecond line \\ end '"
+	text, err := payload.Build(payload.Step{
+		Secrets: []payload.Var{{Name: "TOKEN", Value: secret}},
+		Dir:     "/",
+		Script:  "STEPFILE",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, shell := range [][]string{{"dash"}, {"bash"}, {"busybox", "sh"}} {
+		t.Run(shell[0], func(t *testing.T) {
+			if _, err := exec.LookPath(shell[0]); err != nil {
+				t.Fatalf("%s is not installed: %v", shell[0], err)
+			}
+			root := filepath.Join(t.TempDir(), "steps")
+			step := filepath.Join(t.TempDir(), "step")
+			// It prints the secret, leaves a process behind, reads its
+			// stdin (which must be empty) and ends with its own code.
+			script := "printf '%s' \"$TOKEN\"\nsh -c 'sleep 300; :' knotless-leftover &\ncat\necho \" read stdin\"\nexit 7\n"
+			if err := os.WriteFile(step, []byte(script), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			input := string(launchInput([]byte(strings.Replace(text, "STEPFILE", step, 1)))) + "ok\n"
+			// The namespace's init runs the tool, then looks for what is
+			// left: a process other than itself, or a file of the step.
+			check := `"$@" < "$STEP_INPUT"; echo "tool exit $?"
+for p in /proc/[0-9]*; do [ "${p#/proc/}" = $$ ] || echo "left: $(tr '\0' ' ' < $p/cmdline)"; done
+ls -A "$STEP_ROOT"`
+			args := append([]string{"--pid", "--fork", "--mount-proc", "sh", "-c", check, "check"}, shell...)
+			args = append(args, "-c", stepScript, "knotless-step", "start", root, "1")
+			in := filepath.Join(t.TempDir(), "input")
+			if err := os.WriteFile(in, []byte(input), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command("unshare", args...)
+			cmd.Env = append(os.Environ(), "STEP_INPUT="+in, "STEP_ROOT="+root)
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			if err := cmd.Run(); err != nil {
+				t.Fatalf("unshare: %v\n%s", err, stderr.String())
+			}
+			want := secret + " read stdin\n"
+			if got := stdout.String(); got != want+"tool exit 0\n" {
+				t.Errorf("stdout %q, want %q then the tool's exit and nothing left", got, want)
+			}
+			wantCtl := "knotless: started\nknotless: exit 7 " + strconv.Itoa(len(want)) + "\n"
+			if stderr.String() != wantCtl {
+				t.Errorf("control lines %q, want %q", stderr.String(), wantCtl)
+			}
+		})
+	}
+}
