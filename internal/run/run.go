@@ -327,7 +327,7 @@ func (r *runState) putCheckout(ctx context.Context, sess executor.Session, dirs 
 		return fmt.Errorf("checkout %s: %w", r.req.Checkout, err)
 	}
 	start := time.Now()
-	n, err := retryCorrupt(func() (int64, error) {
+	n, err := r.retryCorrupt("checkout", func() (int64, error) {
 		return transfer(ctx, func(w io.Writer) error {
 			return tarstream.Pack(ctx, r.req.Checkout, w, r.eng.cfg.Limits)
 		}, func(rd io.Reader) error { return sess.Put(ctx, dirs.Work, rd) })
@@ -603,7 +603,7 @@ func (r *runState) collectOutputs(ctx context.Context, sess executor.Session, di
 	}
 	// Unpack into a staging directory beside the outputs, so a refused or
 	// corrupted transfer leaves nothing half-written among them.
-	n, err := retryCorrupt(func() (int64, error) {
+	n, err := r.retryCorrupt("outputs", func() (int64, error) {
 		stage, err := os.MkdirTemp(filepath.Dir(filepath.Clean(r.req.Outputs)), ".knotless-outputs-")
 		if err != nil {
 			return 0, fmt.Errorf("create staging directory: %w", err)
@@ -626,10 +626,12 @@ func (r *runState) collectOutputs(ctx context.Context, sess executor.Session, di
 }
 
 // retryCorrupt runs a transfer again once when the two ends' digests
-// differ.
-func retryCorrupt(do func() (int64, error)) (int64, error) {
+// differ, saying so in the run log.
+func (r *runState) retryCorrupt(what string, do func() (int64, error)) (int64, error) {
 	n, err := do()
 	if errors.Is(err, executor.ErrTransferCorrupt) {
+		r.logf("knotless-run: %s transfer corrupted (%v); sending it once more", what, err)
+		r.log.Warn("transfer corrupted; retrying", "transfer", what, "err", err)
 		n, err = do()
 	}
 	return n, err

@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -538,4 +539,68 @@ func TestAdoptThatFailsStopsTheSession(t *testing.T) {
 		t.Fatalf("adopted without the secret: %s (%s), want an error naming it", adopted.Status, adopted.Error)
 	}
 	assertNothingLeft(t, c)
+}
+
+// TestTransferDigestMismatch: when the pod's digest of the outputs differs
+// from the runner's, the transfer is sent once more, and a second
+// mismatch ends the run `error` with nothing unpacked. A step puts an `sh`
+// ahead of busybox's in PATH (the runtime looks up the exec's `sh` there)
+// that drops get.sh's digest line the given number of times.
+func TestTransferDigestMismatch(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		lies       int
+		wantStatus run.Status
+	}{{1, run.Success}, {2, run.Error}} {
+		t.Run(fmt.Sprintf("%d mismatches", tt.lies), func(t *testing.T) {
+			t.Parallel()
+			c := clustertest.Start(t)
+			src := fmt.Sprintf(`on: push
+steps:
+  - name: lie
+    run: |
+      echo kept > "$KNOTLESS_RUN_OUTPUTS/file"
+      mkdir -p /usr/local/sbin
+      cat > /usr/local/sbin/sh <<'EOF'
+      #!/bin/busybox sh
+      if [ "$3" = knotless-get ]; then
+        n=$(cat /knotless/lies 2>/dev/null || echo 0)
+        if [ "$n" -lt %d ]; then
+          echo $((n + 1)) > /knotless/lies
+          /bin/busybox sh "$@" 2>/dev/null
+          exit
+        fi
+      fi
+      exec /bin/busybox sh "$@"
+      EOF
+      chmod +x /usr/local/sbin/sh
+`, tt.lies)
+			outputs := filepath.Join(t.TempDir(), "out")
+			res := engine(newExecutor(t, c, nil), c.Image).Run(context.Background(), run.Request{
+				RunID: randomID("dm"), Workflow: parse(t, src), Checkout: t.TempDir(), Outputs: outputs, Trusted: true,
+			})
+			log := string(res.Log)
+			if res.Status != tt.wantStatus {
+				t.Fatalf("status %s (%s), want %s\nlog:\n%s", res.Status, res.Error, tt.wantStatus, log)
+			}
+			if !strings.Contains(log, "outputs transfer corrupted") || !strings.Contains(log, "sending it once more") {
+				t.Errorf("the log does not tell of the retry:\n%s", log)
+			}
+			got, err := os.ReadFile(filepath.Join(outputs, "file"))
+			switch tt.wantStatus {
+			case run.Success:
+				if err != nil || string(got) != "kept\n" {
+					t.Errorf("output after the retry: %q, %v", got, err)
+				}
+			default:
+				if !strings.Contains(res.Error, "transfer corrupted") {
+					t.Errorf("error %q does not name the corruption", res.Error)
+				}
+				if err == nil {
+					t.Errorf("a corrupted transfer was unpacked into the outputs")
+				}
+			}
+			assertNothingLeft(t, c)
+		})
+	}
 }
