@@ -17,6 +17,9 @@ import (
 // it under dash. Each shell runs in a PID namespace of its own, because
 // the tool kills every process that was not alive before the step.
 func TestStepToolShells(t *testing.T) {
+	if testing.Short() {
+		t.Skip("SKIPPED under -short: needs unshare, dash, bash and busybox from the host (the full suite runs it)")
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("SKIPPED: needs root for a PID namespace (unshare); CI runs as root")
 	}
