@@ -146,8 +146,9 @@ steps:
 	}
 }
 
-// TestSupersededFinish: with superseded: finish, a newer push to the
-// same ref lets the older run finish; both succeed.
+// TestSupersededFinish: a newer push whose workflow says superseded:
+// finish lets the older run finish; both succeed. The older commit's file
+// says nothing (cancel, the default): the newer push's file decides.
 func TestSupersededFinish(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
@@ -155,7 +156,6 @@ func TestSupersededFinish(t *testing.T) {
 	started, release := filepath.Join(dir, "started"), filepath.Join(dir, "release")
 	_, old := w.push(map[string]string{".knotless/workflows/deploy.yaml": workflowFile(`
 on: [push]
-superseded: finish
 steps:
   - name: slow
     run: |
