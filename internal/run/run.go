@@ -483,7 +483,7 @@ func (r *runState) runStep(ctx, runCtx context.Context, sess executor.Session, d
 	exit := executor.Exit{}
 	if err == nil {
 		followCtx, stopFollow := r.followContext(stepCtx, sess)
-		out := &countWriter{w: r.out}
+		out := &tarstream.CountingWriter{W: r.out}
 		exit, err = sess.FollowStep(followCtx, id, at.offset, out)
 		stopFollow()
 		if err == nil {
@@ -491,7 +491,7 @@ func (r *runState) runStep(ctx, runCtx context.Context, sess executor.Session, d
 			return exit, nil
 		}
 		if stepCtx.Err() == nil && r.detached() {
-			return executor.Exit{}, &detachedError{offset: at.offset + out.n}
+			return executor.Exit{}, &detachedError{offset: at.offset + out.N}
 		}
 	} else if stepCtx.Err() == nil {
 		return executor.Exit{}, fmt.Errorf("start step %s: %w", s.Name, err)
@@ -756,7 +756,7 @@ func (r *runState) logf(format string, args ...any) {
 // that crossed it.
 func transfer(ctx context.Context, produce func(io.Writer) error, consume func(io.Reader) error) (int64, error) {
 	pr, pw := io.Pipe()
-	counted := &countWriter{w: pw}
+	counted := &tarstream.CountingWriter{W: pw}
 	produced := make(chan error, 1)
 	go func() {
 		err := produce(counted)
@@ -767,20 +767,9 @@ func transfer(ctx context.Context, produce func(io.Writer) error, consume func(i
 	pr.CloseWithError(errors.New("consumer finished"))
 	perr := <-produced
 	if cerr != nil {
-		return counted.n, cerr
+		return counted.N, cerr
 	}
-	return counted.n, perr
-}
-
-type countWriter struct {
-	w io.Writer
-	n int64
-}
-
-func (c *countWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n += int64(n)
-	return n, err
+	return counted.N, perr
 }
 
 // lineTracker remembers whether the log ends mid-line, so the runner's

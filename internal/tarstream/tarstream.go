@@ -298,3 +298,28 @@ func (l *limitWriter) Write(p []byte) (int, error) {
 	l.n += int64(n)
 	return n, err
 }
+
+// CountingReader counts the bytes read through it: a transfer's size for
+// the logs.
+type CountingReader struct {
+	R io.Reader
+	N int64
+}
+
+func (c *CountingReader) Read(p []byte) (int, error) {
+	n, err := c.R.Read(p)
+	c.N += int64(n)
+	return n, err
+}
+
+// CountingWriter counts the bytes written through it.
+type CountingWriter struct {
+	W io.Writer
+	N int64
+}
+
+func (c *CountingWriter) Write(p []byte) (int, error) {
+	n, err := c.W.Write(p)
+	c.N += int64(n)
+	return n, err
+}

@@ -20,6 +20,7 @@ import (
 
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/spool"
+	"knotless.dev/run/internal/tarstream"
 )
 
 // reattach bounds how a step's stream is picked up again after it drops.
@@ -83,7 +84,7 @@ func (s *Session) Put(ctx context.Context, dir string, r io.Reader) error {
 	h := md5.New()
 	var stderr bytes.Buffer
 	start := time.Now()
-	counted := &countingReader{r: io.TeeReader(r, h)}
+	counted := &tarstream.CountingReader{R: io.TeeReader(r, h)}
 	code, err := s.exec(ctx, []string{"sh", "-c", putScript, "knotless-put", dir}, streams{stdin: counted, stderr: &stderr})
 	if err != nil {
 		return fmt.Errorf("put %s: %w", dir, err)
@@ -91,7 +92,7 @@ func (s *Session) Put(ctx context.Context, dir string, r io.Reader) error {
 	if err := checkDigest(code, stderr.String(), h.Sum(nil)); err != nil {
 		return fmt.Errorf("put %s: %w", dir, err)
 	}
-	s.log.Info("transfer in", "dir", dir, "bytes", counted.n, "duration", time.Since(start).Round(time.Millisecond))
+	s.log.Info("transfer in", "dir", dir, "bytes", counted.N, "duration", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
@@ -100,7 +101,7 @@ func (s *Session) Get(ctx context.Context, dir string, w io.Writer) error {
 	h := md5.New()
 	var stderr bytes.Buffer
 	start := time.Now()
-	counted := &countingWriter{w: io.MultiWriter(w, h)}
+	counted := &tarstream.CountingWriter{W: io.MultiWriter(w, h)}
 	code, err := s.exec(ctx, []string{"sh", "-c", getScript, "knotless-get", dir}, streams{stdout: counted, stderr: &stderr})
 	if err != nil {
 		return fmt.Errorf("get %s: %w", dir, err)
@@ -108,7 +109,7 @@ func (s *Session) Get(ctx context.Context, dir string, w io.Writer) error {
 	if err := checkDigest(code, stderr.String(), h.Sum(nil)); err != nil {
 		return fmt.Errorf("get %s: %w", dir, err)
 	}
-	s.log.Info("transfer out", "dir", dir, "bytes", counted.n, "duration", time.Since(start).Round(time.Millisecond))
+	s.log.Info("transfer out", "dir", dir, "bytes", counted.N, "duration", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
@@ -508,28 +509,6 @@ func (f *stdinFeed) Read(p []byte) (int, error) {
 	f.sent = true
 	f.acked(code)
 	return copy(p, "ok\n"), nil
-}
-
-type countingReader struct {
-	r io.Reader
-	n int64
-}
-
-func (c *countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n += int64(n)
-	return n, err
-}
-
-type countingWriter struct {
-	w io.Writer
-	n int64
-}
-
-func (c *countingWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n += int64(n)
-	return n, err
 }
 
 func orElse(err error, msg string) string {
