@@ -69,12 +69,13 @@ func (c *Cluster) WaitForCommand(ctx context.Context, namespace, selector, conta
 		if err != nil {
 			return fmt.Errorf("%w (last try: %s)", err, last)
 		}
-		var out bytes.Buffer
-		code, err := c.Exec(ctx, namespace, pod.Name, container, cmd, nil, &out, &out)
+		// Two buffers: the exec copies stdout and stderr concurrently.
+		var stdout, stderr bytes.Buffer
+		code, err := c.Exec(ctx, namespace, pod.Name, container, cmd, nil, &stdout, &stderr)
 		if err == nil && code == 0 {
 			return nil
 		}
-		last = fmt.Sprintf("exit %d, %v: %q", code, err, out.String())
+		last = fmt.Sprintf("exit %d, %v: %q", code, err, stdout.String()+stderr.String())
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("%v in pod %s/%s did not succeed (%s): %w", cmd, namespace, pod.Name, last, ctx.Err())
