@@ -220,9 +220,10 @@ func TestNetworkPolicy(t *testing.T) {
 	server := runJob(ctx, t, c, job(c, "run", c.Image, "exec nc -ll -p 8080 -e echo pong"))
 	client := runJob(ctx, t, c, job(c, "prober", c.Image, "exec sleep 3600"))
 	probe := func() (string, int) {
+		// The shell joins the streams: the exec copies two concurrently.
 		var out bytes.Buffer
 		code, err := c.Exec(ctx, c.Namespace, client.Name, "run",
-			[]string{"sh", "-c", "sleep 1 | nc -w 2 " + server.Status.PodIP + " 8080"}, nil, &out, &out)
+			[]string{"sh", "-c", "(sleep 1 | nc -w 2 " + server.Status.PodIP + " 8080) 2>&1"}, nil, &out, io.Discard)
 		if err != nil {
 			t.Fatalf("probe: %v", err)
 		}
