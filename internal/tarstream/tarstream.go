@@ -100,6 +100,19 @@ func packEntry(tw *tar.Writer, p, name string) error {
 // absolute names, names with "..", links that point outside dir, and
 // device or FIFO entries, with an error that names the entry. Nothing is
 // ever written outside dir, also through links made by earlier entries.
+//
+// No link left in dir points outside it, also through a chain of links,
+// whatever order the entries come in. Three rules make that hold:
+//   - an entry's parent directories must be directories, not symbolic
+//     links (made by earlier entries), so every entry lands where its
+//     name says and a link's directory is a real one;
+//   - a symbolic link's target may climb with ".." only at its start
+//     and no higher than the link's own directory (CheckLinkTarget), so
+//     every link resolves to an ancestor and then only descends;
+//   - a hard link may not name a symbolic link: it would carry the
+//     link's target to another depth.
+//
+// Every write goes through an os.Root, which refuses escapes on its own.
 func Unpack(ctx context.Context, r io.Reader, dir string, lim Limits) error {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
@@ -139,6 +152,9 @@ func Unpack(ctx context.Context, r io.Reader, dir string, lim Limits) error {
 	// Directory modes last, so a read-only directory can still be filled.
 	for i := len(dirs) - 1; i >= 0; i-- {
 		d := dirs[i]
+		if fi, err := root.Lstat(d.name); err != nil || !fi.IsDir() {
+			continue // replaced by a later entry; never chmod through a link
+		}
 		if err := root.Chmod(d.name, d.mode); err != nil {
 			return fmt.Errorf("tar entry %q: %w", d.name, err)
 		}
@@ -148,10 +164,8 @@ func Unpack(ctx context.Context, r io.Reader, dir string, lim Limits) error {
 }
 
 func unpackEntry(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string, mode fs.FileMode) error {
-	if parent := path.Dir(name); parent != "." {
-		if err := root.MkdirAll(parent, 0o755); err != nil {
-			return err
-		}
+	if err := makeParents(root, name); err != nil {
+		return err
 	}
 	switch hdr.Typeflag {
 	case tar.TypeDir:
@@ -195,6 +209,9 @@ func unpackEntry(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string, mo
 		if err != nil || target == "." {
 			return fmt.Errorf("hard link to %q points outside the target", hdr.Linkname)
 		}
+		if fi, err := root.Lstat(target); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+			return fmt.Errorf("hard link to %q names a symbolic link", hdr.Linkname)
+		}
 		if err := removeExisting(root, name); err != nil {
 			return err
 		}
@@ -226,14 +243,56 @@ func CleanName(name string) (string, error) {
 	return path.Clean(name), nil
 }
 
+// makeParents makes the parent directories of name that are missing and
+// refuses a parent that is a symbolic link or not a directory: an entry
+// lands where its name says, never where an earlier link points.
+func makeParents(root *os.Root, name string) error {
+	parts := strings.Split(name, "/")
+	for i := 1; i < len(parts); i++ {
+		dir := strings.Join(parts[:i], "/")
+		fi, err := root.Lstat(dir)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			if err := root.Mkdir(dir, 0o755); err != nil {
+				return err
+			}
+		case err != nil:
+			return err
+		case fi.Mode()&fs.ModeSymlink != 0:
+			return fmt.Errorf("parent %q is a symbolic link", dir)
+		case !fi.IsDir():
+			return fmt.Errorf("parent %q is not a directory", dir)
+		}
+	}
+	return nil
+}
+
 // CheckLinkTarget refuses a symbolic link whose target, read relative to
-// the link's own directory, leaves the tree.
+// the link's own directory, leaves the tree. The target must be relative
+// and may climb with ".." only before its first other part: a ".." after
+// a part that may itself be a link would climb from wherever that link
+// points, so lexical cleaning would not tell where the link ends up.
+// With its leading ".." bounded by the link's depth, the link resolves
+// to an ancestor of itself and then only descends, inside the tree.
 func CheckLinkTarget(name, target string) error {
-	if target == "" || strings.HasPrefix(target, "/") {
+	if target == "" || strings.HasPrefix(target, "/") || strings.IndexByte(target, 0) >= 0 {
 		return fmt.Errorf("symbolic link to %q points outside the target", target)
 	}
-	resolved := path.Join(path.Dir(name), target)
-	if resolved == ".." || strings.HasPrefix(resolved, "../") {
+	up, descended := 0, false
+	for _, part := range strings.Split(target, "/") {
+		switch part {
+		case "", ".":
+		case "..":
+			if descended {
+				return fmt.Errorf("symbolic link to %q climbs after descending", target)
+			}
+			up++
+		default:
+			descended = true
+		}
+	}
+	depth := strings.Count(path.Clean(name), "/")
+	if up > depth {
 		return fmt.Errorf("symbolic link to %q points outside the target", target)
 	}
 	return nil

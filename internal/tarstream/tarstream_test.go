@@ -68,6 +68,7 @@ type entry struct {
 	name, link string
 	typ        byte
 	body       string
+	mode       int64 // 0 means 0644
 }
 
 func archive(t testing.TB, entries ...entry) []byte {
@@ -75,7 +76,11 @@ func archive(t testing.TB, entries ...entry) []byte {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	for _, e := range entries {
-		hdr := &tar.Header{Name: e.name, Linkname: e.link, Typeflag: e.typ, Mode: 0o644, Size: int64(len(e.body))}
+		mode := e.mode
+		if mode == 0 {
+			mode = 0o644
+		}
+		hdr := &tar.Header{Name: e.name, Linkname: e.link, Typeflag: e.typ, Mode: mode, Size: int64(len(e.body))}
 		if e.typ != tar.TypeReg {
 			hdr.Size = 0
 		}
@@ -169,6 +174,86 @@ func TestLimits(t *testing.T) {
 	}
 }
 
+// linksOutside lists the links under target that point outside it, read
+// lexically and resolved for real through every link on the way.
+func linksOutside(t testing.TB, target string) []string {
+	t.Helper()
+	realTarget, err := filepath.EvalSymlinks(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outside := func(base, p string) bool {
+		rel, err := filepath.Rel(base, p)
+		return err != nil || rel == ".." || strings.HasPrefix(rel, "../")
+	}
+	var bad []string
+	_ = filepath.WalkDir(target, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.Type()&fs.ModeSymlink == 0 {
+			return nil
+		}
+		link, _ := os.Readlink(p)
+		if filepath.IsAbs(link) || outside(target, filepath.Join(filepath.Dir(p), link)) {
+			bad = append(bad, p+" -> "+link)
+		} else if resolved, err := filepath.EvalSymlinks(p); err == nil && outside(realTarget, resolved) {
+			bad = append(bad, p+" -> "+link+" (resolves to "+resolved+")")
+		}
+		return nil
+	})
+	return bad
+}
+
+// Links that each stay inside can still be chained out of the tree; the
+// unpacker refuses every such chain and leaves no link pointing out.
+func TestUnpackLinkChainsStayInside(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		entries []entry
+		wantErr string
+	}{
+		{"link made through a linked parent", []entry{
+			{name: "d/", typ: tar.TypeDir},
+			{name: "d/l", typ: tar.TypeSymlink, link: ".."},
+			{name: "d/l/x", typ: tar.TypeSymlink, link: "../.."},
+		}, `tar entry "d/l/x": parent "d/l" is a symbolic link`},
+		{"file made through a linked parent", []entry{
+			{name: "d/", typ: tar.TypeDir},
+			{name: "d/l", typ: tar.TypeSymlink, link: ".."},
+			{name: "d/l/f", typ: tar.TypeReg, body: "x"},
+		}, `tar entry "d/l/f": parent "d/l" is a symbolic link`},
+		{"climb after a link", []entry{
+			{name: "d/", typ: tar.TypeDir},
+			{name: "d/b", typ: tar.TypeSymlink, link: ".."},
+			{name: "a", typ: tar.TypeSymlink, link: "d/b/../.."},
+		}, `tar entry "a": symbolic link to "d/b/../.." climbs after descending`},
+		{"climb after a part that becomes a link later", []entry{
+			{name: "d/p/", typ: tar.TypeDir},
+			{name: "d/a", typ: tar.TypeSymlink, link: "p/../.."},
+			{name: "d/p", typ: tar.TypeSymlink, link: ".."},
+		}, `tar entry "d/a": symbolic link to "p/../.." climbs after descending`},
+		{"hard link to a deep symlink", []entry{
+			{name: "d/e/", typ: tar.TypeDir},
+			{name: "d/e/l", typ: tar.TypeSymlink, link: "../.."},
+			{name: "h", typ: tar.TypeLink, link: "d/e/l"},
+		}, `tar entry "h": hard link to "d/e/l" names a symbolic link`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			parent := t.TempDir()
+			target := filepath.Join(parent, "target")
+			must(t, os.Mkdir(target, 0o755))
+			err := Unpack(context.Background(), bytes.NewReader(archive(t, tt.entries...)), target, Limits{})
+			if err == nil || err.Error() != tt.wantErr {
+				t.Errorf("Unpack error = %v, want %q", err, tt.wantErr)
+			}
+			if bad := linksOutside(t, target); len(bad) > 0 {
+				t.Errorf("links pointing outside the target: %v", bad)
+			}
+		})
+	}
+}
+
 func FuzzUnpack(f *testing.F) {
 	f.Add(archive(f, entry{name: "a/b", typ: tar.TypeReg, body: "x"}))
 	f.Add(archive(f, entry{name: "l", typ: tar.TypeSymlink, link: "../x"}, entry{name: "l/f", typ: tar.TypeReg, body: "x"}))
@@ -188,18 +273,11 @@ func FuzzUnpack(f *testing.F) {
 		if len(entries) != 1 || entries[0].Name() != "target" {
 			t.Fatalf("unpack wrote outside its target: %v", entries)
 		}
-		// Every link left behind must resolve inside the target.
-		_ = filepath.WalkDir(target, func(p string, d fs.DirEntry, err error) error {
-			if err != nil || d.Type()&fs.ModeSymlink == 0 {
-				return nil
-			}
-			link, _ := os.Readlink(p)
-			resolved := filepath.Join(filepath.Dir(p), link)
-			if rel, err := filepath.Rel(target, resolved); err != nil || strings.HasPrefix(rel, "..") {
-				t.Fatalf("link %s -> %s points outside", p, link)
-			}
-			return nil
-		})
+		// Every link left behind must resolve inside the target, also
+		// through the other links.
+		if bad := linksOutside(t, target); len(bad) > 0 {
+			t.Fatalf("links point outside: %v", bad)
+		}
 	})
 }
 
