@@ -113,6 +113,11 @@ func packEntry(tw *tar.Writer, p, name string) error {
 //     link's target to another depth.
 //
 // Every write goes through an os.Root, which refuses escapes on its own.
+//
+// A directory keeps its recorded permissions except that its owner may
+// always read, write and search it (u+rwx is forced): a tree with a
+// directory recorded as 0644 or 0000 is still unpacked fully and can be
+// removed by the user who unpacked it, also when that user is not root.
 func Unpack(ctx context.Context, r io.Reader, dir string, lim Limits) error {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
@@ -146,7 +151,7 @@ func Unpack(ctx context.Context, r io.Reader, dir string, lim Limits) error {
 			return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
 		}
 		if hdr.Typeflag == tar.TypeDir {
-			dirs = append(dirs, dirMode{name, mode, hdr.ModTime})
+			dirs = append(dirs, dirMode{name, mode | ownerDirBits, hdr.ModTime})
 		}
 	}
 	// Directory modes last, so a read-only directory can still be filled.
@@ -162,6 +167,10 @@ func Unpack(ctx context.Context, r io.Reader, dir string, lim Limits) error {
 	}
 	return nil
 }
+
+// ownerDirBits are the permissions an unpacked directory always gives its
+// owner, so that the tree can be filled and removed without root.
+const ownerDirBits fs.FileMode = 0o700
 
 func unpackEntry(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string, mode fs.FileMode) error {
 	if err := makeParents(root, name); err != nil {
@@ -253,7 +262,7 @@ func makeParents(root *os.Root, name string) error {
 		fi, err := root.Lstat(dir)
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
-			if err := root.Mkdir(dir, 0o755); err != nil {
+			if err := root.Mkdir(dir, 0o755|ownerDirBits); err != nil {
 				return err
 			}
 		case err != nil:
