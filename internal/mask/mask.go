@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"io"
 	"sort"
+	"strings"
 	"sync"
 )
 
@@ -23,15 +24,37 @@ type Writer struct {
 
 // NewWriter returns a Writer to out that masks values. Empty values are
 // ignored: they cannot be found in output.
+//
+// A multi-line value is masked whole, also with its line ends written as
+// "\n" or as "\r\n", and each of its lines (without its line end) is
+// masked on its own too, as GitHub Actions registers each line of a
+// multi-line secret: a step that prints one line of a key, or a tool
+// that reflows it, does not show that line. Lines that are only
+// whitespace are not masked.
 func NewWriter(out io.Writer, values []string) *Writer {
 	w := &Writer{out: out}
 	seen := map[string]bool{}
-	for _, v := range values {
+	add := func(v string) {
 		if v == "" || seen[v] {
-			continue
+			return
 		}
 		seen[v] = true
 		w.values = append(w.values, []byte(v))
+	}
+	for _, v := range values {
+		add(v)
+		if !strings.ContainsAny(v, "\r\n") {
+			continue
+		}
+		lf := strings.ReplaceAll(v, "\r\n", "\n")
+		add(lf)
+		add(strings.ReplaceAll(lf, "\n", "\r\n"))
+		for _, line := range strings.Split(lf, "\n") {
+			line = strings.TrimSuffix(line, "\r")
+			if strings.TrimSpace(line) != "" {
+				add(line)
+			}
+		}
 	}
 	sort.SliceStable(w.values, func(i, j int) bool { return len(w.values[i]) > len(w.values[j]) })
 	return w
@@ -74,13 +97,15 @@ func (w *Writer) scan(buf []byte, final bool) (out, rest []byte) {
 	out = make([]byte, 0, len(buf))
 	i := 0
 	for i < len(buf) {
+		// Held first: a value found here may be the start of a longer
+		// one (a line of a multi-line value) that more input completes.
+		if !final && w.couldStart(buf[i:]) {
+			return out, buf[i:]
+		}
 		if v := w.matchAt(buf[i:]); v != nil {
 			out = append(out, Replacement...)
 			i += len(v)
 			continue
-		}
-		if !final && w.couldStart(buf[i:]) {
-			return out, buf[i:]
 		}
 		out = append(out, buf[i])
 		i++
