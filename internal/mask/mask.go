@@ -92,6 +92,20 @@ func (w *Writer) Flush() error {
 	return err
 }
 
+// Discard drops the held-back bytes unwritten and returns how many there
+// were. A run handed over to another process calls it instead of Flush:
+// the held bytes may be the first half of a secret whose second half
+// only the successor reads, so they must not reach the log in clear.
+// The successor reads the step's output again from that many bytes
+// before where this writer stopped, and masks the value whole.
+func (w *Writer) Discard() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := len(w.pending)
+	w.pending = w.pending[:0]
+	return n
+}
+
 // scan returns the masked bytes that are final and the tail to hold back.
 func (w *Writer) scan(buf []byte, final bool) (out, rest []byte) {
 	out = make([]byte, 0, len(buf))

@@ -73,6 +73,30 @@ func TestWriterEverySplit(t *testing.T) {
 	}
 }
 
+// A stream handed over at any byte: the stopping writer discards what it
+// holds, the successor reads again from the offset minus that many
+// bytes. Together they log the stream masked, nothing lost, no half of
+// a secret in clear.
+func TestWriterDiscardAtHandover(t *testing.T) {
+	t.Parallel()
+	values := []string{"hunter2", "k1\nk2"}
+	in := "pw=hunter2 key=k1\nk2 hunt end"
+	want := "pw=*** key=*** hunt end"
+	for offset := 0; offset <= len(in); offset++ {
+		var log bytes.Buffer
+		old := NewWriter(&log, values)
+		_, _ = old.Write([]byte(in[:offset]))
+		resume := offset - old.Discard()
+		_ = old.Flush()
+		succ := NewWriter(&log, values)
+		_, _ = succ.Write([]byte(in[resume:]))
+		_ = succ.Flush()
+		if got := log.String(); got != want {
+			t.Errorf("handover at %d (successor from %d): log %q, want %q", offset, resume, got, want)
+		}
+	}
+}
+
 func FuzzWriterNeverLeaks(f *testing.F) {
 	f.Add("secret", "xxsecretyy", 3)
 	f.Fuzz(func(t *testing.T, value, in string, split int) {

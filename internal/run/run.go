@@ -389,9 +389,14 @@ func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, 
 		}
 		exit, err := r.runStep(ctx, runCtx, sess, dirs, i, at)
 		sr.Duration = time.Since(at.time)
+		var d *detachedError
+		if errors.As(err, &d) {
+			// What the mask holds back may begin a secret that the
+			// successor reads the rest of: not logged here, read again.
+			d.offset -= int64(r.out.Discard())
+		}
 		r.out.Flush()
 		r.lines.endLine()
-		var d *detachedError
 		switch {
 		case errors.As(err, &d):
 			r.handOver(sess, Handover{Step: i, Started: true, Offset: d.offset, StepStartedAt: at.time})
