@@ -5,16 +5,27 @@ package caplog
 import (
 	"fmt"
 	"sync"
+	"unicode/utf8"
 )
 
-// DefaultMax is the cap of a run log, the largest blob a check carries.
+// DefaultMax is the cap of a run log, the largest blob a check carries
+// (the log's maxSize in lexicons/dev/knotless/check.json).
 const DefaultMax = 1 << 20
 
-// Buffer is an io.Writer that keeps at most max bytes: the first half of
-// the cap as written and the last bytes in a ring.
+// markerFormat marks the cut in the middle of a log.
+const markerFormat = "\n[knotless-run: %d bytes cut from the middle of this log]\n"
+
+// MarkerRoom is the most bytes the cut marker takes: the content of a
+// Buffer is capped that much below its max, so the log with the marker
+// stays within max.
+const MarkerRoom = len(markerFormat) - len("%d") + len("9223372036854775807") // math.MaxInt64
+
+// Buffer is an io.Writer that keeps at most max bytes, the cut marker
+// included: the first half of the content cap as written and the last
+// bytes in a ring.
 type Buffer struct {
 	mu      sync.Mutex
-	max     int
+	max     int // of the content: the cap less MarkerRoom
 	head    []byte
 	tail    []byte // ring of capacity max-len(head)
 	start   int    // index of the oldest byte in tail once it wrapped
@@ -22,8 +33,10 @@ type Buffer struct {
 	total   int64
 }
 
-// New returns a Buffer that keeps at most max bytes of content.
+// New returns a Buffer whose Bytes are at most max bytes long, the cut
+// marker included; max is raised to MarkerRoom+2 if it is below.
 func New(max int) *Buffer {
+	max -= MarkerRoom
 	if max < 2 {
 		max = 2
 	}
@@ -63,17 +76,39 @@ func (b *Buffer) Write(p []byte) (int, error) {
 }
 
 // Bytes returns the kept log; when bytes were cut, a line in the middle
-// says how many.
+// says how many. The cut falls between characters: a UTF-8 character
+// that it would split is cut whole, so valid UTF-8 stays valid.
 func (b *Buffer) Bytes() []byte {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	out := append([]byte(nil), b.head...)
-	kept := int64(len(b.head) + len(b.tail))
-	if cut := b.total - kept; cut > 0 {
-		out = fmt.Appendf(out, "\n[knotless-run: %d bytes cut from the middle of this log]\n", cut)
+	tail := append(append([]byte(nil), b.tail[b.start:]...), b.tail[:b.start]...)
+	if b.total == int64(len(b.head)+len(tail)) {
+		return append(b.head[:len(b.head):len(b.head)], tail...)
 	}
-	out = append(out, b.tail[b.start:]...)
-	return append(out, b.tail[:b.start]...)
+	head := b.head[:runeCut(b.head)]
+	skip := 0 // continuation bytes of a character whose start was cut
+	for skip < len(tail) && skip < utf8.UTFMax-1 && !utf8.RuneStart(tail[skip]) {
+		skip++
+	}
+	tail = tail[skip:]
+	out := append([]byte(nil), head...)
+	out = fmt.Appendf(out, markerFormat, b.total-int64(len(head)+len(tail)))
+	return append(out, tail...)
+}
+
+// runeCut returns where p may be cut so that no UTF-8 character is
+// split: len(p), or the start of a character left incomplete at its
+// end. Bytes that are not UTF-8 are cut anywhere.
+func runeCut(p []byte) int {
+	for i := len(p) - 1; i >= 0 && i >= len(p)-utf8.UTFMax; i-- {
+		if utf8.RuneStart(p[i]) {
+			if !utf8.FullRune(p[i:]) {
+				return i
+			}
+			return len(p)
+		}
+	}
+	return len(p)
 }
 
 // Total is the number of bytes written, kept or not.
