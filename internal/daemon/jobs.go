@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/forge"
@@ -587,11 +588,20 @@ func (d *Daemon) putCheck(ctx context.Context, key string, c forge.Check) error 
 	return nil
 }
 
+// truncate keeps s within n bytes (a lexicon maxLength counts UTF-8
+// bytes), ending it with "..." when it is cut. The result is valid UTF-8:
+// bytes that are not become U+FFFD, and the cut never splits a
+// character, else the record would be invalid.
 func truncate(s string, n int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
 	if len(s) <= n {
 		return s
 	}
-	return s[:n-3] + "..."
+	cut := n - len("...")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
 }
 
 // newRunID returns a short random id, safe as a label value.
