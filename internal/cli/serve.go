@@ -247,12 +247,15 @@ type SecretCmd struct {
 }
 
 // SecretSealCmd prints a sealed secret record. The value comes from
-// stdin, never from the command line.
+// stdin, never from the command line. The sealed bytes hold the value
+// bound to the repository, name, runner and scope (forge.Envelope), so
+// they open for this record's repository only.
 type SecretSealCmd struct {
 	Runner    string `help:"The runner's DID." required:"" placeholder:"DID"`
 	Key       string `help:"The runner's public sealing key (base64, from its secrets-key.json or its log at first start)." required:"" placeholder:"KEY"`
-	Repo      string `help:"The repository: at://OWNER/dev.knotless.repo/NAME." required:"" placeholder:"AT-URI"`
+	Repo      string `help:"The repository: at://OWNER/dev.knotless.repo/NAME (OWNER a DID)." required:"" placeholder:"AT-URI"`
 	Name      string `help:"The secret's name as workflows grant it." required:"" placeholder:"NAME"`
+	Scope     string `help:"Which runs get the value: push (trusted runs; the only scope)." enum:"push" default:"push"`
 	ValueFile string `help:"Read the value from FILE instead of stdin." placeholder:"FILE"`
 }
 
@@ -261,8 +264,11 @@ func (c *SecretSealCmd) Run(env *Env) error {
 	if _, err := syntax.ParseDID(c.Runner); err != nil {
 		return fmt.Errorf("--runner: %w", err)
 	}
-	if _, err := ingest.ParseTarget(c.Repo); err != nil || !strings.HasPrefix(c.Repo, "at://") {
-		return fmt.Errorf("--repo %q: want at://OWNER/%s/NAME", c.Repo, forge.CollectionRepo)
+	if t, err := ingest.ParseTarget(c.Repo); err != nil || !strings.HasPrefix(c.Repo, "at://") || !t.Owner.IsDID() ||
+		forge.RepoURI(syntax.DID(t.Owner.String()), t.Name).String() != c.Repo {
+		// The sealed envelope is compared byte for byte with the run's
+		// repository: the canonical AT-URI, with the owner's DID.
+		return fmt.Errorf("--repo %q: want at://DID/%s/NAME", c.Repo, forge.CollectionRepo)
 	}
 	pub, err := forge.DecodeKey(c.Key)
 	if err != nil {
@@ -281,12 +287,16 @@ func (c *SecretSealCmd) Run(env *Env) error {
 	if len(value) == 0 {
 		return errors.New("the value is empty")
 	}
-	sealed, err := forge.Seal(pub, value)
+	scope := c.Scope
+	if scope == "" {
+		scope = forge.ScopePush
+	}
+	sealed, err := forge.SealSecret(pub, forge.Envelope{Repo: c.Repo, Name: c.Name, Runner: c.Runner, Scope: scope, Value: value})
 	if err != nil {
 		return err
 	}
 	rec := forge.Secret{Type: forge.CollectionSecret, Repo: c.Repo, Name: c.Name, Runner: c.Runner, Key: c.Key,
-		Scope: forge.ScopePush, Sealed: sealed, CreatedAt: forge.Now()}
+		Scope: scope, Sealed: sealed, CreatedAt: forge.Now()}
 	cat, err := forge.NewCatalog()
 	if err != nil {
 		return err

@@ -64,7 +64,9 @@ func TestSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	seal := func(name, value string) {
-		sealed, err := forge.Seal(key.Public, []byte(value))
+		sealed, err := forge.SealSecret(key.Public, forge.Envelope{
+			Repo: w.repoURI.String(), Name: name, Runner: w.runner.DID.String(), Scope: forge.ScopePush, Value: []byte(value),
+		})
 		if err != nil {
 			t.Fatal(err)
 		}
