@@ -47,7 +47,7 @@ type ServeCmd struct {
 	Poll        time.Duration `help:"Reconcile by listing records this often." default:"1m"`
 
 	AppPasswordFile string `help:"File holding the runner's app password (default: $$CREDENTIALS_DIRECTORY/app-password). Never taken from the command line." placeholder:"FILE"`
-	SecretsFile     string `help:"Operator secrets, a JSON object of name to value; they take precedence over sealed records (default: $$CREDENTIALS_DIRECTORY/secrets if present)." placeholder:"FILE"`
+	SecretsFile     string `help:"Operator secrets, each scoped to repositories (see docs/reference/cli.md); they take precedence over sealed records (default: $$CREDENTIALS_DIRECTORY/secrets if present)." placeholder:"FILE"`
 
 	KubeFlags `embed:""`
 }
@@ -154,9 +154,14 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 	if err != nil {
 		return err
 	}
-	secrets, err := c.readSecrets(env)
+	secrets, secretsFile, err := c.readSecrets(env)
 	if err != nil {
 		return err
+	}
+	if c.Discover {
+		if err := unscopedWithDiscover(secretsFile, secrets); err != nil {
+			return err
+		}
 	}
 	rc := RunCmd{Executor: c.Executor, ShellRoot: c.ShellRoot, Runner: runner.String(), Image: c.Image, KubeFlags: c.KubeFlags}
 	exec, err := rc.newExecutor(&Env{Stdin: env.Stdin, Stdout: env.Stdout, Stderr: env.Stderr, Getenv: env.Getenv, Logger: log})
@@ -215,30 +220,30 @@ func (c *ServeCmd) readPassword(env *Env) (string, error) {
 	return strings.TrimSpace(string(b)), nil
 }
 
-// readSecrets reads the operator secrets file: a JSON object of name to
-// value.
-func (c *ServeCmd) readSecrets(env *Env) (map[string]string, error) {
+// readSecrets reads the operator secrets file (its format:
+// operatorSecretsFile) and returns its secrets and its name.
+func (c *ServeCmd) readSecrets(env *Env) ([]daemon.OperatorSecret, string, error) {
 	name := c.SecretsFile
 	explicit := name != ""
 	if !explicit {
 		dir := env.Getenv("CREDENTIALS_DIRECTORY")
 		if dir == "" {
-			return nil, nil
+			return nil, "", nil
 		}
 		name = filepath.Join(dir, "secrets")
 	}
 	b, err := os.ReadFile(name)
 	if errors.Is(err, fs.ErrNotExist) && !explicit {
-		return nil, nil
+		return nil, "", nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("--secrets-file: %w", err)
+		return nil, "", fmt.Errorf("--secrets-file: %w", err)
 	}
-	var secrets map[string]string
-	if err := json.Unmarshal(b, &secrets); err != nil {
-		return nil, fmt.Errorf("--secrets-file %s: want a JSON object of name to string value: %w", name, err)
+	secrets, err := parseOperatorSecrets(name, b)
+	if err != nil {
+		return nil, "", fmt.Errorf("--secrets-file %s: %w", name, err)
 	}
-	return secrets, nil
+	return secrets, name, nil
 }
 
 // SecretCmd groups the secret helpers.

@@ -94,7 +94,7 @@ func TestSecrets(t *testing.T) {
 
 	w.start(w.config(func(c *daemon.Config) {
 		c.Pulls = true
-		c.Secrets = map[string]string{"OPERATOR_TOKEN": "operator-wins"}
+		c.Secrets = []daemon.OperatorSecret{{Name: "OPERATOR_TOKEN", Value: "operator-wins", Repos: []string{w.repoURI.String()}}}
 	}))
 	_, push := w.waitFinal("deploy", commit, 90*time.Second)
 	if push.Status != "success" {

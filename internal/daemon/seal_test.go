@@ -137,7 +137,7 @@ func TestOperatorSecretStaysWithItsRepository(t *testing.T) {
 
 	w.start(w.config(func(c *daemon.Config) {
 		c.Targets = append(c.Targets, b.target())
-		c.Secrets = map[string]string{"OPERATOR_TOKEN": "a-operator-value"}
+		c.Secrets = []daemon.OperatorSecret{{Name: "OPERATOR_TOKEN", Value: "a-operator-value", Repos: []string{w.repoURI.String()}}}
 	}))
 	_, gotB := w.waitFinal("deploy", commitB, 90*time.Second)
 	if log := w.runLog(gotB); strings.Contains(log, "value-ok") {

@@ -10,7 +10,7 @@ import (
 
 // secrets returns the values a trusted run of j may be granted: the
 // repository's sealed secrets opened with the runner's key, then the
-// operator's secrets, which take precedence.
+// operator's secrets scoped to this run, which take precedence.
 func (d *Daemon) secrets(ctx context.Context, j *job) (map[string]string, error) {
 	out := map[string]string{}
 	if len(j.wf.Secrets) > 0 {
@@ -39,8 +39,15 @@ func (d *Daemon) secrets(ctx context.Context, j *job) (map[string]string, error)
 			out[s.Name] = string(v)
 		}
 	}
-	for k, v := range d.cfg.Secrets {
-		out[k] = v
+	// The operator's secrets for this run: its repository, workflow and
+	// ref. The first in the file's order wins.
+	given := map[string]bool{}
+	for _, s := range d.cfg.Secrets {
+		if given[s.Name] || !slices.Contains(j.wf.Secrets, s.Name) || !s.For(j.ev.Repo.URI.String(), j.wf.Name, j.ev.Ref) {
+			continue
+		}
+		given[s.Name] = true
+		out[s.Name] = s.Value
 	}
 	return out, nil
 }
