@@ -47,7 +47,7 @@ type ServeCmd struct {
 	Poll        time.Duration `help:"Reconcile by listing records this often." default:"1m"`
 
 	AppPasswordFile string `help:"File holding the runner's app password (default: $$CREDENTIALS_DIRECTORY/app-password). Never taken from the command line." placeholder:"FILE"`
-	SecretsFile     string `help:"Operator secrets, a JSON object of name to value; they take precedence over sealed records (default: $$CREDENTIALS_DIRECTORY/secrets if present)." placeholder:"FILE"`
+	SecretsFile     string `help:"Operator secrets, each scoped to repositories (see docs/reference/cli.md); they take precedence over sealed records (default: $$CREDENTIALS_DIRECTORY/secrets if present)." placeholder:"FILE"`
 
 	KubeFlags `embed:""`
 }
@@ -154,9 +154,14 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 	if err != nil {
 		return err
 	}
-	secrets, err := c.readSecrets(env)
+	secrets, secretsFile, err := c.readSecrets(env)
 	if err != nil {
 		return err
+	}
+	if c.Discover {
+		if err := unscopedWithDiscover(secretsFile, secrets); err != nil {
+			return err
+		}
 	}
 	rc := RunCmd{Executor: c.Executor, ShellRoot: c.ShellRoot, Runner: runner.String(), Image: c.Image, KubeFlags: c.KubeFlags}
 	exec, err := rc.newExecutor(&Env{Stdin: env.Stdin, Stdout: env.Stdout, Stderr: env.Stderr, Getenv: env.Getenv, Logger: log})
@@ -215,30 +220,30 @@ func (c *ServeCmd) readPassword(env *Env) (string, error) {
 	return strings.TrimSpace(string(b)), nil
 }
 
-// readSecrets reads the operator secrets file: a JSON object of name to
-// value.
-func (c *ServeCmd) readSecrets(env *Env) (map[string]string, error) {
+// readSecrets reads the operator secrets file (its format:
+// operatorSecretsFile) and returns its secrets and its name.
+func (c *ServeCmd) readSecrets(env *Env) ([]daemon.OperatorSecret, string, error) {
 	name := c.SecretsFile
 	explicit := name != ""
 	if !explicit {
 		dir := env.Getenv("CREDENTIALS_DIRECTORY")
 		if dir == "" {
-			return nil, nil
+			return nil, "", nil
 		}
 		name = filepath.Join(dir, "secrets")
 	}
 	b, err := os.ReadFile(name)
 	if errors.Is(err, fs.ErrNotExist) && !explicit {
-		return nil, nil
+		return nil, "", nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("--secrets-file: %w", err)
+		return nil, "", fmt.Errorf("--secrets-file: %w", err)
 	}
-	var secrets map[string]string
-	if err := json.Unmarshal(b, &secrets); err != nil {
-		return nil, fmt.Errorf("--secrets-file %s: want a JSON object of name to string value: %w", name, err)
+	secrets, err := parseOperatorSecrets(name, b)
+	if err != nil {
+		return nil, "", fmt.Errorf("--secrets-file %s: %w", name, err)
 	}
-	return secrets, nil
+	return secrets, name, nil
 }
 
 // SecretCmd groups the secret helpers.
@@ -247,12 +252,15 @@ type SecretCmd struct {
 }
 
 // SecretSealCmd prints a sealed secret record. The value comes from
-// stdin, never from the command line.
+// stdin, never from the command line. The sealed bytes hold the value
+// bound to the repository, name, runner and scope (forge.Envelope), so
+// they open for this record's repository only.
 type SecretSealCmd struct {
 	Runner    string `help:"The runner's DID." required:"" placeholder:"DID"`
 	Key       string `help:"The runner's public sealing key (base64, from its secrets-key.json or its log at first start)." required:"" placeholder:"KEY"`
-	Repo      string `help:"The repository: at://OWNER/dev.knotless.repo/NAME." required:"" placeholder:"AT-URI"`
+	Repo      string `help:"The repository: at://OWNER/dev.knotless.repo/NAME (OWNER a DID)." required:"" placeholder:"AT-URI"`
 	Name      string `help:"The secret's name as workflows grant it." required:"" placeholder:"NAME"`
+	Scope     string `help:"Which runs get the value: push (trusted runs; the only scope)." enum:"push" default:"push"`
 	ValueFile string `help:"Read the value from FILE instead of stdin." placeholder:"FILE"`
 }
 
@@ -261,8 +269,11 @@ func (c *SecretSealCmd) Run(env *Env) error {
 	if _, err := syntax.ParseDID(c.Runner); err != nil {
 		return fmt.Errorf("--runner: %w", err)
 	}
-	if _, err := ingest.ParseTarget(c.Repo); err != nil || !strings.HasPrefix(c.Repo, "at://") {
-		return fmt.Errorf("--repo %q: want at://OWNER/%s/NAME", c.Repo, forge.CollectionRepo)
+	if t, err := ingest.ParseTarget(c.Repo); err != nil || !strings.HasPrefix(c.Repo, "at://") || !t.Owner.IsDID() ||
+		forge.RepoURI(syntax.DID(t.Owner.String()), t.Name).String() != c.Repo {
+		// The sealed envelope is compared byte for byte with the run's
+		// repository: the canonical AT-URI, with the owner's DID.
+		return fmt.Errorf("--repo %q: want at://DID/%s/NAME", c.Repo, forge.CollectionRepo)
 	}
 	pub, err := forge.DecodeKey(c.Key)
 	if err != nil {
@@ -281,12 +292,16 @@ func (c *SecretSealCmd) Run(env *Env) error {
 	if len(value) == 0 {
 		return errors.New("the value is empty")
 	}
-	sealed, err := forge.Seal(pub, value)
+	scope := c.Scope
+	if scope == "" {
+		scope = forge.ScopePush
+	}
+	sealed, err := forge.SealSecret(pub, forge.Envelope{Repo: c.Repo, Name: c.Name, Runner: c.Runner, Scope: scope, Value: value})
 	if err != nil {
 		return err
 	}
 	rec := forge.Secret{Type: forge.CollectionSecret, Repo: c.Repo, Name: c.Name, Runner: c.Runner, Key: c.Key,
-		Scope: forge.ScopePush, Sealed: sealed, CreatedAt: forge.Now()}
+		Scope: scope, Sealed: sealed, CreatedAt: forge.Now()}
 	cat, err := forge.NewCatalog()
 	if err != nil {
 		return err

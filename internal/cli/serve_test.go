@@ -103,9 +103,28 @@ func TestSecretSeal(t *testing.T) {
 	if err := cat.Decode(forge.CollectionSecret, []byte(stdout.String()), &rec); err != nil {
 		t.Fatalf("%v\n%s", err, stdout.String())
 	}
-	v, err := key.Open(rec.Sealed)
+	v, err := key.OpenSecret(rec, c.Repo, c.Runner)
 	if err != nil || string(v) != "tok'en" {
 		t.Fatalf("opened %q, %v", v, err)
+	}
+	if rec.Repo != c.Repo || rec.Name != "TOKEN" || rec.Runner != c.Runner || rec.Scope != forge.ScopePush {
+		t.Errorf("record %+v", rec)
+	}
+	// The sealed bytes are bound to the repository: copied into another
+	// repository's record, they do not open for its runs.
+	other := "at://did:plc:vwzwgnygau7ed7b7wt5ux7y2/dev.knotless.repo/hello"
+	copied := rec
+	copied.Repo = other
+	if v, err := key.OpenSecret(copied, other, c.Runner); err == nil {
+		t.Errorf("the value opened for another repository: %q", v)
+	}
+	for _, repo := range []string{"did:plc:7u2ld3ffgzqvezmv6wxgxiix/hello", "at://alice.test/dev.knotless.repo/hello"} {
+		bad := c
+		bad.Repo = repo
+		env.Stdin = strings.NewReader("tok'en\n")
+		if err := bad.Run(env); err == nil || !strings.Contains(err.Error(), "--repo") {
+			t.Errorf("--repo %s: sealed, want an error asking for at://DID/dev.knotless.repo/NAME", repo)
+		}
 	}
 	if strings.Contains(stdout.String(), "tok'en") {
 		t.Error("the value is in the output")

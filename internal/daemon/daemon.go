@@ -60,9 +60,11 @@ type Config struct {
 	StateDir     string
 	CacheDir     string
 
-	// Secrets are the operator's secrets by name; they take precedence
-	// over sealed records.
-	Secrets map[string]string
+	// Secrets are the operator's secrets, each with the repositories
+	// (and optionally workflows and refs) it is for; one that applies to
+	// a run takes precedence over a sealed record of the same name. With
+	// Discover, none may be for every repository.
+	Secrets []OperatorSecret
 
 	// Notify sends one sd_notify message (nil: not under systemd).
 	Notify func(state string)
@@ -89,9 +91,6 @@ func (c *Config) defaults() {
 	}
 	if c.HTTP == nil {
 		c.HTTP = &http.Client{Timeout: 2 * time.Minute}
-	}
-	if c.Secrets == nil {
-		c.Secrets = map[string]string{}
 	}
 }
 
@@ -134,6 +133,9 @@ var ErrStateCorrupt = errors.New("state unusable")
 // Run runs the daemon until ctx ends, then hands over and returns.
 func Run(ctx context.Context, cfg Config) error {
 	cfg.defaults()
+	if err := checkOperatorSecrets(cfg.Secrets, cfg.Discover); err != nil {
+		return err
+	}
 	d := &Daemon{
 		cfg:      cfg,
 		log:      cfg.Logger.With("component", "daemon"),

@@ -64,7 +64,9 @@ func TestSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	seal := func(name, value string) {
-		sealed, err := forge.Seal(key.Public, []byte(value))
+		sealed, err := forge.SealSecret(key.Public, forge.Envelope{
+			Repo: w.repoURI.String(), Name: name, Runner: w.runner.DID.String(), Scope: forge.ScopePush, Value: []byte(value),
+		})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -92,7 +94,7 @@ func TestSecrets(t *testing.T) {
 
 	w.start(w.config(func(c *daemon.Config) {
 		c.Pulls = true
-		c.Secrets = map[string]string{"OPERATOR_TOKEN": "operator-wins"}
+		c.Secrets = []daemon.OperatorSecret{{Name: "OPERATOR_TOKEN", Value: "operator-wins", Repos: []string{w.repoURI.String()}}}
 	}))
 	_, push := w.waitFinal("deploy", commit, 90*time.Second)
 	if push.Status != "success" {

@@ -98,6 +98,11 @@ func getRecord(ctx context.Context, c *atclient.APIClient, cat *Catalog, uri syn
 	if out.Value == nil {
 		return "", fmt.Errorf("get %s: %w", uri, ErrNotFound)
 	}
+	if out.Uri != uri.String() {
+		// A PDS answers for the account asked for, with the record
+		// asked for; anything else is not that record.
+		return "", fmt.Errorf("get %s: the PDS answered with another record, %s", uri, out.Uri)
+	}
 	if err := cat.Decode(coll, *out.Value, v); err != nil {
 		return "", fmt.Errorf("get %s: %w", uri, err)
 	}
@@ -109,7 +114,9 @@ func getRecord(ctx context.Context, c *atclient.APIClient, cat *Catalog, uri syn
 }
 
 // List reads every record of collection in did's repo, validated and
-// decoded; records that do not validate are returned apart.
+// decoded; records that do not validate are returned apart, and so are
+// entries the PDS lists under another account or collection than the
+// one asked for (a PDS cannot speak for another account).
 func List[T any](ctx context.Context, r *Reader, did syntax.DID, collection string) ([]Record[T], []Invalid, error) {
 	c, err := r.client(ctx, did)
 	if err != nil {
@@ -133,6 +140,10 @@ func list[T any](ctx context.Context, c *atclient.APIClient, cat *Catalog, did s
 				bad = append(bad, Invalid{URI: syntax.ATURI(rec.Uri), Err: fmt.Errorf("malformed listing entry")})
 				continue
 			}
+			if err := listedAs(uri, did, collection); err != nil {
+				bad = append(bad, Invalid{URI: uri, Err: err})
+				continue
+			}
 			var v T
 			if err := cat.Decode(collection, *rec.Value, &v); err != nil {
 				bad = append(bad, Invalid{URI: uri, Err: err})
@@ -145,6 +156,21 @@ func list[T any](ctx context.Context, c *atclient.APIClient, cat *Catalog, did s
 		}
 		cursor = *out.Cursor
 	}
+}
+
+// listedAs checks that a listed record's URI is one of the records
+// asked for: did's repo, collection, a valid record key.
+func listedAs(uri syntax.ATURI, did syntax.DID, collection string) error {
+	if uri.Authority().String() != did.String() {
+		return fmt.Errorf("listed as %s's record, but its authority is %s: dropped", did, uri.Authority())
+	}
+	if uri.Collection().String() != collection {
+		return fmt.Errorf("listed as a %s record, but its collection is %s: dropped", collection, uri.Collection())
+	}
+	if _, err := syntax.ParseRecordKey(uri.RecordKey().String()); err != nil {
+		return fmt.Errorf("listed record has no valid record key: dropped")
+	}
+	return nil
 }
 
 // ListRepos lists the DIDs of the accounts hosted on a PDS (or relay).

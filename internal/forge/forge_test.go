@@ -98,3 +98,35 @@ func TestSeal(t *testing.T) {
 		t.Errorf("key round trip: %v", err)
 	}
 }
+
+// TestCheckKeyKind: a pull never shares a push's check key, even for the
+// same event URI, commit and workflow.
+func TestCheckKeyKind(t *testing.T) {
+	t.Parallel()
+	push := Subject{Kind: KindPush, Event: "at://did:plc:x/dev.knotless.refUpdate/3n3pa7x34wk22", Commit: strings.Repeat("a", 40)}
+	pull := push
+	pull.Kind = KindPull
+	if CheckKey(push, "build") == CheckKey(pull, "build") {
+		t.Errorf("push and pull share the key %s", CheckKey(push, "build"))
+	}
+}
+
+// TestCheckKeyVector pins the key's derivation as docs/design/protocol.md
+// states it: the first 16 bytes of sha256(kind "\n" event "\n" commit
+// "\n" workflow) in unpadded lower-case base32, 26 characters (not the
+// first 26 characters of the whole hash's base32, which differ in the
+// last one).
+func TestCheckKeyVector(t *testing.T) {
+	t.Parallel()
+	s := Subject{Kind: KindPush, Event: "at://did:plc:ewvi7nxzyoun6zhxrhs64oiz/dev.knotless.refUpdate/3n3pa7x34wk22", Commit: strings.Repeat("a", 40)}
+	// For "lint" the two readings differ: ...wp4 (16 bytes, the key)
+	// against ...wp7 (the whole hash's first 26 characters).
+	for _, v := range []struct{ workflow, want string }{
+		{"build", "rldif7wbzls3iblxc2d3yvg4vu"},
+		{"lint", "zsvmur6bdrvdcvafwfoo7mmwp4"},
+	} {
+		if diff := cmp.Diff(v.want, CheckKey(s, v.workflow)); diff != "" {
+			t.Errorf("check key of %s (-want +got):\n%s", v.workflow, diff)
+		}
+	}
+}

@@ -159,10 +159,14 @@ type Secret struct {
 }
 
 // CheckKey is the record key of the check for workflow on the subject's
-// event and commit: the same work always has the same key, so a restarted
-// runner updates its check instead of writing a second one.
+// kind, event and commit: the same work always has the same key, so a
+// restarted runner updates its check instead of writing a second one.
+// The kind is part of it so that a pull (untrusted) never shares a
+// push's key, whatever its event URI: the first 16 bytes of
+// sha256(kind "\n" event "\n" commit "\n" workflow), unpadded base32,
+// lower case: 26 characters.
 func CheckKey(s Subject, workflow string) string {
-	h := sha256.Sum256([]byte(s.Event + "\n" + s.Commit + "\n" + workflow))
+	h := sha256.Sum256([]byte(s.Kind + "\n" + s.Event + "\n" + s.Commit + "\n" + workflow))
 	return strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(h[:16]))
 }
 
