@@ -40,6 +40,8 @@ type RunCmd struct {
 
 	KubeFlags   `embed:""`
 	DockerFlags `embed:""`
+	// LimitFlags bound every run of `run`, trusted or not.
+	LimitFlags `embed:""`
 }
 
 // Run runs the workflow and exits with the run's status.
@@ -56,6 +58,10 @@ func (c *RunCmd) Run(ctx context.Context, env *Env) error {
 	if runID == "" {
 		runID = newRunID()
 	}
+	max, err := c.maximums(true)
+	if err != nil {
+		return err
+	}
 	exec, err := c.newExecutor(env)
 	if err != nil {
 		return err
@@ -65,6 +71,7 @@ func (c *RunCmd) Run(ctx context.Context, env *Env) error {
 		Runner:       c.Runner,
 		Logger:       env.Logger.With("component", "run"),
 		DefaultImage: c.Image,
+		Max:          max,
 	})
 	req := run.Request{
 		RunID:    runID,

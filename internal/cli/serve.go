@@ -49,7 +49,16 @@ type ServeCmd struct {
 	AppPasswordFile string `help:"File holding the runner's app password (default: $$CREDENTIALS_DIRECTORY/app-password). Never taken from the command line." placeholder:"FILE"`
 	SecretsFile     string `help:"Operator secrets, each scoped to repositories (see docs/reference/cli.md); they take precedence over sealed records (default: $$CREDENTIALS_DIRECTORY/secrets if present)." placeholder:"FILE"`
 
+	// UnsafeShellUntrusted lets the shell executor run strangers' code:
+	// on the host, beside the sealing key, the PDS session and the
+	// kubeconfig.
+	UnsafeShellUntrusted bool   `help:"Let --executor shell run --pulls or --discover work: strangers' code then runs on this host, beside the runner's sealing key, PDS session and kubeconfig. Only for a throwaway host." group:"limits"`
+	LimitsApplyTo        string `help:"Which runs the --max-* and --allow-image limits bound: untrusted (pulls) or all." enum:"untrusted,all" default:"untrusted" group:"limits"`
+	MaxQueuedPerAuthor   int    `help:"Most pulls of one author queued or running at once; more wait, without a check, until one ends (0: no cap). Pushes are never capped and are claimed first." default:"4" group:"limits"`
+
 	KubeFlags `embed:""`
+
+	LimitFlags `embed:""`
 }
 
 // ConfigFile is the --config flag: before the other flags are resolved
@@ -150,6 +159,20 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 	if len(targets) == 0 && !c.Discover {
 		return errors.New("serve: no repositories: name some (OWNER/NAME) or pass --discover")
 	}
+	if err := c.checkShellUntrusted(log); err != nil {
+		return err
+	}
+	max, err := c.maximums(c.LimitsApplyTo == "all")
+	if err != nil {
+		return err
+	}
+	perAuthor := c.MaxQueuedPerAuthor
+	if perAuthor < 0 {
+		return fmt.Errorf("--max-queued-per-author %d: want 0 (no cap) or more", perAuthor)
+	}
+	if perAuthor == 0 {
+		perAuthor = daemon.NoCap
+	}
 	password, err := c.readPassword(env)
 	if err != nil {
 		return err
@@ -190,11 +213,38 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 		Notify:       func(s string) { _, _ = sddaemon.SdNotify(false, s) },
 		Watchdog:     watchdog,
 		Logger:       log,
+
+		Max:                max,
+		MaxQueuedPerAuthor: perAuthor,
 	})
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
 	return err
+}
+
+// checkShellUntrusted refuses to run strangers' code with the shell
+// executor: its steps are processes of this host, next to the sealing
+// key, the PDS session and the kubeconfig. --unsafe-shell-untrusted
+// overrides it, loudly.
+func (c *ServeCmd) checkShellUntrusted(log *slog.Logger) error {
+	if c.Executor != "shell" || (!c.Pulls && !c.Discover) {
+		return nil
+	}
+	var flags []string
+	if c.Pulls {
+		flags = append(flags, "--pulls")
+	}
+	if c.Discover {
+		flags = append(flags, "--discover")
+	}
+	which := strings.Join(flags, " and ")
+	if !c.UnsafeShellUntrusted {
+		return fmt.Errorf("serve: --executor shell with %s would run strangers' code on this host, beside the runner's sealing key, PDS session and kubeconfig; use --executor kubernetes or docker, or pass --unsafe-shell-untrusted on a throwaway host", which)
+	}
+	log.Warn("UNSAFE: --unsafe-shell-untrusted: --executor shell runs strangers' code ("+which+") on this host, beside the runner's sealing key, PDS session and kubeconfig",
+		"component", "serve", "executor", c.Executor, "pulls", c.Pulls, "discover", c.Discover)
+	return nil
 }
 
 // readPassword reads the app password from --app-password-file, else

@@ -60,6 +60,14 @@ type Config struct {
 	StateDir     string
 	CacheDir     string
 
+	// Max bounds what a workflow may ask for: untrusted runs, or all
+	// (run.Maximums).
+	Max run.Maximums
+	// MaxQueuedPerAuthor caps the pulls of one author queued or running
+	// at once; more wait, without a check, until one ends. 0 means
+	// DefaultMaxQueuedPerAuthor, NoCap none. Pushes are never capped.
+	MaxQueuedPerAuthor int
+
 	// Secrets are the operator's secrets, each with the repositories
 	// (and optionally workflows and refs) it is for; one that applies to
 	// a run takes precedence over a sealed record of the same name. With
@@ -79,6 +87,9 @@ type Config struct {
 func (c *Config) defaults() {
 	if c.Concurrency < 1 {
 		c.Concurrency = 1
+	}
+	if c.MaxQueuedPerAuthor == 0 {
+		c.MaxQueuedPerAuthor = DefaultMaxQueuedPerAuthor
 	}
 	if c.Poll == 0 {
 		c.Poll = 5 * time.Minute
@@ -125,6 +136,9 @@ type Daemon struct {
 	cursorsDirty bool
 	workCond     chan struct{} // closed and replaced when the queue changes
 	detached     int           // runs handed over by detaching
+	// deferred are the events waiting for their author's cap, logged
+	// once each.
+	deferred map[string]bool
 }
 
 // ErrStateCorrupt wraps a state file that stops the start.
@@ -142,6 +156,7 @@ func Run(ctx context.Context, cfg Config) error {
 		wake:     make(chan struct{}, 1),
 		running:  map[string]*job{},
 		workCond: make(chan struct{}),
+		deferred: map[string]bool{},
 	}
 	if _, ok := cfg.Executor.(executor.Resumer); ok {
 		d.detach = make(chan struct{})
@@ -209,6 +224,7 @@ func (d *Daemon) start(ctx context.Context) error {
 		Logger:       cfg.Logger.With("component", "run"),
 		Runner:       cfg.Runner.String(),
 		DefaultImage: cfg.DefaultImage,
+		Max:          cfg.Max,
 	})
 	discover := []string{acct.Host()}
 	if cfg.Relay != "" {

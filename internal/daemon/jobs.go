@@ -131,11 +131,27 @@ func (d *Daemon) consider(ctx context.Context, ev ingest.Event) error {
 	d.mu.Lock()
 	_, done := d.st.Done[ev.Key()]
 	inHand := d.inHandLocked(ev.Key())
+	capped, held := overAuthorCap(d.inHandJobsLocked(), ev, d.cfg.MaxQueuedPerAuthor)
+	firstDeferral := capped && !d.deferred[ev.Key()]
+	if capped {
+		d.deferred[ev.Key()] = true
+	} else {
+		delete(d.deferred, ev.Key())
+	}
 	d.mu.Unlock()
 	if done || inHand {
 		return nil
 	}
 	log := d.log.With("event", ev.URI.String(), "commit", ev.Commit)
+	if capped {
+		// Before any fetch and any check write: a deferred pull costs
+		// neither git work nor PDS writes until a slot frees.
+		if firstDeferral {
+			log.Info("pull deferred: its author has the most pulls queued or running; it waits, without a check, until one ends",
+				"author", author(ev), "held", held, "max_queued_per_author", d.cfg.MaxQueuedPerAuthor)
+		}
+		return nil
+	}
 	repo, err := d.mirrors.Open(ctx, ev.Repo.URI.String())
 	if err != nil {
 		return err
@@ -327,8 +343,9 @@ func (d *Daemon) next(ctx, runCtx context.Context) (*job, context.Context) {
 			return nil, nil
 		}
 		if len(d.queue) > 0 {
-			j := d.queue[0]
-			d.queue = d.queue[1:]
+			i := claimIndex(d.queue)
+			j := d.queue[i]
+			d.queue = append(d.queue[:i:i], d.queue[i+1:]...)
 			d.running[j.key] = j
 			jctx, cancel := context.WithCancel(runCtx)
 			j.cancel = cancel
@@ -366,6 +383,10 @@ func (d *Daemon) jobEnded(j *job) {
 	d.mu.Unlock()
 	d.markDoneIfIdle(j.ev)
 	d.status()
+	if !j.ev.Trusted {
+		// A slot of its author's cap is free: a deferred pull may go.
+		d.Wake()
+	}
 }
 
 func (d *Daemon) markDoneIfIdle(ev ingest.Event) {

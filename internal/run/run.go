@@ -39,6 +39,8 @@ type Config struct {
 	// CleanupTimeout bounds stopping a session after the run, also after
 	// the run's context has ended.
 	CleanupTimeout time.Duration
+	// Max bounds what a workflow may ask for (untrusted runs, or all).
+	Max Maximums
 }
 
 // Engine runs workflows.
@@ -162,6 +164,10 @@ func (r *runState) execute(ctx context.Context) {
 		r.fail(Error, "", grantErr)
 		return
 	}
+	if err := r.eng.cfg.Max.check(r.req); err != nil {
+		r.fail(Error, "", err)
+		return
+	}
 	if err := r.readScripts(); err != nil {
 		r.fail(Error, "", err)
 		return
@@ -233,10 +239,11 @@ func (r *runState) steps(ctx context.Context, sess executor.Session, from *Hando
 // runContext bounds the run by the workflow's timeout, counted from the
 // session's start (for an adopted run, the first process's session).
 func (r *runState) runContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	if r.req.Workflow.Timeout <= 0 {
+	timeout := r.eng.cfg.Max.timeout(r.req)
+	if timeout <= 0 {
 		return context.WithCancel(ctx)
 	}
-	return context.WithDeadline(ctx, r.sessionStarted.Add(r.req.Workflow.Timeout))
+	return context.WithDeadline(ctx, r.sessionStarted.Add(timeout))
 }
 
 // grantSecrets decides which secret values the run gets: none for an
@@ -312,7 +319,7 @@ func (r *runState) spec() executor.Spec {
 		Runner:      r.eng.cfg.Runner,
 		Image:       image,
 		Resources:   executor.Resources{CPU: wf.Resources.CPU, Memory: wf.Resources.Memory},
-		Timeout:     wf.Timeout,
+		Timeout:     r.eng.cfg.Max.timeout(r.req),
 		Keep:        r.req.Keep,
 		Annotations: r.req.Annotations,
 	}
@@ -511,7 +518,7 @@ func (r *runState) runStep(ctx, runCtx context.Context, sess executor.Session, d
 		case ctx.Err() != nil:
 			return executor.Exit{}, fmt.Errorf("step %s: run cancelled", s.Name)
 		case runCtx.Err() != nil:
-			return executor.Exit{}, &StepError{Step: s.Name, TimedOut: true, Timeout: r.req.Workflow.Timeout}
+			return executor.Exit{}, &StepError{Step: s.Name, TimedOut: true, Timeout: r.eng.cfg.Max.timeout(r.req)}
 		default:
 			return executor.Exit{}, &StepError{Step: s.Name, TimedOut: true, Timeout: s.Timeout}
 		}
