@@ -23,6 +23,7 @@ import (
 	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/mirror"
 )
 
 // ServeCmd is the runner daemon: `knotless-run serve --config FILE
@@ -45,6 +46,13 @@ type ServeCmd struct {
 	Discover    bool          `help:"Also serve every repository whose record names this runner."`
 	Relay       string        `help:"Take events and discovery from this relay instead of the owners' PDSes." placeholder:"URL"`
 	Poll        time.Duration `help:"Reconcile by listing records this often." default:"1m"`
+
+	AllowLocalSources bool          `help:"UNSAFE ON A SHARED RUNNER: also fetch from local paths and file:// URLs, named by repository records and pulls alike, so any tenant reads what this user can read (the runner's own state and cache directories stay refused). For tests and single-tenant machines. Default: https only (and ssh for a repository's own source)."`
+	AllowHTTPSources  bool          `help:"Also fetch from plaintext http:// sources (nothing protects the code on the wire)."`
+	GitTimeout        time.Duration `help:"Deadline of every git command, fetches included." default:"5m"`
+	MaxWorkflowBytes  int64         `help:"Largest workflow file read, in bytes." default:"262144"`
+	MaxWorkflows      int           `help:"Most workflow files read per commit." default:"100"`
+	MaxCheckoutBytes  int64         `help:"Largest checkout (sum of its file sizes) exported for a run, in bytes." default:"2147483648"`
 
 	AppPasswordFile string `help:"File holding the runner's app password (default: $$CREDENTIALS_DIRECTORY/app-password). Never taken from the command line." placeholder:"FILE"`
 	SecretsFile     string `help:"Operator secrets, each scoped to repositories (see docs/reference/cli.md); they take precedence over sealed records (default: $$CREDENTIALS_DIRECTORY/secrets if present)." placeholder:"FILE"`
@@ -210,9 +218,16 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 		StateDir:     c.StateDir,
 		CacheDir:     c.CacheDir,
 		Secrets:      secrets,
-		Notify:       func(s string) { _, _ = sddaemon.SdNotify(false, s) },
-		Watchdog:     watchdog,
-		Logger:       log,
+		Git: mirror.Options{
+			Policy:           mirror.Policy{AllowLocal: c.AllowLocalSources, AllowHTTP: c.AllowHTTPSources},
+			Timeout:          c.GitTimeout,
+			MaxWorkflowBytes: c.MaxWorkflowBytes,
+			MaxWorkflows:     c.MaxWorkflows,
+			MaxCheckoutBytes: c.MaxCheckoutBytes,
+		},
+		Notify:   func(s string) { _, _ = sddaemon.SdNotify(false, s) },
+		Watchdog: watchdog,
+		Logger:   log,
 
 		Max:                max,
 		MaxQueuedPerAuthor: perAuthor,

@@ -191,7 +191,8 @@ func TestServeHandover(t *testing.T) {
 	writeFile(t, pwFile, password+"\n")
 	cfgFile := filepath.Join(dir, "config.json")
 	writeFile(t, cfgFile, fmt.Sprintf(`{"executor": "shell", "did": %q, "pds": %q, "plc-url": %q, "state-dir": %q, "cache-dir": %q,
-  "shell-root": %q, "stop-wait": "1m", "poll": "300ms", "app-password-file": %q}`,
+  "shell-root": %q, "stop-wait": "1m", "poll": "300ms", "app-password-file": %q,
+  "allow-local-sources": true}`,
 		runner.DID, srv.URL, srv.PLCURL, filepath.Join(dir, "state"), filepath.Join(dir, "cache"), t.TempDir(), pwFile))
 
 	sockName := filepath.Join(dir, "notify.sock")

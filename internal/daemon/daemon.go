@@ -74,6 +74,11 @@ type Config struct {
 	// Discover, none may be for every repository.
 	Secrets []OperatorSecret
 
+	// Git is what git sources the mirrors may fetch from (https only by
+	// default), git's deadline and the workflow and checkout limits. The
+	// state and cache directories are always forbidden as local sources.
+	Git mirror.Options
+
 	// Notify sends one sd_notify message (nil: not under systemd).
 	Notify func(state string)
 	// OnCheck, when set, is told of every check record written, after the
@@ -216,7 +221,9 @@ func (d *Daemon) start(ctx context.Context) error {
 	d.account = acct
 	d.log.Info("logged in", "did", acct.DID().String(), "pds", acct.Host(), "resumed_session", resumed)
 
-	if d.mirrors, err = mirror.New(filepath.Join(cfg.CacheDir, "mirrors")); err != nil {
+	gitOpts := cfg.Git
+	gitOpts.Forbidden = append([]string{cfg.StateDir, cfg.CacheDir}, gitOpts.Forbidden...)
+	if d.mirrors, err = mirror.New(filepath.Join(cfg.CacheDir, "mirrors"), gitOpts); err != nil {
 		return err
 	}
 	d.engine = run.New(run.Config{
@@ -284,7 +291,7 @@ func (d *Daemon) rebuild(ctx context.Context, key string, r state.Run) (*job, er
 	if err := json.Unmarshal(r.Job, &saved); err != nil {
 		return nil, fmt.Errorf("decode job: %w", err)
 	}
-	repo, err := d.mirrors.Open(ctx, saved.Event.Repo.URI.String())
+	repo, err := d.mirrors.Open(ctx, mirrorKey(saved.Event))
 	if err != nil {
 		return nil, err
 	}

@@ -152,37 +152,21 @@ func (d *Daemon) consider(ctx context.Context, ev ingest.Event) error {
 		}
 		return nil
 	}
-	repo, err := d.mirrors.Open(ctx, ev.Repo.URI.String())
-	if err != nil {
-		return err
+	repo, tree, conflict, err := d.prepare(ctx, ev)
+	var wfs []*workflow.Workflow
+	var bad []error
+	if err == nil {
+		wfs, bad, err = repo.Workflows(ctx, tree)
 	}
-	tree := ev.Commit
-	var conflict error
-	switch ev.Kind {
-	case forge.KindPush:
-		if err := repo.Fetch(ctx, ev.Repo.Value.Source, ev.Ref, ev.Commit); err != nil {
-			return err
-		}
-	case forge.KindPull:
-		if err := repo.Fetch(ctx, ev.Pull.Head.Source, ev.Pull.Head.Ref, ev.Commit); err != nil {
-			return err
-		}
-		base, err := repo.Branch(ctx, ev.Repo.Value.Source, ev.Pull.Base)
-		if err != nil {
-			return err
-		}
-		merged, err := repo.Merge(ctx, base, ev.Commit)
-		var ce *mirror.ConflictError
-		switch {
-		case errors.As(err, &ce):
-			conflict = ce
-		case err != nil:
-			return err
-		default:
-			tree = merged
-		}
+	if errors.Is(err, mirror.ErrRefused) {
+		// The record names a source, ref or commit the runner does not
+		// use, or workflows over a limit: an error check says why, and
+		// the event (this record at this commit) is done.
+		log.Warn("event refused", "reason", err)
+		d.finalError(ctx, ev, refusedCheck, err.Error())
+		d.markDone(ev)
+		return nil
 	}
-	wfs, bad, err := repo.Workflows(ctx, tree)
 	if err != nil {
 		return err
 	}
@@ -231,6 +215,52 @@ func (d *Daemon) consider(ctx context.Context, ev ingest.Event) error {
 	}
 	log.Debug("event considered", "workflows", len(wfs), "queued", queued)
 	return nil
+}
+
+// refusedCheck is the workflow name of the error check of an event the
+// runner refuses before any workflow is known.
+const refusedCheck = "(refused)"
+
+// mirrorKey names the mirror an event's objects go into: a push's is
+// its repository's; a pull has one of its own, so that nothing it
+// fetched is in a mirror a push (or another pull) runs from.
+func mirrorKey(ev ingest.Event) string {
+	if ev.Kind == forge.KindPull {
+		return "pull " + ev.URI.String()
+	}
+	return ev.Repo.URI.String()
+}
+
+// prepare fetches what the event needs into its mirror and returns the
+// mirror, the tree to run (a push's commit, a pull's merge) and, for a
+// pull that does not merge, the conflict.
+func (d *Daemon) prepare(ctx context.Context, ev ingest.Event) (*mirror.Repo, string, *mirror.ConflictError, error) {
+	repo, err := d.mirrors.Open(ctx, mirrorKey(ev))
+	if err != nil {
+		return nil, "", nil, err
+	}
+	if ev.Kind != forge.KindPull {
+		if err := repo.Fetch(ctx, mirror.Owner, ev.Repo.Value.Source, ev.Ref, ev.Commit); err != nil {
+			return nil, "", nil, err
+		}
+		return repo, ev.Commit, nil, nil
+	}
+	if err := repo.Fetch(ctx, mirror.Pull, ev.Pull.Head.Source, ev.Pull.Head.Ref, ev.Commit); err != nil {
+		return nil, "", nil, err
+	}
+	base, err := repo.Branch(ctx, ev.Repo.Value.Source, ev.Pull.Base)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	merged, err := repo.Merge(ctx, base, ev.Commit)
+	var ce *mirror.ConflictError
+	switch {
+	case errors.As(err, &ce):
+		return repo, ev.Commit, ce, nil
+	case err != nil:
+		return nil, "", nil, err
+	}
+	return repo, merged, nil, nil
 }
 
 func workflowName(err error) string {

@@ -17,6 +17,7 @@ import (
 	"knotless.dev/run/internal/executor/shell"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/mirror"
 	"knotless.dev/run/tests/gitrepo"
 	"knotless.dev/run/tests/pds"
 )
@@ -108,6 +109,8 @@ func (w *world) config(mod ...func(*daemon.Config)) daemon.Config {
 		CacheDir:    w.cacheDir,
 		OnCheck:     w.checkLog.add,
 		Logger:      log,
+		// The test's sources are local repositories.
+		Git: mirror.Options{Policy: mirror.Policy{AllowLocal: true}},
 	}
 	for _, m := range mod {
 		m(&cfg)

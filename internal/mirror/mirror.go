@@ -2,9 +2,15 @@
 // serves: it fetches the commits runs need, merges a pull's head onto its
 // base without a work tree, reads workflow files at a commit and exports
 // a tree as a plain directory for a run.
+//
+// Every source is checked against a Policy before git sees it, every ref
+// and object id is validated before it reaches git's argv, every git
+// command runs with a clean environment and a deadline, and what is read
+// or exported is bounded.
 package mirror
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -15,35 +21,113 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
-	"regexp"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
+	"time"
 
 	"knotless.dev/run/internal/workflow"
 )
 
-// Mirrors holds one bare repository per key under Dir.
-type Mirrors struct {
-	dir   string
-	mu    sync.Mutex
-	locks map[string]*sync.Mutex
+// Options configure the mirrors. Zero fields take the defaults.
+type Options struct {
+	Policy
+	// Timeout bounds every git command (--git-timeout; default 5 m).
+	Timeout time.Duration
+	// MaxWorkflowBytes caps one workflow file (default 256 KiB),
+	// MaxWorkflows the number of workflow files (default 100), and
+	// MaxCheckoutBytes the sum of a tree's file sizes an export writes
+	// (default 2 GiB).
+	MaxWorkflowBytes int64
+	MaxWorkflows     int
+	MaxCheckoutBytes int64
 }
 
-// New returns mirrors kept under dir (created when missing).
-func New(dir string) (*Mirrors, error) {
+// The defaults of Options.
+const (
+	DefaultTimeout          = 5 * time.Minute
+	DefaultMaxWorkflowBytes = 256 << 10
+	DefaultMaxWorkflows     = 100
+	DefaultMaxCheckoutBytes = 2 << 30
+)
+
+// errGitTimeout is the cause of a git command's context ending at
+// Options.Timeout.
+var errGitTimeout = errors.New("git timeout")
+
+// maxOutput caps what one git command may print (listings included).
+const maxOutput = 32 << 20
+
+// Mirrors holds one bare repository per key under Dir.
+type Mirrors struct {
+	dir  string
+	home string // an empty, read-only HOME for git
+	// global is git's only config file beyond the repository's own:
+	// /dev/null, or with local sources allowed one trusting their owners.
+	global string
+	path   string // PATH for git (its transports' ssh)
+	opts   Options
+	mu     sync.Mutex
+	locks  map[string]*sync.Mutex
+}
+
+// New returns mirrors kept under dir (created when missing). A local
+// source under dir is always refused, as are those under opts.Forbidden.
+func New(dir string, opts Options) (*Mirrors, error) {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("mirrors: %w", err)
 	}
-	return &Mirrors{dir: dir, locks: map[string]*sync.Mutex{}}, nil
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("mirrors: %w", err)
+	}
+	home := filepath.Join(abs, ".home")
+	if err := os.MkdirAll(home, 0o500); err != nil {
+		return nil, fmt.Errorf("mirrors: %w", err)
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.MaxWorkflowBytes <= 0 {
+		opts.MaxWorkflowBytes = DefaultMaxWorkflowBytes
+	}
+	if opts.MaxWorkflows <= 0 {
+		opts.MaxWorkflows = DefaultMaxWorkflows
+	}
+	if opts.MaxCheckoutBytes <= 0 {
+		opts.MaxCheckoutBytes = DefaultMaxCheckoutBytes
+	}
+	opts.Forbidden = append([]string{abs}, opts.Forbidden...)
+	global := os.DevNull
+	if opts.AllowLocal {
+		// git refuses a local repository another user owns unless
+		// safe.directory (from protected config only) allows it; the
+		// operator who allows local sources trusts their owners.
+		global = filepath.Join(abs, ".gitconfig")
+		if err := os.WriteFile(global, []byte("[safe]\n\tdirectory = *\n"), 0o640); err != nil {
+			return nil, fmt.Errorf("mirrors: %w", err)
+		}
+	}
+	// PATH is the one variable of the daemon's environment git gets: its
+	// ssh transport runs "ssh" from it.
+	p := os.Getenv("PATH")
+	if p == "" {
+		p = "/usr/local/bin:/usr/bin:/bin"
+	}
+	return &Mirrors{dir: abs, home: home, global: global, path: p, opts: opts, locks: map[string]*sync.Mutex{}}, nil
 }
 
 // Repo is one bare mirror.
 type Repo struct {
 	Dir string
+	m   *Mirrors
 	mu  *sync.Mutex
 }
 
-// Open returns the mirror for key (a repository's AT-URI), creating it.
+// Open returns the mirror for key, creating it. Keys are the daemon's
+// choice: one mirror per repository for its pushes, one per pull, so
+// that nothing a pull fetched is in another's mirror.
 func (m *Mirrors) Open(ctx context.Context, key string) (*Repo, error) {
 	h := sha256.Sum256([]byte(key))
 	name := hex.EncodeToString(h[:12]) + ".git"
@@ -54,44 +138,74 @@ func (m *Mirrors) Open(ctx context.Context, key string) (*Repo, error) {
 		m.locks[name] = l
 	}
 	m.mu.Unlock()
-	r := &Repo{Dir: filepath.Join(m.dir, name), mu: l}
+	r := &Repo{Dir: filepath.Join(m.dir, name), m: m, mu: l}
 	if _, err := os.Stat(filepath.Join(r.Dir, "HEAD")); err == nil {
 		return r, nil
 	}
 	l.Lock()
 	defer l.Unlock()
-	if _, err := git(ctx, "", "init", "--quiet", "--bare", r.Dir); err != nil {
+	if _, err := m.git(ctx, nil, "init", "--quiet", "--bare", r.Dir); err != nil {
 		return nil, fmt.Errorf("create mirror: %w", err)
 	}
 	return r, nil
 }
 
-var commitRE = regexp.MustCompile(`^[0-9a-f]{40}([0-9a-f]{24})?$`)
+// CheckSource applies the mirrors' policy to source, also refusing a
+// local source whose real path (symbolic links followed) is in a
+// forbidden directory.
+func (m *Mirrors) CheckSource(source string, origin Origin) (Source, error) {
+	src, err := CheckSource(source, origin, m.opts.Policy)
+	if err != nil || src.Local == "" {
+		return src, err
+	}
+	real, err := filepath.EvalSymlinks(src.Local)
+	if err != nil {
+		return src, nil // git will not find it either
+	}
+	for _, dir := range m.opts.Forbidden {
+		if d, err := filepath.EvalSymlinks(dir); err == nil && within(real, d) {
+			return Source{}, fmt.Errorf("%w: %s %q: inside the runner's own directory %s (its mirrors and state belong to other repositories)", ErrRefused, origin, source, dir)
+		}
+	}
+	return src, nil
+}
 
-// ValidCommit reports whether s is a full commit id.
-func ValidCommit(s string) bool { return commitRE.MatchString(s) }
+// refPrefixes are what a ref named by origin may start with.
+func refPrefixes(origin Origin) []string {
+	if origin == Pull {
+		return []string{"refs/heads/"}
+	}
+	return []string{"refs/heads/", "refs/tags/"}
+}
 
 // Fetch makes sure commit is in the mirror, fetching it from source: by
 // its id, else through ref (a server may refuse wants that are not ref
-// tips).
-func (r *Repo) Fetch(ctx context.Context, source, ref, commit string) error {
+// tips). The source, the ref and the commit are checked first; a refusal
+// wraps ErrRefused.
+func (r *Repo) Fetch(ctx context.Context, origin Origin, source, ref, commit string) error {
 	if !ValidCommit(commit) {
-		return fmt.Errorf("fetch: %q is not a full commit id", commit)
+		return fmt.Errorf("%w: fetch: %q is not a full commit id", ErrRefused, commit)
 	}
-	if err := checkSource(source); err != nil {
+	src, err := r.m.CheckSource(source, origin)
+	if err != nil {
 		return err
+	}
+	if ref != "" {
+		if err := CheckRef(ref, refPrefixes(origin)...); err != nil {
+			return err
+		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.has(ctx, commit) {
 		return nil
 	}
-	_, errByID := r.git(ctx, "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--", source, commit)
+	errByID := r.fetch(ctx, src, origin, commit)
 	if r.has(ctx, commit) {
 		return nil
 	}
-	if ref != "" && !strings.HasPrefix(ref, "-") {
-		if _, err := r.git(ctx, "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--", source, ref); err != nil {
+	if ref != "" {
+		if err := r.fetch(ctx, src, origin, ref); err != nil {
 			return fmt.Errorf("fetch %s from %s: %w", ref, source, err)
 		}
 		if r.has(ctx, commit) {
@@ -104,18 +218,34 @@ func (r *Repo) Fetch(ctx context.Context, source, ref, commit string) error {
 	return fmt.Errorf("fetch %s from %s: commit not found", commit, source)
 }
 
-// Branch fetches branch from source and returns the commit it points at.
+// fetch runs git fetch of one refspec from a checked source, allowing
+// that source's transport only. A pull's fetch follows no redirect.
+func (r *Repo) fetch(ctx context.Context, src Source, origin Origin, refspec string) error {
+	redirects := "initial"
+	if origin == Pull {
+		redirects = "false"
+	}
+	_, err := r.m.git(ctx, []string{"GIT_ALLOW_PROTOCOL=" + src.Protocol},
+		"-c", "http.followRedirects="+redirects, "--git-dir", r.Dir,
+		"fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--no-recurse-submodules", "--", src.URL, refspec)
+	return err
+}
+
+// Branch fetches branch from source (a repository's own) and returns the
+// commit it points at.
 func (r *Repo) Branch(ctx context.Context, source, branch string) (string, error) {
-	if err := checkSource(source); err != nil {
+	src, err := r.m.CheckSource(source, Owner)
+	if err != nil {
 		return "", err
 	}
-	if branch == "" || strings.HasPrefix(branch, "-") || strings.ContainsAny(branch, " :~^?*[\\") {
-		return "", fmt.Errorf("fetch branch %q: not a branch name", branch)
+	ref := "refs/heads/" + branch
+	if err := CheckRef(ref, "refs/heads/"); err != nil {
+		return "", fmt.Errorf("base branch: %w", err)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	local := "refs/knotless/base/" + branch
-	if _, err := r.git(ctx, "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--", source, "+refs/heads/"+branch+":"+local); err != nil {
+	if err := r.fetch(ctx, src, Owner, "+"+ref+":"+local); err != nil {
 		return "", fmt.Errorf("fetch branch %s from %s: %w", branch, source, err)
 	}
 	out, err := r.git(ctx, "rev-parse", "--verify", local+"^{commit}")
@@ -138,14 +268,13 @@ func (e *ConflictError) Error() string {
 // Merge merges head onto base without a work tree and returns the
 // resulting tree's id; a conflict is a *ConflictError naming the paths.
 func (r *Repo) Merge(ctx context.Context, base, head string) (string, error) {
+	if !ValidCommit(base) || !ValidCommit(head) {
+		return "", fmt.Errorf("%w: merge %q onto %q: not object ids", ErrRefused, head, base)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	cmd := exec.CommandContext(ctx, "git", "--git-dir", r.Dir, "merge-tree", "--write-tree", "--name-only", "--no-messages", base, head)
-	cmd.Env = gitEnv()
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	out, err := r.git(ctx, "merge-tree", "--write-tree", "--name-only", "--no-messages", base, head)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
 	var ee *exec.ExitError
 	switch {
 	case err == nil:
@@ -153,30 +282,95 @@ func (r *Repo) Merge(ctx context.Context, base, head string) (string, error) {
 	case errors.As(err, &ee) && ee.ExitCode() == 1:
 		return "", &ConflictError{Base: base, Head: head, Detail: "conflicting paths: " + strings.Join(lines[1:], ", ")}
 	default:
-		return "", fmt.Errorf("merge %s onto %s: %w: %s", head, base, err, strings.TrimSpace(stderr.String()))
+		return "", fmt.Errorf("merge %s onto %s: %w", head, base, err)
 	}
 }
 
-// Workflows reads .knotless/workflows/*.yaml at treeish. Files that do
-// not parse are returned as errors beside the ones that do.
+// entry is one line of git ls-tree -l.
+type entry struct {
+	mode, typ, id string
+	size          int64 // -1 for a submodule's commit
+	name          string
+}
+
+// lsTree lists treeish (with -r, recursively) with sizes.
+func (r *Repo) lsTree(ctx context.Context, recursive bool, treeish string) ([]entry, error) {
+	args := []string{"ls-tree", "-z", "-l"}
+	if recursive {
+		args = append(args, "-r")
+	}
+	out, err := r.git(ctx, append(args, "--", treeish)...)
+	if err != nil {
+		return nil, err
+	}
+	var entries []entry
+	sc := bufio.NewScanner(strings.NewReader(out))
+	sc.Buffer(nil, maxOutput)
+	sc.Split(func(data []byte, atEOF bool) (int, []byte, error) {
+		if i := bytes.IndexByte(data, 0); i >= 0 {
+			return i + 1, data[:i], nil
+		}
+		if atEOF && len(data) > 0 {
+			return len(data), data, nil
+		}
+		return 0, nil, nil
+	})
+	for sc.Scan() {
+		meta, name, ok := strings.Cut(sc.Text(), "\t")
+		f := strings.Fields(meta)
+		if !ok || len(f) != 4 {
+			return nil, fmt.Errorf("ls-tree %s: unexpected line %q", treeish, sc.Text())
+		}
+		size := int64(-1)
+		if f[3] != "-" {
+			if size, err = strconv.ParseInt(f[3], 10, 64); err != nil {
+				return nil, fmt.Errorf("ls-tree %s: size %q", treeish, f[3])
+			}
+		}
+		entries = append(entries, entry{mode: f[0], typ: f[1], id: f[2], size: size, name: name})
+	}
+	return entries, sc.Err()
+}
+
+// Workflows reads .knotless/workflows/*.yaml at treeish (an object id).
+// Files that do not parse are returned as errors beside the ones that
+// do. More files than MaxWorkflows, or one larger than MaxWorkflowBytes,
+// is an error wrapping ErrRefused, found from the listing before any
+// file is read.
 func (r *Repo) Workflows(ctx context.Context, treeish string) ([]*workflow.Workflow, []error, error) {
+	if !ValidCommit(treeish) {
+		return nil, nil, fmt.Errorf("%w: workflows at %q: not an object id", ErrRefused, treeish)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out, err := r.git(ctx, "ls-tree", "-z", "--name-only", treeish+":"+workflow.Dir)
+	entries, err := r.lsTree(ctx, false, treeish+":"+workflow.Dir)
 	if err != nil {
 		if r.missingPath(ctx, treeish, workflow.Dir) {
 			return nil, nil, nil
 		}
 		return nil, nil, fmt.Errorf("list workflows: %w", err)
 	}
+	var files []entry
+	for _, e := range entries {
+		if e.typ == "blob" && (strings.HasSuffix(e.name, ".yaml") || strings.HasSuffix(e.name, ".yml")) {
+			files = append(files, e)
+		}
+	}
+	lim := r.m.opts
+	if len(files) > lim.MaxWorkflows {
+		return nil, nil, fmt.Errorf("%w: %d workflow files in %s, more than the limit of %d (--max-workflows)", ErrRefused, len(files), workflow.Dir, lim.MaxWorkflows)
+	}
+	for _, e := range files {
+		if e.size > lim.MaxWorkflowBytes {
+			return nil, nil, fmt.Errorf("%w: workflow file %s is %d bytes, more than the limit of %d (--max-workflow-bytes)",
+				ErrRefused, path.Join(workflow.Dir, e.name), e.size, lim.MaxWorkflowBytes)
+		}
+	}
 	var wfs []*workflow.Workflow
 	var bad []error
-	for _, name := range strings.Split(out, "\x00") {
-		if !strings.HasSuffix(name, ".yaml") && !strings.HasSuffix(name, ".yml") {
-			continue
-		}
-		file := path.Join(workflow.Dir, name)
-		data, err := r.git(ctx, "cat-file", "blob", treeish+":"+file)
+	for _, e := range files {
+		file := path.Join(workflow.Dir, e.name)
+		data, err := r.git(ctx, "cat-file", "blob", e.id)
 		if err != nil {
 			bad = append(bad, fmt.Errorf("read %s: %w", file, err))
 			continue
@@ -199,12 +393,29 @@ func (r *Repo) missingPath(ctx context.Context, treeish, p string) bool {
 	return err != nil
 }
 
-// Export writes the tree at treeish into dir (which must not exist) as
-// plain files, through a temporary index: the mirror is never checked
-// out and no hook runs.
+// Export writes the tree at treeish (an object id) into dir (which must
+// not exist) as plain files, through a temporary index: the mirror is
+// never checked out and no hook runs. A tree whose files add up to more
+// than MaxCheckoutBytes is refused before anything is written.
 func (r *Repo) Export(ctx context.Context, treeish, dir string) error {
+	if !ValidCommit(treeish) {
+		return fmt.Errorf("%w: export %q: not an object id", ErrRefused, treeish)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	entries, err := r.lsTree(ctx, true, treeish)
+	if err != nil {
+		return fmt.Errorf("export %s: %w", treeish, err)
+	}
+	var total int64
+	for _, e := range entries {
+		if e.size > 0 {
+			total += e.size
+		}
+	}
+	if total > r.m.opts.MaxCheckoutBytes {
+		return fmt.Errorf("%w: export %s: its files are %d bytes, more than the limit of %d (--max-checkout-bytes)", ErrRefused, treeish, total, r.m.opts.MaxCheckoutBytes)
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
@@ -215,11 +426,11 @@ func (r *Repo) Export(ctx context.Context, treeish, dir string) error {
 	idx.Close()
 	os.Remove(idx.Name())
 	defer os.Remove(idx.Name())
-	env := append(gitEnv(), "GIT_INDEX_FILE="+idx.Name())
-	if _, err := runGit(ctx, env, "--git-dir", r.Dir, "read-tree", treeish); err != nil {
+	env := []string{"GIT_INDEX_FILE=" + idx.Name()}
+	if _, err := r.m.git(ctx, env, "--git-dir", r.Dir, "read-tree", treeish); err != nil {
 		return fmt.Errorf("export %s: %w", treeish, err)
 	}
-	if _, err := runGit(ctx, env, "--git-dir", r.Dir, "--work-tree", filepath.Clean(dir), "checkout-index", "--all", "--force"); err != nil {
+	if _, err := r.m.git(ctx, env, "--git-dir", r.Dir, "--work-tree", filepath.Clean(dir), "checkout-index", "--all", "--force"); err != nil {
 		return fmt.Errorf("export %s: %w", treeish, err)
 	}
 	return nil
@@ -231,51 +442,102 @@ func (r *Repo) has(ctx context.Context, commit string) bool {
 }
 
 func (r *Repo) git(ctx context.Context, args ...string) (string, error) {
-	return git(ctx, r.Dir, args...)
+	return r.m.git(ctx, nil, append([]string{"--git-dir", r.Dir}, args...)...)
 }
 
-func git(ctx context.Context, gitDir string, args ...string) (string, error) {
-	if gitDir != "" {
-		args = append([]string{"--git-dir", gitDir}, args...)
-	}
-	return runGit(ctx, gitEnv(), args...)
-}
-
-func runGit(ctx context.Context, env []string, args ...string) (string, error) {
+// git runs one git command with the clean environment plus extra, under
+// the timeout, and returns its output (also on failure). On cancel or
+// timeout its whole process group is killed and it returns even if a
+// transport child still holds its pipes.
+func (m *Mirrors) git(ctx context.Context, extra []string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeoutCause(ctx, m.opts.Timeout, errGitTimeout)
+	defer cancel()
 	cmd := exec.CommandContext(ctx, "git", args...)
-	cmd.Env = env
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		msg := strings.TrimSpace(stderr.String())
-		if len(msg) > 2000 {
-			msg = msg[:2000] + "…"
-		}
-		return "", fmt.Errorf("git %s: %w: %s", args[len(args)-1], err, msg)
+	cmd.Env = append(m.env(), extra...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 2 * time.Second
+	stdout := &capped{max: maxOutput}
+	stderr := &capped{max: 64 << 10}
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	err := cmd.Run()
+	what := "git " + gitVerb(args)
+	switch {
+	case err == nil && stdout.over:
+		return "", fmt.Errorf("%s: output over %d bytes", what, maxOutput)
+	case err == nil:
+		return stdout.String(), nil
+	case context.Cause(ctx) == errGitTimeout:
+		return stdout.String(), fmt.Errorf("%s: no end within %s (--git-timeout)", what, m.opts.Timeout)
+	case ctx.Err() != nil:
+		return stdout.String(), fmt.Errorf("%s: %w", what, ctx.Err())
 	}
-	return stdout.String(), nil
+	msg := strings.TrimSpace(stderr.String())
+	if len(msg) > 2000 {
+		msg = msg[:2000] + "…"
+	}
+	return stdout.String(), fmt.Errorf("%s: %w: %s", what, err, msg)
 }
 
-// gitEnv is the environment of every git command: the process's own
-// (ssh agents, proxies, credential helpers live there), never prompting,
-// and with the ext transport refused.
-func gitEnv() []string {
-	return append(os.Environ(),
+// gitVerb names a git command by its subcommand, skipping global options.
+func gitVerb(args []string) string {
+	for i := 0; i < len(args); i++ {
+		switch a := args[i]; {
+		case a == "-c" || a == "--git-dir" || a == "--work-tree":
+			i++
+		case !strings.HasPrefix(a, "-"):
+			return a
+		}
+	}
+	return strings.Join(args, " ")
+}
+
+// env is every git command's environment: nothing of the daemon's but
+// PATH; an empty HOME; no system config and no global config of the
+// daemon user's (only m.global), so no credential
+// helper, url rewrite or proxy; no prompt, no ssh agent; hooks off and
+// every transport refused unless a fetch allows its one
+// (GIT_ALLOW_PROTOCOL).
+func (m *Mirrors) env() []string {
+	cfg := [][2]string{
+		{"protocol.allow", "never"},
+		{"core.hooksPath", "/dev/null"},
+		{"credential.helper", ""},
+		{"core.askPass", ""},
+	}
+	env := []string{
+		"PATH=" + m.path,
+		"HOME=" + m.home,
+		"XDG_CONFIG_HOME=" + m.home,
+		"LC_ALL=C",
+		"GIT_CONFIG_NOSYSTEM=1",
+		"GIT_CONFIG_GLOBAL=" + m.global,
 		"GIT_TERMINAL_PROMPT=0",
 		"GIT_ASKPASS=/bin/false",
 		"SSH_ASKPASS=/bin/false",
-		"GIT_CONFIG_COUNT=2",
-		"GIT_CONFIG_KEY_0=protocol.ext.allow",
-		"GIT_CONFIG_VALUE_0=never",
-		"GIT_CONFIG_KEY_1=core.hooksPath",
-		"GIT_CONFIG_VALUE_1=/dev/null",
-	)
+		"GIT_SSH_COMMAND=ssh -o BatchMode=yes -o IdentityAgent=none",
+		"GIT_CONFIG_COUNT=" + strconv.Itoa(len(cfg)),
+	}
+	for i, kv := range cfg {
+		env = append(env, fmt.Sprintf("GIT_CONFIG_KEY_%d=%s", i, kv[0]), fmt.Sprintf("GIT_CONFIG_VALUE_%d=%s", i, kv[1]))
+	}
+	return env
 }
 
-// checkSource refuses a source that git would read as an option.
-func checkSource(source string) error {
-	if source == "" || strings.HasPrefix(source, "-") {
-		return fmt.Errorf("git source %q: not a URL", source)
+// capped is a buffer that keeps at most max bytes and notes the excess.
+type capped struct {
+	bytes.Buffer
+	max  int
+	over bool
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	if room := c.max - c.Len(); len(p) > room {
+		c.over = true
+		if room > 0 {
+			c.Buffer.Write(p[:room])
+		}
+		return len(p), nil
 	}
-	return nil
+	return c.Buffer.Write(p)
 }

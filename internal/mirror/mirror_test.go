@@ -53,7 +53,7 @@ func TestFetchMergeExport(t *testing.T) {
 	gitIn(t, src, "checkout", "--quiet", "main")
 	commitFiles(t, src, map[string]string{"a.txt": "main moved\n"})
 
-	m, err := New(t.TempDir())
+	m, err := New(t.TempDir(), Options{Policy: Policy{AllowLocal: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,10 +62,10 @@ func TestFetchMergeExport(t *testing.T) {
 		t.Fatal(err)
 	}
 	url := "file://" + src
-	if err := r.Fetch(ctx, url, "refs/heads/clean", clean); err != nil {
+	if err := r.Fetch(ctx, Owner, url, "refs/heads/clean", clean); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Fetch(ctx, url, "refs/heads/main", strings.Repeat("0", 40)); err == nil {
+	if err := r.Fetch(ctx, Owner, url, "refs/heads/main", strings.Repeat("0", 40)); err == nil {
 		t.Error("fetched a commit that does not exist")
 	}
 	wfs, bad, err := r.Workflows(ctx, clean)
@@ -89,7 +89,7 @@ func TestFetchMergeExport(t *testing.T) {
 			t.Errorf("%s: %q, want %q", name, b, want)
 		}
 	}
-	if err := r.Fetch(ctx, url, "refs/heads/clash", clash); err != nil {
+	if err := r.Fetch(ctx, Owner, url, "refs/heads/clash", clash); err != nil {
 		t.Fatal(err)
 	}
 	_, err = r.Merge(ctx, mainCommit, clash)
@@ -100,4 +100,9 @@ func TestFetchMergeExport(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(r.Dir, "index")); err == nil {
 		t.Error("the mirror got an index")
 	}
+}
+
+func gitCheckRefFormat(t *testing.T, ref string) bool {
+	t.Helper()
+	return exec.Command("git", "check-ref-format", ref).Run() == nil
 }

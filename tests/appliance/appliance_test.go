@@ -222,6 +222,9 @@ func (w *world) settings(extra map[string]any) []byte {
 		"poll":        "1s",
 		"concurrency": 1,
 		"discover":    true,
+		// The test's repository is a local bare repository bound into
+		// the machine.
+		"allow-local-sources": true,
 	}
 	for k, v := range extra {
 		s[k] = v
