@@ -79,7 +79,8 @@ func TestServeRefusesUnscopedSecretsWithDiscover(t *testing.T) {
 		if err := os.WriteFile(file, []byte(body), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		c := ServeCmd{DID: "did:plc:7u2ld3ffgzqvezmv6wxgxiix", Discover: true, SecretsFile: file, Executor: "shell"}
+		// The shell override gets past the shell refusal to the secrets check.
+		c := ServeCmd{DID: "did:plc:7u2ld3ffgzqvezmv6wxgxiix", Discover: true, SecretsFile: file, Executor: "shell", UnsafeShellUntrusted: true}
 		env := &Env{Getenv: func(string) string { return "" }, Logger: slog.New(slog.DiscardHandler)}
 		err := c.serve(context.Background(), env, env.Logger)
 		if err == nil || !strings.Contains(err.Error(), "--discover") || !strings.Contains(err.Error(), file) || !strings.Contains(err.Error(), "TOKEN") {
