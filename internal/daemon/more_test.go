@@ -92,6 +92,9 @@ func TestSecrets(t *testing.T) {
 
 	w.start(w.config(func(c *daemon.Config) {
 		c.Pulls = true
+		// The author wrote the pull before the runner started and is
+		// not a watched account: listing the PDS's accounts finds it.
+		c.Discover = true
 		c.Secrets = map[string]string{"OPERATOR_TOKEN": "operator-wins"}
 	}))
 	_, push := w.waitFinal("deploy", commit, 90*time.Second)
