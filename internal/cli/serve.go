@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/alecthomas/kong"
-	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	sddaemon "github.com/coreos/go-systemd/v22/daemon"
 	"github.com/coreos/go-systemd/v22/journal"
@@ -38,6 +37,7 @@ type ServeCmd struct {
 	DID         string        `name:"did" help:"The runner's DID (its atproto account)." placeholder:"DID"`
 	PDS         string        `name:"pds" help:"The runner's PDS URL (default: from its DID document)." placeholder:"URL"`
 	PLCURL      string        `name:"plc-url" help:"The did:plc directory to resolve DIDs with." default:"https://plc.directory" placeholder:"URL"`
+	IdentityTTL time.Duration `name:"identity-ttl" help:"How long a resolved identity (a DID document, or a handle named as a repository's OWNER) is cached." default:"10m"`
 	Concurrency int           `help:"Runs at once; more wait as queued checks." default:"1"`
 	StopWait    time.Duration `help:"On SIGTERM, how long started runs may take to finish before they are released to the successor." default:"10m"`
 	StateDir    string        `help:"State directory: state.json and secrets-key.json." default:"/var/lib/knotless" placeholder:"DIR"`
@@ -204,7 +204,7 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 		Runner:       runner,
 		PDS:          c.PDS,
 		Password:     password,
-		Directory:    &identity.BaseDirectory{PLCURL: strings.TrimSuffix(c.PLCURL, "/"), TryAuthoritativeDNS: true},
+		Directory:    forge.NewDirectory(forge.DirectoryConfig{PLCURL: c.PLCURL, TTL: c.IdentityTTL}),
 		Targets:      targets,
 		Discover:     c.Discover,
 		Pulls:        c.Pulls,

@@ -55,6 +55,7 @@ func (d *Daemon) eventHosts() []string {
 }
 
 func (d *Daemon) changed(c ingest.Change) {
+	d.lister.Changed(c)
 	d.mu.Lock()
 	if c.Seq > 0 {
 		if d.st.Cursors == nil {

@@ -4,9 +4,12 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net/http"
 	"os"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 
 	"knotless.dev/run/tests/pds"
 )
@@ -19,7 +22,11 @@ func TestMain(m *testing.M) {
 	flag.Parse()
 	if testing.Short() {
 		fmt.Fprintln(os.Stderr, "internal/daemon: integration tests SKIPPED under -short: they need a real PDS (tests/pds)")
-		os.Exit(m.Run())
+		code := m.Run()
+		if code == 0 {
+			code = leaks()
+		}
+		os.Exit(code)
 	}
 	if err := pds.Installed(); err != nil {
 		fmt.Fprintf(os.Stderr, "internal/daemon: %v\n", err)
@@ -41,7 +48,27 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	srv.Stop()
 	os.RemoveAll(dir)
+	if code == 0 {
+		code = leaks()
+	}
 	os.Exit(code)
+}
+
+// leaks fails the package when a test left a goroutine behind: every
+// daemon.Run must have waited for what it started. It runs after the
+// PDS has stopped (its reader goroutines end with it) and once idle
+// keep-alive connections are closed (they are the transport's, not a
+// daemon's).
+func leaks() int {
+	http.DefaultClient.CloseIdleConnections()
+	// ipfs/go-log (imported through indigo) starts its log mirror in a
+	// package initializer: it lives as long as the process.
+	err := goleak.Find(goleak.IgnoreTopFunction("github.com/ipfs/go-log/writer.(*MirrorWriter).logRoutine"))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "internal/daemon: goroutines left behind: %v\n", err)
+		return 1
+	}
+	return 0
 }
 
 func needPDS(t *testing.T) {

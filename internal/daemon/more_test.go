@@ -94,6 +94,9 @@ func TestSecrets(t *testing.T) {
 
 	w.start(w.config(func(c *daemon.Config) {
 		c.Pulls = true
+		// The author wrote the pull before the runner started and is
+		// not a watched account: listing the PDS's accounts finds it.
+		c.Discover = true
 		c.Secrets = []daemon.OperatorSecret{{Name: "OPERATOR_TOKEN", Value: "operator-wins", Repos: []string{w.repoURI.String()}}}
 	}))
 	_, push := w.waitFinal("deploy", commit, 90*time.Second)

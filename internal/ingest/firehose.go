@@ -48,6 +48,9 @@ type Firehose struct {
 	Logger *slog.Logger
 	// Prefix selects the collections that matter (default dev.knotless.).
 	Prefix string
+	// Backoff is the first wait before a reconnect (default 1s); it
+	// doubles up to 2 minutes while connections keep failing.
+	Backoff time.Duration
 }
 
 // Run follows the stream until ctx ends, reconnecting with backoff; each
@@ -56,7 +59,11 @@ func (f *Firehose) Run(ctx context.Context, changed func(Change)) error {
 	if f.Prefix == "" {
 		f.Prefix = "dev.knotless."
 	}
-	backoff := time.Second
+	first := f.Backoff
+	if first <= 0 {
+		first = time.Second
+	}
+	backoff := first
 	for {
 		start := time.Now()
 		err := f.once(ctx, changed)
@@ -64,7 +71,7 @@ func (f *Firehose) Run(ctx context.Context, changed func(Change)) error {
 			return nil
 		}
 		if time.Since(start) > time.Minute {
-			backoff = time.Second
+			backoff = first
 		}
 		f.Logger.Warn("event stream ended; reconnecting", "host", f.Host, "err", err, "in", backoff)
 		select {
@@ -94,13 +101,15 @@ func (f *Firehose) once(ctx context.Context, changed func(Change)) error {
 	if err != nil {
 		return fmt.Errorf("subscribe to %s: %w", f.Host, err)
 	}
+	defer con.Close()
+	// Closing the connection is what unblocks its reader when ctx ends;
+	// the hook goes with this connection, not with ctx (a goroutine
+	// waiting on ctx would outlive every reconnect).
+	stop := context.AfterFunc(ctx, func() { con.Close() })
+	defer stop()
 	f.Logger.Info("following events", "host", f.Host, "cursor", f.Cursor)
 	// Anything may have happened while not connected.
 	changed(Change{Host: f.Host, Gap: true})
-	go func() {
-		<-ctx.Done()
-		con.Close()
-	}()
 	cb := &events.RepoStreamCallbacks{
 		RepoCommit: func(evt *comatproto.SyncSubscribeRepos_Commit) error {
 			f.Cursor = evt.Seq

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/bluesky-social/indigo/atproto/syntax"
@@ -100,9 +101,31 @@ type Lister struct {
 	// DiscoverHosts (the runner's PDS, or a relay).
 	Discover      bool
 	DiscoverHosts []string
-	// Pulls lists open pulls too, from every account on the owners' PDSes.
+	// Pulls lists open pulls too: with Discover, from every account on
+	// the owners' PDSes; otherwise from the owners and the accounts an
+	// event stream showed writing a pull (Changed).
 	Pulls  bool
 	Logger *slog.Logger
+
+	mu sync.Mutex
+	// authors are the accounts seen writing pulls.
+	authors map[syntax.DID]bool
+}
+
+// Changed takes note of what an event stream saw: an account that
+// writes a pull is listed for pulls from then on. Without Discover this
+// is how a pull from outside the watched accounts is found; it keeps a
+// poll's cost bound by the accounts that matter, not by the PDS's size.
+func (l *Lister) Changed(c Change) {
+	if c.Collection != forge.CollectionPull || c.DID == "" {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.authors == nil {
+		l.authors = map[syntax.DID]bool{}
+	}
+	l.authors[c.DID] = true
 }
 
 // Snapshot is everything a reconcile found.
@@ -125,6 +148,10 @@ func (l *Lister) Reconcile(ctx context.Context) (*Snapshot, error) {
 	hosts := map[string]bool{}
 	pushes := map[syntax.DID][]forge.Record[forge.RefUpdate]{}
 	pullsByHost := map[string][]forge.Record[forge.Pull]{}
+	var pullsOfAuthors []forge.Record[forge.Pull]
+	if l.Pulls && !l.Discover {
+		pullsOfAuthors = l.pullsOfAuthors(ctx, repos)
+	}
 	for _, repo := range repos {
 		owner, _ := repo.URI.Authority().AsDID()
 		host, err := l.Reader.PDS(ctx, owner)
@@ -153,7 +180,9 @@ func (l *Lister) Reconcile(ctx context.Context) (*Snapshot, error) {
 			continue
 		}
 		pulls, ok := pullsByHost[host]
-		if !ok {
+		if !l.Discover {
+			pulls = pullsOfAuthors
+		} else if !ok {
 			if pulls, err = l.pullsOn(ctx, host); err != nil {
 				return nil, err
 			}
@@ -226,7 +255,34 @@ func (l *Lister) repos(ctx context.Context) ([]forge.Record[forge.Repo], error) 
 	return out, nil
 }
 
-// pullsOn lists the pulls of every account on host.
+// pullsOfAuthors lists the pulls of the repositories' owners and of the
+// accounts seen writing pulls.
+func (l *Lister) pullsOfAuthors(ctx context.Context, repos []forge.Record[forge.Repo]) []forge.Record[forge.Pull] {
+	dids := map[syntax.DID]bool{}
+	for _, repo := range repos {
+		owner, _ := repo.URI.Authority().AsDID()
+		dids[owner] = true
+	}
+	l.mu.Lock()
+	for did := range l.authors {
+		dids[did] = true
+	}
+	l.mu.Unlock()
+	var out []forge.Record[forge.Pull]
+	for did := range dids {
+		recs, bad, err := forge.List[forge.Pull](ctx, l.Reader, did, forge.CollectionPull)
+		if err != nil {
+			l.Logger.Warn("list pulls", "did", did.String(), "err", err)
+			continue
+		}
+		l.warnInvalid(bad)
+		out = append(out, recs...)
+	}
+	return out
+}
+
+// pullsOn lists the pulls of every account on host (discovery only: its
+// cost grows with the host's accounts).
 func (l *Lister) pullsOn(ctx context.Context, host string) ([]forge.Record[forge.Pull], error) {
 	dids, err := forge.ListRepos(ctx, l.Reader.HTTP, host)
 	if err != nil {

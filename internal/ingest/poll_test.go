@@ -1,0 +1,148 @@
+package ingest
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/syntax"
+	"github.com/google/go-cmp/cmp"
+
+	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/tests/pds"
+)
+
+// countingTransport counts requests by XRPC method (or "plc" for the
+// PLC directory).
+type countingTransport struct {
+	plc string
+	mu  sync.Mutex
+	n   map[string]int
+}
+
+func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	key := strings.TrimPrefix(r.URL.Path, "/xrpc/")
+	if strings.HasPrefix(r.URL.String(), c.plc) {
+		key = "plc"
+	}
+	c.mu.Lock()
+	c.n[key]++
+	c.mu.Unlock()
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+func (c *countingTransport) take() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.n
+	c.n = map[string]int{}
+	return n
+}
+
+// TestPollCostFollowsWatchedRepos: a poll (a reconcile with pulls) asks
+// the PDS the same questions however many accounts it hosts that are
+// not watched, lists no accounts without discovery, and resolves no DID
+// it resolved within the identity TTL. A pull of an account outside the
+// watched ones is found once an event stream shows it writing pulls.
+func TestPollCostFollowsWatchedRepos(t *testing.T) {
+	if testing.Short() {
+		t.Skip(pds.ErrSkip)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	srv, err := pds.Start(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	defer http.DefaultClient.CloseIdleConnections()
+	owner, runner, _, err := srv.OwnerAndRunner(ctx, "poll")
+	if err != nil {
+		t.Fatal(err)
+	}
+	repoURI := forge.RepoURI(owner.DID, "hello")
+	put := func(a *pds.Account, collection string, v any) syntax.ATURI {
+		t.Helper()
+		uri, err := a.Put(ctx, collection, "", v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return uri
+	}
+	if _, err := owner.Put(ctx, forge.CollectionRepo, "hello", forge.Repo{Type: forge.CollectionRepo, Name: "hello", Source: "file:///nowhere",
+		Runners: []string{runner.DID.String()}, CreatedAt: forge.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	put(owner, forge.CollectionRefUpdate, forge.RefUpdate{Type: forge.CollectionRefUpdate, Repo: repoURI.String(), Ref: "refs/heads/main",
+		New: strings.Repeat("a", 40), CreatedAt: forge.Now()})
+
+	counter := &countingTransport{plc: srv.PLCURL, n: map[string]int{}}
+	hc := &http.Client{Transport: counter}
+	defer hc.CloseIdleConnections()
+	cat, err := forge.NewCatalog()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := forge.NewDirectory(forge.DirectoryConfig{PLCURL: srv.PLCURL, HTTP: hc})
+	l := &Lister{
+		Reader:  &forge.Reader{Dir: dir, Catalog: cat, HTTP: hc},
+		Dir:     dir,
+		Runner:  runner.DID,
+		Targets: []Target{{Owner: syntax.AtIdentifier(owner.DID), Name: "hello"}},
+		Pulls:   true,
+		Logger:  slog.New(slog.DiscardHandler),
+	}
+	poll := func() (*Snapshot, map[string]int) {
+		t.Helper()
+		snap, err := l.Reconcile(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return snap, counter.take()
+	}
+	poll() // resolves the owner once
+	_, small := poll()
+	if small["plc"] != 0 {
+		t.Errorf("a second poll resolved %d DIDs again, want none within the identity TTL", small["plc"])
+	}
+	if small["com.atproto.sync.listRepos"] != 0 {
+		t.Errorf("a poll without discovery listed the PDS's accounts %d times", small["com.atproto.sync.listRepos"])
+	}
+
+	// Strangers join the PDS, one of them with a pull on the repository.
+	var author *pds.Account
+	for i := range 6 {
+		a, err := srv.CreateAccount(ctx, "stranger")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			author = a
+		}
+	}
+	pull := put(author, forge.CollectionPull, forge.Pull{Type: forge.CollectionPull, Repo: repoURI.String(), Base: "main",
+		Head:  forge.PullHead{Source: "file:///fork", Ref: "refs/heads/feature", Commit: strings.Repeat("b", 40)},
+		Title: "a feature", State: forge.PullOpen, CreatedAt: forge.Now()})
+	snap, big := poll()
+	if diff := cmp.Diff(small, big); diff != "" {
+		t.Errorf("requests of a poll (-with 3 accounts +with 9):\n%s", diff)
+	}
+	if len(snap.Events) != 1 {
+		t.Errorf("events %+v, want the push only (no stream has shown the stranger's pull)", snap.Events)
+	}
+
+	l.Changed(Change{Host: srv.URL, DID: author.DID, Collection: forge.CollectionPull})
+	snap, _ = poll()
+	var got []string
+	for _, e := range snap.Events {
+		got = append(got, e.Kind+" "+e.URI.String())
+	}
+	if len(got) != 2 || !slices.Contains(got, forge.KindPull+" "+pull.String()) {
+		t.Errorf("events %v, want the push and the pull %s", got, pull)
+	}
+}
