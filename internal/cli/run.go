@@ -40,6 +40,7 @@ type RunCmd struct {
 
 	KubeFlags   `embed:""`
 	DockerFlags `embed:""`
+	BoundFlags  `embed:""`
 }
 
 // Run runs the workflow and exits with the run's status.
@@ -60,11 +61,14 @@ func (c *RunCmd) Run(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
+	checkoutBound, outputsBound := c.bounds()
 	eng := run.New(run.Config{
 		Executor:     exec,
 		Runner:       c.Runner,
 		Logger:       env.Logger.With("component", "run"),
 		DefaultImage: c.Image,
+		Checkout:     checkoutBound,
+		Outputs:      outputsBound,
 	})
 	req := run.Request{
 		RunID:    runID,

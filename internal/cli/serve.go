@@ -49,7 +49,8 @@ type ServeCmd struct {
 	AppPasswordFile string `help:"File holding the runner's app password (default: $$CREDENTIALS_DIRECTORY/app-password). Never taken from the command line." placeholder:"FILE"`
 	SecretsFile     string `help:"Operator secrets, a JSON object of name to value; they take precedence over sealed records (default: $$CREDENTIALS_DIRECTORY/secrets if present)." placeholder:"FILE"`
 
-	KubeFlags `embed:""`
+	KubeFlags  `embed:""`
+	BoundFlags `embed:""`
 }
 
 // ConfigFile is the --config flag: before the other flags are resolved
@@ -164,6 +165,7 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 		return err
 	}
 	watchdog, _ := sddaemon.SdWatchdogEnabled(false)
+	checkoutBound, outputsBound := c.bounds()
 	err = daemon.Run(ctx, daemon.Config{
 		Runner:       runner,
 		PDS:          c.PDS,
@@ -177,6 +179,8 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 		Poll:         c.Poll,
 		Executor:     exec,
 		DefaultImage: c.Image,
+		Checkout:     checkoutBound,
+		Outputs:      outputsBound,
 		Concurrency:  c.Concurrency,
 		StopWait:     c.StopWait,
 		StateDir:     c.StateDir,

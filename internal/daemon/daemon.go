@@ -60,6 +60,9 @@ type Config struct {
 	StateDir     string
 	CacheDir     string
 
+	// Checkout and Outputs bound each run's transfers (run.Config).
+	Checkout, Outputs run.Bound
+
 	// Secrets are the operator's secrets by name; they take precedence
 	// over sealed records.
 	Secrets map[string]string
@@ -207,6 +210,8 @@ func (d *Daemon) start(ctx context.Context) error {
 		Logger:       cfg.Logger.With("component", "run"),
 		Runner:       cfg.Runner.String(),
 		DefaultImage: cfg.DefaultImage,
+		Checkout:     cfg.Checkout,
+		Outputs:      cfg.Outputs,
 	})
 	discover := []string{acct.Host()}
 	if cfg.Relay != "" {
