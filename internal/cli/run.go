@@ -183,7 +183,7 @@ func (c *RunCmd) readSecrets(env *Env) (map[string]string, error) {
 func (c *RunCmd) newExecutor(env *Env) (executor.Executor, error) {
 	switch c.Executor {
 	case shell.Name:
-		return shell.New(shell.Config{Root: c.ShellRoot, Path: env.Getenv("PATH"), Logger: env.Logger.With("component", "executor", "executor", shell.Name)}), nil
+		return shell.New(shell.Config{Root: c.ShellRoot, Path: env.Getenv("PATH"), Runner: c.Runner, Logger: env.Logger.With("component", "executor", "executor", shell.Name)}), nil
 	case "kubernetes", "kube":
 		return c.newKubernetes(env, c.Runner, c.Image, env.Logger.With("component", "executor", "executor", "kubernetes"))
 	case docker.Name:
