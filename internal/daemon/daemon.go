@@ -111,6 +111,8 @@ type Daemon struct {
 	lister  *ingest.Lister
 
 	wake chan struct{} // a hint that records changed: reconcile soon
+	// warned holds the workflow warnings already logged (warnUnacted).
+	warned sync.Map
 	// detach is closed on SIGTERM to hand started runs over; nil when the
 	// executor cannot resume sessions (they then finish within StopWait).
 	detach chan struct{}
