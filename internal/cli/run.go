@@ -57,9 +57,13 @@ func (c *RunCmd) Run(ctx context.Context, env *Env) error {
 	if runID == "" {
 		runID = newRunID()
 	}
-	exec, err := c.newExecutor(env)
-	if err != nil {
-		return err
+	// A dry run starts nothing, so it needs no executor (and no
+	// cluster credentials).
+	var exec executor.Executor
+	if !c.DryRun {
+		if exec, err = c.newExecutor(env); err != nil {
+			return err
+		}
 	}
 	checkoutBound, outputsBound := c.bounds()
 	eng := run.New(run.Config{
@@ -200,6 +204,11 @@ func (c *RunCmd) dryRun(env *Env, eng *run.Engine, req run.Request) error {
 	payloads, err := eng.DryRun(req, dirs)
 	if err != nil {
 		return err
+	}
+	if c.Executor == "kubernetes" || c.Executor == "kube" {
+		if err := c.printManifests(env, eng.SessionSpec(req), req.Secrets); err != nil {
+			return err
+		}
 	}
 	for i, p := range payloads {
 		fmt.Fprintf(env.Stdout, "# step %d/%d: %s (sent to sh on stdin)\n%s\n", i+1, len(payloads), req.Workflow.Steps[i].Name, p)

@@ -591,6 +591,12 @@ func (e *Engine) DryRun(req Request, dirs executor.Dirs) ([]string, error) {
 	return out, nil
 }
 
+// SessionSpec is what the engine would start req's session from (for a
+// dry run that shows the executor's objects).
+func (e *Engine) SessionSpec(req Request) executor.Spec {
+	return (&runState{eng: e, req: req}).spec()
+}
+
 // collectOutputs brings the session's outputs directory back and unpacks
 // it, as hostile input, into the request's outputs directory.
 func (r *runState) collectOutputs(ctx context.Context, sess executor.Session, dirs executor.Dirs) error {
