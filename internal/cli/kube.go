@@ -30,7 +30,7 @@ type KubeFlags struct {
 
 // newKubernetes builds the Kubernetes executor from the flags.
 func (f *KubeFlags) newKubernetes(env *Env, runner, image string, log *slog.Logger) (*kubernetes.Executor, error) {
-	tolerations, err := parseTolerations(f.Toleration)
+	pod, err := f.podOptions(image)
 	if err != nil {
 		return nil, err
 	}
@@ -42,18 +42,8 @@ func (f *KubeFlags) newKubernetes(env *Env, runner, image string, log *slog.Logg
 			Context:       f.Context,
 			Namespace:     f.Namespace,
 		},
-		Runner: runner,
-		Pod: kubernetes.PodOptions{
-			Image:          image,
-			CPURequest:     f.CPURequest,
-			MemoryRequest:  f.MemoryRequest,
-			CPULimit:       f.CPULimit,
-			MemoryLimit:    f.MemoryLimit,
-			RuntimeClass:   f.RuntimeClass,
-			NodeSelector:   f.NodeSelector,
-			Tolerations:    tolerations,
-			ServiceAccount: f.ServiceAccount,
-		},
+		Runner:          runner,
+		Pod:             pod,
 		ScheduleTimeout: f.ScheduleTimeout,
 		Logger:          log,
 	})
@@ -61,6 +51,25 @@ func (f *KubeFlags) newKubernetes(env *Env, runner, image string, log *slog.Logg
 		return nil, fmt.Errorf("--executor kubernetes: %w", err)
 	}
 	return ex, nil
+}
+
+// podOptions are the flags' settings for run pods.
+func (f *KubeFlags) podOptions(image string) (kubernetes.PodOptions, error) {
+	tolerations, err := parseTolerations(f.Toleration)
+	if err != nil {
+		return kubernetes.PodOptions{}, err
+	}
+	return kubernetes.PodOptions{
+		Image:          image,
+		CPURequest:     f.CPURequest,
+		MemoryRequest:  f.MemoryRequest,
+		CPULimit:       f.CPULimit,
+		MemoryLimit:    f.MemoryLimit,
+		RuntimeClass:   f.RuntimeClass,
+		NodeSelector:   f.NodeSelector,
+		Tolerations:    tolerations,
+		ServiceAccount: f.ServiceAccount,
+	}, nil
 }
 
 // parseTolerations reads KEY[=VALUE]:EFFECT.

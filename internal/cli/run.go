@@ -42,6 +42,8 @@ type RunCmd struct {
 	DockerFlags `embed:""`
 	// LimitFlags bound every run of `run`, trusted or not.
 	LimitFlags `embed:""`
+	// BoundFlags bound every run's transfers.
+	BoundFlags `embed:""`
 }
 
 // Run runs the workflow and exits with the run's status.
@@ -62,16 +64,23 @@ func (c *RunCmd) Run(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
-	exec, err := c.newExecutor(env)
-	if err != nil {
-		return err
+	// A dry run starts nothing, so it needs no executor (and no
+	// cluster credentials).
+	var exec executor.Executor
+	if !c.DryRun {
+		if exec, err = c.newExecutor(env); err != nil {
+			return err
+		}
 	}
+	checkoutBound, outputsBound := c.bounds()
 	eng := run.New(run.Config{
 		Executor:     exec,
 		Runner:       c.Runner,
 		Logger:       env.Logger.With("component", "run"),
 		DefaultImage: c.Image,
 		Max:          max,
+		Checkout:     checkoutBound,
+		Outputs:      outputsBound,
 	})
 	req := run.Request{
 		RunID:    runID,
@@ -186,7 +195,7 @@ func (c *RunCmd) readSecrets(env *Env) (map[string]string, error) {
 func (c *RunCmd) newExecutor(env *Env) (executor.Executor, error) {
 	switch c.Executor {
 	case shell.Name:
-		return shell.New(shell.Config{Root: c.ShellRoot, Path: env.Getenv("PATH"), Logger: env.Logger.With("component", "executor", "executor", shell.Name)}), nil
+		return shell.New(shell.Config{Root: c.ShellRoot, Path: env.Getenv("PATH"), Runner: c.Runner, Logger: env.Logger.With("component", "executor", "executor", shell.Name)}), nil
 	case "kubernetes", "kube":
 		return c.newKubernetes(env, c.Runner, c.Image, env.Logger.With("component", "executor", "executor", "kubernetes"))
 	case docker.Name:
@@ -203,6 +212,11 @@ func (c *RunCmd) dryRun(env *Env, eng *run.Engine, req run.Request) error {
 	payloads, err := eng.DryRun(req, dirs)
 	if err != nil {
 		return err
+	}
+	if c.Executor == "kubernetes" || c.Executor == "kube" {
+		if err := c.printManifests(env, eng.SessionSpec(req), req.Secrets); err != nil {
+			return err
+		}
 	}
 	for i, p := range payloads {
 		fmt.Fprintf(env.Stdout, "# step %d/%d: %s (sent to sh on stdin)\n%s\n", i+1, len(payloads), req.Workflow.Steps[i].Name, p)

@@ -52,7 +52,6 @@ type ServeCmd struct {
 	GitTimeout        time.Duration `help:"Deadline of every git command, fetches included." default:"5m"`
 	MaxWorkflowBytes  int64         `help:"Largest workflow file read, in bytes." default:"262144"`
 	MaxWorkflows      int           `help:"Most workflow files read per commit." default:"100"`
-	MaxCheckoutBytes  int64         `help:"Largest checkout (sum of its file sizes) exported for a run, in bytes." default:"2147483648"`
 
 	AppPasswordFile string `help:"File holding the runner's app password (default: $$CREDENTIALS_DIRECTORY/app-password). Never taken from the command line." placeholder:"FILE"`
 	SecretsFile     string `help:"Operator secrets, each scoped to repositories (see docs/reference/cli.md); they take precedence over sealed records (default: $$CREDENTIALS_DIRECTORY/secrets if present)." placeholder:"FILE"`
@@ -64,7 +63,8 @@ type ServeCmd struct {
 	LimitsApplyTo        string `help:"Which runs the --max-* and --allow-image limits bound: untrusted (pulls) or all." enum:"untrusted,all" default:"untrusted" group:"limits"`
 	MaxQueuedPerAuthor   int    `help:"Most pulls of one author queued or running at once; more wait, without a check, until one ends (0: no cap). Pushes are never capped and are claimed first." default:"4" group:"limits"`
 
-	KubeFlags `embed:""`
+	KubeFlags  `embed:""`
+	BoundFlags `embed:""`
 
 	LimitFlags `embed:""`
 }
@@ -200,6 +200,7 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 		return err
 	}
 	watchdog, _ := sddaemon.SdWatchdogEnabled(false)
+	checkoutBound, outputsBound := c.bounds()
 	err = daemon.Run(ctx, daemon.Config{
 		Runner:       runner,
 		PDS:          c.PDS,
@@ -213,6 +214,8 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 		Poll:         c.Poll,
 		Executor:     exec,
 		DefaultImage: c.Image,
+		Checkout:     checkoutBound,
+		Outputs:      outputsBound,
 		Concurrency:  c.Concurrency,
 		StopWait:     c.StopWait,
 		StateDir:     c.StateDir,
@@ -223,7 +226,7 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 			Timeout:          c.GitTimeout,
 			MaxWorkflowBytes: c.MaxWorkflowBytes,
 			MaxWorkflows:     c.MaxWorkflows,
-			MaxCheckoutBytes: c.MaxCheckoutBytes,
+			MaxCheckoutBytes: exportBound(c.MaxCheckout),
 		},
 		Notify:   func(s string) { _, _ = sddaemon.SdNotify(false, s) },
 		Watchdog: watchdog,

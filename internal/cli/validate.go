@@ -14,7 +14,9 @@ type ValidateCmd struct {
 	Paths []string `arg:"" optional:"" help:"Workflow files, or directories to search for *.yaml (default: .knotless/workflows)."`
 }
 
-// Run validates every file and prints each error on a line of its own.
+// Run validates every file and prints each error on a line of its own,
+// then each warning: a field that is not acted on yet. A workflow that
+// never runs (on: []) fails validation.
 func (c *ValidateCmd) Run(env *Env) error {
 	paths := c.Paths
 	if len(paths) == 0 {
@@ -40,9 +42,17 @@ func (c *ValidateCmd) Run(env *Env) error {
 	}
 	bad := 0
 	for _, f := range files {
-		if _, err := workflow.Load(f); err != nil {
+		wf, err := workflow.Load(f)
+		if err != nil {
 			bad++
 			fmt.Fprintln(env.Stdout, err)
+			continue
+		}
+		for _, w := range wf.Warnings {
+			fmt.Fprintln(env.Stdout, w)
+		}
+		if wf.NeverRuns() {
+			bad++
 			continue
 		}
 		fmt.Fprintf(env.Stdout, "%s: ok\n", f)

@@ -79,6 +79,9 @@ type Config struct {
 	// state and cache directories are always forbidden as local sources.
 	Git mirror.Options
 
+	// Checkout and Outputs bound each run's transfers (run.Config).
+	Checkout, Outputs run.Bound
+
 	// Notify sends one sd_notify message (nil: not under systemd).
 	Notify func(state string)
 	// OnCheck, when set, is told of every check record written, after the
@@ -123,6 +126,8 @@ type Daemon struct {
 	lister  *ingest.Lister
 
 	wake chan struct{} // a hint that records changed: reconcile soon
+	// warned holds the workflow warnings already logged (warnUnacted).
+	warned sync.Map
 	// detach is closed on SIGTERM to hand started runs over; nil when the
 	// executor cannot resume sessions (they then finish within StopWait).
 	detach chan struct{}
@@ -232,6 +237,8 @@ func (d *Daemon) start(ctx context.Context) error {
 		Runner:       cfg.Runner.String(),
 		DefaultImage: cfg.DefaultImage,
 		Max:          cfg.Max,
+		Checkout:     cfg.Checkout,
+		Outputs:      cfg.Outputs,
 	})
 	discover := []string{acct.Host()}
 	if cfg.Relay != "" {

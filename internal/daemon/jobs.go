@@ -170,6 +170,7 @@ func (d *Daemon) consider(ctx context.Context, ev ingest.Event) error {
 	if err != nil {
 		return err
 	}
+	d.warnUnacted(log, ev.Repo.URI.String(), wfs)
 	trigger := workflow.Push
 	if ev.Kind == forge.KindPull {
 		trigger = workflow.Pull
@@ -660,4 +661,26 @@ func newRunID() string {
 	b := make([]byte, 10)
 	_, _ = rand.Read(b)
 	return "r" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b))
+}
+
+// warnUnacted logs, once per workflow and set of warnings, the fields a
+// workflow sets that are not acted on yet, and a workflow that never
+// runs.
+func (d *Daemon) warnUnacted(log *slog.Logger, repo string, wfs []*workflow.Workflow) {
+	for _, wf := range wfs {
+		if len(wf.Warnings) == 0 {
+			continue
+		}
+		texts := make([]string, len(wf.Warnings))
+		for i, w := range wf.Warnings {
+			texts[i] = w.String()
+		}
+		key := repo + "\x00" + wf.File + "\x00" + strings.Join(texts, "\n")
+		if _, seen := d.warned.LoadOrStore(key, true); seen {
+			continue
+		}
+		for _, w := range wf.Warnings {
+			log.Warn("workflow field not acted on", "repo", repo, "file", w.File, "line", w.Line, "field", w.Field, "warning", w.Msg)
+		}
+	}
 }

@@ -246,7 +246,7 @@ func TestWorkflowLimits(t *testing.T) {
 	}
 }
 
-// TestExportLimit: a tree larger than --max-checkout-bytes is refused
+// TestExportLimit: a tree larger than --max-checkout is refused
 // before anything is written.
 func TestExportLimit(t *testing.T) {
 	t.Parallel()
@@ -258,8 +258,8 @@ func TestExportLimit(t *testing.T) {
 	}
 	out := filepath.Join(t.TempDir(), "checkout")
 	err := r.Export(ctx, commit, out)
-	if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "--max-checkout-bytes") {
-		t.Errorf("got %v, want a refusal naming --max-checkout-bytes", err)
+	if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "--max-checkout") {
+		t.Errorf("got %v, want a refusal naming --max-checkout", err)
 	}
 	if _, err := os.Stat(out); err == nil {
 		t.Error("the refused export wrote its directory")

@@ -414,7 +414,7 @@ func (r *Repo) Export(ctx context.Context, treeish, dir string) error {
 		}
 	}
 	if total > r.m.opts.MaxCheckoutBytes {
-		return fmt.Errorf("%w: export %s: its files are %d bytes, more than the limit of %d (--max-checkout-bytes)", ErrRefused, treeish, total, r.m.opts.MaxCheckoutBytes)
+		return fmt.Errorf("%w: export %s: its files are %d bytes, more than the limit of %d (--max-checkout)", ErrRefused, treeish, total, r.m.opts.MaxCheckoutBytes)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("export: %w", err)

@@ -34,8 +34,9 @@ type Config struct {
 	Runner string
 	// DefaultImage is used when a workflow names none.
 	DefaultImage string
-	// Limits bound every transfer in and out of a session.
-	Limits tarstream.Limits
+	// Checkout bounds the checkout put into a session, Outputs the
+	// outputs brought back from it. A zero field means no bound.
+	Checkout, Outputs Bound
 	// CleanupTimeout bounds stopping a session after the run, also after
 	// the run's context has ended.
 	CleanupTimeout time.Duration
@@ -336,11 +337,11 @@ func (r *runState) putCheckout(ctx context.Context, sess executor.Session, dirs 
 	start := time.Now()
 	n, err := r.retryCorrupt("checkout", func() (int64, error) {
 		return transfer(ctx, func(w io.Writer) error {
-			return tarstream.Pack(ctx, r.req.Checkout, w, r.eng.cfg.Limits)
+			return tarstream.Pack(ctx, r.req.Checkout, w, r.eng.cfg.Checkout.Limits)
 		}, func(rd io.Reader) error { return sess.Put(ctx, dirs.Work, rd) })
 	})
 	if err != nil {
-		return fmt.Errorf("put checkout: %w", err)
+		return r.eng.cfg.Checkout.explain("checkout", fmt.Errorf("put checkout: %w", err))
 	}
 	r.log.Info("checkout sent", "bytes", n, "duration", time.Since(start).Round(time.Millisecond))
 	steps, err := scriptsTar(r.scripts)
@@ -602,6 +603,12 @@ func (e *Engine) DryRun(req Request, dirs executor.Dirs) ([]string, error) {
 	return out, nil
 }
 
+// SessionSpec is what the engine would start req's session from (for a
+// dry run that shows the executor's objects).
+func (e *Engine) SessionSpec(req Request) executor.Spec {
+	return (&runState{eng: e, req: req}).spec()
+}
+
 // collectOutputs brings the session's outputs directory back and unpacks
 // it, as hostile input, into the request's outputs directory.
 func (r *runState) collectOutputs(ctx context.Context, sess executor.Session, dirs executor.Dirs) error {
@@ -622,14 +629,14 @@ func (r *runState) collectOutputs(ctx context.Context, sess executor.Session, di
 		}
 		defer os.RemoveAll(stage)
 		n, err := transfer(ctx, func(w io.Writer) error { return sess.Get(ctx, dirs.Outputs, w) },
-			func(rd io.Reader) error { return tarstream.Unpack(ctx, rd, stage, r.eng.cfg.Limits) })
+			func(rd io.Reader) error { return tarstream.Unpack(ctx, rd, stage, r.eng.cfg.Outputs.Limits) })
 		if err != nil {
 			return n, err
 		}
 		return n, moveEntries(stage, r.req.Outputs)
 	})
 	if err != nil {
-		return fmt.Errorf("collect outputs: %w", err)
+		return r.eng.cfg.Outputs.explain("outputs", fmt.Errorf("collect outputs: %w", err))
 	}
 	r.log.Info("outputs collected", "bytes", n)
 	files, err := listFiles(r.req.Outputs)
@@ -778,10 +785,41 @@ func transfer(ctx context.Context, produce func(io.Writer) error, consume func(i
 	cerr := consume(pr)
 	pr.CloseWithError(errors.New("consumer finished"))
 	perr := <-produced
-	if cerr != nil {
+	// A producer that stopped at a bound says why better than the
+	// consumer that saw its stream break off.
+	if cerr != nil && !passedBound(perr) {
 		return counted.N, cerr
 	}
 	return counted.N, perr
+}
+
+// Bound limits one kind of transfer, and names the limits in the error a
+// run ends with when a transfer passes one (the flags that set them).
+type Bound struct {
+	tarstream.Limits
+	BytesName, FilesName string
+}
+
+func passedBound(err error) bool {
+	return errors.Is(err, tarstream.ErrTooLarge) || errors.Is(err, tarstream.ErrTooManyFiles)
+}
+
+// explain puts the name of the bound a transfer of what passed in front
+// of err.
+func (b Bound) explain(what string, err error) error {
+	name := func(n, fallback string) string {
+		if n == "" {
+			return fallback
+		}
+		return n
+	}
+	switch {
+	case errors.Is(err, tarstream.ErrTooLarge):
+		return fmt.Errorf("%s exceed %s (%d bytes): %w", what, name(b.BytesName, "the size bound"), b.MaxBytes, err)
+	case errors.Is(err, tarstream.ErrTooManyFiles):
+		return fmt.Errorf("%s exceed %s (%d files): %w", what, name(b.FilesName, "the file count bound"), b.MaxFiles, err)
+	}
+	return err
 }
 
 // lineTracker remembers whether the log ends mid-line, so the runner's

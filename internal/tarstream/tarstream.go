@@ -21,16 +21,32 @@ import (
 type Limits struct {
 	// MaxBytes is the most tar bytes read or written.
 	MaxBytes int64
+	// MaxFiles is the most entries (files, directories, links) packed
+	// or unpacked.
+	MaxFiles int64
 }
 
 // ErrTooLarge is returned when a stream passes Limits.MaxBytes.
 var ErrTooLarge = errors.New("tar stream exceeds the size limit")
+
+// ErrTooManyFiles is returned when a stream passes Limits.MaxFiles.
+var ErrTooManyFiles = errors.New("tar stream exceeds the file count limit")
+
+// countEntry counts one more entry against lim.MaxFiles.
+func countEntry(n *int64, lim Limits) error {
+	*n++
+	if lim.MaxFiles > 0 && *n > lim.MaxFiles {
+		return fmt.Errorf("%w (%d files)", ErrTooManyFiles, lim.MaxFiles)
+	}
+	return nil
+}
 
 // Pack writes the tree under dir to w as a tar stream. Symbolic links are
 // stored as links, not followed. The context bounds the time it takes.
 func Pack(ctx context.Context, dir string, w io.Writer, lim Limits) error {
 	cw := &limitWriter{ctx: ctx, w: w, max: lim.MaxBytes}
 	tw := tar.NewWriter(cw)
+	var entries int64
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -41,6 +57,9 @@ func Pack(ctx context.Context, dir string, w io.Writer, lim Limits) error {
 		}
 		if rel == "." {
 			return nil
+		}
+		if err := countEntry(&entries, lim); err != nil {
+			return err
 		}
 		return packEntry(tw, p, filepath.ToSlash(rel))
 	})
@@ -131,6 +150,7 @@ func Unpack(ctx context.Context, r io.Reader, dir string, lim Limits) error {
 		mtime time.Time
 	}
 	var dirs []dirMode
+	var entries int64
 	for {
 		hdr, err := tr.Next()
 		if err == io.EOF {
@@ -145,6 +165,9 @@ func Unpack(ctx context.Context, r io.Reader, dir string, lim Limits) error {
 		}
 		if name == "." {
 			continue
+		}
+		if err := countEntry(&entries, lim); err != nil {
+			return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
 		}
 		mode := fs.FileMode(hdr.Mode) & fs.ModePerm
 		if err := unpackEntry(root, tr, hdr, name, mode); err != nil {
@@ -340,10 +363,18 @@ func (l *limitReader) Read(p []byte) (int, error) {
 	if err := l.ctx.Err(); err != nil {
 		return 0, err
 	}
+	if l.max > 0 && l.n > l.max {
+		return 0, fmt.Errorf("%w (%d bytes)", ErrTooLarge, l.max)
+	}
+	if l.max > 0 && int64(len(p)) > l.max-l.n+1 {
+		// Read at most one byte past the bound: enough to see it passed,
+		// and nothing past it reaches the consumer.
+		p = p[:l.max-l.n+1]
+	}
 	n, err := l.r.Read(p)
 	l.n += int64(n)
 	if l.max > 0 && l.n > l.max {
-		return n, fmt.Errorf("%w (%d bytes)", ErrTooLarge, l.max)
+		return n - int(l.n-l.max), fmt.Errorf("%w (%d bytes)", ErrTooLarge, l.max)
 	}
 	return n, err
 }

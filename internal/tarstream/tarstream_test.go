@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -367,5 +368,51 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestFileAndByteLimits(t *testing.T) {
+	t.Parallel()
+	src := t.TempDir()
+	for i := range 5 {
+		must(t, os.WriteFile(filepath.Join(src, string(rune('a'+i))), bytes.Repeat([]byte("x"), 1000), 0o644))
+	}
+	var full bytes.Buffer
+	must(t, Pack(context.Background(), src, &full, Limits{}))
+	tests := []struct {
+		name    string
+		pack    Limits
+		unpack  Limits
+		wantErr error
+	}{
+		{"pack bytes", Limits{MaxBytes: 2048}, Limits{}, ErrTooLarge},
+		{"pack files", Limits{MaxFiles: 4}, Limits{}, ErrTooManyFiles},
+		{"unpack bytes", Limits{}, Limits{MaxBytes: 2048}, ErrTooLarge},
+		{"unpack files", Limits{}, Limits{MaxFiles: 4}, ErrTooManyFiles},
+		{"at the bounds", Limits{MaxBytes: int64(full.Len()), MaxFiles: 5}, Limits{MaxBytes: int64(full.Len()), MaxFiles: 5}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var buf bytes.Buffer
+			err := Pack(context.Background(), src, &buf, tt.pack)
+			if err == nil {
+				err = Unpack(context.Background(), &buf, t.TempDir(), tt.unpack)
+			}
+			if !errors.Is(err, tt.wantErr) {
+				t.Errorf("err = %v, want %v", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+// TestLimitReaderStopsAtTheBound: the consumer never gets a byte past
+// MaxBytes, so nothing past the bound is written.
+func TestLimitReaderStopsAtTheBound(t *testing.T) {
+	t.Parallel()
+	r := LimitReader(context.Background(), strings.NewReader(strings.Repeat("x", 100)), Limits{MaxBytes: 10})
+	got, err := io.ReadAll(r)
+	if len(got) != 10 || !errors.Is(err, ErrTooLarge) {
+		t.Errorf("read %d bytes, err %v; want 10 and ErrTooLarge", len(got), err)
 	}
 }

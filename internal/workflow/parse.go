@@ -55,12 +55,14 @@ func Parse(file string, data []byte) (*Workflow, error) {
 	if len(d.errs) > 0 {
 		return nil, d.errs
 	}
+	w.Warnings = d.warnings
 	return w, nil
 }
 
 type decoder struct {
-	file string
-	errs Errors
+	file     string
+	errs     Errors
+	warnings []Warning
 }
 
 func (d *decoder) errorAt(tk *token.Token, format string, args ...any) {
@@ -105,13 +107,29 @@ func (d *decoder) mapping(n ast.Node, what string, fields map[string]func(key st
 	}
 }
 
+// warnAt notes a field that parses but is not acted on.
+func (d *decoder) warnAt(tk *token.Token, field, format string, args ...any) {
+	pos := Position{File: d.file, Line: 1, Column: 1}
+	if tk != nil && tk.Position != nil {
+		pos.Line, pos.Column = tk.Position.Line, tk.Position.Column
+	}
+	d.warnings = append(d.warnings, Warning{pos, field, fmt.Sprintf(format, args...)})
+}
+
 func (d *decoder) workflow(n ast.Node, w *Workflow) {
 	var stepsNode ast.Node
 	d.mapping(n, "workflow", map[string]func(string, ast.Node){
 		"on": func(k string, v ast.Node) {
-			for _, s := range d.strings(k, v) {
+			events := d.strings(k, v)
+			if len(events) == 0 {
+				d.warnAt(v.GetToken(), "on", "on: no events: this workflow never runs")
+			}
+			for _, s := range events {
 				switch t := Trigger(s.value); t {
-				case Push, Pull, Batch:
+				case Batch:
+					d.warnAt(s.tk, "on", "on: batch is not acted on yet: there is no merge queue, so no batch run starts")
+					w.On = append(w.On, t)
+				case Push, Pull:
 					w.On = append(w.On, t)
 				default:
 					d.errorAt(s.tk, "on: unknown event %q (want push, pull or batch)", s.value)
@@ -152,6 +170,7 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 		},
 		"secrets": func(k string, v ast.Node) { w.Secrets = d.names(k, v) },
 		"cache": func(k string, v ast.Node) {
+			d.warnAt(v.GetToken(), "cache", "cache: not acted on yet: caches are not implemented, every run starts without one")
 			for _, s := range d.strings(k, v) {
 				if s.value == "" || slices.Contains(strings.Split(s.value, "/"), "..") {
 					d.errorAt(s.tk, "cache: %q must be a path without ..", s.value)
@@ -160,6 +179,7 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 			}
 		},
 		"queue": func(k string, v ast.Node) {
+			d.warnAt(v.GetToken(), "queue", "queue: not acted on yet: there is no merge queue")
 			s := d.str(k, v)
 			if s.value != "first" {
 				d.errorAt(s.tk, "queue: want first, got %q", s.value)

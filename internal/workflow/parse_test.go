@@ -53,6 +53,11 @@ steps:
 			{Name: "build", Run: "go build ./...\n", Timeout: 2 * time.Minute, Secrets: []string{"TOKEN"}, Line: 15},
 			{Name: "lint", Uses: "lint", Line: 20},
 		},
+		Warnings: []Warning{
+			{Position{"ci.yaml", 1, 12}, "on", "on: batch is not acted on yet: there is no merge queue, so no batch run starts"},
+			{Position{"ci.yaml", 10, 8}, "cache", "cache: not acted on yet: caches are not implemented, every run starts without one"},
+			{Position{"ci.yaml", 11, 8}, "queue", "queue: not acted on yet: there is no merge queue"},
+		},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("Parse (-want +got):\n%s", diff)
@@ -152,4 +157,42 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("error is not a non-empty Errors: %v", err)
 		}
 	})
+}
+
+// TestParseWarnsOfFieldsNotActedOn: fields that parse and then do
+// nothing are named, with their line, until their feature lands.
+func TestParseWarnsOfFieldsNotActedOn(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name      string
+		src       string
+		want      []string
+		neverRuns bool
+	}{
+		{"none", "on: push\nsteps:\n  - run: x\n", nil, false},
+		{"cache", "on: push\ncache: .cache\nsteps:\n  - run: x\n", []string{"w.yaml:2:8: warning: cache: not acted on yet: caches are not implemented, every run starts without one"}, false},
+		{"queue", "on: push\nqueue: first\nsteps:\n  - run: x\n", []string{"w.yaml:2:8: warning: queue: not acted on yet: there is no merge queue"}, false},
+		{"batch", "on: [push, batch]\nsteps:\n  - run: x\n", []string{"w.yaml:1:12: warning: on: batch is not acted on yet: there is no merge queue, so no batch run starts"}, false},
+		{"batch only", "on: batch\nsteps:\n  - run: x\n", []string{"w.yaml:1:5: warning: on: batch is not acted on yet: there is no merge queue, so no batch run starts"}, false},
+		{"no events", "on: []\nsteps:\n  - run: x\n", []string{"w.yaml:1:5: warning: on: no events: this workflow never runs"}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			w, err := Parse("w.yaml", []byte(tt.src))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, warning := range w.Warnings {
+				got = append(got, warning.String())
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("warnings (-want +got):\n%s", diff)
+			}
+			if w.NeverRuns() != tt.neverRuns {
+				t.Errorf("NeverRuns() = %v, want %v", w.NeverRuns(), tt.neverRuns)
+			}
+		})
+	}
 }

@@ -42,7 +42,26 @@ type Workflow struct {
 	Superseded string // "cancel" (the default) or "finish"
 	Resources  Resources
 	Steps      []Step
+	// Warnings are fields that parse but are not acted on yet, in file
+	// order: validate prints them and the daemon logs them.
+	Warnings []Warning
 }
+
+// Warning is a field that parses but does nothing yet, because the
+// feature it asks for has not landed, or that makes the workflow never
+// run.
+type Warning struct {
+	Position
+	Field, Msg string
+}
+
+func (w Warning) String() string {
+	return fmt.Sprintf("%s:%d:%d: warning: %s", w.File, w.Line, w.Column, w.Msg)
+}
+
+// NeverRuns reports whether the workflow names no event, so nothing
+// starts it (on: []).
+func (w *Workflow) NeverRuns() bool { return len(w.On) == 0 }
 
 // EnvVar is a plain variable, in file order.
 type EnvVar struct {

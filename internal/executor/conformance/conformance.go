@@ -19,6 +19,7 @@ import (
 
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/tarstream"
 	"knotless.dev/run/internal/workflow"
 )
 
@@ -47,6 +48,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("transfers", func(t *testing.T) { t.Parallel(); testTransfers(t, h) })
 	t.Run("hostile outputs", func(t *testing.T) { t.Parallel(); testHostileOutputs(t, h) })
 	t.Run("session steps", func(t *testing.T) { t.Parallel(); testSessionSteps(t, h) })
+	t.Run("bounds", func(t *testing.T) { t.Parallel(); testBounds(t, h) })
 }
 
 func engine(t *testing.T, h Harness) *run.Engine {
@@ -371,5 +373,95 @@ func testSessionSteps(t *testing.T, h Harness) {
 	out.Reset()
 	if _, err := sess.FollowStep(ctx, "3", 0, &out); err != nil || strings.Contains(out.String(), "left:") || !strings.Contains(out.String(), "checked") {
 		t.Errorf("after kill: %q, %v; want no process of the killed step", out.String(), err)
+	}
+}
+
+// testBounds: a checkout or outputs past the run's bounds end the run
+// error naming the bound's flag, and nothing of the outputs is kept.
+func testBounds(t *testing.T, h Harness) {
+	const mib = 1 << 20
+	bounded := func(checkout, outputs int64, files int64) (run.Bound, run.Bound) {
+		return run.Bound{Limits: tarstream.Limits{MaxBytes: checkout, MaxFiles: files}, BytesName: "--max-checkout", FilesName: "--max-files"},
+			run.Bound{Limits: tarstream.Limits{MaxBytes: outputs, MaxFiles: files}, BytesName: "--max-outputs", FilesName: "--max-files"}
+	}
+	big := t.TempDir()
+	mustWrite(t, filepath.Join(big, "big"), strings.Repeat("x", 2*mib), 0o644)
+	tests := []struct {
+		name                    string
+		checkout                string // "" = an empty temporary directory
+		maxCheckout, maxOutputs int64
+		maxFiles                int64
+		script                  string
+		wantStatus              run.Status
+		wantError               string
+		wantStep                run.Status
+		wantOutputs             string
+	}{
+		{
+			name: "outputs over --max-outputs", maxCheckout: mib, maxOutputs: mib, maxFiles: 100,
+			// A locked directory first: it must not keep the staged
+			// outputs from being removed.
+			script:     "mkdir -m 000 \"$KNOTLESS_RUN_OUTPUTS/locked\"; mkdir -m 644 \"$KNOTLESS_RUN_OUTPUTS/noexec\"; dd if=/dev/zero of=\"$KNOTLESS_RUN_OUTPUTS/big\" bs=1024 count=2048 2>/dev/null",
+			wantStatus: run.Error, wantError: "outputs exceed --max-outputs (1048576 bytes)", wantStep: run.Success,
+		},
+		{
+			name: "outputs over --max-files", maxCheckout: mib, maxOutputs: mib, maxFiles: 10,
+			script:     "for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do echo $i > \"$KNOTLESS_RUN_OUTPUTS/f$i\"; done",
+			wantStatus: run.Error, wantError: "outputs exceed --max-files (10 files)", wantStep: run.Success,
+		},
+		{
+			name: "checkout over --max-checkout", checkout: big, maxCheckout: mib, maxOutputs: mib, maxFiles: 100,
+			script:     "echo never > \"$KNOTLESS_RUN_OUTPUTS/never\"",
+			wantStatus: run.Error, wantError: "checkout exceed --max-checkout (1048576 bytes)", wantStep: run.Skipped,
+		},
+		{
+			name: "within the bounds", maxCheckout: 4 * mib, maxOutputs: 4 * mib, maxFiles: 10,
+			checkout:   big,
+			script:     "mkdir \"$KNOTLESS_RUN_OUTPUTS/d\"; cp big \"$KNOTLESS_RUN_OUTPUTS/d/big\"",
+			wantStatus: run.Success, wantStep: run.Success, wantOutputs: "d/big",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			checkout := tt.checkout
+			if checkout == "" {
+				checkout = t.TempDir()
+			}
+			parent := t.TempDir()
+			out := filepath.Join(parent, "outputs")
+			cb, ob := bounded(tt.maxCheckout, tt.maxOutputs, tt.maxFiles)
+			eng := run.New(run.Config{Executor: h.New(t), DefaultImage: h.Image, Runner: "did:plc:conformance", CleanupTimeout: time.Minute,
+				Checkout: cb, Outputs: ob})
+			src := "on: push\nsteps:\n  - name: write\n    run: |\n      " + tt.script + "\n"
+			res := eng.Run(context.Background(), run.Request{RunID: runID(t), Workflow: parse(t, src), Checkout: checkout, Outputs: out, Trusted: true})
+			if res.Status != tt.wantStatus || !strings.Contains(res.Error, tt.wantError) || res.Steps[0].Status != tt.wantStep {
+				t.Errorf("status %s (%q), step %s; want %s with an error containing %q, step %s\nlog:\n%s",
+					res.Status, res.Error, res.Steps[0].Status, tt.wantStatus, tt.wantError, tt.wantStep, res.Log)
+			}
+			if got := strings.Join(res.Outputs, ","); got != tt.wantOutputs {
+				t.Errorf("outputs = %q, want %q", got, tt.wantOutputs)
+			}
+			// Nothing past the bound: no output file and no staging
+			// directory is left.
+			var left []string
+			_ = filepath.WalkDir(parent, func(p string, d os.DirEntry, err error) error {
+				if err == nil && !d.IsDir() {
+					rel, _ := filepath.Rel(parent, p)
+					left = append(left, filepath.ToSlash(rel))
+				}
+				return nil
+			})
+			want := ""
+			if tt.wantOutputs != "" {
+				want = "outputs/" + tt.wantOutputs
+			}
+			if got := strings.Join(left, ","); got != want {
+				t.Errorf("files on disk after the run: %q, want %q", got, want)
+			}
+			if entries, _ := os.ReadDir(parent); len(entries) > 1 {
+				t.Errorf("something was left beside the outputs: %v", entries)
+			}
+		})
 	}
 }

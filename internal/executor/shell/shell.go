@@ -36,6 +36,9 @@ type Config struct {
 	Path string
 	// Limits bound every transfer.
 	Limits tarstream.Limits
+	// Runner is the runner's id (its DID): it is written into each run
+	// directory, and Sweep removes only directories that carry it.
+	Runner string
 	Logger *slog.Logger
 }
 
@@ -63,6 +66,14 @@ func (e *Executor) Name() string { return Name }
 
 const dirPrefix = "knotless-run-"
 
+// Files in a run directory that let a later process sweep it: the id of
+// the runner that made it, and one line "SID STARTTIME" per step started
+// (its session id and the leader's start time, from /proc).
+const (
+	runnerFile = ".knotless-runner"
+	stepsFile  = ".knotless-steps"
+)
+
 // drainGrace is how long output may still arrive after a step's shell
 // has exited and its session was killed.
 const drainGrace = 2 * time.Second
@@ -85,6 +96,9 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 		steps: map[string]*process{},
 	}
 	s.dirs = executor.Dirs{Work: filepath.Join(root, "work"), Steps: filepath.Join(root, "steps"), Outputs: filepath.Join(root, "outputs")}
+	if err := os.WriteFile(filepath.Join(root, runnerFile), []byte(e.cfg.Runner), 0o600); err != nil {
+		return nil, errors.Join(fmt.Errorf("create run directory: %w", err), os.RemoveAll(root))
+	}
 	for _, d := range []string{s.dirs.Work, s.dirs.Steps, s.dirs.Outputs, filepath.Join(root, "home"), filepath.Join(root, "tmp")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, errors.Join(fmt.Errorf("create %s: %w", d, err), os.RemoveAll(root))
@@ -93,7 +107,9 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 	return s, nil
 }
 
-// Sweep removes run directories under the root whose run is not in keep.
+// Sweep removes this runner's run directories under the root whose run
+// is not in keep, after killing what their steps left running. A
+// directory without this runner's id in it is someone else's and stays.
 func (e *Executor) Sweep(ctx context.Context, keep []string) ([]executor.Ref, error) {
 	entries, err := os.ReadDir(e.cfg.Root)
 	if errors.Is(err, os.ErrNotExist) {
@@ -110,6 +126,10 @@ func (e *Executor) Sweep(ctx context.Context, keep []string) ([]executor.Ref, er
 			continue
 		}
 		dir := filepath.Join(e.cfg.Root, name)
+		if owner, err := os.ReadFile(filepath.Join(dir, runnerFile)); err != nil || string(owner) != e.cfg.Runner {
+			continue
+		}
+		killRecorded(dir, e.cfg.Logger)
 		if err := os.RemoveAll(dir); err != nil {
 			errs = append(errs, err)
 			continue
@@ -215,6 +235,12 @@ func (s *Session) StartStep(ctx context.Context, id string, payload []byte) erro
 		return fmt.Errorf("start step %s: %w", id, err)
 	}
 	pw.Close()
+	if err := s.record(cmd.Process.Pid); err != nil {
+		killSession(cmd.Process.Pid)
+		_ = cmd.Wait()
+		pr.Close()
+		return fmt.Errorf("start step %s: %w", id, err)
+	}
 	p := &process{cmd: cmd, out: spool.New(), done: make(chan struct{})}
 	s.steps[id] = p
 	go p.run(pr)
@@ -314,6 +340,45 @@ func (s *Session) Stop(ctx context.Context) error {
 	return nil
 }
 
+// record notes a step's session in the run directory, so that a sweep
+// after a crash of this process can kill what the step left.
+func (s *Session) record(sid int) error {
+	f, err := os.OpenFile(filepath.Join(s.root, stepsFile), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(f, "%d %d\n", sid, procStartTime(sid))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// killRecorded kills the step sessions recorded in the run directory dir
+// that are still the run's own. A session's id is its leader's pid, and
+// the kernel does not hand that number out again while any process of
+// the session lives; so when a process with that pid exists but started
+// at another time than recorded, the session is gone and the number
+// belongs to someone else: it is left alone.
+func killRecorded(dir string, log *slog.Logger) {
+	b, err := os.ReadFile(filepath.Join(dir, stepsFile))
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var sid int
+		var start int64
+		if _, err := fmt.Sscanf(line, "%d %d", &sid, &start); err != nil || sid <= 1 {
+			continue
+		}
+		if now := procStartTime(sid); now >= 0 && now != start {
+			continue
+		}
+		log.Info("killing a step left by an earlier process", "dir", dir, "session", sid)
+		killSession(sid)
+	}
+}
+
 // killSession sends SIGKILL to every process whose session id is sid:
 // the step's shell and everything it started that did not leave its
 // session.
@@ -337,23 +402,35 @@ func killSession(sid int) {
 
 // procSession reads the session id of pid from /proc/<pid>/stat.
 func procSession(pid int) int {
+	return int(procStat(pid, 3))
+}
+
+// procStartTime reads when pid started (clock ticks after boot) from
+// /proc/<pid>/stat, or -1 when there is no such process.
+func procStartTime(pid int) int64 {
+	return procStat(pid, 19)
+}
+
+// procStat reads field i after the command name of /proc/<pid>/stat
+// (0 is the state, 3 the session, 19 the start time), or -1.
+func procStat(pid, i int) int64 {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		return -1
 	}
 	// The command name may hold spaces and parentheses: fields start
 	// after the last ')'. Then: state ppid pgrp session.
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
+	j := strings.LastIndexByte(string(b), ')')
+	if j < 0 {
 		return -1
 	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 4 {
+	f := strings.Fields(string(b[j+1:]))
+	if len(f) <= i {
 		return -1
 	}
-	sid, err := strconv.Atoi(f[3])
+	v, err := strconv.ParseInt(f[i], 10, 64)
 	if err != nil {
 		return -1
 	}
-	return sid
+	return v
 }

@@ -1,0 +1,35 @@
+package cli
+
+import (
+	"math"
+
+	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/tarstream"
+)
+
+// BoundFlags bound what a run moves between the runner and its session,
+// so no run can fill the runner's disk; run and the daemon share them.
+// Sizes are of the tar stream, in bytes; 0 means no bound.
+type BoundFlags struct {
+	MaxCheckout int64 `help:"Most bytes of a run's checkout sent into its session (as a tar stream); past it the run ends error. 0: no bound." default:"2147483648" placeholder:"BYTES" group:"bounds"`
+	MaxOutputs  int64 `help:"Most bytes of a run's outputs brought back (as a tar stream); past it the run ends error and no output is kept. 0: no bound." default:"1073741824" placeholder:"BYTES" group:"bounds"`
+	MaxFiles    int64 `help:"Most files, directories and links in a run's checkout, and in its outputs. 0: no bound." default:"200000" placeholder:"N" group:"bounds"`
+}
+
+// bounds are the flags as the engine takes them, named after the flags
+// in the error a run ends with.
+func (f BoundFlags) bounds() (checkout, outputs run.Bound) {
+	checkout = run.Bound{Limits: tarstream.Limits{MaxBytes: f.MaxCheckout, MaxFiles: f.MaxFiles}, BytesName: "--max-checkout", FilesName: "--max-files"}
+	outputs = run.Bound{Limits: tarstream.Limits{MaxBytes: f.MaxOutputs, MaxFiles: f.MaxFiles}, BytesName: "--max-outputs", FilesName: "--max-files"}
+	return checkout, outputs
+}
+
+// exportBound is --max-checkout as the mirror's export limit (summed file
+// sizes, checked before anything is written): one flag bounds both the
+// export and the tar stream, and 0 means no bound for both.
+func exportBound(maxCheckout int64) int64 {
+	if maxCheckout <= 0 {
+		return math.MaxInt64
+	}
+	return maxCheckout
+}

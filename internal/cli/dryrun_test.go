@@ -1,0 +1,32 @@
+package cli
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestDryRunKubernetesNeedsNoCluster: --dry-run with the kubernetes
+// executor prints the Job and NetworkPolicy it would apply, reads no
+// kubeconfig (KUBECONFIG names a file that does not exist), and shows no
+// secret value.
+func TestDryRunKubernetesNeedsNoCluster(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	wf := filepath.Join(dir, "w.yaml")
+	src := "on: push\nimage: alpine:3.20\nsecrets: [TOKEN]\nsteps:\n  - {name: s, secrets: [TOKEN], run: 'echo hi'}\n"
+	if err := os.WriteFile(wf, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"TOKEN": "hunter2-dry", "KUBECONFIG": filepath.Join(dir, "nonexistent"), "HOME": filepath.Join(dir, "home")}
+	r := runCLI(t, env, "run", "--executor", "kubernetes", "--dry-run", "--workflow", wf, "--secret", "TOKEN", "--run-id", "rdry", "--namespace", "ci")
+	for _, want := range []string{"kind: Job", "name: knotless-rdry", "namespace: ci", "image: alpine:3.20", "kind: NetworkPolicy", "export TOKEN='***'"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("dry run output lacks %q", want)
+		}
+	}
+	if r.code != ExitSuccess || strings.Contains(r.stdout+r.stderr, "hunter2-dry") {
+		t.Errorf("exit %d (want 0, and no secret value), stdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+}
