@@ -71,6 +71,10 @@ type Config struct {
 	OnCheck func(key string, c forge.Check)
 	// Watchdog is systemd's WatchdogSec (0: off).
 	Watchdog time.Duration
+	// Retry paces what is tried again after a failure that is not the
+	// work's; Retention is how long final work is remembered (owed.go).
+	Retry     Retry
+	Retention time.Duration
 	Logger   *slog.Logger
 }
 
@@ -92,6 +96,10 @@ func (c *Config) defaults() {
 	}
 	if c.Secrets == nil {
 		c.Secrets = map[string]string{}
+	}
+	c.Retry.defaults()
+	if c.Retention <= 0 {
+		c.Retention = DefaultRetention
 	}
 }
 
@@ -126,6 +134,7 @@ type Daemon struct {
 	cursorsDirty bool
 	workCond     chan struct{} // closed and replaced when the queue changes
 	detached     int           // runs handed over by detaching
+	faults       faults        // what failed and when to try again (owed.go)
 }
 
 // ErrStateCorrupt wraps a state file that stops the start.
@@ -144,6 +153,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if _, ok := cfg.Executor.(executor.Resumer); ok {
 		d.detach = make(chan struct{})
 	}
+	d.cfg.HTTP = d.faults.init(d.cfg.HTTP)
 	if err := d.start(ctx); err != nil {
 		return err
 	}
@@ -233,6 +243,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	for _, c := range checks {
 		d.checks[c.URI.RecordKey().String()] = c.Value
 	}
+	d.loadOwed()
 	return nil
 }
 
@@ -362,6 +373,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	if d.cfg.Firehose {
 		aux.Go(func() { d.follow(auxCtx) })
 	}
+	aux.Go(func() { d.payOwed(auxCtx) })
 
 	for _, j := range d.adopted {
 		jctx, cancel := context.WithCancel(runCtx)

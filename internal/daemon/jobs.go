@@ -294,9 +294,7 @@ func (d *Daemon) enqueue(ctx context.Context, j *job) error {
 	for _, o := range cancelQueued {
 		c := o.check
 		c.Status, c.Error, c.FinishedAt = string(run.Cancelled), "superseded by "+j.ev.URI.String(), forge.Now()
-		if err := d.putCheck(ctx, o.key, c); err != nil {
-			d.log.Error("write check", "check", o.key, "err", err)
-		}
+		d.putFinal(ctx, o.key, o.ev, c, d.log)
 		d.markDoneIfIdle(o.ev)
 	}
 	d.log.Info("queued", "check", j.key, "workflow", j.wf.Name, "event", j.ev.URI.String(), "commit", j.ev.Commit)
@@ -435,10 +433,14 @@ func (d *Daemon) runJob(ctx context.Context, j *job) {
 	}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
-	if err := d.putCheck(wctx, j.key, final); err != nil {
-		log.Error("write final check", "err", err)
+	if released {
+		// Not final: the successor runs the work; nothing is owed.
+		if err := d.putCheck(wctx, j.key, final); err != nil {
+			log.Error("write released check", "err", err)
+		}
 		return
 	}
+	d.putFinal(wctx, j.key, j.ev, final, log)
 	log.Info("run finished", "run", j.runID, "status", final.Status, "failed_step", res.FailedStep)
 }
 
@@ -570,9 +572,7 @@ func (d *Daemon) finalError(ctx context.Context, ev ingest.Event, wfName, msg st
 	now := forge.Now()
 	check := forge.Check{Type: forge.CollectionCheck, Subject: ev.Subject(), Workflow: wfName, Status: string(run.Error),
 		Error: truncate(msg, 3000), CreatedAt: now, FinishedAt: now}
-	if err := d.putCheck(ctx, key, check); err != nil {
-		d.log.Error("write check", "check", key, "err", err)
-	}
+	d.putFinal(ctx, key, ev, check, d.log)
 }
 
 func (d *Daemon) putCheck(ctx context.Context, key string, c forge.Check) error {
