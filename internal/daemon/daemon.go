@@ -71,11 +71,12 @@ type Config struct {
 	OnCheck func(key string, c forge.Check)
 	// Watchdog is systemd's WatchdogSec (0: off).
 	Watchdog time.Duration
+	Logger   *slog.Logger
+
 	// Retry paces what is tried again after a failure that is not the
 	// work's; Retention is how long final work is remembered (owed.go).
 	Retry     Retry
 	Retention time.Duration
-	Logger   *slog.Logger
 }
 
 func (c *Config) defaults() {
