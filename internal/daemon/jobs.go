@@ -132,7 +132,7 @@ func (d *Daemon) consider(ctx context.Context, ev ingest.Event) error {
 	_, done := d.st.Done[ev.Key()]
 	inHand := d.inHandLocked(ev.Key())
 	d.mu.Unlock()
-	if done || inHand {
+	if done || inHand || !d.fetchDue(ev) {
 		return nil
 	}
 	log := d.log.With("event", ev.URI.String(), "commit", ev.Commit)
@@ -145,11 +145,11 @@ func (d *Daemon) consider(ctx context.Context, ev ingest.Event) error {
 	switch ev.Kind {
 	case forge.KindPush:
 		if err := repo.Fetch(ctx, ev.Repo.Value.Source, ev.Ref, ev.Commit); err != nil {
-			return err
+			return d.fetchFailed(ctx, ev, ev.Repo.Value.Source, err)
 		}
 	case forge.KindPull:
 		if err := repo.Fetch(ctx, ev.Pull.Head.Source, ev.Pull.Head.Ref, ev.Commit); err != nil {
-			return err
+			return d.fetchFailed(ctx, ev, ev.Pull.Head.Source, err)
 		}
 		base, err := repo.Branch(ctx, ev.Repo.Value.Source, ev.Pull.Base)
 		if err != nil {
@@ -166,6 +166,7 @@ func (d *Daemon) consider(ctx context.Context, ev ingest.Event) error {
 			tree = merged
 		}
 	}
+	d.fetched(ev)
 	wfs, bad, err := repo.Workflows(ctx, tree)
 	if err != nil {
 		return err

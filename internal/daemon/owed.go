@@ -28,8 +28,11 @@ type Retry struct {
 	Backoff    time.Duration
 	MaxBackoff time.Duration
 	// FetchTries is how many times a push's commit is fetched before the
-	// push gets an error check instead (default 5).
-	FetchTries int
+	// push gets an error check instead (default 5), FetchBackoff the
+	// first wait between tries (default 1 min, doubling: about 15 min in
+	// all, so a source that is briefly down is not mistaken).
+	FetchTries   int
+	FetchBackoff time.Duration
 }
 
 func (r *Retry) defaults() {
@@ -42,15 +45,20 @@ func (r *Retry) defaults() {
 	if r.FetchTries <= 0 {
 		r.FetchTries = 5
 	}
+	if r.FetchBackoff <= 0 {
+		r.FetchBackoff = time.Minute
+	}
 }
 
 // wait is the backoff after tries failures (tries ≥ 1).
-func (r Retry) wait(tries int) time.Duration {
-	d := r.Backoff
-	for i := 1; i < tries && d < r.MaxBackoff; i++ {
+func (r Retry) wait(tries int) time.Duration { return backoff(r.Backoff, r.MaxBackoff, tries) }
+
+func backoff(first, most time.Duration, tries int) time.Duration {
+	d := first
+	for i := 1; i < tries && d < most; i++ {
 		d *= 2
 	}
-	return min(d, r.MaxBackoff)
+	return min(d, most)
 }
 
 // faults is the daemon's memory of what failed and when to try again.
