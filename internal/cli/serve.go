@@ -45,6 +45,7 @@ type ServeCmd struct {
 	Discover    bool          `help:"Also serve every repository whose record names this runner."`
 	Relay       string        `help:"Take events and discovery from this relay instead of the owners' PDSes." placeholder:"URL"`
 	Poll        time.Duration `help:"Reconcile by listing records this often." default:"1m"`
+	Retention   time.Duration `help:"Forget final work (done pushes, final checks) older than this; pushes older than this are never run." default:"720h"`
 
 	AppPasswordFile string `help:"File holding the runner's app password (default: $$CREDENTIALS_DIRECTORY/app-password). Never taken from the command line." placeholder:"FILE"`
 	SecretsFile     string `help:"Operator secrets, a JSON object of name to value; they take precedence over sealed records (default: $$CREDENTIALS_DIRECTORY/secrets if present)." placeholder:"FILE"`
@@ -185,6 +186,7 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 		Notify:       func(s string) { _, _ = sddaemon.SdNotify(false, s) },
 		Watchdog:     watchdog,
 		Logger:       log,
+		Retention:    c.Retention,
 	})
 	if errors.Is(err, context.Canceled) {
 		return nil

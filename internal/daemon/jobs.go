@@ -79,6 +79,7 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 			d.log.Error("event not handled; tried again at the next reconcile", "event", ev.URI.String(), "commit", ev.Commit, "err", err)
 		}
 	}
+	d.pruneAfter(snap)
 	d.status()
 	return nil
 }
@@ -132,7 +133,7 @@ func (d *Daemon) consider(ctx context.Context, ev ingest.Event) error {
 	_, done := d.st.Done[ev.Key()]
 	inHand := d.inHandLocked(ev.Key())
 	d.mu.Unlock()
-	if done || inHand || !d.fetchDue(ev) {
+	if done || inHand || !d.fetchDue(ev) || pastRetention(ev, time.Now().Add(-d.cfg.Retention)) {
 		return nil
 	}
 	log := d.log.With("event", ev.URI.String(), "commit", ev.Commit)
