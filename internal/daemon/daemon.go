@@ -231,7 +231,11 @@ func (d *Daemon) start(ctx context.Context) error {
 
 	d.adopted = d.adoptable(ctx)
 	if err := d.sweep(ctx, d.adopted); err != nil {
-		return err
+		// Not a reason to exit (a crash loop tells no one why): start
+		// degraded, try again with backoff (degraded.go).
+		d.degrade(fmt.Errorf("sweep orphaned sessions: %w", err))
+	} else {
+		d.faults.swept = true
 	}
 	checks, bad, err := forge.ListOwn[forge.Check](ctx, acct, forge.CollectionCheck)
 	if err != nil {
@@ -375,6 +379,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 		aux.Go(func() { d.follow(auxCtx) })
 	}
 	aux.Go(func() { d.payOwed(auxCtx) })
+	aux.Go(func() { d.watchExecutor(auxCtx) })
 
 	for _, j := range d.adopted {
 		jctx, cancel := context.WithCancel(runCtx)
@@ -445,8 +450,9 @@ func (d *Daemon) watchdog(ctx context.Context) {
 func (d *Daemon) status() {
 	d.mu.Lock()
 	going, queued, draining := len(d.running), len(d.queue), d.draining
+	degraded := d.degradedStatusLocked()
 	d.mu.Unlock()
-	msg := fmt.Sprintf("STATUS=%d running, %d queued", going, queued)
+	msg := fmt.Sprintf("STATUS=%d running, %d queued%s", going, queued, degraded)
 	if draining {
 		msg = fmt.Sprintf("STATUS=stopping: %d running", going)
 	}

@@ -512,6 +512,9 @@ func (d *Daemon) execute(ctx context.Context, j *job, dir string) *run.Result {
 		return &run.Result{RunID: j.runID, Workflow: j.wf.Name, Status: run.Error, Error: err.Error(), StartedAt: now, FinishedAt: now,
 			Log: append(j.prior, "knotless-run: error: "+err.Error()+"\n"...)}
 	}
+	if err := d.executorDown(); err != nil {
+		return fail(err)
+	}
 	checkout := filepath.Join(dir, "checkout")
 	if j.adopt == nil {
 		if err := j.repo.Export(ctx, j.tree, checkout); err != nil {

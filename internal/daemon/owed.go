@@ -71,6 +71,10 @@ type faults struct {
 	owedNext map[string]time.Time
 	// fetches counts failed fetches per event key.
 	fetches map[string]*attempts
+	// executorErr is why the executor cannot take runs (nil: it can);
+	// swept tells whether the start-up sweep has worked (degraded.go).
+	executorErr error
+	swept       bool
 }
 
 type attempts struct {
