@@ -46,6 +46,7 @@ type ServeCmd struct {
 	Discover    bool          `help:"Also serve every repository whose record names this runner."`
 	Relay       string        `help:"Take events and discovery from this relay instead of the owners' PDSes." placeholder:"URL"`
 	Poll        time.Duration `help:"Reconcile by listing records this often." default:"1m"`
+	Retention   time.Duration `help:"Forget final work (done pushes, final checks) older than this; pushes older than this are never run." default:"720h"`
 
 	AllowLocalSources bool          `help:"UNSAFE ON A SHARED RUNNER: also fetch from local paths and file:// URLs, named by repository records and pulls alike, so any tenant reads what this user can read (the runner's own state and cache directories stay refused). For tests and single-tenant machines. Default: https only (and ssh for a repository's own source)."`
 	AllowHTTPSources  bool          `help:"Also fetch from plaintext http:// sources (nothing protects the code on the wire)."`
@@ -228,9 +229,10 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 			MaxWorkflows:     c.MaxWorkflows,
 			MaxCheckoutBytes: exportBound(c.MaxCheckout),
 		},
-		Notify:   func(s string) { _, _ = sddaemon.SdNotify(false, s) },
-		Watchdog: watchdog,
-		Logger:   log,
+		Notify:    func(s string) { _, _ = sddaemon.SdNotify(false, s) },
+		Watchdog:  watchdog,
+		Logger:    log,
+		Retention: c.Retention,
 
 		Max:                max,
 		MaxQueuedPerAuthor: perAuthor,

@@ -90,6 +90,11 @@ type Config struct {
 	// Watchdog is systemd's WatchdogSec (0: off).
 	Watchdog time.Duration
 	Logger   *slog.Logger
+
+	// Retry paces what is tried again after a failure that is not the
+	// work's; Retention is how long final work is remembered (owed.go).
+	Retry     Retry
+	Retention time.Duration
 }
 
 func (c *Config) defaults() {
@@ -110,6 +115,10 @@ func (c *Config) defaults() {
 	}
 	if c.HTTP == nil {
 		c.HTTP = &http.Client{Timeout: 2 * time.Minute}
+	}
+	c.Retry.defaults()
+	if c.Retention <= 0 {
+		c.Retention = DefaultRetention
 	}
 }
 
@@ -149,6 +158,7 @@ type Daemon struct {
 	// deferred are the events waiting for their author's cap, logged
 	// once each.
 	deferred map[string]bool
+	faults   faults // what failed and when to try again (owed.go)
 }
 
 // ErrStateCorrupt wraps a state file that stops the start.
@@ -171,6 +181,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if _, ok := cfg.Executor.(executor.Resumer); ok {
 		d.detach = make(chan struct{})
 	}
+	d.cfg.HTTP = d.faults.init(d.cfg.HTTP)
 	if err := d.start(ctx); err != nil {
 		return err
 	}
@@ -252,7 +263,11 @@ func (d *Daemon) start(ctx context.Context) error {
 
 	d.adopted = d.adoptable(ctx)
 	if err := d.sweep(ctx, d.adopted); err != nil {
-		return err
+		// Not a reason to exit (a crash loop tells no one why): start
+		// degraded, try again with backoff (degraded.go).
+		d.degrade(fmt.Errorf("sweep orphaned sessions: %w", err))
+	} else {
+		d.faults.swept = true
 	}
 	checks, bad, err := forge.ListOwn[forge.Check](ctx, acct, forge.CollectionCheck)
 	if err != nil {
@@ -265,6 +280,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	for _, c := range checks {
 		d.checks[c.URI.RecordKey().String()] = c.Value
 	}
+	d.loadOwed()
 	return nil
 }
 
@@ -394,6 +410,8 @@ func (d *Daemon) serve(ctx context.Context) error {
 	if d.cfg.Firehose {
 		aux.Go(func() { d.follow(auxCtx) })
 	}
+	aux.Go(func() { d.payOwed(auxCtx) })
+	aux.Go(func() { d.watchExecutor(auxCtx) })
 
 	for _, j := range d.adopted {
 		jctx, cancel := context.WithCancel(runCtx)
@@ -464,8 +482,9 @@ func (d *Daemon) watchdog(ctx context.Context) {
 func (d *Daemon) status() {
 	d.mu.Lock()
 	going, queued, draining := len(d.running), len(d.queue), d.draining
+	degraded := d.degradedStatusLocked()
 	d.mu.Unlock()
-	msg := fmt.Sprintf("STATUS=%d running, %d queued", going, queued)
+	msg := fmt.Sprintf("STATUS=%d running, %d queued%s", going, queued, degraded)
 	if draining {
 		msg = fmt.Sprintf("STATUS=stopping: %d running", going)
 	}

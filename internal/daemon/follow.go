@@ -65,7 +65,7 @@ func (d *Daemon) changed(c ingest.Change) {
 		d.cursorsDirty = true
 	}
 	d.mu.Unlock()
-	if c.Gap || c.Collection != "" {
+	if c.Gap || (c.Collection != "" && !d.ownCheck(c)) {
 		d.log.Debug("records changed", "host", c.Host, "did", c.DID.String(), "collection", c.Collection, "gap", c.Gap)
 		d.Wake()
 	}

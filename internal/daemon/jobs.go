@@ -79,6 +79,7 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 			d.log.Error("event not handled; tried again at the next reconcile", "event", ev.URI.String(), "commit", ev.Commit, "err", err)
 		}
 	}
+	d.pruneAfter(snap)
 	d.status()
 	return nil
 }
@@ -139,7 +140,7 @@ func (d *Daemon) consider(ctx context.Context, ev ingest.Event) error {
 		delete(d.deferred, ev.Key())
 	}
 	d.mu.Unlock()
-	if done || inHand {
+	if done || inHand || !d.fetchDue(ev) || pastRetention(ev, time.Now().Add(-d.cfg.Retention)) {
 		return nil
 	}
 	log := d.log.With("event", ev.URI.String(), "commit", ev.Commit)
@@ -156,6 +157,7 @@ func (d *Daemon) consider(ctx context.Context, ev ingest.Event) error {
 	var wfs []*workflow.Workflow
 	var bad []error
 	if err == nil {
+		d.fetched(ev)
 		wfs, bad, err = repo.Workflows(ctx, tree)
 	}
 	if errors.Is(err, mirror.ErrRefused) {
@@ -166,6 +168,10 @@ func (d *Daemon) consider(ctx context.Context, ev ingest.Event) error {
 		d.finalError(ctx, ev, refusedCheck, err.Error())
 		d.markDone(ev)
 		return nil
+	}
+	var fe *fetchError
+	if errors.As(err, &fe) {
+		return d.fetchFailed(ctx, ev, fe.source, fe.err)
 	}
 	if err != nil {
 		return err
@@ -242,12 +248,12 @@ func (d *Daemon) prepare(ctx context.Context, ev ingest.Event) (*mirror.Repo, st
 	}
 	if ev.Kind != forge.KindPull {
 		if err := repo.Fetch(ctx, mirror.Owner, ev.Repo.Value.Source, ev.Ref, ev.Commit); err != nil {
-			return nil, "", nil, err
+			return nil, "", nil, fetchFailure(ev.Repo.Value.Source, err)
 		}
 		return repo, ev.Commit, nil, nil
 	}
 	if err := repo.Fetch(ctx, mirror.Pull, ev.Pull.Head.Source, ev.Pull.Head.Ref, ev.Commit); err != nil {
-		return nil, "", nil, err
+		return nil, "", nil, fetchFailure(ev.Pull.Head.Source, err)
 	}
 	base, err := repo.Branch(ctx, ev.Repo.Value.Source, ev.Pull.Base)
 	if err != nil {
@@ -262,6 +268,26 @@ func (d *Daemon) prepare(ctx context.Context, ev ingest.Event) (*mirror.Repo, st
 		return nil, "", nil, err
 	}
 	return repo, merged, nil, nil
+}
+
+// fetchError is a fetch of the event's commit that failed for a reason
+// other than a refusal: it is tried again, a bounded number of times
+// (fetchFailed).
+type fetchError struct {
+	source string
+	err    error
+}
+
+func (e *fetchError) Error() string { return "fetch from " + e.source + ": " + e.err.Error() }
+func (e *fetchError) Unwrap() error { return e.err }
+
+// fetchFailure wraps a failed fetch as a fetchError, leaving a refusal
+// (mirror.ErrRefused) as it is: a refusal is final at once.
+func fetchFailure(source string, err error) error {
+	if errors.Is(err, mirror.ErrRefused) {
+		return err
+	}
+	return &fetchError{source: source, err: err}
 }
 
 func workflowName(err error) string {
@@ -341,9 +367,7 @@ func (d *Daemon) enqueue(ctx context.Context, j *job) error {
 	for _, o := range cancelQueued {
 		c := o.check
 		c.Status, c.Error, c.FinishedAt = string(run.Cancelled), "superseded by "+j.ev.URI.String(), forge.Now()
-		if err := d.putCheck(ctx, o.key, c); err != nil {
-			d.log.Error("write check", "check", o.key, "err", err)
-		}
+		d.putFinal(ctx, o.key, o.ev, c, d.log)
 		d.markDoneIfIdle(o.ev)
 	}
 	d.log.Info("queued", "check", j.key, "workflow", j.wf.Name, "event", j.ev.URI.String(), "commit", j.ev.Commit)
@@ -487,10 +511,14 @@ func (d *Daemon) runJob(ctx context.Context, j *job) {
 	}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
-	if err := d.putCheck(wctx, j.key, final); err != nil {
-		log.Error("write final check", "err", err)
+	if released {
+		// Not final: the successor runs the work; nothing is owed.
+		if err := d.putCheck(wctx, j.key, final); err != nil {
+			log.Error("write released check", "err", err)
+		}
 		return
 	}
+	d.putFinal(wctx, j.key, j.ev, final, log)
 	log.Info("run finished", "run", j.runID, "status", final.Status, "failed_step", res.FailedStep)
 }
 
@@ -560,6 +588,9 @@ func (d *Daemon) execute(ctx context.Context, j *job, dir string) *run.Result {
 		return &run.Result{RunID: j.runID, Workflow: j.wf.Name, Status: run.Error, Error: err.Error(), StartedAt: now, FinishedAt: now,
 			Log: append(j.prior, "knotless-run: error: "+err.Error()+"\n"...)}
 	}
+	if err := d.executorDown(); err != nil {
+		return fail(err)
+	}
 	checkout := filepath.Join(dir, "checkout")
 	if j.adopt == nil {
 		if err := j.repo.Export(ctx, j.tree, checkout); err != nil {
@@ -622,9 +653,7 @@ func (d *Daemon) finalError(ctx context.Context, ev ingest.Event, wfName, msg st
 	now := forge.Now()
 	check := forge.Check{Type: forge.CollectionCheck, Subject: ev.Subject(), Workflow: wfName, Status: string(run.Error),
 		Error: truncate(msg, 3000), CreatedAt: now, FinishedAt: now}
-	if err := d.putCheck(ctx, key, check); err != nil {
-		d.log.Error("write check", "check", key, "err", err)
-	}
+	d.putFinal(ctx, key, ev, check, d.log)
 }
 
 func (d *Daemon) putCheck(ctx context.Context, key string, c forge.Check) error {

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/bluesky-social/indigo/atproto/syntax"
@@ -107,6 +108,8 @@ type Lister struct {
 	Pulls  bool
 	Logger *slog.Logger
 
+	health hostHealth // failing owners' PDSes, backed off (hosts.go)
+
 	mu sync.Mutex
 	// authors are the accounts seen writing pulls.
 	authors map[syntax.DID]bool
@@ -130,6 +133,8 @@ func (l *Lister) Changed(c Change) {
 
 // Snapshot is everything a reconcile found.
 type Snapshot struct {
+	// Repos are the repositories listed; those whose owner's PDS failed
+	// are left out (not seen, so their pushes are not taken for history).
 	Repos  []forge.Record[forge.Repo]
 	Events []Event
 	// Hosts are the PDS hosts of the repositories' owners: the event
@@ -144,7 +149,8 @@ func (l *Lister) Reconcile(ctx context.Context) (*Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	snap := &Snapshot{Repos: repos}
+	snap := &Snapshot{}
+	now := time.Now()
 	hosts := map[string]bool{}
 	pushes := map[syntax.DID][]forge.Record[forge.RefUpdate]{}
 	pullsByHost := map[string][]forge.Record[forge.Pull]{}
@@ -156,37 +162,45 @@ func (l *Lister) Reconcile(ctx context.Context) (*Snapshot, error) {
 		owner, _ := repo.URI.Authority().AsDID()
 		host, err := l.Reader.PDS(ctx, owner)
 		if err != nil {
-			return nil, err
+			l.Logger.Warn("owner's PDS not found; the repository is left out", "repo", repo.URI.String(), "err", err)
+			continue
 		}
 		hosts[host] = true
+		if l.health.skip(host, now) {
+			continue
+		}
 		ups, ok := pushes[owner]
 		if !ok {
 			var bad []forge.Invalid
 			ups, bad, err = forge.List[forge.RefUpdate](ctx, l.Reader, owner, forge.CollectionRefUpdate)
 			if err != nil {
-				return nil, err
+				l.health.failed(host, err, now, l.Logger)
+				continue
 			}
 			l.warnInvalid(bad)
 			pushes[owner] = ups
 		}
+		var pulls []forge.Record[forge.Pull]
+		switch {
+		case l.Pulls && !l.Discover:
+			pulls = pullsOfAuthors
+		case l.Pulls:
+			if pulls, ok = pullsByHost[host]; !ok {
+				if pulls, err = l.pullsOn(ctx, host); err != nil {
+					l.health.failed(host, err, now, l.Logger)
+					continue
+				}
+				pullsByHost[host] = pulls
+			}
+		}
+		l.health.ok(host, l.Logger)
+		snap.Repos = append(snap.Repos, repo)
 		for _, u := range ups {
 			if u.Value.Repo != repo.URI.String() || u.Value.Deleted() {
 				continue
 			}
 			v := u.Value
 			snap.Events = append(snap.Events, Event{Kind: forge.KindPush, URI: u.URI, Repo: repo, Ref: v.Ref, Commit: v.New, Push: &v, Trusted: true})
-		}
-		if !l.Pulls {
-			continue
-		}
-		pulls, ok := pullsByHost[host]
-		if !l.Discover {
-			pulls = pullsOfAuthors
-		} else if !ok {
-			if pulls, err = l.pullsOn(ctx, host); err != nil {
-				return nil, err
-			}
-			pullsByHost[host] = pulls
 		}
 		for _, p := range pulls {
 			if p.Value.Repo != repo.URI.String() || p.Value.State != forge.PullOpen {
@@ -234,7 +248,8 @@ func (l *Lister) repos(ctx context.Context) ([]forge.Record[forge.Repo], error) 
 	for _, host := range l.DiscoverHosts {
 		dids, err := forge.ListRepos(ctx, l.Reader.HTTP, host)
 		if err != nil {
-			return nil, err
+			l.Logger.Warn("discover repositories: host failed; the named ones go on", "host", host, "err", err)
+			continue
 		}
 		for _, did := range dids {
 			recs, bad, err := forge.List[forge.Repo](ctx, l.Reader, did, forge.CollectionRepo)

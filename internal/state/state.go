@@ -45,6 +45,8 @@ type State struct {
 	// Runs are the runs going on (started, or handed over by a stopped
 	// process), by check key.
 	Runs map[string]Run `json:"runs,omitempty"`
+	// Owed are final checks the PDS has not taken yet, by check key.
+	Owed map[string]Owed `json:"owed,omitempty"`
 }
 
 // Run is one run that was started and has no final check yet.

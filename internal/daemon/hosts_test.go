@@ -1,0 +1,98 @@
+package daemon_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/identity"
+	"github.com/bluesky-social/indigo/atproto/syntax"
+
+	"knotless.dev/run/internal/daemon"
+	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/ingest"
+)
+
+// movedDirectory resolves DIDs through the real PLC, except that the
+// DIDs in moved have their PDS at another URL, as if their DID documents
+// said so.
+type movedDirectory struct {
+	identity.Directory
+	moved map[syntax.DID]string
+}
+
+func (m movedDirectory) LookupDID(ctx context.Context, did syntax.DID) (*identity.Identity, error) {
+	ident, err := m.Directory.LookupDID(ctx, did)
+	if err != nil {
+		return nil, err
+	}
+	url, ok := m.moved[did]
+	if !ok {
+		return ident, nil
+	}
+	c := *ident
+	c.Services = map[string]identity.ServiceEndpoint{}
+	for k, v := range ident.Services {
+		c.Services[k] = v
+	}
+	c.Services["atproto_pds"] = identity.ServiceEndpoint{Type: "AtprotoPersonalDataServer", URL: url}
+	return &c, nil
+}
+
+func (m movedDirectory) Lookup(ctx context.Context, id syntax.AtIdentifier) (*identity.Identity, error) {
+	if did, err := id.AsDID(); err == nil {
+		return m.LookupDID(ctx, did)
+	}
+	return m.Directory.Lookup(ctx, id)
+}
+
+// TestFailingOwnerPDS: one owner's PDS fails (its records list with 502)
+// while another owner's is fine; the healthy owner's push still runs,
+// and the failing host is logged and backed off.
+func TestFailingOwnerPDS(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := context.Background()
+	sick, err := srv.CreateAccount(ctx, "sick")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.put(sick, forge.CollectionRepo, "other", forge.Repo{
+		Type: forge.CollectionRepo, Name: "other", Source: "file://" + w.src.Dir, DefaultBranch: "main",
+		Runners: []string{w.runner.DID.String()}, CreatedAt: forge.Now(),
+	})
+	// The sick owner's PDS serves its repo record but fails listing.
+	proxy := newOutage(t, srv.URL)
+	proxy.set(func(r *http.Request, _ []byte) (int, http.Header, string) {
+		if strings.HasSuffix(r.URL.Path, "com.atproto.repo.listRecords") {
+			return http.StatusBadGateway, nil, "BadGateway"
+		}
+		return 0, nil, ""
+	})
+	_, commit := w.push(map[string]string{".knotless/workflows/test.yaml": workflowFile(`
+on: [push]
+steps:
+  - name: ok
+    run: echo fine
+`)})
+	w.start(w.config(func(c *daemon.Config) {
+		// The sick owner first, so its failure comes before the healthy one.
+		c.Targets = []ingest.Target{{Owner: syntax.AtIdentifier(sick.DID), Name: "other"}, {Owner: syntax.AtIdentifier(w.owner.DID), Name: "hello"}}
+		c.Directory = movedDirectory{Directory: srv.Directory(), moved: map[syntax.DID]string{sick.DID: proxy.srv.URL}}
+	}))
+	_, got := w.waitFinal("test", commit, 90*time.Second)
+	if got.Status != "success" {
+		t.Fatalf("healthy owner's check %s (%s), want success", got.Status, got.Error)
+	}
+	time.Sleep(2 * time.Second) // several reconciles (poll 300 ms)
+	log := w.logText()
+	if !strings.Contains(log, "owner's PDS failed") || !strings.Contains(log, proxy.srv.URL) {
+		t.Errorf("the failing host is not logged:\n%s", log)
+	}
+	// Backed off: 5 s at first, so within these seconds one try or two.
+	if n := proxy.count(); n > 2 {
+		t.Errorf("the failing host was asked %d times in a few seconds, want it backed off", n)
+	}
+}

@@ -1,0 +1,74 @@
+package daemon
+
+import (
+	"strings"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/syntax"
+
+	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/state"
+)
+
+// pastRetention reports whether a push is older than the retention:
+// its record key is a TID, the time of the push. Such a push is never
+// work, so nothing needs to be remembered of it. Pulls are judged by
+// whether they are still listed (an old pull gets new commits).
+func pastRetention(ev ingest.Event, cutoff time.Time) bool {
+	if ev.Kind != forge.KindPush {
+		return false
+	}
+	tid, err := syntax.ParseTID(ev.URI.RecordKey().String())
+	return err == nil && tid.Time().Before(cutoff)
+}
+
+// prune forgets the final work older than cutoff: done events and final
+// checks, except those of events in need (listed and still work, whose
+// memory stops them running again) and owed checks. It returns how many
+// of each went.
+func prune(st *state.State, checks map[string]forge.Check, need map[string]bool, cutoff time.Time) (done, final int) {
+	done = st.Prune(cutoff, func(k string) bool { return need[k] })
+	for key, c := range checks {
+		if !c.Final() || need[c.Subject.Event+"@"+c.Subject.Commit] {
+			continue
+		}
+		if _, owed := st.Owed[key]; owed {
+			continue
+		}
+		at := c.FinishedAt
+		if at == "" {
+			at = c.CreatedAt
+		}
+		t, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(at))
+		if err != nil || !t.Before(cutoff) {
+			continue
+		}
+		delete(checks, key)
+		final++
+	}
+	return done, final
+}
+
+// pruneAfter forgets what the last reconcile shows needs no memory.
+func (d *Daemon) pruneAfter(snap *ingest.Snapshot) {
+	cutoff := time.Now().Add(-d.cfg.Retention)
+	need := map[string]bool{}
+	for _, ev := range snap.Events {
+		if !pastRetention(ev, cutoff) {
+			need[ev.Key()] = true
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	done, final := prune(d.st, d.checks, need, cutoff)
+	if done == 0 && final == 0 {
+		return
+	}
+	if done > 0 {
+		if err := d.saveStateLocked(); err != nil {
+			d.log.Error("save state", "err", err)
+		}
+	}
+	d.log.Debug("forgot final work past the retention", "done_events", done, "checks", final, "retention", d.cfg.Retention)
+}
