@@ -49,8 +49,20 @@ cluster_up=1
 tests/cluster/up
 eval "$(tests/cluster/env)"
 
+# Tests that disrupt the shared cluster (they call clustertest.StartExclusive:
+# an API server restart, say) run in a phase of their own after the others,
+# so no test depends on another package not running beside it.
+disruptive=$(grep -rl --exclude-dir=node_modules --include='*_test.go' 'clustertest.StartExclusive(t)' . |
+	xargs awk '/^func Test/ { name = $2; sub(/\(.*/, "", name) } /clustertest.StartExclusive\(t\)/ { print name }' |
+	sort -u | paste -sd'|')
+disruptive_pkgs=$(grep -rl --exclude-dir=node_modules --include='*_test.go' 'clustertest.StartExclusive(t)' . | xargs -n1 dirname | sort -u)
+
 phase "go test"
-go test -count=1 -timeout 25m ./...
+go test -count=1 -timeout 25m -skip "^($disruptive)\$" ./...
+
+phase "go test: tests that disrupt the shared cluster ($disruptive)"
+# shellcheck disable=SC2086
+go test -count=1 -timeout 10m -run "^($disruptive)\$" $disruptive_pkgs
 
 phase "nix: offline checks of the flake, package and module"
 bash tests/nix/check.sh
