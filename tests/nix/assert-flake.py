@@ -1,7 +1,7 @@
 """Assertions on tests/nix/eval-flake.nix's result: the flake's outputs,
 the package's builder arguments, default.nix, and the VM test's script
-(compiled, and linted with pyflakes where Debian's python3-pyflakes is
-installed). One line per check; exits 1 if any fails."""
+(compiled, its names checked by check-vm-script.py, and linted with
+pyflakes where Debian's python3-pyflakes is installed). One line per check; exits 1 if any fails."""
 
 import json
 import os
@@ -37,7 +37,9 @@ check(
     f"-X knotless.dev/run/internal/version.Version={p['version']}" in p["ldflags"] and p["version"] == "0-unstable-20260427-abc1234",
     p["ldflags"],
 )
-check("package: checkPhase runs go test -short over ./...", p["checkPhaseRunsAll"])
+check("package: checkPhase runs go test $checkFlags over ./...", p["checkPhaseRunsAll"])
+check("package: checkFlags = [ -short ] (tests that need more skip under -short)", p["checkFlags"] == ["-short"], p["checkFlags"])
+check("package: nativeCheckInputs = [ gitMinimal ] (internal/mirror runs git)", p["nativeCheckInputs"] == ["gitMinimal"], p["nativeCheckInputs"])
 check(f"package: go line read from go.mod ({goline})", p["goLine"] == goline, p["goLine"])
 check("package: a Go older than the go line is refused at evaluation", d["goTooOld"] is False and d["goNewer"] is True, (d["goTooOld"], d["goNewer"]))
 check("version check runs `knotless-run version`", d["versionCheck"] == {"command": "knotless-run version", "version": p["version"]}, d["versionCheck"])
@@ -57,6 +59,17 @@ try:
     check("VM test script compiles", True)
 except SyntaxError as e:
     check("VM test script compiles", False, e)
+# Every name the script uses is defined (by it, by Python, or by the test
+# driver) and every node method exists: check-vm-script.py.
+with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+    f.write(script)
+r = subprocess.run(
+    [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "check-vm-script.py"), f.name, *d["vmNodes"]],
+    capture_output=True,
+    text=True,
+)
+os.unlink(f.name)
+check("VM test script: every name defined, every Machine method exists (symtable)", r.returncode == 0, r.stdout + r.stderr)
 pyflakes = "/usr/bin/python3"
 if subprocess.run([pyflakes, "-m", "pyflakes", "--version"], capture_output=True).returncode == 0:
     # The test driver provides the machines and subtest.
