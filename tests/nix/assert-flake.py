@@ -28,7 +28,17 @@ check(
     d["outputs"],
 )
 check("checks: package (build + unit tests), version, vm-k3s", d["perSystem"]["checks"] == ["package", "version", "vm-k3s"], d["perSystem"])
-check("nixosModules.default = { imports = [ ./nix/module.nix ]; }", [os.path.basename(p) for p in d["moduleImports"]] == ["module.nix"], d["moduleImports"])
+check(
+    "nixosModules.default = { imports = [ ./nix/module.nix (package default) ]; }",
+    d["moduleImports"] == ["module.nix", "<function>"],
+    d["moduleImports"],
+)
+mp = d["modulePackage"]
+check(
+    "nixosModules.default: package defaults to the flake's build, for instances too; a user's setting wins",
+    mp["default"] == mp["instance"] == f"knotless-run-{d['package']['version']}" and mp["userSet"] == "mine",
+    mp,
+)
 p = d["package"]
 check("apps.default runs bin/knotless-run of packages.default", d["app"]["program"].endswith(f"-{p['version']}@/bin/knotless-run") and d["app"]["type"] == "app", d["app"])
 check("package: subPackages = [ cmd/knotless-run ], mainProgram, MIT", (p["subPackages"], p["mainProgram"], p["license"]) == (["cmd/knotless-run"], "knotless-run", "MIT"), p)
