@@ -196,8 +196,11 @@ let
     { config, ... }:
     let
       n = names instance;
-      # Option names in the docs: the instance's name is <name> there.
-      opt = o: "${n.option}.${o}";
+      # Option names in the docs, where the manual links them: an
+      # instance's options are services.knotless-run.instances.<name>.*
+      # (the module system's own placeholder, ‹name›, is no option name).
+      opt =
+        o: "${if instance == null then "services.knotless-run" else "services.knotless-run.instances.<name>"}.${o}";
       refresh = config.kubeconfigRefresh;
     in
     {
@@ -462,7 +465,9 @@ let
           output = mkOption {
             type = secretPath;
             default = "${n.stateDir}/kubeconfig";
-            defaultText = if instance == null then "/var/lib/knotless/kubeconfig" else "/var/lib/knotless-<name>/kubeconfig";
+            defaultText = literalExpression (
+              if instance == null then ''"/var/lib/knotless/kubeconfig"'' else ''"/var/lib/knotless-<name>/kubeconfig"''
+            );
             description = ''
               Where the kubeconfig is written (mode 0600, owned by the
               runner's user, replaced atomically).

@@ -226,6 +226,19 @@ for i, a in enumerate(names):
                     shared.append(f"{a} writes {pa}, {b} writes {pb}")
 check("instances: no two runners share a user or anything writable", not shared, shared)
 
+# Option docs: every {option}`X` names an option that exists, by its full
+# name (the NixOS manual links it; a relative name breaks there).
+docs_opts = d["optionDocs"]
+opt_names = {o["name"] for o in docs_opts}
+broken = sorted(
+    {(o["name"], ref) for o in docs_opts for ref in re.findall(r"\{option\}`([^`]+)`", o["description"] or "") if ref not in opt_names}
+)
+check(
+    f"option docs: {len(docs_opts)} options, every {{option}} reference names an existing option",
+    len(docs_opts) > 40 and not broken and "services.knotless-run.instances.<name>.extraPackages" in opt_names,
+    broken,
+)
+
 # Executors.
 dk, sh = s["docker"]["service"], s["shell"]["service"]
 check("docker: SupplementaryGroups=docker, PrivateUsers=false", (dk.get("SupplementaryGroups"), dk["PrivateUsers"]) == ("docker", "false"), dk)

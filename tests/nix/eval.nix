@@ -302,6 +302,14 @@ in
     );
   };
 
+  # The options as the NixOS manual renders them (optionAttrSetToDocList,
+  # as nixos/lib/make-options-doc does): names, descriptions, defaults.
+  optionDocs = map (o: {
+    inherit (o) name;
+    description = o.description or "";
+    default = o.default or null;
+  }) (lib.filter (o: lib.hasPrefix "services.knotless-run" o.name && o.visible && !o.internal) (lib.optionAttrSetToDocList (eval withCommand { }).options));
+
   stopWait = lib.genAttrs [ "1h30m" "90s" "1.5m" "500ms" "0" "2h45m10s" ] (
     d: (scenario withoutCommand (kube { settings."stop-wait" = d; })).service.TimeoutStopSec
   );
