@@ -125,8 +125,10 @@ sandbox_path_dir() {
       [ -e "/usr/bin/$name" ] && ln -sfn "$binroot/$name" "$dir/$name"
     done
   done
-  [ -e "$dir/bash" ] && ln -sfn "$binroot/bash" "$dir/sh"
-  [ -e "$dir/gawk" ] && ln -sfn "$binroot/gawk" "$dir/awk"
+  # -L, not -e: the links point into BINROOT, which is empty until the
+  # sandbox binds /usr/bin there.
+  [ -L "$dir/bash" ] && ln -sfn "$binroot/bash" "$dir/sh"
+  [ -L "$dir/gawk" ] && ln -sfn "$binroot/gawk" "$dir/awk"
   gobin=$(dirname "$(readlink -f "$(command -v go)")")
   ln -sfn "$gobin/go" "$dir/go"
   ln -sfn "$gobin/gofmt" "$dir/gofmt"
@@ -144,7 +146,8 @@ ensure_build_user() {
 # sandbox_go_test DIR SRC NIXINPUTS ARGS... runs `go test ARGS` in SRC (a
 # copy of the package's source) the way buildGoModule's check phase runs in
 # the Nix build sandbox:
-#   - as the unprivileged build user nixbld1, with a read-only source;
+#   - as the unprivileged build user nixbld1, with a source it cannot
+#     write (owned by root, modes as unpackPhase leaves them);
 #   - in a network namespace with loopback only (unshare -n);
 #   - PATH holding only stdenv's tools, Go, and the Debian stand-ins of the
 #     nixpkgs packages NIXINPUTS (space-separated nativeCheckInputs); /usr/bin
@@ -175,8 +178,11 @@ sandbox_go_test() {
     go mod download) || { echo "sandbox: go mod download failed" >&2; return 1; }
   chmod -R a+rX "$dir/modcache"
   sandbox_path_dir "$dir/path" "$dir/usrbin" "${debs[@]}" || return 1
+  # Read-only for the build user, who does not own it; the modes are what
+  # unpackPhase leaves (it makes the source u+w), so what a test copies
+  # out of it (a checkout) stays removable.
   chown -R root:root "$src"
-  chmod -R a+rX,a-w "$src"
+  chmod -R u+w,go-w,a+rX "$src"
   chown -R nixbld1:nixbld "$dir/gocache"
   rm -rf "$dir/build"
   install -d -o nixbld1 -g nixbld -m 0700 "$dir/build"

@@ -8,6 +8,7 @@
 # so dropping an input there makes this fail.
 #
 #   bash tests/nix/sandbox.sh [EXTRA GO TEST ARGS...]   # as root
+#   PACKAGES=./internal/mirror bash tests/nix/sandbox.sh  # some packages only
 #
 # Prints the package's declared inputs and flags, then go test's output.
 set -euo pipefail
@@ -35,4 +36,4 @@ chmod 0755 "$dir"
 if [ -d "$dir/src" ]; then chmod -R u+w "$dir/src"; rm -rf "$dir/src"; fi
 copy_source "$dir/src"
 # shellcheck disable=SC2086 # checkFlags are words, as in the check phase
-sandbox_go_test "$dir" "$dir/src" "$inputs" $flags -vet=off -p "$(nproc)" -count=1 "$@" ./...
+sandbox_go_test "$dir" "$dir/src" "$inputs" $flags -vet=off -p "$(nproc)" -count=1 "$@" ${PACKAGES:-./...}
