@@ -755,6 +755,14 @@ in
   config =
     let
       runners = optional cfg.enable (runnerConfig null cfg) ++ mapAttrsToList runnerConfig instances;
+      # Each runner's refresh output, by option path: they must differ.
+      outputs = lib.mapAttrsToList (p: r: { inherit p; o = r.kubeconfigRefresh.output; }) (
+        filterAttrs (_: r: r.kubeconfigRefresh.enable) (
+          lib.optionalAttrs cfg.enable { "services.knotless-run" = cfg; }
+          // lib.mapAttrs' (name: lib.nameValuePair "services.knotless-run.instances.${name}") instances
+        )
+      );
+      sharedOutputs = lib.filter (x: lib.count (y: y.o == x.o) outputs > 1) outputs;
       merged = f: mkMerge (map f runners);
     in
     {
@@ -766,6 +774,12 @@ in
             name: builtins.match "[a-z0-9][a-z0-9-]*" name != null && name != "kubeconfig" && !hasSuffix "-kubeconfig" name
           ) (attrNames instances);
           message = "services.knotless-run.instances: names must be lower-case letters, digits and dashes, and neither be nor end in `kubeconfig` (the refresh units' names); got ${concatStringsSep ", " (attrNames instances)}.";
+        }
+        {
+          assertion = sharedOutputs == [ ];
+          message = "knotless-run: two runners write the same kubeconfig: ${
+            concatMapStringsSep ", " (x: "${x.p}.kubeconfigRefresh.output = ${x.o}") sharedOutputs
+          }; give each its own (the default is under its own state directory).";
         }
       ];
       users.users = merged (r: r.users.users);

@@ -176,6 +176,11 @@ check(
     asserted("kube-nothing"),
 )
 check("inCluster = true stands for a kubeconfig", asserted("kube-in-cluster") == [], asserted("kube-in-cluster"))
+check(
+    "two runners writing one kubeconfig are refused, naming both options",
+    any("services.knotless-run.kubeconfigRefresh.output" in m and "instances.alpha.kubeconfigRefresh.output" in m for m in asserted("shared-output")),
+    asserted("shared-output"),
+)
 check("an instance named like a refresh unit is refused", any("instances: names" in m for m in asserted("bad-instance-name")), asserted("bad-instance-name"))
 
 # extraPackages: on the runner's PATH after git.

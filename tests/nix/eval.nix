@@ -282,6 +282,18 @@ in
     kube-nothing = scenario withoutCommand (minimal { });
     kube-in-cluster = scenario withoutCommand (minimal { inCluster = true; });
     instances = scenario withCommand withInstances;
+    shared-output = scenario withCommand (
+      withInstances
+      // {
+        instances = withInstances.instances // {
+          alpha = withInstances.instances.alpha // {
+            kubeconfigRefresh = withInstances.instances.alpha.kubeconfigRefresh // {
+              output = "/var/lib/knotless/kubeconfig";
+            };
+          };
+        };
+      }
+    );
     bad-instance-name = scenario withoutCommand (
       kube { }
       // {
