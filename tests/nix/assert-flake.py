@@ -71,15 +71,24 @@ except SyntaxError as e:
     check("VM test script compiles", False, e)
 # Every name the script uses is defined (by it, by Python, or by the test
 # driver) and every node method exists: check-vm-script.py.
-with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
-    f.write(script)
-r = subprocess.run(
-    [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "check-vm-script.py"), f.name, *d["vmNodes"]],
-    capture_output=True,
-    text=True,
-)
-os.unlink(f.name)
+def check_script(text):
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(text)
+    r = subprocess.run(
+        [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "check-vm-script.py"), f.name, *d["vmNodes"]],
+        capture_output=True,
+        text=True,
+    )
+    os.unlink(f.name)
+    return r
+
+
+r = check_script(script)
 check("VM test script: every name defined, every Machine method exists (symtable)", r.returncode == 0, r.stdout + r.stderr)
+# The checker itself: each typo below must be found.
+typos = [("server.succeed(", "server.suceed(", 1), ("wait_check(event)", "wait_chek(event)", 1), ("kubectl(", "kubectll(", 1)]
+missed = [new for old, new, n in typos if check_script(script.replace(old, new, n)).returncode == 0]
+check("check-vm-script.py finds a misspelt Machine method, helper and function", not missed, missed)
 pyflakes = "/usr/bin/python3"
 if subprocess.run([pyflakes, "-m", "pyflakes", "--version"], capture_output=True).returncode == 0:
     # The test driver provides the machines and subtest.
