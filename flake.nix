@@ -35,9 +35,18 @@
       });
 
       # Nix 2.8 refuses a bare path here ("module must be a function or an
-      # attribute set"), so the module is wrapped.
+      # attribute set"), so the module is wrapped. From the flake, the
+      # package defaults to the flake's own build (a user's setting wins).
       nixosModules.default = {
-        imports = [ ./nix/module.nix ];
+        imports = [
+          ./nix/module.nix
+          (
+            { lib, pkgs, ... }:
+            {
+              services.knotless-run.package = lib.mkDefault self.packages.${pkgs.stdenv.hostPlatform.system}.default;
+            }
+          )
+        ];
       };
 
       checks = forAllSystems (

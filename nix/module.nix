@@ -1,8 +1,15 @@
-# services.knotless-run: the knotless CI runner as a NixOS service.
+# services.knotless-run: the knotless CI runner as a NixOS service, and
+# services.knotless-run.instances.<name> for more runners on one host.
 #
 # The daemon reads its settings from one JSON file in the store (keys are
 # the long flag names of `knotless-run serve`); secrets never go there:
 # they reach the daemon as systemd credentials in $CREDENTIALS_DIRECTORY.
+#
+# Each runner (the default one and every instance) has its own user,
+# state and cache directories, units and refresh timer: they share nothing
+# writable. The default runner is `knotless-run.service`, user `knotless`,
+# /var/lib/knotless; instance NAME is `knotless-run-NAME.service`, user
+# `knotless-NAME`, /var/lib/knotless-NAME.
 {
   config,
   lib,
@@ -12,13 +19,18 @@
 
 let
   inherit (lib)
+    any
+    attrNames
     concatMapStringsSep
     concatStringsSep
     elemAt
+    filterAttrs
     getExe
     hasPrefix
+    hasSuffix
     literalExpression
     mapAttrs
+    mapAttrsToList
     mkDefault
     mkEnableOption
     mkIf
@@ -31,11 +43,23 @@ let
     ;
 
   cfg = config.services.knotless-run;
-  refresh = cfg.kubeconfigRefresh;
 
-  stateDir = "/var/lib/knotless";
-  cacheDir = "/var/cache/knotless";
-  user = "knotless";
+  # The names of a runner: instance null is the default runner.
+  names =
+    instance:
+    let
+      suffix = if instance == null then "" else "-${instance}";
+    in
+    rec {
+      unit = "knotless-run${suffix}";
+      refreshUnit = "${unit}-kubeconfig";
+      user = "knotless${suffix}";
+      dir = "knotless${suffix}";
+      stateDir = "/var/lib/${dir}";
+      cacheDir = "/var/cache/${dir}";
+      # Where the options live, for messages and option docs.
+      option = if instance == null then "services.knotless-run" else "services.knotless-run.instances.${instance}";
+    };
 
   settingsFormat = pkgs.formats.json { };
 
@@ -85,22 +109,23 @@ let
   # so a suspended or powered-off machine catches up at once (Persistent=)
   # instead of letting a 24 h token run out, as a monotonic timer would.
   # "12h" becomes "*-*-* 00/12:00:00"; anything else is taken as a calendar
-  # expression already.
-  intervalParts = builtins.match "([0-9]+)(h|m|min)" refresh.interval;
+  # expression already; null when hours do not divide a day or minutes an
+  # hour.
   intervalCalendar =
-    if intervalParts == null then
-      refresh.interval
+    interval:
+    let
+      parts = builtins.match "([0-9]+)(h|m|min)" interval;
+      n = lib.toIntBase10 (elemAt parts 0);
+      hours = elemAt parts 1 == "h";
+    in
+    if parts == null then
+      interval
+    else if hours && n > 0 && lib.mod 24 n == 0 then
+      "*-*-* 00/${toString n}:00:00"
+    else if !hours && n > 0 && lib.mod 60 n == 0 then
+      "*-*-* *:00/${toString n}:00"
     else
-      let
-        n = lib.toIntBase10 (elemAt intervalParts 0);
-        hours = elemAt intervalParts 1 == "h";
-      in
-      if hours && n > 0 && lib.mod 24 n == 0 then
-        "*-*-* 00/${toString n}:00:00"
-      else if !hours && n > 0 && lib.mod 60 n == 0 then
-        "*-*-* *:00/${toString n}:00"
-      else
-        null;
+      null;
 
   # What systemd needs to see an argument of ExecStart= as one word, with no
   # specifier (%) inside it; `$` is escaped too unless the argument is meant
@@ -111,471 +136,655 @@ let
   escapeExecArgKeepVars = arg: quoteExecArg (lib.replaceStrings [ "%" ] [ "%%" ] (toString arg));
   execLine = args: concatMapStringsSep " " escapeExecArg args;
 
-  settings = lib.filterAttrs (_: v: v != null) cfg.settings;
-  configFile = settingsFormat.generate "knotless-run.json" settings;
-
-  executor = if cfg.settings.executor == "kube" then "kubernetes" else cfg.settings.executor;
-
   # Started runs get stop-wait to finish after SIGTERM; systemd waits that
   # long plus a margin before it kills what is left.
   stopMargin = 30;
-  timeoutStopSec = durationSeconds cfg.settings."stop-wait" + stopMargin;
 
-  # Hardening shared by both units, each overridable (mkDefault). The shell
-  # executor's steps are ordinary processes of this unit: they get a wider
-  # system call filter and may map writable memory executable (JITs).
-  hardening = mapAttrs (_: mkDefault) {
-    NoNewPrivileges = true;
-    ProtectSystem = "strict";
-    ProtectHome = true;
-    PrivateTmp = true;
-    PrivateDevices = true;
-    DevicePolicy = "closed";
-    # A user namespace hides the docker group's id: off for the docker executor.
-    PrivateUsers = executor != "docker";
-    ProtectHostname = true;
-    ProtectClock = true;
-    ProtectKernelTunables = true;
-    ProtectKernelModules = true;
-    ProtectKernelLogs = true;
-    ProtectControlGroups = true;
-    ProtectProc = "invisible";
-    ProcSubset = "pid";
-    RestrictAddressFamilies = [
-      "AF_UNIX"
-      "AF_INET"
-      "AF_INET6"
-    ];
-    RestrictNamespaces = true;
-    RestrictRealtime = true;
-    RestrictSUIDSGID = true;
-    RemoveIPC = true;
-    LockPersonality = true;
-    MemoryDenyWriteExecute = executor != "shell";
-    SystemCallArchitectures = "native";
-    SystemCallFilter =
-      [ "@system-service" ]
-      ++ optionals (executor != "shell") [
-        "~@privileged"
-        "~@resources"
+  executorOf = icfg: if icfg.settings.executor == "kube" then "kubernetes" else icfg.settings.executor;
+
+  # Hardening shared by a runner's units, each overridable (mkDefault). The
+  # shell executor's steps are ordinary processes of the runner's unit:
+  # they get a wider system call filter and may map writable memory
+  # executable (JITs).
+  hardening =
+    executor:
+    mapAttrs (_: mkDefault) {
+      NoNewPrivileges = true;
+      ProtectSystem = "strict";
+      ProtectHome = true;
+      PrivateTmp = true;
+      PrivateDevices = true;
+      DevicePolicy = "closed";
+      # A user namespace hides the docker group's id: off for the docker executor.
+      PrivateUsers = executor != "docker";
+      ProtectHostname = true;
+      ProtectClock = true;
+      ProtectKernelTunables = true;
+      ProtectKernelModules = true;
+      ProtectKernelLogs = true;
+      ProtectControlGroups = true;
+      ProtectProc = "invisible";
+      ProcSubset = "pid";
+      RestrictAddressFamilies = [
+        "AF_UNIX"
+        "AF_INET"
+        "AF_INET6"
       ];
-    SystemCallErrorNumber = "EPERM";
-    CapabilityBoundingSet = "";
-    AmbientCapabilities = "";
-    UMask = "0077";
-  };
+      RestrictNamespaces = true;
+      RestrictRealtime = true;
+      RestrictSUIDSGID = true;
+      RemoveIPC = true;
+      LockPersonality = true;
+      MemoryDenyWriteExecute = executor != "shell";
+      SystemCallArchitectures = "native";
+      SystemCallFilter =
+        [ "@system-service" ]
+        ++ optionals (executor != "shell") [
+          "~@privileged"
+          "~@resources"
+        ];
+      SystemCallErrorNumber = "EPERM";
+      CapabilityBoundingSet = "";
+      AmbientCapabilities = "";
+      UMask = "0077";
+    };
 
-  refreshUnit = "knotless-run-kubeconfig";
-  refreshTemp = "${refresh.output}.new";
-in
-{
-  options.services.knotless-run = {
-    enable = mkEnableOption "knotless-run, the CI runner of knotless";
+  # The options of one runner: the default one (instance = null, at
+  # services.knotless-run) or instance NAME (services.knotless-run.instances.NAME).
+  runnerModule =
+    instance:
+    { config, ... }:
+    let
+      n = names instance;
+      # Option names in the docs, where the manual links them: an
+      # instance's options are services.knotless-run.instances.<name>.*
+      # (the module system's own placeholder, ‹name›, is no option name).
+      opt =
+        o: "${if instance == null then "services.knotless-run" else "services.knotless-run.instances.<name>"}.${o}";
+      refresh = config.kubeconfigRefresh;
+    in
+    {
+      options = {
+        enable = mkEnableOption (
+          if instance == null then
+            "knotless-run, the CI runner of knotless"
+          else
+            "this knotless-run instance"
+        );
 
-    package =
-      mkPackageOption
-        {
-          # Outside this flake's overlay, build the package from this
-          # repository with the system's nixpkgs.
-          knotless-run = pkgs.knotless-run or (pkgs.callPackage ./package.nix { });
-        }
-        "knotless-run"
-        {
-          pkgsText = "pkgs";
-          extraDescription = ''
-            Where `pkgs` has no `knotless-run`, the default builds this
-            repository's nix/package.nix with the system's nixpkgs, which
-            must ship Go 1.26.
+        package =
+          if instance == null then
+            mkPackageOption
+              {
+                # Outside this flake's overlay, build the package from this
+                # repository with the system's nixpkgs.
+                knotless-run = pkgs.knotless-run or (pkgs.callPackage ./package.nix { });
+              }
+              "knotless-run"
+              {
+                pkgsText = "pkgs";
+                extraDescription = ''
+                  Imported from the flake (`nixosModules.default`), the
+                  default is the flake's own build of knotless-run. Otherwise,
+                  where `pkgs` has no `knotless-run`, the default builds this
+                  repository's nix/package.nix with the system's nixpkgs, which
+                  must ship Go 1.26.
+                '';
+              }
+          else
+            mkOption {
+              type = types.package;
+              default = cfg.package;
+              defaultText = literalExpression "config.services.knotless-run.package";
+              description = "The knotless-run package of this instance.";
+            };
+
+        settings = mkOption {
+          description = ''
+            Settings of `knotless-run serve`, written to a JSON file in the store
+            and passed with `--config`. Keys are the command's long flag names;
+            see `knotless-run serve --help`. Secrets do not belong here: use
+            {option}`${opt "appPasswordFile"}`, {option}`${opt "secretsFile"}` or
+            {option}`${opt "environmentFile"}`.
+          '';
+          default = { };
+          example = literalExpression ''
+            {
+              executor = "kubernetes";
+              namespace = "ci";
+              did = "did:plc:7u2ld3ffgzqvezmv6wxgxiix";
+              pds = "https://pds.example.com";
+              concurrency = 4;
+              "stop-wait" = "20m";
+              "log-level" = "debug";
+            }
+          '';
+          type = types.submodule {
+            freeformType = settingsFormat.type;
+            options = {
+              executor = mkOption {
+                type = types.enum [
+                  "kubernetes"
+                  "kube"
+                  "docker"
+                  "shell"
+                ];
+                default = "kubernetes";
+                description = ''
+                  Where runs execute: Kubernetes Jobs, Docker containers, or
+                  local processes of this service (trusted code only). Changing
+                  it is a rollback-safe settings change; the module adjusts the
+                  unit's sandbox to the executor.
+                '';
+              };
+
+              namespace = mkOption {
+                type = types.str;
+                default = "knotless-runs";
+                description = "Kubernetes namespace of the run Jobs.";
+              };
+
+              kubeconfig = mkOption {
+                type = types.nullOr secretPath;
+                default = if refresh.enable then refresh.output else null;
+                defaultText = literalExpression ''
+                  if config.${opt "kubeconfigRefresh.enable"}
+                  then config.${opt "kubeconfigRefresh.output"}
+                  else null
+                '';
+                description = ''
+                  Kubeconfig of the cluster that runs the Jobs. It must be
+                  readable by the runner's user; the refresh timer
+                  ({option}`${opt "kubeconfigRefresh.enable"}`) keeps a scoped
+                  one there.
+                '';
+              };
+
+              did = mkOption {
+                type = types.nullOr (types.strMatching "did:[a-z]+:.+");
+                default = null;
+                example = "did:plc:7u2ld3ffgzqvezmv6wxgxiix";
+                description = ''
+                  DID of the runner's account. Required, here or as
+                  `--did=…` in {option}`${opt "extraArgs"}`.
+                '';
+              };
+
+              pds = mkOption {
+                type = types.nullOr types.str;
+                default = null;
+                example = "https://pds.example.com";
+                description = "URL of the PDS that hosts the runner's account.";
+              };
+
+              concurrency = mkOption {
+                type = types.ints.positive;
+                default = 1;
+                description = "How many runs execute at once.";
+              };
+
+              "stop-wait" = mkOption {
+                type = goDuration;
+                default = "10m";
+                example = "30m";
+                description = ''
+                  How long started runs may take to finish after SIGTERM
+                  (waiting runs are dropped at once; the Kubernetes executor
+                  hands its runs over and exits without waiting). The unit's
+                  `TimeoutStopSec=` is this plus ${toString stopMargin} s.
+                '';
+              };
+
+              "state-dir" = mkOption {
+                type = types.str;
+                default = n.stateDir;
+                readOnly = true;
+                description = "State directory; fixed, it is the unit's `StateDirectory=`.";
+              };
+
+              "cache-dir" = mkOption {
+                type = types.str;
+                default = n.cacheDir;
+                readOnly = true;
+                description = "Cache directory; fixed, it is the unit's `CacheDirectory=`.";
+              };
+            };
+          };
+        };
+
+        repos = mkOption {
+          type = types.listOf types.str;
+          default = [ ];
+          example = [ "did:plc:7u2ld3ffgzqvezmv6wxgxiix/hello" ];
+          description = ''
+            Repositories to watch, passed as the positional arguments of
+            `serve`. Some are required, unless `settings.discover` is true
+            (or {option}`${opt "extraArgs"}` names them).
           '';
         };
 
-    settings = mkOption {
-      description = ''
-        Settings of `knotless-run serve`, written to a JSON file in the store
-        and passed with `--config`. Keys are the command's long flag names;
-        see `knotless-run serve --help`. Secrets do not belong here: use
-        {option}`appPasswordFile`, {option}`secretsFile` or
-        {option}`environmentFile`.
-      '';
-      default = { };
-      example = literalExpression ''
-        {
-          executor = "kubernetes";
-          namespace = "ci";
-          did = "did:plc:7u2ld3ffgzqvezmv6wxgxiix";
-          pds = "https://pds.example.com";
-          concurrency = 4;
-          "stop-wait" = "20m";
-          "log-level" = "debug";
-        }
-      '';
-      type = types.submodule {
-        freeformType = settingsFormat.type;
-        options = {
-          executor = mkOption {
-            type = types.enum [
-              "kubernetes"
-              "kube"
-              "docker"
-              "shell"
-            ];
-            default = "kubernetes";
+        appPasswordFile = mkOption {
+          type = types.nullOr secretPath;
+          default = null;
+          example = "/run/secrets/knotless-run/app-password";
+          description = ''
+            File holding the app password of the runner's account. systemd
+            hands it to the daemon as the credential `app-password`; it never
+            enters the store or the unit file.
+          '';
+        };
+
+        secretsFile = mkOption {
+          type = types.nullOr secretPath;
+          default = null;
+          example = "/run/secrets/knotless-run/secrets.json";
+          description = ''
+            JSON object of secret name to value that workflows may be granted,
+            handed to the daemon as the credential `secrets`.
+          '';
+        };
+
+        environmentFile = mkOption {
+          type = types.nullOr secretPath;
+          default = null;
+          example = "/run/secrets/knotless-run/env";
+          description = ''
+            `EnvironmentFile=` of the daemon, for values known only on the host
+            (see {manpage}`systemd.exec(5)`).
+          '';
+        };
+
+        extraArgs = mkOption {
+          type = types.listOf types.str;
+          default = [ ];
+          example = [
+            "--did=\${RUNNER_DID}"
+            "\${REPO}"
+          ];
+          description = ''
+            Extra arguments of `knotless-run serve`, each one word. systemd
+            replaces `''${NAME}` in them with NAME from
+            {option}`${opt "environmentFile"}` (write `$$` for a literal `$`):
+            the way to pass values known only on the host, such as a DID made
+            at install time.
+          '';
+        };
+
+        extraPackages = mkOption {
+          type = types.listOf types.package;
+          default = [ ];
+          example = literalExpression "with pkgs; [ bash coreutils gnumake nodejs ]";
+          description = ''
+            Packages on the runner's PATH. The shell executor's steps get that
+            PATH, so these are the tools its workflows can call. git is always
+            there: `serve` mirrors repositories with it.
+          '';
+        };
+
+        inCluster = mkOption {
+          type = types.bool;
+          default = false;
+          description = ''
+            Whether the daemon uses the in-cluster service account (it runs
+            where Kubernetes mounts one, e.g. in a pod, with
+            `KUBERNETES_SERVICE_HOST` set through
+            {option}`${opt "environmentFile"}`) instead of a kubeconfig. The
+            Kubernetes executor needs this, a kubeconfig, or the refresh
+            timer.
+          '';
+        };
+
+        kubeconfigRefresh = {
+          enable = mkEnableOption ''
+            a timer that mints the runner's kubeconfig from an admin kubeconfig:
+            a service account token limited to the runs' namespace, valid for
+            {option}`${opt "kubeconfigRefresh.duration"}`. Needs a knotless-run
+            with the `kubeconfig` command'';
+
+          adminKubeconfigFile = mkOption {
+            type = types.nullOr secretPath;
+            default = null;
+            example = "/etc/rancher/k3s/k3s.yaml";
             description = ''
-              Where runs execute: Kubernetes Jobs, Docker containers, or
-              local processes of this service (trusted code only). Changing
-              it is a rollback-safe settings change; the module adjusts the
-              unit's sandbox to the executor.
+              Admin kubeconfig, handed to the refresh unit alone as the
+              credential `admin-kubeconfig`; the runner never sees it.
+            '';
+          };
+
+          interval = mkOption {
+            type = types.str;
+            default = "12h";
+            example = "6h";
+            description = ''
+              How often to mint a new kubeconfig: hours or minutes that divide a
+              day or an hour (`12h`, `30m`), or any systemd calendar expression.
+              Keep it well under {option}`${opt "kubeconfigRefresh.duration"}`.
+            '';
+          };
+
+          output = mkOption {
+            type = secretPath;
+            default = "${n.stateDir}/kubeconfig";
+            defaultText = literalExpression (
+              if instance == null then ''"/var/lib/knotless/kubeconfig"'' else ''"/var/lib/knotless-<name>/kubeconfig"''
+            );
+            description = ''
+              Where the kubeconfig is written (mode 0600, owned by the
+              runner's user, replaced atomically).
             '';
           };
 
           namespace = mkOption {
             type = types.str;
-            default = "knotless-runs";
-            description = "Kubernetes namespace of the run Jobs.";
+            default = config.settings.namespace;
+            defaultText = literalExpression "config.${opt "settings.namespace"}";
+            description = "Namespace the minted credentials are limited to.";
           };
 
-          kubeconfig = mkOption {
-            type = types.nullOr secretPath;
-            default = if refresh.enable then refresh.output else null;
-            defaultText = literalExpression ''
-              if config.services.knotless-run.kubeconfigRefresh.enable
-              then config.services.knotless-run.kubeconfigRefresh.output
-              else null
-            '';
-            description = ''
-              Kubeconfig of the cluster that runs the Jobs. It must be
-              readable by the `${user}` user; the refresh timer
-              ({option}`kubeconfigRefresh`) keeps a scoped one there.
-            '';
+          serviceAccount = mkOption {
+            type = types.str;
+            default = "knotless-runner";
+            description = "Service account whose token the kubeconfig carries.";
           };
 
-          did = mkOption {
-            type = types.nullOr (types.strMatching "did:[a-z]+:.+");
-            default = null;
-            example = "did:plc:7u2ld3ffgzqvezmv6wxgxiix";
-            description = "DID of the runner's account.";
-          };
-
-          pds = mkOption {
-            type = types.nullOr types.str;
-            default = null;
-            example = "https://pds.example.com";
-            description = "URL of the PDS that hosts the runner's account.";
-          };
-
-          concurrency = mkOption {
-            type = types.ints.positive;
-            default = 1;
-            description = "How many runs execute at once.";
-          };
-
-          "stop-wait" = mkOption {
+          duration = mkOption {
             type = goDuration;
-            default = "10m";
-            example = "30m";
-            description = ''
-              How long started runs may take to finish after SIGTERM
-              (waiting runs are dropped at once; the Kubernetes executor
-              hands its runs over and exits without waiting). The unit's
-              `TimeoutStopSec=` is this plus ${toString stopMargin} s.
-            '';
-          };
-
-          "state-dir" = mkOption {
-            type = types.str;
-            default = stateDir;
-            readOnly = true;
-            description = "State directory; fixed, it is the unit's `StateDirectory=`.";
-          };
-
-          "cache-dir" = mkOption {
-            type = types.str;
-            default = cacheDir;
-            readOnly = true;
-            description = "Cache directory; fixed, it is the unit's `CacheDirectory=`.";
+            default = "24h";
+            description = "Lifetime of each minted token.";
           };
         };
       };
     };
 
-    repos = mkOption {
-      type = types.listOf types.str;
-      default = [ ];
-      example = [ "did:plc:7u2ld3ffgzqvezmv6wxgxiix/hello" ];
-      description = "Repositories to watch, passed as the positional arguments of `serve`.";
-    };
-
-    appPasswordFile = mkOption {
-      type = types.nullOr secretPath;
-      default = null;
-      example = "/run/secrets/knotless-run/app-password";
-      description = ''
-        File holding the app password of the runner's account. systemd
-        hands it to the daemon as the credential `app-password`; it never
-        enters the store or the unit file.
-      '';
-    };
-
-    secretsFile = mkOption {
-      type = types.nullOr secretPath;
-      default = null;
-      example = "/run/secrets/knotless-run/secrets.json";
-      description = ''
-        JSON object of secret name to value that workflows may be granted,
-        handed to the daemon as the credential `secrets`.
-      '';
-    };
-
-    environmentFile = mkOption {
-      type = types.nullOr secretPath;
-      default = null;
-      example = "/run/secrets/knotless-run/env";
-      description = ''
-        `EnvironmentFile=` of the daemon, for values known only on the host
-        (see {manpage}`systemd.exec(5)`).
-      '';
-    };
-
-    extraArgs = mkOption {
-      type = types.listOf types.str;
-      default = [ ];
-      example = [
-        "--did=\${RUNNER_DID}"
-        "\${REPO}"
+  # The NixOS configuration of one enabled runner.
+  runnerConfig =
+    instance: icfg:
+    let
+      n = names instance;
+      inherit (n) user unit refreshUnit;
+      refresh = icfg.kubeconfigRefresh;
+      executor = executorOf icfg;
+      calendar = intervalCalendar refresh.interval;
+      settings = filterAttrs (_: v: v != null) icfg.settings;
+      configFile = settingsFormat.generate "${unit}.json" settings;
+      refreshTemp = "${refresh.output}.new";
+      # extraArgs can carry what the options leave unset (a DID or
+      # repositories known only on the host, through environmentFile).
+      argFlag = flag: any (a: a == flag || hasPrefix "${flag}=" a) icfg.extraArgs;
+      argPositional = any (a: !hasPrefix "-" a) icfg.extraArgs;
+      p = n.option;
+    in
+    {
+      assertions = [
+        {
+          assertion = icfg.appPasswordFile != null;
+          message = "${p}.appPasswordFile must be set: the runner signs in to its PDS with that app password.";
+        }
+        {
+          assertion = icfg.settings.did != null || argFlag "--did";
+          message = "${p}.settings.did must be set (or --did=… in ${p}.extraArgs): `knotless-run serve` needs the runner's DID.";
+        }
+        {
+          assertion = icfg.repos != [ ] || (icfg.settings.discover or false) == true || argFlag "--discover" || argPositional;
+          message = "${p}.repos is empty and ${p}.settings.discover is not true (nor --discover or a repository in ${p}.extraArgs): the runner would serve nothing.";
+        }
+        {
+          assertion =
+            executor == "kubernetes"
+            -> (icfg.settings.kubeconfig != null || argFlag "--kubeconfig" || refresh.enable || icfg.inCluster);
+          message = "${p}.settings.executor is kubernetes but ${p}.settings.kubeconfig is null, ${p}.kubeconfigRefresh.enable is false and ${p}.inCluster is false: the daemon has no way to reach a cluster.";
+        }
+        {
+          assertion = refresh.enable -> (icfg.package.hasKubeconfigCommand or false);
+          message = "${p}.kubeconfigRefresh needs a knotless-run with the kubeconfig command (issue 7)";
+        }
+        {
+          assertion = refresh.enable -> refresh.adminKubeconfigFile != null;
+          message = "${p}.kubeconfigRefresh.adminKubeconfigFile must be set when the refresh timer is enabled.";
+        }
+        {
+          assertion = refresh.enable -> calendar != null;
+          message = "${p}.kubeconfigRefresh.interval = \"${refresh.interval}\" does not divide a day (hours) or an hour (minutes); give a calendar expression instead.";
+        }
+        {
+          assertion = refresh.enable -> executor == "kubernetes";
+          message = "${p}.kubeconfigRefresh is for the kubernetes executor; ${p}.settings.executor is ${executor}.";
+        }
       ];
-      description = ''
-        Extra arguments of `knotless-run serve`, each one word. systemd
-        replaces `''${NAME}` in them with NAME from {option}`environmentFile`
-        (write `$$` for a literal `$`): the way to pass values known only on
-        the host, such as a DID made at install time.
-      '';
+
+      users.users.${user} = {
+        isSystemUser = true;
+        group = user;
+        home = n.stateDir;
+        description = "knotless-run daemon${lib.optionalString (instance != null) " (${instance})"}";
+      };
+      users.groups.${user} = { };
+
+      systemd.services.${unit} = {
+        description = "knotless-run CI runner${lib.optionalString (instance != null) " ${instance}"}";
+        wantedBy = [ "multi-user.target" ];
+        wants =
+          [ "network-online.target" ]
+          ++ optional refresh.enable "${refreshUnit}.service"
+          ++ optional (executor == "docker") "docker.service";
+        after =
+          [ "network-online.target" ]
+          ++ optional refresh.enable "${refreshUnit}.service"
+          ++ optional (executor == "docker") "docker.service";
+
+        # The daemon mirrors repositories with git; the shell executor's
+        # steps get this PATH.
+        path = [ pkgs.git ] ++ icfg.extraPackages;
+
+        # A restart is a handover: the old daemon finishes or hands over its
+        # started runs on SIGTERM and the new one adopts them, so a switch
+        # that changes the unit loses no run.
+        restartIfChanged = true;
+
+        serviceConfig = mkMerge [
+          {
+            Type = "notify";
+            NotifyAccess = "main";
+            ExecStart = concatStringsSep " " (
+              [
+                (execLine [
+                  (getExe icfg.package)
+                  "serve"
+                  "--config"
+                  configFile
+                ])
+              ]
+              ++ map escapeExecArgKeepVars icfg.extraArgs
+              ++ optional (icfg.repos != [ ]) (execLine ([ "--" ] ++ icfg.repos))
+            );
+            Restart = "always";
+            RestartSec = "5s";
+            # The daemon pings at half this interval.
+            WatchdogSec = mkDefault "2min";
+            # SIGTERM to the daemon alone: the steps it started keep running
+            # while it finishes them; whatever is left when it exits or when
+            # TimeoutStopSec= runs out gets SIGKILL.
+            KillSignal = "SIGTERM";
+            KillMode = "mixed";
+            TimeoutStopSec = toString (durationSeconds icfg.settings."stop-wait" + stopMargin);
+
+            User = user;
+            Group = user;
+            StateDirectory = n.dir;
+            StateDirectoryMode = "0700";
+            CacheDirectory = n.dir;
+            CacheDirectoryMode = "0700";
+            WorkingDirectory = n.stateDir;
+
+            LoadCredential =
+              optional (icfg.appPasswordFile != null) "app-password:${toString icfg.appPasswordFile}"
+              ++ optional (icfg.secretsFile != null) "secrets:${toString icfg.secretsFile}";
+            EnvironmentFile = optional (icfg.environmentFile != null) (toString icfg.environmentFile);
+
+            StandardOutput = "journal";
+            StandardError = "journal";
+            SyslogIdentifier = unit;
+          }
+          (mkIf (executor == "docker") {
+            SupplementaryGroups = [ "docker" ];
+          })
+          (hardening executor)
+        ];
+      };
+
+      systemd.services.${refreshUnit} = mkIf refresh.enable {
+        description = "Mint the scoped kubeconfig of ${unit}";
+        wants = [ "network-online.target" ];
+        after = [ "network-online.target" ] ++ optional (config.services.k3s.enable or false) "k3s.service";
+        restartIfChanged = false;
+
+        serviceConfig = mkMerge [
+          {
+            Type = "oneshot";
+            # Written beside the target, then renamed over it: the runner sees
+            # the old file or the new one, never half of one.
+            # %d is systemd's credentials directory: left unescaped.
+            ExecStart =
+              execLine [
+                (getExe icfg.package)
+                "kubeconfig"
+              ]
+              + " --admin-kubeconfig %d/admin-kubeconfig "
+              + execLine [
+                "--out"
+                refreshTemp
+                "--namespace"
+                refresh.namespace
+                "--service-account"
+                refresh.serviceAccount
+                "--duration"
+                refresh.duration
+              ];
+            ExecStartPost = execLine [
+              "${pkgs.coreutils}/bin/mv"
+              "-fT"
+              refreshTemp
+              refresh.output
+            ];
+            # The API server may still be starting at boot.
+            Restart = "on-failure";
+            RestartSec = "30s";
+
+            User = user;
+            Group = user;
+            StateDirectory = n.dir;
+            StateDirectoryMode = "0700";
+            LoadCredential = optional (
+              refresh.adminKubeconfigFile != null
+            ) "admin-kubeconfig:${toString refresh.adminKubeconfigFile}";
+
+            StandardOutput = "journal";
+            StandardError = "journal";
+            SyslogIdentifier = refreshUnit;
+          }
+          (mkIf (!hasPrefix "${n.stateDir}/" refresh.output) {
+            ReadWritePaths = [ (dirOf refresh.output) ];
+          })
+          (hardening executor)
+        ];
+      };
+
+      systemd.timers.${refreshUnit} = mkIf refresh.enable {
+        description = "Refresh the scoped kubeconfig of ${unit}";
+        wantedBy = [ "timers.target" ];
+        timerConfig = {
+          OnCalendar = if calendar == null then refresh.interval else calendar;
+          Persistent = true;
+          RandomizedDelaySec = mkDefault "5min";
+        };
+      };
     };
 
-    kubeconfigRefresh = {
-      enable = mkEnableOption ''
-        a timer that mints the runner's kubeconfig from an admin kubeconfig:
-        a service account token limited to the runs' namespace, valid for
-        {option}`kubeconfigRefresh.duration`. Needs a knotless-run with the
-        `kubeconfig` command'';
-
-      adminKubeconfigFile = mkOption {
-        type = types.nullOr secretPath;
-        default = null;
-        example = "/etc/rancher/k3s/k3s.yaml";
-        description = ''
-          Admin kubeconfig, handed to the refresh unit alone as the
-          credential `admin-kubeconfig`; the runner never sees it.
-        '';
-      };
-
-      interval = mkOption {
-        type = types.str;
-        default = "12h";
-        example = "6h";
-        description = ''
-          How often to mint a new kubeconfig: hours or minutes that divide a
-          day or an hour (`12h`, `30m`), or any systemd calendar expression.
-          Keep it well under {option}`kubeconfigRefresh.duration`.
-        '';
-      };
-
-      output = mkOption {
-        type = secretPath;
-        default = "${stateDir}/kubeconfig";
-        description = ''
-          Where the kubeconfig is written (mode 0600, owner `${user}`,
-          replaced atomically).
-        '';
-      };
-
-      namespace = mkOption {
-        type = types.str;
-        default = cfg.settings.namespace;
-        defaultText = literalExpression "config.services.knotless-run.settings.namespace";
-        description = "Namespace the minted credentials are limited to.";
-      };
-
-      serviceAccount = mkOption {
-        type = types.str;
-        default = "knotless-runner";
-        description = "Service account whose token the kubeconfig carries.";
-      };
-
-      duration = mkOption {
-        type = goDuration;
-        default = "24h";
-        description = "Lifetime of each minted token.";
-      };
+  instances = filterAttrs (_: i: i.enable) cfg.instances;
+in
+{
+  options.services.knotless-run = mkOption {
+    default = { };
+    description = ''
+      knotless-run, the CI runner of knotless: the default runner here, and
+      more in {option}`services.knotless-run.instances`.
+    '';
+    type = types.submoduleWith {
+      modules = [
+        (runnerModule null)
+        {
+          options.instances = mkOption {
+            default = { };
+            example = literalExpression ''
+              {
+                trusted = {
+                  enable = true;
+                  settings = { executor = "shell"; did = "did:plc:…"; };
+                  repos = [ "did:plc:…/site" ];
+                  appPasswordFile = "/run/secrets/knotless-run-trusted";
+                  extraPackages = [ pkgs.nodejs ];
+                };
+              }
+            '';
+            description = ''
+              More runners on this host, each with the options of
+              {option}`services.knotless-run` and its own user
+              (`knotless-<name>`), state and cache directories
+              (`/var/lib/knotless-<name>`, `/var/cache/knotless-<name>`),
+              units (`knotless-run-<name>.service`) and refresh timer
+              (`knotless-run-<name>-kubeconfig.timer`): they share nothing
+              writable with each other or with the default runner.
+            '';
+            type = types.attrsOf (
+              types.submodule (
+                { name, ... }:
+                {
+                  imports = [ (runnerModule name) ];
+                }
+              )
+            );
+          };
+        }
+      ];
     };
   };
 
-  config = mkIf cfg.enable {
-    assertions = [
-      {
-        assertion = cfg.appPasswordFile != null;
-        message = "services.knotless-run.appPasswordFile must be set: the runner signs in to its PDS with that app password.";
-      }
-      {
-        assertion = refresh.enable -> (cfg.package.hasKubeconfigCommand or false);
-        message = "services.knotless-run.kubeconfigRefresh needs a knotless-run with the kubeconfig command (issue 7)";
-      }
-      {
-        assertion = refresh.enable -> refresh.adminKubeconfigFile != null;
-        message = "services.knotless-run.kubeconfigRefresh.adminKubeconfigFile must be set when the refresh timer is enabled.";
-      }
-      {
-        assertion = refresh.enable -> intervalCalendar != null;
-        message = "services.knotless-run.kubeconfigRefresh.interval = \"${refresh.interval}\" does not divide a day (hours) or an hour (minutes); give a calendar expression instead.";
-      }
-      {
-        assertion = refresh.enable -> executor == "kubernetes";
-        message = "services.knotless-run.kubeconfigRefresh is for the kubernetes executor; settings.executor is ${executor}.";
-      }
-    ];
-
-    users.users.${user} = {
-      isSystemUser = true;
-      group = user;
-      home = stateDir;
-      description = "knotless-run daemon";
-    };
-    users.groups.${user} = { };
-
-    systemd.services.knotless-run = {
-      description = "knotless-run CI runner";
-      wantedBy = [ "multi-user.target" ];
-      wants =
-        [ "network-online.target" ]
-        ++ optional refresh.enable "${refreshUnit}.service"
-        ++ optional (executor == "docker") "docker.service";
-      after =
-        [ "network-online.target" ]
-        ++ optional refresh.enable "${refreshUnit}.service"
-        ++ optional (executor == "docker") "docker.service";
-
-      # The daemon mirrors repositories with git.
-      path = [ pkgs.git ];
-
-      # A restart is a handover: the old daemon finishes or hands over its
-      # started runs on SIGTERM and the new one adopts them, so a switch
-      # that changes the unit loses no run.
-      restartIfChanged = true;
-
-      serviceConfig = mkMerge [
+  # Every attribute is set whether or not a runner is enabled: the
+  # module system must know which options this module defines before it
+  # evaluates services.knotless-run.
+  config =
+    let
+      runners = optional cfg.enable (runnerConfig null cfg) ++ mapAttrsToList runnerConfig instances;
+      # Each runner's refresh output, by option path: they must differ.
+      outputs = lib.mapAttrsToList (p: r: { inherit p; o = r.kubeconfigRefresh.output; }) (
+        filterAttrs (_: r: r.kubeconfigRefresh.enable) (
+          lib.optionalAttrs cfg.enable { "services.knotless-run" = cfg; }
+          // lib.mapAttrs' (name: lib.nameValuePair "services.knotless-run.instances.${name}") instances
+        )
+      );
+      sharedOutputs = lib.filter (x: lib.count (y: y.o == x.o) outputs > 1) outputs;
+      merged = f: mkMerge (map f runners);
+    in
+    {
+      assertions = lib.concatMap (r: r.assertions) runners ++ [
         {
-          Type = "notify";
-          NotifyAccess = "main";
-          ExecStart = concatStringsSep " " (
-            [
-              (execLine [
-                (getExe cfg.package)
-                "serve"
-                "--config"
-                configFile
-              ])
-            ]
-            ++ map escapeExecArgKeepVars cfg.extraArgs
-            ++ optional (cfg.repos != [ ]) (execLine ([ "--" ] ++ cfg.repos))
-          );
-          Restart = "always";
-          RestartSec = "5s";
-          # The daemon pings at half this interval.
-          WatchdogSec = mkDefault "2min";
-          # SIGTERM to the daemon alone: the steps it started keep running
-          # while it finishes them; whatever is left when it exits or when
-          # TimeoutStopSec= runs out gets SIGKILL.
-          KillSignal = "SIGTERM";
-          KillMode = "mixed";
-          TimeoutStopSec = toString timeoutStopSec;
-
-          User = user;
-          Group = user;
-          StateDirectory = "knotless";
-          StateDirectoryMode = "0700";
-          CacheDirectory = "knotless";
-          CacheDirectoryMode = "0700";
-          WorkingDirectory = stateDir;
-
-          LoadCredential =
-            optional (cfg.appPasswordFile != null) "app-password:${toString cfg.appPasswordFile}"
-            ++ optional (cfg.secretsFile != null) "secrets:${toString cfg.secretsFile}";
-          EnvironmentFile = optional (cfg.environmentFile != null) (toString cfg.environmentFile);
-
-          StandardOutput = "journal";
-          StandardError = "journal";
-          SyslogIdentifier = "knotless-run";
+          # knotless-run-NAME-kubeconfig must not be another instance's
+          # runner unit, nor NAME=kubeconfig the default's refresh unit.
+          assertion = lib.all (
+            name: builtins.match "[a-z0-9][a-z0-9-]*" name != null && name != "kubeconfig" && !hasSuffix "-kubeconfig" name
+          ) (attrNames instances);
+          message = "services.knotless-run.instances: names must be lower-case letters, digits and dashes, and neither be nor end in `kubeconfig` (the refresh units' names); got ${concatStringsSep ", " (attrNames instances)}.";
         }
-        (mkIf (executor == "docker") {
-          SupplementaryGroups = [ "docker" ];
-        })
-        hardening
-      ];
-    };
-
-    systemd.services.${refreshUnit} = mkIf refresh.enable {
-      description = "Mint the scoped kubeconfig of knotless-run";
-      wants = [ "network-online.target" ];
-      after = [ "network-online.target" ] ++ optional (config.services.k3s.enable or false) "k3s.service";
-      restartIfChanged = false;
-
-      serviceConfig = mkMerge [
         {
-          Type = "oneshot";
-          # Written beside the target, then renamed over it: the runner sees
-          # the old file or the new one, never half of one.
-          # %d is systemd's credentials directory: left unescaped.
-          ExecStart = execLine [
-            (getExe cfg.package)
-            "kubeconfig"
-          ]
-          + " --admin-kubeconfig %d/admin-kubeconfig "
-          + execLine [
-            "--out"
-            refreshTemp
-            "--namespace"
-            refresh.namespace
-            "--service-account"
-            refresh.serviceAccount
-            "--duration"
-            refresh.duration
-          ];
-          ExecStartPost = execLine [
-            "${pkgs.coreutils}/bin/mv"
-            "-fT"
-            refreshTemp
-            refresh.output
-          ];
-          # The API server may still be starting at boot.
-          Restart = "on-failure";
-          RestartSec = "30s";
-
-          User = user;
-          Group = user;
-          StateDirectory = "knotless";
-          StateDirectoryMode = "0700";
-          LoadCredential = optional (
-            refresh.adminKubeconfigFile != null
-          ) "admin-kubeconfig:${toString refresh.adminKubeconfigFile}";
-
-          StandardOutput = "journal";
-          StandardError = "journal";
-          SyslogIdentifier = refreshUnit;
+          assertion = sharedOutputs == [ ];
+          message = "knotless-run: two runners write the same kubeconfig: ${
+            concatMapStringsSep ", " (x: "${x.p}.kubeconfigRefresh.output = ${x.o}") sharedOutputs
+          }; give each its own (the default is under its own state directory).";
         }
-        (mkIf (!hasPrefix "${stateDir}/" refresh.output) {
-          ReadWritePaths = [ (dirOf refresh.output) ];
-        })
-        hardening
       ];
+      users.users = merged (r: r.users.users);
+      users.groups = merged (r: r.users.groups);
+      systemd.services = merged (r: r.systemd.services);
+      systemd.timers = merged (r: r.systemd.timers);
     };
-
-    systemd.timers.${refreshUnit} = mkIf refresh.enable {
-      description = "Refresh the scoped kubeconfig of knotless-run";
-      wantedBy = [ "timers.target" ];
-      timerConfig = {
-        OnCalendar = if intervalCalendar == null then refresh.interval else intervalCalendar;
-        Persistent = true;
-        RandomizedDelaySec = mkDefault "5min";
-      };
-    };
-  };
 }

@@ -5,6 +5,7 @@
 # change the argument below (tests/nix/check.sh fails until they agree).
 {
   lib,
+  gitMinimal,
   buildGo126Module ?
     throw "knotless-run: go.mod asks for Go 1.26 and this nixpkgs has no buildGo126Module; use a nixpkgs that ships Go 1.26 (the flake's pinned one does)",
   version ? "0-unstable",
@@ -48,13 +49,22 @@ let
       "-X knotless.dev/run/internal/version.Version=${version}"
     ];
 
+    # What the unit tests call besides Go and stdenv's tools: git
+    # (internal/mirror runs it). tests/nix/check.sh runs the tests in an
+    # emulated sandbox with only these on PATH.
+    nativeCheckInputs = [ gitMinimal ];
+
+    # -short: every test that cannot run in the build sandbox (no network
+    # but loopback, no root, no FHS userland, no cluster, PDS or Docker)
+    # skips itself under -short and says why.
+    checkFlags = [ "-short" ];
+
     # subPackages would limit the tests to cmd/knotless-run, which has
-    # none: run every package's unit tests. -short skips the suites that
-    # need a real cluster or PDS.
+    # none: run every package's unit tests.
     checkPhase = ''
       runHook preCheck
       export GOFLAGS=''${GOFLAGS//-trimpath/}
-      go test -short -vet=off -p "$NIX_BUILD_CORES" ./...
+      go test ''${checkFlags[@]} -vet=off -p "$NIX_BUILD_CORES" ./...
       runHook postCheck
     '';
 

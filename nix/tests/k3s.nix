@@ -52,6 +52,10 @@ let
     "--disable servicelb"
     "--disable traefik"
     "--pause-image test.local/pause:local"
+    # The test driver gives each VM eth0 (user-mode networking, the same
+    # address on every VM) and eth1 (the shared VLAN): flannel must use
+    # eth1, as nixpkgs' multi-node k3s tests say.
+    "--flannel-iface eth1"
   ];
   k3sNode = {
     environment.systemPackages = [ pkgs.jq ];
@@ -146,7 +150,8 @@ pkgs.testers.runNixOSTest {
           ];
         };
 
-        # The PDS (nixpkgs' package of @atproto/pds) with a local PLC.
+        # The PDS (nixpkgs' package of @atproto/pds) with a local PLC, set
+        # up as the working harness tests/pds (pds.go) sets it up.
         services.bluesky-pds = {
           enable = true;
           settings = {
@@ -154,6 +159,21 @@ pkgs.testers.runNixOSTest {
             PDS_HOSTNAME = "localhost";
             PDS_DID_PLC_URL = "http://127.0.0.1:2582";
             PDS_INVITE_REQUIRED = "true";
+            # A hostname of localhost and http:// URLs: dev mode, as in
+            # tests/pds.
+            PDS_DEV_MODE = "true";
+            # The PLC and the PDS itself are on loopback, which the SSRF
+            # protection refuses to fetch from.
+            PDS_DISABLE_SSRF_PROTECTION = "true";
+            # No relay to notify: the VM has no network beyond its VLAN.
+            PDS_CRAWLERS = "";
+            # The test signs in and writes records in quick succession.
+            PDS_RATE_LIMITS_ENABLED = "false";
+            # Not set, unlike tests/pds: PDS_DATA_DIRECTORY and
+            # PDS_BLOBSTORE_DISK_LOCATION (the module sets both under
+            # /var/lib/pds), PDS_BLOB_UPLOAD_LIMIT (the runs' logs are small,
+            # well under the default) and LOG_ENABLED=false (the journal
+            # keeps the PDS's log, useful when the test fails).
             # Snake oil: this PDS lives and dies with the VM.
             PDS_JWT_SECRET = "00112233445566778899aabbccddeeff";
             PDS_ADMIN_PASSWORD = "vm-test-admin-password";
@@ -223,6 +243,7 @@ pkgs.testers.runNixOSTest {
           ];
           extraFlags = [
             "--pause-image test.local/pause:local"
+            "--flannel-iface eth1"
             "--node-ip ${config.networking.primaryIPAddress}"
           ];
         };
@@ -240,6 +261,23 @@ pkgs.testers.runNixOSTest {
 
     def run_objects():
         return kubectl("-n knotless-runs get jobs,pods -o name")
+
+    def run_id(event):
+        # A check record does not name its run; the daemon's state.json
+        # does (run and event of each run going on), and the run's Job and
+        # pod carry it as the label dev.knotless.run
+        # (internal/executor/kubernetes/job.go). startJob saves state.json
+        # before the Job exists.
+        query = f"jq -er --arg e '{event}' '.runs[] | select(.event == $e) | .run' /var/lib/knotless/state.json"
+        server.wait_until_succeeds(query, timeout=300)
+        return server.succeed(query).strip()
+
+    def wait_running_pod(run):
+        server.wait_until_succeeds(
+            f"k3s kubectl -n knotless-runs get pods -l dev.knotless.run={run} --field-selector=status.phase=Running -o name | grep -q .",
+            timeout=300,
+        )
+        return kubectl(f"-n knotless-runs get pods -l dev.knotless.run={run} -o jsonpath='{{.items[0].metadata.name}}'")
 
     def wait_check(event, status="success", timeout=600):
         server.wait_until_succeeds(
@@ -319,7 +357,12 @@ pkgs.testers.runNixOSTest {
         )
         time.sleep(20)
         assert kubectl("-n knotless-runs get pods -o jsonpath='{.items[*].status.phase}'") == "Pending"
-        assert forge("check", runner_did, event) in ("none", "queued")
+        # The daemon writes the `running` check before it creates the Job
+        # (startJob before execute in internal/daemon/jobs.go), and a
+        # Pending pod means the Job exists: so the check says running
+        # while the run waits for a node. What must not be there yet is a
+        # final status.
+        assert forge("check", runner_did, event) == "running"
 
         agent.start()
         agent.wait_for_unit("k3s.service")
@@ -332,10 +375,7 @@ pkgs.testers.runNixOSTest {
         kubectl("apply -f ${podsYaml}")
         kubectl("wait --for=condition=Ready pod/probe pod/target --timeout=120s")
         event = push("${listener}/listener")
-        server.wait_until_succeeds(
-            "k3s kubectl -n knotless-runs get pods --field-selector=status.phase=Running -o name | grep -q .", timeout=300
-        )
-        pod = kubectl("-n knotless-runs get pods --field-selector=status.phase=Running -o jsonpath='{.items[0].metadata.name}'")
+        pod = wait_running_pod(run_id(event))
         ip = kubectl(f"-n knotless-runs get pod {pod} -o jsonpath='{{.status.podIP}}'")
         target_ip = kubectl("get pod target -o jsonpath='{.status.podIP}'")
         # The listener is up inside the run pod ...
@@ -349,14 +389,16 @@ pkgs.testers.runNixOSTest {
 
     with subtest("a restart hands a running run over without losing its check"):
         event = push("${slow}/slow")
-        server.wait_until_succeeds(
-            "k3s kubectl -n knotless-runs get pods --field-selector=status.phase=Running -o name | grep -q .", timeout=300
-        )
-        job_uid = kubectl("-n knotless-runs get jobs -o jsonpath='{.items[0].metadata.uid}'")
+        run = run_id(event)
+        wait_running_pod(run)
+        # The listener's Job may still be going away: select this run's.
+        this_job = f"-n knotless-runs get jobs -l dev.knotless.run={run} -o jsonpath='{{.items[*].metadata.uid}}'"
+        job_uid = kubectl(this_job)
+        assert len(job_uid.split()) == 1, job_uid
         server.succeed("systemctl restart knotless-run.service")
         assert server.succeed("systemctl show -P ActiveState knotless-run").strip() == "active"
         # The same Job, not a new one, runs to its end.
-        assert kubectl("-n knotless-runs get jobs -o jsonpath='{.items[*].metadata.uid}'") == job_uid
+        assert kubectl(this_job) == job_uid
         wait_check(event)
         assert forge("checks", runner_did, event) == "1"
         server.wait_until_succeeds('test -z "$(k3s kubectl -n knotless-runs get jobs,pods -o name)"', timeout=120)

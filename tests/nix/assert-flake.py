@@ -1,7 +1,7 @@
 """Assertions on tests/nix/eval-flake.nix's result: the flake's outputs,
 the package's builder arguments, default.nix, and the VM test's script
-(compiled, and linted with pyflakes where Debian's python3-pyflakes is
-installed). One line per check; exits 1 if any fails."""
+(compiled, its names checked by check-vm-script.py, and linted with
+pyflakes where Debian's python3-pyflakes is installed). One line per check; exits 1 if any fails."""
 
 import json
 import os
@@ -28,7 +28,17 @@ check(
     d["outputs"],
 )
 check("checks: package (build + unit tests), version, vm-k3s", d["perSystem"]["checks"] == ["package", "version", "vm-k3s"], d["perSystem"])
-check("nixosModules.default = { imports = [ ./nix/module.nix ]; }", [os.path.basename(p) for p in d["moduleImports"]] == ["module.nix"], d["moduleImports"])
+check(
+    "nixosModules.default = { imports = [ ./nix/module.nix (package default) ]; }",
+    d["moduleImports"] == ["module.nix", "<function>"],
+    d["moduleImports"],
+)
+mp = d["modulePackage"]
+check(
+    "nixosModules.default: package defaults to the flake's build, for instances too; a user's setting wins",
+    mp["default"] == mp["instance"] == f"knotless-run-{d['package']['version']}" and mp["userSet"] == "mine",
+    mp,
+)
 p = d["package"]
 check("apps.default runs bin/knotless-run of packages.default", d["app"]["program"].endswith(f"-{p['version']}@/bin/knotless-run") and d["app"]["type"] == "app", d["app"])
 check("package: subPackages = [ cmd/knotless-run ], mainProgram, MIT", (p["subPackages"], p["mainProgram"], p["license"]) == (["cmd/knotless-run"], "knotless-run", "MIT"), p)
@@ -37,7 +47,9 @@ check(
     f"-X knotless.dev/run/internal/version.Version={p['version']}" in p["ldflags"] and p["version"] == "0-unstable-20260427-abc1234",
     p["ldflags"],
 )
-check("package: checkPhase runs go test -short over ./...", p["checkPhaseRunsAll"])
+check("package: checkPhase runs go test $checkFlags over ./...", p["checkPhaseRunsAll"])
+check("package: checkFlags = [ -short ] (tests that need more skip under -short)", p["checkFlags"] == ["-short"], p["checkFlags"])
+check("package: nativeCheckInputs = [ gitMinimal ] (internal/mirror runs git)", p["nativeCheckInputs"] == ["gitMinimal"], p["nativeCheckInputs"])
 check(f"package: go line read from go.mod ({goline})", p["goLine"] == goline, p["goLine"])
 check("package: a Go older than the go line is refused at evaluation", d["goTooOld"] is False and d["goNewer"] is True, (d["goTooOld"], d["goNewer"]))
 check("version check runs `knotless-run version`", d["versionCheck"] == {"command": "knotless-run version", "version": p["version"]}, d["versionCheck"])
@@ -57,6 +69,26 @@ try:
     check("VM test script compiles", True)
 except SyntaxError as e:
     check("VM test script compiles", False, e)
+# Every name the script uses is defined (by it, by Python, or by the test
+# driver) and every node method exists: check-vm-script.py.
+def check_script(text):
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(text)
+    r = subprocess.run(
+        [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "check-vm-script.py"), f.name, *d["vmNodes"]],
+        capture_output=True,
+        text=True,
+    )
+    os.unlink(f.name)
+    return r
+
+
+r = check_script(script)
+check("VM test script: every name defined, every Machine method exists (symtable)", r.returncode == 0, r.stdout + r.stderr)
+# The checker itself: each typo below must be found.
+typos = [("server.succeed(", "server.suceed(", 1), ("wait_check(event)", "wait_chek(event)", 1), ("kubectl(", "kubectll(", 1)]
+missed = [new for old, new, n in typos if check_script(script.replace(old, new, n)).returncode == 0]
+check("check-vm-script.py finds a misspelt Machine method, helper and function", not missed, missed)
 pyflakes = "/usr/bin/python3"
 if subprocess.run([pyflakes, "-m", "pyflakes", "--version"], capture_output=True).returncode == 0:
     # The test driver provides the machines and subtest.

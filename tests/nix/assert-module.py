@@ -120,7 +120,7 @@ check("WatchdogSec=2min (the daemon pings at half of it)", svc["WatchdogSec"] ==
 ea = s["env-args"]["service"]["ExecStart"]
 check(
     "extraArgs: ${NAME} left for systemd to expand, % escaped",
-    ea == "@knotless-run@/bin/knotless-run serve --config @config@ \"--did=${RUNNER_DID}\" \"--poll=50%%\"",
+    ea == "@knotless-run@/bin/knotless-run serve --config @config@ \"--did=${RUNNER_DID}\" \"--poll=50%%\" -- did:plc:ewvi7nxzyoun6zhxrhs64oiz/hello",
     ea,
 )
 
@@ -154,6 +154,95 @@ check(
 )
 check("missing appPasswordFile is refused", any("appPasswordFile" in m for m in s["no-app-password"]["failedAssertions"]))
 check("an interval that divides no day is refused", any("interval" in m for m in s["odd-interval"]["failedAssertions"]))
+
+# Evaluation-time assertions name the option to set.
+def asserted(name):
+    return s[name]["failedAssertions"]
+
+
+check("nothing set: appPasswordFile, did, repos and the cluster access are asked for", len(asserted("nothing")) == 4, asserted("nothing"))
+check("no DID: refused, naming settings.did", asserted("no-did") != [] and all("services.knotless-run.settings.did" in m for m in asserted("no-did")), asserted("no-did"))
+check("--did= in extraArgs stands for settings.did", asserted("did-in-args") == [], asserted("did-in-args"))
+check(
+    "no repositories and no discover: refused, naming repos and settings.discover",
+    len(asserted("no-repos")) == 1 and "services.knotless-run.repos" in asserted("no-repos")[0] and "settings.discover" in asserted("no-repos")[0],
+    asserted("no-repos"),
+)
+check("settings.discover = true or a repository in extraArgs stands for repos", asserted("discover") == [] and asserted("repo-in-args") == [], (asserted("discover"), asserted("repo-in-args")))
+check(
+    "kubernetes executor without kubeconfig, refresh timer or inCluster: refused, naming all three",
+    len(asserted("kube-nothing")) == 1
+    and all(o in asserted("kube-nothing")[0] for o in ("settings.kubeconfig", "kubeconfigRefresh.enable", "inCluster")),
+    asserted("kube-nothing"),
+)
+check("inCluster = true stands for a kubeconfig", asserted("kube-in-cluster") == [], asserted("kube-in-cluster"))
+check(
+    "two runners writing one kubeconfig are refused, naming both options",
+    any("services.knotless-run.kubeconfigRefresh.output" in m and "instances.alpha.kubeconfigRefresh.output" in m for m in asserted("shared-output")),
+    asserted("shared-output"),
+)
+check("an instance named like a refresh unit is refused", any("instances: names" in m for m in asserted("bad-instance-name")), asserted("bad-instance-name"))
+
+# extraPackages: on the runner's PATH after git.
+check("extraPackages on the PATH after git (the shell executor's steps get it)", s["shell"]["serviceUnit"]["path"] == ["@git@", "@nodejs@"], s["shell"]["serviceUnit"]["path"])
+
+# Instances: each its own user, directories, units and timer; nothing
+# writable shared between any two runners (the default one included).
+inst = s["instances"]
+runners = inst["runners"]
+check("instances: no failed assertion; the disabled instance makes no unit", inst["failedAssertions"] == [] and sorted(runners) == ["knotless-run", "knotless-run-alpha", "knotless-run-beta"], (inst["failedAssertions"], sorted(runners)))
+check(
+    "instances: units and timers per instance (knotless-run-NAME, knotless-run-NAME-kubeconfig)",
+    {"knotless-run-alpha.service", "knotless-run-alpha-kubeconfig.service", "knotless-run-alpha-kubeconfig.timer", "knotless-run-beta.service"} <= set(inst["units"])
+    and "knotless-run-beta-kubeconfig.timer" not in inst["units"],
+    sorted(inst["units"]),
+)
+
+
+def writable(r):
+    """What a runner's units may write, as absolute paths."""
+    paths = {"/var/lib/" + r["stateDirectory"], "/var/cache/" + r["cacheDirectory"], *r["readWritePaths"]}
+    if r["refreshStateDirectory"]:
+        paths.add("/var/lib/" + r["refreshStateDirectory"])
+    if r["refreshOutput"]:
+        paths.add(r["refreshOutput"])
+    return paths
+
+
+def overlaps(a, b):
+    return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
+
+
+shared = []
+names = sorted(runners)
+for i, a in enumerate(names):
+    ra = runners[a]
+    if not (ra["refreshUser"] in (None, ra["user"]) and ra["privateTmp"] is True):
+        shared.append(f"{a}: refresh user {ra['refreshUser']} or PrivateTmp={ra['privateTmp']}")
+    if set(ra["settingsDirs"]) != {"/var/lib/" + ra["stateDirectory"], "/var/cache/" + ra["cacheDirectory"]}:
+        shared.append(f"{a}: settings state-dir/cache-dir {ra['settingsDirs']} are not its unit's directories")
+    for b in names[i + 1 :]:
+        rb = runners[b]
+        if ra["user"] == rb["user"]:
+            shared.append(f"{a} and {b} run as {ra['user']}")
+        for pa in writable(ra):
+            for pb in writable(rb):
+                if overlaps(pa, pb):
+                    shared.append(f"{a} writes {pa}, {b} writes {pb}")
+check("instances: no two runners share a user or anything writable", not shared, shared)
+
+# Option docs: every {option}`X` names an option that exists, by its full
+# name (the NixOS manual links it; a relative name breaks there).
+docs_opts = d["optionDocs"]
+opt_names = {o["name"] for o in docs_opts}
+broken = sorted(
+    {(o["name"], ref) for o in docs_opts for ref in re.findall(r"\{option\}`([^`]+)`", o["description"] or "") if ref not in opt_names}
+)
+check(
+    f"option docs: {len(docs_opts)} options, every {{option}} reference names an existing option",
+    len(docs_opts) > 40 and not broken and "services.knotless-run.instances.<name>.extraPackages" in opt_names,
+    broken,
+)
 
 # Executors.
 dk, sh = s["docker"]["service"], s["shell"]["service"]

@@ -60,6 +60,7 @@ let
         busybox = stubDrv "busybox" { };
         jq = stubDrv "jq" { };
         git = stubDrv "git" { };
+        gitMinimal = stubDrv "gitMinimal" { };
       };
     in
     pkgs;
@@ -121,12 +122,52 @@ in
     mainProgram = pkg.meta.mainProgram;
     license = pkg.meta.license.spdxId;
     description = pkg.meta.description;
-    checkPhaseRunsAll = lib.hasInfix "go test -short" pkg.checkPhase && lib.hasInfix "./..." pkg.checkPhase;
+    inherit (pkg) checkFlags;
+    # Attribute names (the stubs are named after them): tests/nix/lib.sh
+    # maps each to a Debian stand-in for the sandbox check.
+    nativeCheckInputs = map (p: p.name) pkg.nativeCheckInputs;
+    checkPhaseRunsAll =
+      lib.hasInfix "go test \${checkFlags[@]}" pkg.checkPhase && lib.hasInfix "./..." pkg.checkPhase;
   };
   devShellPackages = map (p: p.name) out.devShells.x86_64-linux.default.packages;
   versionCheck = out.checks.x86_64-linux.version.testVersionArgs;
   vmCheck = out.checks.x86_64-linux.vm-k3s.name;
-  moduleImports = map toString out.nixosModules.default.imports;
+  moduleImports = map (m: if builtins.isFunction m then "<function>" else baseNameOf (toString m)) out.nixosModules.default.imports;
+  # The flake's module evaluated with the real module system (the option
+  # declarations of nix/module.nix, NixOS stubs): the package it defaults
+  # to, and that a user's setting still wins.
+  modulePackage =
+    let
+      pkgs = stubPkgs "x86_64-linux" "1.26.2" // {
+        formats.json = _: {
+          type = lib.types.attrsOf lib.types.anything;
+          generate = name: _: stubDrv name { };
+        };
+        coreutils = stubDrv "coreutils" { };
+      };
+      eval =
+        extra:
+        (lib.evalModules {
+          modules = [
+            ./nixos-stubs.nix
+            out.nixosModules.default
+            { _module.args.pkgs = pkgs; }
+            extra
+          ];
+        }).config.services.knotless-run.package.name;
+    in
+    {
+      default = eval { };
+      instance = (lib.evalModules {
+        modules = [
+          ./nixos-stubs.nix
+          out.nixosModules.default
+          { _module.args.pkgs = pkgs; }
+          { services.knotless-run.instances.a = { }; }
+        ];
+      }).config.services.knotless-run.instances.a.package.name;
+      userSet = eval { services.knotless-run.package = stubDrv "mine" { }; };
+    };
   overlay = (out.overlays.default (stubPkgs "x86_64-linux" "1.26.2") { }).knotless-run.pname;
   defaultNix = {
     inherit (viaDefault) pname vendorHash;

@@ -91,10 +91,35 @@ let
     };
   };
 
-  minimal = extra: {
-    enable = true;
-    appPasswordFile = "/run/secrets/knotless-run/app-password";
-  } // extra;
+  # The least that passes the module's assertions (for the kubernetes
+  # executor it still lacks a kubeconfig: `kube` adds one).
+  minimal =
+    extra:
+    lib.recursiveUpdate {
+      enable = true;
+      appPasswordFile = "/run/secrets/knotless-run/app-password";
+      settings.did = "did:plc:7u2ld3ffgzqvezmv6wxgxiix";
+      repos = [ "did:plc:ewvi7nxzyoun6zhxrhs64oiz/hello" ];
+    } extra;
+  kube = extra: minimal (lib.recursiveUpdate { settings.kubeconfig = "/etc/knotless/kubeconfig"; } extra);
+
+  # Two instances beside the default runner (docs'): one more Kubernetes
+  # runner with its own refresh timer, one shell runner with tools.
+  withInstances = docs // {
+    instances = {
+      alpha = minimal {
+        kubeconfigRefresh = {
+          enable = true;
+          adminKubeconfigFile = "/etc/rancher/k3s/k3s.yaml";
+        };
+      };
+      beta = minimal {
+        settings.executor = "shell";
+        extraPackages = [ (stubPackage "nodejs" { }) ];
+      };
+      off = { };
+    };
+  };
 
   toOption =
     x:
@@ -149,10 +174,23 @@ let
     let
       c = (eval package cfg).config;
       services = c.systemd.services;
-      execStart = services.knotless-run.serviceConfig.ExecStart;
+      execStart = services.knotless-run.serviceConfig.ExecStart or "";
       configMatch = builtins.match ".*(/nix/store/[a-z0-9]+-knotless-run\\.json).*" execStart;
       configPath = if configMatch == null then throw "ExecStart names no settings file" else lib.head configMatch;
-      placeholders = lib.replaceStrings [ configPath ] [ "@config@" ];
+      # Every runner's settings file (knotless-run.json, knotless-run-NAME.json).
+      placeholders =
+        text:
+        concatStrings (
+          map (x: if builtins.isList x then "@config@" else x) (
+            builtins.split "/nix/store/[a-z0-9]+-knotless-run[a-z0-9-]*\\.json" text
+          )
+        );
+      settingsOf =
+        unit:
+        let
+          m = builtins.match ".*(/nix/store/[a-z0-9]+-knotless-run[a-z0-9-]*\\.json).*" services.${unit}.serviceConfig.ExecStart;
+        in
+        builtins.fromJSON (builtins.readFile (lib.head m));
       units =
         lib.mapAttrs' (n: u: lib.nameValuePair "${n}.service" (placeholders (renderService u))) services
         // lib.mapAttrs' (n: u: lib.nameValuePair "${n}.timer" (renderTimer u)) c.systemd.timers;
@@ -160,7 +198,7 @@ let
     {
       failedAssertions = map (a: a.message) (lib.filter (a: !a.assertion) c.assertions);
       inherit units;
-      settingsJSON = builtins.readFile configPath;
+      settingsJSON = if services ? knotless-run then builtins.readFile configPath else "{}";
       service = lib.mapAttrs (_: placeholders) (
         lib.mapAttrs (_: v: if builtins.isList v then concatStringsSep "\n" (map toOption v) else toOption v)
           services.knotless-run.serviceConfig
@@ -176,6 +214,33 @@ let
       );
       timer = c.systemd.timers.knotless-run-kubeconfig.timerConfig or { };
       users = c.users.users;
+      # Per runner unit (not the refresh units): what it may write.
+      runners = lib.mapAttrs (
+        unit: u:
+        let
+          sc = u.serviceConfig;
+          refreshUnit = "${unit}-kubeconfig";
+          rsc = services.${refreshUnit}.serviceConfig or { };
+          settings = settingsOf unit;
+        in
+        {
+          user = sc.User;
+          refreshUser = rsc.User or null;
+          stateDirectory = sc.StateDirectory;
+          cacheDirectory = sc.CacheDirectory;
+          refreshStateDirectory = rsc.StateDirectory or null;
+          readWritePaths = toList (sc.ReadWritePaths or [ ]) ++ toList (rsc.ReadWritePaths or [ ]);
+          privateTmp = sc.PrivateTmp;
+          settingsDirs = [
+            settings."state-dir"
+            settings."cache-dir"
+          ];
+          kubeconfig = settings.kubeconfig or null;
+          refreshOutput = if rsc ? ExecStartPost then lib.last (lib.splitString " " rsc.ExecStartPost) else null;
+          timer = c.systemd.timers ? ${refreshUnit};
+          path = map toString u.path;
+        }
+      ) (filterAttrs (n: u: lib.hasPrefix "knotless-run" n && !lib.hasSuffix "-kubeconfig" n) services);
     };
 
   # Whether evaluating the configuration fails (a type error, for example).
@@ -188,12 +253,57 @@ in
     docs = scenario withCommand docs;
     no-kubeconfig-command = scenario withoutCommand docs;
     docker = scenario withoutCommand (minimal { settings.executor = "docker"; });
-    shell = scenario withoutCommand (minimal { settings.executor = "shell"; });
-    no-app-password = scenario withoutCommand { enable = true; };
+    shell = scenario withoutCommand (minimal {
+      settings.executor = "shell";
+      extraPackages = [ (stubPackage "nodejs" { }) ];
+    });
+    no-app-password = scenario withoutCommand (
+      kube { }
+      // {
+        appPasswordFile = null;
+      }
+    );
+    nothing = scenario withoutCommand { enable = true; };
+    no-did = scenario withoutCommand (kube { settings.did = null; });
+    did-in-args = scenario withoutCommand (
+      kube {
+        settings.did = null;
+        extraArgs = [ "--did=\${RUNNER_DID}" ];
+      }
+    );
+    no-repos = scenario withoutCommand (kube { } // { repos = [ ]; });
+    discover = scenario withoutCommand (kube { settings.discover = true; } // { repos = [ ]; });
+    repo-in-args = scenario withoutCommand (
+      kube { extraArgs = [ "\${REPO}" ]; }
+      // {
+        repos = [ ];
+      }
+    );
+    kube-nothing = scenario withoutCommand (minimal { });
+    kube-in-cluster = scenario withoutCommand (minimal { inCluster = true; });
+    instances = scenario withCommand withInstances;
+    shared-output = scenario withCommand (
+      withInstances
+      // {
+        instances = withInstances.instances // {
+          alpha = withInstances.instances.alpha // {
+            kubeconfigRefresh = withInstances.instances.alpha.kubeconfigRefresh // {
+              output = "/var/lib/knotless/kubeconfig";
+            };
+          };
+        };
+      }
+    );
+    bad-instance-name = scenario withoutCommand (
+      kube { }
+      // {
+        instances.x-kubeconfig = kube { };
+      }
+    );
     odd-interval = scenario withCommand (
       docs // { kubeconfigRefresh = docs.kubeconfigRefresh // { interval = "7h"; }; }
     );
-    env-args = scenario withoutCommand (minimal {
+    env-args = scenario withoutCommand (kube {
       extraArgs = [
         "--did=\${RUNNER_DID}"
         "--poll=50%"
@@ -204,8 +314,16 @@ in
     );
   };
 
+  # The options as the NixOS manual renders them (optionAttrSetToDocList,
+  # as nixos/lib/make-options-doc does): names, descriptions, defaults.
+  optionDocs = map (o: {
+    inherit (o) name;
+    description = o.description or "";
+    default = o.default or null;
+  }) (lib.filter (o: lib.hasPrefix "services.knotless-run" o.name && o.visible && !o.internal) (lib.optionAttrSetToDocList (eval withCommand { }).options));
+
   stopWait = lib.genAttrs [ "1h30m" "90s" "1.5m" "500ms" "0" "2h45m10s" ] (
-    d: (scenario withoutCommand (minimal { settings."stop-wait" = d; })).service.TimeoutStopSec
+    d: (scenario withoutCommand (kube { settings."stop-wait" = d; })).service.TimeoutStopSec
   );
 
   rejected = {

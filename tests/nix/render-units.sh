@@ -6,7 +6,10 @@
 #   knotless-run-kubeconfig.timer  knotless-run.json (the --config file)
 #
 # plus the docker and shell executors' runner units
-# (knotless-run.docker.service, knotless-run.shell.service). Store paths are
+# (knotless-run.docker.service, knotless-run.shell.service), and the units
+# of two instances beside the default runner (knotless-run-alpha.service,
+# its -kubeconfig service and timer; knotless-run-beta.service, a shell
+# runner with extraPackages). Store paths are
 # placeholders: @knotless-run@ (the package), @coreutils@, @config@ (the
 # settings file). The module is evaluated with nixpkgs' lib (see
 # find_nixpkgs_lib in lib.sh).
@@ -27,6 +30,9 @@ files = dict(d["docs"]["units"])
 files["knotless-run.json"] = json.dumps(json.loads(d["docs"]["settingsJSON"]), indent=2, sort_keys=True) + "\n"
 files["knotless-run.docker.service"] = d["docker"]["units"]["knotless-run.service"]
 files["knotless-run.shell.service"] = d["shell"]["units"]["knotless-run.service"]
+for name, text in d["instances"]["units"].items():
+    if name.startswith(("knotless-run-alpha", "knotless-run-beta")):
+        files[name] = text
 for name, text in sorted(files.items()):
     with open(os.path.join(out, name), "w") as f:
         f.write(text)
