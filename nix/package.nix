@@ -38,7 +38,7 @@ let
 
     # The NAR hash of `go mod vendor` for the source above.
     # tests/nix/vendor-hash.sh prints it; `--write` updates this line.
-    vendorHash = "sha256-B3t2afjWNENCstyf18NI1IxatJAXmWpnDf9sqi4eToo=";
+    vendorHash = "sha256-jGzwbNz4gYs3n89JADTClZTKAt1mspxTQogQ7nsjl6g=";
 
     subPackages = [ "cmd/knotless-run" ];
 
