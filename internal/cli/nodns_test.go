@@ -111,7 +111,7 @@ func TestServeMakesNoDNSQuery(t *testing.T) {
 		resolvConf, os.Args[0], "-test.run=^TestServeHelperProcess$", "--",
 		"--executor", "shell", "--did", runner.DID.String(), "--pds", srv.URL, "--plc-url", srv.PLCURL,
 		"--state-dir", filepath.Join(dir, "state"), "--cache-dir", filepath.Join(dir, "cache"), "--shell-root", t.TempDir(),
-		"--poll", "300ms", "--app-password-file", pwFile, owner.DID.String()+"/hello")
+		"--poll", "300ms", "--allow-local-sources", "--app-password-file", pwFile, owner.DID.String()+"/hello")
 	cmd.Env = append(os.Environ(), "KNOTLESS_SERVE_HELPER=1", "GODEBUG=netdns=go")
 	logs := &syncLog{}
 	cmd.Stdout, cmd.Stderr = logs, logs

@@ -65,6 +65,7 @@ steps:
 	w.openPull(author, fork.Dir, "feature", head)
 	w.start(w.config(func(c *daemon.Config) {
 		c.Pulls = true
+		c.Discover = true // the stranger's pulls are found by listing the PDS's accounts
 		c.Max = run.Maximums{Timeout: time.Hour, MilliCPU: 1000, Images: []string{"busybox:*"}}
 	}))
 	if _, got := w.waitFinal("big", commit, 60*time.Second); got.Status != "success" {
@@ -99,6 +100,7 @@ steps:
 	w.push(map[string]string{".knotless/workflows/check.yaml": "on: [pull]\nsteps:\n  - name: check\n    run: echo pull\n"})
 	w.start(w.config(func(c *daemon.Config) {
 		c.Pulls = true
+		c.Discover = true // the stranger's pulls are found by listing the PDS's accounts
 		c.MaxQueuedPerAuthor = 2
 	}))
 	w.waitFile(started, 30*time.Second)
