@@ -26,6 +26,7 @@ type KubeFlags struct {
 	Toleration      []string          `help:"Toleration of run pods: KEY[=VALUE]:EFFECT (repeatable)." placeholder:"KEY[=VALUE]:EFFECT" group:"kubernetes"`
 	ServiceAccount  string            `help:"Service account of run pods (its token is never mounted)." group:"kubernetes"`
 	ScheduleTimeout time.Duration     `help:"How long a run waits for a node (Pending is the scale-up signal)." default:"10m" group:"kubernetes"`
+	AllowRootSteps  bool              `help:"Run steps as the image's user (root, mostly) instead of UID 1000, for images that need it. Such pods meet Pod Security baseline only: mint the kubeconfig with --pod-security baseline." group:"kubernetes"`
 }
 
 // newKubernetes builds the Kubernetes executor from the flags.
@@ -53,6 +54,7 @@ func (f *KubeFlags) newKubernetes(env *Env, runner, image string, log *slog.Logg
 			NodeSelector:   f.NodeSelector,
 			Tolerations:    tolerations,
 			ServiceAccount: f.ServiceAccount,
+			AllowRoot:      f.AllowRootSteps,
 		},
 		ScheduleTimeout: f.ScheduleTimeout,
 		Logger:          log,

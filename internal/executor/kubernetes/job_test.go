@@ -3,6 +3,7 @@ package kubernetes
 import (
 	"flag"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -59,6 +60,11 @@ func TestBuildJobGolden(t *testing.T) {
 	}
 	golden(t, "job.golden.yaml", job)
 	golden(t, "networkpolicy.golden.yaml", BuildNetworkPolicy("runs", "did:plc:runner"))
+	root, err := BuildJob("runs", testSpec(), PodOptions{AllowRoot: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "job-allow-root.golden.yaml", root.Spec.Template.Spec.Containers[0].SecurityContext)
 }
 
 func TestBuildJobRules(t *testing.T) {
@@ -123,7 +129,9 @@ func view(pod corev1.PodSpec, deadline *int64, ttl *int32) jobView {
 }
 
 // The security properties are asserted one by one, not only through the
-// golden file, so a regenerated golden cannot quietly drop one.
+// golden file, so a regenerated golden cannot quietly drop one. By
+// default the pod meets Pod Security "restricted": every container, init
+// containers too, runs as a non-root numeric user with no capability.
 func TestBuildJobIsLockedDown(t *testing.T) {
 	t.Parallel()
 	job, err := BuildJob("runs", testSpec(), PodOptions{})
@@ -131,37 +139,72 @@ func TestBuildJobIsLockedDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	pod := job.Spec.Template.Spec
-	c := pod.Containers[0]
+	psc := pod.SecurityContext
 	checks := map[string]bool{
-		"backoffLimit 0":                  *job.Spec.BackoffLimit == 0,
-		"restartPolicy Never":             pod.RestartPolicy == corev1.RestartPolicyNever,
-		"no service account token":        pod.AutomountServiceAccountToken != nil && !*pod.AutomountServiceAccountToken,
-		"no service links":                pod.EnableServiceLinks != nil && !*pod.EnableServiceLinks,
-		"no host namespaces":              !pod.HostNetwork && !pod.HostPID && !pod.HostIPC,
-		"not privileged":                  c.SecurityContext.Privileged != nil && !*c.SecurityContext.Privileged,
-		"no privilege escalation":         c.SecurityContext.AllowPrivilegeEscalation != nil && !*c.SecurityContext.AllowPrivilegeEscalation,
-		"seccomp RuntimeDefault":          pod.SecurityContext.SeccompProfile.Type == corev1.SeccompProfileTypeRuntimeDefault,
-		"all capabilities dropped":        len(c.SecurityContext.Capabilities.Drop) == 1 && c.SecurityContext.Capabilities.Drop[0] == "ALL",
-		"one run per node":                pod.Affinity.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution[0].TopologyKey == corev1.LabelHostname,
-		"labelled with runner and run":    job.Labels[LabelRunner] == RunnerLabel("did:plc:runner") && job.Labels[LabelRun] == "r123",
-		"pod labelled like the job":       pod.Affinity != nil && job.Spec.Template.Labels[LabelRunner] == job.Labels[LabelRunner],
-		"raw DID annotated":               job.Annotations[AnnotationDID] == "did:plc:runner",
-		"spool volume is memory":          pod.Volumes[3].EmptyDir.Medium == corev1.StorageMediumMemory,
-		"no env (secrets never in specs)": len(c.Env) == 0 && len(c.EnvFrom) == 0,
+		"backoffLimit 0":               *job.Spec.BackoffLimit == 0,
+		"restartPolicy Never":          pod.RestartPolicy == corev1.RestartPolicyNever,
+		"no service account token":     pod.AutomountServiceAccountToken != nil && !*pod.AutomountServiceAccountToken,
+		"no service links":             pod.EnableServiceLinks != nil && !*pod.EnableServiceLinks,
+		"no host namespaces":           !pod.HostNetwork && !pod.HostPID && !pod.HostIPC,
+		"seccomp RuntimeDefault":       psc.SeccompProfile.Type == corev1.SeccompProfileTypeRuntimeDefault,
+		"pod runAsNonRoot":             psc.RunAsNonRoot != nil && *psc.RunAsNonRoot,
+		"pod numeric non-root user":    psc.RunAsUser != nil && *psc.RunAsUser > 0,
+		"pod non-root group":           psc.RunAsGroup != nil && *psc.RunAsGroup > 0,
+		"volumes group-owned":          psc.FSGroup != nil && *psc.FSGroup == *psc.RunAsGroup,
+		"one run per node":             pod.Affinity.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution[0].TopologyKey == corev1.LabelHostname,
+		"labelled with runner and run": job.Labels[LabelRunner] == RunnerLabel("did:plc:runner") && job.Labels[LabelRun] == "r123",
+		"pod labelled like the job":    pod.Affinity != nil && job.Spec.Template.Labels[LabelRunner] == job.Labels[LabelRunner],
+		"raw DID annotated":            job.Annotations[AnnotationDID] == "did:plc:runner",
+		"spool volume is memory":       pod.Volumes[3].EmptyDir.Medium == corev1.StorageMediumMemory,
 	}
 	for _, v := range pod.Volumes {
 		checks["no hostPath "+v.Name] = v.HostPath == nil
+	}
+	for _, c := range append(append([]corev1.Container{}, pod.InitContainers...), pod.Containers...) {
+		sc := c.SecurityContext
+		for name, ok := range map[string]bool{
+			"has a security context":          sc != nil,
+			"not privileged":                  sc != nil && sc.Privileged != nil && !*sc.Privileged,
+			"no privilege escalation":         sc != nil && sc.AllowPrivilegeEscalation != nil && !*sc.AllowPrivilegeEscalation,
+			"runAsNonRoot":                    sc != nil && sc.RunAsNonRoot != nil && *sc.RunAsNonRoot,
+			"non-root user":                   sc != nil && sc.RunAsUser != nil && *sc.RunAsUser > 0,
+			"seccomp RuntimeDefault":          sc != nil && sc.SeccompProfile != nil && sc.SeccompProfile.Type == corev1.SeccompProfileTypeRuntimeDefault,
+			"all capabilities dropped":        sc != nil && sc.Capabilities != nil && slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}),
+			"no capability added":             sc != nil && sc.Capabilities != nil && len(sc.Capabilities.Add) == 0,
+			"no env (secrets never in specs)": len(c.Env) == 0 && len(c.EnvFrom) == 0,
+		} {
+			checks["container "+c.Name+": "+name] = ok
+		}
 	}
 	for name, ok := range checks {
 		if !ok {
 			t.Errorf("job is not locked down: %s", name)
 		}
 	}
-	for _, cap := range c.SecurityContext.Capabilities.Add {
-		switch cap {
+}
+
+// The operator's opt-out for images that need root keeps everything but
+// the user, and adds back only the six capabilities root build tools use.
+func TestBuildJobAllowRoot(t *testing.T) {
+	t.Parallel()
+	job, err := BuildJob("runs", testSpec(), PodOptions{AllowRoot: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := job.Spec.Template.Spec
+	sc := pod.Containers[0].SecurityContext
+	if pod.SecurityContext.RunAsNonRoot != nil || pod.SecurityContext.RunAsUser != nil || sc.RunAsUser != nil || sc.RunAsNonRoot != nil {
+		t.Errorf("allow-root still sets a user: pod %+v, container %+v", pod.SecurityContext, sc)
+	}
+	if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Privileged == nil || *sc.Privileged ||
+		pod.SecurityContext.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+		t.Errorf("allow-root loosened more than the user: %+v", sc)
+	}
+	for _, c := range sc.Capabilities.Add {
+		switch c {
 		case "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID":
 		default:
-			t.Errorf("capability %s added", cap)
+			t.Errorf("capability %s added", c)
 		}
 	}
 }
