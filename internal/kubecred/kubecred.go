@@ -37,7 +37,9 @@ func Rules() []rbacv1.PolicyRule {
 		{APIGroups: []string{""}, Resources: []string{"pods/exec"}, Verbs: []string{"create", "get"}},
 		{APIGroups: []string{""}, Resources: []string{"pods/log"}, Verbs: []string{"get"}},
 		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"list", "watch"}},
-		{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"create", "get"}},
+		// update: a policy with the runner's name but another spec is
+		// replaced, not trusted.
+		{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"create", "get", "update"}},
 	}
 }
 
@@ -68,6 +70,7 @@ func Checks() []Check {
 		{Verb: "create", Group: "batch", Resource: "jobs", Want: true},
 		{Verb: "create", Resource: "pods", Subresource: "exec", Want: true},
 		{Verb: "create", Group: "networking.k8s.io", Resource: "networkpolicies", Want: true},
+		{Verb: "update", Group: "networking.k8s.io", Resource: "networkpolicies", Want: true},
 		{Verb: "get", Resource: "nodes", Want: false},
 		{Verb: "get", Resource: "secrets", Want: false},
 	}

@@ -8,7 +8,6 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -249,22 +248,4 @@ func resources(wf executor.Resources, opts PodOptions) (corev1.ResourceRequireme
 		}
 	}
 	return rr, nil
-}
-
-// BuildNetworkPolicy returns the policy that denies every ingress to this
-// runner's run pods.
-func BuildNetworkPolicy(namespace, runnerDID string) *networkingv1.NetworkPolicy {
-	runner := RunnerLabel(runnerDID)
-	return &networkingv1.NetworkPolicy{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:        networkPolicyNm + runner,
-			Namespace:   namespace,
-			Labels:      map[string]string{LabelRunner: runner, LabelManagedBy: managedByValue},
-			Annotations: map[string]string{AnnotationDID: runnerDID},
-		},
-		Spec: networkingv1.NetworkPolicySpec{
-			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{LabelRunner: runner}},
-			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
-		},
-	}
 }

@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"flag"
+	"net/netip"
 	"os"
 	"slices"
 	"testing"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"knotless.dev/run/internal/executor"
@@ -59,7 +62,10 @@ func TestBuildJobGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	golden(t, "job.golden.yaml", job)
-	golden(t, "networkpolicy.golden.yaml", BuildNetworkPolicy("runs", "did:plc:runner"))
+	golden(t, "networkpolicy.golden.yaml", BuildNetworkPolicy("runs", "did:plc:runner", Egress{}))
+	golden(t, "networkpolicy-deny.golden.yaml", BuildNetworkPolicy("runs", "did:plc:runner", Egress{Mode: EgressDeny}))
+	block := []netip.Prefix{LinkLocal, netip.MustParsePrefix("10.0.0.1/32"), netip.MustParsePrefix("192.0.2.7/32"), netip.MustParsePrefix("2001:db8::1/128")}
+	golden(t, "networkpolicy-allow-dns.golden.yaml", BuildNetworkPolicy("runs", "did:plc:runner", Egress{Mode: EgressAllowDNS, Block: block}))
 	root, err := BuildJob("runs", testSpec(), PodOptions{AllowRoot: true})
 	if err != nil {
 		t.Fatal(err)
@@ -205,6 +211,76 @@ func TestBuildJobAllowRoot(t *testing.T) {
 		case "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID":
 		default:
 			t.Errorf("capability %s added", c)
+		}
+	}
+}
+
+// Egress other than open blocks what a pod must never reach: with deny
+// nothing goes out; with allow-dns only port 53, and never to the
+// blocked prefixes.
+func TestNetworkPolicyEgress(t *testing.T) {
+	t.Parallel()
+	block, err := DefaultEgressBlock(t.Context(), "https://10.1.2.3:6443", []netip.Prefix{netip.MustParsePrefix("192.0.2.7/32")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := BuildNetworkPolicy("runs", "did:plc:runner", Egress{Mode: EgressOpen})
+	if slices.Contains(open.Spec.PolicyTypes, networkingv1.PolicyTypeEgress) {
+		t.Errorf("open egress has an Egress policy type")
+	}
+	deny := BuildNetworkPolicy("runs", "did:plc:runner", Egress{Mode: EgressDeny, Block: block})
+	if !slices.Contains(deny.Spec.PolicyTypes, networkingv1.PolicyTypeEgress) || len(deny.Spec.Egress) != 0 {
+		t.Errorf("deny: types %v, rules %v; want Egress and no rule", deny.Spec.PolicyTypes, deny.Spec.Egress)
+	}
+	dns := BuildNetworkPolicy("runs", "did:plc:runner", Egress{Mode: EgressAllowDNS, Block: block})
+	if !slices.Contains(dns.Spec.PolicyTypes, networkingv1.PolicyTypeEgress) || len(dns.Spec.Egress) != 1 {
+		t.Fatalf("allow-dns: types %v, rules %v", dns.Spec.PolicyTypes, dns.Spec.Egress)
+	}
+	rule := dns.Spec.Egress[0]
+	for _, p := range rule.Ports {
+		if p.Port == nil || p.Port.IntValue() != 53 || p.EndPort != nil {
+			t.Errorf("allow-dns allows port %v (end %v)", p.Port, p.EndPort)
+		}
+	}
+	if len(rule.Ports) != 2 {
+		t.Errorf("allow-dns ports %v, want UDP and TCP 53", rule.Ports)
+	}
+	for _, peer := range rule.To {
+		if peer.IPBlock == nil {
+			continue
+		}
+		for _, want := range []string{"169.254.0.0/16", "10.1.2.3/32", "192.0.2.7/32"} {
+			if !slices.Contains(peer.IPBlock.Except, want) {
+				t.Errorf("allow-dns ipBlock %s does not except %s: %v", peer.IPBlock.CIDR, want, peer.IPBlock.Except)
+			}
+		}
+	}
+}
+
+func TestPolicyMatches(t *testing.T) {
+	t.Parallel()
+	want := BuildNetworkPolicy("runs", "did:plc:runner", Egress{Mode: EgressDeny})
+	allowAll := want.DeepCopy()
+	allowAll.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{}}
+	otherPods := want.DeepCopy()
+	otherPods.Spec.PodSelector = metav1.LabelSelector{MatchLabels: map[string]string{"x": "y"}}
+	noEgress := want.DeepCopy()
+	noEgress.Spec.PolicyTypes = noEgress.Spec.PolicyTypes[:1]
+	emptyLists := want.DeepCopy()
+	emptyLists.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{}
+	for _, tt := range []struct {
+		name string
+		have *networkingv1.NetworkPolicy
+		want bool
+	}{
+		{"same", want.DeepCopy(), true},
+		{"empty lists", emptyLists, true},
+		{"allow-all ingress", allowAll, false},
+		{"other pods", otherPods, false},
+		{"egress not denied", noEgress, false},
+	} {
+		if got := policyMatches(tt.have, want); got != tt.want {
+			t.Errorf("%s: policyMatches = %v, want %v", tt.name, got, tt.want)
 		}
 	}
 }
