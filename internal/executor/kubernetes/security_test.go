@@ -8,11 +8,18 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 
 	knotlesskube "knotless.dev/run/internal/executor/kubernetes"
 	"knotless.dev/run/internal/kubecred"
@@ -53,6 +60,120 @@ steps:
 		t.Errorf("output out.txt: %q, %v", b, err)
 	}
 	assertNothingLeft(t, c)
+}
+
+// The runs namespace that `knotless-run kubeconfig` makes enforces Pod
+// Security "restricted": with the runner's own scoped credential, a Job
+// whose pod is privileged is refused at the pod's admission, so a stolen
+// runner kubeconfig cannot make a privileged pod. The runner's own Jobs
+// are admitted.
+func TestRunsNamespaceRestricted(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t)
+	ctx := context.Background()
+	opts := kubecred.Options{Namespace: c.Namespace, ServiceAccount: "knotless-runner", Duration: time.Hour}
+	if err := kubecred.Ensure(ctx, c.Clientset, opts); err != nil {
+		t.Fatal(err)
+	}
+	ns, err := c.Clientset.CoreV1().Namespaces().Get(ctx, c.Namespace, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ns.Labels[kubecred.LabelPodSecurityEnforce]; got != "restricted" {
+		t.Errorf("namespace label %s = %q, want restricted", kubecred.LabelPodSecurityEnforce, got)
+	}
+	kc, _, err := kubecred.Mint(ctx, c.Clientset, c.Config, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "runner.kubeconfig")
+	if err := kubecred.WriteKubeconfig(path, kc); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := clientcmd.NewDefaultClientConfig(*kc, nil).ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	warnings := &warningRecorder{}
+	cfg.WarningHandler = warnings
+	runner, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A privileged Job, as a stolen credential would make it.
+	zero := int32(0)
+	evil := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: "privileged"},
+		Spec: batchv1.JobSpec{BackoffLimit: &zero, Template: corev1.PodTemplateSpec{
+			ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "privileged"}},
+			Spec: corev1.PodSpec{
+				RestartPolicy:                corev1.RestartPolicyNever,
+				AutomountServiceAccountToken: ptr.To(false),
+				Containers: []corev1.Container{{
+					Name: "run", Image: c.Image, ImagePullPolicy: corev1.PullNever,
+					Command:         []string{"sh", "-c", "sleep 3600"},
+					SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
+				}},
+			},
+		}},
+	}
+	if _, err := runner.BatchV1().Jobs(c.Namespace).Create(ctx, evil, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create the Job with the runner's credential: %v", err)
+	}
+	t.Logf("warnings on create: %q", warnings.all())
+	refused := ""
+	deadline := time.Now().Add(45 * time.Second)
+	for time.Now().Before(deadline) && refused == "" {
+		events, err := c.Clientset.CoreV1().Events(c.Namespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=privileged"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range events.Items {
+			if e.Reason == "FailedCreate" && strings.Contains(e.Message, "violates PodSecurity") {
+				refused = e.Message
+			}
+		}
+		pods, err := c.Clientset.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app=privileged"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(pods.Items) > 0 {
+			t.Fatalf("a privileged pod was admitted in the runs namespace: %s", pods.Items[0].Name)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if refused == "" {
+		t.Fatalf("no FailedCreate event naming PodSecurity for the privileged Job")
+	}
+	t.Logf("refused: %s", refused)
+	if !strings.Contains(warnings.all(), "PodSecurity") {
+		t.Errorf("the API server did not warn the creator: %q", warnings.all())
+	}
+
+	// The runner's own Jobs pass.
+	ex := newExecutor(t, c, func(cfg *knotlesskube.Config) { cfg.Credentials.Kubeconfig = path })
+	res := engine(ex, c.Image).Run(ctx, run.Request{RunID: randomID("pss"), Workflow: parse(t, "on: push\nsteps: [{run: 'id -u'}]\n"), Checkout: t.TempDir(), Trusted: true})
+	if res.Status != run.Success {
+		t.Errorf("a run in the restricted namespace: %s (%s)\n%s", res.Status, res.Error, res.Log)
+	}
+}
+
+type warningRecorder struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (w *warningRecorder) HandleWarningHeader(code int, agent, text string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.msgs = append(w.msgs, text)
+}
+
+func (w *warningRecorder) all() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return strings.Join(w.msgs, "; ")
 }
 
 // runnerPolicy returns the runner's NetworkPolicy as the API has it.
