@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -59,6 +60,10 @@ type Options struct {
 const (
 	LabelPodSecurityEnforce        = "pod-security.kubernetes.io/enforce"
 	LabelPodSecurityEnforceVersion = "pod-security.kubernetes.io/enforce-version"
+	// warn makes the API server tell whoever creates a Job whose pods
+	// would be refused (enforce checks only the pods themselves).
+	LabelPodSecurityWarn        = "pod-security.kubernetes.io/warn"
+	LabelPodSecurityWarnVersion = "pod-security.kubernetes.io/warn-version"
 )
 
 // PodSecurityLevel checks a level, "" meaning restricted.
@@ -76,9 +81,15 @@ func PodSecurityLevel(level string) (string, error) {
 // credential can only make Jobs whose pods pass the level.
 func namespaceLabels(level string) map[string]string {
 	l := labels()
-	l[LabelPodSecurityEnforce] = level
-	l[LabelPodSecurityEnforceVersion] = "latest"
+	maps.Copy(l, podSecurityLabels(level))
 	return l
+}
+
+func podSecurityLabels(level string) map[string]string {
+	return map[string]string{
+		LabelPodSecurityEnforce: level, LabelPodSecurityEnforceVersion: "latest",
+		LabelPodSecurityWarn: level, LabelPodSecurityWarnVersion: "latest",
+	}
 }
 
 // Check is one access question and its answer.
@@ -185,13 +196,17 @@ func Ensure(ctx context.Context, cs kubernetes.Interface, o Options) error {
 // (a merge patch: other labels stay). A namespace labelled already needs
 // no right beyond get.
 func labelNamespace(ctx context.Context, cs kubernetes.Interface, name, level string) error {
-	if have, err := cs.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{}); err == nil &&
-		have.Labels[LabelPodSecurityEnforce] == level && have.Labels[LabelPodSecurityEnforceVersion] == "latest" {
-		return nil
+	want := podSecurityLabels(level)
+	if have, err := cs.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{}); err == nil {
+		missing := false
+		for k, v := range want {
+			missing = missing || have.Labels[k] != v
+		}
+		if !missing {
+			return nil
+		}
 	}
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{
-		LabelPodSecurityEnforce: level, LabelPodSecurityEnforceVersion: "latest",
-	}}})
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": want}})
 	if err != nil {
 		return err
 	}
