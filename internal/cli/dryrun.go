@@ -33,7 +33,13 @@ func (c *RunCmd) printManifests(env *Env, spec executor.Spec, secrets map[string
 		return fmt.Errorf("--dry-run: build job: %w", err)
 	}
 	job.TypeMeta = metav1.TypeMeta{APIVersion: "batch/v1", Kind: "Job"}
-	policy := kubernetes.BuildNetworkPolicy(ns, spec.Runner)
+	egress, err := c.egress()
+	if err != nil {
+		return err
+	}
+	// With --egress allow-dns the executor also blocks the API server's
+	// addresses, which come from the kubeconfig a dry run does not read.
+	policy := kubernetes.BuildNetworkPolicy(ns, spec.Runner, egress)
 	policy.TypeMeta = metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"}
 	values := make([]string, 0, len(secrets))
 	for _, v := range secrets {

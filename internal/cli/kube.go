@@ -3,6 +3,8 @@ package cli
 import (
 	"fmt"
 	"log/slog"
+	"net"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -26,11 +28,18 @@ type KubeFlags struct {
 	Toleration      []string          `help:"Toleration of run pods: KEY[=VALUE]:EFFECT (repeatable)." placeholder:"KEY[=VALUE]:EFFECT" group:"kubernetes"`
 	ServiceAccount  string            `help:"Service account of run pods (its token is never mounted)." group:"kubernetes"`
 	ScheduleTimeout time.Duration     `help:"How long a run waits for a node (Pending is the scale-up signal)." default:"10m" group:"kubernetes"`
+	AllowRootSteps  bool              `help:"Run steps as the image's user (root, mostly) instead of UID 1000, for images that need it. Such pods meet Pod Security baseline only: mint the kubeconfig with --pod-security baseline." group:"kubernetes"`
+	Egress          string            `help:"What run pods may send out: open (as the cluster allows), deny (nothing), allow-dns (DNS only, never to the API server, link-local metadata, this host or --egress-block)." enum:"open,deny,allow-dns" default:"open" group:"kubernetes"`
+	EgressBlock     []string          `help:"With --egress allow-dns: a CIDR that DNS may not reach either (repeatable); the API server, 169.254.0.0/16 and this host's addresses always are." placeholder:"CIDR" group:"kubernetes"`
 }
 
 // newKubernetes builds the Kubernetes executor from the flags.
 func (f *KubeFlags) newKubernetes(env *Env, runner, image string, log *slog.Logger) (*kubernetes.Executor, error) {
 	pod, err := f.podOptions(image)
+	if err != nil {
+		return nil, err
+	}
+	egress, err := f.egress()
 	if err != nil {
 		return nil, err
 	}
@@ -44,6 +53,7 @@ func (f *KubeFlags) newKubernetes(env *Env, runner, image string, log *slog.Logg
 		},
 		Runner:          runner,
 		Pod:             pod,
+		Egress:          egress,
 		ScheduleTimeout: f.ScheduleTimeout,
 		Logger:          log,
 	})
@@ -69,7 +79,43 @@ func (f *KubeFlags) podOptions(image string) (kubernetes.PodOptions, error) {
 		NodeSelector:   f.NodeSelector,
 		Tolerations:    tolerations,
 		ServiceAccount: f.ServiceAccount,
+		AllowRoot:      f.AllowRootSteps,
 	}, nil
+}
+
+// egress reads --egress and --egress-block, adding this host's own
+// addresses to the block list: a run pod's DNS must not reach the runner.
+func (f *KubeFlags) egress() (kubernetes.Egress, error) {
+	mode, err := kubernetes.ParseEgressMode(f.Egress)
+	if err != nil {
+		return kubernetes.Egress{}, fmt.Errorf("--egress: %w", err)
+	}
+	eg := kubernetes.Egress{Mode: mode}
+	for _, s := range f.EgressBlock {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			a, aerr := netip.ParseAddr(s)
+			if aerr != nil {
+				return kubernetes.Egress{}, fmt.Errorf("--egress-block %q: want a CIDR or an address", s)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		eg.Block = append(eg.Block, p)
+	}
+	if mode == kubernetes.EgressAllowDNS {
+		addrs, err := net.InterfaceAddrs()
+		if err != nil {
+			return kubernetes.Egress{}, fmt.Errorf("--egress allow-dns: this host's addresses: %w", err)
+		}
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && !n.IP.IsLoopback() {
+				if ip, ok := netip.AddrFromSlice(n.IP); ok {
+					eg.Block = append(eg.Block, netip.PrefixFrom(ip.Unmap(), ip.Unmap().BitLen()))
+				}
+			}
+		}
+	}
+	return eg, nil
 }
 
 // parseTolerations reads KEY[=VALUE]:EFFECT.

@@ -20,6 +20,7 @@ type KubeconfigCmd struct {
 	ServiceAccount  string        `help:"The runner's ServiceAccount." default:"knotless-runner"`
 	Duration        time.Duration `help:"Life of the token." default:"24h"`
 	Context         string        `help:"Context of the admin kubeconfig."`
+	PodSecurity     string        `help:"Pod Security level the namespace enforces: restricted, or baseline for runners with --allow-root-steps." enum:"restricted,baseline" default:"restricted"`
 	Check           string        `help:"Check an existing kubeconfig instead: print its access answers and token expiry; exit non-zero when expired or within --warn." placeholder:"FILE"`
 	Warn            time.Duration `help:"With --check: how close to expiry counts as a failure." default:"1h"`
 }
@@ -42,7 +43,7 @@ func (c *KubeconfigCmd) Run(ctx context.Context, env *Env) error {
 	if err != nil {
 		return fmt.Errorf("--admin-kubeconfig %s: %w", c.AdminKubeconfig, err)
 	}
-	opts := kubecred.Options{Namespace: c.Namespace, ServiceAccount: c.ServiceAccount, Duration: c.Duration}
+	opts := kubecred.Options{Namespace: c.Namespace, ServiceAccount: c.ServiceAccount, Duration: c.Duration, PodSecurity: c.PodSecurity}
 	if err := kubecred.Ensure(ctx, cs, opts); err != nil {
 		return err
 	}

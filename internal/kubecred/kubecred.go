@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -37,7 +39,9 @@ func Rules() []rbacv1.PolicyRule {
 		{APIGroups: []string{""}, Resources: []string{"pods/exec"}, Verbs: []string{"create", "get"}},
 		{APIGroups: []string{""}, Resources: []string{"pods/log"}, Verbs: []string{"get"}},
 		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"list", "watch"}},
-		{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"create", "get"}},
+		// update: a policy with the runner's name but another spec is
+		// replaced, not trusted.
+		{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"create", "get", "update"}},
 	}
 }
 
@@ -46,6 +50,46 @@ type Options struct {
 	Namespace      string
 	ServiceAccount string
 	Duration       time.Duration
+	// PodSecurity is the Pod Security level the namespace enforces:
+	// "restricted" (the default) or "baseline" (for runners that run
+	// steps as root).
+	PodSecurity string
+}
+
+// Pod Security admission labels of the runs namespace.
+const (
+	LabelPodSecurityEnforce        = "pod-security.kubernetes.io/enforce"
+	LabelPodSecurityEnforceVersion = "pod-security.kubernetes.io/enforce-version"
+	// warn makes the API server tell whoever creates a Job whose pods
+	// would be refused (enforce checks only the pods themselves).
+	LabelPodSecurityWarn        = "pod-security.kubernetes.io/warn"
+	LabelPodSecurityWarnVersion = "pod-security.kubernetes.io/warn-version"
+)
+
+// PodSecurityLevel checks a level, "" meaning restricted.
+func PodSecurityLevel(level string) (string, error) {
+	switch level {
+	case "":
+		return "restricted", nil
+	case "restricted", "baseline":
+		return level, nil
+	}
+	return "", fmt.Errorf("pod security level %q: want restricted or baseline", level)
+}
+
+// namespaceLabels are the labels of the runs namespace: a stolen runner
+// credential can only make Jobs whose pods pass the level.
+func namespaceLabels(level string) map[string]string {
+	l := labels()
+	maps.Copy(l, podSecurityLabels(level))
+	return l
+}
+
+func podSecurityLabels(level string) map[string]string {
+	return map[string]string{
+		LabelPodSecurityEnforce: level, LabelPodSecurityEnforceVersion: "latest",
+		LabelPodSecurityWarn: level, LabelPodSecurityWarnVersion: "latest",
+	}
 }
 
 // Check is one access question and its answer.
@@ -68,6 +112,10 @@ func Checks() []Check {
 		{Verb: "create", Group: "batch", Resource: "jobs", Want: true},
 		{Verb: "create", Resource: "pods", Subresource: "exec", Want: true},
 		{Verb: "create", Group: "networking.k8s.io", Resource: "networkpolicies", Want: true},
+		{Verb: "update", Group: "networking.k8s.io", Resource: "networkpolicies", Want: true},
+		// Pods come only from Jobs, admitted under the namespace's Pod
+		// Security level.
+		{Verb: "create", Resource: "pods", Want: false},
 		{Verb: "get", Resource: "nodes", Want: false},
 		{Verb: "get", Resource: "secrets", Want: false},
 	}
@@ -84,13 +132,25 @@ func labels() map[string]string {
 func Ensure(ctx context.Context, cs kubernetes.Interface, o Options) error {
 	// An admin scoped to an existing namespace may not create namespaces:
 	// that only matters when the namespace turns out to be missing.
+	level, err := PodSecurityLevel(o.PodSecurity)
+	if err != nil {
+		return err
+	}
 	var nsErr error
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: o.Namespace, Labels: labels()}}
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		if !apierrors.IsForbidden(err) {
-			return permission(err, "create", "namespaces", o.Namespace)
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: o.Namespace, Labels: namespaceLabels(level)}}
+	_, err = cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{})
+	switch {
+	case apierrors.IsAlreadyExists(err):
+		if err := labelNamespace(ctx, cs, o.Namespace, level); err != nil {
+			return err
 		}
+	case apierrors.IsForbidden(err):
 		nsErr = permission(err, "create", "namespaces", o.Namespace)
+		if err := labelNamespace(ctx, cs, o.Namespace, level); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+	case err != nil:
+		return permission(err, "create", "namespaces", o.Namespace)
 	}
 	sa := &corev1.ServiceAccount{
 		ObjectMeta:                   metav1.ObjectMeta{Name: o.ServiceAccount, Namespace: o.Namespace, Labels: labels()},
@@ -130,6 +190,33 @@ func Ensure(ctx context.Context, cs kubernetes.Interface, o Options) error {
 			return err
 		},
 	)
+}
+
+// labelNamespace sets the Pod Security labels on an existing namespace
+// (a merge patch: other labels stay). A namespace labelled already needs
+// no right beyond get.
+func labelNamespace(ctx context.Context, cs kubernetes.Interface, name, level string) error {
+	want := podSecurityLabels(level)
+	if have, err := cs.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{}); err == nil {
+		missing := false
+		for k, v := range want {
+			missing = missing || have.Labels[k] != v
+		}
+		if !missing {
+			return nil
+		}
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": want}})
+	if err != nil {
+		return err
+	}
+	if _, err := cs.CoreV1().Namespaces().Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		if apierrors.IsForbidden(err) {
+			return fmt.Errorf("the admin credential may not patch namespace %s to label it %s=%s (RBAC; label it yourself): %w", name, LabelPodSecurityEnforce, level, err)
+		}
+		return fmt.Errorf("label namespace %s %s=%s: %w", name, LabelPodSecurityEnforce, level, err)
+	}
+	return nil
 }
 
 func createOrUpdate(ctx context.Context, resource, ns string, create, update func() error) error {

@@ -545,7 +545,9 @@ func TestAdoptThatFailsStopsTheSession(t *testing.T) {
 // from the runner's, the transfer is sent once more, and a second
 // mismatch ends the run `error` with nothing unpacked. A step puts an `sh`
 // ahead of busybox's in PATH (the runtime looks up the exec's `sh` there)
-// that drops get.sh's digest line the given number of times.
+// that drops get.sh's digest line the given number of times: writing
+// /usr/local/sbin needs root, so these runs use the operator's
+// allow-root opt-out.
 func TestTransferDigestMismatch(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
@@ -576,7 +578,8 @@ steps:
       chmod +x /usr/local/sbin/sh
 `, tt.lies)
 			outputs := filepath.Join(t.TempDir(), "out")
-			res := engine(newExecutor(t, c, nil), c.Image).Run(context.Background(), run.Request{
+			asRoot := func(cfg *kubernetes.Config) { cfg.Pod.AllowRoot = true }
+			res := engine(newExecutor(t, c, asRoot), c.Image).Run(context.Background(), run.Request{
 				RunID: randomID("dm"), Workflow: parse(t, src), Checkout: t.TempDir(), Outputs: outputs, Trusted: true,
 			})
 			log := string(res.Log)

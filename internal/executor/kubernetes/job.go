@@ -8,7 +8,6 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -44,11 +43,48 @@ const defaultDeadline = 6 * time.Hour
 // not delete itself.
 const ttlAfterFinished = 10 * time.Minute
 
-// capabilities are the only ones a run keeps: what package managers and
-// build tools running as root in the image need to own and chmod files
-// and to switch users. Everything else, NET_RAW among it, is dropped.
-func capabilities() []corev1.Capability {
+// RunAsUser is the user (and group, and the volumes' group) that steps
+// run as by default: not root, so the pod passes Pod Security
+// "restricted". The run directories are emptyDirs, which the kubelet
+// makes writable by every user, and group-owned by this GID (fsGroup).
+const RunAsUser = 1000
+
+// rootCapabilities are the only ones a root run (PodOptions.AllowRoot)
+// keeps: what package managers and build tools running as root in the
+// image need to own and chmod files and to switch users. Everything
+// else, NET_RAW among it, is dropped. A default (non-root) run keeps none.
+func rootCapabilities() []corev1.Capability {
 	return []corev1.Capability{"CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID"}
+}
+
+// podSecurity returns the pod's and every container's security context.
+// By default they meet Pod Security "restricted": a non-root numeric
+// user, no privilege escalation, seccomp RuntimeDefault, every
+// capability dropped. allowRoot (the operator's opt-out for images that
+// need root) keeps root and the six capabilities of rootCapabilities,
+// which meets "baseline" only.
+func podSecurity(allowRoot bool) (*corev1.PodSecurityContext, *corev1.SecurityContext) {
+	pod := &corev1.PodSecurityContext{
+		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+	ctr := &corev1.SecurityContext{
+		Privileged:               ptr.To(false),
+		AllowPrivilegeEscalation: ptr.To(false),
+		SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+	}
+	if allowRoot {
+		ctr.Capabilities.Add = rootCapabilities()
+		return pod, ctr
+	}
+	pod.RunAsNonRoot = ptr.To(true)
+	pod.RunAsUser = ptr.To[int64](RunAsUser)
+	pod.RunAsGroup = ptr.To[int64](RunAsUser)
+	pod.FSGroup = ptr.To[int64](RunAsUser)
+	ctr.RunAsNonRoot = ptr.To(true)
+	ctr.RunAsUser = ptr.To[int64](RunAsUser)
+	ctr.RunAsGroup = ptr.To[int64](RunAsUser)
+	return pod, ctr
 }
 
 // keepAlive is the pod's command: it works in any image with a POSIX sh,
@@ -81,6 +117,11 @@ type PodOptions struct {
 	// StateSizeLimit bounds the memory-backed volume that holds step
 	// output spools.
 	StateSizeLimit string
+	// AllowRoot runs steps as the image's user (root, mostly) with the
+	// capabilities root build tools need, for images that cannot work
+	// otherwise. Such pods meet Pod Security "baseline", not
+	// "restricted": the runs namespace must be labelled for it.
+	AllowRoot bool
 }
 
 // BuildJob returns the Job for one run. It is pure: everything it needs
@@ -126,6 +167,7 @@ func BuildJob(namespace string, spec executor.Spec, opts PodOptions) (*batchv1.J
 		{Name: "state", MountPath: stateDir},
 		{Name: "transfer", MountPath: transferDir},
 	}
+	podSC, containerSC := podSecurity(opts.AllowRoot)
 	pod := corev1.PodSpec{
 		RestartPolicy:                 corev1.RestartPolicyNever,
 		AutomountServiceAccountToken:  ptr.To(false),
@@ -134,9 +176,7 @@ func BuildJob(namespace string, spec executor.Spec, opts PodOptions) (*batchv1.J
 		ServiceAccountName:            opts.ServiceAccount,
 		NodeSelector:                  opts.NodeSelector,
 		Tolerations:                   opts.Tolerations,
-		SecurityContext: &corev1.PodSecurityContext{
-			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-		},
+		SecurityContext:               podSC,
 		// One run per node: a run never shares a node with another run of
 		// this runner.
 		Affinity: &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
@@ -154,11 +194,7 @@ func BuildJob(namespace string, spec executor.Spec, opts PodOptions) (*batchv1.J
 			WorkingDir:      dirs.Work,
 			Resources:       res,
 			VolumeMounts:    mounts,
-			SecurityContext: &corev1.SecurityContext{
-				Privileged:               ptr.To(false),
-				AllowPrivilegeEscalation: ptr.To(false),
-				Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: capabilities()},
-			},
+			SecurityContext: containerSC,
 		}},
 	}
 	if opts.RuntimeClass != "" {
@@ -212,22 +248,4 @@ func resources(wf executor.Resources, opts PodOptions) (corev1.ResourceRequireme
 		}
 	}
 	return rr, nil
-}
-
-// BuildNetworkPolicy returns the policy that denies every ingress to this
-// runner's run pods.
-func BuildNetworkPolicy(namespace, runnerDID string) *networkingv1.NetworkPolicy {
-	runner := RunnerLabel(runnerDID)
-	return &networkingv1.NetworkPolicy{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:        networkPolicyNm + runner,
-			Namespace:   namespace,
-			Labels:      map[string]string{LabelRunner: runner, LabelManagedBy: managedByValue},
-			Annotations: map[string]string{AnnotationDID: runnerDID},
-		},
-		Spec: networkingv1.NetworkPolicySpec{
-			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{LabelRunner: runner}},
-			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
-		},
-	}
 }

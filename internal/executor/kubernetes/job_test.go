@@ -2,12 +2,16 @@ package kubernetes
 
 import (
 	"flag"
+	"net/netip"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"knotless.dev/run/internal/executor"
@@ -58,7 +62,15 @@ func TestBuildJobGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	golden(t, "job.golden.yaml", job)
-	golden(t, "networkpolicy.golden.yaml", BuildNetworkPolicy("runs", "did:plc:runner"))
+	golden(t, "networkpolicy.golden.yaml", BuildNetworkPolicy("runs", "did:plc:runner", Egress{}))
+	golden(t, "networkpolicy-deny.golden.yaml", BuildNetworkPolicy("runs", "did:plc:runner", Egress{Mode: EgressDeny}))
+	block := []netip.Prefix{LinkLocal, netip.MustParsePrefix("10.0.0.1/32"), netip.MustParsePrefix("192.0.2.7/32"), netip.MustParsePrefix("2001:db8::1/128")}
+	golden(t, "networkpolicy-allow-dns.golden.yaml", BuildNetworkPolicy("runs", "did:plc:runner", Egress{Mode: EgressAllowDNS, Block: block}))
+	root, err := BuildJob("runs", testSpec(), PodOptions{AllowRoot: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "job-allow-root.golden.yaml", root.Spec.Template.Spec.Containers[0].SecurityContext)
 }
 
 func TestBuildJobRules(t *testing.T) {
@@ -123,7 +135,9 @@ func view(pod corev1.PodSpec, deadline *int64, ttl *int32) jobView {
 }
 
 // The security properties are asserted one by one, not only through the
-// golden file, so a regenerated golden cannot quietly drop one.
+// golden file, so a regenerated golden cannot quietly drop one. By
+// default the pod meets Pod Security "restricted": every container, init
+// containers too, runs as a non-root numeric user with no capability.
 func TestBuildJobIsLockedDown(t *testing.T) {
 	t.Parallel()
 	job, err := BuildJob("runs", testSpec(), PodOptions{})
@@ -131,37 +145,142 @@ func TestBuildJobIsLockedDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	pod := job.Spec.Template.Spec
-	c := pod.Containers[0]
+	psc := pod.SecurityContext
 	checks := map[string]bool{
-		"backoffLimit 0":                  *job.Spec.BackoffLimit == 0,
-		"restartPolicy Never":             pod.RestartPolicy == corev1.RestartPolicyNever,
-		"no service account token":        pod.AutomountServiceAccountToken != nil && !*pod.AutomountServiceAccountToken,
-		"no service links":                pod.EnableServiceLinks != nil && !*pod.EnableServiceLinks,
-		"no host namespaces":              !pod.HostNetwork && !pod.HostPID && !pod.HostIPC,
-		"not privileged":                  c.SecurityContext.Privileged != nil && !*c.SecurityContext.Privileged,
-		"no privilege escalation":         c.SecurityContext.AllowPrivilegeEscalation != nil && !*c.SecurityContext.AllowPrivilegeEscalation,
-		"seccomp RuntimeDefault":          pod.SecurityContext.SeccompProfile.Type == corev1.SeccompProfileTypeRuntimeDefault,
-		"all capabilities dropped":        len(c.SecurityContext.Capabilities.Drop) == 1 && c.SecurityContext.Capabilities.Drop[0] == "ALL",
-		"one run per node":                pod.Affinity.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution[0].TopologyKey == corev1.LabelHostname,
-		"labelled with runner and run":    job.Labels[LabelRunner] == RunnerLabel("did:plc:runner") && job.Labels[LabelRun] == "r123",
-		"pod labelled like the job":       pod.Affinity != nil && job.Spec.Template.Labels[LabelRunner] == job.Labels[LabelRunner],
-		"raw DID annotated":               job.Annotations[AnnotationDID] == "did:plc:runner",
-		"spool volume is memory":          pod.Volumes[3].EmptyDir.Medium == corev1.StorageMediumMemory,
-		"no env (secrets never in specs)": len(c.Env) == 0 && len(c.EnvFrom) == 0,
+		"backoffLimit 0":               *job.Spec.BackoffLimit == 0,
+		"restartPolicy Never":          pod.RestartPolicy == corev1.RestartPolicyNever,
+		"no service account token":     pod.AutomountServiceAccountToken != nil && !*pod.AutomountServiceAccountToken,
+		"no service links":             pod.EnableServiceLinks != nil && !*pod.EnableServiceLinks,
+		"no host namespaces":           !pod.HostNetwork && !pod.HostPID && !pod.HostIPC,
+		"seccomp RuntimeDefault":       psc.SeccompProfile.Type == corev1.SeccompProfileTypeRuntimeDefault,
+		"pod runAsNonRoot":             psc.RunAsNonRoot != nil && *psc.RunAsNonRoot,
+		"pod numeric non-root user":    psc.RunAsUser != nil && *psc.RunAsUser > 0,
+		"pod non-root group":           psc.RunAsGroup != nil && *psc.RunAsGroup > 0,
+		"volumes group-owned":          psc.FSGroup != nil && *psc.FSGroup == *psc.RunAsGroup,
+		"one run per node":             pod.Affinity.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution[0].TopologyKey == corev1.LabelHostname,
+		"labelled with runner and run": job.Labels[LabelRunner] == RunnerLabel("did:plc:runner") && job.Labels[LabelRun] == "r123",
+		"pod labelled like the job":    pod.Affinity != nil && job.Spec.Template.Labels[LabelRunner] == job.Labels[LabelRunner],
+		"raw DID annotated":            job.Annotations[AnnotationDID] == "did:plc:runner",
+		"spool volume is memory":       pod.Volumes[3].EmptyDir.Medium == corev1.StorageMediumMemory,
 	}
 	for _, v := range pod.Volumes {
 		checks["no hostPath "+v.Name] = v.HostPath == nil
+	}
+	for _, c := range append(append([]corev1.Container{}, pod.InitContainers...), pod.Containers...) {
+		sc := c.SecurityContext
+		for name, ok := range map[string]bool{
+			"has a security context":          sc != nil,
+			"not privileged":                  sc != nil && sc.Privileged != nil && !*sc.Privileged,
+			"no privilege escalation":         sc != nil && sc.AllowPrivilegeEscalation != nil && !*sc.AllowPrivilegeEscalation,
+			"runAsNonRoot":                    sc != nil && sc.RunAsNonRoot != nil && *sc.RunAsNonRoot,
+			"non-root user":                   sc != nil && sc.RunAsUser != nil && *sc.RunAsUser > 0,
+			"seccomp RuntimeDefault":          sc != nil && sc.SeccompProfile != nil && sc.SeccompProfile.Type == corev1.SeccompProfileTypeRuntimeDefault,
+			"all capabilities dropped":        sc != nil && sc.Capabilities != nil && slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}),
+			"no capability added":             sc != nil && sc.Capabilities != nil && len(sc.Capabilities.Add) == 0,
+			"no env (secrets never in specs)": len(c.Env) == 0 && len(c.EnvFrom) == 0,
+		} {
+			checks["container "+c.Name+": "+name] = ok
+		}
 	}
 	for name, ok := range checks {
 		if !ok {
 			t.Errorf("job is not locked down: %s", name)
 		}
 	}
-	for _, cap := range c.SecurityContext.Capabilities.Add {
-		switch cap {
+}
+
+// The operator's opt-out for images that need root keeps everything but
+// the user, and adds back only the six capabilities root build tools use.
+func TestBuildJobAllowRoot(t *testing.T) {
+	t.Parallel()
+	job, err := BuildJob("runs", testSpec(), PodOptions{AllowRoot: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := job.Spec.Template.Spec
+	sc := pod.Containers[0].SecurityContext
+	if pod.SecurityContext.RunAsNonRoot != nil || pod.SecurityContext.RunAsUser != nil || sc.RunAsUser != nil || sc.RunAsNonRoot != nil {
+		t.Errorf("allow-root still sets a user: pod %+v, container %+v", pod.SecurityContext, sc)
+	}
+	if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Privileged == nil || *sc.Privileged ||
+		pod.SecurityContext.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+		t.Errorf("allow-root loosened more than the user: %+v", sc)
+	}
+	for _, c := range sc.Capabilities.Add {
+		switch c {
 		case "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID":
 		default:
-			t.Errorf("capability %s added", cap)
+			t.Errorf("capability %s added", c)
+		}
+	}
+}
+
+// Egress other than open blocks what a pod must never reach: with deny
+// nothing goes out; with allow-dns only port 53, and never to the
+// blocked prefixes.
+func TestNetworkPolicyEgress(t *testing.T) {
+	t.Parallel()
+	block, err := DefaultEgressBlock(t.Context(), "https://10.1.2.3:6443", []netip.Prefix{netip.MustParsePrefix("192.0.2.7/32")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := BuildNetworkPolicy("runs", "did:plc:runner", Egress{Mode: EgressOpen})
+	if slices.Contains(open.Spec.PolicyTypes, networkingv1.PolicyTypeEgress) {
+		t.Errorf("open egress has an Egress policy type")
+	}
+	deny := BuildNetworkPolicy("runs", "did:plc:runner", Egress{Mode: EgressDeny, Block: block})
+	if !slices.Contains(deny.Spec.PolicyTypes, networkingv1.PolicyTypeEgress) || len(deny.Spec.Egress) != 0 {
+		t.Errorf("deny: types %v, rules %v; want Egress and no rule", deny.Spec.PolicyTypes, deny.Spec.Egress)
+	}
+	dns := BuildNetworkPolicy("runs", "did:plc:runner", Egress{Mode: EgressAllowDNS, Block: block})
+	if !slices.Contains(dns.Spec.PolicyTypes, networkingv1.PolicyTypeEgress) || len(dns.Spec.Egress) != 1 {
+		t.Fatalf("allow-dns: types %v, rules %v", dns.Spec.PolicyTypes, dns.Spec.Egress)
+	}
+	rule := dns.Spec.Egress[0]
+	for _, p := range rule.Ports {
+		if p.Port == nil || p.Port.IntValue() != 53 || p.EndPort != nil {
+			t.Errorf("allow-dns allows port %v (end %v)", p.Port, p.EndPort)
+		}
+	}
+	if len(rule.Ports) != 2 {
+		t.Errorf("allow-dns ports %v, want UDP and TCP 53", rule.Ports)
+	}
+	for _, peer := range rule.To {
+		if peer.IPBlock == nil {
+			continue
+		}
+		for _, want := range []string{"169.254.0.0/16", "10.1.2.3/32", "192.0.2.7/32"} {
+			if !slices.Contains(peer.IPBlock.Except, want) {
+				t.Errorf("allow-dns ipBlock %s does not except %s: %v", peer.IPBlock.CIDR, want, peer.IPBlock.Except)
+			}
+		}
+	}
+}
+
+func TestPolicyMatches(t *testing.T) {
+	t.Parallel()
+	want := BuildNetworkPolicy("runs", "did:plc:runner", Egress{Mode: EgressDeny})
+	allowAll := want.DeepCopy()
+	allowAll.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{}}
+	otherPods := want.DeepCopy()
+	otherPods.Spec.PodSelector = metav1.LabelSelector{MatchLabels: map[string]string{"x": "y"}}
+	noEgress := want.DeepCopy()
+	noEgress.Spec.PolicyTypes = noEgress.Spec.PolicyTypes[:1]
+	emptyLists := want.DeepCopy()
+	emptyLists.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{}
+	for _, tt := range []struct {
+		name string
+		have *networkingv1.NetworkPolicy
+		want bool
+	}{
+		{"same", want.DeepCopy(), true},
+		{"empty lists", emptyLists, true},
+		{"allow-all ingress", allowAll, false},
+		{"other pods", otherPods, false},
+		{"egress not denied", noEgress, false},
+	} {
+		if got := policyMatches(tt.have, want); got != tt.want {
+			t.Errorf("%s: policyMatches = %v, want %v", tt.name, got, tt.want)
 		}
 	}
 }

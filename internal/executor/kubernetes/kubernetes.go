@@ -11,13 +11,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
 
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/kubecred"
@@ -48,7 +48,10 @@ type Config struct {
 	// PullGrace is how long an image pull may fail before the run ends.
 	PullGrace time.Duration
 	Limits    tarstream.Limits
-	Logger    *slog.Logger
+	// Egress is what run pods may send out; its Block gets the
+	// link-local prefix and the API server's addresses added.
+	Egress Egress
+	Logger *slog.Logger
 }
 
 // Executor runs sessions as Jobs.
@@ -56,9 +59,6 @@ type Executor struct {
 	cfg     Config
 	clients *clients
 	log     *slog.Logger
-
-	mu       sync.Mutex
-	policies map[string]bool // namespaces where the NetworkPolicy is in place
 
 	swept           atomic.Int64
 	cleanupFailures atomic.Int64
@@ -87,14 +87,14 @@ func New(cfg Config) (*Executor, error) {
 	if cfg.PullGrace == 0 {
 		cfg.PullGrace = 20 * time.Second
 	}
-	e := &Executor{cfg: cfg, clients: &clients{creds: cfg.Credentials, log: cfg.Logger}, log: cfg.Logger, policies: map[string]bool{}}
+	e := &Executor{cfg: cfg, clients: &clients{creds: cfg.Credentials, log: cfg.Logger}, log: cfg.Logger}
 	// An expired token is not a start failure: each run reports it until
 	// the refresh replaces the file.
 	cc, _, ns, err := e.clients.load()
 	if err != nil {
 		return nil, err
 	}
-	e.log.Info("cluster credentials loaded", "server", cc.Host, "namespace", ns)
+	e.log.Info("cluster credentials loaded", "server", cc.Host, "namespace", ns, "egress", e.egressMode())
 	if exp, err := kubecred.CheckExpiry(cc, time.Now()); err != nil {
 		e.log.Error("runner credentials expired", "expires", exp.Format(time.RFC3339))
 	}
@@ -112,14 +112,14 @@ func (e *Executor) Namespace() (string, error) {
 
 // Start creates the run's Job and waits until its pod is Ready.
 func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Session, error) {
-	_, cs, ns, err := e.clients.get()
+	cc, cs, ns, err := e.clients.get()
 	if err != nil {
 		return nil, err
 	}
 	if spec.Runner == "" {
 		spec.Runner = e.cfg.Runner
 	}
-	if err := e.ensureNetworkPolicy(ctx, ns, spec.Runner); err != nil {
+	if err := e.ensureNetworkPolicy(ctx, cc.Host, cs, ns, spec.Runner); err != nil {
 		return nil, err
 	}
 	job, err := BuildJob(ns, spec, e.cfg.Pod)
@@ -169,34 +169,37 @@ func (e *Executor) Resume(ctx context.Context, ref executor.Ref) (executor.Sessi
 	return s, nil
 }
 
-// ensureNetworkPolicy applies the default-deny-ingress policy once per
-// namespace. One that exists already is success: runners start
-// concurrently.
-func (e *Executor) ensureNetworkPolicy(ctx context.Context, ns, runner string) error {
-	e.mu.Lock()
-	done := e.policies[ns]
-	e.mu.Unlock()
-	if done {
-		return nil
+// egressMode is the configured mode, open when unset.
+func (e *Executor) egressMode() EgressMode {
+	if e.cfg.Egress.Mode == "" {
+		return EgressOpen
 	}
-	_, cs, _, err := e.clients.get()
+	return e.cfg.Egress.Mode
+}
+
+// ensureNetworkPolicy makes the runner's NetworkPolicy in ns what this
+// executor wants, before every run: never trusted from an earlier run
+// or from its name alone.
+func (e *Executor) ensureNetworkPolicy(ctx context.Context, apiServer string, cs kubernetes.Interface, ns, runner string) error {
+	egress := Egress{Mode: e.egressMode()}
+	if egress.Mode == EgressAllowDNS {
+		block, err := DefaultEgressBlock(ctx, apiServer, e.cfg.Egress.Block)
+		if err != nil {
+			return err
+		}
+		egress.Block = block
+	}
+	np := BuildNetworkPolicy(ns, runner, egress)
+	did, err := ensureNetworkPolicy(ctx, cs, np)
 	if err != nil {
 		return err
 	}
-	np := BuildNetworkPolicy(ns, runner)
-	_, err = cs.NetworkingV1().NetworkPolicies(ns).Create(ctx, np, metav1.CreateOptions{})
-	switch {
-	case err == nil:
-		e.log.Info("network policy created", "namespace", ns, "name", np.Name)
-	case apierrors.IsAlreadyExists(err):
-	case apierrors.IsForbidden(err):
-		return fmt.Errorf("create network policy %s/%s: RBAC denies it (the runner's Role needs networkpolicies create): %w", ns, np.Name, err)
-	default:
-		return fmt.Errorf("create network policy %s/%s: %w", ns, np.Name, err)
+	switch did {
+	case "created":
+		e.log.Info("network policy created", "namespace", ns, "name", np.Name, "egress", egress.Mode)
+	case "replaced":
+		e.log.Warn("network policy differed from the runner's: replaced", "namespace", ns, "name", np.Name, "egress", egress.Mode)
 	}
-	e.mu.Lock()
-	e.policies[ns] = true
-	e.mu.Unlock()
 	return nil
 }
 
