@@ -8,11 +8,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/kubernetes"
 )
 
-// KubeFlags configure the Kubernetes executor; run and the daemon share
-// them.
+// KubeFlags configure the Kubernetes executor.
 type KubeFlags struct {
 	Kubeconfig      string            `help:"Kubeconfig file (default: $$KUBECONFIG, else the in-cluster service account, else ~/.kube/config). Re-read when it changes." placeholder:"FILE" group:"kubernetes"`
 	Context         string            `help:"Kubeconfig context to use." group:"kubernetes"`
@@ -26,6 +26,21 @@ type KubeFlags struct {
 	Toleration      []string          `help:"Toleration of run pods: KEY[=VALUE]:EFFECT (repeatable)." placeholder:"KEY[=VALUE]:EFFECT" group:"kubernetes"`
 	ServiceAccount  string            `help:"Service account of run pods (its token is never mounted)." group:"kubernetes"`
 	ScheduleTimeout time.Duration     `help:"How long a run waits for a node (Pending is the scale-up signal)." default:"10m" group:"kubernetes"`
+}
+
+func (f *KubeFlags) executorDef() executorDef {
+	return executorDef{
+		Name:    kubernetes.Name,
+		Aliases: []string{"kube"},
+		What:    "a Job per run",
+		Dirs:    executor.PodDirs(),
+		New: func(env *Env, o executorOptions) (executor.Executor, error) {
+			return f.newKubernetes(env, o.Runner, o.Image, o.Logger)
+		},
+		DryRun: func(env *Env, o executorOptions, spec executor.Spec, secrets map[string]string) error {
+			return f.printManifests(env, o.Image, spec, secrets)
+		},
+	}
 }
 
 // newKubernetes builds the Kubernetes executor from the flags.
