@@ -78,6 +78,7 @@ func Main(ctx context.Context, args []string, env Env) (code int) {
 		kong.Writers(env.Stdout, env.Stderr),
 		kong.Exit(func(code int) { panic(exitRequest(code)) }),
 		kong.UsageOnError(),
+		executorVars(),
 	)
 	if err != nil {
 		fmt.Fprintf(env.Stderr, "knotless-run: %v\n", err)

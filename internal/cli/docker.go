@@ -4,11 +4,11 @@ import (
 	"fmt"
 	"log/slog"
 
+	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/docker"
 )
 
-// DockerFlags configure the docker executor; run and the daemon share
-// them.
+// DockerFlags configure the docker executor.
 type DockerFlags struct {
 	DockerHost    string `help:"Docker daemon address (default: $$DOCKER_HOST, else unix:///var/run/docker.sock)." placeholder:"URL" group:"docker"`
 	Network       string `help:"Network of run containers: empty for one network per run (runs cannot reach each other), none, or the name of an existing network." group:"docker"`
@@ -16,6 +16,17 @@ type DockerFlags struct {
 	DockerMemory  string `help:"Memory limit of a run container when the workflow sets none." group:"docker"`
 	DockerPull    string `help:"Image pull policy: missing, never or always." enum:"missing,never,always" default:"missing" group:"docker"`
 	DockerPidsMax int64  `help:"Most processes in a run container (0: 4096)." group:"docker"`
+}
+
+func (f *DockerFlags) executorDef() executorDef {
+	return executorDef{
+		Name: docker.Name,
+		What: "a container per run",
+		Dirs: executor.PodDirs(),
+		New: func(env *Env, o executorOptions) (executor.Executor, error) {
+			return f.newDocker(env, o.Runner, o.Logger)
+		},
+	}
 }
 
 func (f *DockerFlags) newDocker(env *Env, runner string, log *slog.Logger) (*docker.Executor, error) {

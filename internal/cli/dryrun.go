@@ -19,12 +19,12 @@ const dryRunNamespace = "knotless-runs"
 // Kubernetes executor would apply for spec. It reads no kubeconfig. The
 // objects carry no secret value (steps get theirs on exec stdin); every
 // value in secrets is masked all the same.
-func (c *RunCmd) printManifests(env *Env, spec executor.Spec, secrets map[string]string) error {
-	ns := c.Namespace
+func (f *KubeFlags) printManifests(env *Env, image string, spec executor.Spec, secrets map[string]string) error {
+	ns := f.Namespace
 	if ns == "" {
 		ns = dryRunNamespace
 	}
-	pod, err := c.podOptions(c.Image)
+	pod, err := f.podOptions(image)
 	if err != nil {
 		return err
 	}

@@ -10,11 +10,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/kubernetes"
 )
 
-// KubeFlags configure the Kubernetes executor; run and the daemon share
-// them.
+// KubeFlags configure the Kubernetes executor.
 type KubeFlags struct {
 	Kubeconfig      string            `help:"Kubeconfig file (default: $$KUBECONFIG, else the in-cluster service account, else ~/.kube/config). Re-read when it changes." placeholder:"FILE" group:"kubernetes"`
 	Context         string            `help:"Kubeconfig context to use." group:"kubernetes"`
@@ -31,6 +31,21 @@ type KubeFlags struct {
 	AllowRootSteps  bool              `help:"Run steps as the image's user (root, mostly) instead of UID 1000, for images that need it. Such pods meet Pod Security baseline only: mint the kubeconfig with --pod-security baseline." group:"kubernetes"`
 	Egress          string            `help:"What run pods may send out: open (as the cluster allows), deny (nothing), allow-dns (DNS only, never to the API server, link-local metadata, this host or --egress-block)." enum:"open,deny,allow-dns" default:"open" group:"kubernetes"`
 	EgressBlock     []string          `help:"With --egress allow-dns: a CIDR that DNS may not reach either (repeatable); the API server, 169.254.0.0/16 and this host's addresses always are." placeholder:"CIDR" group:"kubernetes"`
+}
+
+func (f *KubeFlags) executorDef() executorDef {
+	return executorDef{
+		Name:    kubernetes.Name,
+		Aliases: []string{"kube"},
+		What:    "a Job per run",
+		Dirs:    executor.PodDirs(),
+		New: func(env *Env, o executorOptions) (executor.Executor, error) {
+			return f.newKubernetes(env, o.Runner, o.Image, o.Logger)
+		},
+		DryRun: func(env *Env, o executorOptions, spec executor.Spec, secrets map[string]string) error {
+			return f.printManifests(env, o.Image, spec, secrets)
+		},
+	}
 }
 
 // newKubernetes builds the Kubernetes executor from the flags.

@@ -14,8 +14,6 @@ import (
 	"time"
 
 	"knotless.dev/run/internal/executor"
-	"knotless.dev/run/internal/executor/docker"
-	"knotless.dev/run/internal/executor/shell"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/workflow"
 )
@@ -28,18 +26,15 @@ type RunCmd struct {
 	Outputs   string   `help:"Directory that receives what the steps write to $$KNOTLESS_RUN_OUTPUTS." placeholder:"DIR"`
 	Result    string   `help:"Write the result as JSON to FILE (- for stdout)." placeholder:"FILE"`
 	Log       string   `help:"Write the masked run log (capped at 1 MB) to FILE." placeholder:"FILE"`
-	Executor  string   `help:"Where the run executes: kubernetes (kube is an alias), docker or shell. Never chosen implicitly." enum:"kubernetes,kube,docker,shell" default:"kubernetes"`
 	DryRun    bool     `help:"Print what would be sent for each step (secret values masked) and run nothing."`
 	Keep      bool     `help:"Keep the run's session (Job, container or directory) for debugging."`
 	Secret    []string `help:"Grant secret NAME with its value from the environment variable NAME, or NAME=@FILE to read it from FILE. A value is never taken from the command line." placeholder:"NAME"`
 	Untrusted bool     `help:"Run as untrusted code (a pull): no secret is given to any step."`
 	RunID     string   `help:"The run's id (default: generated)." placeholder:"ID"`
-	Image     string   `help:"Image for workflows that name none (pod executors)." default:"busybox:stable"`
-	ShellRoot string   `help:"Directory that holds the shell executor's run directories (default: the system temporary directory)." placeholder:"DIR"`
 	Runner    string   `help:"The runner's DID: labels every object a run makes." default:"did:web:localhost"`
 
-	KubeFlags   `embed:""`
-	DockerFlags `embed:""`
+	// ExecutorFlags choose and configure the executor.
+	ExecutorFlags `embed:""`
 	// LimitFlags bound every run of `run`, trusted or not.
 	LimitFlags `embed:""`
 	// BoundFlags bound every run's transfers.
@@ -68,7 +63,7 @@ func (c *RunCmd) Run(ctx context.Context, env *Env) error {
 	// cluster credentials).
 	var exec executor.Executor
 	if !c.DryRun {
-		if exec, err = c.newExecutor(env); err != nil {
+		if exec, err = c.newExecutor(env, c.Runner, env.Logger); err != nil {
 			return err
 		}
 	}
@@ -190,31 +185,17 @@ func (c *RunCmd) readSecrets(env *Env) (map[string]string, error) {
 	return secrets, nil
 }
 
-// newExecutor builds the executor --executor names. No other code path
-// chooses one, and none falls back to another.
-func (c *RunCmd) newExecutor(env *Env) (executor.Executor, error) {
-	switch c.Executor {
-	case shell.Name:
-		return shell.New(shell.Config{Root: c.ShellRoot, Path: env.Getenv("PATH"), Runner: c.Runner, Logger: env.Logger.With("component", "executor", "executor", shell.Name)}), nil
-	case "kubernetes", "kube":
-		return c.newKubernetes(env, c.Runner, c.Image, env.Logger.With("component", "executor", "executor", "kubernetes"))
-	case docker.Name:
-		return c.newDocker(env, c.Runner, env.Logger.With("component", "executor", "executor", docker.Name))
-	}
-	return nil, fmt.Errorf("--executor %s: unknown executor", c.Executor)
-}
-
 func (c *RunCmd) dryRun(env *Env, eng *run.Engine, req run.Request) error {
-	dirs := executor.PodDirs()
-	if c.Executor == shell.Name {
-		dirs = executor.Dirs{Work: "<run dir>/work", Steps: "<run dir>/steps", Outputs: "<run dir>/outputs"}
-	}
-	payloads, err := eng.DryRun(req, dirs)
+	d, err := c.lookup()
 	if err != nil {
 		return err
 	}
-	if c.Executor == "kubernetes" || c.Executor == "kube" {
-		if err := c.printManifests(env, eng.SessionSpec(req), req.Secrets); err != nil {
+	payloads, err := eng.DryRun(req, d.Dirs)
+	if err != nil {
+		return err
+	}
+	if d.DryRun != nil {
+		if err := d.DryRun(env, executorOptions{Runner: c.Runner, Image: c.Image}, eng.SessionSpec(req), req.Secrets); err != nil {
 			return err
 		}
 	}

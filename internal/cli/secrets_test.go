@@ -80,7 +80,7 @@ func TestServeRefusesUnscopedSecretsWithDiscover(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The shell override gets past the shell refusal to the secrets check.
-		c := ServeCmd{DID: "did:plc:7u2ld3ffgzqvezmv6wxgxiix", Discover: true, SecretsFile: file, Executor: "shell", UnsafeShellUntrusted: true}
+		c := ServeCmd{DID: "did:plc:7u2ld3ffgzqvezmv6wxgxiix", Discover: true, SecretsFile: file, ExecutorFlags: ExecutorFlags{Executor: "shell"}, UnsafeShellUntrusted: true}
 		env := &Env{Getenv: func(string) string { return "" }, Logger: slog.New(slog.DiscardHandler)}
 		err := c.serve(context.Background(), env, env.Logger)
 		if err == nil || !strings.Contains(err.Error(), "--discover") || !strings.Contains(err.Error(), file) || !strings.Contains(err.Error(), "TOKEN") {

@@ -31,9 +31,6 @@ type ServeCmd struct {
 	Config ConfigFile `help:"JSON file of flag values, keyed by long flag name (e.g. \"stop-wait\": \"15m\"); flags on the command line win." placeholder:"FILE"`
 	Repos  []string   `arg:"" optional:"" name:"repo" help:"Repositories to watch: at://OWNER/dev.knotless.repo/NAME or OWNER/NAME (OWNER a DID or handle)."`
 
-	Executor    string        `help:"Where runs execute: kubernetes (kube is an alias), docker or shell." enum:"kubernetes,kube,docker,shell" default:"kubernetes"`
-	Image       string        `help:"Image for workflows that name none (pod executors)." default:"busybox:stable"`
-	ShellRoot   string        `help:"Directory for the shell executor's run directories (default: the system temporary directory)." placeholder:"DIR"`
 	DID         string        `name:"did" help:"The runner's DID (its atproto account)." placeholder:"DID"`
 	PDS         string        `name:"pds" help:"The runner's PDS URL (default: from its DID document)." placeholder:"URL"`
 	PLCURL      string        `name:"plc-url" help:"The did:plc directory to resolve DIDs with." default:"https://plc.directory" placeholder:"URL"`
@@ -64,8 +61,9 @@ type ServeCmd struct {
 	LimitsApplyTo        string `help:"Which runs the --max-* and --allow-image limits bound: untrusted (pulls) or all." enum:"untrusted,all" default:"untrusted" group:"limits"`
 	MaxQueuedPerAuthor   int    `help:"Most pulls of one author queued or running at once; more wait, without a check, until one ends (0: no cap). Pushes are never capped and are claimed first." default:"4" group:"limits"`
 
-	KubeFlags  `embed:""`
-	BoundFlags `embed:""`
+	// ExecutorFlags choose and configure the executor, as for run.
+	ExecutorFlags `embed:""`
+	BoundFlags    `embed:""`
 
 	LimitFlags `embed:""`
 }
@@ -195,8 +193,7 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 			return err
 		}
 	}
-	rc := RunCmd{Executor: c.Executor, ShellRoot: c.ShellRoot, Runner: runner.String(), Image: c.Image, KubeFlags: c.KubeFlags}
-	exec, err := rc.newExecutor(&Env{Stdin: env.Stdin, Stdout: env.Stdout, Stderr: env.Stderr, Getenv: env.Getenv, Logger: log})
+	exec, err := c.newExecutor(env, runner.String(), log)
 	if err != nil {
 		return err
 	}

@@ -26,7 +26,7 @@ import (
 func parseServe(t *testing.T, args ...string) (*CLI, *kong.Context, error) {
 	t.Helper()
 	var root CLI
-	p, err := kong.New(&root, kong.Exit(func(int) { t.Fatal("exit") }))
+	p, err := kong.New(&root, kong.Exit(func(int) { t.Fatal("exit") }), executorVars())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,8 +9,9 @@ import (
 	"knotless.dev/run/internal/quantity"
 )
 
-// TestParseAgreesWithKubernetes: every quantity the workflow parser
-// accepts (it asks apimachinery) reads to the same number here.
+// TestParseAgreesWithKubernetes: every quantity apimachinery reads
+// reads to the same number here, so the workflow parser and the limits,
+// which use this package, agree with what the cluster will be sent.
 func TestParseAgreesWithKubernetes(t *testing.T) {
 	t.Parallel()
 	for _, s := range []string{"1", "2", "500m", "1.5", "0.25", "100m", "1001m", "4Gi", "512Mi", "1Ki", "1k", "512M",

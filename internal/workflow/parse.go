@@ -15,7 +15,8 @@ import (
 	"github.com/goccy/go-yaml/ast"
 	"github.com/goccy/go-yaml/parser"
 	"github.com/goccy/go-yaml/token"
-	"k8s.io/apimachinery/pkg/api/resource"
+
+	"knotless.dev/run/internal/quantity"
 )
 
 var (
@@ -311,7 +312,7 @@ func (d *decoder) duration(what string, n ast.Node) time.Duration {
 
 func (d *decoder) quantity(what string, n ast.Node) string {
 	s := d.str(what, n)
-	if q, err := resource.ParseQuantity(s.value); err != nil || q.Sign() <= 0 {
+	if q, err := quantity.Parse(s.value); err != nil || q.Sign() <= 0 {
 		d.errorAt(s.tk, "%s: want a positive quantity like 500m, 2 or 4Gi, got %q", what, s.value)
 	}
 	return s.value

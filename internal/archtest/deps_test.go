@@ -1,0 +1,144 @@
+package archtest
+
+import (
+	"bufio"
+	"bytes"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "knotless.dev/run/"
+
+// core is the pure part of the runner: it must build without any client
+// of the outside world, so that it stays small, testable without a
+// cluster, and usable by every executor alike.
+var core = []string{
+	"internal/run",
+	"internal/workflow",
+	"internal/executor", // the contract only; its subpackages are executors
+	"internal/payload",
+	"internal/mask",
+	"internal/tarstream",
+	"internal/caplog",
+	"internal/quantity",
+}
+
+// outside are import path prefixes of the clients the core must not
+// reach, even indirectly: client-go and apimachinery, indigo (atproto),
+// and the Docker/moby client.
+var outside = []struct {
+	what     string
+	prefixes []string
+}{
+	{"Kubernetes (client-go, apimachinery)", []string{"k8s.io/", "sigs.k8s.io/"}},
+	{"atproto (indigo)", []string{"github.com/bluesky-social/indigo"}},
+	{"Docker (moby)", []string{"github.com/docker/", "github.com/moby/"}},
+}
+
+// upward are the packages above the engine: the conformance table is
+// run by each executor's tests and must not pull the daemon or the CLI
+// into them.
+var upward = []string{
+	module + "internal/cli",
+	module + "internal/daemon",
+	module + "internal/ingest",
+	module + "internal/forge",
+	module + "internal/mirror",
+}
+
+func TestCoreImportsNoClient(t *testing.T) {
+	t.Parallel()
+	pkgs := make([]string, len(core))
+	for i, p := range core {
+		pkgs[i] = module + p
+	}
+	graph := importGraph(t, pkgs...)
+	for _, p := range pkgs {
+		for _, o := range outside {
+			isOutside := func(dep string) bool {
+				return slices.ContainsFunc(o.prefixes, func(prefix string) bool { return strings.HasPrefix(dep, prefix) })
+			}
+			if chain := importChain(graph, p, isOutside); chain != nil {
+				t.Errorf("%s imports %s, but the core uses no %s: %s", p, chain[len(chain)-1], o.what, strings.Join(chain, " -> "))
+			}
+		}
+	}
+}
+
+func TestConformanceImportsNothingAbove(t *testing.T) {
+	t.Parallel()
+	p := module + "internal/executor/conformance"
+	graph := importGraph(t, p)
+	for _, up := range upward {
+		if chain := importChain(graph, p, func(dep string) bool { return dep == up || strings.HasPrefix(dep, up+"/") }); chain != nil {
+			t.Errorf("%s imports %s, above the engine: %s", p, up, strings.Join(chain, " -> "))
+		}
+	}
+}
+
+// importGraph asks `go list -deps` for the packages pkgs build from (test
+// files excluded: a test may compare against a client) and returns each
+// one's direct imports.
+func importGraph(t *testing.T, pkgs ...string) map[string][]string {
+	t.Helper()
+	if _, err := exec.LookPath("go"); err != nil {
+		if testing.Short() {
+			t.Skip("no go command on PATH")
+		}
+		t.Fatalf("the dependency tests need the go command: %v", err)
+	}
+	args := append([]string{"list", "-deps", "-f", "{{.ImportPath}}{{range .Imports}} {{.}}{{end}}"}, pkgs...)
+	cmd := exec.Command("go", args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, stderr.Bytes())
+	}
+	graph := map[string][]string{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) > 0 {
+			graph[fields[0]] = fields[1:]
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pkgs {
+		if _, ok := graph[p]; !ok {
+			t.Fatalf("go list did not list %s", p)
+		}
+	}
+	return graph
+}
+
+// importChain returns the shortest chain of imports from p to a package
+// bad accepts, or nil.
+func importChain(graph map[string][]string, p string, bad func(string) bool) []string {
+	prev := map[string]string{p: ""}
+	queue := []string{p}
+	for len(queue) > 0 {
+		cur := queue[0]
+		queue = queue[1:]
+		if cur != p && bad(cur) {
+			var chain []string
+			for n := cur; n != ""; n = prev[n] {
+				chain = append(chain, n)
+			}
+			slices.Reverse(chain)
+			return chain
+		}
+		for _, next := range graph[cur] {
+			if _, seen := prev[next]; !seen {
+				prev[next] = cur
+				queue = append(queue, next)
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,122 @@
+package cli
+
+import (
+	"fmt"
+	"log/slog"
+	"reflect"
+	"slices"
+	"strings"
+
+	"github.com/alecthomas/kong"
+
+	"knotless.dev/run/internal/executor"
+)
+
+// ExecutorFlags choose the executor and configure each one. run and serve
+// both embed them, so every executor flag works with both commands.
+//
+// This struct is also the registry of executors: each embedded struct is
+// one executor's flags and implements [executorFlags], which names the
+// executor and builds it. --executor's choices, the constructor that
+// flag picks and --dry-run's directories all come from here. To add an
+// executor, add its file (flags struct and executorDef) and embed its
+// flags here: one line.
+type ExecutorFlags struct {
+	Executor string `help:"Where runs execute: ${executor_help}. Never chosen implicitly, never a fallback." enum:"${executor_enum}" default:"${executor_default}"`
+	Image    string `help:"Image for workflows that name none (pod executors)." default:"busybox:stable"`
+
+	KubeFlags   `embed:""`
+	DockerFlags `embed:""`
+	ShellFlags  `embed:""`
+}
+
+// defaultExecutor is the executor when --executor is not given.
+const defaultExecutor = "kubernetes"
+
+// executorFlags is what an executor's flags struct implements to be
+// registered: the executor it configures.
+type executorFlags interface {
+	executorDef() executorDef
+}
+
+// executorDef is one executor as the command line knows it.
+type executorDef struct {
+	// Name is the executor's name as --executor spells it; Aliases are
+	// other spellings of it.
+	Name    string
+	Aliases []string
+	// What says, in a few words, where its runs execute (for --help).
+	What string
+	// Dirs are a run's directories as --dry-run shows them.
+	Dirs executor.Dirs
+	// New builds the executor from its flags.
+	New func(env *Env, o executorOptions) (executor.Executor, error)
+	// DryRun, if set, prints what the executor would create for spec
+	// (values in secrets masked) before --dry-run prints the payloads.
+	DryRun func(env *Env, o executorOptions, spec executor.Spec, secrets map[string]string) error
+}
+
+// executorOptions are what every executor is built with, besides its
+// own flags.
+type executorOptions struct {
+	Runner string // the runner's DID
+	Image  string // the image for workflows that name none
+	Logger *slog.Logger
+}
+
+// executors lists the registered executors, in the order ExecutorFlags
+// embeds them; each one's New and DryRun read f's flags.
+func (f *ExecutorFlags) executors() []executorDef {
+	v := reflect.ValueOf(f).Elem()
+	var defs []executorDef
+	for i := range v.NumField() {
+		if !v.Type().Field(i).Anonymous {
+			continue
+		}
+		if ef, ok := v.Field(i).Addr().Interface().(executorFlags); ok {
+			defs = append(defs, ef.executorDef())
+		}
+	}
+	return defs
+}
+
+// lookup finds the executor --executor names, by name or alias.
+func (f *ExecutorFlags) lookup() (executorDef, error) {
+	for _, d := range f.executors() {
+		if d.Name == f.Executor || slices.Contains(d.Aliases, f.Executor) {
+			return d, nil
+		}
+	}
+	return executorDef{}, fmt.Errorf("--executor %s: unknown executor", f.Executor)
+}
+
+// newExecutor builds the executor --executor names. No other code path
+// chooses one, and none falls back to another.
+func (f *ExecutorFlags) newExecutor(env *Env, runner string, log *slog.Logger) (executor.Executor, error) {
+	d, err := f.lookup()
+	if err != nil {
+		return nil, err
+	}
+	return d.New(env, executorOptions{Runner: runner, Image: f.Image, Logger: log.With("component", "executor", "executor", d.Name)})
+}
+
+// executorVars are the kong variables ExecutorFlags' tags use, made from
+// the registry.
+func executorVars() kong.Vars {
+	var f ExecutorFlags
+	var enum, help []string
+	for _, d := range f.executors() {
+		enum = append(enum, d.Name)
+		enum = append(enum, d.Aliases...)
+		h := d.Name + " (" + d.What
+		for _, a := range d.Aliases {
+			h += "; " + a + " is an alias"
+		}
+		help = append(help, h+")")
+	}
+	return kong.Vars{
+		"executor_enum":    strings.Join(enum, ","),
+		"executor_help":    strings.Join(help, ", "),
+		"executor_default": defaultExecutor,
+	}
+}
