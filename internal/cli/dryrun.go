@@ -33,7 +33,7 @@ func (f *KubeFlags) printManifests(env *Env, image string, spec executor.Spec, s
 		return fmt.Errorf("--dry-run: build job: %w", err)
 	}
 	job.TypeMeta = metav1.TypeMeta{APIVersion: "batch/v1", Kind: "Job"}
-	egress, err := c.egress()
+	egress, err := f.egress()
 	if err != nil {
 		return err
 	}
