@@ -63,7 +63,17 @@ func leaks() int {
 	http.DefaultClient.CloseIdleConnections()
 	// ipfs/go-log (imported through indigo) starts its log mirror in a
 	// package initializer: it lives as long as the process.
-	err := goleak.Find(goleak.IgnoreTopFunction("github.com/ipfs/go-log/writer.(*MirrorWriter).logRoutine"))
+	err := goleak.Find(goleak.IgnoreTopFunction("github.com/ipfs/go-log/writer.(*MirrorWriter).logRoutine"),
+		// client-go keeps one TLS transport per kubeconfig for the
+		// process (its transport cache), with a certificate-rotation
+		// worker for client certificate files and the HTTP/2
+		// connection it holds: process-wide, never a daemon's.
+		goleak.IgnoreAnyFunction("k8s.io/client-go/transport.(*dynamicClientCert).run"),
+		goleak.IgnoreAnyFunction("k8s.io/client-go/transport.(*dynamicClientCert).runWorker"),
+		goleak.IgnoreTopFunction("k8s.io/client-go/util/workqueue.(*delayingType[...]).waitingLoop"),
+		goleak.IgnoreTopFunction("k8s.io/apimachinery/pkg/util/wait.waitForWithContext"),
+		goleak.IgnoreTopFunction("k8s.io/apimachinery/pkg/util/wait.PollImmediateUntilWithContext.poller.func1.1"),
+		goleak.IgnoreAnyFunction("golang.org/x/net/http2.(*ClientConn).readLoop"))
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "internal/daemon: goroutines left behind: %v\n", err)
 		return 1
