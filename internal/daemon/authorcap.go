@@ -56,12 +56,3 @@ func claimIndex(queue []*job) int {
 	}
 	return 0
 }
-
-// inHandJobsLocked lists the jobs queued or running.
-func (d *Daemon) inHandJobsLocked() []*job {
-	jobs := make([]*job, 0, len(d.running)+len(d.queue))
-	for _, j := range d.running {
-		jobs = append(jobs, j)
-	}
-	return append(jobs, d.queue...)
-}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"knotless.dev/run/internal/checks"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/run"
 )
@@ -28,7 +29,7 @@ func (d *Daemon) finalCheck(ctx context.Context, j *job, res *run.Result, log *s
 	c.StartedAt = forge.Datetime(res.StartedAt)
 	c.FinishedAt = forge.Datetime(res.FinishedAt)
 	c.FailedStep = res.FailedStep
-	c.Error = truncate(res.Error, 3000)
+	c.Error = checks.Truncate(res.Error, checks.MaxError)
 	c.Steps = nil
 	for _, s := range res.Steps {
 		cs := forge.CheckStep{Name: s.Name, Status: string(s.Status), DurationMs: s.Duration.Milliseconds(), TimedOut: s.TimedOut}

@@ -20,6 +20,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
+	"knotless.dev/run/internal/checks"
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
@@ -132,6 +133,7 @@ type Daemon struct {
 	key     *forge.KeyPair
 	mirrors *mirror.Mirrors
 	engine  *run.Engine
+	rec     *checks.Recorder // the only writer of check records
 	lister  *ingest.Lister
 
 	wake chan struct{} // a hint that records changed: reconcile soon
@@ -144,21 +146,15 @@ type Daemon struct {
 	// before READY=1.
 	adopted []*job
 
-	mu       sync.Mutex
-	st       *state.State
-	checks   map[string]forge.Check // the runner's own check records, by key
-	queue    []*job
-	running  map[string]*job
-	draining bool
+	mu sync.Mutex
+	st *state.State
+	sf stateFile // the one writer of state.json (statefile.go)
+	q  *queue    // the work in hand (queue.go)
 	// hosts are the PDSes of the watched repositories' owners.
 	hosts        []string
 	cursorsDirty bool
-	workCond     chan struct{} // closed and replaced when the queue changes
-	detached     int           // runs handed over by detaching
-	// deferred are the events waiting for their author's cap, logged
-	// once each.
-	deferred map[string]bool
-	faults   faults // what failed and when to try again (owed.go)
+	detached     int    // runs handed over by detaching
+	faults       faults // what failed and when to try again (owed.go)
 }
 
 // ErrStateCorrupt wraps a state file that stops the start.
@@ -171,12 +167,10 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	d := &Daemon{
-		cfg:      cfg,
-		log:      cfg.Logger.With("component", "daemon"),
-		wake:     make(chan struct{}, 1),
-		running:  map[string]*job{},
-		workCond: make(chan struct{}),
-		deferred: map[string]bool{},
+		cfg:  cfg,
+		log:  cfg.Logger.With("component", "daemon"),
+		wake: make(chan struct{}, 1),
+		q:    newQueue(),
 	}
 	if _, ok := cfg.Executor.(executor.Resumer); ok {
 		d.detach = make(chan struct{})
@@ -202,6 +196,7 @@ func (d *Daemon) start(ctx context.Context) error {
 		return fmt.Errorf("%w: %w", ErrStateCorrupt, err)
 	}
 	d.st = st
+	d.sf.dir = cfg.StateDir
 	key, created, err := state.LoadKey(cfg.StateDir)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrStateCorrupt, err)
@@ -235,6 +230,7 @@ func (d *Daemon) start(ctx context.Context) error {
 		return fmt.Errorf("log in: the PDS says this account is %s, not the runner %s", acct.DID(), cfg.Runner)
 	}
 	d.account = acct
+	d.rec = checks.NewRecorder(acct, cfg.OnCheck)
 	d.log.Info("logged in", "did", acct.DID().String(), "pds", acct.Host(), "resumed_session", resumed)
 
 	gitOpts := cfg.Git
@@ -269,16 +265,15 @@ func (d *Daemon) start(ctx context.Context) error {
 	} else {
 		d.faults.swept = true
 	}
-	checks, bad, err := forge.ListOwn[forge.Check](ctx, acct, forge.CollectionCheck)
+	listed, bad, err := forge.ListOwn[forge.Check](ctx, acct, forge.CollectionCheck)
 	if err != nil {
 		return fmt.Errorf("list the runner's checks: %w", err)
 	}
 	for _, b := range bad {
 		d.log.Warn("check record does not match its lexicon; ignored", "uri", b.URI.String(), "err", b.Err)
 	}
-	d.checks = map[string]forge.Check{}
-	for _, c := range checks {
-		d.checks[c.URI.RecordKey().String()] = c.Value
+	for _, c := range listed {
+		d.rec.Know(c.URI.RecordKey().String(), c.Value)
 	}
 	d.loadOwed()
 	return nil
@@ -368,29 +363,25 @@ func (d *Daemon) sweep(ctx context.Context, adopt []*job) error {
 
 func (d *Daemon) saveSession(s forge.Session) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if d.st == nil {
+		d.mu.Unlock()
 		return
 	}
 	c := s
 	d.st.Session = &c
-	if err := d.st.Save(d.cfg.StateDir); err != nil {
+	snap := d.sf.snapshot(d.st)
+	d.mu.Unlock()
+	if err := d.sf.write(snap); err != nil {
 		d.log.Error("save session", "err", err)
 	}
 }
 
-// saveState writes state.json; the caller holds no lock.
+// saveState writes state.json (stateFile); the caller holds no lock.
 func (d *Daemon) saveState() error {
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.saveStateLocked()
-}
-
-func (d *Daemon) saveStateLocked() error {
-	if err := d.st.Save(d.cfg.StateDir); err != nil {
-		return fmt.Errorf("save state: %w", err)
-	}
-	return nil
+	snap := d.sf.snapshot(d.st)
+	d.mu.Unlock()
+	return d.sf.write(snap)
 }
 
 // serve is the daemon's life after start: workers, reconciliation, the
@@ -417,7 +408,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 		jctx, cancel := context.WithCancel(runCtx)
 		j.cancel = cancel
 		d.mu.Lock()
-		d.running[j.key] = j
+		d.q.start(j)
 		d.mu.Unlock()
 		workers.Go(func() {
 			d.runJob(jctx, j)
@@ -481,7 +472,7 @@ func (d *Daemon) watchdog(ctx context.Context) {
 // status tells systemd how many runs are going and waiting.
 func (d *Daemon) status() {
 	d.mu.Lock()
-	going, queued, draining := len(d.running), len(d.queue), d.draining
+	going, queued, draining := len(d.q.running), len(d.q.waiting), d.q.draining
 	degraded := d.degradedStatusLocked()
 	d.mu.Unlock()
 	msg := fmt.Sprintf("STATUS=%d running, %d queued%s", going, queued, degraded)
@@ -499,11 +490,7 @@ func (d *Daemon) status() {
 func (d *Daemon) handover(workers *sync.WaitGroup, stopRuns context.CancelFunc) {
 	d.cfg.Notify("STOPPING=1")
 	d.mu.Lock()
-	d.draining = true
-	released := len(d.queue)
-	d.queue = nil
-	going := len(d.running)
-	d.signalLocked()
+	released, going := d.q.drain()
 	d.mu.Unlock()
 	d.status()
 	d.log.Info("stopping: claiming nothing new", "released_queued", released, "running", going, "stop_wait", d.cfg.StopWait)
@@ -530,10 +517,7 @@ func (d *Daemon) handover(workers *sync.WaitGroup, stopRuns context.CancelFunc) 
 			d.status()
 		case <-deadline.C:
 			d.mu.Lock()
-			left := len(d.running)
-			for _, j := range d.running {
-				j.released = true
-			}
+			left := d.q.releaseRunning()
 			d.mu.Unlock()
 			d.log.Warn("stop wait over: cancelling the runs still going; their checks are released to the successor", "runs", left)
 			stopRuns()

@@ -73,12 +73,14 @@ func (d *Daemon) changed(c ingest.Change) {
 
 func (d *Daemon) saveCursors() {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if !d.cursorsDirty {
+		d.mu.Unlock()
 		return
 	}
 	d.cursorsDirty = false
-	if err := d.saveStateLocked(); err != nil {
+	snap := d.sf.snapshot(d.st)
+	d.mu.Unlock()
+	if err := d.sf.write(snap); err != nil {
 		d.log.Error("save state", "err", err)
 	}
 }

@@ -12,8 +12,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
-	"unicode/utf8"
 
+	"knotless.dev/run/internal/checks"
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
@@ -88,7 +88,6 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 // pushes, only the newest per ref is work, the older ones are history.
 func (d *Daemon) noteRepos(snap *ingest.Snapshot) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if d.st.Repos == nil {
 		d.st.Repos = map[string]time.Time{}
 	}
@@ -119,10 +118,14 @@ func (d *Daemon) noteRepos(snap *ingest.Snapshot) {
 		}
 		d.log.Info("watching repository", "repo", uri, "source", r.Value.Source, "older_pushes_skipped", history)
 	}
-	if changed {
-		if err := d.saveStateLocked(); err != nil {
-			d.log.Error("save state", "err", err)
-		}
+	if !changed {
+		d.mu.Unlock()
+		return
+	}
+	saved := d.sf.snapshot(d.st)
+	d.mu.Unlock()
+	if err := d.sf.write(saved); err != nil {
+		d.log.Error("save state", "err", err)
 	}
 }
 
@@ -131,14 +134,9 @@ func (d *Daemon) noteRepos(snap *ingest.Snapshot) {
 func (d *Daemon) consider(ctx context.Context, ev ingest.Event) error {
 	d.mu.Lock()
 	_, done := d.st.Done[ev.Key()]
-	inHand := d.inHandLocked(ev.Key())
-	capped, held := overAuthorCap(d.inHandJobsLocked(), ev, d.cfg.MaxQueuedPerAuthor)
-	firstDeferral := capped && !d.deferred[ev.Key()]
-	if capped {
-		d.deferred[ev.Key()] = true
-	} else {
-		delete(d.deferred, ev.Key())
-	}
+	inHand := d.q.inHand(ev.Key())
+	capped, held := overAuthorCap(d.q.jobs(), ev, d.cfg.MaxQueuedPerAuthor)
+	firstDeferral := d.q.capped(ev.Key(), capped)
 	d.mu.Unlock()
 	if done || inHand || !d.fetchDue(ev) || pastRetention(ev, time.Now().Add(-d.cfg.Retention)) {
 		return nil
@@ -206,10 +204,7 @@ func (d *Daemon) consider(ctx context.Context, ev ingest.Event) error {
 	}
 	queued := 0
 	for _, j := range jobs {
-		d.mu.Lock()
-		c, known := d.checks[j.key]
-		d.mu.Unlock()
-		if known && c.Final() {
+		if c, known := d.rec.Get(j.key); known && c.Final() {
 			continue
 		}
 		if err := d.enqueue(ctx, j); err != nil {
@@ -299,28 +294,16 @@ func workflowName(err error) string {
 	return ""
 }
 
-func (d *Daemon) inHandLocked(evKey string) bool {
-	for _, j := range d.running {
-		if j.ev.Key() == evKey {
-			return true
-		}
-	}
-	for _, j := range d.queue {
-		if j.ev.Key() == evKey {
-			return true
-		}
-	}
-	return false
-}
-
 func (d *Daemon) markDone(ev ingest.Event) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.inHandLocked(ev.Key()) {
+	if d.q.inHand(ev.Key()) {
+		d.mu.Unlock()
 		return
 	}
 	d.st.Done[ev.Key()] = time.Now().UTC()
-	if err := d.saveStateLocked(); err != nil {
+	snap := d.sf.snapshot(d.st)
+	d.mu.Unlock()
+	if err := d.sf.write(snap); err != nil {
 		d.log.Error("save state", "err", err)
 	}
 }
@@ -330,44 +313,26 @@ func (d *Daemon) markDone(ev ingest.Event) {
 func (d *Daemon) enqueue(ctx context.Context, j *job) error {
 	now := forge.Now()
 	j.check = forge.Check{Type: forge.CollectionCheck, Subject: j.ev.Subject(), Workflow: j.wf.Name, Status: forge.StatusQueued, CreatedAt: now}
-	d.mu.Lock()
-	if c, ok := d.checks[j.key]; ok {
-		j.check.CreatedAt = c.CreatedAt
+	prev, known := d.rec.Get(j.key)
+	if known {
+		j.check.CreatedAt = prev.CreatedAt
 	}
-	prev, known := d.checks[j.key]
-	d.mu.Unlock()
 	if !known || prev.Status != forge.StatusQueued {
-		if err := d.putCheck(ctx, j.key, j.check); err != nil {
+		if err := d.rec.Write(ctx, checks.Queue, j.key, j.check); err != nil {
 			return err
 		}
 	}
-	var cancelQueued []*job
 	d.mu.Lock()
-	if j.wf.Superseded != "finish" {
-		keep := d.queue[:0]
-		for _, o := range d.queue {
-			if o.group() == j.group() && older(o, j) {
-				cancelQueued = append(cancelQueued, o)
-				continue
-			}
-			keep = append(keep, o)
-		}
-		d.queue = keep
-		for _, o := range d.running {
-			if o.group() == j.group() && older(o, j) && o.superseded == "" {
-				o.superseded = j.ev.URI.String()
-				d.log.Info("superseded: cancelling the older run", "check", o.key, "by", j.ev.URI.String())
-				o.cancel()
-			}
-		}
+	cancelQueued, cancelRunning := d.q.add(j)
+	for _, o := range cancelRunning {
+		d.log.Info("superseded: cancelling the older run", "check", o.key, "by", j.ev.URI.String())
+		o.cancel()
 	}
-	d.queue = append(d.queue, j)
-	d.signalLocked()
 	d.mu.Unlock()
 	for _, o := range cancelQueued {
 		c := o.check
 		c.Status, c.Error, c.FinishedAt = string(run.Cancelled), "superseded by "+j.ev.URI.String(), forge.Now()
-		d.putFinal(ctx, o.key, o.ev, c, d.log)
+		d.putFinal(ctx, checks.Supersede, o.key, o.ev, c, d.log)
 		d.markDoneIfIdle(o.ev)
 	}
 	d.log.Info("queued", "check", j.key, "workflow", j.wf.Name, "event", j.ev.URI.String(), "commit", j.ev.Commit)
@@ -383,31 +348,21 @@ func older(a, b *job) bool {
 	return a.ev.URI.RecordKey().String() < b.ev.URI.RecordKey().String()
 }
 
-func (d *Daemon) signalLocked() {
-	close(d.workCond)
-	d.workCond = make(chan struct{})
-}
-
 // next waits for a job and gives it a context under runCtx; nil means
 // the daemon is stopping.
 func (d *Daemon) next(ctx, runCtx context.Context) (*job, context.Context) {
 	for {
 		d.mu.Lock()
-		if d.draining || ctx.Err() != nil {
+		if d.q.draining || ctx.Err() != nil {
 			d.mu.Unlock()
 			return nil, nil
 		}
-		if len(d.queue) > 0 {
-			i := claimIndex(d.queue)
-			j := d.queue[i]
-			d.queue = append(d.queue[:i:i], d.queue[i+1:]...)
-			d.running[j.key] = j
-			jctx, cancel := context.WithCancel(runCtx)
-			j.cancel = cancel
+		if j := d.q.claim(); j != nil {
+			jctx := claimCtx(runCtx, j)
 			d.mu.Unlock()
 			return j, jctx
 		}
-		wait := d.workCond
+		wait := d.q.wait()
 		d.mu.Unlock()
 		select {
 		case <-ctx.Done():
@@ -434,7 +389,7 @@ func (d *Daemon) worker(ctx, runCtx context.Context) {
 func (d *Daemon) jobEnded(j *job) {
 	j.cancel()
 	d.mu.Lock()
-	delete(d.running, j.key)
+	d.q.end(j)
 	d.mu.Unlock()
 	d.markDoneIfIdle(j.ev)
 	d.status()
@@ -446,22 +401,21 @@ func (d *Daemon) jobEnded(j *job) {
 
 func (d *Daemon) markDoneIfIdle(ev ingest.Event) {
 	d.mu.Lock()
-	if d.inHandLocked(ev.Key()) {
+	if d.q.inHand(ev.Key()) {
 		d.mu.Unlock()
 		return
 	}
 	d.mu.Unlock()
 	// Done only when every check of the event is final; the next
 	// reconcile otherwise picks it up again.
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, c := range d.checks {
-		if c.Subject.Event == ev.URI.String() && c.Subject.Commit == ev.Commit && !c.Final() {
-			return
-		}
+	if d.rec.Pending(ev.URI.String(), ev.Commit) {
+		return
 	}
+	d.mu.Lock()
 	d.st.Done[ev.Key()] = time.Now().UTC()
-	if err := d.saveStateLocked(); err != nil {
+	snap := d.sf.snapshot(d.st)
+	d.mu.Unlock()
+	if err := d.sf.write(snap); err != nil {
 		d.log.Error("save state", "err", err)
 	}
 }
@@ -496,10 +450,11 @@ func (d *Daemon) runJob(ctx context.Context, j *job) {
 	delete(d.st.Runs, j.key)
 	released := j.released && res.Status == run.Cancelled
 	superseded := j.superseded
-	if err := d.saveStateLocked(); err != nil {
+	snap := d.sf.snapshot(d.st)
+	d.mu.Unlock()
+	if err := d.sf.write(snap); err != nil {
 		log.Error("save state", "err", err)
 	}
-	d.mu.Unlock()
 
 	final := d.finalCheck(context.WithoutCancel(ctx), j, res, log)
 	switch {
@@ -513,12 +468,16 @@ func (d *Daemon) runJob(ctx context.Context, j *job) {
 	defer cancel()
 	if released {
 		// Not final: the successor runs the work; nothing is owed.
-		if err := d.putCheck(wctx, j.key, final); err != nil {
+		if err := d.rec.Write(wctx, checks.Release, j.key, final); err != nil {
 			log.Error("write released check", "err", err)
 		}
 		return
 	}
-	d.putFinal(wctx, j.key, j.ev, final, log)
+	by := checks.Finish
+	if superseded != "" && res.Status == run.Cancelled {
+		by = checks.Supersede
+	}
+	d.putFinal(wctx, by, j.key, j.ev, final, log)
 	log.Info("run finished", "run", j.runID, "status", final.Status, "failed_step", res.FailedStep)
 }
 
@@ -526,7 +485,7 @@ func (d *Daemon) runJob(ctx context.Context, j *job) {
 func (d *Daemon) startJob(ctx context.Context, j *job, log *slog.Logger) error {
 	started := time.Now().UTC()
 	j.check.Status, j.check.StartedAt = forge.StatusRunning, forge.Datetime(started)
-	if err := d.putCheck(ctx, j.key, j.check); err != nil {
+	if err := d.rec.Write(ctx, checks.Start, j.key, j.check); err != nil {
 		log.Error("write running check", "err", err)
 	}
 	saved, err := json.Marshal(savedJob{Event: j.ev, Tree: j.tree, Check: j.check})
@@ -534,30 +493,35 @@ func (d *Daemon) startJob(ctx context.Context, j *job, log *slog.Logger) error {
 		return fmt.Errorf("encode job %s: %w", j.key, err)
 	}
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if d.st.Runs == nil {
 		d.st.Runs = map[string]state.Run{}
 	}
 	d.st.Runs[j.key] = state.Run{CheckKey: j.key, RunID: j.runID, Workflow: j.wf.Name, Event: j.ev.URI.String(), Commit: j.ev.Commit, StartedAt: started, Job: saved}
-	return d.saveStateLocked()
+	snap := d.sf.snapshot(d.st)
+	d.mu.Unlock()
+	return d.sf.write(snap)
 }
 
 // detachJob records a detached run for the successor: where it stopped
 // in state.json, its log beside its run directory.
 func (d *Daemon) detachJob(j *job, res *run.Result) error {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	d.detached++
 	r, ok := d.st.Runs[j.key]
+	d.mu.Unlock()
 	if !ok || r.Job == nil {
 		return fmt.Errorf("run %s is not in state.json", j.runID)
 	}
+	// The log first: a handover in state.json needs it (rebuild).
 	if err := writePrivate(filepath.Join(d.runDir(j.runID), handoverLog), res.Log); err != nil {
 		return err
 	}
+	d.mu.Lock()
 	r.Handover = res.Handover
 	d.st.Runs[j.key] = r
-	return d.saveStateLocked()
+	snap := d.sf.snapshot(d.st)
+	d.mu.Unlock()
+	return d.sf.write(snap)
 }
 
 // handoverLog is the log so far of a detached run, in its run directory.
@@ -644,45 +608,13 @@ func (d *Daemon) abandon(ctx context.Context, j *job) {
 // finalError writes a final error check for a workflow that cannot run.
 func (d *Daemon) finalError(ctx context.Context, ev ingest.Event, wfName, msg string) {
 	key := forge.CheckKey(ev.Subject(), wfName)
-	d.mu.Lock()
-	c, known := d.checks[key]
-	d.mu.Unlock()
-	if known && c.Final() {
+	if c, known := d.rec.Get(key); known && c.Final() {
 		return
 	}
 	now := forge.Now()
 	check := forge.Check{Type: forge.CollectionCheck, Subject: ev.Subject(), Workflow: wfName, Status: string(run.Error),
-		Error: truncate(msg, 3000), CreatedAt: now, FinishedAt: now}
-	d.putFinal(ctx, key, ev, check, d.log)
-}
-
-func (d *Daemon) putCheck(ctx context.Context, key string, c forge.Check) error {
-	if _, err := d.account.Put(ctx, forge.CollectionCheck, key, c); err != nil {
-		return fmt.Errorf("write check %s (%s): %w", key, c.Status, err)
-	}
-	d.mu.Lock()
-	d.checks[key] = c
-	d.mu.Unlock()
-	if d.cfg.OnCheck != nil {
-		d.cfg.OnCheck(key, c)
-	}
-	return nil
-}
-
-// truncate keeps s within n bytes (a lexicon maxLength counts UTF-8
-// bytes), ending it with "..." when it is cut. The result is valid UTF-8:
-// bytes that are not become U+FFFD, and the cut never splits a
-// character, else the record would be invalid.
-func truncate(s string, n int) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	if len(s) <= n {
-		return s
-	}
-	cut := n - len("...")
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "..."
+		Error: checks.Truncate(msg, checks.MaxError), CreatedAt: now, FinishedAt: now}
+	d.putFinal(ctx, checks.Finish, key, ev, check, d.log)
 }
 
 // newRunID returns a short random id, safe as a label value.

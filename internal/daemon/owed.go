@@ -11,11 +11,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/bluesky-social/indigo/atproto/atclient"
-
+	"knotless.dev/run/internal/checks"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
-	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/state"
 )
 
@@ -90,32 +88,18 @@ func (f *faults) init(hc *http.Client) *http.Client {
 	return f.limits.client(hc)
 }
 
-// putFinal writes a final check. A check the PDS does not take now is
-// owed: kept in state.json and written later, never a reason to run the
-// work again. A record the PDS refuses as invalid is replaced by a
-// minimal error check saying so.
-func (d *Daemon) putFinal(ctx context.Context, key string, ev ingest.Event, c forge.Check, log *slog.Logger) {
-	err := d.putCheck(ctx, key, c)
-	if err == nil {
-		return
+// putFinal writes a final check through the recorder (checks.Final).
+// A check the PDS does not take now is owed: kept in state.json and
+// written later, never a reason to run the work again.
+func (d *Daemon) putFinal(ctx context.Context, t checks.Transition, key string, ev ingest.Event, c forge.Check, log *slog.Logger) {
+	c, err := d.rec.Final(ctx, t, key, c, log)
+	var owed *checks.OwedError
+	switch {
+	case errors.As(err, &owed):
+		d.owe(key, ev, c, owed.Err, log)
+	case err != nil:
+		log.Error("final check not written", "check", key, "err", err)
 	}
-	if refused(err) {
-		log.Error("the PDS refused the check record; writing a minimal error check instead", "check", key, "err", err)
-		c = minimalCheck(c, err)
-		if err = d.putCheck(ctx, key, c); err == nil {
-			return
-		}
-		if refused(err) {
-			// Nothing more to try: remember it final here so the work
-			// is not run again.
-			log.Error("the PDS refused the minimal error check too; the work is not run again", "check", key, "err", err)
-			d.mu.Lock()
-			d.checks[key] = c
-			d.mu.Unlock()
-			return
-		}
-	}
-	d.owe(key, ev, c, err, log)
 }
 
 // owe keeps a final check the PDS did not take.
@@ -126,16 +110,16 @@ func (d *Daemon) owe(key string, ev ingest.Event, c forge.Check, cause error, lo
 		return
 	}
 	d.mu.Lock()
-	d.checks[key] = c
 	if d.st.Owed == nil {
 		d.st.Owed = map[string]state.Owed{}
 	}
 	d.st.Owed[key] = state.Owed{Check: b, Event: ev.Key(), Since: time.Now().UTC(), Tries: 1, LastError: cause.Error()}
 	d.faults.owedNext[key] = d.nextTry(1)
-	if err := d.saveStateLocked(); err != nil {
+	snap := d.sf.snapshot(d.st)
+	d.mu.Unlock()
+	if err := d.sf.write(snap); err != nil {
 		log.Error("save state", "err", err)
 	}
-	d.mu.Unlock()
 	log.Warn("final check not written; it is owed and written when the PDS takes it (the work does not run again)", "check", key, "status", c.Status, "err", cause)
 	select {
 	case d.faults.owedWake <- struct{}{}:
@@ -165,7 +149,7 @@ func (d *Daemon) loadOwed() {
 			delete(d.st.Owed, key)
 			continue
 		}
-		d.checks[key] = c
+		d.rec.Know(key, c)
 	}
 	if n := len(d.st.Owed); n > 0 {
 		d.log.Info("final checks owed by an earlier process are written, not run again", "owed", n)
@@ -216,18 +200,12 @@ func (d *Daemon) payDue(ctx context.Context) time.Duration {
 		_ = json.Unmarshal(t.o.Check, &c)
 		log := d.log.With("check", t.key)
 		wctx, cancel := context.WithTimeout(ctx, time.Minute)
-		err := d.putCheck(wctx, t.key, c)
+		c, err := d.rec.Final(wctx, checks.Finish, t.key, c, log)
 		cancel()
-		if err != nil && refused(err) {
-			log.Error("the PDS refused the owed check record; writing a minimal error check instead", "err", err)
-			c = minimalCheck(c, err)
-			wctx, cancel := context.WithTimeout(ctx, time.Minute)
-			err = d.putCheck(wctx, t.key, c)
-			cancel()
-			if err != nil && refused(err) {
-				log.Error("the PDS refused the minimal error check too; forgotten", "err", err)
-				err = nil
-			}
+		var owed *checks.OwedError
+		if err != nil && !errors.As(err, &owed) {
+			log.Error("owed check cannot be written; forgotten", "err", err)
+			err = nil
 		}
 		d.mu.Lock()
 		if err == nil {
@@ -250,10 +228,11 @@ func (d *Daemon) payDue(ctx context.Context) time.Duration {
 			d.faults.owedNext[t.key] = next
 			wait = min(wait, time.Until(next))
 		}
-		if serr := d.saveStateLocked(); serr != nil {
+		snap := d.sf.snapshot(d.st)
+		d.mu.Unlock()
+		if serr := d.sf.write(snap); serr != nil {
 			log.Error("save state", "err", serr)
 		}
-		d.mu.Unlock()
 		if err == nil {
 			log.Info("owed check written", "status", c.Status, "tries", t.o.Tries+1, "owed_since", t.o.Since)
 		} else {
@@ -261,36 +240,6 @@ func (d *Daemon) payDue(ctx context.Context) time.Duration {
 		}
 	}
 	return max(wait, 0)
-}
-
-// refused reports whether the PDS refused a record as invalid (HTTP 400
-// other than an authentication answer): trying it again cannot help.
-func refused(err error) bool {
-	var ae *atclient.APIError
-	if !errors.As(err, &ae) || ae.StatusCode != http.StatusBadRequest {
-		return false
-	}
-	switch ae.Name {
-	case "ExpiredToken", "InvalidToken", "AuthRequired", "AuthMissing", "RateLimitExceeded":
-		return false
-	}
-	return true
-}
-
-// minimalCheck is the smallest valid final check of c's work, saying why
-// the full one was refused.
-func minimalCheck(c forge.Check, why error) forge.Check {
-	now := forge.Now()
-	m := forge.Check{Type: forge.CollectionCheck, Subject: c.Subject, Workflow: c.Workflow, Status: string(run.Error),
-		CreatedAt: c.CreatedAt, StartedAt: c.StartedAt, FinishedAt: c.FinishedAt,
-		Error: truncate("check record refused: "+why.Error(), 3000)}
-	if m.CreatedAt == "" {
-		m.CreatedAt = now
-	}
-	if m.FinishedAt == "" {
-		m.FinishedAt = now
-	}
-	return m
 }
 
 // rateLimits remembers, per host, until when the host said it limits

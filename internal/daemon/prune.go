@@ -27,26 +27,22 @@ func pastRetention(ev ingest.Event, cutoff time.Time) bool {
 // checks, except those of events in need (listed and still work, whose
 // memory stops them running again) and owed checks. It returns how many
 // of each went.
-func prune(st *state.State, checks map[string]forge.Check, need map[string]bool, cutoff time.Time) (done, final int) {
+func prune(st *state.State, forget func(drop func(key string, c forge.Check) bool) int, need map[string]bool, cutoff time.Time) (done, final int) {
 	done = st.Prune(cutoff, func(k string) bool { return need[k] })
-	for key, c := range checks {
+	final = forget(func(key string, c forge.Check) bool {
 		if !c.Final() || need[c.Subject.Event+"@"+c.Subject.Commit] {
-			continue
+			return false
 		}
 		if _, owed := st.Owed[key]; owed {
-			continue
+			return false
 		}
 		at := c.FinishedAt
 		if at == "" {
 			at = c.CreatedAt
 		}
 		t, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(at))
-		if err != nil || !t.Before(cutoff) {
-			continue
-		}
-		delete(checks, key)
-		final++
-	}
+		return err == nil && t.Before(cutoff)
+	})
 	return done, final
 }
 
@@ -60,13 +56,17 @@ func (d *Daemon) pruneAfter(snap *ingest.Snapshot) {
 		}
 	}
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	done, final := prune(d.st, d.checks, need, cutoff)
+	done, final := prune(d.st, d.rec.Forget, need, cutoff)
+	var saved stateSnapshot
+	if done > 0 {
+		saved = d.sf.snapshot(d.st)
+	}
+	d.mu.Unlock()
 	if done == 0 && final == 0 {
 		return
 	}
 	if done > 0 {
-		if err := d.saveStateLocked(); err != nil {
+		if err := d.sf.write(saved); err != nil {
 			d.log.Error("save state", "err", err)
 		}
 	}

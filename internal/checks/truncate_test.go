@@ -1,4 +1,4 @@
-package daemon
+package checks
 
 import (
 	"strings"
@@ -26,12 +26,12 @@ func TestTruncateKeepsValidUTF8(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			got := truncate(tt.in, tt.n)
+			got := Truncate(tt.in, tt.n)
 			if got != tt.want {
-				t.Errorf("truncate(%q, %d) = %q, want %q", tt.in, tt.n, got, tt.want)
+				t.Errorf("Truncate(%q, %d) = %q, want %q", tt.in, tt.n, got, tt.want)
 			}
 			if len(got) > tt.n || !utf8.ValidString(got) {
-				t.Errorf("truncate(%q, %d) = %q: %d bytes, valid UTF-8 %v", tt.in, tt.n, got, len(got), utf8.ValidString(got))
+				t.Errorf("Truncate(%q, %d) = %q: %d bytes, valid UTF-8 %v", tt.in, tt.n, got, len(got), utf8.ValidString(got))
 			}
 		})
 	}

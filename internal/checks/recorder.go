@@ -1,0 +1,191 @@
+package checks
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"unicode/utf8"
+
+	"github.com/bluesky-social/indigo/atproto/atclient"
+	"github.com/bluesky-social/indigo/atproto/syntax"
+
+	"knotless.dev/run/internal/forge"
+)
+
+// Writer puts a record in the runner's repository (forge.Account).
+type Writer interface {
+	Put(ctx context.Context, collection, rkey string, v any) (syntax.ATURI, error)
+}
+
+// Recorder writes the runner's check records and remembers the last of
+// each, by record key. It is safe for concurrent use; it holds its lock
+// only to read and remember, never during a write.
+type Recorder struct {
+	w       Writer
+	onWrite func(key string, c forge.Check)
+
+	mu    sync.Mutex
+	known map[string]forge.Check
+}
+
+// NewRecorder returns a Recorder writing with w; onWrite, when set, is
+// told of every record written, after the write.
+func NewRecorder(w Writer, onWrite func(key string, c forge.Check)) *Recorder {
+	return &Recorder{w: w, onWrite: onWrite, known: map[string]forge.Check{}}
+}
+
+// Know remembers a check without writing it: one listed from the PDS,
+// or one owed by an earlier process.
+func (r *Recorder) Know(key string, c forge.Check) {
+	r.mu.Lock()
+	r.known[key] = c
+	r.mu.Unlock()
+}
+
+// Get returns the last check of key, written or known.
+func (r *Recorder) Get(key string) (forge.Check, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c, ok := r.known[key]
+	return c, ok
+}
+
+// Pending reports whether the work (event AT-URI and commit) has a check
+// that is not final.
+func (r *Recorder) Pending(event, commit string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, c := range r.known {
+		if c.Subject.Event == event && c.Subject.Commit == commit && !c.Final() {
+			return true
+		}
+	}
+	return false
+}
+
+// Forget drops the checks for which drop is true and returns how many
+// went.
+func (r *Recorder) Forget(drop func(key string, c forge.Check) bool) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for key, c := range r.known {
+		if drop(key, c) {
+			delete(r.known, key)
+			n++
+		}
+	}
+	return n
+}
+
+// Write moves the check of key to c by t: it refuses a move the table
+// does not allow (Allowed), then writes the record.
+func (r *Recorder) Write(ctx context.Context, t Transition, key string, c forge.Check) error {
+	prev, _ := r.Get(key)
+	if err := Allowed(t, Status(prev.Status), Status(c.Status)); err != nil {
+		return fmt.Errorf("write check %s: %w", key, err)
+	}
+	if _, err := r.w.Put(ctx, forge.CollectionCheck, key, c); err != nil {
+		return fmt.Errorf("write check %s (%s): %w", key, c.Status, err)
+	}
+	r.Know(key, c)
+	if r.onWrite != nil {
+		r.onWrite(key, c)
+	}
+	return nil
+}
+
+// Final writes a final check by t (Finish or Supersede). A record the
+// PDS refuses as invalid is replaced by a minimal error check; when that
+// is refused too, the check is remembered final all the same, so the
+// work does not run again. Any other failure returns the check to owe
+// (remembered final here) and the error: the caller keeps it and writes
+// it later (Owe), the work does not run again. A move the table refuses
+// is returned as an error, with nothing remembered.
+func (r *Recorder) Final(ctx context.Context, t Transition, key string, c forge.Check, log *slog.Logger) (forge.Check, error) {
+	err := r.Write(ctx, t, key, c)
+	if err == nil {
+		return c, nil
+	}
+	var te *TransitionError
+	if errors.As(err, &te) {
+		return c, err
+	}
+	if Refused(err) {
+		log.Error("the PDS refused the check record; writing a minimal error check instead", "check", key, "err", err)
+		c = Minimal(c, err)
+		if err = r.Write(ctx, Invalid, key, c); err == nil {
+			return c, nil
+		}
+		if Refused(err) {
+			log.Error("the PDS refused the minimal error check too; the work is not run again", "check", key, "err", err)
+			r.Know(key, c)
+			return c, nil
+		}
+	}
+	r.Know(key, c)
+	return c, &OwedError{Check: c, Err: err}
+}
+
+// OwedError is a final check the PDS did not take: the caller owes it.
+type OwedError struct {
+	Check forge.Check
+	Err   error
+}
+
+func (e *OwedError) Error() string { return e.Err.Error() }
+func (e *OwedError) Unwrap() error { return e.Err }
+
+// Refused reports whether the PDS (or the lexicon, before the request)
+// refused a record as invalid: HTTP 400 other than an authentication or
+// rate-limit answer. Trying it again cannot help.
+func Refused(err error) bool {
+	var ae *atclient.APIError
+	if !errors.As(err, &ae) || ae.StatusCode != http.StatusBadRequest {
+		return false
+	}
+	switch ae.Name {
+	case "ExpiredToken", "InvalidToken", "AuthRequired", "AuthMissing", "RateLimitExceeded":
+		return false
+	}
+	return true
+}
+
+// Minimal is the smallest valid final check of c's work, saying why the
+// full one was refused.
+func Minimal(c forge.Check, why error) forge.Check {
+	now := forge.Now()
+	m := forge.Check{Type: forge.CollectionCheck, Subject: c.Subject, Workflow: c.Workflow, Status: string(Error),
+		CreatedAt: c.CreatedAt, StartedAt: c.StartedAt, FinishedAt: c.FinishedAt,
+		Error: Truncate("check record refused: "+why.Error(), MaxError)}
+	if m.CreatedAt == "" {
+		m.CreatedAt = now
+	}
+	if m.FinishedAt == "" {
+		m.FinishedAt = now
+	}
+	return m
+}
+
+// MaxError is the most bytes of a check's error the runner writes.
+const MaxError = 3000
+
+// Truncate keeps s within n bytes (a lexicon maxLength counts UTF-8
+// bytes), ending it with "..." when it is cut. The result is valid UTF-8:
+// bytes that are not become U+FFFD, and the cut never splits a
+// character, else the record would be invalid.
+func Truncate(s string, n int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if len(s) <= n {
+		return s
+	}
+	cut := n - len("...")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
+}
