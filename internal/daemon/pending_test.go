@@ -1,0 +1,56 @@
+package daemon_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"knotless.dev/run/internal/daemon"
+	"knotless.dev/run/internal/executor/kubernetes"
+	"knotless.dev/run/tests/clustertest"
+)
+
+// TestCheckRunningWhilePending pins what the NixOS VM test's
+// scale-to-zero step asserts (nix/tests/k3s.nix): the daemon writes the
+// `running` check before it creates the Job, so while the run's pod is
+// Pending for want of a node, the check already says running — never
+// queued. A pod that cannot be scheduled (its node selector matches no
+// node) stands in for a cluster scaled to zero.
+func TestCheckRunningWhilePending(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t)
+	w := newWorld(t)
+	_, commit := w.push(map[string]string{".knotless/workflows/build.yaml": workflowFile(`
+on: [push]
+steps:
+  - name: build
+    run: echo never scheduled
+`)})
+	kube := func(cfg *daemon.Config) {
+		ex, err := kubernetes.New(kubernetes.Config{
+			Credentials:     kubernetes.Credentials{Kubeconfig: c.Kubeconfig, Namespace: c.Namespace},
+			Runner:          w.runner.DID.String(),
+			Pod:             kubernetes.PodOptions{Image: c.Image, NodeSelector: map[string]string{"knotless.test/no-such-node": "true"}},
+			ScheduleTimeout: 2 * time.Minute,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Executor, cfg.DefaultImage = ex, c.Image
+	}
+	w.start(w.config(kube))
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	selector := kubernetes.LabelRunner + "=" + kubernetes.RunnerLabel(w.runner.DID.String())
+	pending := func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodPending }
+	if _, err := c.WaitForPod(ctx, c.Namespace, selector, pending); err != nil {
+		t.Fatalf("no Pending pod of the run: %v\n%s", err, w.logText())
+	}
+	if got := strings.Join(w.checkLog.statuses("build", commit), " "); got != "queued running" {
+		t.Errorf("checks written while the pod is Pending: %q, want %q", got, "queued running")
+	}
+}
