@@ -39,16 +39,7 @@ steps:
     run: echo next step
 `)})
 	kube := func(cfg *daemon.Config) {
-		ex, err := kubernetes.New(kubernetes.Config{
-			Credentials:     kubernetes.Credentials{Kubeconfig: c.Kubeconfig, Namespace: c.Namespace},
-			Runner:          w.runner.DID.String(),
-			Pod:             kubernetes.PodOptions{Image: c.Image},
-			ScheduleTimeout: 2 * time.Minute,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.Executor, cfg.DefaultImage = ex, c.Image
+		onCluster(t, c, w, kubernetes.PodOptions{Image: c.Image})(cfg)
 		cfg.StopWait = 10 * time.Minute // a handover that waited would show
 	}
 	runnerJobs := func() int {
@@ -127,5 +118,22 @@ steps:
 			t.Fatal("the adopted run's Job is still there")
 		}
 		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// onCluster has the daemon run w's workflows as Jobs in c's namespace,
+// with pod.
+func onCluster(t *testing.T, c *clustertest.Cluster, w *world, pod kubernetes.PodOptions) func(*daemon.Config) {
+	return func(cfg *daemon.Config) {
+		ex, err := kubernetes.New(kubernetes.Config{
+			Credentials:     kubernetes.Credentials{Kubeconfig: c.Kubeconfig, Namespace: c.Namespace},
+			Runner:          w.runner.DID.String(),
+			Pod:             pod,
+			ScheduleTimeout: 2 * time.Minute,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Executor, cfg.DefaultImage = ex, c.Image
 	}
 }

@@ -8,7 +8,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/executor/kubernetes"
 	"knotless.dev/run/tests/clustertest"
 )
@@ -29,19 +28,8 @@ steps:
   - name: build
     run: echo never scheduled
 `)})
-	kube := func(cfg *daemon.Config) {
-		ex, err := kubernetes.New(kubernetes.Config{
-			Credentials:     kubernetes.Credentials{Kubeconfig: c.Kubeconfig, Namespace: c.Namespace},
-			Runner:          w.runner.DID.String(),
-			Pod:             kubernetes.PodOptions{Image: c.Image, NodeSelector: map[string]string{"knotless.test/no-such-node": "true"}},
-			ScheduleTimeout: 2 * time.Minute,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.Executor, cfg.DefaultImage = ex, c.Image
-	}
-	w.start(w.config(kube))
+	// A node selector that matches no node: the pod stays Pending.
+	w.start(w.config(onCluster(t, c, w, kubernetes.PodOptions{Image: c.Image, NodeSelector: map[string]string{"knotless.test/no-such-node": "true"}})))
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
