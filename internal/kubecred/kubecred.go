@@ -322,13 +322,34 @@ func TokenExpiry(token string) (time.Time, error) {
 // ErrExpired is returned for a credential whose token has expired.
 var ErrExpired = errors.New("runner credentials expired")
 
+// Token returns the bearer token cfg sends now: the current content of
+// its BearerTokenFile when it has one (a projected service-account token
+// or a kubeconfig tokenFile, which the kubelet or a timer rotates and
+// client-go's transport re-reads), else its BearerToken.
+func Token(cfg *rest.Config) (string, error) {
+	if cfg.BearerTokenFile == "" {
+		return cfg.BearerToken, nil
+	}
+	b, err := os.ReadFile(cfg.BearerTokenFile)
+	if err != nil {
+		return "", fmt.Errorf("read token file: %w", err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
 // CheckExpiry returns an error wrapping ErrExpired when the token of cfg
-// has expired, and the expiry (zero when the config has no JWT).
+// has expired, and the expiry (zero when the config has no JWT). A token
+// file is read now: a rotated token is judged by its own exp, not by the
+// one read when the config was loaded.
 func CheckExpiry(cfg *rest.Config, now time.Time) (time.Time, error) {
-	if cfg.BearerToken == "" {
+	token, err := Token(cfg)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if token == "" {
 		return time.Time{}, nil
 	}
-	exp, err := TokenExpiry(cfg.BearerToken)
+	exp, err := TokenExpiry(token)
 	if err != nil {
 		return time.Time{}, nil // not a JWT: nothing to say about its life
 	}
