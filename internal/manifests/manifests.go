@@ -36,13 +36,15 @@ type Options struct {
 
 // Paths and numbers inside the runner's pod.
 const (
-	AppPasswordKey  = "app-password"
-	secretDir       = "/run/secrets/knotless"
-	stateDir        = "/var/lib/knotless"
-	cacheDir        = "/var/cache/knotless"
-	uid             = 65532
-	gracePeriod     = 60 // seconds: a handover, not waiting out runs
-	stopWait        = "30s"
+	AppPasswordKey = "app-password"
+	secretDir      = "/run/secrets/knotless"
+	stateDir       = "/var/lib/knotless"
+	cacheDir       = "/var/cache/knotless"
+	uid            = 65532
+	// On SIGTERM the Kubernetes executor detaches started runs at once
+	// (their Jobs go on; the successor adopts them from state.json): the
+	// grace period covers that handover, never the runs themselves.
+	gracePeriod     = 60 // seconds
 	dataVolume      = "data"
 	tmpVolume       = "tmp"
 	secretVolume    = "app-password"
@@ -102,10 +104,7 @@ func Objects(o Options) ([]runtime.Object, error) {
 	}
 	args = append(args,
 		"--app-password-file", secretDir+"/"+AppPasswordKey,
-		"--state-dir", stateDir, "--cache-dir", cacheDir,
-		// Started runs are released to the successor well within the
-		// grace period, not waited out.
-		"--stop-wait", stopWait)
+		"--state-dir", stateDir, "--cache-dir", cacheDir)
 	args = append(args, o.Repos...)
 
 	pvc := corev1.PersistentVolumeClaim{
