@@ -38,6 +38,7 @@ func TestManifestsAccepted(t *testing.T) {
 		switch obj := obj.(type) {
 		case *corev1.Namespace:
 			// Created for real: the Role and RoleBinding need it to exist.
+			obj.Labels[clustertest.LabelTest] = "true"
 			if _, err := cs.CoreV1().Namespaces().Create(ctx, obj, metav1.CreateOptions{}); err != nil {
 				t.Fatalf("Namespace %s: %v", obj.Name, err)
 			}
