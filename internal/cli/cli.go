@@ -48,6 +48,7 @@ type CLI struct {
 	Run        RunCmd        `cmd:"" help:"Run one workflow now, without the daemon."`
 	Validate   ValidateCmd   `cmd:"" help:"Check workflow files and print every error with file:line:column."`
 	Kubeconfig KubeconfigCmd `cmd:"" help:"Mint the runner's scoped 24-hour kubeconfig (or --check one)."`
+	Manifests  ManifestsCmd  `cmd:"" help:"Print the YAML that runs the runner inside the cluster: runs namespace, ServiceAccount, Role, RoleBinding, StatefulSet."`
 	Version    VersionCmd    `cmd:"" help:"Print the version."`
 }
 

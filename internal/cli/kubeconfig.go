@@ -78,7 +78,11 @@ func (c *KubeconfigCmd) check(ctx context.Context, env *Env) error {
 	if err != nil {
 		return fmt.Errorf("--check %s: %w", c.Check, err)
 	}
-	exp, expErr := kubecred.TokenExpiry(cfg.BearerToken)
+	token, expErr := kubecred.Token(cfg)
+	var exp time.Time
+	if expErr == nil {
+		exp, expErr = kubecred.TokenExpiry(token)
+	}
 	if expErr != nil {
 		return fmt.Errorf("--check %s: %w", c.Check, expErr)
 	}

@@ -77,10 +77,10 @@ func PodSecurityLevel(level string) (string, error) {
 	return "", fmt.Errorf("pod security level %q: want restricted or baseline", level)
 }
 
-// namespaceLabels are the labels of the runs namespace: a stolen runner
+// NamespaceLabels are the labels of the runs namespace: a stolen runner
 // credential can only make Jobs whose pods pass the level.
-func namespaceLabels(level string) map[string]string {
-	l := labels()
+func NamespaceLabels(level string) map[string]string {
+	l := Labels()
 	maps.Copy(l, podSecurityLabels(level))
 	return l
 }
@@ -121,8 +121,8 @@ func Checks() []Check {
 	}
 }
 
-// labels mark what this package made.
-func labels() map[string]string {
+// Labels mark what knotless-run made.
+func Labels() map[string]string {
 	return map[string]string{"app.kubernetes.io/managed-by": "knotless-run"}
 }
 
@@ -137,7 +137,7 @@ func Ensure(ctx context.Context, cs kubernetes.Interface, o Options) error {
 		return err
 	}
 	var nsErr error
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: o.Namespace, Labels: namespaceLabels(level)}}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: o.Namespace, Labels: NamespaceLabels(level)}}
 	_, err = cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{})
 	switch {
 	case apierrors.IsAlreadyExists(err):
@@ -153,7 +153,7 @@ func Ensure(ctx context.Context, cs kubernetes.Interface, o Options) error {
 		return permission(err, "create", "namespaces", o.Namespace)
 	}
 	sa := &corev1.ServiceAccount{
-		ObjectMeta:                   metav1.ObjectMeta{Name: o.ServiceAccount, Namespace: o.Namespace, Labels: labels()},
+		ObjectMeta:                   metav1.ObjectMeta{Name: o.ServiceAccount, Namespace: o.Namespace, Labels: Labels()},
 		AutomountServiceAccountToken: ptr(false),
 	}
 	if _, err := cs.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -162,7 +162,7 @@ func Ensure(ctx context.Context, cs kubernetes.Interface, o Options) error {
 		}
 		return permission(err, "create", "serviceaccounts", o.Namespace)
 	}
-	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: o.ServiceAccount, Namespace: o.Namespace, Labels: labels()}, Rules: Rules()}
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: o.ServiceAccount, Namespace: o.Namespace, Labels: Labels()}, Rules: Rules()}
 	if err := createOrUpdate(ctx, "roles", o.Namespace,
 		func() error {
 			_, err := cs.RbacV1().Roles(o.Namespace).Create(ctx, role, metav1.CreateOptions{})
@@ -176,7 +176,7 @@ func Ensure(ctx context.Context, cs kubernetes.Interface, o Options) error {
 		return err
 	}
 	binding := &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: o.ServiceAccount, Namespace: o.Namespace, Labels: labels()},
+		ObjectMeta: metav1.ObjectMeta{Name: o.ServiceAccount, Namespace: o.Namespace, Labels: Labels()},
 		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: o.ServiceAccount, Namespace: o.Namespace}},
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: o.ServiceAccount},
 	}
@@ -322,13 +322,34 @@ func TokenExpiry(token string) (time.Time, error) {
 // ErrExpired is returned for a credential whose token has expired.
 var ErrExpired = errors.New("runner credentials expired")
 
+// Token returns the bearer token cfg sends now: the current content of
+// its BearerTokenFile when it has one (a projected service-account token
+// or a kubeconfig tokenFile, which the kubelet or a timer rotates and
+// client-go's transport re-reads), else its BearerToken.
+func Token(cfg *rest.Config) (string, error) {
+	if cfg.BearerTokenFile == "" {
+		return cfg.BearerToken, nil
+	}
+	b, err := os.ReadFile(cfg.BearerTokenFile)
+	if err != nil {
+		return "", fmt.Errorf("read token file: %w", err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
 // CheckExpiry returns an error wrapping ErrExpired when the token of cfg
-// has expired, and the expiry (zero when the config has no JWT).
+// has expired, and the expiry (zero when the config has no JWT). A token
+// file is read now: a rotated token is judged by its own exp, not by the
+// one read when the config was loaded.
 func CheckExpiry(cfg *rest.Config, now time.Time) (time.Time, error) {
-	if cfg.BearerToken == "" {
+	token, err := Token(cfg)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if token == "" {
 		return time.Time{}, nil
 	}
-	exp, err := TokenExpiry(cfg.BearerToken)
+	exp, err := TokenExpiry(token)
 	if err != nil {
 		return time.Time{}, nil // not a JWT: nothing to say about its life
 	}

@@ -50,6 +50,27 @@ func TestCheckExpiry(t *testing.T) {
 	}
 }
 
+func TestCheckExpiryReadsTokenFile(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1800000000, 0)
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte(jwt(`{"exp":1800000100}`)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The copy read at load has expired; the file holds the rotated token.
+	cfg := &rest.Config{BearerToken: jwt(`{"exp":1799999999}`), BearerTokenFile: file}
+	exp, err := CheckExpiry(cfg, now)
+	if err != nil || exp.Unix() != 1800000100 {
+		t.Errorf("CheckExpiry = %v, %v; want the file's exp 1800000100", exp, err)
+	}
+	if err := os.Remove(file); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := CheckExpiry(cfg, now); err == nil || errors.Is(err, ErrExpired) {
+		t.Errorf("CheckExpiry without the file = %v, want a read error", err)
+	}
+}
+
 func TestWriteFileAtomic(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()

@@ -160,6 +160,14 @@ func (c *clients) load() (*rest.Config, *kubernetes.Clientset, string, error) {
 func (c *clients) build(cfg *rest.Config, file string, digest [32]byte, ns string) (*rest.Config, *kubernetes.Clientset, string, error) {
 	cfg = rest.CopyConfig(cfg)
 	cfg.UserAgent = "knotless-run"
+	if cfg.BearerTokenFile != "" {
+		// In-cluster and kubeconfig tokenFile configs carry the token as
+		// read at load as well as its file. Without the copy, client-go's
+		// transport sends only what the file holds now (re-read every
+		// minute), and expiry checks read the file too: a rotated
+		// projected token is never reported expired.
+		cfg.BearerToken = ""
+	}
 	// Exec streams carry whole checkouts: no client-side rate limit on them.
 	cfg.QPS, cfg.Burst = 50, 100
 	cs, err := kubernetes.NewForConfig(cfg)

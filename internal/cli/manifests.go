@@ -1,0 +1,40 @@
+package cli
+
+import (
+	"fmt"
+
+	"knotless.dev/run/internal/manifests"
+)
+
+// ManifestsCmd prints what an operator applies to run the runner inside
+// the cluster it runs Jobs on.
+type ManifestsCmd struct {
+	Repos             []string `arg:"" optional:"" name:"repo" help:"Repositories the runner watches (as for serve)."`
+	Namespace         string   `help:"The runner's own namespace (it must exist and hold --app-password-secret)." default:"knotless"`
+	RunsNamespace     string   `help:"Namespace of the runs, created labelled Pod Security restricted." default:"knotless-runs"`
+	Name              string   `help:"Name of the ServiceAccount, Role, RoleBinding and StatefulSet." default:"knotless-runner"`
+	Image             string   `help:"The runner's image (with knotless-run, git and a CA bundle)." required:"" placeholder:"IMAGE"`
+	StorageClass      string   `help:"StorageClass of the state and cache volume (default: the cluster's default)." placeholder:"CLASS"`
+	StorageSize       string   `help:"Size of the state and cache volume." default:"10Gi"`
+	DID               string   `name:"did" help:"The runner's DID." required:"" placeholder:"DID"`
+	PDS               string   `name:"pds" help:"The runner's PDS URL (default: from its DID document)." placeholder:"URL"`
+	AppPasswordSecret string   `help:"Secret in --namespace holding the app password under the key app-password (the one Secret you create)." default:"knotless-app-password" placeholder:"NAME"`
+}
+
+// Run prints the manifests as YAML to stdout.
+func (c *ManifestsCmd) Run(env *Env) error {
+	objs, err := manifests.Objects(manifests.Options{
+		Namespace: c.Namespace, RunsNamespace: c.RunsNamespace, Name: c.Name,
+		Image: c.Image, StorageClass: c.StorageClass, StorageSize: c.StorageSize,
+		DID: c.DID, PDS: c.PDS, AppPasswordSecret: c.AppPasswordSecret, Repos: c.Repos,
+	})
+	if err != nil {
+		return fmt.Errorf("manifests: %w", err)
+	}
+	out, err := manifests.YAML(objs)
+	if err != nil {
+		return fmt.Errorf("manifests: %w", err)
+	}
+	_, err = env.Stdout.Write(out)
+	return err
+}

@@ -1,0 +1,87 @@
+package manifests
+
+import (
+	"flag"
+	"os"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	rbacv1 "k8s.io/api/rbac/v1"
+
+	"knotless.dev/run/internal/kubecred"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+func testOptions() Options {
+	return Options{
+		Namespace: "knotless", RunsNamespace: "knotless-runs", Name: "knotless-runner",
+		Image: "ghcr.io/knotless/run:v1", StorageClass: "fast", StorageSize: "20Gi",
+		DID: "did:plc:runner", PDS: "https://pds.example", AppPasswordSecret: "knotless-app-password",
+		Repos: []string{"did:plc:owner/app"},
+	}
+}
+
+func TestManifestsGolden(t *testing.T) {
+	t.Parallel()
+	objs, err := Objects(testOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := YAML(objs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const path = "testdata/manifests.golden.yaml"
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(string(want), string(got)); diff != "" {
+		t.Errorf("manifests (-want +got; go test -update to rewrite):\n%s", diff)
+	}
+}
+
+// TestRoleIsKubecredRules: the in-cluster runner has exactly the rights
+// `knotless-run kubeconfig` grants, from the one list.
+func TestRoleIsKubecredRules(t *testing.T) {
+	t.Parallel()
+	objs, err := Objects(testOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var roles int
+	for _, o := range objs {
+		if r, ok := o.(*rbacv1.Role); ok {
+			roles++
+			if diff := cmp.Diff(r.Rules, kubecred.Rules()); diff != "" {
+				t.Errorf("Role rules (-got +kubecred):\n%s", diff)
+			}
+			if r.Namespace != "knotless-runs" {
+				t.Errorf("Role in %q, want the runs namespace", r.Namespace)
+			}
+		}
+	}
+	if roles != 1 {
+		t.Errorf("%d Roles, want 1", roles)
+	}
+}
+
+func TestManifestsRequired(t *testing.T) {
+	t.Parallel()
+	o := testOptions()
+	o.AppPasswordSecret = ""
+	if _, err := Objects(o); err == nil || err.Error() != "the app password secret is required" {
+		t.Errorf("Objects without a secret: %v", err)
+	}
+	o = testOptions()
+	o.StorageSize = "lots"
+	if _, err := Objects(o); err == nil {
+		t.Error("Objects with storage size lots: no error")
+	}
+}
