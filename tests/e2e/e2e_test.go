@@ -220,7 +220,9 @@ func TestKubeconfigAdminWithoutRights(t *testing.T) {
 	weak := weakKubeconfig(t, c)
 	out := filepath.Join(t.TempDir(), "runner.kubeconfig")
 	r := mint(t, c, weak, out)
-	if r.code == 0 || !strings.Contains(r.stderr, "the admin credential may not create serviceaccounts in namespace "+c.Namespace+" (RBAC)") {
+	// The first right minting needs is labelling the runs namespace
+	// Pod Security restricted.
+	if r.code == 0 || !strings.Contains(r.stderr, "the admin credential may not patch namespace "+c.Namespace+" to label it pod-security.kubernetes.io/enforce=restricted (RBAC") {
 		t.Errorf("exit %d, stderr:\n%s", r.code, r.stderr)
 	}
 	if _, err := os.Stat(out); err == nil {
