@@ -107,6 +107,8 @@ func unit(t *testing.T, name string) string {
 		"@config@", configPath,
 		"@git@", "/usr",
 		"@coreutils@", "/usr",
+		// The golden shell runner lists nodejs in extraPackages.
+		"@nodejs@", "/usr",
 	).Replace(string(b))
 	if left := placeholder.FindString(s); left != "" {
 		t.Fatalf("unit %s: store path placeholder %s is left", name, left)
