@@ -148,11 +148,17 @@ start)
     [ -r "$d.watcher" ] && IFS= read -r w < "$d.watcher" && kill -USR1 "$w" 2>/dev/null
     exit 0
   ) < /dev/null > /dev/null 2>&1 &
-  echo $! > "$d.pid"
+  sup=$!
+  echo "$sup" > "$d.pid"
   payload=
   echo "knotless: started" >&2
   off=0 quiet=1
   stream
+  # The step has ended: its supervisor, this shell's child, exits at once.
+  # Reap it before the leftovers are killed, or the kill may meet it on
+  # its way out and bash reports the killed job on the control stream. A
+  # wait cut short by the watcher's signal is waited again.
+  while ! wait "$sup" 2>/dev/null; do kill -0 "$sup" 2>/dev/null || break; done
   finish
   ;;
 follow)
