@@ -381,23 +381,49 @@ func killRecorded(dir string, log *slog.Logger) {
 
 // killSession sends SIGKILL to every process whose session id is sid:
 // the step's shell and everything it started that did not leave its
-// session.
+// session. It returns once none of them is alive (a zombie is not), or
+// after killWait: a SIGKILL is delivered asynchronously, and a process
+// forking at the moment of the scan shows up only in the next one.
 func killSession(sid int) {
-	// The leader first, so it cannot start more while we scan.
-	_ = syscall.Kill(-sid, syscall.SIGKILL)
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return
-	}
-	for _, ent := range entries {
-		pid, err := strconv.Atoi(ent.Name())
+	deadline := time.Now().Add(killWait)
+	for {
+		// The leader's group first, so it cannot start more while we scan.
+		_ = syscall.Kill(-sid, syscall.SIGKILL)
+		entries, err := os.ReadDir("/proc")
 		if err != nil {
-			continue
+			return
 		}
-		if procSession(pid) == sid {
+		alive := false
+		for _, ent := range entries {
+			pid, err := strconv.Atoi(ent.Name())
+			if err != nil || procSession(pid) != sid || procState(pid) == 'Z' {
+				continue
+			}
 			_ = syscall.Kill(pid, syscall.SIGKILL)
+			alive = true
 		}
+		if !alive || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// killWait bounds how long killSession waits for a session to be gone.
+const killWait = 5 * time.Second
+
+// procState reads the state letter of pid from /proc/<pid>/stat ('R',
+// 'S', 'Z', ...), or 0.
+func procState(pid int) byte {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	j := strings.LastIndexByte(string(b), ')')
+	if j < 0 || j+2 >= len(b) {
+		return 0
+	}
+	return b[j+2]
 }
 
 // procSession reads the session id of pid from /proc/<pid>/stat.
