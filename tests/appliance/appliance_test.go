@@ -227,6 +227,10 @@ func (w *world) settings(extra map[string]any) []byte {
 		// The test's repository is a local bare repository bound into
 		// the machine.
 		"allow-local-sources": true,
+		// A throwaway machine: the shell executor may take discovered
+		// repositories (the Kubernetes tests set executor and discover
+		// themselves).
+		"unsafe-shell-untrusted": true,
 	}
 	for k, v := range extra {
 		s[k] = v
