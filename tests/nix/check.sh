@@ -199,7 +199,10 @@ else
     pass "check phase as in the Nix sandbox ($(sed -n 's/^checkFlags: //p' "$work/test.out"); inputs: $(sed -n 's/^nativeCheckInputs: //p' "$work/test.out"); nixbld1, unshare -n, stdenv PATH): $(grep -c '^ok' "$work/test.out") packages ok"
   else
     fail "the check phase fails in the emulated sandbox (tests/nix/sandbox.sh):"
-    grep -E '^\s*--- FAIL|^(FAIL|panic:|sandbox:)|^\s+[a-z_]+\.go:[0-9]+:' "$work/test.out" | sed 's/^/          /' | head -n 40
+    # The failing tests' lines, else (a failure before go test ran) the
+    # output's end; no match must not end this script.
+    { grep -E '^\s*--- FAIL|^(FAIL|panic:|sandbox:)|^\s+[a-z_]+\.go:[0-9]+:' "$work/test.out" ||
+      tail -n 20 "$work/test.out"; } | sed 's/^/          /' | head -n 40 || true
   fi
 fi
 rm -rf "$sb/src"
