@@ -620,7 +620,7 @@ ktc_node_ready() {
 # and the kubelet.
 ktc_node_config() {
 	local cd=$KTC_DIR/containerd
-	mkdir -p "$cd" "$KTC_DIR/cni/net.d" "$KTC_DIR/kubelet"
+	mkdir -p "$cd" "$cd/certs.d" "$KTC_DIR/cni/net.d" "$KTC_DIR/kubelet"
 	cat >"$cd/config.toml" <<TOML
 version = 2
 root = "$cd/root"
@@ -662,6 +662,11 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
   SystemdCgroup = false
   Root = "$cd/runc"
+
+[plugins."io.containerd.grpc.v1.cri".registry]
+  # A registry's hosts.toml is read from here at each pull, so a test
+  # harness can add a registry to the running node (tests/registry).
+  config_path = "$cd/certs.d"
 
 [plugins."io.containerd.grpc.v1.cri".cni]
   bin_dir = "/usr/lib/cni"
