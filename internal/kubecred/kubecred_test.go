@@ -70,4 +70,3 @@ func TestCheckExpiryReadsTokenFile(t *testing.T) {
 		t.Errorf("CheckExpiry without the file = %v, want a read error", err)
 	}
 }
-
