@@ -99,10 +99,12 @@ type Cluster struct {
 
 // Main runs a test package's tests against a test cluster and exits. Call
 // it from TestMain. With KNOTLESS_TEST_KUBECONFIG set, or under -short, it
-// only runs the tests; otherwise it brings a cluster up with
-// tests/cluster/up first (holding a lock, so test binaries that go test
-// runs in parallel take turns) and takes it down with tests/cluster/down
-// after.
+// only runs the tests. Without it, a cluster that tests/cluster/env finds
+// and whose API server answers is used as it is and left up: bringing one
+// up again would tear down a cluster other tests are using. Otherwise it
+// brings a cluster up with tests/cluster/up first (holding a lock, so test
+// binaries that go test runs in parallel take turns) and takes it down
+// with tests/cluster/down after.
 func Main(m *testing.M) {
 	os.Exit(run(m))
 }
@@ -121,6 +123,13 @@ func run(m *testing.M) int {
 	}
 	defer unlock()
 
+	if env, ok := runningCluster(ctx, scripts); ok {
+		fmt.Fprintf(os.Stderr, "clustertest: %s is not set: using the cluster already up at %s, and leaving it up\n", EnvKubeconfig, env[EnvKubeconfig])
+		for k, v := range env {
+			os.Setenv(k, v)
+		}
+		return m.Run()
+	}
 	fmt.Fprintf(os.Stderr, "clustertest: %s is not set: bringing up a test cluster with %s/up\n", EnvKubeconfig, scripts)
 	if err := Script(ctx, scripts, "up", nil); err != nil {
 		os.Setenv(envUpError, err.Error())
@@ -147,6 +156,23 @@ func run(m *testing.M) int {
 		code = max(code, 1)
 	}
 	return code
+}
+
+// runningCluster returns the environment of a cluster that tests/cluster/env
+// knows of and whose API server says it is ready.
+func runningCluster(ctx context.Context, scripts string) (map[string]string, bool) {
+	env, err := ScriptEnv(ctx, scripts, nil)
+	if err != nil {
+		return nil, false
+	}
+	c, err := Connect(env[EnvKubeconfig])
+	if err != nil {
+		return nil, false
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err = c.Clientset.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+	return env, err == nil
 }
 
 // flock takes a flock (LOCK_SH or LOCK_EX) on path, waiting for it, and
