@@ -38,7 +38,7 @@ let
 
     # The NAR hash of `go mod vendor` for the source above.
     # tests/nix/vendor-hash.sh prints it; `--write` updates this line.
-    vendorHash = "sha256-cLaWaV7W1GCRwh9+Sm97WZmK4KHZ2wqilA+K9QCnM+4=";
+    vendorHash = "sha256-yN5lIDptRLFMKCSI7hu34oQQZ/Ho6CX2JEeTIX709+E=";
 
     subPackages = [ "cmd/knotless-run" ];
 

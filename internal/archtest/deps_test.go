@@ -38,14 +38,28 @@ var outside = []struct {
 }
 
 // upward are the packages above the engine: the conformance table is
-// run by each executor's tests and must not pull the daemon or the CLI
-// into them.
+// run by each executor's tests and must not pull the daemon, its state
+// and checks, or the CLI into them.
 var upward = []string{
 	module + "internal/cli",
 	module + "internal/daemon",
 	module + "internal/ingest",
 	module + "internal/forge",
 	module + "internal/mirror",
+	module + "internal/checks",
+	module + "internal/state",
+	module + "internal/manifests",
+}
+
+// implementations are the executors the conformance table is run
+// against: the table is one for all and depends on none of them, nor
+// on the client of any.
+var implementations = []string{
+	module + "internal/executor/docker",
+	module + "internal/executor/kubernetes",
+	module + "internal/executor/shell",
+	module + "internal/kubeexec",
+	module + "internal/kubecred",
 }
 
 func TestCoreImportsNoClient(t *testing.T) {
@@ -74,6 +88,19 @@ func TestConformanceImportsNothingAbove(t *testing.T) {
 	for _, up := range upward {
 		if chain := importChain(graph, p, func(dep string) bool { return dep == up || strings.HasPrefix(dep, up+"/") }); chain != nil {
 			t.Errorf("%s imports %s, above the engine: %s", p, up, strings.Join(chain, " -> "))
+		}
+	}
+	for _, impl := range implementations {
+		if chain := importChain(graph, p, func(dep string) bool { return dep == impl }); chain != nil {
+			t.Errorf("%s imports %s, one of the executors it is run against: %s", p, impl, strings.Join(chain, " -> "))
+		}
+	}
+	for _, o := range outside {
+		isOutside := func(dep string) bool {
+			return slices.ContainsFunc(o.prefixes, func(prefix string) bool { return strings.HasPrefix(dep, prefix) })
+		}
+		if chain := importChain(graph, p, isOutside); chain != nil {
+			t.Errorf("%s imports %s, but the table uses no %s: %s", p, chain[len(chain)-1], o.what, strings.Join(chain, " -> "))
 		}
 	}
 }

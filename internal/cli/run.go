@@ -3,8 +3,6 @@ package cli
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/base32"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -53,7 +51,7 @@ func (c *RunCmd) Run(ctx context.Context, env *Env) error {
 	}
 	runID := c.RunID
 	if runID == "" {
-		runID = newRunID()
+		runID = run.NewID()
 	}
 	max, err := c.maximums(true)
 	if err != nil {
@@ -232,12 +230,4 @@ func (c *RunCmd) writeResult(env *Env, res *run.Result) error {
 		return fmt.Errorf("--result: %w", err)
 	}
 	return nil
-}
-
-// newRunID returns a short random id that is safe as a label value and
-// in a Kubernetes object name.
-func newRunID() string {
-	b := make([]byte, 10)
-	_, _ = rand.Read(b)
-	return "r" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b))
 }

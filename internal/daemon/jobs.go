@@ -2,8 +2,6 @@ package daemon
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base32"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -426,7 +424,7 @@ func (d *Daemon) markDoneIfIdle(ev ingest.Event) {
 func (d *Daemon) runJob(ctx context.Context, j *job) {
 	log := d.log.With("check", j.key, "workflow", j.wf.Name, "event", j.ev.URI.String())
 	if j.adopt == nil {
-		j.runID = newRunID()
+		j.runID = run.NewID()
 		if err := d.startJob(ctx, j, log); err != nil {
 			log.Error("record the run", "err", err)
 		}
@@ -615,13 +613,6 @@ func (d *Daemon) finalError(ctx context.Context, ev ingest.Event, wfName, msg st
 	check := forge.Check{Type: forge.CollectionCheck, Subject: ev.Subject(), Workflow: wfName, Status: string(run.Error),
 		Error: checks.Truncate(msg, checks.MaxError), CreatedAt: now, FinishedAt: now}
 	d.putFinal(ctx, checks.Finish, key, ev, check, d.log)
-}
-
-// newRunID returns a short random id, safe as a label value.
-func newRunID() string {
-	b := make([]byte, 10)
-	_, _ = rand.Read(b)
-	return "r" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b))
 }
 
 // warnUnacted logs, once per workflow and set of warnings, the fields a

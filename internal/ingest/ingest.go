@@ -9,6 +9,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -283,17 +285,7 @@ func (l *Lister) pullsOfAuthors(ctx context.Context, repos []forge.Record[forge.
 		dids[did] = true
 	}
 	l.mu.Unlock()
-	var out []forge.Record[forge.Pull]
-	for did := range dids {
-		recs, bad, err := forge.List[forge.Pull](ctx, l.Reader, did, forge.CollectionPull)
-		if err != nil {
-			l.Logger.Warn("list pulls", "did", did.String(), "err", err)
-			continue
-		}
-		l.warnInvalid(bad)
-		out = append(out, recs...)
-	}
-	return out
+	return l.pullsOf(ctx, slices.Collect(maps.Keys(dids)))
 }
 
 // pullsOn lists the pulls of every account on host (discovery only: its
@@ -303,6 +295,12 @@ func (l *Lister) pullsOn(ctx context.Context, host string) ([]forge.Record[forge
 	if err != nil {
 		return nil, err
 	}
+	return l.pullsOf(ctx, dids), nil
+}
+
+// pullsOf lists the pulls of the accounts dids; an account whose pulls
+// cannot be listed is logged and passed over.
+func (l *Lister) pullsOf(ctx context.Context, dids []syntax.DID) []forge.Record[forge.Pull] {
 	var out []forge.Record[forge.Pull]
 	for _, did := range dids {
 		recs, bad, err := forge.List[forge.Pull](ctx, l.Reader, did, forge.CollectionPull)
@@ -313,7 +311,7 @@ func (l *Lister) pullsOn(ctx context.Context, host string) ([]forge.Record[forge
 		l.warnInvalid(bad)
 		out = append(out, recs...)
 	}
-	return out, nil
+	return out
 }
 
 func (l *Lister) resolve(ctx context.Context, id syntax.AtIdentifier) (syntax.DID, error) {

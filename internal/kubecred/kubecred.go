@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"maps"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -27,6 +26,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"knotless.dev/run/internal/atomicfile"
 )
 
 // Rules are everything the Kubernetes executor does, and nothing else: no
@@ -359,49 +360,14 @@ func CheckExpiry(cfg *rest.Config, now time.Time) (time.Time, error) {
 	return exp, nil
 }
 
-// WriteKubeconfig writes kc to path atomically: a temporary file in the
-// same directory, fsync, rename. The file is mode 0600.
+// WriteKubeconfig writes kc to path atomically (atomicfile.Write). The
+// file is mode 0600.
 func WriteKubeconfig(path string, kc *clientcmdapi.Config) error {
 	data, err := clientcmd.Write(*kc)
 	if err != nil {
 		return fmt.Errorf("encode kubeconfig: %w", err)
 	}
-	return WriteFileAtomic(path, data, 0o600)
-}
-
-// WriteFileAtomic replaces path with data so that a reader sees the old
-// file or the new one, never a part.
-func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp)
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		d.Close()
-	}
-	return nil
+	return atomicfile.Write(path, data, 0o600)
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -70,21 +70,3 @@ func TestCheckExpiryReadsTokenFile(t *testing.T) {
 		t.Errorf("CheckExpiry without the file = %v, want a read error", err)
 	}
 }
-
-func TestWriteFileAtomic(t *testing.T) {
-	t.Parallel()
-	dir := t.TempDir()
-	path := filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(path, []byte("old"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := WriteFileAtomic(path, []byte("new"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	b, _ := os.ReadFile(path)
-	fi, _ := os.Stat(path)
-	entries, _ := os.ReadDir(dir)
-	if string(b) != "new" || fi.Mode().Perm() != 0o600 || len(entries) != 1 {
-		t.Errorf("content %q mode %v entries %d", b, fi.Mode(), len(entries))
-	}
-}

@@ -265,16 +265,22 @@ func (r *runState) grantSecrets() error {
 	return nil
 }
 
+// grantedValues are the values of the granted secrets: what the log, a
+// dry run's payloads and the run's error are masked with.
+func (r *runState) grantedValues() []string {
+	values := make([]string, 0, len(r.granted))
+	for _, v := range r.granted {
+		values = append(values, v)
+	}
+	return values
+}
+
 func (r *runState) openLog(first bool) {
 	sink := io.Writer(r.buf)
 	if r.req.Live != nil {
 		sink = io.MultiWriter(r.buf, r.req.Live)
 	}
-	values := make([]string, 0, len(r.granted))
-	for _, v := range r.granted {
-		values = append(values, v)
-	}
-	r.out = mask.NewWriter(&r.lines, values)
+	r.out = mask.NewWriter(&r.lines, r.grantedValues())
 	r.lines.w = sink
 	if !r.req.Trusted && first {
 		for _, name := range r.req.Workflow.Secrets {
@@ -594,11 +600,7 @@ func (e *Engine) DryRun(req Request, dirs executor.Dirs) ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
-		values := make([]string, 0, len(r.granted))
-		for _, v := range r.granted {
-			values = append(values, v)
-		}
-		out = append(out, mask.String(text, values))
+		out = append(out, mask.String(text, r.grantedValues()))
 	}
 	return out, nil
 }
@@ -753,11 +755,7 @@ func (r *runState) finish() {
 		_ = r.out.Flush()
 	}
 	if r.granted != nil && r.res.Error != "" {
-		values := make([]string, 0, len(r.granted))
-		for _, v := range r.granted {
-			values = append(values, v)
-		}
-		r.res.Error = mask.String(r.res.Error, values)
+		r.res.Error = mask.String(r.res.Error, r.grantedValues())
 	}
 	r.res.FinishedAt = time.Now().UTC()
 	r.res.Log = r.buf.Bytes()

@@ -19,6 +19,7 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/atclient"
 
+	"knotless.dev/run/internal/atomicfile"
 	"knotless.dev/run/internal/run"
 )
 
@@ -128,37 +129,9 @@ func (s *State) RunIDs() []string {
 	return ids
 }
 
-// WriteFile writes data to name atomically with mode 0600: a temporary
-// file in the same directory, fsync, rename, fsync of the directory.
+// WriteFile writes data to name atomically with mode 0600
+// (atomicfile.Write: a temporary file in the same directory, fsync,
+// rename, fsync of the directory).
 func WriteFile(name string, data []byte) error {
-	dir := filepath.Dir(name)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(name)+".tmp-")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", name, err)
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp)
-	if err := f.Chmod(0o600); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", name, err)
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", name, err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", name, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", name, err)
-	}
-	if err := os.Rename(tmp, name); err != nil {
-		return fmt.Errorf("write %s: %w", name, err)
-	}
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		d.Close()
-	}
-	return nil
+	return atomicfile.Write(name, data, 0o600)
 }

@@ -127,7 +127,7 @@ func BenchmarkWorkflow(b *testing.B) {
 
 		start = time.Now()
 		out := b.TempDir()
-		if err := cli.workflow(fmt.Sprintf("knotless-cli-%s-%d", RunnerLabel(did), i), d.Image(), checkout, scripts, payloads, out); err != nil {
+		if err := cli.workflow(fmt.Sprintf("knotless-cli-%s-%d", executor.RunnerLabel(did), i), d.Image(), checkout, scripts, payloads, out); err != nil {
 			b.Fatal(err)
 		}
 		viaCLI += time.Since(start)

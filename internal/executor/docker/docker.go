@@ -11,8 +11,6 @@ package docker
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -38,10 +36,10 @@ const Name = "docker"
 
 // Label keys on every container, network and volume a run makes.
 const (
-	// LabelRunner holds RunnerLabel of the runner's DID.
-	LabelRunner = "dev.knotless.runner"
+	// LabelRunner holds executor.RunnerLabel of the runner's DID.
+	LabelRunner = executor.LabelRunner
 	// LabelRun holds the run id.
-	LabelRun = "dev.knotless.run"
+	LabelRun = executor.LabelRun
 	// LabelDir tells which of the run's directories a volume holds.
 	LabelDir = "dev.knotless.dir"
 )
@@ -162,13 +160,6 @@ func (e *Executor) Close() error {
 	return e.cli.Close()
 }
 
-// RunnerLabel is the label-safe value of LabelRunner for a runner's DID:
-// the first 16 hex digits of its SHA-256.
-func RunnerLabel(did string) string {
-	sum := sha256.Sum256([]byte(did))
-	return hex.EncodeToString(sum[:8])
-}
-
 var validRunID = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
 
 // names are the objects of one run.
@@ -203,7 +194,7 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 	if !validRunID.MatchString(spec.RunID) {
 		return nil, fmt.Errorf("run id %q cannot name a docker object", spec.RunID)
 	}
-	runner := RunnerLabel(spec.Runner)
+	runner := executor.RunnerLabel(spec.Runner)
 	n := runNames(runner, spec.RunID)
 	log := e.log.With("run", spec.RunID)
 	if _, err := e.cli.Ping(ctx, client.PingOptions{NegotiateAPIVersion: true}); err != nil {
@@ -396,48 +387,23 @@ func parseMemory(s string) (int64, error) {
 
 // Sweep removes the containers, networks and volumes of the configured
 // runner whose run is not in keep, and returns one ref per run removed.
+// It finds them by the runner label of this build and by the 16-digit
+// one that builds before the executors shared executor.RunnerLabel
+// wrote, so an upgrade leaves no run of the same runner behind.
 func (e *Executor) Sweep(ctx context.Context, keep []string) ([]executor.Ref, error) {
 	if e.cfg.Runner == "" {
 		return nil, errors.New("docker sweep: the executor has no runner DID configured")
 	}
-	runner := RunnerLabel(e.cfg.Runner)
+	runner := executor.RunnerLabel(e.cfg.Runner)
 	kept := map[string]bool{}
 	for _, id := range keep {
 		kept[id] = true
 	}
-	filter := client.Filters{}.Add("label", LabelRunner+"="+runner)
 	runs := map[string]*names{}
-	found := func(run string) *names {
-		if runs[run] == nil {
-			runs[run] = &names{volumes: map[string]string{}}
-		}
-		return runs[run]
-	}
-	cs, err := e.cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: filter})
-	if err != nil {
-		return nil, e.daemonError(fmt.Errorf("sweep: list containers: %w", err))
-	}
-	for _, c := range cs.Items {
-		if run := c.Labels[LabelRun]; run != "" && !kept[run] {
-			found(run).container = c.ID
-		}
-	}
-	ns, err := e.cli.NetworkList(ctx, client.NetworkListOptions{Filters: filter})
-	if err != nil {
-		return nil, e.daemonError(fmt.Errorf("sweep: list networks: %w", err))
-	}
-	for _, nw := range ns.Items {
-		if run := nw.Labels[LabelRun]; run != "" && !kept[run] {
-			found(run).network = nw.ID
-		}
-	}
-	vs, err := e.cli.VolumeList(ctx, client.VolumeListOptions{Filters: filter})
-	if err != nil {
-		return nil, e.daemonError(fmt.Errorf("sweep: list volumes: %w", err))
-	}
-	for _, v := range vs.Items {
-		if run := v.Labels[LabelRun]; run != "" && !kept[run] {
-			found(run).volumes[v.Name] = v.Name
+	labelOf := map[string]string{} // run id -> its runner label value
+	for _, value := range []string{runner, legacyRunnerLabel(runner)} {
+		if err := e.findRuns(ctx, value, kept, runs, labelOf); err != nil {
+			return nil, err
 		}
 	}
 	ids := make([]string, 0, len(runs))
@@ -455,9 +421,54 @@ func (e *Executor) Sweep(ctx context.Context, keep []string) ([]executor.Ref, er
 			continue
 		}
 		e.log.Info("swept run", "run", id, "container", r.container != "", "network", r.network != "", "volumes", len(r.volumes))
-		swept = append(swept, executor.Ref{Executor: Name, RunID: id, Name: runNames(runner, id).container})
+		swept = append(swept, executor.Ref{Executor: Name, RunID: id, Name: runNames(labelOf[id], id).container})
 	}
 	return swept, errors.Join(errs...)
+}
+
+// legacyRunnerLabel is the runner label that builds before
+// executor.RunnerLabel wrote on Docker objects: its first 16 hex digits.
+func legacyRunnerLabel(runner string) string { return runner[:16] }
+
+// findRuns adds to runs the containers, networks and volumes labelled
+// with runner label value whose run is not kept.
+func (e *Executor) findRuns(ctx context.Context, value string, kept map[string]bool, runs map[string]*names, labelOf map[string]string) error {
+	filter := client.Filters{}.Add("label", LabelRunner+"="+value)
+	found := func(run string) *names {
+		if runs[run] == nil {
+			runs[run] = &names{volumes: map[string]string{}}
+			labelOf[run] = value
+		}
+		return runs[run]
+	}
+	cs, err := e.cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: filter})
+	if err != nil {
+		return e.daemonError(fmt.Errorf("sweep: list containers: %w", err))
+	}
+	for _, c := range cs.Items {
+		if run := c.Labels[LabelRun]; run != "" && !kept[run] {
+			found(run).container = c.ID
+		}
+	}
+	ns, err := e.cli.NetworkList(ctx, client.NetworkListOptions{Filters: filter})
+	if err != nil {
+		return e.daemonError(fmt.Errorf("sweep: list networks: %w", err))
+	}
+	for _, nw := range ns.Items {
+		if run := nw.Labels[LabelRun]; run != "" && !kept[run] {
+			found(run).network = nw.ID
+		}
+	}
+	vs, err := e.cli.VolumeList(ctx, client.VolumeListOptions{Filters: filter})
+	if err != nil {
+		return e.daemonError(fmt.Errorf("sweep: list volumes: %w", err))
+	}
+	for _, v := range vs.Items {
+		if run := v.Labels[LabelRun]; run != "" && !kept[run] {
+			found(run).volumes[v.Name] = v.Name
+		}
+	}
+	return nil
 }
 
 // drain reads r to its end and closes it.

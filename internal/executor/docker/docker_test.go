@@ -18,7 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/moby/moby/api/pkg/stdcopy"
+	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 
 	"knotless.dev/run/internal/executor"
@@ -79,7 +81,7 @@ func objects(t *testing.T, d *dockerd.Daemon, did string) []string {
 	}
 	defer cli.Close()
 	ctx := context.Background()
-	f := client.Filters{}.Add("label", LabelRunner+"="+RunnerLabel(did))
+	f := client.Filters{}.Add("label", LabelRunner+"="+executor.RunnerLabel(did))
 	var out []string
 	cs, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
 	if err != nil {
@@ -470,6 +472,65 @@ func TestSweepAbandoned(t *testing.T) {
 	}
 	if left := objects(t, d, did); len(left) > 0 {
 		t.Errorf("after the last sweep:\n%s", strings.Join(left, "\n"))
+	}
+}
+
+// TestSweepOlderBuild makes the objects of a run as a build before the
+// shared executor.RunnerLabel named and labelled them (16 hex digits of
+// the DID's SHA-256, not 20) and checks that a sweep of this build
+// removes them all.
+func TestSweepOlderBuild(t *testing.T) {
+	t.Parallel()
+	d := daemon.Get(t)
+	did := runner(t)
+	old := executor.RunnerLabel(did)[:16]
+	cli, err := d.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx := context.Background()
+	base := "knotless-" + old + "-r1"
+	labels := map[string]string{LabelRunner: old, LabelRun: "r1"}
+	if _, err := cli.NetworkCreate(ctx, base, client.NetworkCreateOptions{Driver: "bridge", Labels: labels}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.VolumeCreate(ctx, client.VolumeCreateOptions{Name: base + "-work", Driver: "local", Labels: labels}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{
+		Name:   base,
+		Config: &container.Config{Image: d.Image(), Cmd: []string{"true"}, Labels: labels},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	oldObjects := client.Filters{}.Add("label", LabelRunner+"="+old)
+	if cs, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: oldObjects}); err != nil || len(cs.Items) != 1 {
+		t.Fatalf("containers of the older build before the sweep: %v, %v", cs, err)
+	}
+
+	refs, err := newExecutor(t, d, did, Config{}).Sweep(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []executor.Ref{{Executor: Name, RunID: "r1", Name: base}}
+	if diff := cmp.Diff(refs, want); diff != "" {
+		t.Errorf("swept refs (-got +want):\n%s", diff)
+	}
+	cs, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: oldObjects})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := cli.NetworkList(ctx, client.NetworkListOptions{Filters: oldObjects})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vs, err := cli.VolumeList(ctx, client.VolumeListOptions{Filters: oldObjects})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cs.Items)+len(ns.Items)+len(vs.Items) != 0 {
+		t.Errorf("left after the sweep: %d containers, %d networks, %d volumes", len(cs.Items), len(ns.Items), len(vs.Items))
 	}
 }
 

@@ -1,11 +1,13 @@
 package docker
 
+import "knotless.dev/run/internal/executor/reaper"
+
 // The two fixed sh scripts the executor runs in a container, as the
 // argv of an exec. Neither carries a value of the run: a step's payload
 // only ever travels on the exec's stdin.
 
 // reapFuncs kill processes by session, as seen from inside the
-// container, in any POSIX sh and with no other program.
+// container, with reaper.Sh.
 //
 // A session is live when one of its processes has parent 0: that is an
 // exec's own process (the keep-alive's init, a running step's launcher,
@@ -13,35 +15,21 @@ package docker
 // process that called setsid, or whose step ended, belongs to no live
 // session. reap S kills session S and every process of no live session;
 // reap all kills everything but the init's session. Neither kills the
-// calling shell. It repeats until a pass finds nothing to kill.
-const reapFuncs = `stat() { { read -r l <"/proc/$1/stat"; } 2>/dev/null || return 1; l=${l##*") "}; set -f; set -- $l; set +f; st=$1 pp=$2 sid=$4; }
-reap() {
-	n=0
-	while :; do
-		live=" "
-		for d in /proc/[0-9]*; do
-			p=${d#/proc/}
-			stat "$p" || continue
-			if [ "$1" = all ]; then
-				if [ "$p" = 1 ]; then live="$live$sid "; fi
-			elif [ "$pp" = 0 ] && [ "$sid" != "$1" ]; then
-				live="$live$sid "
-			fi
-		done
-		hit=
-		for d in /proc/[0-9]*; do
-			p=${d#/proc/}
-			[ "$p" = "$$" ] && continue
-			stat "$p" || continue
-			case $st in Z|X|x) continue;; esac
-			case $live in *" $sid "*) continue;; esac
-			kill -9 "$p" 2>/dev/null && hit=1
-		done
-		[ -z "$hit" ] && return 0
-		n=$((n+1))
-		[ "$n" -lt 100 ] || return 1
+// calling shell. The live sessions are found again before each pass.
+const reapFuncs = reaper.Sh + `live_sessions() {
+	live=" "
+	for d in /proc/[0-9]*; do
+		p=${d#/proc/}
+		proc_stat "$p" || continue
+		if [ "$target" = all ]; then
+			if [ "$p" = 1 ]; then live="$live$sid "; fi
+		elif [ "$pp" = 0 ] && [ "$sid" != "$target" ]; then
+			live="$live$sid "
+		fi
 	done
 }
+in_live_session() { case $live in *" $sid "*) return 0;; esac; return 1; }
+reap() { target=$1; reap_unless live_sessions in_live_session; }
 `
 
 // launcher runs a step. The runtime starts every exec in a session of
@@ -54,7 +42,7 @@ reap() {
 // the daemon's two streams would not.
 const launcher = reapFuncs + `exec 2>&1
 s=$$
-stat $$ && s=$sid
+proc_stat $$ && s=$sid
 echo "` + sidMarker + ` $s"
 sh -s
 rc=$?
@@ -64,7 +52,7 @@ exit "$rc"`
 // sidMarker starts the launcher's first line.
 const sidMarker = "knotless-step"
 
-// reaper kills from a second exec: its argument is a step's session id
+// reapScript kills from a second exec: its argument is a step's session id
 // (KillStep), or "all" (Stop of a kept session). It prints "reaped" when
 // it is done.
-const reaper = reapFuncs + `reap "$1" && echo reaped`
+const reapScript = reapFuncs + `reap "$1" && echo reaped`

@@ -293,7 +293,7 @@ func (s *Session) reap(ctx context.Context, sid string) error {
 	defer s.reapMu.Unlock()
 	ex, err := s.ex.cli.ExecCreate(ctx, s.id, client.ExecCreateOptions{
 		AttachStdout: true, AttachStderr: true,
-		Cmd: []string{"sh", "-c", reaper, "knotless-reaper", sid},
+		Cmd: []string{"sh", "-c", reapScript, "knotless-reaper", sid},
 	})
 	if err != nil {
 		return s.ex.daemonError(fmt.Errorf("create reaper exec: %w", err))

@@ -16,47 +16,19 @@ import (
 // header is rebuilt from its plain fields: no PAX record or owner name
 // goes through.
 func relayIn(ctx context.Context, r io.Reader, w io.Writer, lim tarstream.Limits) error {
-	tr := tar.NewReader(tarstream.LimitReader(ctx, r, lim))
-	tw := tar.NewWriter(w)
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return err
-		}
-		if hdr.Typeflag == tar.TypeXGlobalHeader {
-			continue
-		}
-		name, err := tarstream.CleanName(hdr.Name)
-		if err != nil {
-			return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
-		}
-		if name == "." {
-			continue
-		}
-		out, err := plainHeader(hdr, name)
-		if err != nil {
-			return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
-		}
+	return relay(ctx, r, w, lim, tarstream.CleanName, func(hdr, out *tar.Header) error {
 		switch hdr.Typeflag {
 		case tar.TypeSymlink:
-			if err := tarstream.CheckLinkTarget(name, hdr.Linkname); err != nil {
-				return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
-			}
+			return tarstream.CheckLinkTarget(out.Name, hdr.Linkname)
 		case tar.TypeLink:
 			target, err := tarstream.CleanName(hdr.Linkname)
 			if err != nil || target == "." {
-				return fmt.Errorf("tar entry %q: hard link to %q points outside the target", hdr.Name, hdr.Linkname)
+				return fmt.Errorf("hard link to %q points outside the target", hdr.Linkname)
 			}
 			out.Linkname = target
 		}
-		if err := writeEntry(tw, tr, out); err != nil {
-			return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
-		}
-	}
-	return tw.Close()
+		return nil
+	})
 }
 
 // relayOut copies the daemon's archive of a directory named base to w,
@@ -66,8 +38,6 @@ func relayIn(ctx context.Context, r io.Reader, w io.Writer, lim tarstream.Limits
 // input; relayOut keeps its names inside the directory and bounds its
 // size.
 func relayOut(ctx context.Context, r io.Reader, w io.Writer, base string, lim tarstream.Limits) error {
-	tr := tar.NewReader(tarstream.LimitReader(ctx, r, lim))
-	tw := tar.NewWriter(w)
 	strip := func(name string) (string, error) {
 		clean, err := tarstream.CleanName(name)
 		if err != nil {
@@ -82,6 +52,25 @@ func relayOut(ctx context.Context, r io.Reader, w io.Writer, base string, lim ta
 		}
 		return rel, nil
 	}
+	return relay(ctx, r, w, lim, strip, func(hdr, out *tar.Header) error {
+		if hdr.Typeflag == tar.TypeLink {
+			var err error
+			if out.Linkname, err = strip(hdr.Linkname); err != nil || out.Linkname == "." {
+				return fmt.Errorf("hard link to %q points outside %s", hdr.Linkname, base)
+			}
+		}
+		return nil
+	})
+}
+
+// relay copies the tar stream r, bounded by lim, to w entry by entry:
+// rename gives each entry's name in w ("." drops the entry), each header
+// is rebuilt from its plain fields (plainHeader), and link checks or
+// rewrites the rebuilt header of a link.
+func relay(ctx context.Context, r io.Reader, w io.Writer, lim tarstream.Limits,
+	rename func(string) (string, error), link func(hdr, out *tar.Header) error) error {
+	tr := tar.NewReader(tarstream.LimitReader(ctx, r, lim))
+	tw := tar.NewWriter(w)
 	for {
 		hdr, err := tr.Next()
 		if err == io.EOF {
@@ -93,7 +82,7 @@ func relayOut(ctx context.Context, r io.Reader, w io.Writer, base string, lim ta
 		if hdr.Typeflag == tar.TypeXGlobalHeader {
 			continue
 		}
-		name, err := strip(hdr.Name)
+		name, err := rename(hdr.Name)
 		if err != nil {
 			return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
 		}
@@ -104,10 +93,8 @@ func relayOut(ctx context.Context, r io.Reader, w io.Writer, base string, lim ta
 		if err != nil {
 			return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
 		}
-		if hdr.Typeflag == tar.TypeLink {
-			if out.Linkname, err = strip(hdr.Linkname); err != nil || out.Linkname == "." {
-				return fmt.Errorf("tar entry %q: hard link to %q points outside %s", hdr.Name, hdr.Linkname, base)
-			}
+		if err := link(hdr, out); err != nil {
+			return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
 		}
 		if err := writeEntry(tw, tr, out); err != nil {
 			return fmt.Errorf("tar entry %q: %w", hdr.Name, err)

@@ -104,6 +104,7 @@ func TestRelayRefuses(t *testing.T) {
 		{"in: climbing", false, []entry{{"a/../../x", "", tar.TypeReg, "x"}}, tarstream.Limits{}, `".." not allowed`},
 		{"in: escaping link", false, []entry{{"l", "../../etc", tar.TypeSymlink, ""}}, tarstream.Limits{}, "points outside"},
 		{"in: absolute link", false, []entry{{"l", "/etc", tar.TypeSymlink, ""}}, tarstream.Limits{}, "points outside"},
+		{"in: hard link climbing", false, []entry{{"h", "../x", tar.TypeLink, ""}}, tarstream.Limits{}, "hard link to \"../x\" points outside"},
 		{"in: fifo", false, []entry{{"f", "", tar.TypeFifo, ""}}, tarstream.Limits{}, "not allowed"},
 	}
 	for _, tt := range tests {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/kubeexec"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/workflow"
 	"knotless.dev/run/tests/clustertest"
@@ -63,7 +64,7 @@ func BenchmarkStepOverhead(b *testing.B) {
 	var bare, step, closed time.Duration
 	for i := 0; b.Loop(); i++ {
 		t0 := time.Now()
-		if code, err := s.exec(ctx, []string{"true"}, streams{stdout: io.Discard}); err != nil || code != 0 {
+		if code, err := s.exec(ctx, []string{"true"}, kubeexec.Streams{Stdout: io.Discard}); err != nil || code != 0 {
 			b.Fatalf("bare exec: %d %v", code, err)
 		}
 		t1 := time.Now()
@@ -109,7 +110,7 @@ func BenchmarkTransfer(b *testing.B) {
 		// wc proves every byte arrived (busybox cat > /dev/null may end
 		// before reading its input).
 		var count bytes.Buffer
-		if code, err := s.exec(ctx, []string{"wc", "-c"}, streams{stdin: bytes.NewReader(tarball.Bytes()), stdout: &count}); err != nil || code != 0 || strings.TrimSpace(count.String()) != strconv.Itoa(tarball.Len()) {
+		if code, err := s.exec(ctx, []string{"wc", "-c"}, kubeexec.Streams{Stdin: bytes.NewReader(tarball.Bytes()), Stdout: &count}); err != nil || code != 0 || strings.TrimSpace(count.String()) != strconv.Itoa(tarball.Len()) {
 			b.Fatalf("raw in: %d %v, %q bytes arrived", code, err, count.String())
 		}
 		t1 := time.Now()
@@ -117,7 +118,7 @@ func BenchmarkTransfer(b *testing.B) {
 			b.Fatal(err)
 		}
 		t2 := time.Now()
-		if code, err := s.exec(ctx, []string{"sh", "-c", "cat /work/blob"}, streams{stdout: io.Discard}); err != nil || code != 0 {
+		if code, err := s.exec(ctx, []string{"sh", "-c", "cat /work/blob"}, kubeexec.Streams{Stdout: io.Discard}); err != nil || code != 0 {
 			b.Fatalf("raw out: %d %v", code, err)
 		}
 		t3 := time.Now()

@@ -16,6 +16,7 @@ import (
 
 	"k8s.io/client-go/rest"
 
+	"knotless.dev/run/internal/atomicfile"
 	"knotless.dev/run/internal/kubecred"
 )
 
@@ -104,7 +105,7 @@ current-context: x
 			// The kubelet rotates the token: written beside, renamed over.
 			freshExp := time.Now().Add(time.Hour).Truncate(time.Second)
 			fresh := testJWT("fresh", freshExp)
-			if err := kubecred.WriteFileAtomic(tokenFile, []byte(fresh), 0o600); err != nil {
+			if err := atomicfile.Write(tokenFile, []byte(fresh), 0o600); err != nil {
 				t.Fatal(err)
 			}
 			if err := ex.Health(ctx); err != nil {

@@ -1,8 +1,6 @@
 package kubernetes
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"time"
 
@@ -17,8 +15,8 @@ import (
 
 // Label and annotation keys on every object a run creates.
 const (
-	LabelRunner    = "dev.knotless.runner"
-	LabelRun       = "dev.knotless.run"
+	LabelRunner    = executor.LabelRunner
+	LabelRun       = executor.LabelRun
 	LabelManagedBy = "app.kubernetes.io/managed-by"
 	AnnotationDID  = "dev.knotless.runner-did"
 	managedByValue = "knotless-run"
@@ -91,12 +89,10 @@ func podSecurity(allowRoot bool) (*corev1.PodSecurityContext, *corev1.SecurityCo
 // reaps orphans (it is PID 1), and exits at once on SIGTERM.
 const keepAlive = `trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done`
 
-// RunnerLabel is the label value for a runner DID: DIDs hold characters
-// a label value cannot.
-func RunnerLabel(did string) string {
-	sum := sha256.Sum256([]byte(did))
-	return hex.EncodeToString(sum[:])[:20]
-}
+// RunnerLabel is executor.RunnerLabel, the value of LabelRunner for a
+// runner's DID, for the callers that build selectors with this package's
+// names.
+func RunnerLabel(did string) string { return executor.RunnerLabel(did) }
 
 // JobName is the name of a run's Job.
 func JobName(runID string) string {

@@ -285,14 +285,6 @@ func TestPolicyMatches(t *testing.T) {
 	}
 }
 
-func TestRunnerLabelIsLabelSafe(t *testing.T) {
-	t.Parallel()
-	got := RunnerLabel("did:web:example.com:user/with:odd%chars")
-	if len(got) != 20 || got != RunnerLabel("did:web:example.com:user/with:odd%chars") {
-		t.Errorf("RunnerLabel = %q", got)
-	}
-}
-
 func TestControlLines(t *testing.T) {
 	t.Parallel()
 	c := &control{started: make(chan struct{})}

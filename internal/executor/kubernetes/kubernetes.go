@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/executor/reaper"
 	"knotless.dev/run/internal/kubecred"
 	"knotless.dev/run/internal/tarstream"
 )
@@ -28,7 +29,11 @@ import (
 const Name = "kubernetes"
 
 //go:embed scripts/step.sh
-var stepScript string
+var stepTool string
+
+// stepScript is the step tool as it runs: after the reaper's functions,
+// which it kills a step's leftovers with.
+var stepScript = reaper.Sh + stepTool
 
 //go:embed scripts/put.sh
 var putScript string

@@ -20,6 +20,7 @@ import (
 
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/spool"
+	"knotless.dev/run/internal/kubeexec"
 	"knotless.dev/run/internal/tarstream"
 )
 
@@ -85,7 +86,7 @@ func (s *Session) Put(ctx context.Context, dir string, r io.Reader) error {
 	var stderr bytes.Buffer
 	start := time.Now()
 	counted := &tarstream.CountingReader{R: io.TeeReader(r, h)}
-	code, err := s.exec(ctx, []string{"sh", "-c", putScript, "knotless-put", dir}, streams{stdin: counted, stderr: &stderr})
+	code, err := s.exec(ctx, []string{"sh", "-c", putScript, "knotless-put", dir}, kubeexec.Streams{Stdin: counted, Stderr: &stderr})
 	if err != nil {
 		return fmt.Errorf("put %s: %w", dir, err)
 	}
@@ -102,7 +103,7 @@ func (s *Session) Get(ctx context.Context, dir string, w io.Writer) error {
 	var stderr bytes.Buffer
 	start := time.Now()
 	counted := &tarstream.CountingWriter{W: io.MultiWriter(w, h)}
-	code, err := s.exec(ctx, []string{"sh", "-c", getScript, "knotless-get", dir}, streams{stdout: counted, stderr: &stderr})
+	code, err := s.exec(ctx, []string{"sh", "-c", getScript, "knotless-get", dir}, kubeexec.Streams{Stdout: counted, Stderr: &stderr})
 	if err != nil {
 		return fmt.Errorf("get %s: %w", dir, err)
 	}
@@ -199,7 +200,7 @@ func (s *Session) pump(id string, st *step, mode string, payload []byte, started
 			in.first = launchInput(payload)
 		}
 		cmd := []string{"sh", "-c", stepScript, "knotless-step", mode, stepStateDir, id, strconv.FormatInt(offset, 10)}
-		_, err := s.exec(ctx, cmd, streams{stdin: in, stdout: st.out, stderr: ctrl})
+		_, err := s.exec(ctx, cmd, kubeexec.Streams{Stdin: in, Stdout: st.out, Stderr: ctrl})
 		if code, final, ok := ctrl.result(); ok && st.out.Len() >= final {
 			exit = executor.Exit{Code: code}
 			break
@@ -294,7 +295,7 @@ func (s *Session) FollowStep(ctx context.Context, id string, offset int64, out i
 // every process it started are killed inside the pod.
 func (s *Session) KillStep(ctx context.Context, id string) error {
 	var stderr bytes.Buffer
-	code, err := s.exec(ctx, []string{"sh", "-c", stepScript, "knotless-step", "kill", stepStateDir, id}, streams{stderr: &stderr})
+	code, err := s.exec(ctx, []string{"sh", "-c", stepScript, "knotless-step", "kill", stepStateDir, id}, kubeexec.Streams{Stderr: &stderr})
 	if err != nil {
 		return fmt.Errorf("kill step %s: %w", id, err)
 	}

@@ -1,5 +1,5 @@
 # knotless-run's step tool, run in the run's pod as
-#   sh -c "$(this file)" knotless-step MODE STATE_DIR ID [OFFSET]
+#   sh -c "$(reaper.Sh)$(this file)" knotless-step MODE STATE_DIR ID [OFFSET]
 # MODE start: read "<lines>\n<payload>" on stdin (the payload is <lines>
 #             whole lines), start the step in the background, then stream
 #             it as follow does.
@@ -32,25 +32,23 @@ alive_set() {
 }
 
 # kill_leftovers kills every process that was not alive before the step
-# started, except this shell; a few passes catch what was forking. The
-# shell that started the step keeps that set in memory, where the step
-# cannot change it; a shell that follows or kills reads it from ID.before.
+# started, except this shell, with the reaper's reap_unless (passes until
+# one finds nothing, which catches what was forking). The shell that
+# started the step keeps that set in memory, where the step cannot change
+# it; a shell that follows or kills reads it from ID.before. Processes
+# that outlive every pass are left, as the exit line cannot tell them.
 kill_leftovers() {
   if [ -z "$before" ]; then
     before=" "
     [ -r "$d.before" ] && IFS= read -r before < "$d.before"
   fi
-  pass=0
-  while [ "$pass" -lt 3 ]; do
-    pass=$((pass + 1))
-    killed=
-    for p in /proc/[0-9]*; do
-      pid=${p#/proc/}
-      [ "$pid" = "$$" ] && continue
-      case "$before " in *" $pid "*) ;; *) kill -9 "$pid" 2>/dev/null && killed=1 ;; esac
-    done
-    [ -n "$killed" ] || return 0
-  done
+  reap_unless : alive_before || :
+}
+
+# alive_before tells whether process $1 was alive before the step.
+alive_before() {
+  case "$before " in *" $1 "*) return 0 ;; esac
+  return 1
 }
 
 # ended tells whether the step has ended, and sets code.
