@@ -57,6 +57,7 @@ type Repo struct {
 	Source        string   `json:"source"`
 	DefaultBranch string   `json:"defaultBranch,omitempty"`
 	Runners       []string `json:"runners,omitempty"`
+	Landers       []string `json:"landers,omitempty"`
 	CreatedAt     string   `json:"createdAt"`
 }
 
