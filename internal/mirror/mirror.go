@@ -17,6 +17,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path"
@@ -450,10 +451,21 @@ func (r *Repo) git(ctx context.Context, args ...string) (string, error) {
 // timeout its whole process group is killed and it returns even if a
 // transport child still holds its pipes.
 func (m *Mirrors) git(ctx context.Context, extra []string, args ...string) (string, error) {
+	return m.gitIn(ctx, extra, nil, args...)
+}
+
+// gitIn is git with stdin (nil: none) and, beyond the clean
+// environment's, the configuration cfg.
+func (m *Mirrors) gitIn(ctx context.Context, extra []string, stdin io.Reader, args ...string) (string, error) {
+	return m.gitCfg(ctx, extra, nil, stdin, args...)
+}
+
+func (m *Mirrors) gitCfg(ctx context.Context, extra []string, cfg [][2]string, stdin io.Reader, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, m.opts.Timeout, errGitTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "git", args...)
-	cmd.Env = append(m.env(), extra...)
+	cmd.Env = append(m.env(cfg...), extra...)
+	cmd.Stdin = stdin
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 2 * time.Second
@@ -498,13 +510,13 @@ func gitVerb(args []string) string {
 // helper, url rewrite or proxy; no prompt, no ssh agent; hooks off and
 // every transport refused unless a fetch allows its one
 // (GIT_ALLOW_PROTOCOL).
-func (m *Mirrors) env() []string {
-	cfg := [][2]string{
+func (m *Mirrors) env(extra ...[2]string) []string {
+	cfg := append([][2]string{
 		{"protocol.allow", "never"},
 		{"core.hooksPath", "/dev/null"},
 		{"credential.helper", ""},
 		{"core.askPass", ""},
-	}
+	}, extra...)
 	env := []string{
 		"PATH=" + m.path,
 		"HOME=" + m.home,

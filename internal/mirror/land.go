@@ -1,0 +1,207 @@
+package mirror
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+)
+
+// Identity is the author and committer of the merge queue's squashed
+// commits.
+type Identity struct {
+	Name, Email string
+}
+
+// SquashPull is one pull to squash: its head commit (already fetched
+// into the mirror) and the commit message.
+type SquashPull struct {
+	Head    string
+	Message string
+}
+
+// Squashed is how one pull went onto the stack: Commit is its squashed
+// commit (one parent: the stack's tip before it) when it merged, else
+// Conflicts are the conflicting paths and ConflictsWithBase says whether
+// it does not merge onto the base alone either.
+type Squashed struct {
+	Head              string
+	Commit            string
+	Changed           []string
+	Conflicts         []string
+	ConflictsWithBase bool
+}
+
+// Squash stacks pulls onto base in order without a work tree: each
+// pull's head is merged onto the current tip (git merge-tree) and the
+// resulting tree committed with the tip as its only parent. A pull that
+// conflicts is left out and the next goes onto the same tip. The commits
+// are made with who as author and committer at time at, so squashing the
+// same pulls onto the same base again gives the same commits. It returns
+// the last tip (base when nothing merged).
+func (r *Repo) Squash(ctx context.Context, base string, pulls []SquashPull, who Identity, at time.Time) (string, []Squashed, error) {
+	if !ValidCommit(base) {
+		return "", nil, fmt.Errorf("%w: squash onto %q: not an object id", ErrRefused, base)
+	}
+	for _, p := range pulls {
+		if !ValidCommit(p.Head) {
+			return "", nil, fmt.Errorf("%w: squash %q: not an object id", ErrRefused, p.Head)
+		}
+	}
+	if who.Name == "" || who.Email == "" || strings.ContainsAny(who.Name+who.Email, "<>\n") {
+		return "", nil, fmt.Errorf("squash: identity %q <%s> is not usable", who.Name, who.Email)
+	}
+	date := fmt.Sprintf("@%d +0000", at.Unix())
+	env := []string{
+		"GIT_AUTHOR_NAME=" + who.Name, "GIT_AUTHOR_EMAIL=" + who.Email, "GIT_AUTHOR_DATE=" + date,
+		"GIT_COMMITTER_NAME=" + who.Name, "GIT_COMMITTER_EMAIL=" + who.Email, "GIT_COMMITTER_DATE=" + date,
+	}
+	tip := base
+	out := make([]Squashed, 0, len(pulls))
+	for _, p := range pulls {
+		s := Squashed{Head: p.Head}
+		tree, paths, err := r.mergeTree(ctx, tip, p.Head)
+		if err != nil {
+			return "", nil, err
+		}
+		if tree == "" {
+			s.Conflicts = paths
+			s.ConflictsWithBase = true
+			if tip != base {
+				t, _, err := r.mergeTree(ctx, base, p.Head)
+				if err != nil {
+					return "", nil, err
+				}
+				s.ConflictsWithBase = t == ""
+			}
+			out = append(out, s)
+			continue
+		}
+		msg := strings.TrimSpace(p.Message)
+		if msg == "" {
+			msg = "squash " + p.Head
+		}
+		c, err := r.m.gitIn(ctx, env, strings.NewReader(msg+"\n"), "--git-dir", r.Dir, "commit-tree", tree, "-p", tip)
+		if err != nil {
+			return "", nil, fmt.Errorf("squash %s: %w", p.Head, err)
+		}
+		s.Commit = strings.TrimSpace(c)
+		names, err := r.git(ctx, "diff-tree", "-r", "-z", "--name-only", "--no-commit-id", tip, s.Commit)
+		if err != nil {
+			return "", nil, fmt.Errorf("squash %s: %w", p.Head, err)
+		}
+		for _, n := range strings.Split(names, "\x00") {
+			if n != "" {
+				s.Changed = append(s.Changed, n)
+			}
+		}
+		tip = s.Commit
+		out = append(out, s)
+	}
+	return tip, out, nil
+}
+
+// mergeTree merges head onto onto and returns the tree, or "" and the
+// conflicting paths.
+func (r *Repo) mergeTree(ctx context.Context, onto, head string) (string, []string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out, err := r.git(ctx, "merge-tree", "--write-tree", "--name-only", "--no-messages", onto, head)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return strings.TrimSpace(lines[0]), nil, nil
+	case errors.As(err, &ee) && ee.ExitCode() == 1:
+		return "", lines[1:], nil
+	default:
+		return "", nil, fmt.Errorf("merge %s onto %s: %w", head, onto, err)
+	}
+}
+
+// ErrBaseMoved is returned by Push when the branch no longer points at
+// the commit the batch was built on: the batch must be rebuilt.
+var ErrBaseMoved = errors.New("the base branch moved")
+
+// Credential is how Push authenticates: a file holding an SSH private
+// key or an HTTPS token ("TOKEN" or "USER:TOKEN" on its first line). The
+// file's content never reaches an argv, an environment or a log: ssh
+// reads the key from its path, and git asks a credential helper that
+// reads the token from the file when it needs it.
+type Credential struct {
+	File string
+}
+
+// env returns the environment and configuration that make git use the
+// credential.
+func (c Credential) env() ([]string, [][2]string, error) {
+	if c.File == "" {
+		return nil, nil, nil
+	}
+	if strings.ContainsAny(c.File, "'\n\\\" ") {
+		return nil, nil, fmt.Errorf("push credential %s (--push-credential): the path may not hold quotes, spaces or backslashes", c.File)
+	}
+	data, err := os.ReadFile(c.File)
+	if err != nil {
+		return nil, nil, fmt.Errorf("push credential (--push-credential): %w", err)
+	}
+	if strings.HasPrefix(strings.TrimSpace(string(data)), "-----BEGIN") {
+		return []string{"GIT_SSH_COMMAND=ssh -o BatchMode=yes -o IdentityAgent=none -o IdentitiesOnly=yes -i '" + c.File + "'"}, nil, nil
+	}
+	// The helper answers git's "get" with the file's first line as
+	// USER:TOKEN (user "token" when there is no colon).
+	helper := `!f() { test "$1" = get || exit 0; IFS= read -r l < '` + c.File + `' || test -n "$l"; ` +
+		`case "$l" in *:*) u=${l%%:*}; p=${l#*:};; *) u=token; p=$l;; esac; ` +
+		`printf 'username=%s\npassword=%s\n' "$u" "$p"; }; f`
+	return nil, [][2]string{{"credential.helper", helper}}, nil
+}
+
+// Push moves branch of source from old to new, a descendant of old,
+// and never anything else: no force; when the branch is no longer at old
+// (checked before, and leased during, the push) it returns ErrBaseMoved.
+func (r *Repo) Push(ctx context.Context, source, branch, old, new string, cred Credential) error {
+	if !ValidCommit(old) || !ValidCommit(new) {
+		return fmt.Errorf("%w: push %q over %q: not object ids", ErrRefused, new, old)
+	}
+	ref := "refs/heads/" + branch
+	if err := CheckRef(ref, "refs/heads/"); err != nil {
+		return fmt.Errorf("push: %w", err)
+	}
+	src, err := r.m.CheckSource(source, Owner)
+	if err != nil {
+		return err
+	}
+	if _, err := r.git(ctx, "merge-base", "--is-ancestor", old, new); err != nil {
+		return fmt.Errorf("push %s to %s: %s is not a descendant of %s: refused (no force push)", branch, source, new, old)
+	}
+	env, cfg, err := cred.env()
+	if err != nil {
+		return err
+	}
+	env = append(env, "GIT_ALLOW_PROTOCOL="+src.Protocol)
+	args := []string{"--git-dir", r.Dir}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	lsArgs := append(append([]string{}, args...), "ls-remote", "--", src.URL, ref)
+	out, err := r.m.gitCfg(ctx, env, cfg, nil, lsArgs...)
+	if err != nil {
+		return fmt.Errorf("push %s to %s: read the branch: %w", branch, source, err)
+	}
+	if cur, _, _ := strings.Cut(strings.TrimSpace(out), "\t"); cur != old {
+		return fmt.Errorf("push %s to %s: it is at %q, not %s: %w", branch, source, cur, old, ErrBaseMoved)
+	}
+	pushArgs := append(append([]string{}, args...), "push", "--porcelain", "--no-verify",
+		"--force-with-lease="+ref+":"+old, "--", src.URL, new+":"+ref)
+	out, err = r.m.gitCfg(ctx, env, cfg, nil, pushArgs...)
+	if err != nil {
+		if strings.Contains(out, "stale info") || strings.Contains(out, "fetch first") || strings.Contains(out, "non-fast-forward") ||
+			strings.Contains(err.Error(), "stale info") {
+			return fmt.Errorf("push %s to %s: %w", branch, source, ErrBaseMoved)
+		}
+		return fmt.Errorf("push %s to %s: %w", branch, source, err)
+	}
+	return nil
+}

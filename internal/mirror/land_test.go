@@ -1,0 +1,190 @@
+package mirror
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// landFixture is an origin (a bare repository, pushed to over file://)
+// with main at base, and a work repository holding four pulls: p1 adds
+// b.txt, p2 adds another b.txt (conflicts with p1 only), p3 changes
+// a.txt from before main moved (conflicts with the base), p4 adds d.txt.
+type landFixture struct {
+	origin, url, base string
+	p1, p2, p3, p4    string
+	m                 *Mirrors
+	r                 *Repo
+}
+
+func newLandFixture(t *testing.T) landFixture {
+	t.Helper()
+	ctx := context.Background()
+	var f landFixture
+	work := t.TempDir()
+	gitIn(t, work, "init", "--quiet", "--initial-branch=main")
+	old := commitFiles(t, work, map[string]string{"a.txt": "one\n"})
+	f.base = commitFiles(t, work, map[string]string{"a.txt": "main\n"})
+	branch := func(name, from string, files map[string]string) string {
+		gitIn(t, work, "checkout", "--quiet", "-b", name, from)
+		return commitFiles(t, work, files)
+	}
+	f.p1 = branch("p1", f.base, map[string]string{"b.txt": "p1\n"})
+	f.p2 = branch("p2", f.base, map[string]string{"b.txt": "p2\n"})
+	f.p3 = branch("p3", old, map[string]string{"a.txt": "p3\n"})
+	f.p4 = branch("p4", f.base, map[string]string{"d.txt": "p4\n"})
+	f.origin = filepath.Join(t.TempDir(), "origin.git")
+	gitIn(t, work, "init", "--quiet", "--bare", f.origin)
+	gitIn(t, work, "push", "--quiet", f.origin, f.base+":refs/heads/main")
+	f.url = "file://" + f.origin
+	var err error
+	f.m, err = New(t.TempDir(), Options{Policy: Policy{AllowLocal: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.r, err = f.m.Open(ctx, "batch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range []string{f.p1, f.p2, f.p3, f.p4} {
+		if err := f.r.Fetch(ctx, Pull, "file://"+work, "refs/heads/p"+string(rune('1'+i)), c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, err := f.r.Branch(ctx, f.url, "main"); err != nil || got != f.base {
+		t.Fatalf("branch: %s, %v", got, err)
+	}
+	return f
+}
+
+var lander = Identity{Name: "knotless lander", Email: "lander@knotless.invalid"}
+
+func TestSquash(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newLandFixture(t)
+	pulls := []SquashPull{{f.p1, "one"}, {f.p2, "two"}, {f.p3, "three"}, {f.p4, "four"}}
+	at := time.Unix(1767225600, 0)
+	tip, got, err := f.r.Squash(ctx, f.base, pulls, lander, at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0].Commit == "" || got[3].Commit != tip {
+		t.Fatalf("squashed: %+v, tip %s", got, tip)
+	}
+	want := []Squashed{
+		{Head: f.p1, Commit: got[0].Commit, Changed: []string{"b.txt"}},
+		{Head: f.p2, Conflicts: []string{"b.txt"}},
+		{Head: f.p3, Conflicts: []string{"a.txt"}, ConflictsWithBase: true},
+		{Head: f.p4, Commit: tip, Changed: []string{"d.txt"}},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("squash (-want +got):\n%s", diff)
+	}
+	if parents, _ := f.r.git(ctx, "rev-list", "--parents", "-n1", tip); strings.TrimSpace(parents) != tip+" "+got[0].Commit {
+		t.Errorf("tip's parents: %q, want only p1's squashed commit", parents)
+	}
+	if msg, _ := f.r.git(ctx, "log", "-1", "--format=%an <%ae> %s", tip); strings.TrimSpace(msg) != "knotless lander <lander@knotless.invalid> four" {
+		t.Errorf("tip: %q", msg)
+	}
+	again, _, err := f.r.Squash(ctx, f.base, pulls, lander, at)
+	if err != nil || again != tip {
+		t.Errorf("squashing again: %s, %v; want the same commit %s", again, err, tip)
+	}
+	if _, _, err := f.r.Squash(ctx, f.base, []SquashPull{{"HEAD", ""}}, lander, at); !errors.Is(err, ErrRefused) {
+		t.Errorf("squash of a non-id: %v, want refused", err)
+	}
+}
+
+func TestPush(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newLandFixture(t)
+	tip, _, err := f.r.Squash(ctx, f.base, []SquashPull{{f.p1, "one"}}, lander, time.Unix(1767225600, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.r.Push(ctx, f.url, "main", f.base, f.p3, Credential{}); err == nil || errors.Is(err, ErrBaseMoved) {
+		t.Errorf("push of a commit that does not descend from the base: %v", err)
+	}
+	if err := f.r.Push(ctx, f.url, "main", f.base, tip, Credential{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := gitIn(t, f.origin, "rev-parse", "refs/heads/main"); got != tip {
+		t.Errorf("origin main: %s, want %s", got, tip)
+	}
+	// The base moved (to tip): a batch built on the old base is not
+	// pushed, and nothing is forced.
+	tip2, _, err := f.r.Squash(ctx, f.base, []SquashPull{{f.p4, "four"}}, lander, time.Unix(1767225600, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.r.Push(ctx, f.url, "main", f.base, tip2, Credential{}); !errors.Is(err, ErrBaseMoved) {
+		t.Errorf("push over a moved base: %v, want ErrBaseMoved", err)
+	}
+	if got := gitIn(t, f.origin, "rev-parse", "refs/heads/main"); got != tip {
+		t.Errorf("origin main: %s, want still %s", got, tip)
+	}
+}
+
+func TestCredential(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	m, err := New(t.TempDir(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for _, c := range []struct{ name, content, user, pass string }{
+		{"token", "s3cr3t-token\n", "token", "s3cr3t-token"},
+		{"user-token", "bot:s3cr3t:x", "bot", "s3cr3t:x"},
+	} {
+		file := filepath.Join(dir, c.name)
+		if err := os.WriteFile(file, []byte(c.content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		env, cfg, err := Credential{File: file}.env()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range env {
+			if strings.Contains(e, c.pass) {
+				t.Errorf("%s: the token is in the environment", c.name)
+			}
+		}
+		for _, kv := range cfg {
+			if strings.Contains(kv[1], c.pass) {
+				t.Errorf("%s: the token is in the configuration", c.name)
+			}
+		}
+		out, err := m.gitCfg(ctx, env, cfg, strings.NewReader("protocol=https\nhost=git.invalid\n\n"), "credential", "fill")
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if !slices.Contains(lines, "username="+c.user) || !slices.Contains(lines, "password="+c.pass) {
+			t.Errorf("%s: credential fill gave %q", c.name, out)
+		}
+	}
+	key := filepath.Join(dir, "id_ed25519")
+	if err := os.WriteFile(key, []byte("-----BEGIN OPENSSH PRIVATE KEY-----\nxx\n-----END OPENSSH PRIVATE KEY-----\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env, cfg, err := Credential{File: key}.env()
+	if err != nil || len(cfg) != 0 || len(env) != 1 || !strings.Contains(env[0], "-i '"+key+"'") || strings.Contains(env[0], "xx") {
+		t.Errorf("ssh key: env %q cfg %q, %v", env, cfg, err)
+	}
+	if _, _, err := (Credential{File: filepath.Join(dir, "it's")}).env(); err == nil {
+		t.Error("a path with a quote was used")
+	}
+	if _, _, err := (Credential{File: filepath.Join(dir, "missing")}).env(); err == nil || !strings.Contains(err.Error(), "--push-credential") {
+		t.Errorf("missing file: %v, want an error naming the flag", err)
+	}
+}
