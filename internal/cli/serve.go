@@ -41,6 +41,7 @@ type ServeCmd struct {
 	CacheDir    string        `help:"Cache directory: git mirrors and run checkouts." default:"/var/cache/knotless" placeholder:"DIR"`
 	Pulls       bool          `help:"Run open pulls too (untrusted: no secrets)."`
 	Discover    bool          `help:"Also serve every repository whose record names this runner."`
+	Queue       bool          `help:"Land the merge queue of the repositories whose lander this runner is: pre-flights and batches (untrusted: no secrets), and the push of each batch that passed to the repository's source."`
 	Relay       string        `help:"Take events and discovery from this relay instead of the owners' PDSes." placeholder:"URL"`
 	Poll        time.Duration `help:"Reconcile by listing records this often." default:"1m"`
 	Retention   time.Duration `help:"Forget final work (done pushes, final checks) older than this; pushes older than this are never run." default:"720h"`
@@ -51,8 +52,9 @@ type ServeCmd struct {
 	MaxWorkflowBytes  int64         `help:"Largest workflow file read, in bytes." default:"262144"`
 	MaxWorkflows      int           `help:"Most workflow files read per commit." default:"100"`
 
-	AppPasswordFile string `help:"File holding the runner's app password (default: $$CREDENTIALS_DIRECTORY/app-password). Never taken from the command line." placeholder:"FILE"`
-	SecretsFile     string `help:"Operator secrets, each scoped to repositories (see docs/reference/cli.md); they take precedence over sealed records (default: $$CREDENTIALS_DIRECTORY/secrets if present)." placeholder:"FILE"`
+	AppPasswordFile    string `help:"File holding the runner's app password (default: $$CREDENTIALS_DIRECTORY/app-password). Never taken from the command line." placeholder:"FILE"`
+	PushCredentialFile string `name:"push-credential" help:"File holding what --queue pushes to repository sources with: an SSH private key, or an HTTPS token (TOKEN or USER:TOKEN) (default: $$CREDENTIALS_DIRECTORY/push-credential if present). Never taken from the command line." placeholder:"FILE"`
+	SecretsFile        string `help:"Operator secrets, each scoped to repositories (see docs/reference/cli.md); they take precedence over sealed records (default: $$CREDENTIALS_DIRECTORY/secrets if present)." placeholder:"FILE"`
 
 	// UnsafeShellUntrusted lets the shell executor run strangers' code:
 	// on the host, beside the sealing key, the PDS session and the
@@ -193,6 +195,10 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 			return err
 		}
 	}
+	pushCredential, err := c.pushCredential(env)
+	if err != nil {
+		return err
+	}
 	exec, err := c.newExecutor(env, runner.String(), log)
 	if err != nil {
 		return err
@@ -200,25 +206,27 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 	watchdog, _ := sddaemon.SdWatchdogEnabled(false)
 	checkoutBound, outputsBound := c.bounds()
 	err = daemon.Run(ctx, daemon.Config{
-		Runner:       runner,
-		PDS:          c.PDS,
-		Password:     password,
-		Directory:    forge.NewDirectory(forge.DirectoryConfig{PLCURL: c.PLCURL, TTL: c.IdentityTTL}),
-		Targets:      targets,
-		Discover:     c.Discover,
-		Pulls:        c.Pulls,
-		Relay:        c.Relay,
-		Firehose:     true,
-		Poll:         c.Poll,
-		Executor:     exec,
-		DefaultImage: c.Image,
-		Checkout:     checkoutBound,
-		Outputs:      outputsBound,
-		Concurrency:  c.Concurrency,
-		StopWait:     c.StopWait,
-		StateDir:     c.StateDir,
-		CacheDir:     c.CacheDir,
-		Secrets:      secrets,
+		Runner:         runner,
+		PDS:            c.PDS,
+		Password:       password,
+		Directory:      forge.NewDirectory(forge.DirectoryConfig{PLCURL: c.PLCURL, TTL: c.IdentityTTL}),
+		Targets:        targets,
+		Discover:       c.Discover,
+		Pulls:          c.Pulls,
+		Queue:          c.Queue,
+		PushCredential: pushCredential,
+		Relay:          c.Relay,
+		Firehose:       true,
+		Poll:           c.Poll,
+		Executor:       exec,
+		DefaultImage:   c.Image,
+		Checkout:       checkoutBound,
+		Outputs:        outputsBound,
+		Concurrency:    c.Concurrency,
+		StopWait:       c.StopWait,
+		StateDir:       c.StateDir,
+		CacheDir:       c.CacheDir,
+		Secrets:        secrets,
 		Git: mirror.Options{
 			Policy:           mirror.Policy{AllowLocal: c.AllowLocalSources, AllowHTTP: c.AllowHTTPSources},
 			Timeout:          c.GitTimeout,
@@ -245,12 +253,15 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 // key, the PDS session and the kubeconfig. --unsafe-shell-untrusted
 // overrides it, loudly.
 func (c *ServeCmd) checkShellUntrusted(log *slog.Logger) error {
-	if c.Executor != "shell" || (!c.Pulls && !c.Discover) {
+	if c.Executor != "shell" || (!c.Pulls && !c.Discover && !c.Queue) {
 		return nil
 	}
 	var flags []string
 	if c.Pulls {
 		flags = append(flags, "--pulls")
+	}
+	if c.Queue {
+		flags = append(flags, "--queue")
 	}
 	if c.Discover {
 		flags = append(flags, "--discover")
@@ -262,6 +273,27 @@ func (c *ServeCmd) checkShellUntrusted(log *slog.Logger) error {
 	log.Warn("UNSAFE: --unsafe-shell-untrusted: --executor shell runs strangers' code ("+which+") on this host, beside the runner's sealing key, PDS session and kubeconfig",
 		"component", "serve", "executor", c.Executor, "pulls", c.Pulls, "discover", c.Discover)
 	return nil
+}
+
+// pushCredential names the file of the lander's push credential:
+// --push-credential (which must exist), else
+// $CREDENTIALS_DIRECTORY/push-credential when present, else none.
+func (c *ServeCmd) pushCredential(env *Env) (string, error) {
+	if c.PushCredentialFile != "" {
+		if _, err := os.Stat(c.PushCredentialFile); err != nil {
+			return "", fmt.Errorf("--push-credential: %w", err)
+		}
+		return c.PushCredentialFile, nil
+	}
+	dir := env.Getenv("CREDENTIALS_DIRECTORY")
+	if dir == "" {
+		return "", nil
+	}
+	name := filepath.Join(dir, "push-credential")
+	if _, err := os.Stat(name); err != nil {
+		return "", nil
+	}
+	return name, nil
 }
 
 // readPassword reads the app password from --app-password-file, else

@@ -54,6 +54,12 @@ type Config struct {
 	Firehose bool
 	Poll     time.Duration
 
+	// Queue makes the runner land the merge queue of the repositories
+	// whose lander it is (lander.go); PushCredential is the file of the
+	// key or token its git push to their sources uses ("": none).
+	Queue          bool
+	PushCredential string
+
 	Executor     executor.Executor
 	DefaultImage string
 	Concurrency  int

@@ -53,7 +53,7 @@ type savedJob struct {
 // group is what supersedes: the same workflow on the same ref (a push)
 // or the same pull.
 func (j *job) group() string {
-	if j.ev.Kind == forge.KindPull {
+	if j.ev.Kind == forge.KindPull || j.ev.Kind == forge.KindBatch {
 		return "pull " + j.ev.URI.String() + " " + j.wf.Name
 	}
 	return "push " + j.ev.Repo.URI.String() + " " + j.ev.Ref + " " + j.wf.Name
@@ -76,6 +76,9 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 		if err := d.consider(ctx, ev); err != nil {
 			d.log.Error("event not handled; tried again at the next reconcile", "event", ev.URI.String(), "commit", ev.Commit, "err", err)
 		}
+	}
+	if d.cfg.Queue {
+		d.land(ctx, snap)
 	}
 	d.pruneAfter(snap)
 	d.status()
@@ -173,13 +176,9 @@ func (d *Daemon) consider(ctx context.Context, ev ingest.Event) error {
 		return err
 	}
 	d.warnUnacted(log, ev.Repo.URI.String(), wfs)
-	trigger := workflow.Push
-	if ev.Kind == forge.KindPull {
-		trigger = workflow.Pull
-	}
 	var jobs []*job
 	for _, wf := range wfs {
-		if !wf.Matches(trigger, ev.Branch()) || !wf.AllowsRunner(d.cfg.Runner.String()) {
+		if !runsFor(wf, ev) || !wf.AllowsRunner(d.cfg.Runner.String()) {
 			continue
 		}
 		jobs = append(jobs, &job{key: forge.CheckKey(ev.Subject(), wf.Name), ev: ev, wf: wf, repo: repo, tree: tree})
@@ -225,6 +224,9 @@ const refusedCheck = "(refused)"
 // its repository's; a pull has one of its own, so that nothing it
 // fetched is in a mirror a push (or another pull) runs from.
 func mirrorKey(ev ingest.Event) string {
+	if ev.Kind == forge.KindBatch {
+		return batchMirrorKey(ev.Repo.URI.String())
+	}
 	if ev.Kind == forge.KindPull {
 		return "pull " + ev.URI.String()
 	}
@@ -238,6 +240,10 @@ func (d *Daemon) prepare(ctx context.Context, ev ingest.Event) (*mirror.Repo, st
 	repo, err := d.mirrors.Open(ctx, mirrorKey(ev))
 	if err != nil {
 		return nil, "", nil, err
+	}
+	if ev.Kind == forge.KindBatch {
+		// The lander squashed the batch into this mirror (lander.go).
+		return repo, ev.Commit, nil, nil
 	}
 	if ev.Kind != forge.KindPull {
 		if err := repo.Fetch(ctx, mirror.Owner, ev.Repo.Value.Source, ev.Ref, ev.Commit); err != nil {

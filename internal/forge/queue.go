@@ -3,7 +3,10 @@ package forge
 import (
 	"crypto/sha256"
 	"encoding/base32"
+	"fmt"
 	"strings"
+
+	"github.com/bluesky-social/indigo/atproto/syntax"
 )
 
 // The merge queue's collections.
@@ -136,9 +139,19 @@ func EjectionKey(pull, commit string) string {
 	return key("ejection\n" + pull + "\n" + commit)
 }
 
-// LandingKey is the record key of the landing of ref at commit in repo.
-func LandingKey(repo, ref, commit string) string {
-	return key("landing\n" + repo + "\n" + ref + "\n" + commit)
+// LandingKey is the record key of the landing of the batch whose key is
+// batchKey and whose createdAt is batchCreated: a TID (landings are
+// pushes, and events sort by TID) of the batch's creation time, its
+// clock id the batch key's first 10 bits, so that the same batch always
+// has the same landing key.
+func LandingKey(batchKey, batchCreated string) (string, error) {
+	t, err := syntax.ParseDatetimeLenient(batchCreated)
+	if err != nil {
+		return "", fmt.Errorf("landing key: batch createdAt: %w", err)
+	}
+	h := sha256.Sum256([]byte(batchKey))
+	clock := uint(h[0])<<2 | uint(h[1])>>6
+	return syntax.NewTID(t.Time().UnixMicro(), clock).String(), nil
 }
 
 func key(s string) string {

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -92,7 +93,20 @@ func TestQueueKeys(t *testing.T) {
 	if k == BatchKey("r", a, p2) || k == BatchKey("r", b, p1) || k == BatchKey("r", a, p1[:1]) {
 		t.Error("batch key ignores order, base or pulls")
 	}
-	if EjectionKey("p", a) == EjectionKey("p", b) || LandingKey("r", "refs/heads/main", a) == LandingKey("r", "refs/heads/dev", a) {
-		t.Error("ejection or landing key ignores its input")
+	if EjectionKey("p", a) == EjectionKey("p", b) {
+		t.Error("ejection key ignores the commit")
+	}
+	l1, err := LandingKey(k, "2026-01-01T00:00:00.000Z")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l2, _ := LandingKey(k, "2026-01-01T00:00:00.000Z")
+	l3, _ := LandingKey(k, "2026-01-01T00:00:01.000Z")
+	tid, err := syntax.ParseTID(l1)
+	if err != nil || l1 != l2 || l1 >= l3 || tid.Time().Unix() != 1767225600 {
+		t.Errorf("landing keys %s %s %s (%v): want the same TID of the batch's time, later for a later batch", l1, l2, l3, err)
+	}
+	if _, err := LandingKey(k, "yesterday"); err == nil {
+		t.Error("landing key of a bad time")
 	}
 }

@@ -69,13 +69,22 @@ type Event struct {
 	Commit string
 	Push   *forge.RefUpdate
 	Pull   *forge.Pull
-	// Trusted is true for a push written by the repository's owner.
+	// Trusted is true for a push written by the repository's owner, and
+	// for a landing written by the repository's lander.
 	Trusted bool
+	// Preflight marks a queued pull's pre-flight (the lander's work): its
+	// queue: first workflows run, not its on: pull ones.
+	Preflight bool
 }
 
 // Key identifies the event's work: the record and its commit (a pull
 // whose head moves is new work).
-func (e Event) Key() string { return e.URI.String() + "@" + e.Commit }
+func (e Event) Key() string {
+	if e.Preflight {
+		return "preflight " + e.URI.String() + "@" + e.Commit
+	}
+	return e.URI.String() + "@" + e.Commit
+}
 
 // Owner is the repository's owner.
 func (e Event) Owner() syntax.DID {
@@ -155,6 +164,7 @@ func (l *Lister) Reconcile(ctx context.Context) (*Snapshot, error) {
 	now := time.Now()
 	hosts := map[string]bool{}
 	pushes := map[syntax.DID][]forge.Record[forge.RefUpdate]{}
+	landings := map[syntax.DID][]forge.Record[forge.Landing]{}
 	pullsByHost := map[string][]forge.Record[forge.Pull]{}
 	var pullsOfAuthors []forge.Record[forge.Pull]
 	if l.Pulls && !l.Discover {
@@ -195,8 +205,15 @@ func (l *Lister) Reconcile(ctx context.Context) (*Snapshot, error) {
 				pullsByHost[host] = pulls
 			}
 		}
+		lands, err := l.landings(ctx, repo, landings)
+		if err != nil {
+			// The lander's PDS, not the owner's: the repository goes on;
+			// the landings are listed again at the next reconcile.
+			l.Logger.Warn("landings not listed", "repo", repo.URI.String(), "err", err)
+		}
 		l.health.ok(host, l.Logger)
 		snap.Repos = append(snap.Repos, repo)
+		snap.Events = append(snap.Events, lands...)
 		for _, u := range ups {
 			if u.Value.Repo != repo.URI.String() || u.Value.Deleted() {
 				continue
@@ -220,6 +237,38 @@ func (l *Lister) Reconcile(ctx context.Context) (*Snapshot, error) {
 		return snap.Events[i].URI.RecordKey().String() < snap.Events[j].URI.RecordKey().String()
 	})
 	return snap, nil
+}
+
+// landings are the pushes the repository's lander made from its merge
+// queue (dev.knotless.landing records in the lander's repo, for this
+// repository): trusted, like the owner's pushes. Only the lander the
+// repo record names now counts (forge.Repo.Lander); landings of another
+// runner are not work. byLander caches one listing per lander.
+func (l *Lister) landings(ctx context.Context, repo forge.Record[forge.Repo], byLander map[syntax.DID][]forge.Record[forge.Landing]) ([]Event, error) {
+	lander, err := syntax.ParseDID(repo.Value.Lander())
+	if err != nil {
+		return nil, nil
+	}
+	recs, ok := byLander[lander]
+	if !ok {
+		var bad []forge.Invalid
+		recs, bad, err = forge.List[forge.Landing](ctx, l.Reader, lander, forge.CollectionLanding)
+		if err != nil {
+			return nil, fmt.Errorf("list the landings of %s: %w", lander, err)
+		}
+		l.warnInvalid(bad)
+		byLander[lander] = recs
+	}
+	var evs []Event
+	for _, r := range recs {
+		v := r.Value
+		if v.Repo != repo.URI.String() {
+			continue
+		}
+		push := forge.RefUpdate{Type: forge.CollectionRefUpdate, Repo: v.Repo, Ref: v.Ref, Old: v.Old, New: v.New, CreatedAt: v.CreatedAt}
+		evs = append(evs, Event{Kind: forge.KindPush, URI: r.URI, Repo: repo, Ref: v.Ref, Commit: v.New, Push: &push, Trusted: true})
+	}
+	return evs, nil
 }
 
 func (l *Lister) repos(ctx context.Context) ([]forge.Record[forge.Repo], error) {

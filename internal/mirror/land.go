@@ -205,3 +205,8 @@ func (r *Repo) Push(ctx context.Context, source, branch, old, new string, cred C
 	}
 	return nil
 }
+
+// Has reports whether commit is in the mirror.
+func (r *Repo) Has(ctx context.Context, commit string) bool {
+	return ValidCommit(commit) && r.has(ctx, commit)
+}

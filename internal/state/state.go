@@ -48,6 +48,9 @@ type State struct {
 	Runs map[string]Run `json:"runs,omitempty"`
 	// Owed are final checks the PDS has not taken yet, by check key.
 	Owed map[string]Owed `json:"owed,omitempty"`
+	// Lander is the merge queue's memory the records do not hold (a
+	// bisection), by repository AT-URI; opaque here.
+	Lander map[string]json.RawMessage `json:"lander,omitempty"`
 }
 
 // Run is one run that was started and has no final check yet.

@@ -127,10 +127,7 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 			}
 			for _, s := range events {
 				switch t := Trigger(s.value); t {
-				case Batch:
-					d.warnAt(s.tk, "on", "on: batch is not acted on yet: there is no merge queue, so no batch run starts")
-					w.On = append(w.On, t)
-				case Push, Pull:
+				case Push, Pull, Batch:
 					w.On = append(w.On, t)
 				default:
 					d.errorAt(s.tk, "on: unknown event %q (want push, pull or batch)", s.value)
@@ -180,7 +177,6 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 			}
 		},
 		"queue": func(k string, v ast.Node) {
-			d.warnAt(v.GetToken(), "queue", "queue: not acted on yet: there is no merge queue")
 			s := d.str(k, v)
 			if s.value != "first" {
 				d.errorAt(s.tk, "queue: want first, got %q", s.value)

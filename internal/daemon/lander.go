@@ -1,0 +1,532 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/bluesky-social/indigo/atproto/syntax"
+
+	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/mergequeue"
+	"knotless.dev/run/internal/mirror"
+	"knotless.dev/run/internal/workflow"
+)
+
+// The lander: with Config.Queue, after each reconcile, the runner
+// advances the merge queue of every repository it lands
+// (mergequeue.IsLander). Each step reads the records (the owner's queue
+// entries, the lander's own batches and ejections), asks the pure core
+// (internal/mergequeue) what to do and does it; pre-flights and batches
+// run as ordinary untrusted jobs, so their checks are kept like any
+// other. A repository has at most one unfinished batch; its record says
+// where it stands, so a restarted lander goes on from it (Resume).
+
+// lander is the author and committer of squashed commits.
+var lander = mirror.Identity{Name: "knotless-run lander", Email: "lander@knotless.invalid"}
+
+// batchMirrorKey is the mirror the lander squashes a repository's
+// batches in: its own, apart from the pushes' and each pull's.
+func batchMirrorKey(repo string) string { return "batch " + repo }
+
+// runsFor reports whether wf runs for ev: a pre-flight runs the
+// queue: first workflows, a batch the on: batch ones, a pull the
+// on: pull ones and a push the on: push ones.
+func runsFor(wf *workflow.Workflow, ev ingest.Event) bool {
+	switch {
+	case ev.Preflight:
+		return wf.Queue == "first"
+	case ev.Kind == forge.KindBatch:
+		return wf.Matches(workflow.Batch, ev.Branch())
+	case ev.Kind == forge.KindPull:
+		return wf.Matches(workflow.Pull, ev.Branch())
+	}
+	return wf.Matches(workflow.Push, ev.Branch())
+}
+
+// landerMemory is what state.json keeps per repository for the lander.
+type landerMemory struct {
+	Bisect mergequeue.Bisect `json:"bisect"`
+}
+
+// land advances the merge queue of each listed repository this runner
+// lands.
+func (d *Daemon) land(ctx context.Context, snap *ingest.Snapshot) {
+	for _, repo := range snap.Repos {
+		if !mergequeue.IsLander(&repo.Value, d.cfg.Runner.String()) {
+			continue
+		}
+		log := d.log.With("component", "lander", "repo", repo.URI.String())
+		if err := d.landRepo(ctx, repo, log); err != nil && ctx.Err() == nil {
+			log.Error("merge queue not advanced; tried again at the next reconcile", "err", err)
+		}
+	}
+}
+
+// landRepo takes one step of a repository's queue: the unfinished batch
+// if there is one, else ejections, pre-flights and the next batch.
+func (d *Daemon) landRepo(ctx context.Context, repo forge.Record[forge.Repo], log *slog.Logger) error {
+	uri := repo.URI.String()
+	owner, err := repo.URI.Authority().AsDID()
+	if err != nil {
+		return fmt.Errorf("repository owner: %w", err)
+	}
+	entries, bad, err := forge.List[forge.QueueEntry](ctx, d.reader, owner, forge.CollectionQueueEntry)
+	if err != nil {
+		return err
+	}
+	warnInvalid(log, bad)
+	batches, bad, err := forge.ListOwn[forge.Batch](ctx, d.account, forge.CollectionBatch)
+	if err != nil {
+		return err
+	}
+	warnInvalid(log, bad)
+	ejections, bad, err := forge.ListOwn[forge.Ejection](ctx, d.account, forge.CollectionEjection)
+	if err != nil {
+		return err
+	}
+	warnInvalid(log, bad)
+
+	mem := d.landerMemory(uri)
+	done := map[mergequeue.PullCommit]bool{}
+	for _, e := range ejections {
+		if e.Value.Repo == uri {
+			done[mergequeue.PullCommit{Pull: e.Value.Pull, Commit: e.Value.Commit}] = true
+		}
+	}
+	failed := map[string]forge.Batch{}
+	for _, b := range batches {
+		if b.Value.Repo != uri {
+			continue
+		}
+		switch b.Value.Status {
+		case forge.BatchBuilding, forge.BatchRunning:
+			return d.advance(ctx, repo, b, &mem, log)
+		case forge.BatchLanded:
+			for _, p := range b.Value.Pulls {
+				done[mergequeue.PullCommit(p)] = true
+			}
+		case forge.BatchFailed:
+			failed[b.URI.RecordKey().String()] = b.Value
+		}
+	}
+
+	in := mergequeue.Input{Repo: uri, Pulls: map[string]mergequeue.Pull{}, Preflights: map[mergequeue.PullCommit]mergequeue.Preflight{},
+		NeedPreflight: true, Done: done}
+	pulls := map[string]forge.Pull{}
+	for _, e := range entries {
+		v := e.Value
+		if v.Repo != uri {
+			continue
+		}
+		in.Entries = append(in.Entries, mergequeue.Entry{Key: e.URI.RecordKey().String(), Pull: v.Pull, Commit: v.Commit, CreatedAt: v.CreatedAt})
+		pc := mergequeue.PullCommit{Pull: v.Pull, Commit: v.Commit}
+		if done[pc] {
+			continue
+		}
+		var p forge.Pull
+		if _, err := d.reader.Get(ctx, syntax.ATURI(v.Pull), &p); err != nil {
+			if errors.Is(err, forge.ErrNotFound) {
+				continue // gone: Decide ejects it
+			}
+			return fmt.Errorf("read queued pull: %w", err)
+		}
+		pulls[v.Pull] = p
+		in.Pulls[v.Pull] = mergequeue.Pull{Repo: p.Repo, Base: p.Base, Head: p.Head.Commit, Open: p.State == forge.PullOpen}
+		if p.Repo == uri && p.State == forge.PullOpen && p.Head.Commit == v.Commit {
+			pf, err := d.preflight(ctx, preflightEvent(repo, v.Pull, p))
+			if err != nil {
+				log.Warn("pre-flight not judged; tried again at the next reconcile", "pull", v.Pull, "err", err)
+				pf = mergequeue.Preflight{Verdict: mergequeue.Pending}
+			}
+			in.Preflights[pc] = pf
+		}
+	}
+
+	plan := mergequeue.Decide(in)
+	for _, ej := range plan.Eject {
+		if err := d.eject(ctx, uri, ej, "", log); err != nil {
+			return err
+		}
+	}
+	for _, q := range plan.Preflight {
+		ev := preflightEvent(repo, q.Pull, pulls[q.Pull])
+		if err := d.consider(ctx, ev); err != nil {
+			log.Error("pre-flight not started", "pull", q.Pull, "err", err)
+		}
+	}
+	next := mergequeue.Next(plan.Ready, 0, mem.Bisect)
+	if len(next) == 0 {
+		return nil
+	}
+	return d.startBatch(ctx, repo, next, pulls, failed, &mem, log)
+}
+
+func warnInvalid(log *slog.Logger, bad []forge.Invalid) {
+	for _, b := range bad {
+		log.Warn("record does not match its lexicon; ignored", "uri", b.URI.String(), "err", b.Err)
+	}
+}
+
+// preflightEvent is the pre-flight of a queued pull: the pull's head
+// merged onto its base, untrusted, running its queue: first workflows.
+func preflightEvent(repo forge.Record[forge.Repo], uri string, p forge.Pull) ingest.Event {
+	return ingest.Event{Kind: forge.KindPull, URI: syntax.ATURI(uri), Repo: repo, Ref: "refs/heads/" + p.Base, Commit: p.Head.Commit,
+		Pull: &p, Preflight: true}
+}
+
+// batchEvent is the work of a batch: its on: batch workflows on the
+// squashed commit, untrusted.
+func batchEvent(repo forge.Record[forge.Repo], b forge.Record[forge.Batch]) ingest.Event {
+	return ingest.Event{Kind: forge.KindBatch, URI: b.URI, Repo: repo, Ref: b.Value.Ref, Commit: b.Value.Squashed}
+}
+
+// preflight judges a queued pull's pre-flight from its checks: the
+// queue: first workflows of the pull merged onto its base.
+func (d *Daemon) preflight(ctx context.Context, ev ingest.Event) (mergequeue.Preflight, error) {
+	m, tree, conflict, err := d.prepare(ctx, ev)
+	if err != nil {
+		return mergequeue.Preflight{}, err
+	}
+	if conflict != nil {
+		return mergequeue.Preflight{Verdict: mergequeue.Conflict, Detail: "conflicts with the base branch: " + conflict.Detail}, nil
+	}
+	wfs, _, err := m.Workflows(ctx, tree)
+	if err != nil {
+		return mergequeue.Preflight{}, err
+	}
+	v, detail := d.verdict(ev, wfs)
+	switch v {
+	case verdictFailed:
+		return mergequeue.Preflight{Verdict: mergequeue.Failed, Detail: "pre-flight " + detail}, nil
+	case verdictUnknown:
+		return mergequeue.Preflight{Verdict: mergequeue.NotRun}, nil
+	case verdictPending:
+		return mergequeue.Preflight{Verdict: mergequeue.Pending}, nil
+	}
+	return mergequeue.Preflight{Verdict: mergequeue.Passed}, nil
+}
+
+type checksVerdict int
+
+const (
+	verdictPassed checksVerdict = iota
+	verdictPending
+	verdictUnknown // some check is not written yet
+	verdictFailed
+)
+
+// verdict reads the checks of the workflows of wfs that run for ev: all
+// succeeded, one failed (detail names it), or not there yet.
+func (d *Daemon) verdict(ev ingest.Event, wfs []*workflow.Workflow) (checksVerdict, string) {
+	v := verdictPassed
+	for _, wf := range wfs {
+		if !runsFor(wf, ev) || !wf.AllowsRunner(d.cfg.Runner.String()) {
+			continue
+		}
+		c, known := d.rec.Get(forge.CheckKey(ev.Subject(), wf.Name))
+		switch {
+		case !known:
+			v = max(v, verdictUnknown)
+		case !c.Final():
+			v = max(v, verdictPending)
+		case c.Status != "success":
+			detail := fmt.Sprintf("workflow %s: %s", wf.Name, c.Status)
+			if c.FailedStep != "" {
+				detail += " in step " + c.FailedStep
+			}
+			return verdictFailed, detail
+		}
+	}
+	return v, ""
+}
+
+// eject writes the ejection record of a pull leaving the queue.
+func (d *Daemon) eject(ctx context.Context, repo string, ej mergequeue.Ejection, batch string, log *slog.Logger) error {
+	rec := forge.Ejection{Type: forge.CollectionEjection, Repo: repo, Pull: ej.Pull, Commit: ej.Commit, Reason: ej.Reason,
+		Detail: truncate(ej.Detail, 3000), Batch: batch, CreatedAt: forge.Now()}
+	if _, err := d.account.Put(ctx, forge.CollectionEjection, forge.EjectionKey(ej.Pull, ej.Commit), rec); err != nil {
+		return fmt.Errorf("write ejection: %w", err)
+	}
+	log.Info("pull left the merge queue", "pull", ej.Pull, "commit", ej.Commit, "reason", ej.Reason, "detail", ej.Detail)
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-3] + "..."
+}
+
+// startBatch squashes the next pulls onto the base, ejects those that do
+// not merge, writes the batch record and starts its checks.
+func (d *Daemon) startBatch(ctx context.Context, repo forge.Record[forge.Repo], next []mergequeue.Queued, pulls map[string]forge.Pull,
+	failed map[string]forge.Batch, mem *landerMemory, log *slog.Logger) error {
+	uri := repo.URI.String()
+	branch := next[0].Base
+	m, err := d.mirrors.Open(ctx, batchMirrorKey(uri))
+	if err != nil {
+		return err
+	}
+	base, err := m.Branch(ctx, repo.Value.Source, branch)
+	if err != nil {
+		return err
+	}
+	createdAt := forge.Now()
+	tip, merges, err := d.squash(ctx, m, base, next, pulls, createdAt)
+	if err != nil {
+		return err
+	}
+	in, out := mergequeue.Sort(merges)
+	for _, ej := range out {
+		if err := d.eject(ctx, uri, ej, "", log); err != nil {
+			return err
+		}
+	}
+	if len(in) == 0 {
+		return nil
+	}
+	if len(in) < len(next) {
+		// Squash again without the ejected pulls: the same commits, and
+		// the tip of those that stay.
+		var keep []mergequeue.Queued
+		for _, q := range next {
+			if containsPull(in, q.PullCommit) {
+				keep = append(keep, q)
+			}
+		}
+		if tip, _, err = d.squash(ctx, m, base, keep, pulls, createdAt); err != nil {
+			return err
+		}
+	}
+	bp := make([]forge.BatchPull, len(in))
+	for i, p := range in {
+		bp[i] = forge.BatchPull(p)
+	}
+	key := forge.BatchKey(uri, base, bp)
+	if old, ok := failed[key]; ok {
+		// This very batch failed before and the bisection was lost
+		// (state.json): bisect again instead of running it again.
+		mem.Bisect, _ = mem.Bisect.Failed(in, old.Error)
+		if len(in) == 1 {
+			return d.eject(ctx, uri, mergequeue.Ejection{PullCommit: in[0], Reason: forge.EjectBatch, Detail: old.Error}, "", log)
+		}
+		return d.saveLanderMemory(uri, *mem)
+	}
+	b := forge.Batch{Type: forge.CollectionBatch, Repo: uri, Ref: "refs/heads/" + branch, Base: base, Pulls: bp, Squashed: tip,
+		Status: forge.BatchRunning, CreatedAt: createdAt}
+	at, err := d.account.Put(ctx, forge.CollectionBatch, key, b)
+	if err != nil {
+		return fmt.Errorf("write batch: %w", err)
+	}
+	log.Info("batch built", "batch", at.String(), "base", base, "squashed", tip, "pulls", len(bp))
+	return d.advance(ctx, repo, forge.Record[forge.Batch]{URI: at, Value: b}, mem, log)
+}
+
+func containsPull(ps []mergequeue.PullCommit, p mergequeue.PullCommit) bool {
+	for _, x := range ps {
+		if x == p {
+			return true
+		}
+	}
+	return false
+}
+
+// squash fetches the pulls' heads into the batch mirror and squashes
+// them onto base, at the batch's creation time (so again gives the same
+// commits).
+func (d *Daemon) squash(ctx context.Context, m *mirror.Repo, base string, qs []mergequeue.Queued, pulls map[string]forge.Pull,
+	createdAt string) (string, []mergequeue.Merge, error) {
+	at, err := syntax.ParseDatetimeLenient(createdAt)
+	if err != nil {
+		return "", nil, fmt.Errorf("batch time: %w", err)
+	}
+	sps := make([]mirror.SquashPull, len(qs))
+	for i, q := range qs {
+		p, ok := pulls[q.Pull]
+		if !ok {
+			return "", nil, fmt.Errorf("squash: pull %s not read", q.Pull)
+		}
+		if err := m.Fetch(ctx, mirror.Pull, p.Head.Source, p.Head.Ref, q.Commit); err != nil {
+			return "", nil, fmt.Errorf("squash: %w", err)
+		}
+		sps[i] = mirror.SquashPull{Head: q.Commit, Message: p.Title + "\n\nPull: " + q.Pull}
+	}
+	tip, squashed, err := m.Squash(ctx, base, sps, lander, at.Time())
+	if err != nil {
+		return "", nil, err
+	}
+	merges := make([]mergequeue.Merge, len(qs))
+	for i, s := range squashed {
+		merges[i] = mergequeue.Merge{PullCommit: qs[i].PullCommit, Conflicts: s.Conflicts, ConflictsWithBase: s.ConflictsWithBase, Changed: s.Changed}
+	}
+	return tip, merges, nil
+}
+
+// advance takes one step of an unfinished batch (mergequeue.Resume):
+// record a push that happened, void a batch whose base moved, or run its
+// checks and, when they all succeeded, push it.
+func (d *Daemon) advance(ctx context.Context, repo forge.Record[forge.Repo], b forge.Record[forge.Batch], mem *landerMemory, log *slog.Logger) error {
+	v := b.Value
+	uri := repo.URI.String()
+	log = log.With("batch", b.URI.String())
+	branch := strings.TrimPrefix(v.Ref, "refs/heads/")
+	m, err := d.mirrors.Open(ctx, batchMirrorKey(uri))
+	if err != nil {
+		return err
+	}
+	head, err := m.Branch(ctx, repo.Value.Source, branch)
+	if err != nil {
+		return err
+	}
+	switch mergequeue.Resume(v, head, false) {
+	case mergequeue.Finished:
+		return nil
+	case mergequeue.RecordLanding:
+		return d.landed(ctx, b, mem, log)
+	case mergequeue.Rebuild:
+		return d.void(ctx, b, fmt.Sprintf("the base branch moved from %s to %s before the push; its pulls go back to the queue", v.Base, head), log)
+	}
+	if err := d.resquash(ctx, m, b); err != nil {
+		return d.void(ctx, b, "cannot build the batch again: "+err.Error(), log)
+	}
+	ev := batchEvent(repo, b)
+	if err := d.consider(ctx, ev); err != nil {
+		return fmt.Errorf("start the batch's checks: %w", err)
+	}
+	wfs, _, err := m.Workflows(ctx, v.Squashed)
+	if err != nil {
+		return err
+	}
+	verdict, detail := d.verdict(ev, wfs)
+	switch verdict {
+	case verdictPending, verdictUnknown:
+		return nil
+	case verdictFailed:
+		v.Status, v.Error = forge.BatchFailed, truncate(detail, 3000)
+		if _, err := d.account.Put(ctx, forge.CollectionBatch, b.URI.RecordKey().String(), v); err != nil {
+			return fmt.Errorf("write batch: %w", err)
+		}
+		pcs := make([]mergequeue.PullCommit, len(v.Pulls))
+		for i, p := range v.Pulls {
+			pcs[i] = mergequeue.PullCommit(p)
+		}
+		var ej *mergequeue.Ejection
+		mem.Bisect, ej = mem.Bisect.Failed(pcs, detail)
+		log.Info("batch failed", "detail", detail, "pulls", len(pcs))
+		if ej != nil {
+			ej.Detail = "fails in a batch on the base branch: " + ej.Detail
+			if err := d.eject(ctx, uri, *ej, b.URI.String(), log); err != nil {
+				return err
+			}
+		}
+		d.Wake()
+		return d.saveLanderMemory(uri, *mem)
+	}
+	err = m.Push(ctx, repo.Value.Source, branch, v.Base, v.Squashed, mirror.Credential{File: d.cfg.PushCredential})
+	if errors.Is(err, mirror.ErrBaseMoved) {
+		return d.void(ctx, b, err.Error()+"; its pulls go back to the queue", log)
+	}
+	if err != nil {
+		return err
+	}
+	log.Info("batch pushed", "ref", v.Ref, "old", v.Base, "new", v.Squashed)
+	return d.landed(ctx, b, mem, log)
+}
+
+// resquash makes sure the batch's squashed commit is in the mirror (a
+// cache wiped since it was built), building it again from the record.
+func (d *Daemon) resquash(ctx context.Context, m *mirror.Repo, b forge.Record[forge.Batch]) error {
+	if m.Has(ctx, b.Value.Squashed) {
+		return nil
+	}
+	v := b.Value
+	pulls := map[string]forge.Pull{}
+	qs := make([]mergequeue.Queued, len(v.Pulls))
+	for i, bp := range v.Pulls {
+		var p forge.Pull
+		if _, err := d.reader.Get(ctx, syntax.ATURI(bp.Pull), &p); err != nil {
+			return err
+		}
+		p.Head.Commit = bp.Commit
+		pulls[bp.Pull] = p
+		qs[i] = mergequeue.Queued{PullCommit: mergequeue.PullCommit(bp), Base: strings.TrimPrefix(v.Ref, "refs/heads/")}
+	}
+	tip, _, err := d.squash(ctx, m, v.Base, qs, pulls, v.CreatedAt)
+	if err != nil {
+		return err
+	}
+	if tip != v.Squashed {
+		return fmt.Errorf("squashed again to %s, not %s", tip, v.Squashed)
+	}
+	return nil
+}
+
+// void marks a batch rebuilt: its pulls go back to the queue.
+func (d *Daemon) void(ctx context.Context, b forge.Record[forge.Batch], why string, log *slog.Logger) error {
+	v := b.Value
+	v.Status, v.Error = forge.BatchRebuilt, truncate(why, 3000)
+	if _, err := d.account.Put(ctx, forge.CollectionBatch, b.URI.RecordKey().String(), v); err != nil {
+		return fmt.Errorf("write batch: %w", err)
+	}
+	log.Info("batch void; it is built again", "why", why)
+	d.Wake()
+	return nil
+}
+
+// landed writes the landing of a pushed batch and marks the batch
+// landed; both are keyed by the batch, so writing them again after a
+// crash gives no second landing.
+func (d *Daemon) landed(ctx context.Context, b forge.Record[forge.Batch], mem *landerMemory, log *slog.Logger) error {
+	v := b.Value
+	key, err := forge.LandingKey(b.URI.RecordKey().String(), v.CreatedAt)
+	if err != nil {
+		return err
+	}
+	l := forge.Landing{Type: forge.CollectionLanding, Repo: v.Repo, Ref: v.Ref, Old: v.Base, New: v.Squashed, Batch: b.URI.String(), CreatedAt: forge.Now()}
+	if _, err := d.account.Put(ctx, forge.CollectionLanding, key, l); err != nil {
+		return fmt.Errorf("write landing: %w", err)
+	}
+	v.Status = forge.BatchLanded
+	if _, err := d.account.Put(ctx, forge.CollectionBatch, b.URI.RecordKey().String(), v); err != nil {
+		return fmt.Errorf("write batch: %w", err)
+	}
+	pcs := make([]mergequeue.PullCommit, len(v.Pulls))
+	for i, p := range v.Pulls {
+		pcs[i] = mergequeue.PullCommit(p)
+	}
+	mem.Bisect = mem.Bisect.Landed(pcs)
+	log.Info("batch landed", "ref", v.Ref, "new", v.Squashed, "pulls", len(pcs))
+	d.Wake()
+	return d.saveLanderMemory(v.Repo, *mem)
+}
+
+func (d *Daemon) landerMemory(repo string) landerMemory {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var m landerMemory
+	if raw, ok := d.st.Lander[repo]; ok {
+		_ = json.Unmarshal(raw, &m) // unreadable: start without a bisection
+	}
+	return m
+}
+
+func (d *Daemon) saveLanderMemory(repo string, m landerMemory) error {
+	raw, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	if d.st.Lander == nil {
+		d.st.Lander = map[string]json.RawMessage{}
+	}
+	d.st.Lander[repo] = raw
+	snap := d.sf.snapshot(d.st)
+	d.mu.Unlock()
+	return d.sf.write(snap)
+}
