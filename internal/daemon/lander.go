@@ -60,7 +60,7 @@ func (d *Daemon) land(ctx context.Context, snap *ingest.Snapshot) {
 		if !mergequeue.IsLander(&repo.Value, d.cfg.Runner.String()) {
 			continue
 		}
-		log := d.log.With("component", "lander", "repo", repo.URI.String())
+		log := d.cfg.Logger.With("component", "lander", "repo", repo.URI.String())
 		if err := d.landRepo(ctx, repo, log); err != nil && ctx.Err() == nil {
 			log.Error("merge queue not advanced; tried again at the next reconcile", "err", err)
 		}
@@ -158,6 +158,9 @@ func (d *Daemon) landRepo(ctx context.Context, repo forge.Record[forge.Repo], lo
 		if err := d.consider(ctx, ev); err != nil {
 			log.Error("pre-flight not started", "pull", q.Pull, "err", err)
 		}
+	}
+	if !plan.Settled() {
+		return nil
 	}
 	next := mergequeue.Next(plan.Ready, 0, mem.Bisect)
 	if len(next) == 0 {

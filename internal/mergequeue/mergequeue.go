@@ -98,9 +98,17 @@ type Plan struct {
 	Eject []Ejection
 	// Preflight are pulls whose pre-flight must start.
 	Preflight []Queued
+	// Pending are pulls whose pre-flight is running.
+	Pending []Queued
 	// Ready are pulls that may join a batch, in queue order.
 	Ready []Queued
 }
+
+// Settled reports whether no pre-flight is to start or running: only
+// then does a batch start, so that it takes every pull ready by then
+// (pulls queued together land together) rather than the first one to
+// pass.
+func (p Plan) Settled() bool { return len(p.Preflight) == 0 && len(p.Pending) == 0 }
 
 // Order returns the entries that count, in queue order: by createdAt,
 // then record key; for a pull queued more than once, its last entry
@@ -161,6 +169,7 @@ func Decide(in Input) Plan {
 		case NotRun:
 			p.Preflight = append(p.Preflight, q)
 		case Pending:
+			p.Pending = append(p.Pending, q)
 		case Passed:
 			p.Ready = append(p.Ready, q)
 		case Failed:

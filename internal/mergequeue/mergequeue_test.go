@@ -78,6 +78,7 @@ func TestDecide(t *testing.T) {
 			},
 		}, Plan{
 			Preflight: []Queued{q(a)},
+			Pending:   []Queued{q(b)},
 			Ready:     []Queued{q(c)},
 			Eject: []Ejection{
 				{PullCommit: pc("d", "4"), Reason: forge.EjectPreflight, Detail: "workflow lint failed"},
@@ -242,5 +243,23 @@ func TestIsLander(t *testing.T) {
 	r := &forge.Repo{Runners: []string{"did:a", "did:b"}, Landers: []string{"did:b"}}
 	if IsLander(r, "did:a") || !IsLander(r, "did:b") || IsLander(r, "") || IsLander(&forge.Repo{}, "") {
 		t.Error("lander: want did:b only")
+	}
+}
+
+func TestSettled(t *testing.T) {
+	t.Parallel()
+	q := Queued{PullCommit: pc("a", "1"), Base: "main"}
+	for _, c := range []struct {
+		p    Plan
+		want bool
+	}{
+		{Plan{}, true},
+		{Plan{Ready: []Queued{q}, Eject: []Ejection{{PullCommit: q.PullCommit}}}, true},
+		{Plan{Ready: []Queued{q}, Pending: []Queued{q}}, false},
+		{Plan{Ready: []Queued{q}, Preflight: []Queued{q}}, false},
+	} {
+		if got := c.p.Settled(); got != c.want {
+			t.Errorf("%+v settled: %v, want %v", c.p, got, c.want)
+		}
 	}
 }

@@ -1,0 +1,338 @@
+package daemon_test
+
+import (
+	"context"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/syntax"
+	"github.com/google/go-cmp/cmp"
+
+	"knotless.dev/run/internal/daemon"
+	"knotless.dev/run/internal/executor/shell"
+	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/tests/gitrepo"
+	"knotless.dev/run/tests/pds"
+)
+
+// mqWorld is a world whose repository has a merge queue: its source is
+// a bare repository on disk (pushed to over file://), the runner may
+// land, and an author has a fork to open pulls from.
+type mqWorld struct {
+	*world
+	origin string
+	author *pds.Account
+	fork   *gitrepo.Repo
+}
+
+// mqWorkflows: pre.yaml is the pre-flight (fails when the pull adds
+// bad-preflight), batch.yaml the batch (fails when x.txt and y.txt are
+// both there, and when it is given the operator's TOKEN), post.yaml runs
+// on pushes to main (landings among them) and shows whether it got
+// TOKEN.
+var mqWorkflows = map[string]string{
+	".knotless/workflows/pre.yaml": workflowFile(`
+on: pull
+queue: first
+steps:
+  - run: test ! -e bad-preflight
+`),
+	".knotless/workflows/batch.yaml": workflowFile(`
+on: batch
+secrets: [TOKEN]
+steps:
+  - run: test -z "${TOKEN:-}"
+    secrets: [TOKEN]
+  - run: test ! -e x.txt || test ! -e y.txt
+`),
+	".knotless/workflows/post.yaml": workflowFile(`
+on: push
+branches: [main]
+secrets: [TOKEN]
+steps:
+  - run: test "$TOKEN" = operator-token
+    secrets: [TOKEN]
+`),
+	"base.txt": "base\n",
+}
+
+func newMQWorld(t *testing.T, runners, landers []string) *mqWorld {
+	t.Helper()
+	w := newWorld(t)
+	ctx := context.Background()
+	w.src.Commit("main", mqWorkflows)
+	m := &mqWorld{world: w, origin: filepath.Join(t.TempDir(), "origin.git")}
+	if out, err := exec.Command("git", "clone", "--quiet", "--bare", w.src.Dir, m.origin).CombinedOutput(); err != nil {
+		t.Fatalf("git clone --bare: %v\n%s", err, out)
+	}
+	if runners == nil {
+		runners = []string{w.runner.DID.String()}
+	}
+	if landers == nil {
+		landers = []string{w.runner.DID.String()}
+	}
+	w.put(w.owner, forge.CollectionRepo, "hello", forge.Repo{
+		Type: forge.CollectionRepo, Name: "hello", Source: "file://" + m.origin, DefaultBranch: "main",
+		Runners: runners, Landers: landers, CreatedAt: forge.Now(),
+	})
+	var err error
+	if m.author, err = srv.CreateAccount(ctx, "author"); err != nil {
+		t.Fatal(err)
+	}
+	m.fork = w.src.Clone(t)
+	return m
+}
+
+func (m *mqWorld) config(mod ...func(*daemon.Config)) daemon.Config {
+	return m.world.config(append([]func(*daemon.Config){func(c *daemon.Config) {
+		c.Queue = true
+		c.Secrets = []daemon.OperatorSecret{{Name: "TOKEN", Value: "operator-token", Repos: []string{m.repoURI.String()}}}
+	}}, mod...)...)
+}
+
+// pull commits files on a new branch of the fork from from (default:
+// the origin's main) and opens the pull.
+func (m *mqWorld) pull(name, from string, files map[string]string) (syntax.ATURI, string) {
+	m.t.Helper()
+	if from == "" {
+		from = m.head()
+	}
+	m.fork.Git("fetch", "--quiet", m.origin, "main")
+	m.fork.Git("checkout", "--quiet", "-B", name, from)
+	head := m.fork.Commit(name, files)
+	return m.openPull(m.author, m.fork.Dir, name, head), head
+}
+
+// enqueue is the owner queueing the pull at commit.
+func (m *mqWorld) enqueue(pull syntax.ATURI, commit string) {
+	m.t.Helper()
+	m.put(m.owner, forge.CollectionQueueEntry, "", forge.QueueEntry{
+		Type: forge.CollectionQueueEntry, Repo: m.repoURI.String(), Pull: pull.String(), Commit: commit, CreatedAt: forge.Now(),
+	})
+}
+
+// head is the origin's main.
+func (m *mqWorld) head() string {
+	m.t.Helper()
+	out, err := exec.Command("git", "--git-dir", m.origin, "rev-parse", "refs/heads/main").Output()
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// subjects lists the first lines of the origin's main from base up.
+func (m *mqWorld) subjects(since string) []string {
+	m.t.Helper()
+	out, err := exec.Command("git", "--git-dir", m.origin, "log", "--reverse", "--format=%s", since+"..refs/heads/main").Output()
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	s := strings.TrimSpace(string(out))
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, "\n")
+}
+
+func list[T any](m *mqWorld, did syntax.DID, coll string) []forge.Record[T] {
+	m.t.Helper()
+	recs, bad, err := forge.List[T](context.Background(), m.reader, did, coll)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	if len(bad) > 0 {
+		m.t.Fatalf("invalid %s records: %v", coll, bad)
+	}
+	return recs
+}
+
+// waitFor polls cond until it holds.
+func (m *mqWorld) waitFor(what string, timeout time.Duration, cond func() bool) {
+	m.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			m.t.Fatalf("no %s after %s\nlog:\n%s", what, timeout, m.logText())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// ejections are the lander's ejection records, by pull.
+func (m *mqWorld) ejections(lander syntax.DID) map[string]forge.Ejection {
+	out := map[string]forge.Ejection{}
+	for _, r := range list[forge.Ejection](m, lander, forge.CollectionEjection) {
+		out[r.Value.Pull] = r.Value
+	}
+	return out
+}
+
+// TestMergeQueueLandsInOrder: two queued pulls pass their pre-flight,
+// land as one batch in queue order (one squashed commit each), the
+// batch's checks get no secret, and the landing runs main's push
+// workflow as the owner's push, with the secret.
+func TestMergeQueueLandsInOrder(t *testing.T) {
+	t.Parallel()
+	m := newMQWorld(t, nil, nil)
+	base := m.head()
+	p1, c1 := m.pull("one", "", map[string]string{"one.txt": "1\n"})
+	p2, c2 := m.pull("two", "", map[string]string{"two.txt": "2\n"})
+	m.enqueue(p1, c1)
+	m.enqueue(p2, c2)
+	m.start(m.config())
+
+	m.waitFor("landing", 2*time.Minute, func() bool {
+		return len(list[forge.Landing](m, m.runner.DID, forge.CollectionLanding)) > 0
+	})
+	if diff := cmp.Diff([]string{"one", "two"}, m.subjects(base)); diff != "" {
+		t.Errorf("main's new commits (-want +got):\n%s", diff)
+	}
+	landings := list[forge.Landing](m, m.runner.DID, forge.CollectionLanding)
+	if len(landings) != 1 || landings[0].Value.Old != base || landings[0].Value.New != m.head() {
+		t.Fatalf("landings: %+v; want one, %s to %s", landings, base, m.head())
+	}
+	batches := list[forge.Batch](m, m.runner.DID, forge.CollectionBatch)
+	if len(batches) != 1 || batches[0].Value.Status != forge.BatchLanded {
+		t.Fatalf("batches: %+v", batches)
+	}
+	want := []forge.BatchPull{{Pull: p1.String(), Commit: c1}, {Pull: p2.String(), Commit: c2}}
+	if diff := cmp.Diff(want, batches[0].Value.Pulls); diff != "" {
+		t.Errorf("batch pulls (-want +got):\n%s", diff)
+	}
+	if _, c := m.waitFinal("batch", m.head(), time.Minute); c.Status != "success" || c.Subject.Kind != forge.KindBatch {
+		t.Errorf("batch check: %+v; want success of kind batch (no secret given)", c)
+	}
+	for _, c := range []string{c1, c2} {
+		if _, pre := m.waitFinal("pre", c, time.Minute); pre.Status != "success" {
+			t.Errorf("pre-flight of %s: %+v", c, pre)
+		}
+	}
+	// The landing is a trusted push: main's push workflow runs with the
+	// operator's secret.
+	if _, post := m.waitFinal("post", m.head(), time.Minute); post.Status != "success" || post.Subject.Event != landings[0].URI.String() {
+		t.Errorf("post check: %+v; want success for the landing %s", post, landings[0].URI)
+	}
+	if ej := m.ejections(m.runner.DID); len(ej) != 0 {
+		t.Errorf("ejections: %+v", ej)
+	}
+}
+
+// TestMergeQueueEjects: each way out of the queue says why: a conflict
+// with the base, a conflict with an earlier pull of the batch, a failing
+// pre-flight, a pull that fails only in a batch (bisected: the rest
+// lands), and a head that moved after it was queued.
+func TestMergeQueueEjects(t *testing.T) {
+	t.Parallel()
+	m := newMQWorld(t, nil, nil)
+	oldBase := m.head()
+	// main moves after the fork point of "clash": base.txt differs.
+	m.src.Git("fetch", "--quiet", m.origin, "main")
+	m.src.Git("checkout", "--quiet", "main")
+	m.src.Git("reset", "--quiet", "--hard", "FETCH_HEAD")
+	m.src.Commit("main", map[string]string{"base.txt": "moved\n"})
+	m.src.Git("push", "--quiet", m.origin, "main")
+	base := m.head()
+
+	clash, cClash := m.pull("clash", oldBase, map[string]string{"base.txt": "clash\n"})
+	first, cFirst := m.pull("first", "", map[string]string{"c.txt": "first\n"})
+	second, cSecond := m.pull("second", "", map[string]string{"c.txt": "second\n"})
+	bad, cBad := m.pull("bad", "", map[string]string{"bad-preflight": "x\n"})
+	x, cX := m.pull("x", "", map[string]string{"x.txt": "x\n"})
+	y, cY := m.pull("y", "", map[string]string{"y.txt": "y\n"})
+	moved, cMoved := m.pull("moved", "", map[string]string{"m.txt": "1\n"})
+	for _, q := range []struct {
+		p syntax.ATURI
+		c string
+	}{{clash, cClash}, {first, cFirst}, {second, cSecond}, {bad, cBad}, {x, cX}, {y, cY}} {
+		m.enqueue(q.p, q.c)
+	}
+	// The author pushes again after the owner queued "moved".
+	m.enqueue(moved, cMoved)
+	newHead := m.fork.Commit("moved", map[string]string{"m.txt": "2\n"})
+	m.put(m.author, forge.CollectionPull, moved.RecordKey().String(), forge.Pull{
+		Type: forge.CollectionPull, Repo: m.repoURI.String(), Base: "main",
+		Head:  forge.PullHead{Source: "file://" + m.fork.Dir, Ref: "refs/heads/moved", Commit: newHead},
+		Title: "moved", State: forge.PullOpen, CreatedAt: forge.Now(),
+	})
+	m.start(m.config())
+
+	m.waitFor("five ejections", 3*time.Minute, func() bool { return len(m.ejections(m.runner.DID)) >= 5 })
+	m.waitFor("first and x landed", 2*time.Minute, func() bool { return len(m.subjects(base)) == 2 })
+	ej := m.ejections(m.runner.DID)
+	for _, c := range []struct {
+		pull   syntax.ATURI
+		reason string
+		detail string
+	}{
+		{clash, forge.EjectConflictBase, "base.txt"},
+		{second, forge.EjectConflictPull, first.String()},
+		{bad, forge.EjectPreflight, "workflow pre: failure"},
+		{y, forge.EjectBatch, "workflow batch: failure"},
+		{moved, forge.EjectHeadMoved, newHead[:12]},
+	} {
+		got, ok := ej[c.pull.String()]
+		if !ok || got.Reason != c.reason || !strings.Contains(got.Detail, c.detail) {
+			t.Errorf("ejection of %s: %+v; want reason %s naming %q", c.pull, got, c.reason, c.detail)
+		}
+	}
+	if diff := cmp.Diff([]string{"first", "x"}, m.subjects(base)); diff != "" {
+		t.Errorf("main's new commits (-want +got):\n%s", diff)
+	}
+	if _, ok := ej[x.String()]; ok {
+		t.Errorf("x was ejected: %+v", ej[x.String()])
+	}
+}
+
+// TestMergeQueueTwoRunners: both runners are named; only the lander
+// (the first named that may push) lands, once, and each batch workflow
+// has one check.
+func TestMergeQueueTwoRunners(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	other, err := srv.CreateAccount(ctx, "other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherPassword, err := other.AppPassword(ctx, "knotless-run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newMQWorld(t, nil, nil)
+	// other is named first but may not push: m.runner is the lander.
+	m.put(m.owner, forge.CollectionRepo, "hello", forge.Repo{
+		Type: forge.CollectionRepo, Name: "hello", Source: "file://" + m.origin, DefaultBranch: "main",
+		Runners: []string{other.DID.String(), m.runner.DID.String()}, Landers: []string{m.runner.DID.String()}, CreatedAt: forge.Now(),
+	})
+	base := m.head()
+	p1, c1 := m.pull("one", "", map[string]string{"one.txt": "1\n"})
+	m.enqueue(p1, c1)
+	m.start(m.config())
+	m.start(m.config(func(c *daemon.Config) {
+		c.Runner, c.Password = other.DID, otherPassword
+		c.StateDir, c.CacheDir = t.TempDir(), t.TempDir()
+		c.Executor = shell.New(shell.Config{Root: t.TempDir()})
+	}))
+	m.waitFor("landing", 2*time.Minute, func() bool {
+		return len(list[forge.Landing](m, m.runner.DID, forge.CollectionLanding)) > 0
+	})
+	if diff := cmp.Diff([]string{"one"}, m.subjects(base)); diff != "" {
+		t.Errorf("main's new commits (-want +got):\n%s", diff)
+	}
+	m.waitFinal("batch", m.head(), time.Minute)
+	if n := len(list[forge.Batch](m, other.DID, forge.CollectionBatch)) + len(list[forge.Landing](m, other.DID, forge.CollectionLanding)); n != 0 {
+		t.Errorf("the runner that is not the lander wrote %d batch or landing records", n)
+	}
+	var batchChecks int
+	for _, c := range append(list[forge.Check](m, m.runner.DID, forge.CollectionCheck), list[forge.Check](m, other.DID, forge.CollectionCheck)...) {
+		if c.Value.Subject.Kind == forge.KindBatch {
+			batchChecks++
+		}
+	}
+	if batchChecks != 1 {
+		t.Errorf("%d batch checks, want 1", batchChecks)
+	}
+}
