@@ -292,6 +292,7 @@ func TestMergeQueueEjects(t *testing.T) {
 // has one check.
 func TestMergeQueueTwoRunners(t *testing.T) {
 	t.Parallel()
+	needPDS(t)
 	ctx := context.Background()
 	other, err := srv.CreateAccount(ctx, "other")
 	if err != nil {
