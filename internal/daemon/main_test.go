@@ -19,6 +19,9 @@ import (
 var srv *pds.Server
 
 func TestMain(m *testing.M) {
+	if landerChild() {
+		return
+	}
 	flag.Parse()
 	if testing.Short() {
 		fmt.Fprintln(os.Stderr, "internal/daemon: integration tests SKIPPED under -short: they need a real PDS (tests/pds)")

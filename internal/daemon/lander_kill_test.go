@@ -1,0 +1,180 @@
+package daemon_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/identity"
+	"github.com/bluesky-social/indigo/atproto/syntax"
+	"github.com/google/go-cmp/cmp"
+
+	"knotless.dev/run/internal/daemon"
+	"knotless.dev/run/internal/executor/shell"
+	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/mirror"
+)
+
+// childEnv names the environment variable that makes the test binary a
+// lander process (landerChild) instead of running tests: the test can
+// then SIGKILL a real process.
+const childEnv = "KNOTLESS_TEST_LANDER"
+
+// childConfig is what the lander process is told.
+type childConfig struct {
+	Runner, PDS, PLCURL, Password, Owner string
+	StateDir, CacheDir, ShellRoot        string
+	Secrets                              []daemon.OperatorSecret
+}
+
+// landerChild runs the daemon with --queue as a child process told by
+// childEnv, until SIGTERM; it reports whether it did.
+func landerChild() bool {
+	raw := os.Getenv(childEnv)
+	if raw == "" {
+		return false
+	}
+	var c childConfig
+	if err := json.Unmarshal([]byte(raw), &c); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	err := daemon.Run(ctx, daemon.Config{
+		Runner: syntax.DID(c.Runner), PDS: c.PDS, Password: c.Password,
+		Directory: &identity.BaseDirectory{PLCURL: c.PLCURL, SkipHandleVerification: true},
+		Targets:   []ingest.Target{{Owner: syntax.AtIdentifier(c.Owner), Name: "hello"}},
+		Poll:      300 * time.Millisecond, Executor: shell.New(shell.Config{Root: c.ShellRoot}),
+		Concurrency: 1, StopWait: time.Minute, StateDir: c.StateDir, CacheDir: c.CacheDir,
+		Git:     mirror.Options{Policy: mirror.Policy{AllowLocal: true}},
+		Queue:   true,
+		Secrets: c.Secrets,
+		Logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+	return true
+}
+
+// startLander starts the lander as a child process logging to log.
+func (m *mqWorld) startLander(log *os.File) *exec.Cmd {
+	m.t.Helper()
+	raw, err := json.Marshal(childConfig{
+		Runner: m.runner.DID.String(), PDS: srv.URL, PLCURL: srv.PLCURL, Password: m.password, Owner: m.owner.DID.String(),
+		StateDir: m.stateDir, CacheDir: m.cacheDir, ShellRoot: m.shellRoot,
+		Secrets: []daemon.OperatorSecret{{Name: "TOKEN", Value: "operator-token", Repos: []string{m.repoURI.String()}}},
+	})
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+string(raw))
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		m.t.Fatal(err)
+	}
+	m.t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	return cmd
+}
+
+// TestMergeQueueLanderKilled: the lander is SIGKILLed while its batch
+// runs; started again on the same state, it neither loses the batch nor
+// lands it twice, and each batch workflow has one check.
+func TestMergeQueueLanderKilled(t *testing.T) {
+	t.Parallel()
+	m := newMQWorld(t, nil, nil)
+	// A slow batch workflow, so that the kill lands mid-batch.
+	m.src.Git("fetch", "--quiet", m.origin, "main")
+	m.src.Git("checkout", "--quiet", "main")
+	m.src.Git("reset", "--quiet", "--hard", "FETCH_HEAD")
+	m.src.Commit("main", map[string]string{".knotless/workflows/slow.yaml": workflowFile(`
+on: batch
+steps:
+  - run: sleep 3
+`)})
+	m.src.Git("push", "--quiet", m.origin, "main")
+	base := m.head()
+	p1, c1 := m.pull("one", "", map[string]string{"one.txt": "1\n"})
+	p2, c2 := m.pull("two", "", map[string]string{"two.txt": "2\n"})
+	m.enqueue(p1, c1)
+	m.enqueue(p2, c2)
+
+	logFile, err := os.Create(filepath.Join(t.TempDir(), "lander.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	dump := func() string { b, _ := os.ReadFile(logFile.Name()); return string(b) }
+	first := m.startLander(logFile)
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		var running bool
+		for _, c := range list[forge.Check](m, m.runner.DID, forge.CollectionCheck) {
+			running = running || (c.Value.Workflow == "slow" && c.Value.Status == forge.StatusRunning)
+		}
+		if running {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the batch never ran\nlander log:\n%s", dump())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.Wait()
+	if got := m.head(); got != base {
+		t.Fatalf("main moved to %s before the batch's checks ended", got)
+	}
+	fmt.Fprintln(logFile, "=== lander killed; starting again")
+	m.startLander(logFile)
+
+	deadline = time.Now().Add(2 * time.Minute)
+	for len(list[forge.Landing](m, m.runner.DID, forge.CollectionLanding)) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no landing after the restart\nlander log:\n%s", dump())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// Give a double landing the time to show.
+	time.Sleep(2 * time.Second)
+	if diff := cmp.Diff([]string{"one", "two"}, m.subjects(base)); diff != "" {
+		t.Errorf("main's new commits (-want +got):\n%s\nlander log:\n%s", diff, dump())
+	}
+	if n := len(list[forge.Landing](m, m.runner.DID, forge.CollectionLanding)); n != 1 {
+		t.Errorf("%d landings, want 1", n)
+	}
+	batches := list[forge.Batch](m, m.runner.DID, forge.CollectionBatch)
+	if len(batches) != 1 || batches[0].Value.Status != forge.BatchLanded {
+		t.Errorf("batches: %+v; want one, landed", batches)
+	}
+	perWorkflow := map[string]int{}
+	for _, c := range list[forge.Check](m, m.runner.DID, forge.CollectionCheck) {
+		if c.Value.Subject.Kind == forge.KindBatch {
+			perWorkflow[c.Value.Workflow]++
+			if c.Value.Status != "success" {
+				t.Errorf("batch check %s: %s", c.Value.Workflow, c.Value.Status)
+			}
+		}
+	}
+	if diff := cmp.Diff(map[string]int{"batch": 1, "slow": 1}, perWorkflow); diff != "" {
+		t.Errorf("batch checks per workflow (-want +got):\n%s", diff)
+	}
+}
