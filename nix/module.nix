@@ -384,6 +384,19 @@ let
           '';
         };
 
+        pushCredentialFile = mkOption {
+          type = types.nullOr secretPath;
+          default = null;
+          example = "/run/secrets/knotless-run/push-key";
+          description = ''
+            What the merge queue's lander (`settings.queue = true`) pushes to
+            repository sources with: an SSH private key, or an HTTPS token
+            (`TOKEN` or `USER:TOKEN` on its first line). systemd hands it to
+            the daemon as the credential `push-credential`; it never enters
+            the store, the unit file, an argv or the journal.
+          '';
+        };
+
         environmentFile = mkOption {
           type = types.nullOr secretPath;
           default = null;
@@ -618,7 +631,8 @@ let
 
             LoadCredential =
               optional (icfg.appPasswordFile != null) "app-password:${toString icfg.appPasswordFile}"
-              ++ optional (icfg.secretsFile != null) "secrets:${toString icfg.secretsFile}";
+              ++ optional (icfg.secretsFile != null) "secrets:${toString icfg.secretsFile}"
+              ++ optional (icfg.pushCredentialFile != null) "push-credential:${toString icfg.pushCredentialFile}";
             EnvironmentFile = optional (icfg.environmentFile != null) (toString icfg.environmentFile);
 
             StandardOutput = "journal";

@@ -59,7 +59,7 @@ type ServeCmd struct {
 	// UnsafeShellUntrusted lets the shell executor run strangers' code:
 	// on the host, beside the sealing key, the PDS session and the
 	// kubeconfig.
-	UnsafeShellUntrusted bool   `help:"Let --executor shell run --pulls or --discover work: strangers' code then runs on this host, beside the runner's sealing key, PDS session and kubeconfig. Only for a throwaway host." group:"limits"`
+	UnsafeShellUntrusted bool   `help:"Let --executor shell run --pulls, --discover or --queue work: strangers' code then runs on this host, beside the runner's sealing key, PDS session and kubeconfig. Only for a throwaway host." group:"limits"`
 	LimitsApplyTo        string `help:"Which runs the --max-* and --allow-image limits bound: untrusted (pulls) or all." enum:"untrusted,all" default:"untrusted" group:"limits"`
 	MaxQueuedPerAuthor   int    `help:"Most pulls of one author queued or running at once; more wait, without a check, until one ends (0: no cap). Pushes are never capped and are claimed first." default:"4" group:"limits"`
 
