@@ -29,7 +29,7 @@ type mqWorld struct {
 }
 
 // mqWorkflows: pre.yaml is the pre-flight (fails when the pull adds
-// bad-preflight), batch.yaml the batch (fails when x.txt and y.txt are
+// bad-preflight, and when it is given the operator's TOKEN), batch.yaml the batch (fails when x.txt and y.txt are
 // both there, and when it is given the operator's TOKEN), post.yaml runs
 // on pushes to main (landings among them) and shows whether it got
 // TOKEN.
@@ -37,7 +37,10 @@ var mqWorkflows = map[string]string{
 	".knotless/workflows/pre.yaml": workflowFile(`
 on: pull
 queue: first
+secrets: [TOKEN]
 steps:
+  - run: test -z "${TOKEN:-}"
+    secrets: [TOKEN]
   - run: test ! -e bad-preflight
 `),
 	".knotless/workflows/batch.yaml": workflowFile(`
