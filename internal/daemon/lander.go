@@ -431,6 +431,13 @@ func (d *Daemon) advance(ctx context.Context, repo forge.Record[forge.Repo], b f
 		d.Wake()
 		return d.saveLanderMemory(uri, *mem)
 	}
+	// A pull whose head moved (or that closed) while its batch ran leaves
+	// the queue: the batch is built again without it.
+	if why, err := d.pullsStill(ctx, v); err != nil {
+		return err
+	} else if why != "" {
+		return d.void(ctx, b, why, log)
+	}
 	err = m.Push(ctx, repo.Value.Source, branch, v.Base, v.Squashed, mirror.Credential{File: d.cfg.PushCredential})
 	if errors.Is(err, mirror.ErrBaseMoved) {
 		return d.void(ctx, b, err.Error()+"; its pulls go back to the queue", log)
@@ -440,6 +447,26 @@ func (d *Daemon) advance(ctx context.Context, repo forge.Record[forge.Repo], b f
 	}
 	log.Info("batch pushed", "ref", v.Ref, "old", v.Base, "new", v.Squashed)
 	return d.landed(ctx, b, mem, log)
+}
+
+// pullsStill says why a batch may not land because one of its pulls is
+// no longer open at its approved commit ("" when all are).
+func (d *Daemon) pullsStill(ctx context.Context, v forge.Batch) (string, error) {
+	for _, bp := range v.Pulls {
+		var p forge.Pull
+		_, err := d.reader.Get(ctx, syntax.ATURI(bp.Pull), &p)
+		switch {
+		case errors.Is(err, forge.ErrNotFound):
+			return "the pull " + bp.Pull + " is gone", nil
+		case err != nil:
+			return "", fmt.Errorf("read a pull of the batch: %w", err)
+		case p.State != forge.PullOpen:
+			return "the pull " + bp.Pull + " is no longer open", nil
+		case p.Head.Commit != bp.Commit:
+			return "the head of the pull " + bp.Pull + " moved from the approved " + bp.Commit, nil
+		}
+	}
+	return "", nil
 }
 
 // resquash makes sure the batch's squashed commit is in the mirror (a

@@ -99,16 +99,7 @@ func (m *mqWorld) startLander(log *os.File) *exec.Cmd {
 func TestMergeQueueLanderKilled(t *testing.T) {
 	t.Parallel()
 	m := newMQWorld(t, nil, nil)
-	// A slow batch workflow, so that the kill lands mid-batch.
-	m.src.Git("fetch", "--quiet", m.origin, "main")
-	m.src.Git("checkout", "--quiet", "main")
-	m.src.Git("reset", "--quiet", "--hard", "FETCH_HEAD")
-	m.src.Commit("main", map[string]string{".knotless/workflows/slow.yaml": workflowFile(`
-on: batch
-steps:
-  - run: sleep 3
-`)})
-	m.src.Git("push", "--quiet", m.origin, "main")
+	m.addSlowBatch() // so that the kill lands mid-batch
 	base := m.head()
 	p1, c1 := m.pull("one", "", map[string]string{"one.txt": "1\n"})
 	p2, c2 := m.pull("two", "", map[string]string{"two.txt": "2\n"})
@@ -122,20 +113,7 @@ steps:
 	defer logFile.Close()
 	dump := func() string { b, _ := os.ReadFile(logFile.Name()); return string(b) }
 	first := m.startLander(logFile)
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		var running bool
-		for _, c := range list[forge.Check](m, m.runner.DID, forge.CollectionCheck) {
-			running = running || (c.Value.Workflow == "slow" && c.Value.Status == forge.StatusRunning)
-		}
-		if running {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the batch never ran\nlander log:\n%s", dump())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	m.waitSlowRunning(dump)
 	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +124,7 @@ steps:
 	fmt.Fprintln(logFile, "=== lander killed; starting again")
 	m.startLander(logFile)
 
-	deadline = time.Now().Add(2 * time.Minute)
+	deadline := time.Now().Add(2 * time.Minute)
 	for len(list[forge.Landing](m, m.runner.DID, forge.CollectionLanding)) == 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("no landing after the restart\nlander log:\n%s", dump())
@@ -176,5 +154,75 @@ steps:
 	}
 	if diff := cmp.Diff(map[string]int{"batch": 1, "slow": 1}, perWorkflow); diff != "" {
 		t.Errorf("batch checks per workflow (-want +got):\n%s", diff)
+	}
+}
+
+// addSlowBatch adds a batch workflow that sleeps to the origin's main.
+func (m *mqWorld) addSlowBatch() {
+	m.t.Helper()
+	m.src.Git("fetch", "--quiet", m.origin, "main")
+	m.src.Git("checkout", "--quiet", "main")
+	m.src.Git("reset", "--quiet", "--hard", "FETCH_HEAD")
+	m.src.Commit("main", map[string]string{".knotless/workflows/slow.yaml": workflowFile(`
+on: batch
+steps:
+  - run: sleep 3
+`)})
+	m.src.Git("push", "--quiet", m.origin, "main")
+}
+
+// waitSlowRunning waits until the slow batch workflow runs.
+func (m *mqWorld) waitSlowRunning(log func() string) {
+	m.t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		for _, c := range list[forge.Check](m, m.runner.DID, forge.CollectionCheck) {
+			if c.Value.Workflow == "slow" && c.Value.Status == forge.StatusRunning {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			m.t.Fatalf("the batch never ran\nlog:\n%s", log())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestMergeQueueHeadMovesMidBatch: a pull whose head moves while its
+// batch runs leaves the queue (headMoved); the batch is void and built
+// again without it, and the other pull lands.
+func TestMergeQueueHeadMovesMidBatch(t *testing.T) {
+	t.Parallel()
+	m := newMQWorld(t, nil, nil)
+	m.addSlowBatch()
+	base := m.head()
+	p1, c1 := m.pull("one", "", map[string]string{"one.txt": "1\n"})
+	p2, c2 := m.pull("two", "", map[string]string{"two.txt": "2\n"})
+	m.enqueue(p1, c1)
+	m.enqueue(p2, c2)
+	m.start(m.config())
+	m.waitSlowRunning(m.logText)
+	moved := m.fork.Commit("two", map[string]string{"two.txt": "2 again\n"})
+	m.put(m.author, forge.CollectionPull, p2.RecordKey().String(), forge.Pull{
+		Type: forge.CollectionPull, Repo: m.repoURI.String(), Base: "main",
+		Head:  forge.PullHead{Source: "file://" + m.fork.Dir, Ref: "refs/heads/two", Commit: moved},
+		Title: "two", State: forge.PullOpen, CreatedAt: forge.Now(),
+	})
+	m.waitFor("landing", 2*time.Minute, func() bool {
+		return len(list[forge.Landing](m, m.runner.DID, forge.CollectionLanding)) > 0
+	})
+	if diff := cmp.Diff([]string{"one"}, m.subjects(base)); diff != "" {
+		t.Errorf("main's new commits (-want +got):\n%s", diff)
+	}
+	ej := m.ejections(m.runner.DID)[p2.String()]
+	if ej.Reason != forge.EjectHeadMoved || ej.Commit != c2 {
+		t.Errorf("ejection of the moved pull: %+v; want headMoved at %s", ej, c2)
+	}
+	statuses := map[string]int{}
+	for _, b := range list[forge.Batch](m, m.runner.DID, forge.CollectionBatch) {
+		statuses[b.Value.Status]++
+	}
+	if diff := cmp.Diff(map[string]int{forge.BatchRebuilt: 1, forge.BatchLanded: 1}, statuses); diff != "" {
+		t.Errorf("batch statuses (-want +got):\n%s", diff)
 	}
 }
