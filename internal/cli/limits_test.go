@@ -24,6 +24,7 @@ func TestServeShellRefusesUntrusted(t *testing.T) {
 		{name: "pulls", args: []string{"--pulls"}, refused: "--executor shell with --pulls would run strangers' code"},
 		{name: "discover", args: []string{"--discover"}, refused: "--executor shell with --discover would run strangers' code"},
 		{name: "both", args: []string{"--pulls", "--discover"}, refused: "--executor shell with --pulls and --discover would"},
+		{name: "queue", args: []string{"--queue"}, refused: "--executor shell with --queue would run strangers' code"},
 		{name: "pulls from the config file", args: []string{"--config", "pulls.json"}, refused: "--executor shell with --pulls would"},
 		{name: "override", args: []string{"--pulls", "--unsafe-shell-untrusted"}, unsafe: true},
 		{name: "own pushes only", args: nil},
