@@ -204,6 +204,9 @@ func (d *Daemon) consider(ctx context.Context, ev ingest.Event) error {
 		if c, known := d.rec.Get(j.key); known && c.Final() {
 			continue
 		}
+		if d.checkInHand(j.key) {
+			continue // a pre-flight and its pull share a check
+		}
 		if err := d.enqueue(ctx, j); err != nil {
 			return err
 		}

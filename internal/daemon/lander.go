@@ -48,6 +48,21 @@ func runsFor(wf *workflow.Workflow, ev ingest.Event) bool {
 	return wf.Matches(workflow.Push, ev.Branch())
 }
 
+// checkInHand reports whether a job of check key is waiting or running:
+// a pull's pre-flight and the pull itself (with --pulls) run a
+// workflow that is both on: pull and queue: first under one check key,
+// once.
+func (d *Daemon) checkInHand(key string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, j := range d.q.jobs() {
+		if j.key == key {
+			return true
+		}
+	}
+	return false
+}
+
 // landerMemory is what state.json keeps per repository for the lander.
 type landerMemory struct {
 	Bisect mergequeue.Bisect `json:"bisect"`

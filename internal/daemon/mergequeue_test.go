@@ -174,7 +174,8 @@ func (m *mqWorld) ejections(lander syntax.DID) map[string]forge.Ejection {
 	return out
 }
 
-// TestMergeQueueLandsInOrder: two queued pulls pass their pre-flight,
+// TestMergeQueueLandsInOrder: two queued pulls pass their pre-flight
+// (run once, although it is also their on: pull work),
 // land as one batch in queue order (one squashed commit each), the
 // batch's checks get no secret, and the landing runs main's push
 // workflow as the owner's push, with the secret.
@@ -186,11 +187,18 @@ func TestMergeQueueLandsInOrder(t *testing.T) {
 	p2, c2 := m.pull("two", "", map[string]string{"two.txt": "2\n"})
 	m.enqueue(p1, c1)
 	m.enqueue(p2, c2)
-	m.start(m.config())
+	// With --pulls, pre.yaml (on: pull and queue: first) is also the
+	// pulls' own work: it runs once per pull all the same.
+	m.start(m.config(func(c *daemon.Config) { c.Pulls = true }))
 
 	m.waitFor("landing", 2*time.Minute, func() bool {
 		return len(list[forge.Landing](m, m.runner.DID, forge.CollectionLanding)) > 0
 	})
+	for _, c := range []string{c1, c2} {
+		if diff := cmp.Diff([]string{"queued", "running", "success"}, m.checkLog.statuses("pre", c)); diff != "" {
+			t.Errorf("pre check writes of %s (-want +got):\n%s", c, diff)
+		}
+	}
 	if diff := cmp.Diff([]string{"one", "two"}, m.subjects(base)); diff != "" {
 		t.Errorf("main's new commits (-want +got):\n%s", diff)
 	}
