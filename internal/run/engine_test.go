@@ -239,7 +239,9 @@ func TestEngineTimeoutAndCancel(t *testing.T) {
 
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan *run.Result)
-		go func() { done <- run.New(run.Config{Executor: ex}).Run(ctx, run.Request{RunID: "r3", Workflow: twoSteps(), Checkout: t.TempDir()}) }()
+		go func() {
+			done <- run.New(run.Config{Executor: ex}).Run(ctx, run.Request{RunID: "r3", Workflow: twoSteps(), Checkout: t.TempDir()})
+		}()
 		synctest.Wait()
 		cancel()
 		res = <-done
