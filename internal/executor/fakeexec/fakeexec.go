@@ -39,7 +39,8 @@ type Executor struct {
 	Script  func(runID, id string) Step
 	Outputs map[string]string
 	// StartErr, SweepErr and ResumeErr, when set, are returned by Start,
-	// Sweep and Resume; PutErr by a session's Put.
+	// Sweep and Resume; PutErr by a session's Put. They are set before
+	// use, SweepErr also later (SetSweepErr).
 	StartErr, SweepErr, ResumeErr, PutErr error
 
 	mu       sync.Mutex
@@ -75,11 +76,11 @@ func (e *Executor) Start(_ context.Context, spec executor.Spec) (executor.Sessio
 // memory of every run not in keep and returns the refs of the sessions
 // that were not stopped.
 func (e *Executor) Sweep(_ context.Context, keep []string) ([]executor.Ref, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	if e.SweepErr != nil {
 		return nil, e.SweepErr
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
 	e.swept = append(e.swept, append([]string(nil), keep...))
 	var removed []executor.Ref
 	for id, s := range e.sessions {
@@ -94,6 +95,13 @@ func (e *Executor) Sweep(_ context.Context, keep []string) ([]executor.Ref, erro
 	}
 	sort.Slice(removed, func(i, j int) bool { return removed[i].Name < removed[j].Name })
 	return removed, nil
+}
+
+// SetSweepErr sets SweepErr while the executor is in use.
+func (e *Executor) SetSweepErr(err error) {
+	e.mu.Lock()
+	e.SweepErr = err
+	e.mu.Unlock()
 }
 
 // Resume implements executor.Resumer.
