@@ -18,6 +18,7 @@ import (
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/mirror"
+	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/workflow"
 )
 
@@ -96,6 +97,10 @@ func TestServeErrorChecks(t *testing.T) {
 			r.d.degrade(errors.New("cluster unreachable"))
 		},
 			"ci", "error", "cluster unreachable"},
+		{"pull over the operator's maximum", pull("did:plc:author", "3p1", "h1"), func(r *rig) {
+			r.git.workflows[0].Image = "evil.test/miner"
+			r.d.engine = run.New(run.Config{Executor: r.exec, Max: run.Maximums{Images: []string{"registry.test/*"}}})
+		}, "ci", "error", "is not allowed by --allow-image"},
 		{"untrusted run asks for a secret", pull("did:plc:author", "3p1", "h1"), func(r *rig) {
 			r.git.workflows[0].Secrets = []string{"TOKEN"}
 		}, "ci", "success", ""},
