@@ -3,6 +3,7 @@ package checks
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -155,6 +156,8 @@ func TestRecorderFinal(t *testing.T) {
 		{"refused twice: final all the same", []error{invalid, invalid}, Error, false, nil},
 		{"PDS down: owed", []error{down}, Success, true, nil},
 		{"refused, then down: the minimal one is owed", []error{invalid, down}, Error, true, nil},
+		{"refused by the lexicon: minimal error check", []error{lexiconRefusal(t)}, Error, false, []string{"k error"}},
+		{"refused by the lexicon twice: final, not owed", []error{lexiconRefusal(t), lexiconRefusal(t)}, Error, false, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -225,6 +228,8 @@ func TestRefused(t *testing.T) {
 		want bool
 	}{
 		{invalid, true},
+		{lexiconRefusal(t), true},
+		{fmt.Errorf("write check k: %w", lexiconRefusal(t)), true},
 		{&atclient.APIError{StatusCode: http.StatusBadRequest, Name: "ExpiredToken"}, false},
 		{&atclient.APIError{StatusCode: http.StatusBadRequest, Name: "RateLimitExceeded"}, false},
 		{&atclient.APIError{StatusCode: http.StatusInternalServerError}, false},
@@ -244,4 +249,22 @@ func TestMinimal(t *testing.T) {
 	if m.Status != string(Error) || m.Steps != nil || m.FinishedAt == "" || m.CreatedAt != c.CreatedAt {
 		t.Errorf("Minimal = %+v", m)
 	}
+}
+
+// lexiconRefusal is the error forge.Account.Put returns for a check the
+// lexicon refuses before any request.
+func lexiconRefusal(t *testing.T) error {
+	t.Helper()
+	cat, err := forge.NewCatalog()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := check(Success)
+	bad.Workflow = ""
+	bad.Status = "no such status"
+	_, err = cat.Encode(forge.CollectionCheck, bad)
+	if !errors.Is(err, forge.ErrInvalid) {
+		t.Fatalf("Encode of an invalid check: %v, want forge.ErrInvalid", err)
+	}
+	return err
 }

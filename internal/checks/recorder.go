@@ -140,10 +140,13 @@ type OwedError struct {
 func (e *OwedError) Error() string { return e.Err.Error() }
 func (e *OwedError) Unwrap() error { return e.Err }
 
-// Refused reports whether the PDS (or the lexicon, before the request)
-// refused a record as invalid: HTTP 400 other than an authentication or
-// rate-limit answer. Trying it again cannot help.
+// Refused reports whether the PDS (or the lexicon, before the request:
+// forge.ErrInvalid) refused a record as invalid: HTTP 400 other than an
+// authentication or rate-limit answer. Trying it again cannot help.
 func Refused(err error) bool {
+	if errors.Is(err, forge.ErrInvalid) {
+		return true
+	}
 	var ae *atclient.APIError
 	if !errors.As(err, &ae) || ae.StatusCode != http.StatusBadRequest {
 		return false

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/tests/gitrepo"
+	"knotless.dev/run/tests/forgeworld"
 	"knotless.dev/run/tests/pds"
 )
 
@@ -82,23 +82,11 @@ func TestServeMakesNoDNSQuery(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Stop()
-	owner, runner, password, err := srv.OwnerAndRunner(ctx, "nodns")
-	if err != nil {
-		t.Fatal(err)
-	}
-	repo := gitrepo.New(t)
-	commit := repo.Commit("main", map[string]string{
+	w := forgeworld.New(t, srv, forgeworld.Options{App: "nodns"})
+	owner, runner, password := w.Owner, w.Runner, w.Password
+	_, commit := w.Push(map[string]string{
 		".knotless/workflows/build.yaml": "on: [push]\nsteps:\n  - name: build\n    run: echo built\n",
 	})
-	repoURI := forge.RepoURI(owner.DID, "hello")
-	if _, err := owner.Put(ctx, forge.CollectionRepo, "hello", forge.Repo{Type: forge.CollectionRepo, Name: "hello", Source: "file://" + repo.Dir,
-		Runners: []string{runner.DID.String()}, CreatedAt: forge.Now()}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := owner.Put(ctx, forge.CollectionRefUpdate, "", forge.RefUpdate{Type: forge.CollectionRefUpdate, Repo: repoURI.String(),
-		Ref: "refs/heads/main", New: commit, CreatedAt: forge.Now()}); err != nil {
-		t.Fatal(err)
-	}
 
 	dir := t.TempDir()
 	resolvConf := filepath.Join(dir, "resolv.conf")

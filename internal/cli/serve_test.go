@@ -18,7 +18,7 @@ import (
 
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/state"
-	"knotless.dev/run/tests/gitrepo"
+	"knotless.dev/run/tests/forgeworld"
 	"knotless.dev/run/tests/pds"
 )
 
@@ -165,26 +165,13 @@ func TestServeHandover(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Stop()
-	owner, runner, password, err := srv.OwnerAndRunner(ctx, "serve")
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	repo := gitrepo.New(t)
+	w := forgeworld.New(t, srv, forgeworld.Options{App: "serve"})
+	owner, runner, password := w.Owner, w.Runner, w.Password
 	marker := filepath.Join(t.TempDir(), "slow-started")
-	commit := repo.Commit("main", map[string]string{
+	w.Push(map[string]string{
 		".knotless/workflows/build.yaml":  "on: [push]\nsteps:\n  - name: slow\n    run: touch " + marker + "; sleep 4; echo slow done\n",
 		".knotless/workflows/report.yaml": "on: [push]\nsteps:\n  - name: quick\n    run: echo quick done\n",
 	})
-	repoURI := forge.RepoURI(owner.DID, "hello")
-	if _, err := owner.Put(ctx, forge.CollectionRepo, "hello", forge.Repo{Type: forge.CollectionRepo, Name: "hello", Source: "file://" + repo.Dir,
-		Runners: []string{runner.DID.String()}, CreatedAt: forge.Now()}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := owner.Put(ctx, forge.CollectionRefUpdate, "", forge.RefUpdate{Type: forge.CollectionRefUpdate, Repo: repoURI.String(),
-		Ref: "refs/heads/main", New: commit, CreatedAt: forge.Now()}); err != nil {
-		t.Fatal(err)
-	}
 
 	dir := t.TempDir()
 	pwFile := filepath.Join(dir, "app-password")

@@ -40,7 +40,7 @@ func (d *Daemon) finalCheck(ctx context.Context, j *job, res *run.Result, log *s
 		c.Steps = append(c.Steps, cs)
 	}
 	if len(res.Log) > 0 {
-		blob, err := d.account.UploadBlob(ctx, "text/plain", res.Log)
+		blob, err := d.blobs.UploadBlob(ctx, "text/plain", res.Log)
 		if err != nil {
 			log.Error("upload run log", "err", err)
 		} else {
@@ -57,7 +57,7 @@ func (d *Daemon) finalCheck(ctx context.Context, j *job, res *run.Result, log *s
 		if !ok {
 			continue
 		}
-		blob, err := d.account.UploadBlob(ctx, mimeType, data)
+		blob, err := d.blobs.UploadBlob(ctx, mimeType, data)
 		if err != nil {
 			log.Error("upload output", "path", rel, "err", err)
 			continue

@@ -137,10 +137,12 @@ type Daemon struct {
 	reader  *forge.Reader
 	account *forge.Account
 	key     *forge.KeyPair
-	mirrors *mirror.Mirrors
+	mirrors mirrorSet
 	engine  *run.Engine
 	rec     *checks.Recorder // the only writer of check records
-	lister  *ingest.Lister
+	lister  intake
+	blobs   blobStore     // takes logs and outputs: the account
+	sealed  sealedSecrets // the owners' sealed secrets: the reader
 
 	wake chan struct{} // a hint that records changed: reconcile soon
 	// warned holds the workflow warnings already logged (warnUnacted).
@@ -235,15 +237,17 @@ func (d *Daemon) start(ctx context.Context) error {
 	if acct.DID() != cfg.Runner {
 		return fmt.Errorf("log in: the PDS says this account is %s, not the runner %s", acct.DID(), cfg.Runner)
 	}
-	d.account = acct
+	d.account, d.blobs = acct, acct
 	d.rec = checks.NewRecorder(acct, cfg.OnCheck)
 	d.log.Info("logged in", "did", acct.DID().String(), "pds", acct.Host(), "resumed_session", resumed)
 
 	gitOpts := cfg.Git
 	gitOpts.Forbidden = append([]string{cfg.StateDir, cfg.CacheDir}, gitOpts.Forbidden...)
-	if d.mirrors, err = mirror.New(filepath.Join(cfg.CacheDir, "mirrors"), gitOpts); err != nil {
+	ms, err := mirror.New(filepath.Join(cfg.CacheDir, "mirrors"), gitOpts)
+	if err != nil {
 		return err
 	}
+	d.mirrors, d.sealed = mirrors{ms}, secretReader{d.reader}
 	d.engine = run.New(run.Config{
 		Executor:     cfg.Executor,
 		Logger:       cfg.Logger.With("component", "run"),

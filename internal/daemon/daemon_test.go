@@ -14,7 +14,7 @@ import (
 func TestPushRuns(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	_, commit := w.push(map[string]string{
+	_, commit := w.Push(map[string]string{
 		"greeting.txt": "hello\n",
 		".knotless/workflows/build.yaml": workflowFile(`
 on: [push]
@@ -35,7 +35,7 @@ steps:
 	if diff := cmp.Diff([]string{"queued", "running", "success"}, w.checkLog.statuses("build", commit)); diff != "" {
 		t.Errorf("check writes (-want +got):\n%s", diff)
 	}
-	if got.Subject.Kind != "push" || got.Subject.Repo != w.repoURI.String() || got.Subject.Ref != "refs/heads/main" {
+	if got.Subject.Kind != "push" || got.Subject.Repo != w.RepoURI.String() || got.Subject.Ref != "refs/heads/main" {
 		t.Errorf("subject %+v", got.Subject)
 	}
 	if len(got.Steps) != 2 || got.Steps[0].Name != "greet" || got.Steps[0].ExitCode == nil || *got.Steps[0].ExitCode != 0 {
@@ -44,13 +44,13 @@ steps:
 	if got.Log == nil {
 		t.Fatal("no log blob")
 	}
-	if log := string(w.blob(got.Log.Ref.String())); !strings.Contains(log, "hello") || !strings.Contains(log, "==> step 1/2: greet") {
+	if log := string(w.Blob(got.Log.Ref.String())); !strings.Contains(log, "hello") || !strings.Contains(log, "==> step 1/2: greet") {
 		t.Errorf("log blob lacks the step output:\n%s", log)
 	}
 	if len(got.Outputs) != 1 || got.Outputs[0].Path != "pixel.png" || got.Outputs[0].Blob.MimeType != "image/png" {
 		t.Fatalf("outputs %+v, want pixel.png as image/png", got.Outputs)
 	}
-	if b := w.blob(got.Outputs[0].Blob.Ref.String()); len(b) == 0 || string(b[1:4]) != "PNG" {
+	if b := w.Blob(got.Outputs[0].Blob.Ref.String()); len(b) == 0 || string(b[1:4]) != "PNG" {
 		t.Errorf("output blob is not the PNG: %q", b)
 	}
 }

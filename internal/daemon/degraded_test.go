@@ -54,14 +54,14 @@ func TestUnreachableCluster(t *testing.T) {
 	w := newWorld(t)
 	exec, err := kubernetes.New(kubernetes.Config{
 		Credentials: kubernetes.Credentials{Kubeconfig: unreachableKubeconfig(t)},
-		Runner:      w.runner.DID.String(),
+		Runner:      w.Runner.DID.String(),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
 	var notes []string
-	_, commit := w.push(map[string]string{".knotless/workflows/test.yaml": workflowFile(`
+	_, commit := w.Push(map[string]string{".knotless/workflows/test.yaml": workflowFile(`
 on: [push]
 steps:
   - name: ok

@@ -35,7 +35,7 @@ func TestOwnChecksDoNotWake(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			d := &Daemon{cfg: Config{Runner: runner}, wake: make(chan struct{}, 1), st: state.New(), log: slog.New(slog.DiscardHandler)}
+			d := &Daemon{cfg: Config{Runner: runner}, wake: make(chan struct{}, 1), st: state.New(), log: slog.New(slog.DiscardHandler), lister: &ingest.Lister{}}
 			d.changed(tt.c)
 			got := len(d.wake) == 1
 			if got != tt.wake {

@@ -17,7 +17,7 @@ func TestUnfetchableCommit(t *testing.T) {
 	w := newWorld(t)
 	// A first push that works, so the repository is known and the bad
 	// push below is new work, not history.
-	_, good := w.push(map[string]string{".knotless/workflows/test.yaml": workflowFile(`
+	_, good := w.Push(map[string]string{".knotless/workflows/test.yaml": workflowFile(`
 on: [push]
 steps:
   - name: ok
@@ -28,8 +28,8 @@ steps:
 	}))
 	w.waitFinal("test", good, 90*time.Second)
 	missing := strings.Repeat("ab", 20)
-	w.put(w.owner, forge.CollectionRefUpdate, "", forge.RefUpdate{
-		Type: forge.CollectionRefUpdate, Repo: w.repoURI.String(), Ref: "refs/heads/main", Old: good, New: missing, CreatedAt: forge.Now(),
+	w.Put(w.Owner, forge.CollectionRefUpdate, "", forge.RefUpdate{
+		Type: forge.CollectionRefUpdate, Repo: w.RepoURI.String(), Ref: "refs/heads/main", Old: good, New: missing, CreatedAt: forge.Now(),
 	})
 	_, got := w.waitFinal(daemon.SourceCheck, missing, 60*time.Second)
 	if got.Status != "error" || !strings.Contains(got.Error, "is not in the source") {

@@ -26,7 +26,7 @@ func TestHandoverAdopts(t *testing.T) {
 	t.Parallel()
 	c := clustertest.Start(t)
 	w := newWorld(t)
-	_, commit := w.push(map[string]string{".knotless/workflows/long.yaml": workflowFile(`
+	_, commit := w.Push(map[string]string{".knotless/workflows/long.yaml": workflowFile(`
 on: [push]
 steps:
   - name: long
@@ -44,7 +44,7 @@ steps:
 	}
 	runnerJobs := func() int {
 		jobs, err := c.Clientset.BatchV1().Jobs(c.Namespace).List(context.Background(), metav1.ListOptions{
-			LabelSelector: kubernetes.LabelRunner + "=" + kubernetes.RunnerLabel(w.runner.DID.String()),
+			LabelSelector: kubernetes.LabelRunner + "=" + kubernetes.RunnerLabel(w.Runner.DID.String()),
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -55,7 +55,7 @@ steps:
 	stop := w.start(w.config(kube))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	selector := kubernetes.LabelRunner + "=" + kubernetes.RunnerLabel(w.runner.DID.String())
+	selector := kubernetes.LabelRunner + "=" + kubernetes.RunnerLabel(w.Runner.DID.String())
 	if err := c.WaitForCommand(ctx, c.Namespace, selector, "run", []string{"test", "-e", "/work/step-started"}); err != nil {
 		t.Fatalf("the step did not start: %v\n%s", err, w.logText())
 	}
@@ -103,7 +103,7 @@ steps:
 	if got.Log == nil {
 		t.Fatal("no log blob")
 	}
-	blob := string(w.blob(got.Log.Ref.String()))
+	blob := string(w.Blob(got.Log.Ref.String()))
 	for _, line := range []string{"before", "after", "next step", "==> step 1/2: long"} {
 		if n := strings.Count("\n"+blob, "\n"+line+"\n"); n != 1 {
 			t.Errorf("line %q %d times in the log blob, want once:\n%s", line, n, blob)
@@ -127,7 +127,7 @@ func onCluster(t *testing.T, c *clustertest.Cluster, w *world, pod kubernetes.Po
 	return func(cfg *daemon.Config) {
 		ex, err := kubernetes.New(kubernetes.Config{
 			Credentials:     kubernetes.Credentials{Kubeconfig: c.Kubeconfig, Namespace: c.Namespace},
-			Runner:          w.runner.DID.String(),
+			Runner:          w.Runner.DID.String(),
 			Pod:             pod,
 			ScheduleTimeout: 2 * time.Minute,
 		})

@@ -59,9 +59,9 @@ func TestFailingOwnerPDS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.put(sick, forge.CollectionRepo, "other", forge.Repo{
-		Type: forge.CollectionRepo, Name: "other", Source: "file://" + w.src.Dir, DefaultBranch: "main",
-		Runners: []string{w.runner.DID.String()}, CreatedAt: forge.Now(),
+	w.Put(sick, forge.CollectionRepo, "other", forge.Repo{
+		Type: forge.CollectionRepo, Name: "other", Source: "file://" + w.Src.Dir, DefaultBranch: "main",
+		Runners: []string{w.Runner.DID.String()}, CreatedAt: forge.Now(),
 	})
 	// The sick owner's PDS serves its repo record but fails listing.
 	proxy := newOutage(t, srv.URL)
@@ -71,7 +71,7 @@ func TestFailingOwnerPDS(t *testing.T) {
 		}
 		return 0, nil, ""
 	})
-	_, commit := w.push(map[string]string{".knotless/workflows/test.yaml": workflowFile(`
+	_, commit := w.Push(map[string]string{".knotless/workflows/test.yaml": workflowFile(`
 on: [push]
 steps:
   - name: ok
@@ -79,7 +79,7 @@ steps:
 `)})
 	w.start(w.config(func(c *daemon.Config) {
 		// The sick owner first, so its failure comes before the healthy one.
-		c.Targets = []ingest.Target{{Owner: syntax.AtIdentifier(sick.DID), Name: "other"}, {Owner: syntax.AtIdentifier(w.owner.DID), Name: "hello"}}
+		c.Targets = []ingest.Target{{Owner: syntax.AtIdentifier(sick.DID), Name: "other"}, {Owner: syntax.AtIdentifier(w.Owner.DID), Name: "hello"}}
 		c.Directory = movedDirectory{Directory: srv.Directory(), moved: map[syntax.DID]string{sick.DID: proxy.srv.URL}}
 	}))
 	_, got := w.waitFinal("test", commit, 90*time.Second)

@@ -26,7 +26,7 @@ type job struct {
 	key    string // the check's record key
 	ev     ingest.Event
 	wf     *workflow.Workflow
-	repo   *mirror.Repo
+	repo   gitRepo
 	tree   string // what to export: the pushed commit or the merge's tree
 	runID  string
 	check  forge.Check
@@ -239,7 +239,7 @@ func mirrorKey(ev ingest.Event) string {
 // prepare fetches what the event needs into its mirror and returns the
 // mirror, the tree to run (a push's commit, a pull's merge) and, for a
 // pull that does not merge, the conflict.
-func (d *Daemon) prepare(ctx context.Context, ev ingest.Event) (*mirror.Repo, string, *mirror.ConflictError, error) {
+func (d *Daemon) prepare(ctx context.Context, ev ingest.Event) (gitRepo, string, *mirror.ConflictError, error) {
 	repo, err := d.mirrors.Open(ctx, mirrorKey(ev))
 	if err != nil {
 		return nil, "", nil, err

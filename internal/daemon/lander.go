@@ -358,7 +358,7 @@ func containsPull(ps []mergequeue.PullCommit, p mergequeue.PullCommit) bool {
 // squash fetches the pulls' heads into the batch mirror and squashes
 // them onto base, at the batch's creation time (so again gives the same
 // commits).
-func (d *Daemon) squash(ctx context.Context, m *mirror.Repo, base string, qs []mergequeue.Queued, pulls map[string]forge.Pull,
+func (d *Daemon) squash(ctx context.Context, m gitRepo, base string, qs []mergequeue.Queued, pulls map[string]forge.Pull,
 	createdAt string) (string, []mergequeue.Merge, error) {
 	at, err := syntax.ParseDatetimeLenient(createdAt)
 	if err != nil {
@@ -486,7 +486,7 @@ func (d *Daemon) pullsStill(ctx context.Context, v forge.Batch) (string, error) 
 
 // resquash makes sure the batch's squashed commit is in the mirror (a
 // cache wiped since it was built), building it again from the record.
-func (d *Daemon) resquash(ctx context.Context, m *mirror.Repo, b forge.Record[forge.Batch]) error {
+func (d *Daemon) resquash(ctx context.Context, m gitRepo, b forge.Record[forge.Batch]) error {
 	if m.Has(ctx, b.Value.Squashed) {
 		return nil
 	}

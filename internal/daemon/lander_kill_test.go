@@ -73,9 +73,9 @@ func landerChild() bool {
 func (m *mqWorld) startLander(log *os.File) *exec.Cmd {
 	m.t.Helper()
 	raw, err := json.Marshal(childConfig{
-		Runner: m.runner.DID.String(), PDS: srv.URL, PLCURL: srv.PLCURL, Password: m.password, Owner: m.owner.DID.String(),
+		Runner: m.Runner.DID.String(), PDS: srv.URL, PLCURL: srv.PLCURL, Password: m.Password, Owner: m.Owner.DID.String(),
 		StateDir: m.stateDir, CacheDir: m.cacheDir, ShellRoot: m.shellRoot,
-		Secrets: []daemon.OperatorSecret{{Name: "TOKEN", Value: "operator-token", Repos: []string{m.repoURI.String()}}},
+		Secrets: []daemon.OperatorSecret{{Name: "TOKEN", Value: "operator-token", Repos: []string{m.RepoURI.String()}}},
 	})
 	if err != nil {
 		m.t.Fatal(err)
@@ -125,7 +125,7 @@ func TestMergeQueueLanderKilled(t *testing.T) {
 	m.startLander(logFile)
 
 	deadline := time.Now().Add(2 * time.Minute)
-	for len(list[forge.Landing](m, m.runner.DID, forge.CollectionLanding)) == 0 {
+	for len(list[forge.Landing](m, m.Runner.DID, forge.CollectionLanding)) == 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("no landing after the restart\nlander log:\n%s", dump())
 		}
@@ -136,15 +136,15 @@ func TestMergeQueueLanderKilled(t *testing.T) {
 	if diff := cmp.Diff([]string{"one", "two"}, m.subjects(base)); diff != "" {
 		t.Errorf("main's new commits (-want +got):\n%s\nlander log:\n%s", diff, dump())
 	}
-	if n := len(list[forge.Landing](m, m.runner.DID, forge.CollectionLanding)); n != 1 {
+	if n := len(list[forge.Landing](m, m.Runner.DID, forge.CollectionLanding)); n != 1 {
 		t.Errorf("%d landings, want 1", n)
 	}
-	batches := list[forge.Batch](m, m.runner.DID, forge.CollectionBatch)
+	batches := list[forge.Batch](m, m.Runner.DID, forge.CollectionBatch)
 	if len(batches) != 1 || batches[0].Value.Status != forge.BatchLanded {
 		t.Errorf("batches: %+v; want one, landed", batches)
 	}
 	perWorkflow := map[string]int{}
-	for _, c := range list[forge.Check](m, m.runner.DID, forge.CollectionCheck) {
+	for _, c := range list[forge.Check](m, m.Runner.DID, forge.CollectionCheck) {
 		if c.Value.Subject.Kind == forge.KindBatch {
 			perWorkflow[c.Value.Workflow]++
 			if c.Value.Status != "success" {
@@ -160,15 +160,15 @@ func TestMergeQueueLanderKilled(t *testing.T) {
 // addSlowBatch adds a batch workflow that sleeps to the origin's main.
 func (m *mqWorld) addSlowBatch() {
 	m.t.Helper()
-	m.src.Git("fetch", "--quiet", m.origin, "main")
-	m.src.Git("checkout", "--quiet", "main")
-	m.src.Git("reset", "--quiet", "--hard", "FETCH_HEAD")
-	m.src.Commit("main", map[string]string{".knotless/workflows/slow.yaml": workflowFile(`
+	m.Src.Git("fetch", "--quiet", m.origin, "main")
+	m.Src.Git("checkout", "--quiet", "main")
+	m.Src.Git("reset", "--quiet", "--hard", "FETCH_HEAD")
+	m.Src.Commit("main", map[string]string{".knotless/workflows/slow.yaml": workflowFile(`
 on: batch
 steps:
   - run: sleep 3
 `)})
-	m.src.Git("push", "--quiet", m.origin, "main")
+	m.Src.Git("push", "--quiet", m.origin, "main")
 }
 
 // waitSlowRunning waits until the slow batch workflow runs.
@@ -176,7 +176,7 @@ func (m *mqWorld) waitSlowRunning(log func() string) {
 	m.t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		for _, c := range list[forge.Check](m, m.runner.DID, forge.CollectionCheck) {
+		for _, c := range list[forge.Check](m, m.Runner.DID, forge.CollectionCheck) {
 			if c.Value.Workflow == "slow" && c.Value.Status == forge.StatusRunning {
 				return
 			}
@@ -203,23 +203,23 @@ func TestMergeQueueHeadMovesMidBatch(t *testing.T) {
 	m.start(m.config())
 	m.waitSlowRunning(m.logText)
 	moved := m.fork.Commit("two", map[string]string{"two.txt": "2 again\n"})
-	m.put(m.author, forge.CollectionPull, p2.RecordKey().String(), forge.Pull{
-		Type: forge.CollectionPull, Repo: m.repoURI.String(), Base: "main",
+	m.Put(m.author, forge.CollectionPull, p2.RecordKey().String(), forge.Pull{
+		Type: forge.CollectionPull, Repo: m.RepoURI.String(), Base: "main",
 		Head:  forge.PullHead{Source: "file://" + m.fork.Dir, Ref: "refs/heads/two", Commit: moved},
 		Title: "two", State: forge.PullOpen, CreatedAt: forge.Now(),
 	})
 	m.waitFor("landing", 2*time.Minute, func() bool {
-		return len(list[forge.Landing](m, m.runner.DID, forge.CollectionLanding)) > 0
+		return len(list[forge.Landing](m, m.Runner.DID, forge.CollectionLanding)) > 0
 	})
 	if diff := cmp.Diff([]string{"one"}, m.subjects(base)); diff != "" {
 		t.Errorf("main's new commits (-want +got):\n%s", diff)
 	}
-	ej := m.ejections(m.runner.DID)[p2.String()]
+	ej := m.ejections(m.Runner.DID)[p2.String()]
 	if ej.Reason != forge.EjectHeadMoved || ej.Commit != c2 {
 		t.Errorf("ejection of the moved pull: %+v; want headMoved at %s", ej, c2)
 	}
 	statuses := map[string]int{}
-	for _, b := range list[forge.Batch](m, m.runner.DID, forge.CollectionBatch) {
+	for _, b := range list[forge.Batch](m, m.Runner.DID, forge.CollectionBatch) {
 		statuses[b.Value.Status]++
 	}
 	if diff := cmp.Diff(map[string]int{forge.BatchRebuilt: 1, forge.BatchLanded: 1}, statuses); diff != "" {

@@ -22,8 +22,8 @@ import (
 // openPull writes author's open pull of fork's branch onto main.
 func (w *world) openPull(author *pds.Account, forkDir, branch, head string) syntax.ATURI {
 	w.t.Helper()
-	return w.put(author, forge.CollectionPull, "", forge.Pull{
-		Type: forge.CollectionPull, Repo: w.repoURI.String(), Base: "main",
+	return w.Put(author, forge.CollectionPull, "", forge.Pull{
+		Type: forge.CollectionPull, Repo: w.RepoURI.String(), Base: "main",
 		Head:  forge.PullHead{Source: "file://" + forkDir, Ref: "refs/heads/" + branch, Commit: head},
 		Title: branch, State: forge.PullOpen, CreatedAt: forge.Now(),
 	})
@@ -49,7 +49,7 @@ func TestPullLimits(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	ctx := context.Background()
-	_, commit := w.push(map[string]string{".knotless/workflows/big.yaml": workflowFile(`
+	_, commit := w.Push(map[string]string{".knotless/workflows/big.yaml": workflowFile(`
 on: [push, pull]
 timeout: 6h
 steps:
@@ -60,7 +60,7 @@ steps:
 	if err != nil {
 		t.Fatal(err)
 	}
-	fork := w.src.Clone(t)
+	fork := w.Src.Clone(t)
 	head := fork.Commit("feature", map[string]string{"feature.txt": "new\n"})
 	w.openPull(author, fork.Dir, "feature", head)
 	w.start(w.config(func(c *daemon.Config) {
@@ -97,7 +97,7 @@ steps:
       touch ` + started + `
       ` + waitFor(release) + `
 `)})
-	w.push(map[string]string{".knotless/workflows/check.yaml": "on: [pull]\nsteps:\n  - name: check\n    run: echo pull\n"})
+	w.Push(map[string]string{".knotless/workflows/check.yaml": "on: [pull]\nsteps:\n  - name: check\n    run: echo pull\n"})
 	w.start(w.config(func(c *daemon.Config) {
 		c.Pulls = true
 		c.Discover = true // the stranger's pulls are found by listing the PDS's accounts
@@ -109,7 +109,7 @@ steps:
 	if err != nil {
 		t.Fatal(err)
 	}
-	fork := w.src.Clone(t)
+	fork := w.Src.Clone(t)
 	var heads []string
 	var uris []syntax.ATURI
 	for i := range 3 {
@@ -129,7 +129,7 @@ steps:
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	_, push := w.push(map[string]string{".knotless/workflows/build.yaml": "on: [push]\nbranches: [main]\nsteps:\n  - name: build\n    run: echo push\n"})
+	_, push := w.Push(map[string]string{".knotless/workflows/build.yaml": "on: [push]\nbranches: [main]\nsteps:\n  - name: build\n    run: echo push\n"})
 	w.waitStatus("build", push, "queued", 30*time.Second)
 	if s := w.checkLog.statuses("check", heads[2]); len(s) != 0 {
 		t.Fatalf("the deferred pull's check writes: %v, want none while its author holds 2", s)

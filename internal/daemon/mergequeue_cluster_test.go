@@ -29,7 +29,7 @@ func TestMergeQueueOnKubernetes(t *testing.T) {
 	m.start(m.config(onCluster(t, c, m.world, kubernetes.PodOptions{Image: c.Image})))
 
 	m.waitFor("landing", 5*time.Minute, func() bool {
-		return len(list[forge.Landing](m, m.runner.DID, forge.CollectionLanding)) > 0
+		return len(list[forge.Landing](m, m.Runner.DID, forge.CollectionLanding)) > 0
 	})
 	if diff := cmp.Diff([]string{"one", "two"}, m.subjects(base)); diff != "" {
 		t.Errorf("main's new commits (-want +got):\n%s", diff)
@@ -40,7 +40,7 @@ func TestMergeQueueOnKubernetes(t *testing.T) {
 	if _, post := m.waitFinal("post", m.head(), 3*time.Minute); post.Status != "success" {
 		t.Errorf("post check: %+v", post)
 	}
-	selector := kubernetes.LabelRunner + "=" + kubernetes.RunnerLabel(m.runner.DID.String())
+	selector := kubernetes.LabelRunner + "=" + kubernetes.RunnerLabel(m.Runner.DID.String())
 	m.waitFor("no Job of the runner left", time.Minute, func() bool {
 		jobs, err := c.Clientset.BatchV1().Jobs(c.Namespace).List(context.Background(), metav1.ListOptions{LabelSelector: selector})
 		if err != nil {

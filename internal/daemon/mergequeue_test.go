@@ -66,18 +66,18 @@ func newMQWorld(t *testing.T, runners, landers []string) *mqWorld {
 	t.Helper()
 	w := newWorld(t)
 	ctx := context.Background()
-	w.src.Commit("main", mqWorkflows)
+	w.Src.Commit("main", mqWorkflows)
 	m := &mqWorld{world: w, origin: filepath.Join(t.TempDir(), "origin.git")}
-	if out, err := exec.Command("git", "clone", "--quiet", "--bare", w.src.Dir, m.origin).CombinedOutput(); err != nil {
+	if out, err := exec.Command("git", "clone", "--quiet", "--bare", w.Src.Dir, m.origin).CombinedOutput(); err != nil {
 		t.Fatalf("git clone --bare: %v\n%s", err, out)
 	}
 	if runners == nil {
-		runners = []string{w.runner.DID.String()}
+		runners = []string{w.Runner.DID.String()}
 	}
 	if landers == nil {
-		landers = []string{w.runner.DID.String()}
+		landers = []string{w.Runner.DID.String()}
 	}
-	w.put(w.owner, forge.CollectionRepo, "hello", forge.Repo{
+	w.Put(w.Owner, forge.CollectionRepo, "hello", forge.Repo{
 		Type: forge.CollectionRepo, Name: "hello", Source: "file://" + m.origin, DefaultBranch: "main",
 		Runners: runners, Landers: landers, CreatedAt: forge.Now(),
 	})
@@ -85,14 +85,14 @@ func newMQWorld(t *testing.T, runners, landers []string) *mqWorld {
 	if m.author, err = srv.CreateAccount(ctx, "author"); err != nil {
 		t.Fatal(err)
 	}
-	m.fork = w.src.Clone(t)
+	m.fork = w.Src.Clone(t)
 	return m
 }
 
 func (m *mqWorld) config(mod ...func(*daemon.Config)) daemon.Config {
 	return m.world.config(append([]func(*daemon.Config){func(c *daemon.Config) {
 		c.Queue = true
-		c.Secrets = []daemon.OperatorSecret{{Name: "TOKEN", Value: "operator-token", Repos: []string{m.repoURI.String()}}}
+		c.Secrets = []daemon.OperatorSecret{{Name: "TOKEN", Value: "operator-token", Repos: []string{m.RepoURI.String()}}}
 	}}, mod...)...)
 }
 
@@ -112,8 +112,8 @@ func (m *mqWorld) pull(name, from string, files map[string]string) (syntax.ATURI
 // enqueue is the owner queueing the pull at commit.
 func (m *mqWorld) enqueue(pull syntax.ATURI, commit string) {
 	m.t.Helper()
-	m.put(m.owner, forge.CollectionQueueEntry, "", forge.QueueEntry{
-		Type: forge.CollectionQueueEntry, Repo: m.repoURI.String(), Pull: pull.String(), Commit: commit, CreatedAt: forge.Now(),
+	m.Put(m.Owner, forge.CollectionQueueEntry, "", forge.QueueEntry{
+		Type: forge.CollectionQueueEntry, Repo: m.RepoURI.String(), Pull: pull.String(), Commit: commit, CreatedAt: forge.Now(),
 	})
 }
 
@@ -143,7 +143,7 @@ func (m *mqWorld) subjects(since string) []string {
 
 func list[T any](m *mqWorld, did syntax.DID, coll string) []forge.Record[T] {
 	m.t.Helper()
-	recs, bad, err := forge.List[T](context.Background(), m.reader, did, coll)
+	recs, bad, err := forge.List[T](context.Background(), m.Reader, did, coll)
 	if err != nil {
 		m.t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func TestMergeQueueLandsInOrder(t *testing.T) {
 	m.start(m.config(func(c *daemon.Config) { c.Pulls = true }))
 
 	m.waitFor("landing", 2*time.Minute, func() bool {
-		return len(list[forge.Landing](m, m.runner.DID, forge.CollectionLanding)) > 0
+		return len(list[forge.Landing](m, m.Runner.DID, forge.CollectionLanding)) > 0
 	})
 	for _, c := range []string{c1, c2} {
 		if diff := cmp.Diff([]string{"queued", "running", "success"}, m.checkLog.statuses("pre", c)); diff != "" {
@@ -202,11 +202,11 @@ func TestMergeQueueLandsInOrder(t *testing.T) {
 	if diff := cmp.Diff([]string{"one", "two"}, m.subjects(base)); diff != "" {
 		t.Errorf("main's new commits (-want +got):\n%s", diff)
 	}
-	landings := list[forge.Landing](m, m.runner.DID, forge.CollectionLanding)
+	landings := list[forge.Landing](m, m.Runner.DID, forge.CollectionLanding)
 	if len(landings) != 1 || landings[0].Value.Old != base || landings[0].Value.New != m.head() {
 		t.Fatalf("landings: %+v; want one, %s to %s", landings, base, m.head())
 	}
-	batches := list[forge.Batch](m, m.runner.DID, forge.CollectionBatch)
+	batches := list[forge.Batch](m, m.Runner.DID, forge.CollectionBatch)
 	if len(batches) != 1 || batches[0].Value.Status != forge.BatchLanded {
 		t.Fatalf("batches: %+v", batches)
 	}
@@ -227,7 +227,7 @@ func TestMergeQueueLandsInOrder(t *testing.T) {
 	if _, post := m.waitFinal("post", m.head(), time.Minute); post.Status != "success" || post.Subject.Event != landings[0].URI.String() {
 		t.Errorf("post check: %+v; want success for the landing %s", post, landings[0].URI)
 	}
-	if ej := m.ejections(m.runner.DID); len(ej) != 0 {
+	if ej := m.ejections(m.Runner.DID); len(ej) != 0 {
 		t.Errorf("ejections: %+v", ej)
 	}
 }
@@ -241,11 +241,11 @@ func TestMergeQueueEjects(t *testing.T) {
 	m := newMQWorld(t, nil, nil)
 	oldBase := m.head()
 	// main moves after the fork point of "clash": base.txt differs.
-	m.src.Git("fetch", "--quiet", m.origin, "main")
-	m.src.Git("checkout", "--quiet", "main")
-	m.src.Git("reset", "--quiet", "--hard", "FETCH_HEAD")
-	m.src.Commit("main", map[string]string{"base.txt": "moved\n"})
-	m.src.Git("push", "--quiet", m.origin, "main")
+	m.Src.Git("fetch", "--quiet", m.origin, "main")
+	m.Src.Git("checkout", "--quiet", "main")
+	m.Src.Git("reset", "--quiet", "--hard", "FETCH_HEAD")
+	m.Src.Commit("main", map[string]string{"base.txt": "moved\n"})
+	m.Src.Git("push", "--quiet", m.origin, "main")
 	base := m.head()
 
 	clash, cClash := m.pull("clash", oldBase, map[string]string{"base.txt": "clash\n"})
@@ -264,16 +264,16 @@ func TestMergeQueueEjects(t *testing.T) {
 	// The author pushes again after the owner queued "moved".
 	m.enqueue(moved, cMoved)
 	newHead := m.fork.Commit("moved", map[string]string{"m.txt": "2\n"})
-	m.put(m.author, forge.CollectionPull, moved.RecordKey().String(), forge.Pull{
-		Type: forge.CollectionPull, Repo: m.repoURI.String(), Base: "main",
+	m.Put(m.author, forge.CollectionPull, moved.RecordKey().String(), forge.Pull{
+		Type: forge.CollectionPull, Repo: m.RepoURI.String(), Base: "main",
 		Head:  forge.PullHead{Source: "file://" + m.fork.Dir, Ref: "refs/heads/moved", Commit: newHead},
 		Title: "moved", State: forge.PullOpen, CreatedAt: forge.Now(),
 	})
 	m.start(m.config())
 
-	m.waitFor("five ejections", 3*time.Minute, func() bool { return len(m.ejections(m.runner.DID)) >= 5 })
+	m.waitFor("five ejections", 3*time.Minute, func() bool { return len(m.ejections(m.Runner.DID)) >= 5 })
 	m.waitFor("first and x landed", 2*time.Minute, func() bool { return len(m.subjects(base)) == 2 })
-	ej := m.ejections(m.runner.DID)
+	ej := m.ejections(m.Runner.DID)
 	for _, c := range []struct {
 		pull   syntax.ATURI
 		reason string
@@ -314,10 +314,10 @@ func TestMergeQueueTwoRunners(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := newMQWorld(t, nil, nil)
-	// other is named first but may not push: m.runner is the lander.
-	m.put(m.owner, forge.CollectionRepo, "hello", forge.Repo{
+	// other is named first but may not push: m.Runner is the lander.
+	m.Put(m.Owner, forge.CollectionRepo, "hello", forge.Repo{
 		Type: forge.CollectionRepo, Name: "hello", Source: "file://" + m.origin, DefaultBranch: "main",
-		Runners: []string{other.DID.String(), m.runner.DID.String()}, Landers: []string{m.runner.DID.String()}, CreatedAt: forge.Now(),
+		Runners: []string{other.DID.String(), m.Runner.DID.String()}, Landers: []string{m.Runner.DID.String()}, CreatedAt: forge.Now(),
 	})
 	base := m.head()
 	p1, c1 := m.pull("one", "", map[string]string{"one.txt": "1\n"})
@@ -329,7 +329,7 @@ func TestMergeQueueTwoRunners(t *testing.T) {
 		c.Executor = shell.New(shell.Config{Root: t.TempDir()})
 	}))
 	m.waitFor("landing", 2*time.Minute, func() bool {
-		return len(list[forge.Landing](m, m.runner.DID, forge.CollectionLanding)) > 0
+		return len(list[forge.Landing](m, m.Runner.DID, forge.CollectionLanding)) > 0
 	})
 	if diff := cmp.Diff([]string{"one"}, m.subjects(base)); diff != "" {
 		t.Errorf("main's new commits (-want +got):\n%s", diff)
@@ -339,7 +339,7 @@ func TestMergeQueueTwoRunners(t *testing.T) {
 		t.Errorf("the runner that is not the lander wrote %d batch or landing records", n)
 	}
 	var batchChecks int
-	for _, c := range append(list[forge.Check](m, m.runner.DID, forge.CollectionCheck), list[forge.Check](m, other.DID, forge.CollectionCheck)...) {
+	for _, c := range append(list[forge.Check](m, m.Runner.DID, forge.CollectionCheck), list[forge.Check](m, other.DID, forge.CollectionCheck)...) {
 		if c.Value.Subject.Kind == forge.KindBatch {
 			batchChecks++
 		}

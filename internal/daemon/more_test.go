@@ -17,7 +17,7 @@ import (
 func TestFailingStep(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	_, commit := w.push(map[string]string{".knotless/workflows/test.yaml": workflowFile(`
+	_, commit := w.Push(map[string]string{".knotless/workflows/test.yaml": workflowFile(`
 on: [push]
 steps:
   - name: ok
@@ -65,29 +65,29 @@ func TestSecrets(t *testing.T) {
 	}
 	seal := func(name, value string) {
 		sealed, err := forge.SealSecret(key.Public, forge.Envelope{
-			Repo: w.repoURI.String(), Name: name, Runner: w.runner.DID.String(), Scope: forge.ScopePush, Value: []byte(value),
+			Repo: w.RepoURI.String(), Name: name, Runner: w.Runner.DID.String(), Scope: forge.ScopePush, Value: []byte(value),
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
-		w.put(w.owner, forge.CollectionSecret, "hello."+name, forge.Secret{
-			Type: forge.CollectionSecret, Repo: w.repoURI.String(), Name: name, Runner: w.runner.DID.String(),
+		w.Put(w.Owner, forge.CollectionSecret, "hello."+name, forge.Secret{
+			Type: forge.CollectionSecret, Repo: w.RepoURI.String(), Name: name, Runner: w.Runner.DID.String(),
 			Key: key.PublicString(), Scope: forge.ScopePush, Sealed: sealed, CreatedAt: forge.Now(),
 		})
 	}
 	seal("DEPLOY_TOKEN", "s3cret-deploy")
 	seal("OPERATOR_TOKEN", "sealed-but-overridden")
-	_, commit := w.push(map[string]string{".knotless/workflows/deploy.yaml": workflowFile(secretsWorkflow)})
+	_, commit := w.Push(map[string]string{".knotless/workflows/deploy.yaml": workflowFile(secretsWorkflow)})
 
 	// A pull from another account, from its own clone, onto main.
 	author, err := srv.CreateAccount(ctx, "author")
 	if err != nil {
 		t.Fatal(err)
 	}
-	fork := w.src.Clone(t)
+	fork := w.Src.Clone(t)
 	head := fork.Commit("feature", map[string]string{"feature.txt": "new\n"})
-	pullURI := w.put(author, forge.CollectionPull, "", forge.Pull{
-		Type: forge.CollectionPull, Repo: w.repoURI.String(), Base: "main",
+	pullURI := w.Put(author, forge.CollectionPull, "", forge.Pull{
+		Type: forge.CollectionPull, Repo: w.RepoURI.String(), Base: "main",
 		Head:  forge.PullHead{Source: "file://" + fork.Dir, Ref: "refs/heads/feature", Commit: head},
 		Title: "a feature", State: forge.PullOpen, CreatedAt: forge.Now(),
 	})
@@ -97,13 +97,13 @@ func TestSecrets(t *testing.T) {
 		// The author wrote the pull before the runner started and is
 		// not a watched account: listing the PDS's accounts finds it.
 		c.Discover = true
-		c.Secrets = []daemon.OperatorSecret{{Name: "OPERATOR_TOKEN", Value: "operator-wins", Repos: []string{w.repoURI.String()}}}
+		c.Secrets = []daemon.OperatorSecret{{Name: "OPERATOR_TOKEN", Value: "operator-wins", Repos: []string{w.RepoURI.String()}}}
 	}))
 	_, push := w.waitFinal("deploy", commit, 90*time.Second)
 	if push.Status != "success" {
 		t.Fatalf("push: %s (%s)", push.Status, push.Error)
 	}
-	log := string(w.blob(push.Log.Ref.String()))
+	log := string(w.Blob(push.Log.Ref.String()))
 	for _, leaked := range []string{"s3cret-deploy", "operator-wins", "sealed-but-overridden"} {
 		if strings.Contains(log, leaked) {
 			t.Errorf("push log shows the secret value %q:\n%s", leaked, log)
@@ -120,13 +120,13 @@ func TestSecrets(t *testing.T) {
 	if pull.Status != "success" {
 		t.Fatalf("pull: %s (%s)", pull.Status, pull.Error)
 	}
-	plog := string(w.blob(pull.Log.Ref.String()))
+	plog := string(w.Blob(pull.Log.Ref.String()))
 	if !strings.Contains(plog, "deploy=unset operator=unset") || !strings.Contains(plog, "secret DEPLOY_TOKEN withheld") {
 		t.Errorf("pull log: want secrets withheld and named:\n%s", plog)
 	}
 
 	// A workflow granting a name nobody gave a value for.
-	_, commit2 := w.push(map[string]string{".knotless/workflows/deploy.yaml": workflowFile(`
+	_, commit2 := w.Push(map[string]string{".knotless/workflows/deploy.yaml": workflowFile(`
 on: [push]
 secrets: [MISSING_TOKEN]
 steps:
@@ -151,7 +151,7 @@ steps:
   - name: build
     run: echo built
 `)}
-	_, first := w.push(wf)
+	_, first := w.Push(wf)
 	stop := w.start(w.config())
 	w.waitFinal("build", first, 90*time.Second)
 	if err := stop(); err != nil {
@@ -159,7 +159,7 @@ steps:
 	}
 
 	wf["greeting.txt"] = "while down\n"
-	_, second := w.push(wf)
+	_, second := w.Push(wf)
 	stop = w.start(w.config())
 	_, got := w.waitFinal("build", second, 90*time.Second)
 	if got.Status != "success" {
@@ -171,7 +171,7 @@ steps:
 	w.start(w.config())
 	time.Sleep(2 * time.Second) // a few reconciles
 	count := map[string]int{}
-	for _, c := range w.checks() {
+	for _, c := range w.Checks() {
 		count[c.Value.Subject.Commit]++
 	}
 	if count[first] != 1 || count[second] != 1 || len(count) != 2 {
@@ -189,7 +189,7 @@ func TestRestartMidRun(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	marker := filepath.Join(t.TempDir(), "started")
-	_, commit := w.push(map[string]string{".knotless/workflows/slow.yaml": workflowFile(`
+	_, commit := w.Push(map[string]string{".knotless/workflows/slow.yaml": workflowFile(`
 on: [push]
 steps:
   - name: slow
@@ -219,7 +219,7 @@ steps:
 		t.Fatalf("got %s (%s)", got.Status, got.Error)
 	}
 	n := 0
-	for _, c := range w.checks() {
+	for _, c := range w.Checks() {
 		if c.Value.Workflow == "slow" {
 			n++
 			if c.URI.RecordKey().String() != key {
@@ -266,7 +266,7 @@ func TestFirehoseWakes(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	_, commit := w.push(map[string]string{".knotless/workflows/build.yaml": "on: [push]\nsteps:\n  - name: build\n    run: echo built\n"})
+	_, commit := w.Push(map[string]string{".knotless/workflows/build.yaml": "on: [push]\nsteps:\n  - name: build\n    run: echo built\n"})
 	_, got := w.waitFinal("build", commit, 60*time.Second)
 	if got.Status != "success" {
 		t.Fatalf("got %s", got.Status)

@@ -123,7 +123,7 @@ func TestOwedCheck(t *testing.T) {
 	w := newWorld(t)
 	proxy := newOutage(t, srv.URL)
 	gate := t.TempDir()
-	_, commit := w.push(map[string]string{".knotless/workflows/gated.yaml": gatedWorkflow(gate)})
+	_, commit := w.Push(map[string]string{".knotless/workflows/gated.yaml": gatedWorkflow(gate)})
 	fast := func(c *daemon.Config) {
 		c.PDS = proxy.srv.URL
 		c.Retry = daemon.Retry{Backoff: 200 * time.Millisecond, MaxBackoff: time.Second}
@@ -153,7 +153,7 @@ func TestOwedCheck(t *testing.T) {
 	if err := os.Remove(filepath.Join(gate, "go")); err != nil {
 		t.Fatal(err)
 	}
-	_, commit2 := w.push(map[string]string{".knotless/workflows/gated.yaml": gatedWorkflow(gate), "b": "2"})
+	_, commit2 := w.Push(map[string]string{".knotless/workflows/gated.yaml": gatedWorkflow(gate), "b": "2"})
 	waitUntil(t, "the second running check", 90*time.Second, func() bool { return len(w.checkLog.statuses("gated", commit2)) >= 2 })
 	reset := time.Now().Add(3 * time.Second).Unix()
 	proxy.set(down(http.StatusTooManyRequests, http.Header{"Ratelimit-Remaining": {"0"}, "Ratelimit-Reset": {itoa(reset)}}, "RateLimitExceeded"))
@@ -204,7 +204,7 @@ func TestRefusedCheck(t *testing.T) {
 		}
 		return 0, nil, ""
 	})
-	_, commit := w.push(map[string]string{".knotless/workflows/gated.yaml": gatedWorkflow(gate)})
+	_, commit := w.Push(map[string]string{".knotless/workflows/gated.yaml": gatedWorkflow(gate)})
 	w.start(w.config(func(c *daemon.Config) { c.PDS = proxy.srv.URL }))
 	_, got := w.waitFinal("gated", commit, 90*time.Second)
 	if got.Status != "error" || !strings.HasPrefix(got.Error, "check record refused: ") {

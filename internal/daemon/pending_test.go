@@ -22,7 +22,7 @@ func TestCheckRunningWhilePending(t *testing.T) {
 	t.Parallel()
 	c := clustertest.Start(t)
 	w := newWorld(t)
-	_, commit := w.push(map[string]string{".knotless/workflows/build.yaml": workflowFile(`
+	_, commit := w.Push(map[string]string{".knotless/workflows/build.yaml": workflowFile(`
 on: [push]
 steps:
   - name: build
@@ -33,7 +33,7 @@ steps:
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	selector := kubernetes.LabelRunner + "=" + kubernetes.RunnerLabel(w.runner.DID.String())
+	selector := kubernetes.LabelRunner + "=" + kubernetes.RunnerLabel(w.Runner.DID.String())
 	pending := func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodPending }
 	if _, err := c.WaitForPod(ctx, c.Namespace, selector, pending); err != nil {
 		t.Fatalf("no Pending pod of the run: %v\n%s", err, w.logText())

@@ -47,9 +47,9 @@ func (w *world) waitStatus(workflow, commit, status string, timeout time.Duratio
 // pushBranch commits files on branch and writes the refUpdate.
 func (w *world) pushBranch(branch string, files map[string]string) (syntax.ATURI, string) {
 	w.t.Helper()
-	commit := w.src.Commit(branch, files)
-	uri := w.put(w.owner, forge.CollectionRefUpdate, "", forge.RefUpdate{
-		Type: forge.CollectionRefUpdate, Repo: w.repoURI.String(), Ref: "refs/heads/" + branch, New: commit, CreatedAt: forge.Now(),
+	commit := w.Src.Commit(branch, files)
+	uri := w.Put(w.Owner, forge.CollectionRefUpdate, "", forge.RefUpdate{
+		Type: forge.CollectionRefUpdate, Repo: w.RepoURI.String(), Ref: "refs/heads/" + branch, New: commit, CreatedAt: forge.Now(),
 	})
 	return uri, commit
 }
@@ -67,7 +67,7 @@ func TestSupersedeCancels(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	started := filepath.Join(t.TempDir(), "started")
-	_, old := w.push(map[string]string{".knotless/workflows/build.yaml": workflowFile(`
+	_, old := w.Push(map[string]string{".knotless/workflows/build.yaml": workflowFile(`
 on: [push]
 steps:
   - name: slow
@@ -80,7 +80,7 @@ steps:
 	w.start(w.config(func(c *daemon.Config) { c.StopWait = 0 }))
 	w.waitFile(started, 30*time.Second)
 
-	newer, commit := w.push(map[string]string{".knotless/workflows/build.yaml": workflowFile(`
+	newer, commit := w.Push(map[string]string{".knotless/workflows/build.yaml": workflowFile(`
 on: [push]
 steps:
   - name: fast
@@ -123,8 +123,8 @@ steps:
 	build := func(msg string) map[string]string {
 		return map[string]string{".knotless/workflows/build.yaml": "on: [push]\nbranches: [main]\nsteps:\n  - name: build\n    run: echo " + msg + "\n"}
 	}
-	_, middle := w.push(build("middle"))
-	newest, last := w.push(build("newest"))
+	_, middle := w.Push(build("middle"))
+	newest, last := w.Push(build("newest"))
 	w.waitStatus("build", last, "queued", 30*time.Second)
 	w.waitStatus("build", middle, "cancelled", 30*time.Second)
 	if err := os.WriteFile(release, nil, 0o600); err != nil {
@@ -154,7 +154,7 @@ func TestSupersededFinish(t *testing.T) {
 	w := newWorld(t)
 	dir := t.TempDir()
 	started, release := filepath.Join(dir, "started"), filepath.Join(dir, "release")
-	_, old := w.push(map[string]string{".knotless/workflows/deploy.yaml": workflowFile(`
+	_, old := w.Push(map[string]string{".knotless/workflows/deploy.yaml": workflowFile(`
 on: [push]
 steps:
   - name: slow
@@ -166,7 +166,7 @@ steps:
 	w.start(w.config(func(c *daemon.Config) { c.Concurrency = 2 }))
 	w.waitFile(started, 30*time.Second)
 
-	_, commit := w.push(map[string]string{".knotless/workflows/deploy.yaml": workflowFile(`
+	_, commit := w.Push(map[string]string{".knotless/workflows/deploy.yaml": workflowFile(`
 on: [push]
 superseded: finish
 steps:
@@ -207,7 +207,7 @@ steps:
       ` + waitFor(filepath.Join(dir, other)) + `
 `)
 	}
-	_, commit := w.push(map[string]string{
+	_, commit := w.Push(map[string]string{
 		".knotless/workflows/a.yaml": wf("a", "b"),
 		".knotless/workflows/b.yaml": wf("b", "a"),
 	})
@@ -240,7 +240,7 @@ steps:
       rmdir ` + lock + `
 `)
 	}
-	_, commit := w.push(map[string]string{
+	_, commit := w.Push(map[string]string{
 		".knotless/workflows/a.yaml": wf("a"),
 		".knotless/workflows/b.yaml": wf("b"),
 	})
@@ -277,8 +277,8 @@ func TestDiscover(t *testing.T) {
 			".knotless/workflows/build.yaml": "on: [push]\nsteps:\n  - name: build\n    run: cat who.txt\n",
 		}
 	}
-	_, foreign := other.push(wf("other"))
-	_, commit := w.push(wf("owner"))
+	_, foreign := other.Push(wf("other"))
+	_, commit := w.Push(wf("owner"))
 
 	w.start(w.config(func(c *daemon.Config) {
 		c.Targets = nil
@@ -290,8 +290,8 @@ func TestDiscover(t *testing.T) {
 	}
 	// Both pushes were in the reconcile that queued the first: had the
 	// foreign one been work, its queued check would be written by now.
-	for _, c := range w.checks() {
-		if c.Value.Subject.Repo != w.repoURI.String() || c.Value.Subject.Commit == foreign {
+	for _, c := range w.Checks() {
+		if c.Value.Subject.Repo != w.RepoURI.String() || c.Value.Subject.Commit == foreign {
 			t.Errorf("a check for a repository that does not name the runner: %s %+v", c.URI, c.Value.Subject)
 		}
 	}
@@ -300,12 +300,12 @@ func TestDiscover(t *testing.T) {
 	}
 	logs := w.logText()
 	watched := slices.ContainsFunc(strings.Split(logs, "\n"), func(line string) bool {
-		return strings.Contains(line, `msg="watching repository"`) && strings.Contains(line, " repo="+w.repoURI.String()+" ")
+		return strings.Contains(line, `msg="watching repository"`) && strings.Contains(line, " repo="+w.RepoURI.String()+" ")
 	})
 	if !watched {
 		t.Errorf("the owner's repository was not reported as watched\n%s", logs)
 	}
-	if strings.Contains(logs, other.repoURI.String()) {
+	if strings.Contains(logs, other.RepoURI.String()) {
 		t.Errorf("the log mentions the repository that does not name the runner\n%s", logs)
 	}
 }

@@ -31,9 +31,9 @@ func (w *world) neighbour() *neighbour {
 		w.t.Fatal(err)
 	}
 	n := &neighbour{owner: owner, repoURI: forge.RepoURI(owner.DID, "hello"), src: gitrepo.New(w.t)}
-	w.put(owner, forge.CollectionRepo, "hello", forge.Repo{
+	w.Put(owner, forge.CollectionRepo, "hello", forge.Repo{
 		Type: forge.CollectionRepo, Name: "hello", Source: "file://" + n.src.Dir, DefaultBranch: "main",
-		Runners: []string{w.runner.DID.String()}, CreatedAt: forge.Now(),
+		Runners: []string{w.Runner.DID.String()}, CreatedAt: forge.Now(),
 	})
 	return n
 }
@@ -42,7 +42,7 @@ func (w *world) neighbour() *neighbour {
 func (n *neighbour) push(w *world, files map[string]string) string {
 	w.t.Helper()
 	commit := n.src.Commit("main", files)
-	w.put(n.owner, forge.CollectionRefUpdate, "", forge.RefUpdate{
+	w.Put(n.owner, forge.CollectionRefUpdate, "", forge.RefUpdate{
 		Type: forge.CollectionRefUpdate, Repo: n.repoURI.String(), Ref: "refs/heads/main", New: commit, CreatedAt: forge.Now(),
 	})
 	return commit
@@ -73,7 +73,7 @@ func (w *world) runLog(c forge.Check) string {
 	if c.Log == nil {
 		return ""
 	}
-	return string(w.blob(c.Log.Ref.String()))
+	return string(w.Blob(c.Log.Ref.String()))
 }
 
 // TestSealedSecretStaysWithItsRepository: owner A seals DEPLOY_TOKEN for
@@ -90,22 +90,22 @@ func TestSealedSecretStaysWithItsRepository(t *testing.T) {
 		t.Fatal(err)
 	}
 	sealed, err := forge.SealSecret(key.Public, forge.Envelope{
-		Repo: w.repoURI.String(), Name: "DEPLOY_TOKEN", Runner: w.runner.DID.String(), Scope: forge.ScopePush, Value: []byte("a-deploy-value"),
+		Repo: w.RepoURI.String(), Name: "DEPLOY_TOKEN", Runner: w.Runner.DID.String(), Scope: forge.ScopePush, Value: []byte("a-deploy-value"),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.put(w.owner, forge.CollectionSecret, "hello.DEPLOY_TOKEN", forge.Secret{
-		Type: forge.CollectionSecret, Repo: w.repoURI.String(), Name: "DEPLOY_TOKEN", Runner: w.runner.DID.String(),
+	w.Put(w.Owner, forge.CollectionSecret, "hello.DEPLOY_TOKEN", forge.Secret{
+		Type: forge.CollectionSecret, Repo: w.RepoURI.String(), Name: "DEPLOY_TOKEN", Runner: w.Runner.DID.String(),
 		Key: key.PublicString(), Scope: forge.ScopePush, Sealed: sealed, CreatedAt: forge.Now(),
 	})
 	// B's copy: every field of the record names B's repository; the
 	// sealed bytes are A's, read from A's public record.
-	copied := w.put(b.owner, forge.CollectionSecret, "hello.DEPLOY_TOKEN", forge.Secret{
-		Type: forge.CollectionSecret, Repo: b.repoURI.String(), Name: "DEPLOY_TOKEN", Runner: w.runner.DID.String(),
+	copied := w.Put(b.owner, forge.CollectionSecret, "hello.DEPLOY_TOKEN", forge.Secret{
+		Type: forge.CollectionSecret, Repo: b.repoURI.String(), Name: "DEPLOY_TOKEN", Runner: w.Runner.DID.String(),
 		Key: key.PublicString(), Scope: forge.ScopePush, Sealed: sealed, CreatedAt: forge.Now(),
 	})
-	_, commitA := w.push(tenantWorkflow("a", "DEPLOY_TOKEN", "a-deploy-value"))
+	_, commitA := w.Push(tenantWorkflow("a", "DEPLOY_TOKEN", "a-deploy-value"))
 	commitB := b.push(w, tenantWorkflow("b", "DEPLOY_TOKEN", "a-deploy-value"))
 
 	w.start(w.config(func(c *daemon.Config) { c.Targets = append(c.Targets, b.target()) }))
@@ -132,12 +132,12 @@ func TestOperatorSecretStaysWithItsRepository(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	b := w.neighbour()
-	_, commitA := w.push(tenantWorkflow("a", "OPERATOR_TOKEN", "a-operator-value"))
+	_, commitA := w.Push(tenantWorkflow("a", "OPERATOR_TOKEN", "a-operator-value"))
 	commitB := b.push(w, tenantWorkflow("b", "OPERATOR_TOKEN", "a-operator-value"))
 
 	w.start(w.config(func(c *daemon.Config) {
 		c.Targets = append(c.Targets, b.target())
-		c.Secrets = []daemon.OperatorSecret{{Name: "OPERATOR_TOKEN", Value: "a-operator-value", Repos: []string{w.repoURI.String()}}}
+		c.Secrets = []daemon.OperatorSecret{{Name: "OPERATOR_TOKEN", Value: "a-operator-value", Repos: []string{w.RepoURI.String()}}}
 	}))
 	_, gotB := w.waitFinal("deploy", commitB, 90*time.Second)
 	if log := w.runLog(gotB); strings.Contains(log, "value-ok") {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-
-	"knotless.dev/run/internal/forge"
 )
 
 // secrets returns the values a trusted run of j may be granted: the
@@ -14,7 +12,7 @@ import (
 func (d *Daemon) secrets(ctx context.Context, j *job) (map[string]string, error) {
 	out := map[string]string{}
 	if len(j.wf.Secrets) > 0 {
-		recs, bad, err := forge.List[forge.Secret](ctx, d.reader, j.ev.Owner(), forge.CollectionSecret)
+		recs, bad, err := d.sealed.Secrets(ctx, j.ev.Owner())
 		if err != nil {
 			return nil, fmt.Errorf("read sealed secrets: %w", err)
 		}

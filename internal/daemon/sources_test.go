@@ -28,7 +28,7 @@ steps:
   - name: build
     run: ls
 `)
-	_, commit := w.push(map[string]string{".knotless/workflows/build.yaml": wf, "private.txt": "the owner's\n"})
+	_, commit := w.Push(map[string]string{".knotless/workflows/build.yaml": wf, "private.txt": "the owner's\n"})
 	// The stranger's pull is found by listing the PDS's accounts: these
 	// tests follow no event stream.
 	w.start(w.config(func(c *daemon.Config) { c.Pulls, c.Discover = true, true }))
@@ -45,15 +45,15 @@ steps:
 		t.Fatal(err)
 	}
 	pull := func(source, ref, head string) {
-		w.put(author, forge.CollectionPull, "", forge.Pull{
-			Type: forge.CollectionPull, Repo: w.repoURI.String(), Base: "main",
+		w.Put(author, forge.CollectionPull, "", forge.Pull{
+			Type: forge.CollectionPull, Repo: w.RepoURI.String(), Base: "main",
 			Head:  forge.PullHead{Source: source, Ref: ref, Commit: head},
 			Title: "x", State: forge.PullOpen, CreatedAt: forge.Now(),
 		})
 	}
 	// The mirror's commit, asked for by the mirror's path.
 	pull(mirrors[0], "refs/heads/main", commit)
-	fork := w.src.Clone(t)
+	fork := w.Src.Clone(t)
 	bad := fork.Commit("feature", map[string]string{"b.txt": "b\n"})
 	pull("file://"+fork.Dir, "refs/heads/feature:refs/heads/evil", bad)
 	good := fork.Commit("other", map[string]string{"c.txt": "c\n"})
@@ -71,7 +71,7 @@ steps:
 	if _, got := w.waitFinal("build", good, 90*time.Second); got.Status != "success" {
 		t.Errorf("pull from a fork: %s (%s)", got.Status, got.Error)
 	}
-	for _, c := range w.checks() {
+	for _, c := range w.Checks() {
 		if c.Value.Workflow == "build" && c.Value.Subject.Kind == forge.KindPull && c.Value.Subject.Commit != good {
 			t.Errorf("a refused pull ran: %+v", c.Value)
 		}
@@ -79,7 +79,7 @@ steps:
 	if err := exec.Command("git", "--git-dir", mirrors[0], "cat-file", "-e", good).Run(); err == nil {
 		t.Errorf("the fork's pull fetched %s into the repository's mirror, not one of its own", good[:8])
 	}
-	if out := w.src.Git("--git-dir", mirrors[0], "for-each-ref"); strings.Contains(out, "evil") {
+	if out := w.Src.Git("--git-dir", mirrors[0], "for-each-ref"); strings.Contains(out, "evil") {
 		t.Errorf("a pull's ref wrote into the repository's mirror:\n%s", out)
 	}
 	if !strings.Contains(w.logText(), "event refused") {

@@ -18,26 +18,21 @@ import (
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/mirror"
-	"knotless.dev/run/tests/gitrepo"
-	"knotless.dev/run/tests/pds"
+	"knotless.dev/run/tests/forgeworld"
 )
 
 // pixel is a 1x1 PNG.
 const pixel = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
 
-// world is one owner with one repository (a real local git repository
-// served as file://), one runner account, and a reader.
+// world is the shared forge world (tests/forgeworld: one owner with one
+// repository, a real local git repository served as file://, one runner
+// account, a reader) and what the daemon under test keeps.
 type world struct {
+	*forgeworld.World
 	t         *testing.T
-	owner     *pds.Account
-	runner    *pds.Account
-	password  string
-	repoURI   syntax.ATURI
-	src       *gitrepo.Repo
 	stateDir  string
 	cacheDir  string
 	shellRoot string
-	reader    *forge.Reader
 	checkLog  *checkLog
 	logs      *bytes.Buffer
 	logsMu    sync.Mutex
@@ -46,61 +41,25 @@ type world struct {
 func newWorld(t *testing.T) *world {
 	t.Helper()
 	needPDS(t)
-	ctx := context.Background()
-	owner, runner, password, err := srv.OwnerAndRunner(ctx, "knotless-run")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cat, err := forge.NewCatalog()
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := &world{
-		t: t, owner: owner, runner: runner, password: password,
-		src:       gitrepo.New(t),
+	return &world{
+		World:     forgeworld.New(t, srv, forgeworld.Options{}),
+		t:         t,
 		stateDir:  t.TempDir(),
 		cacheDir:  t.TempDir(),
 		shellRoot: t.TempDir(),
-		reader:    &forge.Reader{Dir: srv.Directory(), Catalog: cat},
 		checkLog:  &checkLog{},
 		logs:      &bytes.Buffer{},
 	}
-	w.repoURI = forge.RepoURI(owner.DID, "hello")
-	w.put(owner, forge.CollectionRepo, "hello", forge.Repo{
-		Type: forge.CollectionRepo, Name: "hello", Source: "file://" + w.src.Dir, DefaultBranch: "main",
-		Runners: []string{runner.DID.String()}, CreatedAt: forge.Now(),
-	})
-	return w
-}
-
-// push commits files on main and writes the refUpdate.
-func (w *world) push(files map[string]string) (syntax.ATURI, string) {
-	w.t.Helper()
-	old := w.src.Head("refs/heads/main")
-	commit := w.src.Commit("main", files)
-	uri := w.put(w.owner, forge.CollectionRefUpdate, "", forge.RefUpdate{
-		Type: forge.CollectionRefUpdate, Repo: w.repoURI.String(), Ref: "refs/heads/main", Old: old, New: commit, CreatedAt: forge.Now(),
-	})
-	return uri, commit
-}
-
-func (w *world) put(a *pds.Account, collection, rkey string, v any) syntax.ATURI {
-	w.t.Helper()
-	uri, err := a.Put(context.Background(), collection, rkey, v)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	return uri
 }
 
 func (w *world) config(mod ...func(*daemon.Config)) daemon.Config {
 	log := slog.New(slog.NewTextHandler(lockedWriter{w}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	cfg := daemon.Config{
-		Runner:      w.runner.DID,
+		Runner:      w.Runner.DID,
 		PDS:         srv.URL,
-		Password:    w.password,
+		Password:    w.Password,
 		Directory:   srv.Directory(),
-		Targets:     []ingest.Target{{Owner: syntax.AtIdentifier(w.owner.DID), Name: "hello"}},
+		Targets:     []ingest.Target{{Owner: syntax.AtIdentifier(w.Owner.DID), Name: "hello"}},
 		Poll:        300 * time.Millisecond,
 		Executor:    shell.New(shell.Config{Root: w.shellRoot}),
 		Concurrency: 1,
@@ -193,7 +152,7 @@ func (w *world) waitFinal(workflow, commit string, timeout time.Duration) (strin
 	w.t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		recs := w.checks()
+		recs := w.Checks()
 		for _, r := range recs {
 			if r.Value.Workflow == workflow && r.Value.Subject.Commit == commit && r.Value.Final() {
 				return r.URI.RecordKey().String(), r.Value
@@ -204,29 +163,6 @@ func (w *world) waitFinal(workflow, commit string, timeout time.Duration) (strin
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-}
-
-// checks lists the runner's check records on the PDS.
-func (w *world) checks() []forge.Record[forge.Check] {
-	w.t.Helper()
-	recs, bad, err := forge.List[forge.Check](context.Background(), w.reader, w.runner.DID, forge.CollectionCheck)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	if len(bad) > 0 {
-		w.t.Fatalf("invalid check records: %v", bad)
-	}
-	return recs
-}
-
-// blob downloads a blob of the runner.
-func (w *world) blob(cid string) []byte {
-	w.t.Helper()
-	b, err := w.reader.GetBlob(context.Background(), w.runner.DID, cid)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	return b
 }
 
 func workflowFile(body string) string { return strings.TrimLeft(body, "\n") }

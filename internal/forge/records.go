@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"encoding/base32"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -196,13 +197,23 @@ func NewCatalog() (*Catalog, error) {
 func (c *Catalog) Validate(collection string, raw []byte) error {
 	data, err := atdata.UnmarshalJSON(raw)
 	if err != nil {
-		return fmt.Errorf("%s record: %w", collection, err)
+		return lexiconError{fmt.Errorf("%s record: %w", collection, err)}
 	}
 	if err := lexicon.ValidateRecord(c.cat, data, collection, lexicon.AllowLenientDatetime); err != nil {
-		return fmt.Errorf("%s record: %w", collection, err)
+		return lexiconError{fmt.Errorf("%s record: %w", collection, err)}
 	}
 	return nil
 }
+
+// ErrInvalid is a record that does not match its lexicon (Validate,
+// also before a write): sending it again cannot help.
+var ErrInvalid = errors.New("record does not match its lexicon")
+
+// lexiconError is a Validate error: its text, and errors.Is ErrInvalid.
+type lexiconError struct{ error }
+
+func (e lexiconError) Is(target error) bool { return target == ErrInvalid }
+func (e lexiconError) Unwrap() error        { return e.error }
 
 // Decode validates raw as a record of collection and decodes it into v.
 func (c *Catalog) Decode(collection string, raw []byte, v any) error {

@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/tests/forgeworld"
 	"knotless.dev/run/tests/pds"
 )
 
@@ -61,25 +62,13 @@ func TestPollCostFollowsWatchedRepos(t *testing.T) {
 	}
 	defer srv.Stop()
 	defer http.DefaultClient.CloseIdleConnections()
-	owner, runner, _, err := srv.OwnerAndRunner(ctx, "poll")
-	if err != nil {
-		t.Fatal(err)
-	}
-	repoURI := forge.RepoURI(owner.DID, "hello")
+	w := forgeworld.New(t, srv, forgeworld.Options{App: "poll", Source: "file:///nowhere"})
+	owner, runner, repoURI := w.Owner, w.Runner, w.RepoURI
 	put := func(a *pds.Account, collection string, v any) syntax.ATURI {
 		t.Helper()
-		uri, err := a.Put(ctx, collection, "", v)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return uri
+		return w.Put(a, collection, "", v)
 	}
-	if _, err := owner.Put(ctx, forge.CollectionRepo, "hello", forge.Repo{Type: forge.CollectionRepo, Name: "hello", Source: "file:///nowhere",
-		Runners: []string{runner.DID.String()}, CreatedAt: forge.Now()}); err != nil {
-		t.Fatal(err)
-	}
-	put(owner, forge.CollectionRefUpdate, forge.RefUpdate{Type: forge.CollectionRefUpdate, Repo: repoURI.String(), Ref: "refs/heads/main",
-		New: strings.Repeat("a", 40), CreatedAt: forge.Now()})
+	w.PushCommit("", strings.Repeat("a", 40))
 
 	counter := &countingTransport{plc: srv.PLCURL, n: map[string]int{}}
 	hc := &http.Client{Transport: counter}

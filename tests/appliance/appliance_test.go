@@ -25,10 +25,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bluesky-social/indigo/atproto/syntax"
-
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/tests/gitrepo"
+	"knotless.dev/run/tests/forgeworld"
 	"knotless.dev/run/tests/pds"
 	systemdtest "knotless.dev/run/tests/systemd"
 )
@@ -116,16 +114,13 @@ func unit(t *testing.T, name string) string {
 	return s
 }
 
-// world is an owner with a repository whose record names the runner,
-// served from a real git repository, and the runner's account.
+// world is the shared forge world (tests/forgeworld): an owner with a
+// repository whose record names the runner, served from a real git
+// repository bound into the machine at srcMount, and the runner's
+// account.
 type world struct {
-	t        *testing.T
-	owner    *pds.Account
-	runner   *pds.Account
-	password string
-	repoURI  syntax.ATURI
-	src      *gitrepo.Repo
-	reader   *forge.Reader
+	*forgeworld.World
+	t *testing.T
 }
 
 func newWorld(t *testing.T) *world {
@@ -133,48 +128,24 @@ func newWorld(t *testing.T) *world {
 	if srv == nil {
 		t.Skip("tests/appliance: SKIPPED: no test PDS and no systemd machine under -short or when not root")
 	}
-	ctx := context.Background()
-	owner, runner, password, err := srv.OwnerAndRunner(ctx, "knotless-run")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cat, err := forge.NewCatalog()
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := &world{t: t, owner: owner, runner: runner, password: password, src: gitrepo.New(t),
-		reader: &forge.Reader{Dir: srv.Directory(), Catalog: cat}}
-	w.repoURI = forge.RepoURI(owner.DID, "hello")
-	if _, err := owner.Put(ctx, forge.CollectionRepo, "hello", forge.Repo{
-		Type: forge.CollectionRepo, Name: "hello", Source: "file://" + srcMount, DefaultBranch: "main",
-		Runners: []string{runner.DID.String()}, CreatedAt: forge.Now(),
-	}); err != nil {
-		t.Fatal(err)
-	}
-	return w
+	return &world{World: forgeworld.New(t, srv, forgeworld.Options{Source: "file://" + srcMount}), t: t}
 }
 
 // push commits files on main and writes the refUpdate.
 func (w *world) push(files map[string]string) string {
 	w.t.Helper()
-	old := w.src.Head("refs/heads/main")
 	trimmed := map[string]string{}
 	for name, content := range files {
 		trimmed[name] = strings.TrimLeft(content, "\n")
 	}
-	commit := w.src.Commit("main", trimmed)
-	if _, err := w.owner.Put(context.Background(), forge.CollectionRefUpdate, "", forge.RefUpdate{
-		Type: forge.CollectionRefUpdate, Repo: w.repoURI.String(), Ref: "refs/heads/main", Old: old, New: commit, CreatedAt: forge.Now(),
-	}); err != nil {
-		w.t.Fatal(err)
-	}
+	_, commit := w.Push(trimmed)
 	return commit
 }
 
 // checks lists the runner's check records of workflow on commit.
 func (w *world) checks(workflow, commit string) []forge.Record[forge.Check] {
 	w.t.Helper()
-	recs, _, err := forge.List[forge.Check](context.Background(), w.reader, w.runner.DID, forge.CollectionCheck)
+	recs, _, err := forge.List[forge.Check](context.Background(), w.Reader, w.Runner.DID, forge.CollectionCheck)
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -214,7 +185,7 @@ func running(c forge.Check) bool { return c.Status == forge.StatusRunning }
 // services.knotless-run.settings.
 func (w *world) settings(extra map[string]any) []byte {
 	s := map[string]any{
-		"did":         w.runner.DID.String(),
+		"did":         w.Runner.DID.String(),
 		"pds":         srv.URL,
 		"plc-url":     srv.PLCURL,
 		"executor":    "shell",
@@ -257,7 +228,7 @@ func boot(t *testing.T, w *world, units map[string]string, settings []byte, pass
 	m := systemdtest.Boot(t, systemdtest.Options{
 		Units: units,
 		Files: map[string][]byte{"bin/knotless-run": binary, "knotless-run.json": settings},
-		Binds: []string{w.src.Dir + ":" + srcMount},
+		Binds: []string{w.Src.Dir + ":" + srcMount},
 	})
 	a := &appliance{Machine: m, t: t}
 	// What NixOS makes of users.users.knotless and of the operator's
@@ -328,7 +299,7 @@ func (w *world) blob(t *testing.T, c forge.Check) string {
 	if c.Log == nil {
 		t.Fatal("the check has no log blob")
 	}
-	b, err := w.reader.GetBlob(context.Background(), w.runner.DID, c.Log.Ref.String())
+	b, err := w.Reader.GetBlob(context.Background(), w.Runner.DID, c.Log.Ref.String())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,7 +40,7 @@ func TestKubernetes(t *testing.T) {
 	})
 
 	units := map[string]string{
-		service:        strings.ReplaceAll(unit(t, "knotless-run.service"), docsRepo, w.owner.DID.String()+"/hello"),
+		service:        strings.ReplaceAll(unit(t, "knotless-run.service"), docsRepo, w.Owner.DID.String()+"/hello"),
 		refreshService: unit(t, refreshService),
 		refreshTimer:   unit(t, refreshTimer),
 		// The test's schedule: once, soon after the timer starts.
@@ -52,7 +52,7 @@ func TestKubernetes(t *testing.T) {
 		"namespace":  runsNamespace,
 		"image":      c.Image,
 		"discover":   false,
-	}), w.password)
+	}), w.Password)
 	// The operator's files the module's unit reads: the admin credential
 	// of the cluster (k3s's path), the secrets and the environment file.
 	a.writeFile("/etc/rancher/k3s/k3s.yaml", adminKubeconfig(t, c.Kubeconfig), 0o600)
@@ -142,7 +142,7 @@ steps:
 		w.waitCheck("long", commit, 3*time.Minute, running)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		selector := kubernetes.LabelRunner + "=" + kubernetes.RunnerLabel(w.runner.DID.String())
+		selector := kubernetes.LabelRunner + "=" + kubernetes.RunnerLabel(w.Runner.DID.String())
 		if err := c.WaitForCommand(ctx, runsNamespace, selector, "run", []string{"test", "-e", "/work/step-started"}); err != nil {
 			t.Fatalf("the step did not start: %v", err)
 		}
@@ -177,7 +177,7 @@ steps:
 	t.Run("no secret in the journal", func(t *testing.T) {
 		for _, e := range a.journal("") {
 			for k, v := range e {
-				if strings.Contains(v, secretValue) || strings.Contains(v, w.password) {
+				if strings.Contains(v, secretValue) || strings.Contains(v, w.Password) {
 					t.Errorf("a secret is in the journal, field %s of %q", k, e["MESSAGE"])
 				}
 			}

@@ -29,7 +29,7 @@ steps:
 func TestService(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	a := boot(t, w, map[string]string{service: unit(t, "knotless-run.shell.service")}, w.settings(nil), w.password)
+	a := boot(t, w, map[string]string{service: unit(t, "knotless-run.shell.service")}, w.settings(nil), w.Password)
 	if out, err := a.systemctl("start", service); err != nil {
 		t.Fatalf("systemctl start: %v\n%s", err, out)
 	}
@@ -109,12 +109,12 @@ func TestService(t *testing.T) {
 			t.Errorf("no CREDENTIALS_DIRECTORY in the daemon's environment:\n%s", environ)
 		}
 		for what, text := range map[string]string{"environ": environ, "argv": cmdline} {
-			if strings.Contains(text, w.password) {
+			if strings.Contains(text, w.Password) {
 				t.Errorf("the app password is in the daemon's %s", what)
 			}
 		}
 		units, err := os.ReadFile(filepath.Join(a.UnitsDir(), service))
-		if err != nil || strings.Contains(string(units), w.password) {
+		if err != nil || strings.Contains(string(units), w.Password) {
 			t.Errorf("the app password is in the unit file (%v)", err)
 		}
 		if !strings.Contains(string(units), "LoadCredential=app-password:"+passwordPath) {
@@ -247,7 +247,7 @@ steps:
 	t.Run("no secret in the journal", func(t *testing.T) {
 		for _, e := range a.journal("") {
 			for k, v := range e {
-				if strings.Contains(v, w.password) {
+				if strings.Contains(v, w.Password) {
 					t.Errorf("the app password is in the journal, field %s of %v", k, e["MESSAGE"])
 				}
 			}

@@ -1,0 +1,363 @@
+package run_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/executor/fakeexec"
+	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/tarstream"
+	"knotless.dev/run/internal/workflow"
+)
+
+// The engine on an in-memory executor: statuses, step results, the log,
+// secrets, outputs and the handover, without a process or a container.
+
+func twoSteps() *workflow.Workflow {
+	return &workflow.Workflow{Name: "ci", Steps: []workflow.Step{{Name: "build", Run: "make"}, {Name: "test", Run: "make test"}}}
+}
+
+func checkout(t *testing.T, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, body := range files {
+		p := filepath.Join(dir, filepath.FromSlash(name))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func statuses(res *run.Result) []string {
+	var s []string
+	for _, st := range res.Steps {
+		s = append(s, st.Name+"="+string(st.Status))
+	}
+	return s
+}
+
+func TestEngineStatuses(t *testing.T) {
+	t.Parallel()
+	boom := errors.New("stream broke")
+	for _, tc := range []struct {
+		name       string
+		exec       *fakeexec.Executor
+		status     run.Status
+		failedStep string
+		steps      []string
+		logHas     string
+	}{
+		{"success", &fakeexec.Executor{Script: func(_, id string) fakeexec.Step { return fakeexec.Step{Output: "step " + id + " ok\n"} }},
+			run.Success, "", []string{"build=success", "test=success"}, "step 2 ok"},
+		{"a step fails", &fakeexec.Executor{Script: func(_, id string) fakeexec.Step {
+			if id == "1" {
+				return fakeexec.Step{Output: "no rule", Code: 2}
+			}
+			return fakeexec.Step{}
+		}}, run.Failure, "build", []string{"build=failure", "test=skipped"}, "<== step build: failure, exit 2"},
+		{"following a step fails", &fakeexec.Executor{Script: func(string, string) fakeexec.Step { return fakeexec.Step{Err: boom} }},
+			run.Error, "build", []string{"build=error", "test=skipped"}, "stream broke"},
+		{"the session does not start", &fakeexec.Executor{StartErr: boom},
+			run.Error, "", []string{"build=skipped", "test=skipped"}, "start session: stream broke"},
+		{"the checkout is not taken", &fakeexec.Executor{PutErr: boom},
+			run.Error, "", []string{"build=skipped", "test=skipped"}, "put checkout"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			eng := run.New(run.Config{Executor: tc.exec, DefaultImage: "alpine"})
+			res := eng.Run(t.Context(), run.Request{RunID: "r1", Workflow: twoSteps(), Checkout: checkout(t, map[string]string{"a": "b"})})
+			if res.Status != tc.status || res.FailedStep != tc.failedStep {
+				t.Errorf("status %s, failed step %q; want %s, %q (error %q)", res.Status, res.FailedStep, tc.status, tc.failedStep, res.Error)
+			}
+			if diff := cmp.Diff(tc.steps, statuses(res)); diff != "" {
+				t.Errorf("steps (-want +got):\n%s", diff)
+			}
+			if !strings.Contains(string(res.Log), tc.logHas) {
+				t.Errorf("log lacks %q:\n%s", tc.logHas, res.Log)
+			}
+			if res.Executor != fakeexec.Name || res.FinishedAt.Before(res.StartedAt) {
+				t.Errorf("executor %q, started %s, finished %s", res.Executor, res.StartedAt, res.FinishedAt)
+			}
+			if s := tc.exec.Session("r1"); s != nil && !s.Stopped() {
+				t.Error("session not stopped after the run")
+			}
+		})
+	}
+}
+
+// Secrets: a trusted run gets the granted ones in the step's payload and
+// never in clear in the log; an untrusted one is told they are withheld;
+// a granted secret without a value is an error before any session.
+func TestEngineSecrets(t *testing.T) {
+	t.Parallel()
+	wf := &workflow.Workflow{Name: "deploy", Secrets: []string{"TOKEN"},
+		Steps: []workflow.Step{{Name: "push", Run: "deploy", Secrets: []string{"TOKEN"}}}}
+	echo := func(string, string) fakeexec.Step { return fakeexec.Step{Output: "token is hunter2\n"} }
+
+	t.Run("trusted", func(t *testing.T) {
+		t.Parallel()
+		ex := &fakeexec.Executor{Script: echo}
+		res := run.New(run.Config{Executor: ex}).Run(t.Context(), run.Request{RunID: "r", Workflow: wf, Checkout: t.TempDir(),
+			Trusted: true, Secrets: map[string]string{"TOKEN": "hunter2", "OTHER": "x"}})
+		if res.Status != run.Success {
+			t.Fatalf("status %s: %s", res.Status, res.Error)
+		}
+		if strings.Contains(string(res.Log), "hunter2") {
+			t.Errorf("secret in clear in the log:\n%s", res.Log)
+		}
+		p, _ := ex.Session("r").Payload("1")
+		if !strings.Contains(string(p), "hunter2") {
+			t.Error("the step's payload lacks its granted secret")
+		}
+	})
+	t.Run("untrusted", func(t *testing.T) {
+		t.Parallel()
+		ex := &fakeexec.Executor{}
+		res := run.New(run.Config{Executor: ex}).Run(t.Context(), run.Request{RunID: "r", Workflow: wf, Checkout: t.TempDir(),
+			Secrets: map[string]string{"TOKEN": "hunter2"}})
+		if !strings.Contains(string(res.Log), "secret TOKEN withheld: untrusted run") {
+			t.Errorf("log does not say the secret is withheld:\n%s", res.Log)
+		}
+		if p, _ := ex.Session("r").Payload("1"); strings.Contains(string(p), "hunter2") {
+			t.Error("an untrusted run's payload holds the secret")
+		}
+	})
+	t.Run("no value", func(t *testing.T) {
+		t.Parallel()
+		ex := &fakeexec.Executor{}
+		res := run.New(run.Config{Executor: ex}).Run(t.Context(), run.Request{RunID: "r", Workflow: wf, Checkout: t.TempDir(), Trusted: true})
+		if res.Status != run.Error || !strings.Contains(res.Error, "no value for it") {
+			t.Errorf("status %s, error %q", res.Status, res.Error)
+		}
+		if ex.Session("r") != nil {
+			t.Error("a session was started for a run that cannot have its secrets")
+		}
+	})
+}
+
+func TestEngineDryRunMasksSecrets(t *testing.T) {
+	t.Parallel()
+	eng := run.New(run.Config{Executor: &fakeexec.Executor{}, DefaultImage: "alpine:3", Runner: "did:plc:runner"})
+	wf := &workflow.Workflow{Name: "deploy", Secrets: []string{"TOKEN"}, Env: []workflow.EnvVar{{Name: "MODE", Value: "fast"}},
+		Steps: []workflow.Step{{Name: "push", Run: "deploy", Secrets: []string{"TOKEN"}}}}
+	req := run.Request{RunID: "r", Workflow: wf, Trusted: true, Secrets: map[string]string{"TOKEN": "hunter2"}}
+	payloads, err := eng.DryRun(req, executor.PodDirs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(payloads) != 1 || strings.Contains(payloads[0], "hunter2") || !strings.Contains(payloads[0], "MODE") {
+		t.Errorf("payloads %q: want one, with MODE and without the secret's value", payloads)
+	}
+	if spec := eng.SessionSpec(req); spec.Image != "alpine:3" || spec.Runner != "did:plc:runner" || spec.RunID != "r" {
+		t.Errorf("session spec %+v", spec)
+	}
+	if _, err := eng.DryRun(run.Request{RunID: "r", Workflow: wf, Trusted: true}, executor.PodDirs()); err == nil {
+		t.Error("a dry run of a secret without a value did not fail")
+	}
+}
+
+// A step that uses a shared step file runs that file's text; a missing
+// one is an error before the session starts.
+func TestEngineUsesSharedSteps(t *testing.T) {
+	t.Parallel()
+	wf := &workflow.Workflow{Name: "ci", Steps: []workflow.Step{{Name: "lint", Uses: "lint.sh"}}}
+	ex := &fakeexec.Executor{}
+	dir := checkout(t, map[string]string{workflow.StepsDir + "/lint.sh": "echo linting\n"})
+	res := run.New(run.Config{Executor: ex}).Run(t.Context(), run.Request{RunID: "r", Workflow: wf, Checkout: dir})
+	if res.Status != run.Success {
+		t.Fatalf("status %s: %s", res.Status, res.Error)
+	}
+	res = run.New(run.Config{Executor: ex}).Run(t.Context(), run.Request{RunID: "r2", Workflow: wf, Checkout: t.TempDir()})
+	if res.Status != run.Error || !strings.Contains(res.Error, "uses lint.sh") {
+		t.Errorf("missing shared step: status %s, error %q", res.Status, res.Error)
+	}
+}
+
+// Outputs come back into the request's directory and are listed; a
+// bound they pass names its flag.
+func TestEngineOutputs(t *testing.T) {
+	t.Parallel()
+	ex := &fakeexec.Executor{Outputs: map[string]string{"report.txt": "ok", "img/plot.png": "\x89PNG"}}
+	out := filepath.Join(t.TempDir(), "outputs")
+	res := run.New(run.Config{Executor: ex}).Run(t.Context(), run.Request{RunID: "r", Workflow: twoSteps(), Checkout: t.TempDir(), Outputs: out})
+	if res.Status != run.Success {
+		t.Fatalf("status %s: %s", res.Status, res.Error)
+	}
+	if diff := cmp.Diff([]string{"img/plot.png", "report.txt"}, res.Outputs); diff != "" {
+		t.Errorf("outputs (-want +got):\n%s", diff)
+	}
+	if b, err := os.ReadFile(filepath.Join(out, "report.txt")); err != nil || string(b) != "ok" {
+		t.Errorf("report.txt: %q, %v", b, err)
+	}
+
+	bound := run.Bound{Limits: tarstream.Limits{MaxFiles: 1}, FilesName: "--max-output-files"}
+	res = run.New(run.Config{Executor: ex, Outputs: bound}).Run(t.Context(), run.Request{RunID: "r2", Workflow: twoSteps(), Checkout: t.TempDir(), Outputs: out + "2"})
+	if res.Status != run.Error || !strings.Contains(res.Error, "--max-output-files") {
+		t.Errorf("outputs over the bound: status %s, error %q", res.Status, res.Error)
+	}
+	cbound := run.Bound{Limits: tarstream.Limits{MaxBytes: 1}, BytesName: "--max-checkout-bytes"}
+	res = run.New(run.Config{Executor: ex, Checkout: cbound}).Run(t.Context(), run.Request{RunID: "r3", Workflow: twoSteps(), Checkout: checkout(t, map[string]string{"big": "0123456789"})})
+	if res.Status != run.Error || !strings.Contains(res.Error, "--max-checkout-bytes") {
+		t.Errorf("checkout over the bound: status %s, error %q", res.Status, res.Error)
+	}
+}
+
+// A step past its timeout is killed and fails as timed out; a cancelled
+// run is Cancelled and its step killed.
+func TestEngineTimeoutAndCancel(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		never := make(chan struct{})
+		ex := &fakeexec.Executor{Script: func(string, string) fakeexec.Step { return fakeexec.Step{Output: "waiting\n", Gate: never} }}
+		wf := &workflow.Workflow{Name: "ci", Steps: []workflow.Step{{Name: "slow", Run: "sleep", Timeout: time.Minute}}}
+		res := run.New(run.Config{Executor: ex}).Run(t.Context(), run.Request{RunID: "r", Workflow: wf, Checkout: t.TempDir()})
+		if res.Status != run.Failure || !res.Steps[0].TimedOut || !strings.Contains(res.Error, "timed out after 1m0s") {
+			t.Errorf("timed out step: status %s, step %+v, error %q", res.Status, res.Steps[0], res.Error)
+		}
+		if got := ex.Session("r").Killed(); !cmp.Equal(got, []string{"1"}) {
+			t.Errorf("killed %q, want the step", got)
+		}
+
+		wf = &workflow.Workflow{Name: "ci", Timeout: time.Hour, Steps: []workflow.Step{{Name: "slow", Run: "sleep"}}}
+		res = run.New(run.Config{Executor: ex}).Run(t.Context(), run.Request{RunID: "r2", Workflow: wf, Checkout: t.TempDir()})
+		if res.Status != run.Failure || !res.Steps[0].TimedOut || !strings.Contains(res.Error, "timed out after 1h0m0s") {
+			t.Errorf("run past the workflow's timeout: status %s, error %q", res.Status, res.Error)
+		}
+
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan *run.Result)
+		go func() {
+			done <- run.New(run.Config{Executor: ex}).Run(ctx, run.Request{RunID: "r3", Workflow: twoSteps(), Checkout: t.TempDir()})
+		}()
+		synctest.Wait()
+		cancel()
+		res = <-done
+		if res.Status != run.Cancelled || res.FailedStep != "build" {
+			t.Errorf("cancelled run: status %s, failed step %q", res.Status, res.FailedStep)
+		}
+	})
+}
+
+// Detached at the first step and adopted by a second engine: the log
+// goes on from the offset, the remaining step runs, and the session is
+// stopped only at the end.
+func TestEngineDetachAndAdopt(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		gate := make(chan struct{})
+		ex := &fakeexec.Executor{Script: func(_, id string) fakeexec.Step {
+			if id == "1" {
+				return fakeexec.Step{Output: "first half\nsecond half\n", Gate: gate}
+			}
+			return fakeexec.Step{Output: "step " + id + "\n"}
+		}}
+		detach := make(chan struct{})
+		req := run.Request{RunID: "r", Workflow: twoSteps(), Checkout: t.TempDir(), Detach: detach}
+		done := make(chan *run.Result)
+		go func() { done <- run.New(run.Config{Executor: ex}).Run(t.Context(), req) }()
+		synctest.Wait()
+		close(detach)
+		res := <-done
+		if res.Status != run.Detached || res.Handover == nil || !res.Handover.Started || res.Handover.Step != 0 {
+			t.Fatalf("detached run: status %s, handover %+v", res.Status, res.Handover)
+		}
+		if ex.Session("r").Stopped() {
+			t.Fatal("a detached run's session was stopped")
+		}
+
+		close(gate)
+		req.Detach = nil
+		adopted := run.New(run.Config{Executor: ex}).Adopt(t.Context(), req, *res.Handover, res.Log)
+		if adopted.Status != run.Success {
+			t.Fatalf("adopted run: status %s: %s\n%s", adopted.Status, adopted.Error, adopted.Log)
+		}
+		log := string(adopted.Log)
+		if strings.Count(log, "second half") != 1 || !strings.Contains(log, "adopted by a new runner process") || !strings.Contains(log, "step 2") {
+			t.Errorf("adopted log:\n%s", log)
+		}
+		if !ex.Session("r").Stopped() {
+			t.Error("the adopted run's session was not stopped")
+		}
+
+		bad := *res.Handover
+		bad.Step = 5
+		if r := run.New(run.Config{Executor: ex}).Adopt(t.Context(), req, bad, nil); r.Status != run.Error {
+			t.Errorf("adopting at a step past the workflow: %s", r.Status)
+		}
+	})
+}
+
+// Detached before a step starts: the successor starts it.
+func TestEngineDetachBetweenSteps(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		detach := make(chan struct{})
+		ex := &fakeexec.Executor{Script: func(_, id string) fakeexec.Step {
+			if id == "1" {
+				close(detach) // the run is detached while step 1 ends
+			}
+			return fakeexec.Step{}
+		}}
+		req := run.Request{RunID: "r", Workflow: twoSteps(), Checkout: t.TempDir(), Detach: detach}
+		res := run.New(run.Config{Executor: ex}).Run(t.Context(), req)
+		if res.Status != run.Detached || res.Handover.Started || res.Handover.Step != 1 {
+			t.Fatalf("status %s, handover %+v", res.Status, res.Handover)
+		}
+		req.Detach = nil
+		adopted := run.New(run.Config{Executor: ex}).Adopt(t.Context(), req, *res.Handover, res.Log)
+		if diff := cmp.Diff([]string{"build=success", "test=success"}, statuses(adopted)); adopted.Status != run.Success || diff != "" {
+			t.Errorf("adopted: status %s, steps (-want +got):\n%s", adopted.Status, diff)
+		}
+	})
+}
+
+// An executor that cannot resume sessions cannot adopt, and never
+// detaches.
+func TestEngineAdoptNeedsAResumer(t *testing.T) {
+	t.Parallel()
+	ex := plainExecutor{&fakeexec.Executor{}}
+	res := run.New(run.Config{Executor: ex}).Adopt(t.Context(), run.Request{RunID: "r", Workflow: twoSteps()}, run.Handover{}, []byte("before\n"))
+	if res.Status != run.Error || !strings.Contains(res.Error, "cannot resume sessions") || !strings.HasPrefix(string(res.Log), "before\n") {
+		t.Errorf("status %s, error %q, log %q", res.Status, res.Error, res.Log)
+	}
+	detach := make(chan struct{})
+	close(detach)
+	res = run.New(run.Config{Executor: ex}).Run(t.Context(), run.Request{RunID: "r2", Workflow: twoSteps(), Checkout: t.TempDir(), Detach: detach})
+	if res.Status != run.Success {
+		t.Errorf("a run on an executor without Resume was detached: %s", res.Status)
+	}
+}
+
+// plainExecutor hides the fake's Resume.
+type plainExecutor struct{ e *fakeexec.Executor }
+
+func (p plainExecutor) Name() string { return "plain" }
+func (p plainExecutor) Start(ctx context.Context, s executor.Spec) (executor.Session, error) {
+	return p.e.Start(ctx, s)
+}
+func (p plainExecutor) Sweep(ctx context.Context, keep []string) ([]executor.Ref, error) {
+	return p.e.Sweep(ctx, keep)
+}
+
+func TestValidImageGlob(t *testing.T) {
+	t.Parallel()
+	if err := run.ValidImageGlob("registry.local/*"); err != nil {
+		t.Error(err)
+	}
+	if err := run.ValidImageGlob("[a-"); err == nil {
+		t.Error("a malformed glob was accepted")
+	}
+}
