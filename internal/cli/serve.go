@@ -39,6 +39,7 @@ type ServeCmd struct {
 	StopWait    time.Duration `help:"On SIGTERM, how long started runs may take to finish before they are released to the successor." default:"10m"`
 	StateDir    string        `help:"State directory: state.json and secrets-key.json." default:"/var/lib/knotless" placeholder:"DIR"`
 	CacheDir    string        `help:"Cache directory: git mirrors and run checkouts." default:"/var/cache/knotless" placeholder:"DIR"`
+	ReadyFile   string        `help:"Keep this file while the daemon is ready (made at READY=1, removed on SIGTERM), for a probe: knotless-run ready --ready-file FILE." placeholder:"FILE"`
 	Pulls       bool          `help:"Run open pulls too (untrusted: no secrets)."`
 	Discover    bool          `help:"Also serve every repository whose record names this runner."`
 	Relay       string        `help:"Take events and discovery from this relay instead of the owners' PDSes." placeholder:"URL"`
@@ -198,6 +199,10 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 		return err
 	}
 	watchdog, _ := sddaemon.SdWatchdogEnabled(false)
+	notify, err := c.notifier(log)
+	if err != nil {
+		return err
+	}
 	checkoutBound, outputsBound := c.bounds()
 	err = daemon.Run(ctx, daemon.Config{
 		Runner:       runner,
@@ -226,7 +231,7 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 			MaxWorkflows:     c.MaxWorkflows,
 			MaxCheckoutBytes: exportBound(c.MaxCheckout),
 		},
-		Notify:    func(s string) { _, _ = sddaemon.SdNotify(false, s) },
+		Notify:    notify,
 		Watchdog:  watchdog,
 		Logger:    log,
 		Retention: c.Retention,
