@@ -23,3 +23,18 @@ func TestReadyCommand(t *testing.T) {
 		t.Errorf("ready without --ready-file: exit %d, stderr %q", r.code, r.stderr)
 	}
 }
+
+// TestKubeconfigCheckInClusterOutsideAPod: --check-in-cluster names
+// itself when there is no pod service account to check.
+func TestKubeconfigCheckInClusterOutsideAPod(t *testing.T) {
+	t.Parallel()
+	if _, err := os.Stat("/var/run/secrets/kubernetes.io/serviceaccount/token"); err == nil {
+		t.Skip("running inside a pod")
+	}
+	if r := runCLI(t, nil, "kubeconfig", "--check-in-cluster"); r.code != ExitError || !strings.Contains(r.stderr, "--check-in-cluster") {
+		t.Errorf("kubeconfig --check-in-cluster outside a pod: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if r := runCLI(t, nil, "kubeconfig", "--check-in-cluster", "--check", "x"); r.code != ExitError || !strings.Contains(r.stderr, "not both") {
+		t.Errorf("kubeconfig --check-in-cluster --check x: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
