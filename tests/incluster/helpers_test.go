@@ -155,8 +155,9 @@ func (w *world) blob(ctx context.Context, ch forge.Check) string {
 	return string(b)
 }
 
-// podLogs follows the runner container's log of each runner pod: a
-// deleted pod's log goes with it.
+// podLogs follows the runner container's log of each runner pod (a
+// deleted pod's log goes with it), each line after the kubelet's time
+// stamp.
 type podLogs struct {
 	c  *clustertest.Cluster
 	ns string
@@ -177,7 +178,7 @@ func (l *podLogs) follow(ctx context.Context, p *corev1.Pod) {
 	l.cancel = append(l.cancel, cancel)
 	l.mu.Unlock()
 	l.wg.Go(func() {
-		rc, err := l.c.Clientset.CoreV1().Pods(l.ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: "runner", Follow: true}).Stream(ctx)
+		rc, err := l.c.Clientset.CoreV1().Pods(l.ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: "runner", Follow: true, Timestamps: true}).Stream(ctx)
 		if err != nil {
 			l.mu.Lock()
 			buf.WriteString("follow the log: " + err.Error() + "\n")
@@ -215,16 +216,24 @@ func (l *podLogs) all() string {
 }
 
 // waitFor waits until the pod's log has a line containing s and returns
-// when it was seen.
+// the line's time stamp (zero when ctx ends first).
 func (l *podLogs) waitFor(ctx context.Context, uid types.UID, s string) time.Time {
-	for !strings.Contains(l.text(uid), s) {
+	for {
+		for _, line := range strings.Split(l.text(uid), "\n") {
+			if stamp, rest, ok := strings.Cut(line, " "); ok && strings.Contains(rest, s) {
+				at, err := time.Parse(time.RFC3339Nano, stamp)
+				if err != nil {
+					return time.Time{}
+				}
+				return at
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return time.Time{}
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	return time.Now()
 }
 
 func (l *podLogs) stop() {

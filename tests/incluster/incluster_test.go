@@ -235,14 +235,15 @@ steps:
 		second := waitReady(ctx, t, c, first.UID)
 		ready := time.Now()
 		logs.follow(ctx, second)
+		handedOver := logs.waitFor(ctx, first.UID, "handed over 1 runs")
 		adopted := logs.waitFor(ctx, second.UID, "adopted 1 runs")
-		t.Logf("restart: old pod gone %s after the delete; new pod Ready %s after the delete (%s after the old one was gone); adoption seen %s after the delete",
-			gone.Sub(deleted).Round(10*time.Millisecond), ready.Sub(deleted).Round(10*time.Millisecond),
-			ready.Sub(gone).Round(10*time.Millisecond), adopted.Sub(deleted).Round(10*time.Millisecond))
+		ms := func(at time.Time) time.Duration { return at.Sub(deleted).Round(10 * time.Millisecond) }
+		t.Logf("restart, from the delete: old pod handed over at %s, old pod gone at %s, new pod adopted at %s, new pod Ready at %s",
+			ms(handedOver), ms(gone), ms(adopted), ms(ready))
 
 		got := w.waitFinal(ctx, "long", commit)
 		final := time.Now()
-		t.Logf("restart: final check %s after the delete", final.Sub(deleted).Round(10*time.Millisecond))
+		t.Logf("restart, from the delete: final check seen at %s", ms(final))
 		if got.Status != "success" {
 			t.Fatalf("the adopted run: %s (%s)\n%s", got.Status, got.Error, logs.all())
 		}
