@@ -100,7 +100,9 @@ func TestRunnerInCluster(t *testing.T) {
 
 	// The image: the binary, git with what it loads, busybox (a shell to
 	// look around with).
+	began := time.Now()
 	bin := buildBinary(t)
+	t.Logf("built knotless-run without cgo in %s", time.Since(began).Round(time.Second))
 	image := "knotless.test/runner-" + c.Namespace + ":1"
 	files, err := clustertest.LibraryClosure("/usr/bin/git", "/usr/lib/git-core/git-remote-http")
 	if err != nil {
@@ -146,9 +148,10 @@ func TestRunnerInCluster(t *testing.T) {
 
 	logs := &podLogs{c: c, ns: c.Namespace, logs: map[types.UID]*bytes.Buffer{}}
 	defer logs.stop()
+	applied := time.Now()
 	first := waitReady(ctx, t, c, "")
 	logs.follow(ctx, first)
-	t.Logf("runner pod %s Ready", first.UID)
+	t.Logf("runner pod %s Ready %s after the apply", first.UID, time.Since(applied).Round(10*time.Millisecond))
 
 	t.Run("no kubeconfig anywhere", func(t *testing.T) {
 		for _, ctr := range first.Spec.Containers {
