@@ -49,6 +49,7 @@ type CLI struct {
 	Validate   ValidateCmd   `cmd:"" help:"Check workflow files and print every error with file:line:column."`
 	Kubeconfig KubeconfigCmd `cmd:"" help:"Mint the runner's scoped 24-hour kubeconfig (or --check one)."`
 	Manifests  ManifestsCmd  `cmd:"" help:"Print the YAML that runs the runner inside the cluster: runs namespace, ServiceAccount, Role, RoleBinding, StatefulSet."`
+	Ready      ReadyCmd      `cmd:"" help:"Readiness probe: exit 0 while the daemon of serve --ready-file is ready, else print why and exit 1."`
 	Version    VersionCmd    `cmd:"" help:"Print the version."`
 }
 

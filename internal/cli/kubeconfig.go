@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"knotless.dev/run/internal/kubecred"
@@ -23,11 +24,12 @@ type KubeconfigCmd struct {
 	PodSecurity     string        `help:"Pod Security level the namespace enforces: restricted, or baseline for runners with --allow-root-steps." enum:"restricted,baseline" default:"restricted"`
 	Check           string        `help:"Check an existing kubeconfig instead: print its access answers and token expiry; exit non-zero when expired or within --warn." placeholder:"FILE"`
 	Warn            time.Duration `help:"With --check: how close to expiry counts as a failure." default:"1h"`
+	InCluster       bool          `name:"check-in-cluster" help:"Check the pod's own service account instead (inside a pod: its projected token, the runs namespace from --namespace), as --check does a file."`
 }
 
 // Run mints or checks.
 func (c *KubeconfigCmd) Run(ctx context.Context, env *Env) error {
-	if c.Check != "" {
+	if c.Check != "" || c.InCluster {
 		return c.check(ctx, env)
 	}
 	if c.AdminKubeconfig == "" || c.Out == "" {
@@ -67,16 +69,36 @@ func (c *KubeconfigCmd) Run(ctx context.Context, env *Env) error {
 	return nil
 }
 
-func (c *KubeconfigCmd) check(ctx context.Context, env *Env) error {
+// checked is the configuration --check or --check-in-cluster checks, its
+// namespace, and the flag to name in errors.
+func (c *KubeconfigCmd) checked() (*rest.Config, string, string, error) {
+	if c.InCluster {
+		if c.Check != "" {
+			return nil, "", "", errors.New("kubeconfig: --check FILE or --check-in-cluster, not both")
+		}
+		cfg, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, "", "", fmt.Errorf("--check-in-cluster: %w", err)
+		}
+		return cfg, c.Namespace, "--check-in-cluster", nil
+	}
 	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
 		&clientcmd.ClientConfigLoadingRules{ExplicitPath: c.Check}, &clientcmd.ConfigOverrides{CurrentContext: c.Context})
 	cfg, err := cc.ClientConfig()
 	if err != nil {
-		return fmt.Errorf("--check %s: %w", c.Check, err)
+		return nil, "", "", fmt.Errorf("--check %s: %w", c.Check, err)
 	}
 	ns, _, err := cc.Namespace()
 	if err != nil {
-		return fmt.Errorf("--check %s: %w", c.Check, err)
+		return nil, "", "", fmt.Errorf("--check %s: %w", c.Check, err)
+	}
+	return cfg, ns, "--check " + c.Check, nil
+}
+
+func (c *KubeconfigCmd) check(ctx context.Context, env *Env) error {
+	cfg, ns, what, err := c.checked()
+	if err != nil {
+		return err
 	}
 	token, expErr := kubecred.Token(cfg)
 	var exp time.Time
@@ -84,22 +106,22 @@ func (c *KubeconfigCmd) check(ctx context.Context, env *Env) error {
 		exp, expErr = kubecred.TokenExpiry(token)
 	}
 	if expErr != nil {
-		return fmt.Errorf("--check %s: %w", c.Check, expErr)
+		return fmt.Errorf("%s: %w", what, expErr)
 	}
 	left := time.Until(exp).Round(time.Second)
 	fmt.Fprintf(env.Stdout, "token expires %s (in %s)\n", exp.Format(time.RFC3339), left)
 	if left <= 0 {
-		return fmt.Errorf("--check %s: %w at %s", c.Check, kubecred.ErrExpired, exp.Format(time.RFC3339))
+		return fmt.Errorf("%s: %w at %s", what, kubecred.ErrExpired, exp.Format(time.RFC3339))
 	}
 	checks, verr := kubecred.Verify(ctx, cfg, ns)
 	for _, ch := range checks {
 		fmt.Fprintf(env.Stdout, "%-28s allowed=%-5v want=%v\n", ch.String(), ch.Got, ch.Want)
 	}
 	if verr != nil {
-		return fmt.Errorf("--check %s: %w", c.Check, verr)
+		return fmt.Errorf("%s: %w", what, verr)
 	}
 	if left < c.Warn {
-		return fmt.Errorf("--check %s: token expires in %s, within --warn %s", c.Check, left, c.Warn)
+		return fmt.Errorf("%s: token expires in %s, within --warn %s", what, left, c.Warn)
 	}
 	return nil
 }

@@ -39,6 +39,7 @@ type ServeCmd struct {
 	StopWait    time.Duration `help:"On SIGTERM, how long started runs may take to finish before they are released to the successor." default:"10m"`
 	StateDir    string        `help:"State directory: state.json and secrets-key.json." default:"/var/lib/knotless" placeholder:"DIR"`
 	CacheDir    string        `help:"Cache directory: git mirrors and run checkouts." default:"/var/cache/knotless" placeholder:"DIR"`
+	ReadyFile   string        `help:"Keep this file while the daemon is ready (made at READY=1, removed on SIGTERM), for a probe: knotless-run ready --ready-file FILE." placeholder:"FILE"`
 	Pulls       bool          `help:"Run open pulls too (untrusted: no secrets)."`
 	Discover    bool          `help:"Also serve every repository whose record names this runner."`
 	Queue       bool          `help:"Land the merge queue of the repositories whose lander this runner is: pre-flights and batches (untrusted: no secrets), and the push of each batch that passed to the repository's source."`
@@ -204,6 +205,10 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 		return err
 	}
 	watchdog, _ := sddaemon.SdWatchdogEnabled(false)
+	notify, err := c.notifier(log)
+	if err != nil {
+		return err
+	}
 	checkoutBound, outputsBound := c.bounds()
 	err = daemon.Run(ctx, daemon.Config{
 		Runner:         runner,
@@ -234,7 +239,7 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 			MaxWorkflows:     c.MaxWorkflows,
 			MaxCheckoutBytes: exportBound(c.MaxCheckout),
 		},
-		Notify:    func(s string) { _, _ = sddaemon.SdNotify(false, s) },
+		Notify:    notify,
 		Watchdog:  watchdog,
 		Logger:    log,
 		Retention: c.Retention,

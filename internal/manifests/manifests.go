@@ -8,6 +8,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -32,6 +34,9 @@ type Options struct {
 	PDS               string
 	AppPasswordSecret string // Secret in Namespace with key AppPasswordKey
 	Repos             []string
+	// ServeFlags are more flags for serve (e.g. --plc-url URL), each
+	// element one argument, placed before the repositories.
+	ServeFlags []string
 }
 
 // Paths and numbers inside the runner's pod.
@@ -40,6 +45,7 @@ const (
 	secretDir      = "/run/secrets/knotless"
 	stateDir       = "/var/lib/knotless"
 	cacheDir       = "/var/cache/knotless"
+	readyFile      = "/tmp/knotless-ready"
 	uid            = 65532
 	// On SIGTERM the Kubernetes executor detaches started runs at once
 	// (their Jobs go on; the successor adopts them from state.json): the
@@ -67,6 +73,9 @@ func Objects(o Options) ([]runtime.Object, error) {
 	size, err := resource.ParseQuantity(o.StorageSize)
 	if err != nil {
 		return nil, fmt.Errorf("storage size %q: %w", o.StorageSize, err)
+	}
+	if err := checkServeFlags(o.ServeFlags); err != nil {
+		return nil, err
 	}
 	for _, req := range [][2]string{{"namespace", o.Namespace}, {"runs namespace", o.RunsNamespace}, {"image", o.Image}, {"app password secret", o.AppPasswordSecret}, {"did", o.DID}} {
 		if req[1] == "" {
@@ -104,7 +113,9 @@ func Objects(o Options) ([]runtime.Object, error) {
 	}
 	args = append(args,
 		"--app-password-file", secretDir+"/"+AppPasswordKey,
-		"--state-dir", stateDir, "--cache-dir", cacheDir)
+		"--state-dir", stateDir, "--cache-dir", cacheDir,
+		"--ready-file", readyFile)
+	args = append(args, o.ServeFlags...)
 	args = append(args, o.Repos...)
 
 	pvc := corev1.PersistentVolumeClaim{
@@ -141,6 +152,15 @@ func Objects(o Options) ([]runtime.Object, error) {
 						Image: o.Image,
 						Args:  args,
 						Env:   []corev1.EnvVar{{Name: "HOME", Value: "/tmp"}},
+						// Ready from READY=1 (state loaded, logged in,
+						// adopted runs resumed) until SIGTERM, and not
+						// while the executor is degraded.
+						ReadinessProbe: &corev1.Probe{
+							ProbeHandler:     corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"knotless-run", "ready", "--ready-file", readyFile}}},
+							PeriodSeconds:    5,
+							TimeoutSeconds:   5,
+							FailureThreshold: 2,
+						},
 						VolumeMounts: []corev1.VolumeMount{
 							{Name: dataVolume, MountPath: stateDir, SubPath: "state"},
 							{Name: dataVolume, MountPath: cacheDir, SubPath: "cache"},
@@ -169,6 +189,26 @@ func Objects(o Options) ([]runtime.Object, error) {
 	}
 	sts.TypeMeta, sts.ObjectMeta = meta("StatefulSet", "apps/v1", o.Namespace)
 	return []runtime.Object{ns, sa, role, binding, sts}, nil
+}
+
+// ownFlags are the serve flags the manifests set themselves, and
+// --kubeconfig: the runner uses its pod's service account.
+var ownFlags = []string{"--executor", "--namespace", "--did", "--pds", "--app-password-file",
+	"--state-dir", "--cache-dir", "--ready-file", "--kubeconfig", "--context", "--config"}
+
+// checkServeFlags refuses a flag the manifests set, and an argument list
+// that does not start with a flag.
+func checkServeFlags(flags []string) error {
+	if len(flags) > 0 && !strings.HasPrefix(flags[0], "--") {
+		return fmt.Errorf("--serve-flag %q: the first must be a flag (--name or --name=value)", flags[0])
+	}
+	for _, f := range flags {
+		name, _, _ := strings.Cut(f, "=")
+		if slices.Contains(ownFlags, name) {
+			return fmt.Errorf("--serve-flag %s: set by the manifests themselves (%s)", name, strings.Join(ownFlags, ", "))
+		}
+	}
+	return nil
 }
 
 // YAML renders objects as one multi-document YAML stream, without the

@@ -3,6 +3,7 @@ package manifests
 import (
 	"flag"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -18,7 +19,8 @@ func testOptions() Options {
 		Namespace: "knotless", RunsNamespace: "knotless-runs", Name: "knotless-runner",
 		Image: "ghcr.io/knotless/run:v1", StorageClass: "fast", StorageSize: "20Gi",
 		DID: "did:plc:runner", PDS: "https://pds.example", AppPasswordSecret: "knotless-app-password",
-		Repos: []string{"did:plc:owner/app"},
+		Repos:      []string{"did:plc:owner/app"},
+		ServeFlags: []string{"--plc-url", "https://plc.example", "--concurrency=2"},
 	}
 }
 
@@ -78,6 +80,13 @@ func TestManifestsRequired(t *testing.T) {
 	o.AppPasswordSecret = ""
 	if _, err := Objects(o); err == nil || err.Error() != "the app password secret is required" {
 		t.Errorf("Objects without a secret: %v", err)
+	}
+	for _, flags := range [][]string{{"--kubeconfig", "/x"}, {"--namespace=other"}, {"--ready-file", "/x"}, {"plc-url"}} {
+		o = testOptions()
+		o.ServeFlags = flags
+		if _, err := Objects(o); err == nil || !strings.Contains(err.Error(), "--serve-flag") {
+			t.Errorf("Objects with serve flags %q: %v, want an error naming --serve-flag", flags, err)
+		}
 	}
 	o = testOptions()
 	o.StorageSize = "lots"

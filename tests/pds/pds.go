@@ -38,6 +38,9 @@ import (
 type Server struct {
 	// URL is the PDS's URL (http://localhost:PORT).
 	URL string
+	// PublicURL is the PDS's URL in the accounts' DID documents: URL,
+	// or http://PublicHost:PORT with Options.PublicHost.
+	PublicURL string
 	// PLCURL is the did:plc directory's URL.
 	PLCURL        string
 	AdminPassword string
@@ -69,9 +72,23 @@ func Installed() error {
 	return nil
 }
 
+// Options change how a PDS starts.
+type Options struct {
+	// PublicHost is the address the accounts' DID documents name for the
+	// PDS, with its port: http://PublicHost:PORT instead of
+	// http://localhost:PORT. The PDS still listens on 127.0.0.1 only: the
+	// test forwards PublicHost:PORT to it (see PublicURL).
+	PublicHost string
+}
+
 // Start starts a PDS with a fresh data directory under dataDir. Stop it
 // with Stop.
 func Start(ctx context.Context, dataDir string) (*Server, error) {
+	return StartWith(ctx, dataDir, Options{})
+}
+
+// StartWith is Start with options.
+func StartWith(ctx context.Context, dataDir string, o Options) (*Server, error) {
 	if err := Installed(); err != nil {
 		return nil, err
 	}
@@ -107,6 +124,11 @@ func Start(ctx context.Context, dataDir string) (*Server, error) {
 		"PDS_BLOB_UPLOAD_LIMIT=5242880",
 		"LOG_ENABLED=false",
 	)
+	publicURL := "http://localhost:" + strconv.Itoa(pdsPort)
+	if o.PublicHost != "" {
+		publicURL = "http://" + net.JoinHostPort(o.PublicHost, strconv.Itoa(pdsPort))
+		env = append(env, "KNOTLESS_PDS_PUBLIC_URL="+publicURL)
+	}
 	cmd := exec.Command("node", filepath.Join(Dir(), "start.js"))
 	cmd.Dir = Dir()
 	cmd.Env = env
@@ -124,7 +146,7 @@ func Start(ctx context.Context, dataDir string) (*Server, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start PDS: %w", err)
 	}
-	s := &Server{cmd: cmd, stdin: stdin, dir: dir, logs: logs, AdminPassword: admin, done: make(chan struct{})}
+	s := &Server{cmd: cmd, stdin: stdin, dir: dir, logs: logs, AdminPassword: admin, PublicURL: publicURL, done: make(chan struct{})}
 	lines := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)

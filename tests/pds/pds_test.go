@@ -2,6 +2,7 @@ package pds_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,5 +41,31 @@ func TestServer(t *testing.T) {
 	}
 	if len(out.Records) != 1 || out.Records[0].Uri != uri.String() {
 		t.Fatalf("got records %+v, want one at %s", out.Records, uri)
+	}
+}
+
+// TestPublicHost: with Options.PublicHost the accounts' DID documents name
+// the PDS at that address (a test forwards it), not at localhost.
+func TestPublicHost(t *testing.T) {
+	if testing.Short() {
+		t.Skip(pds.ErrSkip)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	srv, err := pds.StartWith(ctx, t.TempDir(), pds.Options{PublicHost: "127.0.0.2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	acct, err := srv.CreateAccount(ctx, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := srv.Directory().LookupDID(ctx, acct.DID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := id.PDSEndpoint(); got != srv.PublicURL || !strings.HasPrefix(got, "http://127.0.0.2:") {
+		t.Errorf("DID document names the PDS at %q, want %q", got, srv.PublicURL)
 	}
 }

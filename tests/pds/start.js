@@ -22,7 +22,15 @@ async function main() {
   await plc.start()
 
   const env = readEnv()
-  const pds = await PDS.create(envToCfg(env), envToSecrets(env))
+  const cfg = envToCfg(env)
+  const pds = await PDS.create(cfg, envToSecrets(env))
+  // The URL new accounts' DID documents name, when clients reach the PDS
+  // at another address than localhost (a forwarder on a test network).
+  // Set after create: the OAuth routes, built there, accept only
+  // loopback URLs; account creation reads it from the same object later.
+  if (process.env.KNOTLESS_PDS_PUBLIC_URL) {
+    cfg.service.publicUrl = process.env.KNOTLESS_PDS_PUBLIC_URL
+  }
   loopback(pds.app)
   await pds.start()
 

@@ -1,0 +1,4 @@
+package clustertest
+
+// sysSetns is setns(2), which package syscall does not name.
+const sysSetns = 308
