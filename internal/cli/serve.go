@@ -38,7 +38,7 @@ type ServeCmd struct {
 	Concurrency int           `help:"Runs at once; more wait as queued checks." default:"1"`
 	StopWait    time.Duration `help:"On SIGTERM, how long started runs may take to finish before they are released to the successor." default:"10m"`
 	StateDir    string        `help:"State directory: state.json and secrets-key.json." default:"/var/lib/knotless" placeholder:"DIR"`
-	CacheDir    string        `help:"Cache directory: git mirrors and run checkouts." default:"/var/cache/knotless" placeholder:"DIR"`
+	CacheDir    string        `help:"Cache directory: git mirrors, run checkouts and the workflow caches (in DIR/caches)." default:"/var/cache/knotless" placeholder:"DIR"`
 	Pulls       bool          `help:"Run open pulls too (untrusted: no secrets)."`
 	Discover    bool          `help:"Also serve every repository whose record names this runner."`
 	Relay       string        `help:"Take events and discovery from this relay instead of the owners' PDSes." placeholder:"URL"`
@@ -64,6 +64,7 @@ type ServeCmd struct {
 	// ExecutorFlags choose and configure the executor, as for run.
 	ExecutorFlags `embed:""`
 	BoundFlags    `embed:""`
+	CacheFlags    `embed:""`
 
 	LimitFlags `embed:""`
 }
@@ -197,6 +198,10 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 	if err != nil {
 		return err
 	}
+	caches, err := c.openCaches(c.CacheDir)
+	if err != nil {
+		return err
+	}
 	watchdog, _ := sddaemon.SdWatchdogEnabled(false)
 	checkoutBound, outputsBound := c.bounds()
 	err = daemon.Run(ctx, daemon.Config{
@@ -218,6 +223,7 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 		StopWait:     c.StopWait,
 		StateDir:     c.StateDir,
 		CacheDir:     c.CacheDir,
+		Caches:       caches,
 		Secrets:      secrets,
 		Git: mirror.Options{
 			Policy:           mirror.Policy{AllowLocal: c.AllowLocalSources, AllowHTTP: c.AllowHTTPSources},

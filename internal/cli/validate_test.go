@@ -18,8 +18,7 @@ func TestValidateWarnsOfFieldsNotActedOn(t *testing.T) {
 	}{
 		{"not acted on yet", "testdata/unacted/later.yaml", []string{
 			"testdata/unacted/later.yaml:1:12: warning: on: batch is not acted on yet",
-			"testdata/unacted/later.yaml:2:8: warning: cache: not acted on yet",
-			"testdata/unacted/later.yaml:3:8: warning: queue: not acted on yet",
+			"testdata/unacted/later.yaml:2:8: warning: queue: not acted on yet",
 			"testdata/unacted/later.yaml: ok",
 		}, ExitSuccess},
 		{"never runs", "testdata/unacted/never.yaml", []string{

@@ -55,7 +55,6 @@ steps:
 		},
 		Warnings: []Warning{
 			{Position{"ci.yaml", 1, 12}, "on", "on: batch is not acted on yet: there is no merge queue, so no batch run starts"},
-			{Position{"ci.yaml", 10, 8}, "cache", "cache: not acted on yet: caches are not implemented, every run starts without one"},
 			{Position{"ci.yaml", 11, 8}, "queue", "queue: not acted on yet: there is no merge queue"},
 		},
 	}
@@ -170,7 +169,7 @@ func TestParseWarnsOfFieldsNotActedOn(t *testing.T) {
 		neverRuns bool
 	}{
 		{"none", "on: push\nsteps:\n  - run: x\n", nil, false},
-		{"cache", "on: push\ncache: .cache\nsteps:\n  - run: x\n", []string{"w.yaml:2:8: warning: cache: not acted on yet: caches are not implemented, every run starts without one"}, false},
+		{"cache", "on: push\ncache: .cache\nsteps:\n  - run: x\n", nil, false},
 		{"queue", "on: push\nqueue: first\nsteps:\n  - run: x\n", []string{"w.yaml:2:8: warning: queue: not acted on yet: there is no merge queue"}, false},
 		{"batch", "on: [push, batch]\nsteps:\n  - run: x\n", []string{"w.yaml:1:12: warning: on: batch is not acted on yet: there is no merge queue, so no batch run starts"}, false},
 		{"batch only", "on: batch\nsteps:\n  - run: x\n", []string{"w.yaml:1:5: warning: on: batch is not acted on yet: there is no merge queue, so no batch run starts"}, false},
