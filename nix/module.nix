@@ -346,7 +346,13 @@ let
                 type = types.str;
                 default = n.cacheDir;
                 readOnly = true;
-                description = "Cache directory; fixed, it is the unit's `CacheDirectory=`.";
+                description = ''
+                  Cache directory; fixed, it is the unit's `CacheDirectory=`.
+                  It holds the git mirrors, the run checkouts and, in
+                  `caches/`, the workflow caches (bounded by `cache-max`,
+                  `cache-max-total` and `disk-floor`; `knotless-run cache ls
+                  --cache-dir` shows them).
+                '';
               };
             };
           };

@@ -46,6 +46,7 @@ type CLI struct {
 	Serve      ServeCmd      `cmd:"" default:"withargs" help:"The runner daemon (the default command): watch the repositories that name this runner and run their workflows."`
 	Secret     SecretCmd     `cmd:"" help:"Seal secrets to a runner."`
 	Run        RunCmd        `cmd:"" help:"Run one workflow now, without the daemon."`
+	Cache      CacheCmd      `cmd:"" help:"Show and clear the store of workflow caches."`
 	Validate   ValidateCmd   `cmd:"" help:"Check workflow files and print every error with file:line:column."`
 	Kubeconfig KubeconfigCmd `cmd:"" help:"Mint the runner's scoped 24-hour kubeconfig (or --check one)."`
 	Manifests  ManifestsCmd  `cmd:"" help:"Print the YAML that runs the runner inside the cluster: runs namespace, ServiceAccount, Role, RoleBinding, StatefulSet."`

@@ -30,6 +30,7 @@ type RunCmd struct {
 	Untrusted bool     `help:"Run as untrusted code (a pull): no secret is given to any step."`
 	RunID     string   `help:"The run's id (default: generated)." placeholder:"ID"`
 	Runner    string   `help:"The runner's DID: labels every object a run makes." default:"did:web:localhost"`
+	CacheDir  string   `help:"Keep the workflow's caches in the store under DIR (serve's --cache-dir, to share the daemon's): the checkout directory names the repository. Default: no caches." placeholder:"DIR" group:"caches"`
 
 	// ExecutorFlags choose and configure the executor.
 	ExecutorFlags `embed:""`
@@ -37,6 +38,8 @@ type RunCmd struct {
 	LimitFlags `embed:""`
 	// BoundFlags bound every run's transfers.
 	BoundFlags `embed:""`
+	// CacheFlags bound the cache store of --cache-dir.
+	CacheFlags `embed:""`
 }
 
 // Run runs the workflow and exits with the run's status.
@@ -66,6 +69,10 @@ func (c *RunCmd) Run(ctx context.Context, env *Env) error {
 		}
 	}
 	checkoutBound, outputsBound := c.bounds()
+	caches, scope, err := c.caches()
+	if err != nil {
+		return err
+	}
 	eng := run.New(run.Config{
 		Executor:     exec,
 		Runner:       c.Runner,
@@ -74,6 +81,7 @@ func (c *RunCmd) Run(ctx context.Context, env *Env) error {
 		Max:          max,
 		Checkout:     checkoutBound,
 		Outputs:      outputsBound,
+		Caches:       caches,
 	})
 	req := run.Request{
 		RunID:    runID,
@@ -84,6 +92,7 @@ func (c *RunCmd) Run(ctx context.Context, env *Env) error {
 		Trusted:  !c.Untrusted,
 		Keep:     c.Keep,
 		Live:     env.Stdout,
+		Cache:    scope,
 	}
 	if c.DryRun {
 		return c.dryRun(env, eng, req)
@@ -98,6 +107,23 @@ func (c *RunCmd) Run(ctx context.Context, env *Env) error {
 	}
 	fmt.Fprintf(env.Stdout, " (%s)\n", res.FinishedAt.Sub(res.StartedAt).Round(time.Millisecond))
 	return exitError{statusCode(res.Status)}
+}
+
+// caches opens --cache-dir's store. The checkout's absolute path names
+// the repository; a later run orders above an earlier one.
+func (c *RunCmd) caches() (run.Caches, run.CacheScope, error) {
+	if c.CacheDir == "" || c.DryRun {
+		return nil, run.CacheScope{}, nil
+	}
+	s, err := c.openCaches(c.CacheDir)
+	if err != nil {
+		return nil, run.CacheScope{}, err
+	}
+	repo, err := filepath.Abs(c.Workdir)
+	if err != nil {
+		return nil, run.CacheScope{}, fmt.Errorf("--workdir: %w", err)
+	}
+	return s, run.CacheScope{Repo: repo, Order: time.Now().UTC().Format("20060102T150405.000000000Z")}, nil
 }
 
 func statusCode(s run.Status) int {

@@ -38,7 +38,7 @@ type ServeCmd struct {
 	Concurrency int           `help:"Runs at once; more wait as queued checks." default:"1"`
 	StopWait    time.Duration `help:"On SIGTERM, how long started runs may take to finish before they are released to the successor." default:"10m"`
 	StateDir    string        `help:"State directory: state.json and secrets-key.json." default:"/var/lib/knotless" placeholder:"DIR"`
-	CacheDir    string        `help:"Cache directory: git mirrors and run checkouts." default:"/var/cache/knotless" placeholder:"DIR"`
+	CacheDir    string        `help:"Cache directory: git mirrors, run checkouts and the workflow caches (in DIR/caches)." default:"/var/cache/knotless" placeholder:"DIR"`
 	ReadyFile   string        `help:"Keep this file while the daemon is ready (made at READY=1, removed on SIGTERM), for a probe: knotless-run ready --ready-file FILE." placeholder:"FILE"`
 	Pulls       bool          `help:"Run open pulls too (untrusted: no secrets)."`
 	Discover    bool          `help:"Also serve every repository whose record names this runner."`
@@ -67,6 +67,7 @@ type ServeCmd struct {
 	// ExecutorFlags choose and configure the executor, as for run.
 	ExecutorFlags `embed:""`
 	BoundFlags    `embed:""`
+	CacheFlags    `embed:""`
 
 	LimitFlags `embed:""`
 }
@@ -204,6 +205,10 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 	if err != nil {
 		return err
 	}
+	caches, err := c.openCaches(c.CacheDir)
+	if err != nil {
+		return err
+	}
 	watchdog, _ := sddaemon.SdWatchdogEnabled(false)
 	notify, err := c.notifier(log)
 	if err != nil {
@@ -231,6 +236,7 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 		StopWait:       c.StopWait,
 		StateDir:       c.StateDir,
 		CacheDir:       c.CacheDir,
+		Caches:         caches,
 		Secrets:        secrets,
 		Git: mirror.Options{
 			Policy:           mirror.Policy{AllowLocal: c.AllowLocalSources, AllowHTTP: c.AllowHTTPSources},

@@ -66,6 +66,8 @@ type Config struct {
 	StopWait     time.Duration
 	StateDir     string
 	CacheDir     string
+	// Caches is the store of workflow caches (nil: runs keep none).
+	Caches run.Caches
 
 	// Max bounds what a workflow may ask for: untrusted runs, or all
 	// (run.Maximums).
@@ -256,6 +258,7 @@ func (d *Daemon) start(ctx context.Context) error {
 		Max:          cfg.Max,
 		Checkout:     cfg.Checkout,
 		Outputs:      cfg.Outputs,
+		Caches:       cfg.Caches,
 	})
 	discover := []string{acct.Host()}
 	if cfg.Relay != "" {

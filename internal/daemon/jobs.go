@@ -587,6 +587,8 @@ func (d *Daemon) execute(ctx context.Context, j *job, dir string) *run.Result {
 			"knotless.dev/event": j.ev.URI.String(),
 		},
 		Detach: d.detach,
+		// A push's record key is a TID: the later push orders higher.
+		Cache: run.CacheScope{Repo: j.ev.Repo.URI.String(), Order: j.ev.URI.RecordKey().String()},
 	}
 	if j.adopt != nil {
 		return d.engine.Adopt(ctx, req, *j.adopt, j.prior)

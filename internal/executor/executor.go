@@ -79,6 +79,11 @@ type Spec struct {
 	Keep bool
 	// Annotations are recorded on the session's objects (check key, DID).
 	Annotations map[string]string
+	// Caches are absolute directories the run keeps caches in: the
+	// executor makes each an empty directory the steps can write, on
+	// the session's disk (cache paths relative to the work directory
+	// need nothing).
+	Caches []string
 }
 
 // Resources are a run's requests.

@@ -42,6 +42,8 @@ type Config struct {
 	CleanupTimeout time.Duration
 	// Max bounds what a workflow may ask for (untrusted runs, or all).
 	Max Maximums
+	// Caches is the store of workflow caches; nil keeps none.
+	Caches Caches
 }
 
 // Engine runs workflows.
@@ -79,6 +81,8 @@ type Request struct {
 	// Live receives the masked log as it is written (a terminal).
 	Live        io.Writer
 	Annotations map[string]string
+	// Cache says whose caches the run restores and saves.
+	Cache CacheScope
 	// Detach, when closed, hands the run over instead of finishing it:
 	// the engine stops following, leaves the step and the session going,
 	// and returns status Detached with the Handover a successor Adopts.
@@ -230,8 +234,10 @@ func (r *runState) steps(ctx context.Context, sess executor.Session, from *Hando
 			r.fail(r.faultStatus(ctx), "", err)
 			return
 		}
+		r.restoreCaches(runCtx, sess, dirs)
 	}
 	r.runSteps(ctx, runCtx, sess, dirs, from)
+	r.saveCaches(ctx, sess, dirs)
 	if err := r.collectOutputs(ctx, sess, dirs); err != nil && r.res.Status == Success {
 		r.fail(Error, "", err)
 	}
@@ -329,6 +335,7 @@ func (r *runState) spec() executor.Spec {
 		Timeout:     r.eng.cfg.Max.timeout(r.req),
 		Keep:        r.req.Keep,
 		Annotations: r.req.Annotations,
+		Caches:      sessionCaches(wf.Cache),
 	}
 }
 

@@ -168,7 +168,6 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 		},
 		"secrets": func(k string, v ast.Node) { w.Secrets = d.names(k, v) },
 		"cache": func(k string, v ast.Node) {
-			d.warnAt(v.GetToken(), "cache", "cache: not acted on yet: caches are not implemented, every run starts without one")
 			for _, s := range d.strings(k, v) {
 				if s.value == "" || slices.Contains(strings.Split(s.value, "/"), "..") {
 					d.errorAt(s.tk, "cache: %q must be a path without ..", s.value)

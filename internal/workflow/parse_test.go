@@ -53,9 +53,6 @@ steps:
 			{Name: "build", Run: "go build ./...\n", Timeout: 2 * time.Minute, Secrets: []string{"TOKEN"}, Line: 15},
 			{Name: "lint", Uses: "lint", Line: 20},
 		},
-		Warnings: []Warning{
-			{Position{"ci.yaml", 10, 8}, "cache", "cache: not acted on yet: caches are not implemented, every run starts without one"},
-		},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("Parse (-want +got):\n%s", diff)
@@ -168,7 +165,7 @@ func TestParseWarnsOfFieldsNotActedOn(t *testing.T) {
 		neverRuns bool
 	}{
 		{"none", "on: push\nsteps:\n  - run: x\n", nil, false},
-		{"cache", "on: push\ncache: .cache\nsteps:\n  - run: x\n", []string{"w.yaml:2:8: warning: cache: not acted on yet: caches are not implemented, every run starts without one"}, false},
+		{"cache", "on: push\ncache: .cache\nsteps:\n  - run: x\n", nil, false},
 		{"queue", "on: push\nqueue: first\nsteps:\n  - run: x\n", nil, false},
 		{"batch", "on: [push, batch]\nsteps:\n  - run: x\n", nil, false},
 		{"batch only", "on: batch\nsteps:\n  - run: x\n", nil, false},

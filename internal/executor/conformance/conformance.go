@@ -13,10 +13,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"knotless.dev/run/internal/cache"
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/tarstream"
@@ -33,6 +35,11 @@ type Harness struct {
 	// SecretSearch lists, as sh words, the places a step greps for a
 	// leaked secret value: the session's whole writable file system.
 	SecretSearch string
+	// CachePath is the cache path the caches case names in its
+	// workflow: "/cache" when empty. The shell executor's session is a
+	// directory of the host, so it names one relative to the work
+	// directory.
+	CachePath string
 	// StartTime bounds how long Start takes on this executor's test
 	// setup, under load (a container or pod to create and start). A run
 	// timeout covers the session's start: a case whose run timeout must
@@ -49,6 +56,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("hostile outputs", func(t *testing.T) { t.Parallel(); testHostileOutputs(t, h) })
 	t.Run("session steps", func(t *testing.T) { t.Parallel(); testSessionSteps(t, h) })
 	t.Run("bounds", func(t *testing.T) { t.Parallel(); testBounds(t, h) })
+	t.Run("caches", func(t *testing.T) { t.Parallel(); testCaches(t, h) })
 }
 
 func engine(t *testing.T, h Harness) *run.Engine {
@@ -463,5 +471,65 @@ func testBounds(t *testing.T, h Harness) {
 				t.Errorf("something was left beside the outputs: %v", entries)
 			}
 		})
+	}
+}
+
+// testCaches: cold then warm through the store, and a hostile step (a
+// link to / inside the cache, a huge sparse file) neither escapes nor
+// fills the store, nor fails its run, nor spoils the cache.
+func testCaches(t *testing.T, h Harness) {
+	dir := h.CachePath
+	if dir == "" {
+		dir = "/cache"
+	}
+	store, err := cache.Open(cache.Config{Dir: t.TempDir(), MaxBytes: 1 << 20})
+	must(t, err)
+	eng := run.New(run.Config{Executor: h.New(t), DefaultImage: h.Image, Runner: "did:plc:conformance", CleanupTimeout: time.Minute, Caches: store})
+	scope := run.CacheScope{Repo: "conformance-" + runID(t)}
+	runOnce := func(order, script string) *run.Result {
+		t.Helper()
+		scope.Order = order
+		src := "on: push\ncache: [" + dir + "]\nsteps:\n  - name: use\n    run: |\n      " + strings.ReplaceAll(strings.ReplaceAll(script, "$C", dir), "\n", "\n      ") + "\n"
+		res := eng.Run(context.Background(), run.Request{RunID: runID(t), Workflow: parse(t, src), Checkout: t.TempDir(), Trusted: true, Cache: scope})
+		if res.Status != run.Success {
+			t.Fatalf("status %s (%s), log:\n%s", res.Status, res.Error, res.Log)
+		}
+		return res
+	}
+	read := "if [ -f $C/warm ]; then echo \"warm: $(cat $C/warm)\"; else echo \"no warm file\"; fi"
+
+	res := runOnce("1", read+"\necho first > $C/warm")
+	for _, want := range []string{"cache " + dir + ": cold", "no warm file", "cache " + dir + ": saved"} {
+		if !strings.Contains(string(res.Log), want) {
+			t.Errorf("first run: log lacks %q:\n%s", want, res.Log)
+		}
+	}
+	hostile := []struct{ script, want string }{
+		{"echo second > $C/warm\nln -s / $C/root", "points outside"},
+		{"echo third > $C/warm\ndd if=/dev/zero of=$C/huge bs=1 count=1 seek=67108864 2>/dev/null", "exceeds --cache-max"},
+	}
+	for i, hs := range hostile {
+		res = runOnce(strconv.Itoa(i+2), read+"\n"+hs.script)
+		for _, want := range []string{"cache " + dir + ": restored", "warm: first", "warning: cache " + dir + " not saved", hs.want} {
+			if !strings.Contains(string(res.Log), want) {
+				t.Errorf("hostile run %d: log lacks %q:\n%s", i+1, want, res.Log)
+			}
+		}
+	}
+	res = runOnce("4", read+"\ntest ! -e $C/root && test ! -e $C/huge && echo clean")
+	for _, want := range []string{"warm: first", "clean"} {
+		if !strings.Contains(string(res.Log), want) {
+			t.Errorf("last run: log lacks %q:\n%s", want, res.Log)
+		}
+	}
+	var stored int64
+	_ = filepath.WalkDir(store.Dir(), func(p string, d os.DirEntry, err error) error {
+		if fi, ierr := os.Lstat(p); err == nil && ierr == nil && fi.Mode().IsRegular() {
+			stored += fi.Size()
+		}
+		return nil
+	})
+	if stored > 1<<20 {
+		t.Errorf("the store holds %d bytes after a refused hostile save", stored)
 	}
 }

@@ -3,7 +3,7 @@
 // Engine API. It is the explicit fallback for a host without a cluster.
 //
 // A run gets a container, a bridge network and three volumes (/work,
-// /steps, /outputs), all labelled with the runner and the run so that
+// /steps, /outputs) and one per absolute cache directory, all labelled with the runner and the run so that
 // Sweep finds them again after a crash. A step is an exec of `sh -s` with
 // its payload on the exec's stdin; every process it leaves behind is
 // killed when it ends. docs/design/docker.md tells the whole design.
@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"regexp"
 	"sort"
+	"strconv"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -165,7 +166,7 @@ var validRunID = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
 // names are the objects of one run.
 type names struct {
 	container, network string
-	volumes            map[string]string // by directory: work, steps, outputs
+	volumes            map[string]string // by directory: work, steps, outputs, cache-N
 }
 
 func runNames(runner, run string) names {
@@ -251,6 +252,23 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 		}
 		mounts = append(mounts, mount.Mount{
 			Type: mount.TypeVolume, Source: n.volumes[dir], Target: "/" + dir,
+			VolumeOptions: &mount.VolumeOptions{NoCopy: true},
+		})
+	}
+	// A volume per cache directory: the image may not have the path, and
+	// its file system stays the image's.
+	for i, dir := range spec.Caches {
+		key := "cache-" + strconv.Itoa(i)
+		n.volumes[key] = n.container + "-" + key
+		vl := map[string]string{LabelDir: key}
+		for k, v := range labels {
+			vl[k] = v
+		}
+		if _, err := e.cli.VolumeCreate(ctx, client.VolumeCreateOptions{Name: n.volumes[key], Driver: "local", Labels: vl}); err != nil {
+			return cleanup(e.daemonError(fmt.Errorf("create volume %s: %w", n.volumes[key], err)))
+		}
+		mounts = append(mounts, mount.Mount{
+			Type: mount.TypeVolume, Source: n.volumes[key], Target: dir,
 			VolumeOptions: &mount.VolumeOptions{NoCopy: true},
 		})
 	}

@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"fmt"
+	"strconv"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -162,6 +163,13 @@ func BuildJob(namespace string, spec executor.Spec, opts PodOptions) (*batchv1.J
 		{Name: "outputs", MountPath: dirs.Outputs},
 		{Name: "state", MountPath: stateDir},
 		{Name: "transfer", MountPath: transferDir},
+	}
+	// An emptyDir per absolute cache directory: a non-root step cannot
+	// make one in the image's file system.
+	for i, dir := range spec.Caches {
+		name := "cache-" + strconv.Itoa(i)
+		volumes = append(volumes, corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
+		mounts = append(mounts, corev1.VolumeMount{Name: name, MountPath: dir})
 	}
 	podSC, containerSC := podSecurity(opts.AllowRoot)
 	pod := corev1.PodSpec{

@@ -17,5 +17,6 @@ func TestConformance(t *testing.T) {
 		// The shell executor's session is its run directory; the run
 		// directory's parent is the test's own root.
 		SecretSearch: `"$KNOTLESS_RUN_WORK/.."`,
+		CachePath:    "cache",
 	})
 }

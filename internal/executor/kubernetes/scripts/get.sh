@@ -8,6 +8,12 @@ set -eu
 dir=$1
 f=/knotless/transfer/get.$$
 trap 'rm -f "$f" "$f.sum"' EXIT
+# A step may have replaced the directory (a cache path) with a symbolic
+# link, to / say: cd would follow it and tar the pod's whole file system.
+if [ -L "$dir" ] || [ ! -d "$dir" ]; then
+	echo "knotless: $dir is not a directory" >&2
+	exit 3
+fi
 cd "$dir"
 # Steps run as a non-root user: an entry a step left without owner read
 # (or, for a directory, search) bits, mode 000 or 644, would stop tar.

@@ -1,0 +1,692 @@
+// Package cache is the runner's store of workflow caches: tar streams of
+// the directories a workflow names in `cache:`, kept between runs of the
+// same repository and workflow, apart by trust.
+//
+// Per repository, workflow and cache path the store keeps layers, each a
+// tar stream of the path as one run left it, and two references to them:
+//
+//   - the base, which the last passing trusted push promoted and which
+//     trusted runs start from;
+//   - the apart base, which untrusted runs (pulls, batches) start from.
+//     No trusted run ever reads it. It follows the base only when a push
+//     that was granted no secret promotes: a layer written by a
+//     secret-bearing push never reaches an untrusted run.
+//
+// A run saves the path into its own upper layer; only a passing trusted
+// push promotes its upper to the base (an atomic rename of a link; of two
+// pushes the one with the higher Order wins, whatever the order they
+// finish in). Every other upper is dropped.
+//
+// A layer is validated as it is saved, as hostile input: a name that
+// climbs or is absolute, a link out of the tree, a device, a stream or
+// an unpacked size over the bound is refused and nothing is kept. The
+// store itself never unpacks a layer, so nothing in it can write outside
+// the store.
+package cache
+
+import (
+	"archive/tar"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"knotless.dev/run/internal/atomicfile"
+	"knotless.dev/run/internal/tarstream"
+)
+
+// Key names one cache: a path of a workflow of a repository.
+type Key struct {
+	Repo     string `json:"repo"`
+	Workflow string `json:"workflow"`
+	Path     string `json:"path"`
+}
+
+func (k Key) String() string { return k.Repo + " " + k.Workflow + " " + k.Path }
+
+// id is the key's directory name in the store.
+func (k Key) id() string {
+	h := sha256.Sum256([]byte(k.Repo + "\x00" + k.Workflow + "\x00" + k.Path))
+	return hex.EncodeToString(h[:12])
+}
+
+// Layer describes one saved layer.
+type Layer struct {
+	Run string `json:"run"`
+	// Order ranks the pushes that may promote: the higher wins.
+	Order string `json:"order,omitempty"`
+	// Secrets says the run that wrote it was granted secrets.
+	Secrets bool      `json:"secrets,omitempty"`
+	Bytes   int64     `json:"bytes"`
+	Saved   time.Time `json:"saved"`
+	// Used is when the layer was last saved or read.
+	Used time.Time `json:"-"`
+}
+
+// Config configures a Store. A zero bound means none.
+type Config struct {
+	// Dir is the store's directory (--cache-dir's caches).
+	Dir string
+	// MaxBytes bounds one layer: its tar stream and the sum of its
+	// files' sizes (--cache-max).
+	MaxBytes int64
+	// MaxFiles bounds one layer's entries.
+	MaxFiles int64
+	// MaxTotal bounds all layers together; the least recently used go
+	// first (--cache-max-total).
+	MaxTotal int64
+	// DiskFloor is the free space of Dir's file system below which
+	// nothing is saved (--disk-floor).
+	DiskFloor int64
+	// freeSpace reports the free bytes of Dir's file system; tests set it.
+	freeSpace func(dir string) (int64, error)
+	now       func() time.Time
+}
+
+// Store is a cache store on the local disk.
+type Store struct {
+	cfg Config
+}
+
+// Errors a caller tells apart to log them.
+var (
+	// ErrCold means there is no base to start from yet.
+	ErrCold = errors.New("cache is cold")
+	// ErrDiskFloor means the store's disk is below --disk-floor.
+	ErrDiskFloor = errors.New("free disk space is below --disk-floor")
+	// ErrTooLarge means a layer passed --cache-max.
+	ErrTooLarge = errors.New("cache exceeds --cache-max")
+)
+
+// Open returns the store at cfg.Dir, creating the directory.
+func Open(cfg Config) (*Store, error) {
+	if cfg.Dir == "" {
+		return nil, errors.New("cache store: no directory")
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("cache store %s: %w", cfg.Dir, err)
+	}
+	if cfg.freeSpace == nil {
+		cfg.freeSpace = freeSpace
+	}
+	if cfg.now == nil {
+		cfg.now = time.Now
+	}
+	return &Store{cfg: cfg}, nil
+}
+
+// Dir is the store's directory.
+func (s *Store) Dir() string { return s.cfg.Dir }
+
+func freeSpace(dir string) (int64, error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return 0, fmt.Errorf("free space of %s: %w", dir, err)
+	}
+	return int64(st.Bavail) * int64(st.Bsize), nil
+}
+
+// The layout under Dir, per key:
+//
+//	<id>/key.json               the Key
+//	<id>/lock                   flock for changes of the references
+//	<id>/layers/<run>/data.tar  a layer's tar stream; its mtime is its last use
+//	<id>/layers/<run>/meta.json its Layer
+//	<id>/base  -> layers/<run>  the base (a symbolic link)
+//	<id>/apart -> layers/<run>  the apart base
+const (
+	baseLink  = "base"
+	apartLink = "apart"
+	layersDir = "layers"
+	dataFile  = "data.tar"
+	metaFile  = "meta.json"
+	keyFile   = "key.json"
+	lockFile  = "lock"
+)
+
+func (s *Store) keyDir(k Key) string { return filepath.Join(s.cfg.Dir, k.id()) }
+
+// Base opens the layer a run starts from: the base for a trusted run,
+// the apart base for an untrusted one. It returns ErrCold when there is
+// none. Reading it marks it used.
+func (s *Store) Base(k Key, trusted bool) (*os.File, Layer, error) {
+	link := apartLink
+	if trusted {
+		link = baseLink
+	}
+	dir := s.keyDir(k)
+	target, err := os.Readlink(filepath.Join(dir, link))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, Layer{}, ErrCold
+	}
+	if err != nil {
+		return nil, Layer{}, fmt.Errorf("cache %s: %w", k, err)
+	}
+	ldir, err := s.layerPath(dir, target)
+	if err != nil {
+		return nil, Layer{}, fmt.Errorf("cache %s: %w", k, err)
+	}
+	meta, err := readMeta(ldir)
+	if err != nil {
+		return nil, Layer{}, fmt.Errorf("cache %s: %w", k, err)
+	}
+	f, err := os.Open(filepath.Join(ldir, dataFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, Layer{}, ErrCold // evicted meanwhile
+	}
+	if err != nil {
+		return nil, Layer{}, fmt.Errorf("cache %s: %w", k, err)
+	}
+	now := s.cfg.now()
+	_ = os.Chtimes(filepath.Join(ldir, dataFile), now, now)
+	meta.Used = now
+	return f, meta, nil
+}
+
+// layerPath checks that a reference names a layer of this key.
+func (s *Store) layerPath(dir, target string) (string, error) {
+	run, ok := strings.CutPrefix(target, layersDir+"/")
+	if !ok || !validRun(run) {
+		return "", fmt.Errorf("reference to %q is not a layer", target)
+	}
+	return filepath.Join(dir, layersDir, run), nil
+}
+
+func validRun(run string) bool {
+	if run == "" || run == "." || run == ".." || len(run) > 128 {
+		return false
+	}
+	for _, c := range run {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// Save reads a tar stream from r into the upper layer of run, checking
+// it as hostile input. Below the disk floor it saves nothing and returns
+// ErrDiskFloor; a layer over the bounds, or one with an entry that could
+// leave its tree, is refused and nothing of it is kept.
+func (s *Store) Save(ctx context.Context, k Key, run string, meta Layer, r io.Reader) (Layer, error) {
+	if !validRun(run) {
+		return Layer{}, fmt.Errorf("cache %s: run id %q is not a file name", k, run)
+	}
+	limit := s.cfg.MaxBytes
+	if s.cfg.DiskFloor > 0 {
+		free, err := s.cfg.freeSpace(s.cfg.Dir)
+		if err != nil {
+			return Layer{}, err
+		}
+		room := free - s.cfg.DiskFloor
+		if room <= 0 {
+			return Layer{}, fmt.Errorf("cache %s: %w (%d bytes free)", k, ErrDiskFloor, free)
+		}
+		if limit == 0 || room < limit {
+			limit = room
+		}
+	}
+	dir := s.keyDir(k)
+	if err := os.MkdirAll(filepath.Join(dir, layersDir), 0o700); err != nil {
+		return Layer{}, fmt.Errorf("cache %s: %w", k, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, keyFile)); err != nil {
+		b, _ := json.Marshal(k)
+		if err := atomicfile.Write(filepath.Join(dir, keyFile), b, 0o600); err != nil {
+			return Layer{}, fmt.Errorf("cache %s: %w", k, err)
+		}
+	}
+	ldir := filepath.Join(dir, layersDir, run)
+	if err := os.RemoveAll(ldir); err != nil {
+		return Layer{}, fmt.Errorf("cache %s: %w", k, err)
+	}
+	stage, err := os.MkdirTemp(filepath.Join(dir, layersDir), ".save-")
+	if err != nil {
+		return Layer{}, fmt.Errorf("cache %s: %w", k, err)
+	}
+	defer os.RemoveAll(stage)
+	n, err := s.write(ctx, filepath.Join(stage, dataFile), r, limit)
+	if err != nil {
+		if errors.Is(err, tarstream.ErrTooLarge) || errors.Is(err, errUnpackedTooLarge) {
+			if limit < s.cfg.MaxBytes || s.cfg.MaxBytes == 0 {
+				return Layer{}, fmt.Errorf("cache %s: %w (it would take the disk below it)", k, ErrDiskFloor)
+			}
+			return Layer{}, fmt.Errorf("cache %s: %w (%d bytes)", k, ErrTooLarge, s.cfg.MaxBytes)
+		}
+		return Layer{}, fmt.Errorf("cache %s: %w", k, err)
+	}
+	meta.Run, meta.Bytes, meta.Saved = run, n, s.cfg.now().UTC()
+	b, _ := json.Marshal(meta)
+	if err := atomicfile.Write(filepath.Join(stage, metaFile), b, 0o600); err != nil {
+		return Layer{}, fmt.Errorf("cache %s: %w", k, err)
+	}
+	_ = os.Chtimes(filepath.Join(stage, dataFile), meta.Saved, meta.Saved)
+	if err := os.Rename(stage, ldir); err != nil {
+		return Layer{}, fmt.Errorf("cache %s: %w", k, err)
+	}
+	meta.Used = meta.Saved
+	return meta, nil
+}
+
+var errUnpackedTooLarge = errors.New("files larger than the bound")
+
+// write copies the tar stream r to name while checking every entry, and
+// returns the bytes written.
+func (s *Store) write(ctx context.Context, name string, r io.Reader, limit int64) (int64, error) {
+	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	counted := &tarstream.CountingWriter{W: f}
+	in := io.TeeReader(tarstream.LimitReader(ctx, r, tarstream.Limits{MaxBytes: limit}), counted)
+	if err := check(tar.NewReader(in), limit, s.cfg.MaxFiles); err != nil {
+		return counted.N, err
+	}
+	// The end-of-archive padding after the last entry.
+	if _, err := io.Copy(io.Discard, in); err != nil {
+		return counted.N, err
+	}
+	if err := f.Sync(); err != nil {
+		return counted.N, err
+	}
+	return counted.N, f.Close()
+}
+
+// check reads every entry of tr and refuses what tarstream.Unpack would
+// refuse, and a tree whose files' sizes add up past limit (a sparse file
+// is small in the stream and huge unpacked).
+func check(tr *tar.Reader, limit, maxFiles int64) error {
+	var size, files int64
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		name, err := tarstream.CleanName(hdr.Name)
+		if err != nil {
+			return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
+		}
+		files++
+		if maxFiles > 0 && files > maxFiles {
+			return fmt.Errorf("%w (%d files)", tarstream.ErrTooManyFiles, maxFiles)
+		}
+		switch hdr.Typeflag {
+		case tar.TypeDir, tar.TypeXGlobalHeader:
+		case tar.TypeReg:
+			if _, sparse := hdr.PAXRecords["GNU.sparse.map"]; sparse {
+				return fmt.Errorf("tar entry %q: sparse files are not kept", hdr.Name)
+			}
+			size += hdr.Size
+			if limit > 0 && size > limit {
+				return fmt.Errorf("tar entry %q: %w", hdr.Name, errUnpackedTooLarge)
+			}
+		case tar.TypeSymlink:
+			if err := tarstream.CheckLinkTarget(name, hdr.Linkname); err != nil {
+				return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
+			}
+		case tar.TypeLink:
+			if t, err := tarstream.CleanName(hdr.Linkname); err != nil || t == "." {
+				return fmt.Errorf("tar entry %q: hard link to %q points outside the tree", hdr.Name, hdr.Linkname)
+			}
+		default:
+			return fmt.Errorf("tar entry %q: type %q is not kept (devices, FIFOs, sparse files and others are refused)", hdr.Name, string(hdr.Typeflag))
+		}
+		if _, err := io.Copy(io.Discard, tr); err != nil {
+			return err
+		}
+	}
+}
+
+// Promote makes run's upper the base, unless the base was promoted by a
+// run of a higher order already (then the upper is dropped and Promote
+// returns false). When the run was granted no secret, the apart base
+// follows. The references change by atomic renames.
+func (s *Store) Promote(k Key, run string) (bool, error) {
+	dir := s.keyDir(k)
+	unlock, err := lock(dir)
+	if err != nil {
+		return false, fmt.Errorf("cache %s: %w", k, err)
+	}
+	defer unlock()
+	if !validRun(run) {
+		return false, fmt.Errorf("cache %s: run id %q is not a file name", k, run)
+	}
+	meta, err := readMeta(filepath.Join(dir, layersDir, run))
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil // evicted before it could be promoted
+	}
+	if err != nil {
+		return false, fmt.Errorf("cache %s: promote %s: %w", k, run, err)
+	}
+	if cur, ok := s.refMeta(dir, baseLink); ok && !newer(meta, cur) {
+		return false, s.dropLocked(dir, run)
+	}
+	var old []string
+	for _, ref := range []string{baseLink, apartLink} {
+		t, _ := os.Readlink(filepath.Join(dir, ref))
+		old = append(old, t)
+	}
+	target := layersDir + "/" + run
+	if err := relink(dir, baseLink, target); err != nil {
+		return false, fmt.Errorf("cache %s: %w", k, err)
+	}
+	if !meta.Secrets {
+		if err := relink(dir, apartLink, target); err != nil {
+			return true, fmt.Errorf("cache %s: %w", k, err)
+		}
+	}
+	return true, s.releaseLocked(dir, old)
+}
+
+// newer says a is ranked above b: a higher order, and of equal orders
+// the higher run id, so two stores given the same pushes agree.
+func newer(a, b Layer) bool {
+	if a.Order != b.Order {
+		return a.Order > b.Order
+	}
+	return a.Run > b.Run
+}
+
+// Drop removes run's upper, unless it is referenced.
+func (s *Store) Drop(k Key, run string) error {
+	dir := s.keyDir(k)
+	unlock, err := lock(dir)
+	if err != nil {
+		return fmt.Errorf("cache %s: %w", k, err)
+	}
+	defer unlock()
+	return s.dropLocked(dir, run)
+}
+
+func (s *Store) dropLocked(dir, run string) error {
+	if !validRun(run) {
+		return fmt.Errorf("run id %q is not a file name", run)
+	}
+	for _, ref := range []string{baseLink, apartLink} {
+		if t, err := os.Readlink(filepath.Join(dir, ref)); err == nil && t == layersDir+"/"+run {
+			return nil
+		}
+	}
+	return os.RemoveAll(filepath.Join(dir, layersDir, run))
+}
+
+// releaseLocked removes the layers that the references named before a
+// promotion and name no more. Other uppers belong to runs still going
+// (they drop or promote their own) or to runs that ended without (Evict
+// takes those).
+func (s *Store) releaseLocked(dir string, old []string) error {
+	now := map[string]bool{}
+	for _, ref := range []string{baseLink, apartLink} {
+		if t, err := os.Readlink(filepath.Join(dir, ref)); err == nil {
+			now[t] = true
+		}
+	}
+	var errs []error
+	for _, t := range old {
+		if t == "" || now[t] {
+			continue
+		}
+		if ldir, err := s.layerPath(dir, t); err == nil {
+			errs = append(errs, os.RemoveAll(ldir))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Store) refMeta(dir, ref string) (Layer, bool) {
+	t, err := os.Readlink(filepath.Join(dir, ref))
+	if err != nil {
+		return Layer{}, false
+	}
+	ldir, err := s.layerPath(dir, t)
+	if err != nil {
+		return Layer{}, false
+	}
+	m, err := readMeta(ldir)
+	return m, err == nil
+}
+
+func readMeta(ldir string) (Layer, error) {
+	b, err := os.ReadFile(filepath.Join(ldir, metaFile))
+	if err != nil {
+		return Layer{}, err
+	}
+	var m Layer
+	if err := json.Unmarshal(b, &m); err != nil {
+		return Layer{}, fmt.Errorf("%s: %w", filepath.Join(ldir, metaFile), err)
+	}
+	if fi, err := os.Stat(filepath.Join(ldir, dataFile)); err == nil {
+		m.Used = fi.ModTime()
+	}
+	return m, nil
+}
+
+// relink points ref at target by renaming a new link over it.
+func relink(dir, ref, target string) error {
+	tmp := filepath.Join(dir, "."+ref+".new")
+	_ = os.Remove(tmp)
+	if err := os.Symlink(target, tmp); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, ref)); err != nil {
+		return err
+	}
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return nil
+}
+
+// lock takes the key directory's lock (an flock, so that a `knotless-run
+// run` and a daemon on the same store agree too).
+func lock(dir string) (func(), error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+	}, nil
+}
+
+// Entry is one cache as List shows it.
+type Entry struct {
+	Key    Key
+	Base   *Layer // nil when cold
+	Apart  *Layer // nil when there is none
+	Uppers []Layer
+	Bytes  int64 // all its layers
+}
+
+// List returns every cache in the store, sorted by key.
+func (s *Store) List() ([]Entry, error) {
+	dirs, err := os.ReadDir(s.cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("list caches in %s: %w", s.cfg.Dir, err)
+	}
+	var out []Entry
+	for _, d := range dirs {
+		if !d.IsDir() {
+			continue
+		}
+		dir := filepath.Join(s.cfg.Dir, d.Name())
+		b, err := os.ReadFile(filepath.Join(dir, keyFile))
+		if err != nil {
+			continue // not a cache (a concurrent first save, or foreign)
+		}
+		var e Entry
+		if err := json.Unmarshal(b, &e.Key); err != nil {
+			return nil, fmt.Errorf("list caches: %s: %w", filepath.Join(dir, keyFile), err)
+		}
+		refs := map[string]string{}
+		for _, ref := range []string{baseLink, apartLink} {
+			if t, err := os.Readlink(filepath.Join(dir, ref)); err == nil {
+				refs[ref] = strings.TrimPrefix(t, layersDir+"/")
+			}
+		}
+		layers, _ := os.ReadDir(filepath.Join(dir, layersDir))
+		for _, l := range layers {
+			if strings.HasPrefix(l.Name(), ".") {
+				continue
+			}
+			m, err := readMeta(filepath.Join(dir, layersDir, l.Name()))
+			if err != nil {
+				continue
+			}
+			e.Bytes += m.Bytes
+			isRef := false
+			if refs[baseLink] == l.Name() {
+				e.Base, isRef = &m, true
+			}
+			if refs[apartLink] == l.Name() {
+				mm := m
+				e.Apart, isRef = &mm, true
+			}
+			if !isRef {
+				e.Uppers = append(e.Uppers, m)
+			}
+		}
+		out = append(out, e)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key.String() < out[j].Key.String() })
+	return out, nil
+}
+
+// Remove removes every cache whose key matches: an empty field of match
+// matches any value. It returns the keys removed.
+func (s *Store) Remove(match Key) ([]Key, error) {
+	entries, err := s.List()
+	if err != nil {
+		return nil, err
+	}
+	var removed []Key
+	var errs []error
+	for _, e := range entries {
+		if match.Repo != "" && match.Repo != e.Key.Repo || match.Workflow != "" && match.Workflow != e.Key.Workflow || match.Path != "" && match.Path != e.Key.Path {
+			continue
+		}
+		dir := s.keyDir(e.Key)
+		unlock, err := lock(dir)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		// Rename away first, so a concurrent reader sees all or nothing.
+		gone := filepath.Join(s.cfg.Dir, ".rm-"+e.Key.id())
+		err = os.Rename(dir, gone)
+		unlock()
+		if err == nil {
+			err = os.RemoveAll(gone)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("remove cache %s: %w", e.Key, err))
+			continue
+		}
+		removed = append(removed, e.Key)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// Evict removes the least recently used layers until all layers
+// together fit in --cache-max-total, sparing the layers of the run named
+// spare (just saved). It returns the layers it removed.
+func (s *Store) Evict(spare string) ([]Evicted, error) {
+	if s.cfg.MaxTotal <= 0 {
+		return nil, nil
+	}
+	entries, err := s.List()
+	if err != nil {
+		return nil, err
+	}
+	type cand struct {
+		key Key
+		l   Layer
+	}
+	var all []cand
+	var total int64
+	seen := map[string]bool{}
+	for _, e := range entries {
+		add := func(l *Layer) {
+			if l == nil || seen[e.Key.id()+"/"+l.Run] {
+				return
+			}
+			seen[e.Key.id()+"/"+l.Run] = true
+			total += l.Bytes
+			all = append(all, cand{e.Key, *l})
+		}
+		add(e.Base)
+		add(e.Apart)
+		for i := range e.Uppers {
+			add(&e.Uppers[i])
+		}
+	}
+	sort.Slice(all, func(i, j int) bool {
+		if !all[i].l.Used.Equal(all[j].l.Used) {
+			return all[i].l.Used.Before(all[j].l.Used)
+		}
+		return all[i].l.Run < all[j].l.Run
+	})
+	var out []Evicted
+	var errs []error
+	for _, c := range all {
+		if total <= s.cfg.MaxTotal {
+			break
+		}
+		if c.l.Run == spare {
+			continue
+		}
+		if err := s.evict(c.key, c.l.Run); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		total -= c.l.Bytes
+		out = append(out, Evicted{Key: c.key, Layer: c.l})
+	}
+	return out, errors.Join(errs...)
+}
+
+// Evicted is a layer Evict removed.
+type Evicted struct {
+	Key   Key
+	Layer Layer
+}
+
+func (s *Store) evict(k Key, run string) error {
+	dir := s.keyDir(k)
+	unlock, err := lock(dir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	for _, ref := range []string{baseLink, apartLink} {
+		if t, err := os.Readlink(filepath.Join(dir, ref)); err == nil && t == layersDir+"/"+run {
+			if err := os.Remove(filepath.Join(dir, ref)); err != nil {
+				return err
+			}
+		}
+	}
+	return os.RemoveAll(filepath.Join(dir, layersDir, run))
+}
