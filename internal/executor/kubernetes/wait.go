@@ -159,7 +159,13 @@ func (w *podWaiter) check(pod *corev1.Pod) (string, bool, error) {
 			return pod.Name, true, nil
 		}
 		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
-			w.note(pod, "waiting for a node (Pending is the scale-up signal): "+c.Message)
+			reason := "waiting for a node (Pending is the scale-up signal): "
+			if strings.Contains(c.Message, "anti-affinity") {
+				// Runs of one runner never share a node: more runs at once
+				// (--concurrency) than nodes wait here.
+				reason += "a node holds another run of this runner (one run per node; more runs at once than nodes): "
+			}
+			w.note(pod, reason+c.Message)
 		}
 	}
 	pulling := false
