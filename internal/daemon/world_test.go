@@ -29,6 +29,7 @@ const pixel = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QD
 // served as file://), one runner account, and a reader.
 type world struct {
 	t         *testing.T
+	srv       *pds.Server // the PDS of the accounts (srv, unless newWorldOn)
 	owner     *pds.Account
 	runner    *pds.Account
 	password  string
@@ -46,6 +47,12 @@ type world struct {
 func newWorld(t *testing.T) *world {
 	t.Helper()
 	needPDS(t)
+	return newWorldOn(t, srv)
+}
+
+// newWorldOn is newWorld on a PDS of the test's own.
+func newWorldOn(t *testing.T, srv *pds.Server) *world {
+	t.Helper()
 	ctx := context.Background()
 	owner, runner, password, err := srv.OwnerAndRunner(ctx, "knotless-run")
 	if err != nil {
@@ -56,7 +63,7 @@ func newWorld(t *testing.T) *world {
 		t.Fatal(err)
 	}
 	w := &world{
-		t: t, owner: owner, runner: runner, password: password,
+		t: t, srv: srv, owner: owner, runner: runner, password: password,
 		src:       gitrepo.New(t),
 		stateDir:  t.TempDir(),
 		cacheDir:  t.TempDir(),
@@ -97,9 +104,9 @@ func (w *world) config(mod ...func(*daemon.Config)) daemon.Config {
 	log := slog.New(slog.NewTextHandler(lockedWriter{w}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	cfg := daemon.Config{
 		Runner:      w.runner.DID,
-		PDS:         srv.URL,
+		PDS:         w.srv.URL,
 		Password:    w.password,
-		Directory:   srv.Directory(),
+		Directory:   w.srv.Directory(),
 		Targets:     []ingest.Target{{Owner: syntax.AtIdentifier(w.owner.DID), Name: "hello"}},
 		Poll:        300 * time.Millisecond,
 		Executor:    shell.New(shell.Config{Root: w.shellRoot}),
