@@ -48,7 +48,6 @@ type Registry struct {
 	c        *clustertest.Cluster
 	dir      string
 	hostsDir string // containerd's hosts.toml directory for Host
-	pushed   []string
 }
 
 // Start starts a registry for t and stops it (and removes its hosts.toml
@@ -102,11 +101,10 @@ func Start(t testing.TB, c *clustertest.Cluster) *Registry {
 		defer cancel()
 		_ = cmd.Process.Kill()
 		<-exited
-		for _, ref := range r.pushed {
-			// Pulled onto the node by the test (or not: then there is nothing to remove).
-			if err := r.nodeCtr(ctx, "images", "rm", "--sync", ref); err != nil && !strings.Contains(err.Error(), "not found") {
-				t.Errorf("registry: %v", err)
-			}
+		// What the node pulled from it: the tag and the digest reference
+		// (the image ID is shared with the cluster's own image).
+		if err := r.removePulled(ctx); err != nil {
+			t.Errorf("registry: %v", err)
 		}
 		if err := os.RemoveAll(r.hostsDir); err != nil {
 			t.Errorf("registry: %v", err)
@@ -198,14 +196,14 @@ func (r *Registry) Push(t testing.TB, repo string) string {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		for _, img := range []string{r.c.Image, ref} {
-			_ = ctr(ctx, r.c.Info.ContainerdSock, ns, "images", "rm", img)
+			_ = ctr(ctx, r.c.Info.ContainerdSock, ns, "images", "rm", "--sync", img)
 		}
 		if err := ctr(ctx, r.c.Info.ContainerdSock, "", "namespaces", "rm", ns); err != nil {
 			t.Errorf("registry: %v", err)
 		}
 	}()
 	steps := [][]string{
-		{"images", "import", archive},
+		{"images", "import", "--no-unpack", archive},
 		{"images", "tag", "--force", r.c.Image, ref},
 		{"images", "push", "--plain-http", "--user", r.User + ":" + r.Password, ref},
 	}
@@ -214,7 +212,6 @@ func (r *Registry) Push(t testing.TB, repo string) string {
 			t.Fatalf("registry: push %s: %v", ref, err)
 		}
 	}
-	r.pushed = append(r.pushed, ref)
 	return ref
 }
 
@@ -231,8 +228,21 @@ func (r *Registry) DockerConfigJSON() []byte {
 	return b
 }
 
-func (r *Registry) nodeCtr(ctx context.Context, args ...string) error {
-	return ctr(ctx, r.c.Info.ContainerdSock, "k8s.io", args...)
+// removePulled removes every image reference on the node that names
+// this registry.
+func (r *Registry) removePulled(ctx context.Context) error {
+	out, err := exec.CommandContext(ctx, "ctr", "--address", r.c.Info.ContainerdSock, "-n", "k8s.io", "images", "ls", "-q").Output()
+	if err != nil {
+		return fmt.Errorf("ctr images ls: %w", err)
+	}
+	var errs []error
+	for ref := range strings.Lines(string(out)) {
+		ref = strings.TrimSpace(ref)
+		if strings.HasPrefix(ref, r.Host+"/") {
+			errs = append(errs, ctr(ctx, r.c.Info.ContainerdSock, "k8s.io", "images", "rm", "--sync", ref))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // ctr runs ctr against the node's containerd, in namespace ns (none for

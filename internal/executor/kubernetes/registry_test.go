@@ -39,6 +39,7 @@ func TestImagePullDenied(t *testing.T) {
 			!strings.Contains(res.Error, "the registry denied access") || !strings.Contains(res.Error, "401 Unauthorized") {
 			t.Errorf("status %s (%s), want error naming the image %s and the 401 denial\nlog:\n%s", res.Status, res.Error, image, res.Log)
 		}
+		t.Logf("without credentials: %s", res.Error)
 		assertNoRunObjects(t, c)
 	})
 

@@ -32,7 +32,9 @@ func TestCheckPullDenied(t *testing.T) {
 		reason, msg string
 		wantErr     bool
 	}{
-		{"ErrImagePull", `failed to pull and unpack image "10.0.0.1:5000/ci/img:1": failed to resolve reference "10.0.0.1:5000/ci/img:1": unexpected status from HEAD request to http://10.0.0.1:5000/v2/ci/img/manifests/1: 401 Unauthorized`, true},
+		// containerd 1.6's words for a registry that wants basic
+		// credentials and got none (tests/registry, TestImagePullDenied).
+		{"ErrImagePull", `failed to pull and unpack image "10.0.0.1:5000/ci/img:1": failed to resolve reference "10.0.0.1:5000/ci/img:1": pulling from host 10.0.0.1:5000 failed with status code [manifests 1]: 401 Unauthorized`, true},
 		{"ErrImagePull", `failed to pull and unpack image "x": failed to copy: httpReadSeeker: failed open: unexpected status code http://x: 403 Forbidden`, true},
 		{"ErrImagePull", `failed to resolve reference "x": pull access denied, repository does not exist or may require authorization: server message: insufficient_scope: authorization failed`, true},
 		{"ErrImagePull", `failed to pull and unpack image "x": failed to resolve reference "x": x: not found`, false},
