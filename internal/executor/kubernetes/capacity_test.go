@@ -84,6 +84,7 @@ func TestConcurrencyAboveNodes(t *testing.T) {
 	if r := got[waitID]; r.Status != run.Success || !strings.Contains(string(r.Log), "ran after the node freed") {
 		t.Errorf("waiting run: status %s (%s), want success\nlog:\n%s", r.Status, r.Error, r.Log)
 	}
+	t.Logf("short --schedule-timeout: %s", got[giveUpID].Error)
 	if r := got[giveUpID]; r.Status != run.Error || !strings.Contains(r.Error, "not ready after --schedule-timeout 4s") ||
 		!strings.Contains(r.Error, "one run per node") || !strings.Contains(r.Error, "anti-affinity") {
 		t.Errorf("run with a short --schedule-timeout: status %s (%s), want error quoting the wait for a node", r.Status, r.Error)
@@ -99,6 +100,7 @@ func TestConcurrencyAboveNodes(t *testing.T) {
 		if !strings.Contains(line, "one run per node") || !strings.Contains(line, "anti-affinity") {
 			t.Errorf("run %s: no scale-up signal naming one run per node in the runner's log:\n%s", id, logs.String())
 		}
+		t.Logf("runner's log: %s", strings.TrimSpace(line))
 	}
 	assertNothingLeft(t, c)
 }
