@@ -2,10 +2,12 @@ package kubernetes_test
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
+	"knotless.dev/run/internal/executor/kubernetes"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/tests/clustertest"
 )
@@ -17,6 +19,34 @@ import (
 // it holds the cluster alone (tests/run-all.sh runs it in its own phase).
 func TestAPIServerDownAcrossStepEnd(t *testing.T) {
 	c := clustertest.StartExclusive(t)
+	stepEndsWhileUnreachable(t, c, nil, func() {
+		if err := c.StopAPIServerFor(context.Background(), 20*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// The same from the runner's side only, beside the other tests: the
+// runner reaches the API server through a proxy of the test's own that
+// cuts every connection and refuses new ones for 20 s across the step's
+// end.
+func TestAPIUnreachableAcrossStepEnd(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t)
+	proxy := c.NewAPIProxy(t)
+	stepEndsWhileUnreachable(t, c, func(cfg *kubernetes.Config) { cfg.Credentials.Kubeconfig = proxy.Kubeconfig }, func() {
+		proxy.Down()
+		time.Sleep(20 * time.Second)
+		proxy.Up()
+	})
+}
+
+// stepEndsWhileUnreachable runs two steps; while the first is in its
+// 10 s sleep (about 6 s left), cut makes the API server unreachable to
+// the runner for 20 s. The first step's exit (0) and the rest of its
+// output must be learned after, and the second step run (exit 4).
+func stepEndsWhileUnreachable(t *testing.T, c *clustertest.Cluster, mod func(*kubernetes.Config), cut func()) {
+	t.Helper()
 	src := `on: push
 steps:
   - name: ends-while-down
@@ -30,22 +60,30 @@ steps:
       exit 4
 `
 	runID := randomID("down")
+	var logs syncBuffer
+	withLog := func(cfg *kubernetes.Config) {
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		if mod != nil {
+			mod(cfg)
+		}
+	}
 	done := make(chan *run.Result, 1)
 	go func() {
-		done <- engine(newExecutor(t, c, nil), c.Image).Run(context.Background(), run.Request{
+		done <- engine(newExecutor(t, c, withLog), c.Image).Run(context.Background(), run.Request{
 			RunID: runID, Workflow: parse(t, src), Checkout: t.TempDir(), Trusted: true,
 		})
 	}()
 	waitForLog(t, c, runID)
-	// The step has about 6 s left; the API server stays down 20 s.
-	if err := c.StopAPIServerFor(context.Background(), 20*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	cut()
 	res := <-done
 	if res.Status != run.Failure || len(res.Steps) != 2 ||
 		res.Steps[0].ExitCode == nil || *res.Steps[0].ExitCode != 0 ||
 		res.Steps[1].ExitCode == nil || *res.Steps[1].ExitCode != 4 {
 		t.Fatalf("status %s (%s), steps %+v; want the first step's exit 0 learned after the outage and the second's 4\nlog:\n%s", res.Status, res.Error, res.Steps, res.Log)
+	}
+	// The cut came while the step ran: its stream dropped and was picked up again.
+	if !strings.Contains(logs.String(), "step stream dropped; reattaching") {
+		t.Errorf("the runner never lost the step's stream:\n%s", logs.String())
 	}
 	log := string(res.Log)
 	for _, s := range []string{"before", "after", "second"} {
