@@ -2,6 +2,7 @@ package kubernetes_test
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"strings"
 	"testing"
@@ -19,7 +20,7 @@ import (
 // it holds the cluster alone (tests/run-all.sh runs it in its own phase).
 func TestAPIServerDownAcrossStepEnd(t *testing.T) {
 	c := clustertest.StartExclusive(t)
-	stepEndsWhileUnreachable(t, c, nil, func() {
+	stepEndsWhileUnreachable(t, c, nil, func(string) {
 		if err := c.StopAPIServerFor(context.Background(), 20*time.Second); err != nil {
 			t.Fatal(err)
 		}
@@ -28,32 +29,47 @@ func TestAPIServerDownAcrossStepEnd(t *testing.T) {
 
 // The same from the runner's side only, beside the other tests: the
 // runner reaches the API server through a proxy of the test's own that
-// cuts every connection and refuses new ones for 20 s across the step's
-// end.
+// cuts every connection and refuses new ones until the test, which still
+// reaches the API server, has seen the step end in the pod.
 func TestAPIUnreachableAcrossStepEnd(t *testing.T) {
 	t.Parallel()
 	c := clustertest.Start(t)
 	proxy := c.NewAPIProxy(t)
-	stepEndsWhileUnreachable(t, c, func(cfg *kubernetes.Config) { cfg.Credentials.Kubeconfig = proxy.Kubeconfig }, func() {
+	stepEndsWhileUnreachable(t, c, func(cfg *kubernetes.Config) { cfg.Credentials.Kubeconfig = proxy.Kubeconfig }, func(pod string) {
 		proxy.Down()
-		time.Sleep(20 * time.Second)
-		proxy.Up()
+		defer proxy.Up()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		for {
+			if code, err := c.Exec(ctx, c.Namespace, pod, "run", []string{"test", "-e", "/work/ended"}, nil, io.Discard, io.Discard); err == nil && code == 0 {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				t.Error("the step did not end within a minute")
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
 	})
 }
 
-// stepEndsWhileUnreachable runs two steps; while the first is in its
-// 10 s sleep (about 6 s left), cut makes the API server unreachable to
-// the runner for 20 s. The first step's exit (0) and the rest of its
-// output must be learned after, and the second step run (exit 4).
-func stepEndsWhileUnreachable(t *testing.T, c *clustertest.Cluster, mod func(*kubernetes.Config), cut func()) {
+// stepEndsWhileUnreachable runs two steps; once the first has started
+// its 10 s sleep, cut(pod) makes the API server unreachable
+// to the runner until after the step's end (it touches /work/ended as it
+// ends). The first step's exit (0) and the rest of its output must be
+// learned after, and the second step run (exit 4).
+func stepEndsWhileUnreachable(t *testing.T, c *clustertest.Cluster, mod func(*kubernetes.Config), cut func(pod string)) {
 	t.Helper()
 	src := `on: push
 steps:
   - name: ends-while-down
     run: |
+      touch /work/started
       echo before
       sleep 10
       echo after
+      touch /work/ended
   - name: next
     run: |
       echo second
@@ -73,8 +89,17 @@ steps:
 			RunID: runID, Workflow: parse(t, src), Checkout: t.TempDir(), Trusted: true,
 		})
 	}()
-	waitForLog(t, c, runID)
-	cut()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sel := kubernetes.LabelRun + "=" + runID
+	if err := c.WaitForCommand(ctx, c.Namespace, sel, "run", []string{"test", "-e", "/work/started"}); err != nil {
+		t.Fatalf("the first step never started: %v", err)
+	}
+	pod, err := c.WaitForPod(ctx, c.Namespace, sel, clustertest.PodReady)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut(pod.Name)
 	res := <-done
 	if res.Status != run.Failure || len(res.Steps) != 2 ||
 		res.Steps[0].ExitCode == nil || *res.Steps[0].ExitCode != 0 ||
