@@ -41,6 +41,9 @@ bash tests/pds/install.sh
 phase "docker packages for the private test dockerd"
 sh tests/dockerd/install
 
+phase "docker-registry for the private test registry"
+sh tests/registry/install
+
 phase "systemd-nspawn for the appliance tests under a real systemd"
 sh tests/systemd/install
 

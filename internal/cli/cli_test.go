@@ -129,6 +129,8 @@ func TestRunBadInput(t *testing.T) {
 			"--secret TOKEN: the environment variable TOKEN is empty or unset"},
 		{"kubernetes is the default and needs credentials", []string{"run", "--workflow", wf}, nil,
 			"--executor kubernetes: no cluster credentials: give --kubeconfig, set KUBECONFIG"},
+		{"pull secret that is no Secret name", []string{"run", "--workflow", wf, "--image-pull-secret", "ok", "--image-pull-secret", "Bad_Name"}, nil,
+			`--image-pull-secret "Bad_Name": not a Secret name: a lowercase RFC 1123 subdomain`},
 		{"no workflow", []string{"run", "--executor", "shell"}, nil, "missing flags: --workflow=FILE or --steps-file=FILE"},
 		{"bad workflow", []string{"run", "--executor", "shell", "--workflow", "testdata/bad.yaml"}, nil,
 			`testdata/bad.yaml:3:1: workflow: unknown field "stepz"`},

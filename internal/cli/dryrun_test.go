@@ -30,3 +30,20 @@ func TestDryRunKubernetesNeedsNoCluster(t *testing.T) {
 		t.Errorf("exit %d (want 0, and no secret value), stdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
 	}
 }
+
+// TestDryRunImagePullSecrets: each --image-pull-secret is in the Job's
+// pod spec as the operator named it.
+func TestDryRunImagePullSecrets(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	wf := filepath.Join(dir, "w.yaml")
+	if err := os.WriteFile(wf, []byte("on: push\nsteps: [{run: 'true'}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"KUBECONFIG": filepath.Join(dir, "nonexistent"), "HOME": filepath.Join(dir, "home")}
+	r := runCLI(t, env, "run", "--executor", "kubernetes", "--dry-run", "--workflow", wf, "--namespace", "ci",
+		"--image-pull-secret", "ci-pull", "--image-pull-secret", "mirror-pull")
+	if r.code != ExitSuccess || !strings.Contains(r.stdout, "imagePullSecrets:\n      - name: ci-pull\n      - name: mirror-pull\n") {
+		t.Errorf("exit %d, want 0 and both pull secrets in the pod spec; stdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/kubernetes"
@@ -27,6 +28,7 @@ type KubeFlags struct {
 	NodeSelector    map[string]string `help:"Node selector of run pods, KEY=VALUE (repeatable)." placeholder:"KEY=VALUE" group:"kubernetes"`
 	Toleration      []string          `help:"Toleration of run pods: KEY[=VALUE]:EFFECT (repeatable)." placeholder:"KEY[=VALUE]:EFFECT" group:"kubernetes"`
 	ServiceAccount  string            `help:"Service account of run pods (its token is never mounted)." group:"kubernetes"`
+	ImagePullSecret []string          `help:"Secret in the runs namespace with credentials to pull run images (repeatable). The operator makes it; the runner never creates one." placeholder:"NAME" group:"kubernetes"`
 	ScheduleTimeout time.Duration     `help:"How long a run waits for a node (Pending is the scale-up signal)." default:"10m" group:"kubernetes"`
 	AllowRootSteps  bool              `help:"Run steps as the image's user (root, mostly) instead of UID 1000, for images that need it. Such pods meet Pod Security baseline only: mint the kubeconfig with --pod-security baseline." group:"kubernetes"`
 	Egress          string            `help:"What run pods may send out: open (as the cluster allows), deny (nothing), allow-dns (DNS only, never to the API server, link-local metadata, this host or --egress-block)." enum:"open,deny,allow-dns" default:"open" group:"kubernetes"`
@@ -84,17 +86,23 @@ func (f *KubeFlags) podOptions(image string) (kubernetes.PodOptions, error) {
 	if err != nil {
 		return kubernetes.PodOptions{}, err
 	}
+	for _, name := range f.ImagePullSecret {
+		if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 {
+			return kubernetes.PodOptions{}, fmt.Errorf("--image-pull-secret %q: not a Secret name: %s", name, strings.Join(msgs, "; "))
+		}
+	}
 	return kubernetes.PodOptions{
-		Image:          image,
-		CPURequest:     f.CPURequest,
-		MemoryRequest:  f.MemoryRequest,
-		CPULimit:       f.CPULimit,
-		MemoryLimit:    f.MemoryLimit,
-		RuntimeClass:   f.RuntimeClass,
-		NodeSelector:   f.NodeSelector,
-		Tolerations:    tolerations,
-		ServiceAccount: f.ServiceAccount,
-		AllowRoot:      f.AllowRootSteps,
+		Image:            image,
+		CPURequest:       f.CPURequest,
+		MemoryRequest:    f.MemoryRequest,
+		CPULimit:         f.CPULimit,
+		MemoryLimit:      f.MemoryLimit,
+		RuntimeClass:     f.RuntimeClass,
+		NodeSelector:     f.NodeSelector,
+		Tolerations:      tolerations,
+		ServiceAccount:   f.ServiceAccount,
+		ImagePullSecrets: f.ImagePullSecret,
+		AllowRoot:        f.AllowRootSteps,
 	}, nil
 }
 

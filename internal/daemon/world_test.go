@@ -19,6 +19,7 @@ import (
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/mirror"
 	"knotless.dev/run/tests/forgeworld"
+	"knotless.dev/run/tests/pds"
 )
 
 // pixel is a 1x1 PNG.
@@ -41,6 +42,12 @@ type world struct {
 func newWorld(t *testing.T) *world {
 	t.Helper()
 	needPDS(t)
+	return newWorldOn(t, srv)
+}
+
+// newWorldOn is newWorld on a PDS of the test's own.
+func newWorldOn(t *testing.T, srv *pds.Server) *world {
+	t.Helper()
 	return &world{
 		World:     forgeworld.New(t, srv, forgeworld.Options{}),
 		t:         t,
@@ -56,9 +63,9 @@ func (w *world) config(mod ...func(*daemon.Config)) daemon.Config {
 	log := slog.New(slog.NewTextHandler(lockedWriter{w}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	cfg := daemon.Config{
 		Runner:      w.Runner.DID,
-		PDS:         srv.URL,
+		PDS:         w.Server.URL,
 		Password:    w.Password,
-		Directory:   srv.Directory(),
+		Directory:   w.Server.Directory(),
 		Targets:     []ingest.Target{{Owner: syntax.AtIdentifier(w.Owner.DID), Name: "hello"}},
 		Poll:        300 * time.Millisecond,
 		Executor:    shell.New(shell.Config{Root: w.shellRoot}),

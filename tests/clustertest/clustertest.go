@@ -56,6 +56,7 @@ const (
 	EnvNodeName       = "KNOTLESS_TEST_NODE_NAME"
 	EnvNodeNetns      = "KNOTLESS_TEST_NODE_NETNS"
 	EnvNodeIP         = "KNOTLESS_TEST_NODE_IP"
+	EnvHostIP         = "KNOTLESS_TEST_HOST_IP"
 	EnvPodCIDR        = "KNOTLESS_TEST_POD_CIDR"
 	EnvPodBridge      = "KNOTLESS_TEST_POD_BRIDGE"
 	EnvContainerdSock = "KNOTLESS_TEST_CONTAINERD_SOCK"
@@ -78,6 +79,7 @@ type Info struct {
 	NodeName       string
 	NodeNetns      string // network namespace of the node and its pods
 	NodeIP         string
+	HostIP         string // the host's end of the link to the node: harness servers the node reaches bind here
 	PodCIDR        string
 	PodBridge      string
 	ContainerdSock string // the node's containerd, for ctr
@@ -260,6 +262,7 @@ func Connect(kubeconfig string) (*Cluster, error) {
 			NodeName:       os.Getenv(EnvNodeName),
 			NodeNetns:      os.Getenv(EnvNodeNetns),
 			NodeIP:         os.Getenv(EnvNodeIP),
+			HostIP:         os.Getenv(EnvHostIP),
 			PodCIDR:        os.Getenv(EnvPodCIDR),
 			PodBridge:      os.Getenv(EnvPodBridge),
 			ContainerdSock: os.Getenv(EnvContainerdSock),

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -91,6 +92,17 @@ func (c *Cluster) RestartAPIServer(ctx context.Context) error {
 		return fmt.Errorf("restart the API server: %w", errNoNodeInfo)
 	}
 	return Script(ctx, c.Info.Scripts, "restart-apiserver", []string{"KNOTLESS_CLUSTER_DIR=" + c.Info.Dir})
+}
+
+// StopAPIServerFor kills the API server (SIGKILL) and starts it again
+// only after down (whole seconds), returning once the cluster is whole
+// again, as RestartAPIServer does.
+func (c *Cluster) StopAPIServerFor(ctx context.Context, down time.Duration) error {
+	if c.Info.Dir == "" {
+		return fmt.Errorf("stop the API server: %w", errNoNodeInfo)
+	}
+	secs := int(down.Round(time.Second) / time.Second)
+	return Script(ctx, c.Info.Scripts, "restart-apiserver", []string{"KNOTLESS_CLUSTER_DIR=" + c.Info.Dir, "KNOTLESS_APISERVER_DOWN=" + strconv.Itoa(secs)})
 }
 
 // TokenConfig returns a client config that authenticates as the service

@@ -45,13 +45,23 @@ type Server struct {
 	PLCURL        string
 	AdminPassword string
 
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	dir    string
-	logs   *syncBuffer
-	done   chan struct{}
+	dir string
+	env []string // the PDS's environment: StartPDS starts it again with it
+
+	procMu sync.Mutex
+	pds    *proc // the PDS (and the PLC with it, from Start); nil while stopped
+	plc    *proc // the PLC on its own (StartSplit), else nil
+
 	mu     sync.Mutex
 	serial int
+}
+
+// proc is one node process of start.js.
+type proc struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	logs  *syncBuffer
+	done  chan struct{}
 }
 
 // Dir returns this module's directory (where package.json is).
@@ -81,14 +91,27 @@ type Options struct {
 	PublicHost string
 }
 
-// Start starts a PDS with a fresh data directory under dataDir. Stop it
-// with Stop.
+// Start starts a PDS with a fresh data directory under dataDir, in one
+// process with its PLC directory. Stop it with Stop.
 func Start(ctx context.Context, dataDir string) (*Server, error) {
-	return StartWith(ctx, dataDir, Options{})
+	return start(ctx, dataDir, Options{}, false)
 }
 
 // StartWith is Start with options.
 func StartWith(ctx context.Context, dataDir string, o Options) (*Server, error) {
+	return start(ctx, dataDir, o, false)
+}
+
+// StartSplit is Start with the PLC directory and the PDS in two
+// processes, so that a test can stop the PDS (StopPDS, a PDS outage) and
+// start it again (StartPDS) on the same port and data directory, with
+// the same secrets, while the PLC, which keeps its DIDs in memory only,
+// stays up.
+func StartSplit(ctx context.Context, dataDir string) (*Server, error) {
+	return start(ctx, dataDir, Options{}, true)
+}
+
+func start(ctx context.Context, dataDir string, o Options, split bool) (*Server, error) {
 	if err := Installed(); err != nil {
 		return nil, err
 	}
@@ -129,24 +152,86 @@ func StartWith(ctx context.Context, dataDir string, o Options) (*Server, error) 
 		publicURL = "http://" + net.JoinHostPort(o.PublicHost, strconv.Itoa(pdsPort))
 		env = append(env, "KNOTLESS_PDS_PUBLIC_URL="+publicURL)
 	}
+	s := &Server{dir: dir, env: env, AdminPassword: admin, PublicURL: publicURL}
+	if !split {
+		p, ready, err := startProc(ctx, env, "both")
+		if err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
+		s.pds, s.URL, s.PLCURL = p, ready.PDS, ready.PLC
+		return s, nil
+	}
+	p, ready, err := startProc(ctx, env, "plc")
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	s.plc, s.PLCURL = p, ready.PLC
+	if err := s.StartPDS(ctx); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+// StartPDS starts the PDS of a StartSplit server again after StopPDS, on
+// the same port, data directory and secrets.
+func (s *Server) StartPDS(ctx context.Context) error {
+	s.procMu.Lock()
+	defer s.procMu.Unlock()
+	if s.plc == nil {
+		return errors.New("StartPDS: the server was not started with StartSplit")
+	}
+	if s.pds != nil {
+		return errors.New("StartPDS: the PDS is running")
+	}
+	p, ready, err := startProc(ctx, s.env, "pds")
+	if err != nil {
+		return err
+	}
+	s.pds, s.URL = p, ready.PDS
+	return nil
+}
+
+// StopPDS stops the PDS of a StartSplit server with SIGKILL, as a crash
+// or a lost host would, and keeps its data directory and the PLC.
+func (s *Server) StopPDS() error {
+	s.procMu.Lock()
+	defer s.procMu.Unlock()
+	if s.plc == nil {
+		return errors.New("StopPDS: the server was not started with StartSplit")
+	}
+	if s.pds == nil {
+		return errors.New("StopPDS: the PDS is not running")
+	}
+	s.pds.kill()
+	s.pds = nil
+	return nil
+}
+
+// startProc runs start.js in mode (both, plc, pds) and waits for its
+// ready line.
+func startProc(ctx context.Context, env []string, mode string) (*proc, struct{ PDS, PLC string }, error) {
+	var ready struct{ PDS, PLC string }
 	cmd := exec.Command("node", filepath.Join(Dir(), "start.js"))
 	cmd.Dir = Dir()
-	cmd.Env = env
+	cmd.Env = append(env, "KNOTLESS_START="+mode)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	logs := &syncBuffer{}
 	cmd.Stderr = logs
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
-		return nil, err
+		return nil, ready, err
 	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		return nil, err
+		return nil, ready, err
 	}
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start PDS: %w", err)
+		return nil, ready, fmt.Errorf("start PDS: %w", err)
 	}
-	s := &Server{cmd: cmd, stdin: stdin, dir: dir, logs: logs, AdminPassword: admin, PublicURL: publicURL, done: make(chan struct{})}
+	p := &proc{cmd: cmd, stdin: stdin, logs: logs, done: make(chan struct{})}
 	lines := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)
@@ -158,48 +243,75 @@ func StartWith(ctx context.Context, dataDir string, o Options) (*Server, error) 
 	}()
 	go func() {
 		_ = cmd.Wait()
-		close(s.done)
+		close(p.done)
 	}()
 	timeout := time.NewTimer(90 * time.Second)
 	defer timeout.Stop()
 	select {
 	case line, ok := <-lines:
 		if !ok {
-			<-s.done
-			return nil, fmt.Errorf("test PDS exited before it was ready:\n%s", logs.String())
+			<-p.done
+			return nil, ready, fmt.Errorf("test PDS (%s) exited before it was ready:\n%s", mode, logs.String())
 		}
-		var ready struct{ PDS, PLC string }
 		if err := json.Unmarshal([]byte(line), &ready); err != nil {
-			s.Stop()
-			return nil, fmt.Errorf("test PDS said %q: %w\n%s", line, err, logs.String())
+			p.stop()
+			return nil, ready, fmt.Errorf("test PDS (%s) said %q: %w\n%s", mode, line, err, logs.String())
 		}
-		s.URL, s.PLCURL = ready.PDS, ready.PLC
 	case <-timeout.C:
-		s.Stop()
-		return nil, fmt.Errorf("test PDS not ready after 90s:\n%s", logs.String())
+		p.stop()
+		return nil, ready, fmt.Errorf("test PDS (%s) not ready after 90s:\n%s", mode, logs.String())
 	case <-ctx.Done():
-		s.Stop()
-		return nil, ctx.Err()
+		p.stop()
+		return nil, ready, ctx.Err()
 	}
-	return s, nil
+	return p, ready, nil
 }
 
-// Logs returns what the PDS wrote to stderr.
-func (s *Server) Logs() string { return s.logs.String() }
+// stop ends the process gracefully (SIGTERM, SIGKILL after 10 s) and
+// whatever it left in its process group.
+func (p *proc) stop() {
+	_ = p.stdin.Close()
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+}
+
+// kill ends the process group at once.
+func (p *proc) kill() {
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
+	_ = p.stdin.Close()
+}
+
+// Logs returns what the PDS (and the PLC) wrote to stderr.
+func (s *Server) Logs() string {
+	s.procMu.Lock()
+	defer s.procMu.Unlock()
+	var out string
+	for _, p := range []*proc{s.plc, s.pds} {
+		if p != nil {
+			out += p.logs.String()
+		}
+	}
+	return out
+}
 
 // Stop stops the PDS and the PLC directory and removes the data
 // directory. It is safe to call more than once.
 func (s *Server) Stop() {
-	_ = s.stdin.Close()
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.done:
-	case <-time.After(10 * time.Second):
-		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
-		<-s.done
+	s.procMu.Lock()
+	defer s.procMu.Unlock()
+	for _, p := range []*proc{s.pds, s.plc} {
+		if p != nil {
+			p.stop()
+		}
 	}
-	// Kill whatever the node process left in its group.
-	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+	s.pds, s.plc = nil, nil
 	_ = os.RemoveAll(s.dir)
 }
 

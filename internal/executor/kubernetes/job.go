@@ -111,6 +111,10 @@ type PodOptions struct {
 	NodeSelector   map[string]string
 	Tolerations    []corev1.Toleration
 	ServiceAccount string
+	// ImagePullSecrets name Secrets of the runs namespace (made by the
+	// operator; the runner never creates one) that the kubelet uses to
+	// pull the run image.
+	ImagePullSecrets []string
 	// StateSizeLimit bounds the memory-backed volume that holds step
 	// output spools.
 	StateSizeLimit string
@@ -200,6 +204,9 @@ func BuildJob(namespace string, spec executor.Spec, opts PodOptions) (*batchv1.J
 			VolumeMounts:    mounts,
 			SecurityContext: containerSC,
 		}},
+	}
+	for _, name := range opts.ImagePullSecrets {
+		pod.ImagePullSecrets = append(pod.ImagePullSecrets, corev1.LocalObjectReference{Name: name})
 	}
 	if opts.RuntimeClass != "" {
 		pod.RuntimeClassName = ptr.To(opts.RuntimeClass)

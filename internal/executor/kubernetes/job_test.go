@@ -56,7 +56,8 @@ func TestBuildJobGolden(t *testing.T) {
 	job, err := BuildJob("runs", testSpec(), PodOptions{
 		Image: "busybox:stable", MemoryRequest: "1Gi", CPULimit: "4", MemoryLimit: "2Gi",
 		RuntimeClass: "gvisor", NodeSelector: map[string]string{"pool": "ci"},
-		Tolerations: []corev1.Toleration{{Key: "ci", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+		Tolerations:      []corev1.Toleration{{Key: "ci", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+		ImagePullSecrets: []string{"ci-pull"},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -31,6 +31,20 @@ func fatalWaiting(reason string) bool {
 	return false
 }
 
+// pullDenied reports a pull error in which the registry refused the
+// credentials (or their absence): waiting never changes that, as the
+// pod's pull secrets are fixed. containerd says "401 Unauthorized" or
+// "403 Forbidden"; registries add "unauthorized" or "denied" codes.
+func pullDenied(msg string) bool {
+	m := strings.ToLower(msg)
+	for _, s := range []string{"401 unauthorized", "403 forbidden", "unauthorized:", "denied:", "authorization failed"} {
+		if strings.Contains(m, s) {
+			return true
+		}
+	}
+	return false
+}
+
 // podWaiter follows a Job's pod through a watch until it is Ready.
 type podWaiter struct {
 	cs      kubernetes.Interface
@@ -145,7 +159,13 @@ func (w *podWaiter) check(pod *corev1.Pod) (string, bool, error) {
 			return pod.Name, true, nil
 		}
 		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
-			w.note(pod, "waiting for a node (Pending is the scale-up signal): "+c.Message)
+			reason := "waiting for a node (Pending is the scale-up signal): "
+			if strings.Contains(c.Message, "anti-affinity") {
+				// Runs of one runner never share a node: more runs at once
+				// (--concurrency) than nodes wait here.
+				reason += "a node holds another run of this runner (one run per node; more runs at once than nodes): "
+			}
+			w.note(pod, reason+c.Message)
 		}
 	}
 	pulling := false
@@ -160,6 +180,8 @@ func (w *podWaiter) check(pod *corev1.Pod) (string, bool, error) {
 		switch {
 		case fatalWaiting(wt.Reason):
 			return "", false, fmt.Errorf("pod %s cannot start: %s: %s", pod.Name, wt.Reason, wt.Message)
+		case wt.Reason == "ErrImagePull" && pullDenied(wt.Message):
+			return "", false, fmt.Errorf("pod %s cannot pull image %s: the registry denied access (%s; a registry that needs credentials needs --image-pull-secret): %s", pod.Name, cs.Image, wt.Reason, wt.Message)
 		case wt.Reason == "ErrImagePull" || wt.Reason == "ImagePullBackOff":
 			pulling = true
 			if w.pullFailingSince.IsZero() {

@@ -1,0 +1,93 @@
+package kubernetes_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"knotless.dev/run/internal/executor/kubernetes"
+	"knotless.dev/run/internal/run"
+	"knotless.dev/run/tests/clustertest"
+	"knotless.dev/run/tests/registry"
+)
+
+// A run whose image is in a registry that needs credentials (Debian's
+// docker-registry with htpasswd, tests/registry). Without a pull secret
+// it ends error at the first denied pull, naming the image and the
+// denial: the pull grace is set far past the test's own timeout, so only
+// the denial can end it. With ImagePullSecrets (--image-pull-secret)
+// naming a Secret the test made, the node pulls the image and the run
+// succeeds. Neither leaves a Job or pod, and the runner creates no Secret.
+func TestImagePullDenied(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t)
+	reg := registry.Start(t, c)
+	image := reg.Push(t, c.Namespace)
+	src := "on: push\nimage: " + image + "\nsteps: [{run: 'echo pulled from the registry'}]\n"
+	ctx := context.Background()
+	noGrace := func(cfg *kubernetes.Config) { cfg.PullGrace = time.Hour }
+
+	t.Run("without credentials", func(t *testing.T) {
+		res := engine(newExecutor(t, c, noGrace), c.Image).Run(ctx, run.Request{
+			RunID: randomID("deny"), Workflow: parse(t, src), Checkout: t.TempDir(), Trusted: true,
+		})
+		if res.Status != run.Error || !strings.Contains(res.Error, "cannot pull image "+image) ||
+			!strings.Contains(res.Error, "the registry denied access") || !strings.Contains(res.Error, "401 Unauthorized") {
+			t.Errorf("status %s (%s), want error naming the image %s and the 401 denial\nlog:\n%s", res.Status, res.Error, image, res.Log)
+		}
+		t.Logf("without credentials: %s", res.Error)
+		assertNoRunObjects(t, c)
+	})
+
+	t.Run("with a pull secret", func(t *testing.T) {
+		secret := &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: "registry-pull"},
+			Type:       corev1.SecretTypeDockerConfigJson,
+			Data:       map[string][]byte{corev1.DockerConfigJsonKey: reg.DockerConfigJSON()},
+		}
+		if _, err := c.Clientset.CoreV1().Secrets(c.Namespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		withSecret := func(cfg *kubernetes.Config) {
+			noGrace(cfg)
+			cfg.Pod.ImagePullSecrets = []string{secret.Name}
+		}
+		res := engine(newExecutor(t, c, withSecret), c.Image).Run(ctx, run.Request{
+			RunID: randomID("pull"), Workflow: parse(t, src), Checkout: t.TempDir(), Trusted: true,
+		})
+		if res.Status != run.Success || !strings.Contains(string(res.Log), "pulled from the registry") {
+			t.Errorf("status %s (%s), want success\nlog:\n%s", res.Status, res.Error, res.Log)
+		}
+		assertNoRunObjects(t, c)
+		secrets, err := c.Clientset.CoreV1().Secrets(c.Namespace).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(secrets.Items) != 1 || secrets.Items[0].Name != secret.Name {
+			t.Errorf("secrets in the namespace: %d, want only the test's %s", len(secrets.Items), secret.Name)
+		}
+	})
+}
+
+// assertNoRunObjects checks that the namespace holds no Job or pod of any
+// run (Secrets may be the test's own).
+func assertNoRunObjects(t *testing.T, c *clustertest.Cluster) {
+	t.Helper()
+	ctx := context.Background()
+	sel := metav1.ListOptions{LabelSelector: kubernetes.LabelRun}
+	jobs, err := c.Clientset.BatchV1().Jobs(c.Namespace).List(ctx, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods, err := c.Clientset.CoreV1().Pods(c.Namespace).List(ctx, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(jobs.Items)+len(pods.Items) != 0 {
+		t.Errorf("left behind: %d jobs, %d pods", len(jobs.Items), len(pods.Items))
+	}
+}
