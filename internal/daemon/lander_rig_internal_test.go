@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/google/go-cmp/cmp"
@@ -347,6 +348,9 @@ func TestLanderEjects(t *testing.T) {
 			p.State = "closed"
 			r.queue.pulls[syntax.ATURI(uris[1])] = p
 		}, forge.EjectClosed, "no longer open"},
+		{"pull record gone", func(r *rig, _ *queueScript, _, uris []string) {
+			delete(r.queue.pulls, syntax.ATURI(uris[1]))
+		}, forge.EjectClosed, "the pull record is gone"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -450,6 +454,82 @@ func TestLanderBaseMovedAtPush(t *testing.T) {
 		}
 		if len(r.queue.landingList()) != 1 {
 			t.Errorf("landings %+v, want one", r.queue.landingList())
+		}
+	})
+}
+
+// The base branch moves while the batch's checks run: the lander sees
+// it before pushing, voids the batch and lands a new one on the moved
+// base; no push is even tried over the old one.
+func TestLanderBaseMovedWhileTheBatchRuns(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		r, s := newLanderRig(t)
+		_, h1 := r.queuePull(1, "a.txt")
+		gate := make(chan struct{})
+		r.exec.Script = func(runID, id string) fakeexec.Step {
+			if uri := syntax.ATURI(r.exec.Session(runID).Spec().Annotations["knotless.dev/event"]); uri.Collection().String() == forge.CollectionBatch {
+				return fakeexec.Step{Gate: gate}
+			}
+			return s.step(runID, id)
+		}
+		stop := serveRig(t, r.d)
+		synctest.Wait()
+		moved := commitID("someone else pushed")
+		r.git.mu.Lock()
+		r.git.heads = map[string]string{"main": moved}
+		r.git.mu.Unlock()
+		close(gate)
+		synctest.Wait()
+		stop()
+
+		var got []string
+		for _, b := range r.queue.batchList() {
+			got = append(got, b.Status+" on "+b.Base)
+		}
+		if diff := cmp.Diff([]string{"rebuilt on " + baseCommit("main"), "landed on " + moved}, got); diff != "" {
+			t.Errorf("batches (-want +got):\n%s", diff)
+		}
+		if r.git.refused != 0 || len(r.git.pushes) != 1 || !slices.Equal(r.git.landed("main"), []string{h1}) {
+			t.Errorf("refused %d, pushes %q, on main %q", r.git.refused, r.git.pushes, r.git.landed("main"))
+		}
+	})
+}
+
+// A batch that failed before, whose bisection state.json lost, is not
+// run again: the lander bisects it from its failed record (at the next
+// poll), ejects the culprit and lands the rest.
+func TestLanderBisectsAgainAfterLosingItsMemory(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		r, s := newLanderRig(t)
+		_, h1 := r.queuePull(1, "a.txt")
+		p2, h2 := r.queuePull(2, "b.txt")
+		s.culprit = h2
+		base := baseCommit("main")
+		bp := []forge.BatchPull{{Pull: "at://did:plc:author/" + forge.CollectionPull + "/3p1", Commit: h1}, {Pull: p2, Commit: h2}}
+		key := forge.BatchKey(testRepo, base, bp)
+		r.queue.batches[key] = forge.Batch{Type: forge.CollectionBatch, Repo: testRepo, Ref: "refs/heads/main", Base: base, Pulls: bp,
+			Squashed: commitID("lost"), Status: forge.BatchFailed, Error: "workflow batch: failure", CreatedAt: "2026-01-01T00:01:00.000Z"}
+		r.queue.born[key] = 0
+		stop := serveRig(t, r.d)
+		synctest.Wait()
+		time.Sleep(r.d.cfg.Poll)
+		synctest.Wait()
+		stop()
+
+		if diff := cmp.Diff([]string{h1}, r.git.landed("main")); diff != "" {
+			t.Errorf("pulls on main (-want +got):\n%s", diff)
+		}
+		if diff := cmp.Diff(map[string]string{p2: forge.EjectBatch}, r.queue.reasons()); diff != "" {
+			t.Errorf("ejections (-want +got):\n%s", diff)
+		}
+		var got []string
+		for _, b := range r.queue.batchList() {
+			got = append(got, fmt.Sprintf("%s %d", b.Status, len(b.Pulls)))
+		}
+		if diff := cmp.Diff([]string{"failed 2", "landed 1", "failed 1"}, got); diff != "" {
+			t.Errorf("batches (-want +got):\n%s", diff)
 		}
 	})
 }
