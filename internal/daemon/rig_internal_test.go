@@ -24,7 +24,8 @@ import (
 )
 
 // A rig is a Daemon whose outside is in memory: the intake, the
-// mirrors, the blob store, the sealed secrets, the check writer
+// mirrors (and the git source behind them), the blob store, the sealed
+// secrets, the merge queue's records (fakeQueue), the check writer
 // (fakePDS) and the executor (fakeexec). It drives the daemon's own
 // code, serve and its workers included, with no server, git or process.
 // The real-PDS tests (world_test.go) cover the same ground end to end.
