@@ -145,6 +145,7 @@ type Daemon struct {
 	lister  intake
 	blobs   blobStore     // takes logs and outputs: the account
 	sealed  sealedSecrets // the owners' sealed secrets: the reader
+	queue   queueRecords  // the merge queue's records: reader and account
 
 	wake chan struct{} // a hint that records changed: reconcile soon
 	// warned holds the workflow warnings already logged (warnUnacted).
@@ -249,7 +250,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.mirrors, d.sealed = mirrors{ms}, secretReader{d.reader}
+	d.mirrors, d.sealed, d.queue = mirrors{ms}, secretReader{d.reader}, queueForge{d.reader, acct}
 	d.engine = run.New(run.Config{
 		Executor:     cfg.Executor,
 		Logger:       cfg.Logger.With("component", "run"),

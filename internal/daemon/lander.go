@@ -90,17 +90,17 @@ func (d *Daemon) landRepo(ctx context.Context, repo forge.Record[forge.Repo], lo
 	if err != nil {
 		return fmt.Errorf("repository owner: %w", err)
 	}
-	entries, bad, err := forge.List[forge.QueueEntry](ctx, d.reader, owner, forge.CollectionQueueEntry)
+	entries, bad, err := d.queue.Entries(ctx, owner)
 	if err != nil {
 		return err
 	}
 	warnInvalid(log, bad)
-	batches, bad, err := forge.ListOwn[forge.Batch](ctx, d.account, forge.CollectionBatch)
+	batches, bad, err := d.queue.Batches(ctx)
 	if err != nil {
 		return err
 	}
 	warnInvalid(log, bad)
-	ejections, bad, err := forge.ListOwn[forge.Ejection](ctx, d.account, forge.CollectionEjection)
+	ejections, bad, err := d.queue.Ejections(ctx)
 	if err != nil {
 		return err
 	}
@@ -143,8 +143,8 @@ func (d *Daemon) landRepo(ctx context.Context, repo forge.Record[forge.Repo], lo
 		if done[pc] {
 			continue
 		}
-		var p forge.Pull
-		if _, err := d.reader.Get(ctx, syntax.ATURI(v.Pull), &p); err != nil {
+		p, err := d.queue.Pull(ctx, syntax.ATURI(v.Pull))
+		if err != nil {
 			if errors.Is(err, forge.ErrNotFound) {
 				continue // gone: Decide ejects it
 			}
@@ -267,7 +267,7 @@ func (d *Daemon) verdict(ev ingest.Event, wfs []*workflow.Workflow) (checksVerdi
 func (d *Daemon) eject(ctx context.Context, repo string, ej mergequeue.Ejection, batch string, log *slog.Logger) error {
 	rec := forge.Ejection{Type: forge.CollectionEjection, Repo: repo, Pull: ej.Pull, Commit: ej.Commit, Reason: ej.Reason,
 		Detail: truncate(ej.Detail, 3000), Batch: batch, CreatedAt: forge.Now()}
-	if _, err := d.account.Put(ctx, forge.CollectionEjection, forge.EjectionKey(ej.Pull, ej.Commit), rec); err != nil {
+	if _, err := d.queue.Put(ctx, forge.CollectionEjection, forge.EjectionKey(ej.Pull, ej.Commit), rec); err != nil {
 		return fmt.Errorf("write ejection: %w", err)
 	}
 	log.Info("pull left the merge queue", "pull", ej.Pull, "commit", ej.Commit, "reason", ej.Reason, "detail", ej.Detail)
@@ -338,7 +338,7 @@ func (d *Daemon) startBatch(ctx context.Context, repo forge.Record[forge.Repo], 
 	}
 	b := forge.Batch{Type: forge.CollectionBatch, Repo: uri, Ref: "refs/heads/" + branch, Base: base, Pulls: bp, Squashed: tip,
 		Status: forge.BatchRunning, CreatedAt: createdAt}
-	at, err := d.account.Put(ctx, forge.CollectionBatch, key, b)
+	at, err := d.queue.Put(ctx, forge.CollectionBatch, key, b)
 	if err != nil {
 		return fmt.Errorf("write batch: %w", err)
 	}
@@ -427,7 +427,7 @@ func (d *Daemon) advance(ctx context.Context, repo forge.Record[forge.Repo], b f
 		return nil
 	case verdictFailed:
 		v.Status, v.Error = forge.BatchFailed, truncate(detail, 3000)
-		if _, err := d.account.Put(ctx, forge.CollectionBatch, b.URI.RecordKey().String(), v); err != nil {
+		if _, err := d.queue.Put(ctx, forge.CollectionBatch, b.URI.RecordKey().String(), v); err != nil {
 			return fmt.Errorf("write batch: %w", err)
 		}
 		pcs := make([]mergequeue.PullCommit, len(v.Pulls))
@@ -468,8 +468,7 @@ func (d *Daemon) advance(ctx context.Context, repo forge.Record[forge.Repo], b f
 // no longer open at its approved commit ("" when all are).
 func (d *Daemon) pullsStill(ctx context.Context, v forge.Batch) (string, error) {
 	for _, bp := range v.Pulls {
-		var p forge.Pull
-		_, err := d.reader.Get(ctx, syntax.ATURI(bp.Pull), &p)
+		p, err := d.queue.Pull(ctx, syntax.ATURI(bp.Pull))
 		switch {
 		case errors.Is(err, forge.ErrNotFound):
 			return "the pull " + bp.Pull + " is gone", nil
@@ -494,8 +493,8 @@ func (d *Daemon) resquash(ctx context.Context, m gitRepo, b forge.Record[forge.B
 	pulls := map[string]forge.Pull{}
 	qs := make([]mergequeue.Queued, len(v.Pulls))
 	for i, bp := range v.Pulls {
-		var p forge.Pull
-		if _, err := d.reader.Get(ctx, syntax.ATURI(bp.Pull), &p); err != nil {
+		p, err := d.queue.Pull(ctx, syntax.ATURI(bp.Pull))
+		if err != nil {
 			return err
 		}
 		p.Head.Commit = bp.Commit
@@ -516,7 +515,7 @@ func (d *Daemon) resquash(ctx context.Context, m gitRepo, b forge.Record[forge.B
 func (d *Daemon) void(ctx context.Context, b forge.Record[forge.Batch], why string, log *slog.Logger) error {
 	v := b.Value
 	v.Status, v.Error = forge.BatchRebuilt, truncate(why, 3000)
-	if _, err := d.account.Put(ctx, forge.CollectionBatch, b.URI.RecordKey().String(), v); err != nil {
+	if _, err := d.queue.Put(ctx, forge.CollectionBatch, b.URI.RecordKey().String(), v); err != nil {
 		return fmt.Errorf("write batch: %w", err)
 	}
 	log.Info("batch void; it is built again", "why", why)
@@ -534,11 +533,11 @@ func (d *Daemon) landed(ctx context.Context, b forge.Record[forge.Batch], mem *l
 		return err
 	}
 	l := forge.Landing{Type: forge.CollectionLanding, Repo: v.Repo, Ref: v.Ref, Old: v.Base, New: v.Squashed, Batch: b.URI.String(), CreatedAt: forge.Now()}
-	if _, err := d.account.Put(ctx, forge.CollectionLanding, key, l); err != nil {
+	if _, err := d.queue.Put(ctx, forge.CollectionLanding, key, l); err != nil {
 		return fmt.Errorf("write landing: %w", err)
 	}
 	v.Status = forge.BatchLanded
-	if _, err := d.account.Put(ctx, forge.CollectionBatch, b.URI.RecordKey().String(), v); err != nil {
+	if _, err := d.queue.Put(ctx, forge.CollectionBatch, b.URI.RecordKey().String(), v); err != nil {
 		return fmt.Errorf("write batch: %w", err)
 	}
 	pcs := make([]mergequeue.PullCommit, len(v.Pulls))

@@ -15,7 +15,7 @@ import (
 
 // The daemon's ports: the narrow part of each outside thing it uses.
 // start fills them with the real ones (ingest.Lister, mirror.Mirrors,
-// forge.Account, forge.Reader); the rules' tests fill them with
+// forge.Account, forge.Reader, queueForge); the rules' tests fill them with
 // in-memory fakes. Check records go through checks.Writer, sessions
 // through executor.Executor.
 
@@ -56,6 +56,20 @@ type sealedSecrets interface {
 	Secrets(ctx context.Context, owner syntax.DID) ([]forge.Record[forge.Secret], []forge.Invalid, error)
 }
 
+// queueRecords are the merge queue's records, all the lander reads and
+// writes besides checks (queueForge): the owner's queue entries, the
+// queued pulls, and the lander's own batches, ejections and landings.
+type queueRecords interface {
+	Entries(ctx context.Context, owner syntax.DID) ([]forge.Record[forge.QueueEntry], []forge.Invalid, error)
+	// Pull reads a pull record; forge.ErrNotFound when it is gone.
+	Pull(ctx context.Context, uri syntax.ATURI) (forge.Pull, error)
+	Batches(ctx context.Context) ([]forge.Record[forge.Batch], []forge.Invalid, error)
+	Ejections(ctx context.Context) ([]forge.Record[forge.Ejection], []forge.Invalid, error)
+	// Put writes one of the lander's own records (a batch, an ejection
+	// or a landing).
+	Put(ctx context.Context, collection, rkey string, v any) (syntax.ATURI, error)
+}
+
 // mirrors is mirror.Mirrors as a mirrorSet.
 type mirrors struct{ m *mirror.Mirrors }
 
@@ -72,4 +86,33 @@ type secretReader struct{ r *forge.Reader }
 
 func (s secretReader) Secrets(ctx context.Context, owner syntax.DID) ([]forge.Record[forge.Secret], []forge.Invalid, error) {
 	return forge.List[forge.Secret](ctx, s.r, owner, forge.CollectionSecret)
+}
+
+// queueForge reads the queue with a forge.Reader and keeps the lander's
+// records in its forge.Account.
+type queueForge struct {
+	r *forge.Reader
+	a *forge.Account
+}
+
+func (q queueForge) Entries(ctx context.Context, owner syntax.DID) ([]forge.Record[forge.QueueEntry], []forge.Invalid, error) {
+	return forge.List[forge.QueueEntry](ctx, q.r, owner, forge.CollectionQueueEntry)
+}
+
+func (q queueForge) Pull(ctx context.Context, uri syntax.ATURI) (forge.Pull, error) {
+	var p forge.Pull
+	_, err := q.r.Get(ctx, uri, &p)
+	return p, err
+}
+
+func (q queueForge) Batches(ctx context.Context) ([]forge.Record[forge.Batch], []forge.Invalid, error) {
+	return forge.ListOwn[forge.Batch](ctx, q.a, forge.CollectionBatch)
+}
+
+func (q queueForge) Ejections(ctx context.Context) ([]forge.Record[forge.Ejection], []forge.Invalid, error) {
+	return forge.ListOwn[forge.Ejection](ctx, q.a, forge.CollectionEjection)
+}
+
+func (q queueForge) Put(ctx context.Context, collection, rkey string, v any) (syntax.ATURI, error) {
+	return q.a.Put(ctx, collection, rkey, v)
 }

@@ -2,7 +2,9 @@ package daemon
 
 import (
 	"context"
-	"errors"
+	"crypto/sha1"
+	"encoding/hex"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -22,7 +24,8 @@ import (
 )
 
 // A rig is a Daemon whose outside is in memory: the intake, the
-// mirrors, the blob store, the sealed secrets, the check writer
+// mirrors (and the git source behind them), the blob store, the sealed
+// secrets, the merge queue's records (fakeQueue), the check writer
 // (fakePDS) and the executor (fakeexec). It drives the daemon's own
 // code, serve and its workers included, with no server, git or process.
 // The real-PDS tests (world_test.go) cover the same ground end to end.
@@ -34,6 +37,7 @@ type rig struct {
 	blobs *fakeBlobs
 	exec  *fakeexec.Executor
 	notes *notes
+	queue *fakeQueue
 }
 
 const (
@@ -45,7 +49,8 @@ const (
 func newRig(t *testing.T) *rig {
 	t.Helper()
 	d, pds := testDaemon(t)
-	r := &rig{d: d, pds: pds, in: &fakeIntake{}, git: &fakeMirrors{}, blobs: &fakeBlobs{}, exec: &fakeexec.Executor{}, notes: &notes{}}
+	r := &rig{d: d, pds: pds, in: &fakeIntake{}, git: &fakeMirrors{}, blobs: &fakeBlobs{}, exec: &fakeexec.Executor{}, notes: &notes{},
+		queue: newFakeQueue()}
 	r.use(d)
 	return r
 }
@@ -56,7 +61,7 @@ func (r *rig) use(d *Daemon) {
 	d.cfg.Executor = r.exec
 	d.cfg.Notify = r.notes.add
 	d.cfg.StopWait = time.Minute
-	d.lister, d.mirrors, d.blobs, d.sealed = r.in, r.git, r.blobs, &fakeSealed{}
+	d.lister, d.mirrors, d.blobs, d.sealed, d.queue = r.in, r.git, r.blobs, &fakeSealed{}, r.queue
 	d.engine = run.New(run.Config{Executor: r.exec, Runner: rigRunner})
 	d.detach = make(chan struct{})
 	d.faults.swept = true
@@ -118,10 +123,12 @@ func ciWorkflow(name string, scripts ...string) *workflow.Workflow {
 	return wf
 }
 
-// fakeIntake answers Reconcile with the events set.
+// fakeIntake answers Reconcile with the events set, and lists their
+// repositories and the repositories set.
 type fakeIntake struct {
 	mu      sync.Mutex
 	events  []ingest.Event
+	repos   []forge.Record[forge.Repo]
 	err     error
 	changes []ingest.Change
 }
@@ -146,6 +153,12 @@ func (f *fakeIntake) Reconcile(context.Context) (*ingest.Snapshot, error) {
 			snap.Repos = append(snap.Repos, ev.Repo)
 		}
 	}
+	for _, repo := range f.repos {
+		if !seen[repo.URI] {
+			seen[repo.URI] = true
+			snap.Repos = append(snap.Repos, repo)
+		}
+	}
 	return snap, nil
 }
 
@@ -155,8 +168,10 @@ func (f *fakeIntake) Changed(c ingest.Change) {
 	f.mu.Unlock()
 }
 
-// fakeMirrors is every mirror at once: the workflows of every tree, and
-// the faults set.
+// fakeMirrors is every mirror at once, and the git source behind them:
+// the workflows of every tree, a tiny model of commits for the lander
+// (branch heads at the source, squashed stacks, conflicts by path, a
+// push with a lease) and the faults set.
 type fakeMirrors struct {
 	mu        sync.Mutex
 	workflows []*workflow.Workflow
@@ -165,12 +180,56 @@ type fakeMirrors struct {
 	conflict  bool
 	opened    []string
 	exported  []string
+
+	// heads are the source's branches (a branch not set is at
+	// baseCommit(branch)).
+	heads map[string]string
+	// paths are the paths each pull head changes: two heads that change
+	// a path in common conflict when squashed onto one another.
+	paths map[string][]string
+	// baseConflicts are the pull heads that do not merge onto the base.
+	baseConflicts map[string]bool
+	// objects are the squashed commits in the mirror; parent and stack
+	// say what each is: its parent, and the pull heads on it in order.
+	objects map[string]bool
+	parent  map[string]string
+	stack   map[string][]string
+	// moveOnPush, when set, is where someone else moves the branch just
+	// before the next push (the lease then refuses it).
+	moveOnPush string
+	// pushes are the pushes the source took ("branch old new"), refused
+	// those the lease refused.
+	pushes  []string
+	refused int
+}
+
+// baseCommit is where a branch of the source starts.
+func baseCommit(branch string) string { return commitID("base " + branch) }
+
+// commitID is a well-formed commit id made of s.
+func commitID(s string) string {
+	h := sha1.Sum([]byte(s))
+	return hex.EncodeToString(h[:])
 }
 
 func (f *fakeMirrors) setWorkflows(wfs ...*workflow.Workflow) {
 	f.mu.Lock()
 	f.workflows = wfs
 	f.mu.Unlock()
+}
+
+func (f *fakeMirrors) head(branch string) string {
+	if c, ok := f.heads[branch]; ok {
+		return c
+	}
+	return baseCommit(branch)
+}
+
+// landed lists the pull heads on branch at the source, oldest first.
+func (f *fakeMirrors) landed(branch string) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.stack[f.head(branch)])
 }
 
 func (f *fakeMirrors) Open(_ context.Context, key string) (gitRepo, error) {
@@ -189,13 +248,15 @@ func (r fakeRepo) Fetch(_ context.Context, _ mirror.Origin, _, _, _ string) erro
 }
 
 func (r fakeRepo) Branch(_ context.Context, _, branch string) (string, error) {
-	return "base-" + branch, nil
+	r.f.mu.Lock()
+	defer r.f.mu.Unlock()
+	return r.f.head(branch), nil
 }
 
 func (r fakeRepo) Merge(_ context.Context, base, head string) (string, error) {
 	r.f.mu.Lock()
 	defer r.f.mu.Unlock()
-	if r.f.conflict {
+	if r.f.conflict || r.f.baseConflicts[head] {
 		return "", &mirror.ConflictError{Base: base, Head: head, Detail: "CONFLICT (content): README"}
 	}
 	return "merge-" + head, nil
@@ -214,16 +275,93 @@ func (r fakeRepo) Export(_ context.Context, tree, dir string) error {
 	return writePrivate(dir+"/README", []byte(tree))
 }
 
-// The rig runs no merge queue: the lander's tests use real mirrors.
-func (fakeRepo) Squash(context.Context, string, []mirror.SquashPull, mirror.Identity, time.Time) (string, []mirror.Squashed, error) {
-	return "", nil, errors.New("fake mirror: no squash in the rig")
+// Squash stacks the pulls onto base as mirror.Repo.Squash does: a pull
+// that conflicts (with the base, or on a path an earlier pull of the
+// stack changed) is left out; each other one gets a commit whose id
+// depends only on its parent, head, message, identity and time, so
+// squashing again gives the same commits.
+func (r fakeRepo) Squash(_ context.Context, base string, pulls []mirror.SquashPull, who mirror.Identity, at time.Time) (string, []mirror.Squashed, error) {
+	f := r.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.objects == nil {
+		f.objects, f.parent, f.stack = map[string]bool{}, map[string]string{}, map[string][]string{}
+	}
+	tip := base
+	changed := map[string]bool{}
+	out := make([]mirror.Squashed, len(pulls))
+	for i, p := range pulls {
+		out[i].Head = p.Head
+		if f.baseConflicts[p.Head] {
+			out[i].Conflicts, out[i].ConflictsWithBase = []string{"README"}, true
+			continue
+		}
+		for _, path := range f.paths[p.Head] {
+			if changed[path] {
+				out[i].Conflicts = append(out[i].Conflicts, path)
+			}
+		}
+		if len(out[i].Conflicts) > 0 {
+			continue
+		}
+		next := commitID(fmt.Sprintf("%s\n%s\n%s\n%s <%s>\n%d", tip, p.Head, p.Message, who.Name, who.Email, at.Unix()))
+		f.objects[next], f.parent[next] = true, tip
+		f.stack[next] = append(slices.Clone(f.stack[tip]), p.Head)
+		for _, path := range f.paths[p.Head] {
+			changed[path] = true
+		}
+		out[i].Commit, out[i].Changed, tip = next, slices.Clone(f.paths[p.Head]), next
+	}
+	return tip, out, nil
 }
 
-func (fakeRepo) Push(context.Context, string, string, string, string, mirror.Credential) error {
-	return errors.New("fake mirror: no push in the rig")
+// Push moves branch from old to new at the source, a fast-forward with
+// a lease: when the branch is not at old it refuses with
+// mirror.ErrBaseMoved.
+func (r fakeRepo) Push(_ context.Context, _, branch, old, new string, _ mirror.Credential) error {
+	f := r.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.moveOnPush != "" {
+		if f.heads == nil {
+			f.heads = map[string]string{}
+		}
+		f.heads[branch], f.moveOnPush = f.moveOnPush, ""
+	}
+	if !f.objects[new] {
+		return fmt.Errorf("fake mirror: push %s: not in the mirror", new)
+	}
+	ff := false
+	for c := new; c != "" && !ff; c = f.parent[c] {
+		ff = c == old
+	}
+	if !ff {
+		return fmt.Errorf("fake mirror: push %s over %s: not a fast-forward", new, old)
+	}
+	if cur := f.head(branch); cur != old {
+		f.refused++
+		return fmt.Errorf("push %s: it is at %s, not %s: %w", branch, cur, old, mirror.ErrBaseMoved)
+	}
+	if f.heads == nil {
+		f.heads = map[string]string{}
+	}
+	f.heads[branch] = new
+	f.pushes = append(f.pushes, branch+" "+old+" "+new)
+	return nil
 }
 
-func (fakeRepo) Has(context.Context, string) bool { return false }
+func (r fakeRepo) Has(_ context.Context, commit string) bool {
+	r.f.mu.Lock()
+	defer r.f.mu.Unlock()
+	return r.f.objects[commit]
+}
+
+// wipe forgets the squashed commits (a cache wiped), not the source.
+func (f *fakeMirrors) wipe() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	clear(f.objects)
+}
 
 // fakeBlobs takes blobs and remembers their types.
 type fakeBlobs struct {
