@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"strings"
 	"testing"
@@ -24,6 +26,10 @@ func fences(doc, lang string) []string {
 // is what the guide's own `knotless-run manifests` command prints.
 func TestGuideStatefulSet(t *testing.T) {
 	t.Parallel()
+	if _, err := os.Stat("../../docs"); errors.Is(err, fs.ErrNotExist) {
+		// The Nix package's source leaves docs out (nix/source.nix).
+		t.Skip("no docs directory in this source tree: the guide is checked from a checkout")
+	}
 	b, err := os.ReadFile(guide)
 	if err != nil {
 		t.Fatal(err)
