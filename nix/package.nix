@@ -38,7 +38,7 @@ let
 
     # The NAR hash of `go mod vendor` for the source above.
     # tests/nix/vendor-hash.sh prints it; `--write` updates this line.
-    vendorHash = "sha256-yN5lIDptRLFMKCSI7hu34oQQZ/Ho6CX2JEeTIX709+E=";
+    vendorHash = "sha256-bLCNSpZQZPCiaL5fYw9dCEs54hGzyPDYd2By+aCi8vM=";
 
     subPackages = [ "cmd/knotless-run" ];
 
