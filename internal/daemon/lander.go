@@ -334,6 +334,7 @@ func (d *Daemon) startBatch(ctx context.Context, repo forge.Record[forge.Repo], 
 		if len(in) == 1 {
 			return d.eject(ctx, uri, mergequeue.Ejection{PullCommit: in[0], Reason: forge.EjectBatch, Detail: old.Error}, "", log)
 		}
+		d.Wake() // the first half runs now, not at the next poll
 		return d.saveLanderMemory(uri, *mem)
 	}
 	b := forge.Batch{Type: forge.CollectionBatch, Repo: uri, Ref: "refs/heads/" + branch, Base: base, Pulls: bp, Squashed: tip,

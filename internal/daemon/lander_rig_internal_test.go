@@ -9,7 +9,6 @@ import (
 	"sync"
 	"testing"
 	"testing/synctest"
-	"time"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/google/go-cmp/cmp"
@@ -497,8 +496,8 @@ func TestLanderBaseMovedWhileTheBatchRuns(t *testing.T) {
 }
 
 // A batch that failed before, whose bisection state.json lost, is not
-// run again: the lander bisects it from its failed record (at the next
-// poll), ejects the culprit and lands the rest.
+// run again: the lander bisects it from its failed record at once (not
+// at the next poll), ejects the culprit and lands the rest.
 func TestLanderBisectsAgainAfterLosingItsMemory(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
@@ -513,8 +512,6 @@ func TestLanderBisectsAgainAfterLosingItsMemory(t *testing.T) {
 			Squashed: commitID("lost"), Status: forge.BatchFailed, Error: "workflow batch: failure", CreatedAt: "2026-01-01T00:01:00.000Z"}
 		r.queue.born[key] = 0
 		stop := serveRig(t, r.d)
-		synctest.Wait()
-		time.Sleep(r.d.cfg.Poll)
 		synctest.Wait()
 		stop()
 
