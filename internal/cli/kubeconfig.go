@@ -58,7 +58,7 @@ func (c *KubeconfigCmd) Run(ctx context.Context, env *Env) error {
 		return fmt.Errorf("new kubeconfig: %w", err)
 	}
 	// The old file stays until the new credential has proved itself.
-	if _, err := kubecred.Verify(ctx, cfg, c.Namespace); err != nil {
+	if _, err := kubecred.VerifySettled(ctx, cfg, c.Namespace, 15*time.Second); err != nil {
 		return fmt.Errorf("%w; %s left as it was", err, c.Out)
 	}
 	if err := kubecred.WriteKubeconfig(c.Out, kc); err != nil {

@@ -297,6 +297,40 @@ func Verify(ctx context.Context, cfg *rest.Config, ns string) ([]Check, error) {
 	return checks, nil
 }
 
+// VerifySettled is Verify for a credential whose Role and RoleBinding
+// were just created or changed: the API server's authorizer learns of
+// them from a watch, so a right granted a moment ago may still be
+// denied. While the only wrong answers are rights not yet granted, it
+// asks again, for up to settle; a right the credential must not have is
+// never waited out.
+func VerifySettled(ctx context.Context, cfg *rest.Config, ns string, settle time.Duration) ([]Check, error) {
+	deadline := time.Now().Add(settle)
+	wait := 100 * time.Millisecond
+	for {
+		checks, err := Verify(ctx, cfg, ns)
+		if err == nil || !onlyMissing(checks) || time.Now().Add(wait).After(deadline) {
+			return checks, err
+		}
+		select {
+		case <-ctx.Done():
+			return checks, err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+// onlyMissing reports whether every wrong answer is a right not (yet)
+// granted, none a right the credential must not have.
+func onlyMissing(checks []Check) bool {
+	for _, c := range checks {
+		if c.Got != c.Want && !c.Want {
+			return false
+		}
+	}
+	return true
+}
+
 // TokenExpiry reads the exp claim of a JWT without verifying it: the
 // file's mtime says nothing about when its token dies.
 func TokenExpiry(token string) (time.Time, error) {
