@@ -434,6 +434,16 @@ func (d *Daemon) runJob(ctx context.Context, j *job) {
 
 	dir := d.runDir(j.runID)
 	res := d.execute(ctx, j, dir)
+	if res.Status == run.Detached && res.Handover == nil {
+		// Detached before its session started (a pod still Pending):
+		// nothing goes on, so nothing is handed over; the work is
+		// released, its check back to queued, for the successor.
+		d.mu.Lock()
+		j.released = true
+		d.mu.Unlock()
+		res.Status = run.Cancelled
+		log.Info("run released: its session had not started", "run", j.runID)
+	}
 	if res.Status == run.Detached {
 		if err := d.detachJob(j, res); err != nil {
 			log.Error("record the handover; the successor runs the work again", "run", j.runID, "err", err)
