@@ -48,3 +48,16 @@ func (d *Daemon) toAdopt(ctx context.Context) []string {
 	sort.Strings(keys)
 	return keys
 }
+
+// stopping reports whether a stopping daemon has detached its runs.
+func (d *Daemon) stopping() bool {
+	if d.detach == nil {
+		return false
+	}
+	select {
+	case <-d.detach:
+		return true
+	default:
+		return false
+	}
+}

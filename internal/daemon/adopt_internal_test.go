@@ -108,3 +108,32 @@ func (plainExecutor) Start(context.Context, executor.Spec) (executor.Session, er
 	return nil, executor.ErrNotImplemented
 }
 func (plainExecutor) Sweep(context.Context, []string) ([]executor.Ref, error) { return nil, nil }
+
+// TestFailureWhileStoppingReleases: a run that fails before its session
+// started while the daemon stops (a signal to the whole unit ends its
+// git export) comes back Detached without a handover, which runJob
+// releases (its check back to queued for the successor, as
+// TestStopWhilePending shows on a cluster); the same failure when not
+// stopping is the run's final error.
+func TestFailureWhileStoppingReleases(t *testing.T) {
+	t.Parallel()
+	for _, stopping := range []bool{true, false} {
+		d, _ := testDaemon(t)
+		d.cfg.Executor = plainExecutor{}
+		d.detach = make(chan struct{})
+		if stopping {
+			close(d.detach)
+		}
+		d.faults.executorErr = errors.New("signal: terminated")
+		j := pushJob("3k1", "main", "ci")
+		j.runID = "r1"
+		res := d.execute(t.Context(), j, t.TempDir())
+		want := run.Error
+		if stopping {
+			want = run.Detached
+		}
+		if res.Status != want || res.Handover != nil {
+			t.Errorf("stopping %v: status %s, handover %+v; want %s without a handover", stopping, res.Status, res.Handover, want)
+		}
+	}
+}

@@ -557,6 +557,13 @@ func (d *Daemon) execute(ctx context.Context, j *job, dir string) *run.Result {
 			d.abandon(ctx, j)
 		}
 		now := time.Now().UTC()
+		if j.adopt == nil && d.stopping() {
+			// Failed before its session started while the daemon stops
+			// (a signal to the whole unit ends git too): released, for
+			// the successor to try, not a final error.
+			d.log.Info("a run failed before its session started while stopping; released", "check", j.key, "err", err)
+			return &run.Result{RunID: j.runID, Workflow: j.wf.Name, Status: run.Detached, StartedAt: now, FinishedAt: now}
+		}
 		return &run.Result{RunID: j.runID, Workflow: j.wf.Name, Status: run.Error, Error: err.Error(), StartedAt: now, FinishedAt: now,
 			Log: append(j.prior, "knotless-run: error: "+err.Error()+"\n"...)}
 	}

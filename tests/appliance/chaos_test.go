@@ -102,7 +102,8 @@ type chaosPush struct {
 
 // TestChaos pushes workflows (long, failing, with secrets) while a
 // driver SIGKILLs or SIGTERMs the daemon of the module's real systemd
-// unit at random moments, then lets it settle, and asserts: every push
+// unit at random moments (`systemctl kill`: every process of the unit,
+// git's too, harsher than a stop), then lets it settle, and asserts: every push
 // has exactly one check and it is final with its workflow's status (0
 // lost), no check is written final twice (0 duplicates), no Job or pod
 // of the runner is left and its NetworkPolicy names no run, and the
