@@ -216,7 +216,7 @@ func TestChaos(t *testing.T) {
 	gone := len(find(journal, "the session of a handed-over run is gone"))
 	handedOver := fieldSum(find(journal, "handed over "), "GOING_ON")
 	starts := len(find(journal, "logged in"))
-	t.Logf("chaos figures: seed %d; signals %d (SIGKILL %d, SIGTERM %d) over %s; pushes %d; daemon starts %d; runs started %d (rerun %d: %d forgotten after a kill, %d released while Pending, %d sessions gone); handed over %d, adopted %d; lost %d; duplicates %d; checks final %s after the last signal, objects gone %s after it",
+	t.Logf("chaos figures: seed %d; signals %d (SIGKILL %d, SIGTERM %d) over %s; pushes %d; daemon starts %d; runs started %d (rerun %d: %d forgotten after a kill, %d released at a stop before their session started, %d handed-over sessions gone); handed over %d, adopted %d; lost %d; duplicates %d; checks final %s after the last signal, objects gone %s after it",
 		seed, kills, sigKill, sigTerm, lastSignal.Sub(began).Round(time.Second), pushes, starts, runsStarted, runsStarted-pushes, forgotten, released, gone,
 		handedOver, adopted, len(lost), finishedTwice, settledChecks.Round(time.Second), settled.Round(time.Second))
 
