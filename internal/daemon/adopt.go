@@ -61,3 +61,26 @@ func (d *Daemon) stopping() bool {
 		return false
 	}
 }
+
+// claim takes the handovers of the runs this process adopts out of
+// state.json before it goes on with them: a handover is good once. If
+// this process dies without handing them over again (SIGKILL), the next
+// one finds them as runs killed mid-run, sweeps their sessions and runs
+// the work again, instead of going on from a point the run has passed
+// (its steps moved on under this process; starting one of them twice
+// would run it twice). A stop hands them over afresh (detachJob).
+func (d *Daemon) claim(jobs []*job) error {
+	if len(jobs) == 0 {
+		return nil
+	}
+	d.mu.Lock()
+	for _, j := range jobs {
+		if r, ok := d.st.Runs[j.key]; ok {
+			r.Handover = nil
+			d.st.Runs[j.key] = r
+		}
+	}
+	snap := d.sf.snapshot(d.st)
+	d.mu.Unlock()
+	return d.sf.write(snap)
+}

@@ -137,3 +137,35 @@ func TestFailureWhileStoppingReleases(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimTakesHandovers: an adopted run's handover is taken out of
+// state.json as the run is adopted, so that a process killed while it
+// goes on with the run leaves a run the next one sweeps and runs again,
+// not a handover from a point the run has passed.
+func TestClaimTakesHandovers(t *testing.T) {
+	t.Parallel()
+	d, _ := testDaemon(t)
+	d.cfg.Executor = plainExecutor{}
+	d.st.Runs = map[string]state.Run{
+		"k-a": {RunID: "r1", Job: []byte(`{}`), Handover: &run.Handover{Step: 1, Started: true, Offset: 10}},
+		"k-b": {RunID: "r2", Job: []byte(`{}`), Handover: &run.Handover{}},
+	}
+	if err := d.claim([]*job{{key: "k-a", runID: "r1"}}); err != nil {
+		t.Fatal(err)
+	}
+	st := saved(t, d)
+	if a := st.Runs["k-a"]; a.Handover != nil || a.RunID != "r1" || a.Job == nil {
+		t.Errorf("the adopted run in state.json: %+v; want it kept without its handover", a)
+	}
+	if st.Runs["k-b"].Handover == nil {
+		t.Error("a run not adopted lost its handover")
+	}
+	// The next process (this one killed): the adopted run is not adopted
+	// again.
+	next, _ := testDaemon(t)
+	next.cfg.Executor = plainExecutor{}
+	next.st = st
+	if diff := cmp.Diff([]string{"k-b"}, next.toAdopt(t.Context())); diff != "" {
+		t.Errorf("runs to adopt after a kill (-want +got):\n%s", diff)
+	}
+}

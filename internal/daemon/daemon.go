@@ -298,6 +298,9 @@ func (d *Daemon) adoptable(ctx context.Context) []*job {
 		}
 		jobs = append(jobs, j)
 	}
+	if err := d.claim(jobs); err != nil {
+		d.log.Error("record the adopted runs as taken; a crash before they end would adopt them again from their old handover", "err", err)
+	}
 	return jobs
 }
 
