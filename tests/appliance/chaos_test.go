@@ -255,8 +255,18 @@ func TestChaos(t *testing.T) {
 			if strings.Contains(string(b), secretValue) {
 				t.Errorf("the secret is in the check record of %s", commit)
 			}
-			if r.Value.Log != nil && strings.Contains(w.blob(t, r.Value), secretValue) {
+			if r.Value.Log == nil {
+				continue
+			}
+			blob := w.blob(t, r.Value)
+			if strings.Contains(blob, secretValue) {
 				t.Errorf("the secret is in the log blob of the check of %s", commit)
+			}
+			// A run adopted or run again logs each line of its steps once.
+			for _, line := range []string{"long begins", "long ends", "after the long step", "about to fail", "quick"} {
+				if n := strings.Count("\n"+blob, "\n"+line+"\n"); n > 1 {
+					t.Errorf("line %q %d times in the log blob of the check of %s:\n%s", line, n, commit, blob)
+				}
 			}
 		}
 	}
