@@ -294,24 +294,26 @@ func (d *Daemon) start(ctx context.Context) error {
 }
 
 // adoptable returns, as jobs, the runs an earlier process handed over
-// that this executor can take up again. The other runs it left (killed
-// mid-run, or on an executor that cannot resume) are not final: the
+// that this executor can take up again and whose sessions are still
+// there (toAdopt). The other runs it left (killed mid-run, gone, or on
+// an executor that cannot resume) are not final: the
 // reconciliation runs them again under the same check key.
 func (d *Daemon) adoptable(ctx context.Context) []*job {
 	if d.detach == nil {
 		return nil
 	}
 	var jobs []*job
-	for key, r := range d.st.Runs {
-		if r.Handover == nil {
-			continue
-		}
+	for _, key := range d.toAdopt(ctx) {
+		r := d.st.Runs[key]
 		j, err := d.rebuild(ctx, key, r)
 		if err != nil {
 			d.log.Warn("cannot adopt a handed-over run; its work runs again", "check", key, "run", r.RunID, "err", err)
 			continue
 		}
 		jobs = append(jobs, j)
+	}
+	if err := d.claim(jobs); err != nil {
+		d.log.Error("record the adopted runs as taken; a crash before they end would adopt them again from their old handover", "err", err)
 	}
 	return jobs
 }

@@ -443,6 +443,16 @@ func (d *Daemon) runJob(ctx context.Context, j *job) {
 
 	dir := d.runDir(j.runID)
 	res := d.execute(ctx, j, dir)
+	if res.Status == run.Detached && res.Handover == nil {
+		// Detached before its session started (a pod still Pending):
+		// nothing goes on, so nothing is handed over; the work is
+		// released, its check back to queued, for the successor.
+		d.mu.Lock()
+		j.released = true
+		d.mu.Unlock()
+		res.Status = run.Cancelled
+		log.Info("run released: its session had not started", "run", j.runID)
+	}
 	if res.Status == run.Detached {
 		if err := d.detachJob(j, res); err != nil {
 			log.Error("record the handover; the successor runs the work again", "run", j.runID, "err", err)
@@ -556,6 +566,13 @@ func (d *Daemon) execute(ctx context.Context, j *job, dir string) *run.Result {
 			d.abandon(ctx, j)
 		}
 		now := time.Now().UTC()
+		if j.adopt == nil && d.stopping() {
+			// Failed before its session started while the daemon stops
+			// (a signal to the whole unit ends git too): released, for
+			// the successor to try, not a final error.
+			d.log.Info("a run failed before its session started while stopping; released", "check", j.key, "err", err)
+			return &run.Result{RunID: j.runID, Workflow: j.wf.Name, Status: run.Detached, StartedAt: now, FinishedAt: now}
+		}
 		return &run.Result{RunID: j.runID, Workflow: j.wf.Name, Status: run.Error, Error: err.Error(), StartedAt: now, FinishedAt: now,
 			Log: append(j.prior, "knotless-run: error: "+err.Error()+"\n"...)}
 	}

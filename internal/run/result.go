@@ -18,7 +18,9 @@ const (
 	Cancelled Status = "cancelled" // the run was stopped from outside
 	Skipped   Status = "skipped"   // a step not run because an earlier one ended the run
 	// Detached is not final: the run was handed over (Request.Detach)
-	// and goes on in its session for a successor to Adopt.
+	// and goes on in its session for a successor to Adopt. A Detached
+	// result without a Handover was detached before its session started:
+	// nothing goes on, and the successor runs the work from the start.
 	Detached Status = "detached"
 )
 

@@ -181,8 +181,14 @@ func (r *runState) execute(ctx context.Context) {
 	r.logf("knotless-run: workflow %s, run %s, executor %s", wf.Name, r.req.RunID, r.eng.cfg.Executor.Name())
 	// Waiting for a node is bounded by the executor (a scale-up may take
 	// minutes); the workflow's timeout starts once the session is there.
-	sess, err := r.eng.cfg.Executor.Start(ctx, r.spec())
+	startCtx, stopStart := r.startContext(ctx)
+	sess, err := r.eng.cfg.Executor.Start(startCtx, r.spec())
+	stopStart()
 	if err != nil {
+		if ctx.Err() == nil && r.detached() {
+			r.releaseUnstarted(err)
+			return
+		}
 		r.fail(r.faultStatus(ctx), "", fmt.Errorf("start session: %w", err))
 		return
 	}
@@ -191,6 +197,33 @@ func (r *runState) execute(ctx context.Context) {
 	defer r.stop(ctx, sess)
 
 	r.steps(ctx, sess, nil)
+}
+
+// startContext is ctx, also ended when the run is detached: a session
+// still waiting for its pod (Pending) has nothing to hand over, so a
+// stopping daemon does not wait for it.
+func (r *runState) startContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if r.req.Detach == nil {
+		return ctx, func() {}
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-r.req.Detach:
+			cancel()
+		case <-sctx.Done():
+		}
+	}()
+	return sctx, cancel
+}
+
+// releaseUnstarted ends a run detached before its session was there:
+// the executor removed what it had made (a failed Start leaves nothing),
+// no step ran, and the work is left to the next process as it was.
+func (r *runState) releaseUnstarted(err error) {
+	r.res.Status, r.res.Handover = Detached, nil
+	r.logf("knotless-run: runner stopping before the session started: the run is left to the next runner process")
+	r.log.Info("run released before its session started", "start_err", err)
 }
 
 // adopt is execute for a run an earlier process detached: the session

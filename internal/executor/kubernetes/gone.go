@@ -1,0 +1,67 @@
+package kubernetes
+
+import (
+	"context"
+	"fmt"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"knotless.dev/run/internal/executor"
+)
+
+// Gone reports whether the session ref names can no longer go on: its
+// Job is deleted or being deleted, has ended, or its pod has ended. A
+// successor does not adopt such a run (Resume would fail or wait for a
+// pod that never comes); it sweeps the session and runs the work again.
+// An error means the cluster did not say; the caller decides.
+func (e *Executor) Gone(ctx context.Context, ref executor.Ref) (bool, error) {
+	_, cs, _, err := e.clients.get()
+	if err != nil {
+		return false, err
+	}
+	job, err := cs.BatchV1().Jobs(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("get job %s/%s: %w", ref.Namespace, ref.Name, err)
+	}
+	pods, err := cs.CoreV1().Pods(ref.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=" + ref.Name})
+	if err != nil {
+		return false, fmt.Errorf("list pods of job %s/%s: %w", ref.Namespace, ref.Name, err)
+	}
+	return sessionGone(job, pods.Items), nil
+}
+
+// sessionGone is Gone's rule on what the cluster holds: the Job is
+// being deleted or has a final condition, or it has pods and every one
+// of them has ended or is being deleted. A Job without a pod yet is not
+// gone: its controller may still be making it.
+func sessionGone(job *batchv1.Job, pods []corev1.Pod) bool {
+	if job.DeletionTimestamp != nil {
+		return true
+	}
+	for _, c := range job.Status.Conditions {
+		if c.Status != corev1.ConditionTrue {
+			continue
+		}
+		switch c.Type {
+		case batchv1.JobComplete, batchv1.JobFailed, batchv1.JobFailureTarget, batchv1.JobSuccessCriteriaMet:
+			return true
+		}
+	}
+	if len(pods) == 0 {
+		return false
+	}
+	for i := range pods {
+		p := &pods[i]
+		ended := p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+		if !ended && p.DeletionTimestamp == nil {
+			return false
+		}
+	}
+	return true
+}
