@@ -24,13 +24,13 @@ func TestStopWhilePending(t *testing.T) {
 	t.Parallel()
 	c := clustertest.Start(t)
 	w := newWorld(t)
-	_, commit := w.push(map[string]string{".knotless/workflows/wait.yaml": workflowFile(`
+	_, commit := w.Push(map[string]string{".knotless/workflows/wait.yaml": workflowFile(`
 on: [push]
 steps:
   - name: hello
     run: echo hello from the successor
 `)})
-	selector := kubernetes.LabelRunner + "=" + kubernetes.RunnerLabel(w.runner.DID.String())
+	selector := kubernetes.LabelRunner + "=" + kubernetes.RunnerLabel(w.Runner.DID.String())
 	runnerJobs := func() int {
 		jobs, err := c.Clientset.BatchV1().Jobs(c.Namespace).List(context.Background(), metav1.ListOptions{LabelSelector: selector})
 		if err != nil {

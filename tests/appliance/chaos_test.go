@@ -241,7 +241,7 @@ func TestChaos(t *testing.T) {
 	// No secret value anywhere it could leak to.
 	for _, e := range k.journal("") {
 		for f, v := range e {
-			if strings.Contains(v, secretValue) || strings.Contains(v, w.password) {
+			if strings.Contains(v, secretValue) || strings.Contains(v, w.Password) {
 				t.Errorf("a secret is in the journal, field %s of %q", f, e["MESSAGE"])
 			}
 		}
@@ -276,7 +276,7 @@ func TestChaos(t *testing.T) {
 // allChecks lists the runner's checks by commit.
 func (w *world) allChecks() map[string][]forge.Record[forge.Check] {
 	w.t.Helper()
-	recs, _, err := forge.List[forge.Check](context.Background(), w.reader, w.runner.DID, forge.CollectionCheck)
+	recs, _, err := forge.List[forge.Check](context.Background(), w.Reader, w.Runner.DID, forge.CollectionCheck)
 	if err != nil {
 		w.t.Fatal(err)
 	}

@@ -41,7 +41,7 @@ func bootKube(t *testing.T, c *clustertest.Cluster, w *world, extra map[string]a
 	})
 	namespaced := func(s string) string { return strings.ReplaceAll(s, "--namespace "+runsNamespace, "--namespace "+ns) }
 	units := map[string]string{
-		service:        strings.ReplaceAll(unit(t, "knotless-run.service"), docsRepo, w.owner.DID.String()+"/hello"),
+		service:        strings.ReplaceAll(unit(t, "knotless-run.service"), docsRepo, w.Owner.DID.String()+"/hello"),
 		refreshService: namespaced(unit(t, refreshService)),
 	}
 	if !strings.Contains(units[refreshService], "--namespace "+ns) {
@@ -57,7 +57,7 @@ func bootKube(t *testing.T, c *clustertest.Cluster, w *world, extra map[string]a
 	for k, v := range extra {
 		settings[k] = v
 	}
-	a := boot(t, w, units, w.settings(settings), w.password)
+	a := boot(t, w, units, w.settings(settings), w.Password)
 	a.writeFile("/etc/rancher/k3s/k3s.yaml", adminKubeconfig(t, c.Kubeconfig), 0o600)
 	a.writeFile("/run/secrets/knotless-run/secrets.json", []byte(`{"DEPLOY_TOKEN": "`+secretValue+`"}`), 0o600)
 	a.writeFile("/run/secrets/knotless-run/env", nil, 0o600)
@@ -69,7 +69,7 @@ func bootKube(t *testing.T, c *clustertest.Cluster, w *world, extra map[string]a
 
 // selector selects the runner's objects.
 func (k *kubeAppliance) selector() string {
-	return kubernetes.LabelRunner + "=" + kubernetes.RunnerLabel(k.w.runner.DID.String())
+	return kubernetes.LabelRunner + "=" + kubernetes.RunnerLabel(k.w.Runner.DID.String())
 }
 
 // jobsAndPods counts the runner's Jobs and pods.
@@ -127,14 +127,14 @@ func (k *kubeAppliance) restarted(old string, within time.Duration) string {
 func (w *world) pushTo(branch string, files map[string]string) string {
 	w.t.Helper()
 	ref := "refs/heads/" + branch
-	old := w.src.Head(ref)
+	old := w.Src.Head(ref)
 	trimmed := map[string]string{}
 	for name, content := range files {
 		trimmed[name] = strings.TrimLeft(content, "\n")
 	}
-	commit := w.src.Commit(branch, trimmed)
-	if _, err := w.owner.Put(context.Background(), forge.CollectionRefUpdate, "", forge.RefUpdate{
-		Type: forge.CollectionRefUpdate, Repo: w.repoURI.String(), Ref: ref, Old: old, New: commit, CreatedAt: forge.Now(),
+	commit := w.Src.Commit(branch, trimmed)
+	if _, err := w.Owner.Put(context.Background(), forge.CollectionRefUpdate, "", forge.RefUpdate{
+		Type: forge.CollectionRefUpdate, Repo: w.RepoURI.String(), Ref: ref, Old: old, New: commit, CreatedAt: forge.Now(),
 	}); err != nil {
 		w.t.Fatal(err)
 	}
