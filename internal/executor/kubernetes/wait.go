@@ -180,7 +180,10 @@ func (w *podWaiter) check(pod *corev1.Pod) (string, bool, error) {
 		switch {
 		case fatalWaiting(wt.Reason):
 			return "", false, fmt.Errorf("pod %s cannot start: %s: %s", pod.Name, wt.Reason, wt.Message)
-		case wt.Reason == "ErrImagePull" && pullDenied(wt.Message):
+		case wt.Reason == "ErrImagePull" && pullDenied(wt.Message) && len(pod.Spec.ImagePullSecrets) == 0:
+			// With pull secrets a denial waits out the grace: the kubelet
+			// pulls without them when its secret cache has not synced yet
+			// (a busy node) and with them at the retry.
 			return "", false, fmt.Errorf("pod %s cannot pull image %s: the registry denied access (%s; a registry that needs credentials needs --image-pull-secret): %s", pod.Name, cs.Image, wt.Reason, wt.Message)
 		case wt.Reason == "ErrImagePull" || wt.Reason == "ImagePullBackOff":
 			pulling = true
@@ -189,6 +192,9 @@ func (w *podWaiter) check(pod *corev1.Pod) (string, bool, error) {
 			}
 			w.note(pod, fmt.Sprintf("image pull failing: %s: %s", wt.Reason, wt.Message))
 			if time.Since(w.pullFailingSince) >= w.grace {
+				if pullDenied(wt.Message) {
+					return "", false, fmt.Errorf("pod %s cannot pull image %s: the registry denied access with the pull secrets %s (%s): %s", pod.Name, cs.Image, pullSecretNames(pod), wt.Reason, wt.Message)
+				}
 				return "", false, fmt.Errorf("pod %s cannot pull image %s: %s: %s", pod.Name, cs.Image, wt.Reason, wt.Message)
 			}
 		}
@@ -201,6 +207,15 @@ func (w *podWaiter) check(pod *corev1.Pod) (string, bool, error) {
 		w.log.Info("pod scheduled", "pod", pod.Name, "node", pod.Spec.NodeName)
 	}
 	return "", false, nil
+}
+
+// pullSecretNames lists the pod's image pull secrets for a message.
+func pullSecretNames(pod *corev1.Pod) string {
+	names := make([]string, len(pod.Spec.ImagePullSecrets))
+	for i, r := range pod.Spec.ImagePullSecrets {
+		names[i] = r.Name
+	}
+	return strings.Join(names, ", ")
 }
 
 // note logs a waiting reason once each time it changes.

@@ -54,3 +54,23 @@ func TestCheckPullDenied(t *testing.T) {
 		}
 	}
 }
+
+// With --image-pull-secret a denial is not final at once: a busy
+// kubelet whose secret cache has not synced pulls without the secret
+// first and with it at the retry. Once the grace is out the error names
+// the secret.
+func TestCheckPullDeniedWithSecret(t *testing.T) {
+	t.Parallel()
+	denied := `failed to pull and unpack image "10.0.0.1:5000/ci/img:1": failed to resolve reference "10.0.0.1:5000/ci/img:1": pulling from host 10.0.0.1:5000 failed with status code [manifests 1]: 401 Unauthorized`
+	pod := pullingPod("ErrImagePull", denied)
+	pod.Spec.ImagePullSecrets = []corev1.LocalObjectReference{{Name: "registry-pull"}}
+	w := &podWaiter{job: &batchv1.Job{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), grace: time.Hour, started: time.Now()}
+	if _, _, err := w.check(pod); err != nil {
+		t.Errorf("a first denial with a pull secret ended the wait: %v", err)
+	}
+	w.pullFailingSince = time.Now().Add(-2 * time.Hour)
+	_, _, err := w.check(pod)
+	if err == nil || !strings.Contains(err.Error(), "denied access with the pull secrets registry-pull") {
+		t.Errorf("after the grace: %v, want the denial naming the secret", err)
+	}
+}
