@@ -2,8 +2,6 @@ package docker
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,9 +16,7 @@ import (
 // relative one, a directory of the work tree) with a link to / does not
 // fail its run, has its save refused, and leaves the cache as the last
 // good run saved it; the next run gets a directory again. The checkout
-// holds .cache: the docker executor cannot yet restore a relative cache
-// path that does not exist in the container (its Put copies into an
-// existing directory only).
+// has no .cache: a cold cache's directory is made by the restore.
 func TestCachePathTurnedIntoLink(t *testing.T) {
 	t.Parallel()
 	d := daemon.Get(t)
@@ -39,11 +35,7 @@ func TestCachePathTurnedIntoLink(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		checkout := t.TempDir()
-		if err := os.Mkdir(filepath.Join(checkout, ".cache"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		res := eng.Run(context.Background(), run.Request{RunID: "cl" + order + strconv.FormatInt(time.Now().UnixNano()%1e9, 36), Workflow: wf, Checkout: checkout, Trusted: true, Cache: scope})
+		res := eng.Run(context.Background(), run.Request{RunID: "cl" + order + strconv.FormatInt(time.Now().UnixNano()%1e9, 36), Workflow: wf, Checkout: t.TempDir(), Trusted: true, Cache: scope})
 		if res.Status != run.Success {
 			t.Fatalf("run %s: status %s (%s), log:\n%s", order, res.Status, res.Error, res.Log)
 		}
