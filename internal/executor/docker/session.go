@@ -67,6 +67,9 @@ func (s *Session) Put(ctx context.Context, dir string, r io.Reader) error {
 	if err := checkDir(dir); err != nil {
 		return err
 	}
+	if err := s.ensureDir(ctx, dir); err != nil {
+		return err
+	}
 	pr, pw := io.Pipe()
 	relayed := make(chan error, 1)
 	go func() {

@@ -30,6 +30,13 @@ import (
 
 func benchSession(b *testing.B) (*clustertest.Cluster, *Session) {
 	b.Helper()
+	return benchSessionWith(b, executor.Spec{})
+}
+
+// benchSessionWith starts a session of spec (its run, runner and image
+// filled in).
+func benchSessionWith(b *testing.B, spec executor.Spec) (*clustertest.Cluster, *Session) {
+	b.Helper()
 	c := clustertest.Start(b)
 	ex, err := New(Config{
 		Credentials: Credentials{Kubeconfig: c.Kubeconfig, Namespace: c.Namespace},
@@ -38,7 +45,8 @@ func benchSession(b *testing.B) (*clustertest.Cluster, *Session) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	sess, err := ex.Start(context.Background(), executor.Spec{RunID: "bench" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36), Runner: "did:plc:bench", Image: c.Image})
+	spec.RunID, spec.Runner, spec.Image = "bench"+strconv.FormatInt(time.Now().UnixNano()%1e9, 36), "did:plc:bench", c.Image
+	sess, err := ex.Start(context.Background(), spec)
 	if err != nil {
 		b.Fatal(err)
 	}
