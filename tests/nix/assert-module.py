@@ -197,6 +197,12 @@ check(
     and "knotless-run-beta-kubeconfig.timer" not in inst["units"],
     sorted(inst["units"]),
 )
+check(
+    "instances: the lander's push credential is a credential (pushCredentialFile), never in the unit's command",
+    "push-credential:/run/secrets/knotless-run-alpha/push-key" in inst["units"]["knotless-run-alpha.service"]
+    and "push-key" not in inst["units"]["knotless-run-alpha.service"].split("ExecStart=")[1].split("\n")[0],
+    inst["units"].get("knotless-run-alpha.service"),
+)
 
 
 def writable(r):

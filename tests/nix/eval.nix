@@ -112,6 +112,9 @@ let
           enable = true;
           adminKubeconfigFile = "/etc/rancher/k3s/k3s.yaml";
         };
+        # The merge queue's lander, with its push credential.
+        settings.queue = true;
+        pushCredentialFile = "/run/secrets/knotless-run-alpha/push-key";
       };
       beta = minimal {
         settings.executor = "shell";
