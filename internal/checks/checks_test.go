@@ -105,7 +105,7 @@ func (f *fakePDS) Put(_ context.Context, _, rkey string, v any) (syntax.ATURI, e
 
 var (
 	invalid = &atclient.APIError{StatusCode: http.StatusBadRequest, Name: "InvalidRecord"}
-	down    = errors.New("connection refused")
+	errDown = errors.New("connection refused")
 )
 
 func check(s Status) forge.Check {
@@ -154,8 +154,8 @@ func TestRecorderFinal(t *testing.T) {
 		{"written", nil, Success, false, []string{"k success"}},
 		{"refused: minimal error check", []error{invalid}, Error, false, []string{"k error"}},
 		{"refused twice: final all the same", []error{invalid, invalid}, Error, false, nil},
-		{"PDS down: owed", []error{down}, Success, true, nil},
-		{"refused, then down: the minimal one is owed", []error{invalid, down}, Error, true, nil},
+		{"PDS down: owed", []error{errDown}, Success, true, nil},
+		{"refused, then down: the minimal one is owed", []error{invalid, errDown}, Error, true, nil},
 		{"refused by the lexicon: minimal error check", []error{lexiconRefusal(t)}, Error, false, []string{"k error"}},
 		{"refused by the lexicon twice: final, not owed", []error{lexiconRefusal(t), lexiconRefusal(t)}, Error, false, nil},
 	} {
@@ -233,7 +233,7 @@ func TestRefused(t *testing.T) {
 		{&atclient.APIError{StatusCode: http.StatusBadRequest, Name: "ExpiredToken"}, false},
 		{&atclient.APIError{StatusCode: http.StatusBadRequest, Name: "RateLimitExceeded"}, false},
 		{&atclient.APIError{StatusCode: http.StatusInternalServerError}, false},
-		{down, false},
+		{errDown, false},
 	} {
 		if got := Refused(tc.err); got != tc.want {
 			t.Errorf("Refused(%v) = %v, want %v", tc.err, got, tc.want)

@@ -29,7 +29,6 @@ type File struct {
 	mu     sync.Mutex
 	ready  bool
 	status string
-	err    error // the last write's failure, reported once
 }
 
 // New removes what an earlier process left at path (a container
