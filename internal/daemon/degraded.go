@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"knotless.dev/run/internal/readiness"
 )
 
 // healthChecker is an executor that can tell whether it can take runs
@@ -43,7 +45,7 @@ func (d *Daemon) degradedStatusLocked() string {
 	if d.faults.executorErr == nil {
 		return ""
 	}
-	return "; executor degraded: " + d.faults.executorErr.Error()
+	return "; " + readiness.DegradedMark + ": " + d.faults.executorErr.Error()
 }
 
 // watchExecutor tries the start-up sweep again while it has not worked,

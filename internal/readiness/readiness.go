@@ -18,9 +18,10 @@ import (
 // readyLine is the file's first line while the daemon is ready.
 const readyLine = "ready"
 
-// degradedMark is what the daemon's STATUS line carries while its
-// executor cannot take runs (an unreachable cluster, expired credentials).
-const degradedMark = "executor degraded"
+// DegradedMark is what the daemon's STATUS line carries while its
+// executor cannot take runs (an unreachable cluster, expired credentials);
+// the daemon writes it from here, so the probe and the status agree.
+const DegradedMark = "executor degraded"
 
 // File is the ready file of one daemon.
 type File struct {
@@ -88,7 +89,7 @@ func Check(path string) error {
 	if first != readyLine {
 		return fmt.Errorf("%w: %s does not say %q", ErrNotReady, path, readyLine)
 	}
-	if strings.Contains(status, degradedMark) {
+	if strings.Contains(status, DegradedMark) {
 		return fmt.Errorf("%w: %s", ErrNotReady, status)
 	}
 	return nil
