@@ -32,6 +32,8 @@ import (
 	"github.com/bluesky-social/indigo/atproto/atcrypto"
 	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/bluesky-social/indigo/atproto/syntax"
+
+	"knotless.dev/run/tests/internal/hostclean"
 )
 
 // Server is a running PDS and its PLC directory.
@@ -217,7 +219,10 @@ func startProc(ctx context.Context, env []string, mode string) (*proc, struct{ P
 	cmd := exec.Command("node", filepath.Join(Dir(), "start.js"))
 	cmd.Dir = Dir()
 	cmd.Env = append(env, "KNOTLESS_START="+mode)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// Its parent-death signal follows the thread that starts it, so
+	// hostclean.Start starts it from a thread no other goroutine can end
+	// (clustertest's netns listeners end theirs on purpose).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	logs := &syncBuffer{}
 	cmd.Stderr = logs
 	stdin, err := cmd.StdinPipe()
@@ -228,10 +233,10 @@ func startProc(ctx context.Context, env []string, mode string) (*proc, struct{ P
 	if err != nil {
 		return nil, ready, err
 	}
-	if err := cmd.Start(); err != nil {
+	p := &proc{cmd: cmd, stdin: stdin, logs: logs, done: make(chan struct{})}
+	if _, err := hostclean.Start(cmd, p.done); err != nil {
 		return nil, ready, fmt.Errorf("start PDS: %w", err)
 	}
-	p := &proc{cmd: cmd, stdin: stdin, logs: logs, done: make(chan struct{})}
 	lines := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)
@@ -240,10 +245,6 @@ func startProc(ctx context.Context, env []string, mode string) (*proc, struct{ P
 		}
 		close(lines)
 		_, _ = io.Copy(io.Discard, stdout)
-	}()
-	go func() {
-		_ = cmd.Wait()
-		close(p.done)
 	}()
 	timeout := time.NewTimer(90 * time.Second)
 	defer timeout.Stop()

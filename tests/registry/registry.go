@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"knotless.dev/run/tests/clustertest"
+	"knotless.dev/run/tests/internal/hostclean"
 )
 
 // User is the registry's one account; its password is random per start.
@@ -84,18 +85,18 @@ func Start(t testing.TB, c *clustertest.Cluster) *Registry {
 	}
 	cmd := exec.Command("docker-registry", "serve", filepath.Join(r.dir, "config.yml"))
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	// It dies with the test process, however that ends.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	// It dies with the test process, however that ends (hostclean.Start:
+	// from a thread that outlives it).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	exited := make(chan struct{})
+	_, err = hostclean.Start(cmd, exited)
+	go func() {
+		<-exited
 		logFile.Close()
+	}()
+	if err != nil {
 		t.Fatalf("registry: start docker-registry: %v", err)
 	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		logFile.Close()
-		close(exited)
-	}()
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
