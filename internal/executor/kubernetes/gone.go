@@ -39,7 +39,8 @@ func (e *Executor) Gone(ctx context.Context, ref executor.Ref) (bool, error) {
 // sessionGone is Gone's rule on what the cluster holds: the Job is
 // being deleted or has a final condition, or it has pods and every one
 // of them has ended or is being deleted. A Job without a pod yet is not
-// gone: its controller may still be making it.
+// gone: its controller may still be making it; nor is one whose only
+// pods its nodes refused at admission, which it replaces.
 func sessionGone(job *batchv1.Job, pods []corev1.Pod) bool {
 	if job.DeletionTimestamp != nil {
 		return true
@@ -53,15 +54,17 @@ func sessionGone(job *batchv1.Job, pods []corev1.Pod) bool {
 			return true
 		}
 	}
-	if len(pods) == 0 {
-		return false
-	}
+	live := 0
 	for i := range pods {
 		p := &pods[i]
+		if admissionRefused(p) {
+			continue // the Job makes another
+		}
+		live++
 		ended := p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 		if !ended && p.DeletionTimestamp == nil {
 			return false
 		}
 	}
-	return true
+	return live > 0
 }

@@ -21,6 +21,8 @@ func TestSessionGone(t *testing.T) {
 		}
 		return p
 	}
+	refused := corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodFailed, Reason: "NodeAffinity",
+		Message: "Pod was rejected: Predicate NodeAffinity failed: node(s) didn't match Pod's node affinity/selector"}}
 	for _, tc := range []struct {
 		name string
 		job  *batchv1.Job
@@ -37,6 +39,11 @@ func TestSessionGone(t *testing.T) {
 		{"pod failed", &batchv1.Job{}, []corev1.Pod{pod(corev1.PodFailed, false)}, true},
 		{"pod being deleted", &batchv1.Job{}, []corev1.Pod{pod(corev1.PodRunning, true)}, true},
 		{"one pod of two goes on", &batchv1.Job{}, []corev1.Pod{pod(corev1.PodFailed, false), pod(corev1.PodRunning, false)}, false},
+		// The Job replaces a pod its node refused at admission.
+		{"only pod refused at admission", &batchv1.Job{}, []corev1.Pod{refused}, false},
+		{"refused, then one running", &batchv1.Job{}, []corev1.Pod{refused, pod(corev1.PodRunning, false)}, false},
+		{"refused, then one failed", &batchv1.Job{}, []corev1.Pod{refused, pod(corev1.PodFailed, false)}, true},
+		{"refused, and the job failed", cond(batchv1.JobFailed, corev1.ConditionTrue), []corev1.Pod{refused}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

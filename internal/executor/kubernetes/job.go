@@ -42,6 +42,12 @@ const defaultDeadline = 6 * time.Hour
 // not delete itself.
 const ttlAfterFinished = 10 * time.Minute
 
+// admissionRetries is how many pods of a run its nodes may refuse at
+// admission before the run ends. A kubelet refuses a pod the scheduler
+// placed by a newer view of the node (labels just added: the scale-up
+// signal answered); the next pod is placed by what both agree on.
+const admissionRetries = 2
+
 // RunAsUser is the user (and group, and the volumes' group) that steps
 // run as by default: not root, so the pod passes Pod Security
 // "restricted". The run directories are emptyDirs, which the kubelet
@@ -214,7 +220,21 @@ func BuildJob(namespace string, spec executor.Spec, opts PodOptions) (*batchv1.J
 	job := &batchv1.Job{
 		ObjectMeta: metav1.ObjectMeta{Name: JobName(spec.RunID), Namespace: namespace, Labels: labels, Annotations: annotations},
 		Spec: batchv1.JobSpec{
-			BackoffLimit:          ptr.To[int32](0),
+			// A pod that ran is never replaced: any exit but 0, and any
+			// disruption (eviction, preemption, a lost node), fails the
+			// Job. A pod its node refused at admission ran nothing; it
+			// counts against the backoff limit, and the Job makes another.
+			BackoffLimit: ptr.To[int32](admissionRetries),
+			PodFailurePolicy: &batchv1.PodFailurePolicy{Rules: []batchv1.PodFailurePolicyRule{
+				{
+					Action:          batchv1.PodFailurePolicyActionFailJob,
+					OnPodConditions: []batchv1.PodFailurePolicyOnPodConditionsPattern{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue}},
+				},
+				{
+					Action:      batchv1.PodFailurePolicyActionFailJob,
+					OnExitCodes: &batchv1.PodFailurePolicyOnExitCodesRequirement{Operator: batchv1.PodFailurePolicyOnExitCodesOpNotIn, Values: []int32{0}},
+				},
+			}},
 			ActiveDeadlineSeconds: ptr.To(int64(deadline / time.Second)),
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: annotations},

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -148,7 +149,15 @@ func TestBuildJobIsLockedDown(t *testing.T) {
 	pod := job.Spec.Template.Spec
 	psc := pod.SecurityContext
 	checks := map[string]bool{
-		"backoffLimit 0":               *job.Spec.BackoffLimit == 0,
+		// Only a pod that ran nothing is replaced: a non-zero exit or a
+		// disruption fails the Job.
+		"backoff only for refused pods": *job.Spec.BackoffLimit == admissionRetries && len(job.Spec.PodFailurePolicy.Rules) == 2,
+		"disruption fails the job": job.Spec.PodFailurePolicy.Rules[0].Action == batchv1.PodFailurePolicyActionFailJob &&
+			job.Spec.PodFailurePolicy.Rules[0].OnPodConditions[0].Type == corev1.DisruptionTarget,
+		"any exit but 0 fails the job": job.Spec.PodFailurePolicy.Rules[1].Action == batchv1.PodFailurePolicyActionFailJob &&
+			job.Spec.PodFailurePolicy.Rules[1].OnExitCodes.ContainerName == nil &&
+			job.Spec.PodFailurePolicy.Rules[1].OnExitCodes.Operator == batchv1.PodFailurePolicyOnExitCodesOpNotIn &&
+			len(job.Spec.PodFailurePolicy.Rules[1].OnExitCodes.Values) == 1 && job.Spec.PodFailurePolicy.Rules[1].OnExitCodes.Values[0] == 0,
 		"restartPolicy Never":          pod.RestartPolicy == corev1.RestartPolicyNever,
 		"no service account token":     pod.AutomountServiceAccountToken != nil && !*pod.AutomountServiceAccountToken,
 		"no service links":             pod.EnableServiceLinks != nil && !*pod.EnableServiceLinks,

@@ -55,6 +55,7 @@ type podWaiter struct {
 
 	pullFailingSince time.Time
 	lastReason       string
+	refused          map[string]bool // pods a node refused at admission
 }
 
 // waitForPod returns the name of the Job's pod once it is Ready, or an
@@ -149,6 +150,22 @@ func (w *podWaiter) follow(ctx context.Context, watcher watch.Interface, tick *t
 
 // check decides on one pod: ready, failed, or still waiting (logged).
 func (w *podWaiter) check(pod *corev1.Pod) (string, bool, error) {
+	if admissionRefused(pod) {
+		if !w.refused[pod.Name] {
+			if w.refused == nil {
+				w.refused = map[string]bool{}
+			}
+			w.refused[pod.Name] = true
+			w.log.Warn("node refused the pod at admission", "pod", pod.Name, "node", pod.Spec.NodeName,
+				"reason", pod.Status.Reason, "message", pod.Status.Message, "refused", len(w.refused))
+		}
+		if len(w.refused) > admissionRetries {
+			return "", false, fmt.Errorf("nodes refused %d pods of job %s at admission; the last, %s on node %s: %s: %s",
+				len(w.refused), w.job.Name, pod.Name, pod.Spec.NodeName, pod.Status.Reason, pod.Status.Message)
+		}
+		w.lastReason = "refused at admission: " + pod.Status.Reason + ": " + pod.Status.Message
+		return "", false, nil // the Job makes another
+	}
 	switch pod.Status.Phase {
 	case corev1.PodSucceeded, corev1.PodFailed:
 		return "", false, fmt.Errorf("pod %s ended (%s) before it was ready: %s", pod.Name, pod.Status.Phase, podEndReason(pod))
@@ -207,6 +224,27 @@ func (w *podWaiter) check(pod *corev1.Pod) (string, bool, error) {
 		w.log.Info("pod scheduled", "pod", pod.Name, "node", pod.Spec.NodeName)
 	}
 	return "", false, nil
+}
+
+// admissionRefused reports a pod its node refused before it ran any
+// container (the kubelet's admission: "Pod was rejected: …"). The Job's
+// pod failure policy counts such a pod against its backoff limit and
+// makes another; a pod that ran, or was disrupted, fails the Job.
+func admissionRefused(pod *corev1.Pod) bool {
+	if pod.Status.Phase != corev1.PodFailed || pod.Status.Reason == "" {
+		return false
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
+			return false
+		}
+	}
+	for _, cs := range append(append([]corev1.ContainerStatus{}, pod.Status.InitContainerStatuses...), pod.Status.ContainerStatuses...) {
+		if cs.State.Running != nil || cs.State.Terminated != nil || cs.LastTerminationState.Terminated != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // pullSecretNames lists the pod's image pull secrets for a message.

@@ -74,3 +74,49 @@ func TestCheckPullDeniedWithSecret(t *testing.T) {
 		t.Errorf("after the grace: %v, want the denial naming the secret", err)
 	}
 }
+
+// refusedPod is a pod its node refused at admission, as the kubelet
+// words it when its view of the node's labels lags the scheduler's.
+func refusedPod(name string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       corev1.PodSpec{NodeName: "node-a"},
+		Status: corev1.PodStatus{Phase: corev1.PodFailed, Reason: "NodeAffinity",
+			Message: "Pod was rejected: Predicate NodeAffinity failed: node(s) didn't match Pod's node affinity/selector"},
+	}
+}
+
+// A pod its node refused at admission ran nothing: the wait goes on for
+// the pod the Job makes next, up to admissionRetries of them; one more
+// ends it naming the node and the kubelet's words. A pod that ran, or
+// was disrupted, ends the wait at once.
+func TestCheckAdmissionRefused(t *testing.T) {
+	t.Parallel()
+	w := &podWaiter{job: &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "j"}}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), grace: time.Hour, started: time.Now()}
+	for i := range admissionRetries {
+		p := refusedPod("refused-" + string(rune('a'+i)))
+		for range 2 { // a pod's later events count once
+			if _, done, err := w.check(p); done || err != nil {
+				t.Fatalf("refusal %d of %d ended the wait: done %v, %v", i+1, admissionRetries, done, err)
+			}
+		}
+	}
+	_, _, err := w.check(refusedPod("refused-last"))
+	if err == nil || !strings.Contains(err.Error(), "refused 3 pods") || !strings.Contains(err.Error(), "node node-a: NodeAffinity: Pod was rejected") {
+		t.Errorf("refusal %d: %v, want an error naming the count, node and reason", admissionRetries+1, err)
+	}
+
+	ran := refusedPod("ran")
+	ran.Status.ContainerStatuses = []corev1.ContainerStatus{{State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 137}}}}
+	disrupted := refusedPod("disrupted")
+	disrupted.Status.Reason = "Evicted"
+	disrupted.Status.Conditions = []corev1.PodCondition{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue}}
+	noReason := refusedPod("no-reason")
+	noReason.Status.Reason = ""
+	for _, p := range []*corev1.Pod{ran, disrupted, noReason} {
+		fresh := &podWaiter{job: &batchv1.Job{}, log: w.log, grace: time.Hour, started: time.Now()}
+		if _, _, err := fresh.check(p); err == nil || !strings.Contains(err.Error(), "ended (Failed) before it was ready") {
+			t.Errorf("pod %s: %v, want the wait ended at once", p.Name, err)
+		}
+	}
+}
