@@ -382,11 +382,13 @@ func (c *Cluster) createNamespace(ctx context.Context, testName string) (string,
 // selector) satisfies cond, and returns it.
 func (c *Cluster) WaitForPod(ctx context.Context, namespace, selector string, cond func(*corev1.Pod) bool) (*corev1.Pod, error) {
 	var found *corev1.Pod
+	var last []corev1.Pod
 	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 		pods, err := c.Clientset.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
 		if err != nil {
 			return false, nil // the API server may be restarting
 		}
+		last = pods.Items
 		for i := range pods.Items {
 			if cond(&pods.Items[i]) {
 				found = &pods.Items[i]
@@ -396,9 +398,39 @@ func (c *Cluster) WaitForPod(ctx context.Context, namespace, selector string, co
 		return false, nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("wait for a pod %q in %s: %w", selector, namespace, err)
+		return nil, fmt.Errorf("wait for a pod %q in %s: %w; last seen: %s", selector, namespace, err, describePods(last))
 	}
 	return found, nil
+}
+
+// describePods says where each pod stands: node, phase, conditions and
+// why its containers wait, for a wait's timeout message.
+func describePods(pods []corev1.Pod) string {
+	if len(pods) == 0 {
+		return "no pod"
+	}
+	var b strings.Builder
+	for i, p := range pods {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "pod %s on node %q, phase %s", p.Name, p.Spec.NodeName, p.Status.Phase)
+		if p.Status.Reason != "" || p.Status.Message != "" {
+			fmt.Fprintf(&b, " (%s: %s)", p.Status.Reason, p.Status.Message)
+		}
+		for _, c := range p.Status.Conditions {
+			fmt.Fprintf(&b, ", %s=%s", c.Type, c.Status)
+			if c.Reason != "" || c.Message != "" {
+				fmt.Fprintf(&b, " (%s: %s, at %s)", c.Reason, c.Message, c.LastTransitionTime.Format(time.TimeOnly))
+			}
+		}
+		for _, cs := range p.Status.ContainerStatuses {
+			if w := cs.State.Waiting; w != nil {
+				fmt.Fprintf(&b, ", container %s waiting (%s: %s)", cs.Name, w.Reason, w.Message)
+			}
+		}
+	}
+	return b.String()
 }
 
 // PodReady reports whether the pod's Ready condition is true.

@@ -22,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 
 	"knotless.dev/run/tests/clustertest"
 )
@@ -332,7 +333,12 @@ func TestScaleSignal(t *testing.T) {
 	if err := c.RemoveCapacity(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Clientset.BatchV1().Jobs(c.Namespace).Create(ctx, job(c, "waits", c.Image, "exec sleep 3600"), metav1.CreateOptions{}); err != nil {
+	waits := job(c, "waits", c.Image, "exec sleep 3600")
+	// The kubelet may refuse the first pod the scheduler places once the
+	// label is back, by its older view of the node (NodeAffinity); the
+	// Job makes another, as the runner's Jobs do.
+	waits.Spec.BackoffLimit = ptr.To[int32](2)
+	if _, err := c.Clientset.BatchV1().Jobs(c.Namespace).Create(ctx, waits, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	pod, err := c.WaitForPod(ctx, c.Namespace, "app=waits", clustertest.PodUnschedulable)
