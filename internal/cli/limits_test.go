@@ -99,3 +99,16 @@ func TestRunMaximums(t *testing.T) {
 		}
 	}
 }
+
+// TestServeRefusesEmptyQueueBatch: --queue with --queue-batch below 1
+// stops at start, naming the flag.
+func TestServeRefusesEmptyQueueBatch(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	r := runCLI(t, map[string]string{}, "serve", "--executor", "shell", "--unsafe-shell-untrusted", "--queue", "--queue-batch", "0",
+		"--did", "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa", "--pds", "http://127.0.0.1:1", "--state-dir", filepath.Join(dir, "state"),
+		"--cache-dir", filepath.Join(dir, "cache"), "--shell-root", dir, "did:plc:bbbbbbbbbbbbbbbbbbbbbbbb/hello")
+	if r.code != ExitError || !strings.Contains(r.stderr, "--queue-batch 0: want 1 or more") {
+		t.Errorf("exit %d, want %d and the flag named\nstderr:\n%s", r.code, ExitError, r.stderr)
+	}
+}

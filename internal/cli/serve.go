@@ -63,6 +63,7 @@ type ServeCmd struct {
 	UnsafeShellUntrusted bool   `help:"Let --executor shell run --pulls, --discover or --queue work: strangers' code then runs on this host, beside the runner's sealing key, PDS session and kubeconfig. Only for a throwaway host." group:"limits"`
 	LimitsApplyTo        string `help:"Which runs the --max-* and --allow-image limits bound: untrusted (pulls) or all." enum:"untrusted,all" default:"untrusted" group:"limits"`
 	MaxQueuedPerAuthor   int    `help:"Most pulls of one author queued or running at once; more wait, without a check, until one ends (0: no cap). Pushes are never capped and are claimed first." default:"4" group:"limits"`
+	QueueBatch           int    `help:"Most pulls one merge-queue batch takes (--queue); the rest wait for the next batch." default:"8" group:"limits"`
 
 	// ExecutorFlags choose and configure the executor, as for run.
 	ExecutorFlags `embed:""`
@@ -184,6 +185,9 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 	if perAuthor == 0 {
 		perAuthor = daemon.NoCap
 	}
+	if c.Queue && c.QueueBatch < 1 {
+		return fmt.Errorf("--queue-batch %d: want 1 or more", c.QueueBatch)
+	}
 	password, err := c.readPassword(env)
 	if err != nil {
 		return err
@@ -252,6 +256,7 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 
 		Max:                max,
 		MaxQueuedPerAuthor: perAuthor,
+		QueueBatch:         c.QueueBatch,
 	})
 	if errors.Is(err, context.Canceled) {
 		return nil

@@ -59,6 +59,10 @@ type Config struct {
 	// key or token its git push to their sources uses ("": none).
 	Queue          bool
 	PushCredential string
+	// QueueBatch is the most pulls one batch takes (0:
+	// DefaultQueueBatch): a long queue lands in several batches, each a
+	// merge and a run of bounded size.
+	QueueBatch int
 
 	Executor     executor.Executor
 	DefaultImage string

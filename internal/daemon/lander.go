@@ -26,6 +26,10 @@ import (
 // other. A repository has at most one unfinished batch; its record says
 // where it stands, so a restarted lander goes on from it (Resume).
 
+// DefaultQueueBatch is the most pulls a batch takes when
+// Config.QueueBatch sets none (serve's --queue-batch).
+const DefaultQueueBatch = 8
+
 // lander is the author and committer of squashed commits.
 var lander = mirror.Identity{Name: "knotless-run lander", Email: "lander@knotless.invalid"}
 
@@ -177,7 +181,11 @@ func (d *Daemon) landRepo(ctx context.Context, repo forge.Record[forge.Repo], lo
 	if !plan.Settled() {
 		return nil
 	}
-	next := mergequeue.Next(plan.Ready, 0, mem.Bisect)
+	max := d.cfg.QueueBatch
+	if max <= 0 {
+		max = DefaultQueueBatch
+	}
+	next := mergequeue.Next(plan.Ready, max, mem.Bisect)
 	if len(next) == 0 {
 		return nil
 	}

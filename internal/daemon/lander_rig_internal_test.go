@@ -677,3 +677,34 @@ func TestNotTheLanderDoesNothing(t *testing.T) {
 		}
 	})
 }
+
+// Config.QueueBatch bounds a batch: three ready pulls with a bound of two
+// land as a batch of the first two, then one of the third, in queue order.
+func TestLanderBatchBound(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		r, _ := newLanderRig(t)
+		r.d.cfg.QueueBatch = 2
+		p1, h1 := r.queuePull(1, "a.txt")
+		p2, h2 := r.queuePull(2, "b.txt")
+		p3, h3 := r.queuePull(3, "c.txt")
+		serveUntilIdle(t, r.d)
+
+		if diff := cmp.Diff([]string{h1, h2, h3}, r.git.landed("main")); diff != "" {
+			t.Errorf("pulls on main (-want +got):\n%s", diff)
+		}
+		bs := r.queue.batchList()
+		slices.SortFunc(bs, func(a, b forge.Batch) int { return len(b.Pulls) - len(a.Pulls) })
+		if len(bs) != 2 || !slices.Equal(batchPulls(bs[0]), []string{p1, p2}) || !slices.Equal(batchPulls(bs[1]), []string{p3}) {
+			t.Fatalf("batches %+v, want pulls 1 and 2, then 3", bs)
+		}
+		for _, b := range bs {
+			if b.Status != forge.BatchLanded {
+				t.Errorf("batch of %v: %s, want landed", batchPulls(b), b.Status)
+			}
+		}
+		if len(r.git.pushes) != 2 {
+			t.Errorf("pushes %q, want two", r.git.pushes)
+		}
+	})
+}
