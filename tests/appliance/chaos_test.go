@@ -91,6 +91,24 @@ steps:
   - name: quick
     run: echo quick
 `, "success"},
+	// A cache a killed run may have been saving: whatever a later run
+	// restores is a whole save (the mark and the blob of one run), never
+	// a torn one.
+	{"cached", `
+on: [push]
+cache: [.cache/chaos]
+steps:
+  - name: uses the cache
+    run: |
+      if [ -e .cache/chaos/mark ]; then
+        test "$(cat .cache/chaos/mark)" = "$(sha256sum < .cache/chaos/blob)"
+        echo "cache restored intact"
+      fi
+      mkdir -p .cache/chaos
+      head -c 1048576 /dev/urandom > .cache/chaos/blob
+      sleep 2
+      sha256sum < .cache/chaos/blob > .cache/chaos/mark
+`, "success"},
 }
 
 // chaosPush is one push of the loop: its workflow's check must end
@@ -100,7 +118,7 @@ type chaosPush struct {
 	commit string
 }
 
-// TestChaos pushes workflows (long, failing, with secrets) while a
+// TestChaos pushes workflows (long, failing, with secrets, with a cache) while a
 // driver SIGKILLs or SIGTERMs the daemon of the module's real systemd
 // unit at random moments (`systemctl kill`: every process of the unit,
 // git's too, harsher than a stop), then lets it settle, and asserts: every push
