@@ -149,3 +149,8 @@ func (c *Cluster) AddCapacityOn(ctx context.Context, node string) error {
 	}
 	return nil
 }
+
+// GuardDrops returns the packet counter of the node's egress guard rule.
+func (n *Node) GuardDrops(ctx context.Context) (int64, error) {
+	return ruleCounter(ctx, n.Netns, "mangle", "FORWARD", "knotless-test egress guard")
+}
