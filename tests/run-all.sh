@@ -60,12 +60,28 @@ disruptive=$(grep -rl --exclude-dir=node_modules --include='*_test.go' 'clustert
 	sort -u | paste -sd'|')
 disruptive_pkgs=$(grep -rl --exclude-dir=node_modules --include='*_test.go' 'clustertest.StartExclusive(t)' . | xargs -n1 dirname | sort -u)
 
+# Tests on two nodes (they call clustertest.StartTwoNodes or
+# StartTwoNodesExclusive, and fail on a cluster without its second node)
+# run last, after tests/cluster/add-node changes the cluster's shape.
+twonode_files=$(grep -rlE --exclude-dir=node_modules --include='*_test.go' 'clustertest\.StartTwoNodes(Exclusive)?\(t\)' . || true)
+twonode=$(echo "$twonode_files" | xargs -r awk '/^func Test/ { name = $2; sub(/\(.*/, "", name) } /clustertest\.StartTwoNodes(Exclusive)?\(t\)/ { print name }' |
+	sort -u | paste -sd'|')
+twonode_pkgs=$(echo "$twonode_files" | xargs -r -n1 dirname | sort -u)
+
 phase "go test"
-go test -count=1 -timeout 25m -skip "^($disruptive)\$" ./...
+go test -count=1 -timeout 25m -skip "^(${disruptive}${twonode:+|$twonode})\$" ./...
 
 phase "go test: tests that disrupt the shared cluster ($disruptive)"
 # shellcheck disable=SC2086
 go test -count=1 -timeout 10m -run "^($disruptive)\$" $disruptive_pkgs
+
+if [[ -n $twonode ]]; then
+	phase "go test: tests on two nodes, after adding the cluster's second node ($twonode)"
+	tests/cluster/add-node
+	eval "$(tests/cluster/env)"
+	# shellcheck disable=SC2086
+	go test -count=1 -timeout 10m -run "^($twonode)\$" $twonode_pkgs
+fi
 
 phase "nix: offline checks of the flake, package and module"
 bash tests/nix/check.sh

@@ -36,6 +36,57 @@ KTC_SERVICE_IP=${KNOTLESS_CLUSTER_SERVICE_IP:-10.223.128.1}
 # for them follows the default route off the machine.
 KTC_ROUTE_METRIC=${KNOTLESS_CLUSTER_ROUTE_METRIC:-4223}
 
+# ktc_ip2int and ktc_int2ip convert a dotted IPv4 address to a number
+# and back.
+ktc_ip2int() {
+	local IFS=. a b c d
+	read -r a b c d <<<"$1"
+	echo $(((a << 24) | (b << 16) | (c << 8) | d))
+}
+ktc_int2ip() { echo "$(($1 >> 24 & 255)).$(($1 >> 16 & 255)).$(($1 >> 8 & 255)).$(($1 & 255))"; }
+
+# The cluster's pod prefix, which kube-controller-manager carves into one
+# POD_CIDR-sized prefix per node: by default POD_CIDR and the one above
+# it, so the first node, registered first, gets POD_CIDR (the lowest free
+# one) and the optional second node (add-node) gets the other. A POD_CIDR
+# that is the upper half of its parent has no room above it: the cluster
+# prefix is then POD_CIDR alone, and add-node refuses.
+ktc_pod_mask=${KTC_POD_CIDR#*/}
+ktc_pod_net=$(ktc_ip2int "${KTC_POD_CIDR%/*}")
+if ((ktc_pod_mask > 1 && (ktc_pod_net & (1 << (32 - ktc_pod_mask))) == 0)); then
+	KTC_CLUSTER_CIDR=${KNOTLESS_CLUSTER_CLUSTER_CIDR:-${KTC_POD_CIDR%/*}/$((ktc_pod_mask - 1))}
+	KTC_NODE2_POD_CIDR=${KNOTLESS_CLUSTER_NODE2_POD_CIDR:-$(ktc_int2ip $((ktc_pod_net + (1 << (32 - ktc_pod_mask)))))/$ktc_pod_mask}
+else
+	KTC_CLUSTER_CIDR=${KNOTLESS_CLUSTER_CLUSTER_CIDR:-$KTC_POD_CIDR}
+	KTC_NODE2_POD_CIDR=${KNOTLESS_CLUSTER_NODE2_POD_CIDR:-}
+fi
+
+# The optional second node (add-node; remove-node is its loss): a
+# containerd, kubelet and kube-router of its own in a network namespace
+# of its own, joined to the host by its own veth pair (NODE2_HOST_VETH,
+# NODE2_HOST_IP <-> NODE2_NODE_VETH, NODE2_IP) and to the first node's
+# namespace by another (PEER_VETH1, PEER_IP1 <-> PEER_VETH2, PEER_IP2),
+# which carries the traffic between the two nodes' pods. Its run
+# directory is inside the cluster's, so down removes it with the rest.
+# The link prefixes default to the two /30s after LINK_CIDR.
+ktc_link_net=$(ktc_ip2int "${KTC_LINK_CIDR%/*}")
+KTC_NODE2_NAME=${KNOTLESS_CLUSTER_NODE2_NAME:-${KTC_NAME}-node2}
+KTC_NODE2_NETNS=${KNOTLESS_CLUSTER_NODE2_NETNS:-${KTC_NAME}-node2}
+KTC_NODE2_DIR=$KTC_DIR/node2
+KTC_NODE2_CGROUP_ROOT=${KNOTLESS_CLUSTER_NODE2_CGROUP_ROOT:-/${KTC_NAME}-node2}
+KTC_NODE2_CNI_NETWORK=${KNOTLESS_CLUSTER_NODE2_CNI_NETWORK:-${KTC_NAME}-node2-pods}
+KTC_NODE2_HOST_VETH=${KNOTLESS_CLUSTER_NODE2_HOST_VETH:-ktc1-host}
+KTC_NODE2_NODE_VETH=${KNOTLESS_CLUSTER_NODE2_NODE_VETH:-ktc1-node}
+KTC_NODE2_POD_BRIDGE=${KNOTLESS_CLUSTER_NODE2_POD_BRIDGE:-ktc1-pods}
+KTC_NODE2_LINK_CIDR=${KNOTLESS_CLUSTER_NODE2_LINK_CIDR:-$(ktc_int2ip $((ktc_link_net + 4)))/30}
+KTC_NODE2_HOST_IP=${KNOTLESS_CLUSTER_NODE2_HOST_IP:-$(ktc_int2ip $((ktc_link_net + 5)))}
+KTC_NODE2_IP=${KNOTLESS_CLUSTER_NODE2_IP:-$(ktc_int2ip $((ktc_link_net + 6)))}
+KTC_PEER_VETH1=${KNOTLESS_CLUSTER_PEER_VETH1:-ktc-peer1}
+KTC_PEER_VETH2=${KNOTLESS_CLUSTER_PEER_VETH2:-ktc-peer2}
+KTC_PEER_CIDR=${KNOTLESS_CLUSTER_PEER_CIDR:-$(ktc_int2ip $((ktc_link_net + 8)))/30}
+KTC_PEER_IP1=${KNOTLESS_CLUSTER_PEER_IP1:-$(ktc_int2ip $((ktc_link_net + 9)))}
+KTC_PEER_IP2=${KNOTLESS_CLUSTER_PEER_IP2:-$(ktc_int2ip $((ktc_link_net + 10)))}
+
 # Ports. Control plane ports are bound on the host (loopback, or HOST_IP
 # for the API server); the kubelet's are bound in the node's namespace.
 KTC_APISERVER_PORT=${KNOTLESS_CLUSTER_APISERVER_PORT:-26443}
@@ -272,6 +323,7 @@ ktc_kill_all() {
 # ktc_teardown removes every trace of the cluster; it is safe to run any
 # number of times and after any of the components was killed.
 ktc_teardown() {
+	ktc_node2_teardown
 	ktc_kill_all
 
 	# Mounts under the run directory, deepest first: the pods' volumes,
@@ -334,6 +386,67 @@ ktc_teardown() {
 
 	if [[ -d $KTC_DIR ]]; then
 		rm -rf --one-file-system "$KTC_DIR" || ktc_log "warning: cannot remove $KTC_DIR"
+	fi
+}
+
+# ktc_as_node2 points the node settings (KTC_NODE_NAME, KTC_NETNS, KTC_DIR
+# and what lives in it, the node IP, pod bridge and prefix, cgroup root,
+# CNI network) at the second node, so that the node functions
+# (ktc_node_config, ktc_images, ktc_start_kubelet, ktc_start_router,
+# ktc_node_ready, ktc_our_pids, ktc_kill_all) act on it. Call it in a
+# subshell. The API server's address (KTC_HOST_IP) and the certificates
+# (KTC_PKI) stay the cluster's.
+ktc_as_node2() {
+	KTC_NODE_NAME=$KTC_NODE2_NAME
+	KTC_NETNS=$KTC_NODE2_NETNS
+	KTC_DIR=$KTC_NODE2_DIR
+	KTC_LOGS=$KTC_DIR/logs
+	KTC_PIDS=$KTC_DIR/pids
+	KTC_STATE=$KTC_DIR/state
+	KTC_CONTAINERD_SOCK=$KTC_DIR/containerd/containerd.sock
+	KTC_CGROUP_ROOT=$KTC_NODE2_CGROUP_ROOT
+	KTC_CNI_NETWORK=$KTC_NODE2_CNI_NETWORK
+	KTC_NODE_IP=$KTC_NODE2_IP
+	KTC_POD_BRIDGE=$KTC_NODE2_POD_BRIDGE
+	KTC_POD_CIDR=$KTC_NODE2_POD_CIDR
+}
+
+# ktc_node2_teardown removes every trace of the second node on this
+# machine (not its Node object: remove-node deletes that): its processes
+# (SIGKILL for all but the components, as ktc_kill_all does), mounts,
+# network namespace with its links (also the one to the first node, and
+# so the first node's route to its pods), host routes, cgroups, CNI
+# results and run directory. Safe to run any number of times.
+ktc_node2_teardown() {
+	(
+		ktc_as_node2
+		ktc_kill_all
+	)
+	local m
+	if [[ -d $KTC_NODE2_DIR ]]; then
+		while read -r m; do
+			umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || ktc_log "warning: cannot unmount $m"
+		done < <(awk -v d="$KTC_NODE2_DIR" '$5 == d || index($5, d "/") == 1 { print $5 }' /proc/self/mountinfo | sort -r)
+	fi
+	if [[ -e /run/netns/$KTC_NODE2_NETNS ]]; then
+		ip netns delete "$KTC_NODE2_NETNS" 2>/dev/null || {
+			umount -l "/run/netns/$KTC_NODE2_NETNS" 2>/dev/null || true
+			rm -f "/run/netns/$KTC_NODE2_NETNS"
+		}
+	fi
+	local cidr
+	for cidr in "$KTC_NODE2_LINK_CIDR" $KTC_NODE2_POD_CIDR; do
+		while ip route del unreachable "$cidr" metric "$KTC_ROUTE_METRIC" 2>/dev/null; do :; done
+	done
+	local h
+	for h in /sys/fs/cgroup/*/; do
+		[[ -d $h${KTC_NODE2_CGROUP_ROOT#/} ]] || continue
+		find "$h${KTC_NODE2_CGROUP_ROOT#/}" -depth -type d -exec rmdir {} + 2>/dev/null ||
+			ktc_log "warning: cannot remove cgroup $h${KTC_NODE2_CGROUP_ROOT#/}"
+	done
+	rm -f /var/lib/cni/results/"$KTC_NODE2_CNI_NETWORK"-*
+	if [[ -d $KTC_NODE2_DIR ]]; then
+		rm -rf --one-file-system "$KTC_NODE2_DIR" || ktc_log "warning: cannot remove $KTC_NODE2_DIR"
 	fi
 }
 
@@ -400,28 +513,40 @@ ktc_sysctl_release() {
 ktc_leftovers() {
 	local saved=${1:-$KTC_STATE/sysctl}
 	local pids
-	pids=$(ktc_our_pids | sort -un | tr '\n' ' ')
+	pids=$({
+		ktc_our_pids
+		(
+			ktc_as_node2
+			ktc_our_pids
+		)
+	} | sort -un | tr '\n' ' ')
 	[[ -z ${pids// /} ]] || echo "processes: $pids"
 	awk -v d="$KTC_DIR" '$5 == d || index($5, d "/") == 1 { print "mount: " $5 }' /proc/self/mountinfo
 	[[ ! -e $KTC_DIR ]] || echo "path: $KTC_DIR"
-	[[ ! -e /run/netns/$KTC_NETNS ]] || echo "netns: $KTC_NETNS"
-	# A link whose other end is in the node's namespace (gone with it).
-	ip -o link show 2>/dev/null | grep -F "link-netns $KTC_NETNS " | sed 's/^/link: /' || true
+	local ns
+	for ns in "$KTC_NETNS" "$KTC_NODE2_NETNS"; do
+		[[ ! -e /run/netns/$ns ]] || echo "netns: $ns"
+		# A link whose other end is in a node's namespace (gone with it).
+		ip -o link show 2>/dev/null | grep -F "link-netns $ns " | sed 's/^/link: /' || true
+	done
 	local cidr
-	for cidr in "$KTC_LINK_CIDR" "$KTC_POD_CIDR" "$KTC_SERVICE_CIDR"; do
+	for cidr in "$KTC_LINK_CIDR" "$KTC_POD_CIDR" "$KTC_SERVICE_CIDR" "$KTC_NODE2_LINK_CIDR" $KTC_NODE2_POD_CIDR; do
 		ip route show exact "$cidr" 2>/dev/null | sed 's/^/route: /'
 	done
-	local h
+	local h root
 	for h in /sys/fs/cgroup/*/; do
-		[[ ! -d $h${KTC_CGROUP_ROOT#/} ]] || echo "cgroup: $h${KTC_CGROUP_ROOT#/}"
+		for root in "$KTC_CGROUP_ROOT" "$KTC_NODE2_CGROUP_ROOT"; do
+			[[ ! -d $h${root#/} ]] || echo "cgroup: $h${root#/}"
+		done
 	done
 	if command -v iptables-save >/dev/null; then
-		iptables-save 2>/dev/null | grep -E -e "$KTC_POD_BRIDGE|${KTC_POD_CIDR%/*}|${KTC_NAME}" -e '^:KUBE-ROUTER' | sed 's/^/iptables: /' || true
+		local node2_pods=${KTC_NODE2_POD_CIDR%/*}
+		iptables-save 2>/dev/null | grep -E -e "$KTC_POD_BRIDGE|$KTC_NODE2_POD_BRIDGE|${KTC_POD_CIDR%/*}|${node2_pods:-${KTC_POD_CIDR%/*}}|${KTC_NAME}" -e '^:KUBE-ROUTER' | sed 's/^/iptables: /' || true
 	fi
 	if command -v ipset >/dev/null; then
 		ipset list -n 2>/dev/null | grep -E '^KUBE-' | sed 's/^/ipset: /' || true
 	fi
-	find /var/lib/cni/results -maxdepth 1 -name "$KTC_CNI_NETWORK-*" 2>/dev/null | sed 's/^/cni result: /' || true
+	find /var/lib/cni/results -maxdepth 1 \( -name "$KTC_CNI_NETWORK-*" -o -name "$KTC_NODE2_CNI_NETWORK-*" \) 2>/dev/null | sed 's/^/cni result: /' || true
 	if [[ -f $saved ]]; then
 		local key val
 		while read -r key val; do
@@ -541,6 +666,15 @@ export KNOTLESS_TEST_CONTAINERD_SOCK=$KTC_CONTAINERD_SOCK
 export KNOTLESS_TEST_CLUSTER_DIR=$KTC_DIR
 export KNOTLESS_TEST_CLUSTER_SCRIPTS=$KTC_SRC
 ENV
+	# The second node, once add-node has made it.
+	[[ -f $KTC_NODE2_DIR/added ]] || return 0
+	cat <<ENV
+export KNOTLESS_TEST_NODE2_NAME=$KTC_NODE2_NAME
+export KNOTLESS_TEST_NODE2_NETNS=$KTC_NODE2_NETNS
+export KNOTLESS_TEST_NODE2_IP=$KTC_NODE2_IP
+export KNOTLESS_TEST_NODE2_POD_CIDR=$KTC_NODE2_POD_CIDR
+export KNOTLESS_TEST_NODE2_CONTAINERD_SOCK=$KTC_NODE2_DIR/containerd/containerd.sock
+ENV
 }
 
 # ---------------------------------------------------------------------------
@@ -570,6 +704,7 @@ ktc_start_apiserver() {
 # (up, restart-apiserver).
 ktc_start_controllers() {
 	local mask=${KTC_POD_CIDR#*/}
+	# --cluster-cidr: room for the optional second node (see KTC_CLUSTER_CIDR).
 	ktc_start kube-controller-manager "$KTC_BIN/kube-controller-manager" \
 		--kubeconfig "$KTC_DIR/controller-manager.kubeconfig" \
 		--authentication-kubeconfig "$KTC_DIR/controller-manager.kubeconfig" \
@@ -578,7 +713,7 @@ ktc_start_controllers() {
 		--leader-elect=false --use-service-account-credentials \
 		--service-account-private-key-file "$KTC_PKI/sa.key" --root-ca-file "$KTC_PKI/ca.crt" \
 		--cluster-signing-cert-file "$KTC_PKI/ca.crt" --cluster-signing-key-file "$KTC_PKI/ca.key" \
-		--allocate-node-cidrs --cluster-cidr "$KTC_POD_CIDR" --node-cidr-mask-size "$mask" \
+		--allocate-node-cidrs --cluster-cidr "$KTC_CLUSTER_CIDR" --node-cidr-mask-size "$mask" \
 		--service-cluster-ip-range "$KTC_SERVICE_CIDR" \
 		--concurrent-job-syncs 10 --node-monitor-grace-period 20s \
 		--cert-dir "$KTC_DIR/controller-manager" --v 1

@@ -38,11 +38,17 @@ var second = []string{
 	"KNOTLESS_CLUSTER_KUBELET_PORT=22250",
 	"KNOTLESS_CLUSTER_KUBELET_HEALTHZ_PORT=22248",
 	"KNOTLESS_CLUSTER_KUBE_ROUTER_HEALTH_PORT=22244",
+	"KNOTLESS_CLUSTER_NODE2_HOST_VETH=ktc9-host2",
+	"KNOTLESS_CLUSTER_NODE2_NODE_VETH=ktc9-node2",
+	"KNOTLESS_CLUSTER_NODE2_POD_BRIDGE=ktc9-pods2",
+	"KNOTLESS_CLUSTER_PEER_VETH1=ktc9-peer1",
+	"KNOTLESS_CLUSTER_PEER_VETH2=ktc9-peer2",
 }
 
 const (
-	secondDir   = "/var/lib/knotless-test-down"
-	secondNetns = "knotless-test-down-node"
+	secondDir    = "/var/lib/knotless-test-down"
+	secondNetns  = "knotless-test-down-node"
+	secondNetns2 = "knotless-test-down-node2" // its second node's (add-node)
 )
 
 // hostState is what of the host a cluster may change.
@@ -94,8 +100,8 @@ func run(t *testing.T, name string, args ...string) string {
 	return string(out)
 }
 
-// TestDownLeavesNothing brings up a second cluster beside the first, runs
-// a pod on it, kills every one of its processes with SIGKILL (as CI's
+// TestDownLeavesNothing brings up a second cluster beside the first, with
+// its optional second node (add-node), runs a pod on each node, kills every one of its processes with SIGKILL (as CI's
 // machine does to whatever a session left), runs down twice and then
 // checks, without the scripts' help, that nothing of it is left.
 func TestDownLeavesNothing(t *testing.T) {
@@ -119,6 +125,12 @@ func TestDownLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("second cluster up in %v", time.Since(start).Round(time.Millisecond))
+	start = time.Now()
+	if err := clustertest.Script(ctx, scripts, "add-node", second); err != nil {
+		clustertest.Script(ctx, scripts, "down", second) //nolint:errcheck // best effort before failing
+		t.Fatal(err)
+	}
+	t.Logf("its second node added in %v", time.Since(start).Round(time.Millisecond))
 	env, err := clustertest.ScriptEnv(ctx, scripts, second)
 	if err != nil {
 		t.Fatal(err)
@@ -135,6 +147,13 @@ func TestDownLeavesNothing(t *testing.T) {
 	if _, err := c.WaitForPod(ctx, "default", "app=leftover", clustertest.PodReady); err != nil {
 		t.Fatal(err)
 	}
+	j2 := onNode(job(c, "leftover2", env[clustertest.EnvImage], "exec sleep 3600"), env[clustertest.EnvNode2Name])
+	if _, err := c.Clientset.BatchV1().Jobs("default").Create(ctx, j2, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitForPod(ctx, "default", "app=leftover2", clustertest.PodReady); err != nil {
+		t.Fatal(err)
+	}
 
 	// kill -9 every component and every containerd shim; the containers
 	// themselves are left running.
@@ -145,7 +164,7 @@ func TestDownLeavesNothing(t *testing.T) {
 		}
 	}
 	t.Logf("killed %d processes with SIGKILL", killed)
-	if killed < 8 { // 7 components and the pod's shim
+	if killed < 12 { // 7 components, the second node's 3, and the pods' shims
 		t.Errorf("killed only %d processes of the second cluster", killed)
 	}
 
@@ -167,19 +186,19 @@ func TestDownLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, l := range strings.Split(string(mounts), "\n") {
-		if f := strings.Fields(l); len(f) > 4 && (strings.HasPrefix(f[4], secondDir) || f[4] == "/run/netns/"+secondNetns) {
+		if f := strings.Fields(l); len(f) > 4 && (strings.HasPrefix(f[4], secondDir) || f[4] == "/run/netns/"+secondNetns || f[4] == "/run/netns/"+secondNetns2) {
 			t.Errorf("mount left: %s", f[4])
 		}
 	}
 	// Paths.
-	for _, p := range []string{secondDir, "/run/netns/" + secondNetns, "/run/knotless-test-cluster/holders/knotless-test-down"} {
+	for _, p := range []string{secondDir, "/run/netns/" + secondNetns, "/run/netns/" + secondNetns2, "/run/knotless-test-cluster/holders/knotless-test-down"} {
 		if _, err := os.Lstat(p); err == nil {
 			t.Errorf("path left: %s", p)
 		}
 	}
 	// Links and addresses.
 	links := run(t, "ip", "-o", "link", "show")
-	for _, name := range []string{"ktc9-host", "ktc9-node", "ktc9-pods"} {
+	for _, name := range []string{"ktc9-host", "ktc9-node", "ktc9-pods", "ktc9-host2", "ktc9-node2", "ktc9-pods2", "ktc9-peer1", "ktc9-peer2"} {
 		if strings.Contains(links, " "+name+":") || strings.Contains(links, " "+name+"@") {
 			t.Errorf("link left: %s", name)
 		}
@@ -190,11 +209,11 @@ func TestDownLeavesNothing(t *testing.T) {
 	if routes := run(t, "ip", "route", "show"); strings.Contains(routes, "10.225.") {
 		t.Errorf("route of the second cluster left:\n%s", routes)
 	}
-	if nss := run(t, "ip", "netns", "list"); strings.Contains(nss, secondNetns) {
+	if nss := run(t, "ip", "netns", "list"); strings.Contains(nss, secondNetns) { // and secondNetns2
 		t.Errorf("network namespace left: %s", nss)
 	}
 	// Cgroups.
-	hier, err := filepath.Glob("/sys/fs/cgroup/*/knotless-test-down")
+	hier, err := filepath.Glob("/sys/fs/cgroup/*/knotless-test-down*")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -264,8 +264,18 @@ func (s *Session) jobGone(ctx context.Context) error {
 	switch {
 	case apierrors.IsNotFound(err):
 		return fmt.Errorf("pod %s/%s was deleted while the step ran", s.ref.Namespace, s.pod)
-	case err == nil && pod.DeletionTimestamp != nil:
-		return fmt.Errorf("pod %s/%s is being deleted while the step ran", s.ref.Namespace, s.pod)
+	case err != nil:
+		return nil
+	}
+	// A node that is gone (a cloud deletes the Node of a machine it lost)
+	// takes the pod with it, though its object stays a while.
+	if node := pod.Spec.NodeName; node != "" {
+		if _, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			return fmt.Errorf("node %s of pod %s/%s is gone (its Node was deleted) while the step ran", node, s.ref.Namespace, s.pod)
+		}
+	}
+	if pod.DeletionTimestamp != nil {
+		return fmt.Errorf("pod %s/%s on node %s is being deleted while the step ran", s.ref.Namespace, s.pod, pod.Spec.NodeName)
 	}
 	return nil
 }
@@ -355,6 +365,7 @@ func (s *Session) deleteJob(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, deleteWait)
 	defer cancel()
 	sel := metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=" + s.ref.Name}
+	checked := map[string]bool{}
 	for {
 		pods, err := cs.CoreV1().Pods(s.ref.Namespace).List(ctx, sel)
 		if err != nil && !apierrors.IsNotFound(err) {
@@ -364,6 +375,7 @@ func (s *Session) deleteJob(ctx context.Context) error {
 			s.log.Info("job deleted", "after", time.Since(start).Round(time.Millisecond))
 			return nil
 		}
+		s.forceDeleteOnLostNodes(ctx, cs, pods.Items, checked)
 		opts := sel
 		opts.ResourceVersion = pods.ResourceVersion
 		w, err := cs.CoreV1().Pods(s.ref.Namespace).Watch(ctx, opts)
