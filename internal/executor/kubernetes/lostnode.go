@@ -2,31 +2,123 @@ package kubernetes
 
 import (
 	"context"
+	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 )
+
+// reasonDeletionByPodGC is the reason of the DisruptionTarget condition
+// the pod garbage collector sets (with phase Failed) on a pod whose Node
+// is gone, just before it force-deletes the pod; its message says why
+// ("PodGC: node no longer exists").
+const reasonDeletionByPodGC = "DeletionByPodGC"
+
+// nodeLost returns the node of a pod the pod garbage collector marked as
+// one of a lost node, and the collector's words. Reading the pod is all
+// it takes: the runner's credential may not get Nodes.
+func nodeLost(pod *corev1.Pod) (node, why string, ok bool) {
+	if pod.Spec.NodeName == "" {
+		return "", "", false
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue && c.Reason == reasonDeletionByPodGC {
+			why = c.Message
+			if why == "" {
+				why = c.Reason
+			}
+			return pod.Spec.NodeName, why, true
+		}
+	}
+	return "", "", false
+}
+
+// lostNodeError is the run's error for a step whose node is gone.
+func (s *Session) lostNodeError(node, why string) error {
+	return fmt.Errorf("node %s of pod %s/%s is gone (%s) while the step ran", node, s.ref.Namespace, s.pod, why)
+}
+
+// waitWatchingPod waits d before the next reattach, watching the run's
+// pod meanwhile: it returns the error naming the node as soon as the pod
+// garbage collector marks the pod (also when the watch sees the pod
+// deleted with that mark, which a later get no longer could). Without a
+// watch it just waits.
+func (s *Session) waitWatchingPod(ctx context.Context, d time.Duration, dropped time.Time) error {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	var w watch.Interface
+	if _, cs, _, err := s.ex.clients.get(); err == nil {
+		w, err = cs.CoreV1().Pods(s.ref.Namespace).Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", s.pod).String()})
+		if err != nil {
+			w = nil
+		}
+	}
+	if w == nil {
+		<-ctx.Done()
+		return nil
+	}
+	defer w.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				<-ctx.Done()
+				return nil
+			}
+			pod, isPod := ev.Object.(*corev1.Pod)
+			if !isPod {
+				continue
+			}
+			if node, why, lost := nodeLost(pod); lost {
+				s.log.Warn("node of the run's pod is gone: the pod garbage collector marked the pod",
+					"pod", pod.Name, "node", node, "reason", reasonDeletionByPodGC, "message", why,
+					"after_stream_dropped", time.Since(dropped).Round(time.Millisecond))
+				return s.lostNodeError(node, why)
+			}
+			if ev.Type == watch.Deleted {
+				return fmt.Errorf("pod %s/%s on node %s was deleted while the step ran", s.ref.Namespace, s.pod, pod.Spec.NodeName)
+			}
+		}
+	}
+}
 
 // forceDeleteOnLostNodes force-deletes (grace 0) each pod of pods whose
 // node is gone (its Node deleted, as a cloud does with a machine it lost):
 // no kubelet will ever confirm such a pod's end, and the pod garbage
-// collector takes up to a minute to. checked holds the pods already
-// looked at. A runner that may not get Nodes or delete pods leaves them
-// to the garbage collector.
+// collector takes 40 to 80 s to. checked holds the pods already
+// looked at. A pod the collector has marked (nodeLost) is already being
+// force-deleted by it: it is left to it. A runner that may not get Nodes
+// or delete pods (the scoped credential of kubecred) leaves every such
+// pod to the collector, and its Stop waits for it.
 func (s *Session) forceDeleteOnLostNodes(ctx context.Context, cs kubernetes.Interface, pods []corev1.Pod, checked map[string]bool) {
 	for i := range pods {
 		p := &pods[i]
 		if p.Spec.NodeName == "" || checked[p.Name] {
 			continue
 		}
+		if node, why, lost := nodeLost(p); lost {
+			checked[p.Name] = true
+			s.log.Info("pod of a lost node: the pod garbage collector is deleting it", "pod", p.Name, "node", node, "message", why)
+			continue
+		}
 		checked[p.Name] = true
-		if _, err := cs.CoreV1().Nodes().Get(ctx, p.Spec.NodeName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		_, err := cs.CoreV1().Nodes().Get(ctx, p.Spec.NodeName, metav1.GetOptions{})
+		if apierrors.IsForbidden(err) {
+			s.log.Info("may not read the pod's Node: a pod of a lost node is left to the pod garbage collector", "pod", p.Name, "node", p.Spec.NodeName)
+			continue
+		}
+		if !apierrors.IsNotFound(err) {
 			continue
 		}
 		zero := int64(0)
-		err := cs.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{
+		err = cs.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{
 			GracePeriodSeconds: &zero,
 			Preconditions:      &metav1.Preconditions{UID: &p.UID},
 		})

@@ -24,9 +24,13 @@ import (
 	"knotless.dev/run/internal/tarstream"
 )
 
-// reattach bounds how a step's stream is picked up again after it drops.
+// reattach bounds how a step's stream is picked up again after it drops:
+// about 90 s in all, which covers the pod garbage collector's 40 to 80 s
+// to mark the pod of a deleted Node (its quarantine of 40 s, checked
+// every 20 s), so that a runner that may not read Nodes still names a
+// lost node.
 const (
-	reattachAttempts = 8
+	reattachAttempts = 10
 	reattachFirst    = 500 * time.Millisecond
 	reattachMax      = 15 * time.Second
 	deleteWait       = 2 * time.Minute
@@ -191,6 +195,7 @@ func (s *Session) pump(id string, st *step, mode string, payload []byte, started
 	var lastErr error
 	var exit executor.Exit
 	var failed error
+	var dropped time.Time // when the stream first dropped
 	defer func() { st.settle(exit, failed) }()
 	for attempt := 0; ; attempt++ {
 		offset := st.out.Len()
@@ -227,9 +232,12 @@ func (s *Session) pump(id string, st *step, mode string, payload []byte, started
 			break
 		}
 		s.log.Warn("step stream dropped; reattaching", "step", id, "offset", st.out.Len(), "attempt", attempt+1, "err", lastErr)
-		select {
-		case <-ctx.Done():
-		case <-time.After(wait):
+		if dropped.IsZero() {
+			dropped = time.Now()
+		}
+		if gone := s.waitWatchingPod(ctx, wait, dropped); gone != nil {
+			failed = gone
+			break
 		}
 		wait = min(wait*2, reattachMax)
 		mode = "follow"
@@ -268,10 +276,16 @@ func (s *Session) jobGone(ctx context.Context) error {
 		return nil
 	}
 	// A node that is gone (a cloud deletes the Node of a machine it lost)
-	// takes the pod with it, though its object stays a while.
+	// takes the pod with it, though its object stays a while: until the
+	// pod garbage collector marks it (what the runner's own credential
+	// sees) and deletes it. Reading the Node, where the credential may,
+	// says so at once.
+	if node, why, lost := nodeLost(pod); lost {
+		return s.lostNodeError(node, why)
+	}
 	if node := pod.Spec.NodeName; node != "" {
 		if _, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); apierrors.IsNotFound(err) {
-			return fmt.Errorf("node %s of pod %s/%s is gone (its Node was deleted) while the step ran", node, s.ref.Namespace, s.pod)
+			return s.lostNodeError(node, "its Node was deleted")
 		}
 	}
 	if pod.DeletionTimestamp != nil {

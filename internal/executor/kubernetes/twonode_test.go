@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"knotless.dev/run/internal/executor/kubernetes"
+	"knotless.dev/run/internal/kubecred"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/tests/clustertest"
 )
@@ -240,9 +241,23 @@ func TestTwoNodesNetworkPolicy(t *testing.T) {
 
 // A node lost mid-run (its machine gone: every process of it killed, its
 // Node deleted as a cloud would): the run ends error naming the node,
-// and nothing of it is left. The wait for the end is bounded only to
-// fail a hang; the test logs how long it took.
+// and nothing of it is left. The runner here has the cluster's admin
+// credential: it reads the Node and force-deletes the pod.
 func TestTwoNodesNodeLost(t *testing.T) {
+	loseNodeMidRun(t, false)
+}
+
+// TestTwoNodesNodeLostScoped is TestTwoNodesNodeLost with the runner's
+// own credential (kubecred.Rules: no Nodes, no pod deletes): the node is
+// named from the pod garbage collector's DisruptionTarget condition, and
+// the pod goes when that collector deletes it.
+func TestTwoNodesNodeLostScoped(t *testing.T) {
+	loseNodeMidRun(t, true)
+}
+
+// loseNodeMidRun loses the node of a running step. The waits are bounded
+// only to fail a hang; the test logs how long each took.
+func loseNodeMidRun(t *testing.T, scoped bool) {
 	c, node2 := clustertest.StartTwoNodesExclusive(t)
 	ctx := context.Background()
 	// Only the second node may take the run.
@@ -252,11 +267,22 @@ func TestTwoNodesNodeLost(t *testing.T) {
 	if err := c.AddCapacityOn(ctx, node2.Name); err != nil {
 		t.Fatal(err)
 	}
+	var logs syncBuffer
+	mod := func(cfg *kubernetes.Config) {
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	}
+	if scoped {
+		kubeconfig := c.ScopedKubeconfig(t, "runner", kubecred.Rules())
+		mod = func(cfg *kubernetes.Config) {
+			cfg.Credentials.Kubeconfig = kubeconfig
+			cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		}
+	}
 	runID := randomID("lost")
 	live := &liveLog{want: "before\n", seen: make(chan struct{})}
 	done := make(chan *run.Result, 1)
 	go func() {
-		done <- engine(newExecutor(t, c, nil), c.Image).Run(ctx, run.Request{
+		done <- engine(newExecutor(t, c, mod), c.Image).Run(ctx, run.Request{
 			RunID: runID, Workflow: parse(t, "on: push\nsteps: [{run: 'echo before; sleep 600; echo after'}]\n"),
 			Checkout: t.TempDir(), Trusted: true, Live: live,
 		})
@@ -291,15 +317,24 @@ func TestTwoNodesNodeLost(t *testing.T) {
 	select {
 	case res = <-done:
 	case <-time.After(5 * time.Minute):
-		t.Fatal("the run did not end within 5m of losing its node")
+		t.Fatalf("the run did not end within 5m of losing its node; runner's log:\n%s", logs.String())
 	}
 	t.Logf("the run ended %v after its node was lost: %s (%s)", time.Since(lost).Round(time.Millisecond), res.Status, res.Error)
-	if res.Status != run.Error || !strings.Contains(res.Error, node2.Name) {
-		t.Errorf("status %s (%s), want error naming the lost node %s\nlog:\n%s", res.Status, res.Error, node2.Name, res.Log)
+	for l := range strings.Lines(logs.String()) {
+		if strings.Contains(l, "node") && (strings.Contains(l, "lost") || strings.Contains(l, "gone") || strings.Contains(l, "PodGC") || strings.Contains(l, "job deleted")) {
+			t.Logf("runner's log: %s", strings.TrimSpace(l))
+		}
+	}
+	if res.Status != run.Error || !strings.Contains(res.Error, "node "+node2.Name) {
+		t.Errorf("status %s (%s), want error naming the lost node %s\nlog:\n%s\nrunner's log:\n%s", res.Status, res.Error, node2.Name, res.Log, logs.String())
 	}
 	if strings.Contains(string(res.Log), "after") {
 		t.Errorf("the step went on after its node was lost:\n%s", res.Log)
 	}
-	waitGone(t, c)
+	if strings.Contains(logs.String(), "delete job") {
+		t.Errorf("the runner failed to delete the run's Job:\n%s", logs.String())
+	}
+	// The runner's Stop returned once the run's pod was gone; nothing
+	// may be left for anyone to wait on.
 	assertNothingLeft(t, c)
 }
