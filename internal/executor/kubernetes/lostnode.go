@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -38,9 +39,39 @@ func nodeLost(pod *corev1.Pod) (node, why string, ok bool) {
 	return "", "", false
 }
 
-// lostNodeError is the run's error for a step whose node is gone.
+// execFoundNoNode reports an exec the API server refused because it has
+// no Node of the pod's node name: it looks the Node up to reach the
+// pod's kubelet, and a deleted one answers NotFound naming the node (in
+// Kubernetes 1.34 as `pods "<node>" not found`, the resource taken from
+// the request). It needs no right beyond exec, and comes within a second
+// of the Node's deletion.
+func execFoundNoNode(execErr error, pod *corev1.Pod) bool {
+	node := pod.Spec.NodeName
+	if node == "" || node == pod.Name || !apierrors.IsNotFound(execErr) {
+		return false
+	}
+	var st apierrors.APIStatus
+	if !errors.As(execErr, &st) {
+		return false
+	}
+	d := st.Status().Details
+	return d != nil && d.Name == node
+}
+
+// lostNodeError is the run's error for a step whose node is gone; the
+// session remembers the node for Stop.
 func (s *Session) lostNodeError(node, why string) error {
+	s.mu.Lock()
+	s.lostNode = node
+	s.mu.Unlock()
 	return fmt.Errorf("node %s of pod %s/%s is gone (%s) while the step ran", node, s.ref.Namespace, s.pod, why)
+}
+
+// knownLostNode is the node a step found lost, if any.
+func (s *Session) knownLostNode() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lostNode
 }
 
 // waitWatchingPod waits d before the next reattach, watching the run's
@@ -92,29 +123,31 @@ func (s *Session) waitWatchingPod(ctx context.Context, d time.Duration, dropped 
 // forceDeleteOnLostNodes force-deletes (grace 0) each pod of pods whose
 // node is gone (its Node deleted, as a cloud does with a machine it lost):
 // no kubelet will ever confirm such a pod's end, and the pod garbage
-// collector takes 40 to 80 s to. checked holds the pods already
-// looked at. A pod the collector has marked (nodeLost) is already being
-// force-deleted by it: it is left to it. A runner that may not get Nodes
-// or delete pods (the scoped credential of kubecred) leaves every such
-// pod to the collector, and its Stop waits for it.
-func (s *Session) forceDeleteOnLostNodes(ctx context.Context, cs kubernetes.Interface, pods []corev1.Pod, checked map[string]bool) {
+// collector takes 40 to 80 s to. checked holds the pods already looked
+// at. A pod the collector has marked (nodeLost) is already being
+// force-deleted by it: it is left to it, and gone in a moment. A runner
+// that may not get Nodes or delete pods (the scoped credential of
+// kubecred) cannot do it: a pod on the node a step found lost is then
+// left to the collector and put in leftToGC; any other pod is waited for.
+func (s *Session) forceDeleteOnLostNodes(ctx context.Context, cs kubernetes.Interface, pods []corev1.Pod, checked, leftToGC map[string]bool) {
+	lostNode := s.knownLostNode()
 	for i := range pods {
 		p := &pods[i]
 		if p.Spec.NodeName == "" || checked[p.Name] {
 			continue
 		}
+		checked[p.Name] = true
 		if node, why, lost := nodeLost(p); lost {
-			checked[p.Name] = true
 			s.log.Info("pod of a lost node: the pod garbage collector is deleting it", "pod", p.Name, "node", node, "message", why)
 			continue
 		}
-		checked[p.Name] = true
 		_, err := cs.CoreV1().Nodes().Get(ctx, p.Spec.NodeName, metav1.GetOptions{})
-		if apierrors.IsForbidden(err) {
-			s.log.Info("may not read the pod's Node: a pod of a lost node is left to the pod garbage collector", "pod", p.Name, "node", p.Spec.NodeName)
-			continue
-		}
-		if !apierrors.IsNotFound(err) {
+		switch {
+		case apierrors.IsNotFound(err):
+		case apierrors.IsForbidden(err) && p.Spec.NodeName == lostNode:
+			// A step found the node gone without reading it (the exec's
+			// NotFound): try the delete, which the credential may allow.
+		default:
 			continue
 		}
 		zero := int64(0)
@@ -122,6 +155,11 @@ func (s *Session) forceDeleteOnLostNodes(ctx context.Context, cs kubernetes.Inte
 			GracePeriodSeconds: &zero,
 			Preconditions:      &metav1.Preconditions{UID: &p.UID},
 		})
+		if apierrors.IsForbidden(err) {
+			leftToGC[p.Name] = true
+			s.log.Info("may not delete the pod of a lost node: left to the pod garbage collector", "pod", p.Name, "node", p.Spec.NodeName)
+			continue
+		}
 		if err != nil && !apierrors.IsNotFound(err) {
 			s.log.Warn("force-delete pod of a lost node", "pod", p.Name, "node", p.Spec.NodeName, "err", err)
 			continue

@@ -1,9 +1,14 @@
 package kubernetes
 
 import (
+	"errors"
+	"fmt"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
 func TestNodeLost(t *testing.T) {
@@ -39,6 +44,35 @@ func TestNodeLost(t *testing.T) {
 			node, why, lost := nodeLost(tc.pod)
 			if lost != tc.wantLost || node != tc.node || why != tc.why {
 				t.Errorf("nodeLost = %q, %q, %v; want %q, %q, %v", node, why, lost, tc.node, tc.why, tc.wantLost)
+			}
+		})
+	}
+}
+
+func TestExecFoundNoNode(t *testing.T) {
+	t.Parallel()
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "knotless-run1-abcde"}, Spec: corev1.PodSpec{NodeName: "n2"}}
+	// What the API server of Kubernetes 1.34 answers an exec into a pod
+	// whose Node is deleted (seen on the test cluster).
+	noNode := apierrors.NewNotFound(schema.GroupResource{Resource: "pods"}, "n2")
+	for _, tc := range []struct {
+		name string
+		err  error
+		pod  *corev1.Pod
+		want bool
+	}{
+		{"no node, wrapped", fmt.Errorf("exec in ns/knotless-run1-abcde: %w", noNode), pod, true},
+		{"pod not found", apierrors.NewNotFound(schema.GroupResource{Resource: "pods"}, "knotless-run1-abcde"), pod, false},
+		{"another node", apierrors.NewNotFound(schema.GroupResource{Resource: "nodes"}, "n3"), pod, false},
+		{"forbidden", apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "n2", errors.New("no")), pod, false},
+		{"stream dropped", errors.New("stream ended without the step's exit line"), pod, false},
+		{"no error", nil, pod, false},
+		{"unscheduled pod", noNode, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p"}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if got := execFoundNoNode(tc.err, tc.pod); got != tc.want {
+				t.Errorf("execFoundNoNode(%v) = %v, want %v", tc.err, got, tc.want)
 			}
 		})
 	}

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -53,6 +54,8 @@ type Session struct {
 	// call that started a step.
 	pumpCtx context.Context //nolint:containedctx // owned by the session's goroutines
 	cancel  context.CancelFunc
+
+	lostNode string // the node a step found gone (under mu)
 }
 
 // step is one step's output as received, and how it ended.
@@ -214,7 +217,7 @@ func (s *Session) pump(id string, st *step, mode string, payload []byte, started
 			failed = fmt.Errorf("%w: the step's status file is missing and its supervisor is gone", executor.ErrExitUnknown)
 			break
 		}
-		if gone := s.jobGone(ctx); gone != nil {
+		if gone := s.jobGone(ctx, err); gone != nil {
 			failed = gone
 			break
 		}
@@ -255,8 +258,9 @@ func launchInput(payload []byte) []byte {
 }
 
 // jobGone returns an error saying so when the run's Job or pod has been
-// deleted: no reattach can help then.
-func (s *Session) jobGone(ctx context.Context) error {
+// deleted, or its node is gone: no reattach can help then. execErr is
+// how the step's last exec failed.
+func (s *Session) jobGone(ctx context.Context, execErr error) error {
 	_, cs, _, err := s.ex.clients.get()
 	if err != nil {
 		return nil
@@ -287,6 +291,9 @@ func (s *Session) jobGone(ctx context.Context) error {
 		if _, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); apierrors.IsNotFound(err) {
 			return s.lostNodeError(node, "its Node was deleted")
 		}
+	}
+	if execFoundNoNode(execErr, pod) {
+		return s.lostNodeError(pod.Spec.NodeName, "the API server has no Node "+pod.Spec.NodeName+" to reach the pod through")
 	}
 	if pod.DeletionTimestamp != nil {
 		return fmt.Errorf("pod %s/%s on node %s is being deleted while the step ran", s.ref.Namespace, s.pod, pod.Spec.NodeName)
@@ -379,7 +386,7 @@ func (s *Session) deleteJob(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, deleteWait)
 	defer cancel()
 	sel := metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=" + s.ref.Name}
-	checked := map[string]bool{}
+	checked, leftToGC := map[string]bool{}, map[string]bool{}
 	for {
 		pods, err := cs.CoreV1().Pods(s.ref.Namespace).List(ctx, sel)
 		if err != nil && !apierrors.IsNotFound(err) {
@@ -389,7 +396,15 @@ func (s *Session) deleteJob(ctx context.Context) error {
 			s.log.Info("job deleted", "after", time.Since(start).Round(time.Millisecond))
 			return nil
 		}
-		s.forceDeleteOnLostNodes(ctx, cs, pods.Items, checked)
+		s.forceDeleteOnLostNodes(ctx, cs, pods.Items, checked, leftToGC)
+		if err == nil && allIn(pods.Items, leftToGC) {
+			// Nothing but pods of a lost node the runner may not delete:
+			// the pod garbage collector deletes them (40 to 80 s after
+			// the Node went); waiting here would only hold the run.
+			s.log.Info("job deleted; its pods on a lost node are left to the pod garbage collector",
+				"pods", len(pods.Items), "node", s.knownLostNode(), "after", time.Since(start).Round(time.Millisecond))
+			return nil
+		}
 		opts := sel
 		opts.ResourceVersion = pods.ResourceVersion
 		w, err := cs.CoreV1().Pods(s.ref.Namespace).Watch(ctx, opts)
@@ -406,6 +421,16 @@ func (s *Session) deleteJob(ctx context.Context) error {
 			return fmt.Errorf("pods of job %s still there after deleting it: %w", s.ref.Name, ctx.Err())
 		}
 	}
+}
+
+// allIn reports whether every pod of pods is named in set.
+func allIn(pods []corev1.Pod, set map[string]bool) bool {
+	for i := range pods {
+		if !set[pods[i].Name] {
+			return false
+		}
+	}
+	return true
 }
 
 // cleanupAfterFailedStart deletes the Job of a session that never became

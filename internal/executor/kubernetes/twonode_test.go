@@ -249,8 +249,8 @@ func TestTwoNodesNodeLost(t *testing.T) {
 
 // TestTwoNodesNodeLostScoped is TestTwoNodesNodeLost with the runner's
 // own credential (kubecred.Rules: no Nodes, no pod deletes): the node is
-// named from the pod garbage collector's DisruptionTarget condition, and
-// the pod goes when that collector deletes it.
+// named from the API server's refusal of the reattach (it has no such
+// Node), and the pod goes when the pod garbage collector deletes it.
 func TestTwoNodesNodeLostScoped(t *testing.T) {
 	loseNodeMidRun(t, true)
 }
@@ -334,7 +334,32 @@ func loseNodeMidRun(t *testing.T, scoped bool) {
 	if strings.Contains(logs.String(), "delete job") {
 		t.Errorf("the runner failed to delete the run's Job:\n%s", logs.String())
 	}
-	// The runner's Stop returned once the run's pod was gone; nothing
-	// may be left for anyone to wait on.
+	if scoped {
+		// The runner may not delete the pod of the lost node: its Stop
+		// deleted the Job and left the pod to the pod garbage collector,
+		// which must delete it (40 to 80 s after the Node went).
+		waitPodGC(t, c, runID, lost)
+	}
+	// With the admin credential Stop returned once the run's pod was
+	// gone: nothing may be left for anyone to wait on.
 	assertNothingLeft(t, c)
+}
+
+// waitPodGC waits (bounded only to fail a hang) until the run's pods are
+// gone, and logs how long after the node's loss.
+func waitPodGC(t *testing.T, c *clustertest.Cluster, runID string, lost time.Time) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	for {
+		pods, err := c.Clientset.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: kubernetes.LabelRun + "=" + runID})
+		if err == nil && len(pods.Items) == 0 {
+			t.Logf("the run's pod was gone %v after its node was lost", time.Since(lost).Round(time.Second))
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the run's pods are still there %v after its node was lost: %v %v", time.Since(lost).Round(time.Second), pods, err)
+		}
+		time.Sleep(time.Second)
+	}
 }
