@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -39,6 +40,10 @@ func nodeLost(pod *corev1.Pod) (node, why string, ok bool) {
 	return "", "", false
 }
 
+// ignoreExecNoNode turns execFoundNoNode off, so that a test sees a lost
+// node named by the pod garbage collector's mark alone (export_test.go).
+var ignoreExecNoNode atomic.Bool
+
 // execFoundNoNode reports an exec the API server refused because it has
 // no Node of the pod's node name: it looks the Node up to reach the
 // pod's kubelet, and a deleted one answers NotFound naming the node (in
@@ -47,7 +52,7 @@ func nodeLost(pod *corev1.Pod) (node, why string, ok bool) {
 // of the Node's deletion.
 func execFoundNoNode(execErr error, pod *corev1.Pod) bool {
 	node := pod.Spec.NodeName
-	if node == "" || node == pod.Name || !apierrors.IsNotFound(execErr) {
+	if ignoreExecNoNode.Load() || node == "" || node == pod.Name || !apierrors.IsNotFound(execErr) {
 		return false
 	}
 	var st apierrors.APIStatus
@@ -74,17 +79,22 @@ func (s *Session) knownLostNode() string {
 	return s.lostNode
 }
 
-// waitWatchingPod waits d before the next reattach, watching the run's
-// pod meanwhile: it returns the error naming the node as soon as the pod
-// garbage collector marks the pod (also when the watch sees the pod
-// deleted with that mark, which a later get no longer could). Without a
-// watch it just waits.
-func (s *Session) waitWatchingPod(ctx context.Context, d time.Duration, dropped time.Time) error {
+// watchPod waits d, watching the run's pod meanwhile from the last
+// version the session saw of it (so what changed since, while an exec
+// was under way, is replayed): it returns the error naming the node as
+// soon as the pod garbage collector's mark shows, also on the pod's
+// deletion (the delete event carries it, which no later get could), and
+// an error as soon as the pod is deleted without it. Without a watch it
+// just waits. dropped is when the step's stream first dropped.
+func (s *Session) watchPod(ctx context.Context, d time.Duration, dropped time.Time) error {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	var w watch.Interface
 	if _, cs, _, err := s.ex.clients.get(); err == nil {
-		w, err = cs.CoreV1().Pods(s.ref.Namespace).Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", s.pod).String()})
+		w, err = cs.CoreV1().Pods(s.ref.Namespace).Watch(ctx, metav1.ListOptions{
+			FieldSelector:   fields.OneTermEqualSelector("metadata.name", s.pod).String(),
+			ResourceVersion: s.lastPodVersion(),
+		})
 		if err != nil {
 			w = nil
 		}
@@ -103,10 +113,15 @@ func (s *Session) waitWatchingPod(ctx context.Context, d time.Duration, dropped 
 				<-ctx.Done()
 				return nil
 			}
+			if ev.Type == watch.Error {
+				s.sawPod(nil) // too old a version, say: start afresh next time
+				continue
+			}
 			pod, isPod := ev.Object.(*corev1.Pod)
 			if !isPod {
 				continue
 			}
+			s.sawPod(pod)
 			if node, why, lost := nodeLost(pod); lost {
 				s.log.Warn("node of the run's pod is gone: the pod garbage collector marked the pod",
 					"pod", pod.Name, "node", node, "reason", reasonDeletionByPodGC, "message", why,
@@ -118,6 +133,22 @@ func (s *Session) waitWatchingPod(ctx context.Context, d time.Duration, dropped 
 			}
 		}
 	}
+}
+
+// sawPod records the version of the run's pod last seen; nil forgets it.
+func (s *Session) sawPod(pod *corev1.Pod) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.podVersion = ""
+	if pod != nil {
+		s.podVersion = pod.ResourceVersion
+	}
+}
+
+func (s *Session) lastPodVersion() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.podVersion
 }
 
 // forceDeleteOnLostNodes force-deletes (grace 0) each pod of pods whose

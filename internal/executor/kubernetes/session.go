@@ -35,6 +35,8 @@ const (
 	reattachFirst    = 500 * time.Millisecond
 	reattachMax      = 15 * time.Second
 	deleteWait       = 2 * time.Minute
+	// podReplayWait bounds replaying the changes of a pod found deleted.
+	podReplayWait = 2 * time.Second
 )
 
 // Session is one run's Job and pod.
@@ -55,7 +57,8 @@ type Session struct {
 	pumpCtx context.Context //nolint:containedctx // owned by the session's goroutines
 	cancel  context.CancelFunc
 
-	lostNode string // the node a step found gone (under mu)
+	lostNode   string // the node a step found gone (under mu)
+	podVersion string // resource version of the pod last seen (under mu)
 }
 
 // step is one step's output as received, and how it ended.
@@ -217,7 +220,10 @@ func (s *Session) pump(id string, st *step, mode string, payload []byte, started
 			failed = fmt.Errorf("%w: the step's status file is missing and its supervisor is gone", executor.ErrExitUnknown)
 			break
 		}
-		if gone := s.jobGone(ctx, err); gone != nil {
+		if dropped.IsZero() {
+			dropped = time.Now()
+		}
+		if gone := s.jobGone(ctx, err, dropped); gone != nil {
 			failed = gone
 			break
 		}
@@ -235,10 +241,7 @@ func (s *Session) pump(id string, st *step, mode string, payload []byte, started
 			break
 		}
 		s.log.Warn("step stream dropped; reattaching", "step", id, "offset", st.out.Len(), "attempt", attempt+1, "err", lastErr)
-		if dropped.IsZero() {
-			dropped = time.Now()
-		}
-		if gone := s.waitWatchingPod(ctx, wait, dropped); gone != nil {
+		if gone := s.watchPod(ctx, wait, dropped); gone != nil {
 			failed = gone
 			break
 		}
@@ -259,8 +262,8 @@ func launchInput(payload []byte) []byte {
 
 // jobGone returns an error saying so when the run's Job or pod has been
 // deleted, or its node is gone: no reattach can help then. execErr is
-// how the step's last exec failed.
-func (s *Session) jobGone(ctx context.Context, execErr error) error {
+// how the step's last exec failed, dropped when the stream first did.
+func (s *Session) jobGone(ctx context.Context, execErr error, dropped time.Time) error {
 	_, cs, _, err := s.ex.clients.get()
 	if err != nil {
 		return nil
@@ -275,10 +278,19 @@ func (s *Session) jobGone(ctx context.Context, execErr error) error {
 	pod, err := cs.CoreV1().Pods(s.ref.Namespace).Get(ctx, s.pod, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
+		// Deleted during the exec: what the pod last said (the pod
+		// garbage collector's mark) is replayed by a watch from the
+		// version seen before.
+		if s.lastPodVersion() != "" {
+			if gone := s.watchPod(ctx, podReplayWait, dropped); gone != nil {
+				return gone
+			}
+		}
 		return fmt.Errorf("pod %s/%s was deleted while the step ran", s.ref.Namespace, s.pod)
 	case err != nil:
 		return nil
 	}
+	s.sawPod(pod)
 	// A node that is gone (a cloud deletes the Node of a machine it lost)
 	// takes the pod with it, though its object stays a while: until the
 	// pod garbage collector marks it (what the runner's own credential
