@@ -154,7 +154,7 @@ func (s *Session) lastPodVersion() string {
 // forceDeleteOnLostNodes force-deletes (grace 0) each pod of pods whose
 // node is gone (its Node deleted, as a cloud does with a machine it lost):
 // no kubelet will ever confirm such a pod's end, and the pod garbage
-// collector takes 40 to 80 s to. checked holds the pods already looked
+// collector takes up to 80 s to. checked holds the pods already looked
 // at. A pod the collector has marked (nodeLost) is already being
 // force-deleted by it: it is left to it, and gone in a moment. A runner
 // that may not get Nodes or delete pods (the scoped credential of

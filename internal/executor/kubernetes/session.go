@@ -26,7 +26,7 @@ import (
 )
 
 // reattach bounds how a step's stream is picked up again after it drops:
-// about 90 s in all, which covers the pod garbage collector's 40 to 80 s
+// about 90 s in all, which covers the pod garbage collector's up to 80 s
 // to mark the pod of a deleted Node (its quarantine of 40 s, checked
 // every 20 s), so that a runner that may not read Nodes still names a
 // lost node.
@@ -411,7 +411,7 @@ func (s *Session) deleteJob(ctx context.Context) error {
 		s.forceDeleteOnLostNodes(ctx, cs, pods.Items, checked, leftToGC)
 		if err == nil && allIn(pods.Items, leftToGC) {
 			// Nothing but pods of a lost node the runner may not delete:
-			// the pod garbage collector deletes them (40 to 80 s after
+			// the pod garbage collector deletes them (up to 80 s after
 			// the Node went); waiting here would only hold the run.
 			s.log.Info("job deleted; its pods on a lost node are left to the pod garbage collector",
 				"pods", len(pods.Items), "node", s.knownLostNode(), "after", time.Since(start).Round(time.Millisecond))
