@@ -258,7 +258,7 @@ func TestTwoNodesNodeLostScoped(t *testing.T) {
 // TestTwoNodesNodeLostPodGC is TestTwoNodesNodeLostScoped with the
 // exec's NotFound overlooked, as from an API server that answers
 // otherwise: the node is named from the pod garbage collector's
-// DisruptionTarget mark (40 to 80 s after the loss), and Stop waits the
+// DisruptionTarget mark (up to 80 s after the loss), and Stop waits the
 // moment the collector's force-delete takes.
 func TestTwoNodesNodeLostPodGC(t *testing.T) {
 	t.Cleanup(kubernetes.IgnoreExecNoNode())
@@ -348,7 +348,7 @@ func loseNodeMidRun(t *testing.T, scoped bool, why string) {
 	if scoped {
 		// The runner may not delete the pod of the lost node: its Stop
 		// deleted the Job and left the pod to the pod garbage collector,
-		// which must delete it (40 to 80 s after the Node went).
+		// which must delete it (up to 80 s after the Node went).
 		waitPodGC(t, c, runID, lost)
 	}
 	// With the admin credential Stop returned once the run's pod was
