@@ -52,21 +52,38 @@ cluster_up=1
 tests/cluster/up
 eval "$(tests/cluster/env)"
 
+# tests_calling ERE prints the Test functions whose own body matches ERE
+# (a phase's tests are picked by that call), and fails naming the place
+# when a function that is not a Test makes the call: its tests would run
+# in the wrong phase.
+tests_calling() {
+	{ grep -rlE --exclude-dir=node_modules --include='*_test.go' "$1" . || true; } |
+		RE=$1 xargs -r awk '
+			/^func / { name = ($0 ~ /^func Test/) ? $2 : ""; sub(/\(.*/, "", name) }
+			$0 ~ ENVIRON["RE"] {
+				if (name == "") { printf "%s:%d: %s outside a Test function'"'"'s own body: tests/run-all.sh cannot pick its tests\n", FILENAME, FNR, ENVIRON["RE"] > "/dev/stderr"; bad = 1 }
+				else print name
+			}
+			END { exit bad }' | sort -u
+}
+# packages_calling ERE prints the directories of the test files matching ERE.
+packages_calling() {
+	{ grep -rlE --exclude-dir=node_modules --include='*_test.go' "$1" . || true; } | xargs -r -n1 dirname | sort -u
+}
+
 # Tests that disrupt the shared cluster (they call clustertest.StartExclusive:
 # an API server restart, say) run in a phase of their own after the others,
 # so no test depends on another package not running beside it.
-disruptive=$(grep -rl --exclude-dir=node_modules --include='*_test.go' 'clustertest.StartExclusive(t)' . |
-	xargs awk '/^func Test/ { name = $2; sub(/\(.*/, "", name) } /clustertest.StartExclusive\(t\)/ { print name }' |
-	sort -u | paste -sd'|')
-disruptive_pkgs=$(grep -rl --exclude-dir=node_modules --include='*_test.go' 'clustertest.StartExclusive(t)' . | xargs -n1 dirname | sort -u)
+exclusive_call='clustertest\.StartExclusive\(t\)'
+disruptive=$(tests_calling "$exclusive_call" | paste -sd'|')
+disruptive_pkgs=$(packages_calling "$exclusive_call")
 
 # Tests on two nodes (they call clustertest.StartTwoNodes or
 # StartTwoNodesExclusive, and fail on a cluster without its second node)
 # run last, after tests/cluster/add-node changes the cluster's shape.
-twonode_files=$(grep -rlE --exclude-dir=node_modules --include='*_test.go' 'clustertest\.StartTwoNodes(Exclusive)?\(t\)' . || true)
-twonode=$(echo "$twonode_files" | xargs -r awk '/^func Test/ { name = $2; sub(/\(.*/, "", name) } /clustertest\.StartTwoNodes(Exclusive)?\(t\)/ { print name }' |
-	sort -u | paste -sd'|')
-twonode_pkgs=$(echo "$twonode_files" | xargs -r -n1 dirname | sort -u)
+twonode_call='clustertest\.StartTwoNodes(Exclusive)?\(t\)'
+twonode=$(tests_calling "$twonode_call" | paste -sd'|')
+twonode_pkgs=$(packages_calling "$twonode_call")
 
 phase "go test"
 go test -count=1 -timeout 25m -skip "^(${disruptive}${twonode:+|$twonode})\$" ./...

@@ -244,7 +244,8 @@ func TestTwoNodesNetworkPolicy(t *testing.T) {
 // and nothing of it is left. The runner here has the cluster's admin
 // credential: it reads the Node and force-deletes the pod.
 func TestTwoNodesNodeLost(t *testing.T) {
-	loseNodeMidRun(t, false, "its Node was deleted")
+	c, node2 := clustertest.StartTwoNodesExclusive(t)
+	loseNodeMidRun(t, c, node2, false, "its Node was deleted")
 }
 
 // TestTwoNodesNodeLostScoped is TestTwoNodesNodeLost with the runner's
@@ -252,7 +253,8 @@ func TestTwoNodesNodeLost(t *testing.T) {
 // named from the API server's refusal of the reattach (it has no such
 // Node), and the pod goes when the pod garbage collector deletes it.
 func TestTwoNodesNodeLostScoped(t *testing.T) {
-	loseNodeMidRun(t, true, "the API server has no Node")
+	c, node2 := clustertest.StartTwoNodesExclusive(t)
+	loseNodeMidRun(t, c, node2, true, "the API server has no Node")
 }
 
 // TestTwoNodesNodeLostPodGC is TestTwoNodesNodeLostScoped with the
@@ -261,15 +263,17 @@ func TestTwoNodesNodeLostScoped(t *testing.T) {
 // DisruptionTarget mark (up to 80 s after the loss), and Stop waits the
 // moment the collector's force-delete takes.
 func TestTwoNodesNodeLostPodGC(t *testing.T) {
+	c, node2 := clustertest.StartTwoNodesExclusive(t)
 	t.Cleanup(kubernetes.IgnoreExecNoNode())
-	loseNodeMidRun(t, true, "PodGC: node no longer exists")
+	loseNodeMidRun(t, c, node2, true, "PodGC: node no longer exists")
 }
 
 // loseNodeMidRun loses the node of a running step; the run's error must
 // name the node and say how the runner knew (why). The waits are bounded
-// only to fail a hang; the test logs how long each took.
-func loseNodeMidRun(t *testing.T, scoped bool, why string) {
-	c, node2 := clustertest.StartTwoNodesExclusive(t)
+// only to fail a hang; the test logs how long each took. Each test
+// calls StartTwoNodesExclusive itself: tests/run-all.sh picks the
+// two-node tests by that call in their own body.
+func loseNodeMidRun(t *testing.T, c *clustertest.Cluster, node2 *clustertest.Node, scoped bool, why string) {
 	ctx := context.Background()
 	// Only the second node may take the run.
 	if err := c.RemoveCapacity(ctx); err != nil {
