@@ -320,6 +320,26 @@ ktc_kill_all() {
 # ---------------------------------------------------------------------------
 # Teardown
 
+# ktc_unmount_under DIR unmounts everything mounted at or below DIR,
+# deepest first.
+ktc_unmount_under() {
+	local m
+	[[ -d $1 ]] || return 0
+	while read -r m; do
+		umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || ktc_log "warning: cannot unmount $m"
+	done < <(awk -v d="$1" '$5 == d || index($5, d "/") == 1 { print $5 }' /proc/self/mountinfo | sort -r)
+}
+
+# ktc_delete_netns NAME deletes a network namespace and what lives in it,
+# also when its mount is stale.
+ktc_delete_netns() {
+	[[ -e /run/netns/$1 ]] || return 0
+	ip netns delete "$1" 2>/dev/null || {
+		umount -l "/run/netns/$1" 2>/dev/null || true
+		rm -f "/run/netns/$1"
+	}
+}
+
 # ktc_teardown removes every trace of the cluster; it is safe to run any
 # number of times and after any of the components was killed.
 ktc_teardown() {
@@ -329,21 +349,11 @@ ktc_teardown() {
 	# Mounts under the run directory, deepest first: the pods' volumes,
 	# root filesystems, shm and network namespaces (containerd keeps them
 	# under its state directory: netns_mounts_under_state_dir).
-	local m
-	if [[ -d $KTC_DIR ]]; then
-		while read -r m; do
-			umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || ktc_log "warning: cannot unmount $m"
-		done < <(awk -v d="$KTC_DIR" '$5 == d || index($5, d "/") == 1 { print $5 }' /proc/self/mountinfo | sort -r)
-	fi
+	ktc_unmount_under "$KTC_DIR"
 	# The node's network namespace holds the pod bridge, the veth pair,
 	# the pods' routes, kube-router's iptables chains and ipsets, the
 	# egress guard and the node's net.* sysctls: all go with it.
-	if [[ -e /run/netns/$KTC_NETNS ]]; then
-		ip netns delete "$KTC_NETNS" 2>/dev/null || {
-			umount -l "/run/netns/$KTC_NETNS" 2>/dev/null || true
-			rm -f "/run/netns/$KTC_NETNS"
-		}
-	fi
+	ktc_delete_netns "$KTC_NETNS"
 	# (The host's end of the veth pair goes with the node's end: never
 	# delete a device by name, it may be another cluster's.)
 	local cidr
@@ -422,18 +432,8 @@ ktc_node2_teardown() {
 		ktc_as_node2
 		ktc_kill_all
 	)
-	local m
-	if [[ -d $KTC_NODE2_DIR ]]; then
-		while read -r m; do
-			umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || ktc_log "warning: cannot unmount $m"
-		done < <(awk -v d="$KTC_NODE2_DIR" '$5 == d || index($5, d "/") == 1 { print $5 }' /proc/self/mountinfo | sort -r)
-	fi
-	if [[ -e /run/netns/$KTC_NODE2_NETNS ]]; then
-		ip netns delete "$KTC_NODE2_NETNS" 2>/dev/null || {
-			umount -l "/run/netns/$KTC_NODE2_NETNS" 2>/dev/null || true
-			rm -f "/run/netns/$KTC_NODE2_NETNS"
-		}
-	fi
+	ktc_unmount_under "$KTC_NODE2_DIR"
+	ktc_delete_netns "$KTC_NODE2_NETNS"
 	local cidr
 	for cidr in "$KTC_NODE2_LINK_CIDR" $KTC_NODE2_POD_CIDR; do
 		while ip route del unreachable "$cidr" metric "$KTC_ROUTE_METRIC" 2>/dev/null; do :; done
