@@ -5,17 +5,24 @@
 // Per repository, workflow and cache path the store keeps layers, each a
 // tar stream of the path as one run left it, and two references to them:
 //
-//   - the base, which the last passing trusted push promoted and which
-//     trusted runs start from;
-//   - the apart base, which untrusted runs (pulls, batches) start from.
-//     No trusted run ever reads it. It follows the base only when a push
-//     that was granted no secret promotes: a layer written by a
-//     secret-bearing push never reaches an untrusted run.
+//   - the base, the newest layer a passing trusted push promoted, which
+//     runs granted a secret start from;
+//   - the apart base, the newest clean layer a passing trusted push
+//     promoted, which every other run starts from: pulls, batches, and
+//     pushes granted no secret.
+//
+// A layer is clean when the run that saved it was granted no secret and
+// every layer it restored, of any of its caches, was clean (Clean); any
+// other layer is tainted, and so is a layer saved before the store
+// recorded the mark. Taint follows lineage: what a secret-bearing run
+// wrote never reaches a run granted no secret, however many pushes
+// restore and save it in between. The mark is kept in the layer's
+// meta.json, and the apart base is read only when its layer carries it.
 //
 // A run saves the path into its own upper layer; only a passing trusted
-// push promotes its upper to the base (an atomic rename of a link; of two
-// pushes the one with the higher Order wins, whatever the order they
-// finish in). Every other upper is dropped.
+// push promotes its upper (an atomic rename of a link; of two pushes the
+// one with the higher Order wins, whatever the order they finish in).
+// Every other upper is dropped.
 //
 // A layer is validated as it is saved, as hostile input: a name that
 // climbs or is absolute, a link out of the tree, a device, a stream or
@@ -66,9 +73,12 @@ type Layer struct {
 	// Order ranks the pushes that may promote: the higher wins.
 	Order string `json:"order,omitempty"`
 	// Secrets says the run that wrote it was granted secrets.
-	Secrets bool      `json:"secrets,omitempty"`
-	Bytes   int64     `json:"bytes"`
-	Saved   time.Time `json:"saved"`
+	Secrets bool `json:"secrets,omitempty"`
+	// Clean says the layer is untainted (see Clean). It is written only
+	// when true, so a layer saved before the mark existed is tainted.
+	Clean bool      `json:"clean,omitempty"`
+	Bytes int64     `json:"bytes"`
+	Saved time.Time `json:"saved"`
 	// Used is when the layer was last saved or read.
 	Used time.Time `json:"-"`
 }
@@ -106,6 +116,9 @@ var (
 	ErrDiskFloor = errors.New("free disk space is below --disk-floor")
 	// ErrTooLarge means a layer passed --cache-max.
 	ErrTooLarge = errors.New("cache exceeds --cache-max")
+	// ErrNotClean comes with ErrCold: the apart base's layer is not
+	// marked clean, so a run granted no secret does not read it.
+	ErrNotClean = errors.New("the apart base is not marked clean (it was saved before the store recorded taint), so a run granted no secret does not read it")
 )
 
 // Open returns the store at cfg.Dir, creating the directory.
@@ -156,14 +169,12 @@ const (
 
 func (s *Store) keyDir(k Key) string { return filepath.Join(s.cfg.Dir, k.id()) }
 
-// Base opens the layer a run starts from: the base for a trusted run,
-// the apart base for an untrusted one. It returns ErrCold when there is
-// none. Reading it marks it used.
-func (s *Store) Base(k Key, trusted bool) (*os.File, Layer, error) {
-	link := apartLink
-	if trusted {
-		link = baseLink
-	}
+// Base opens the layer a run starts from: the base for a run granted a
+// secret, the apart base for any other. It returns ErrCold when there is
+// none, and when the apart base's layer is not marked clean (a store
+// from before the mark). Reading it marks it used.
+func (s *Store) Base(k Key, secrets bool) (*os.File, Layer, error) {
+	link := readRef(secrets)
 	dir := s.keyDir(k)
 	target, err := os.Readlink(filepath.Join(dir, link))
 	if errors.Is(err, fs.ErrNotExist) {
@@ -180,6 +191,9 @@ func (s *Store) Base(k Key, trusted bool) (*os.File, Layer, error) {
 	if err != nil {
 		return nil, Layer{}, fmt.Errorf("cache %s: %w", k, err)
 	}
+	if !readable(link, meta) {
+		return nil, Layer{}, fmt.Errorf("cache %s: run %s: %w: %w", k, meta.Run, ErrCold, ErrNotClean)
+	}
 	f, err := os.Open(filepath.Join(ldir, dataFile))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, Layer{}, ErrCold // evicted meanwhile
@@ -191,6 +205,47 @@ func (s *Store) Base(k Key, trusted bool) (*os.File, Layer, error) {
 	_ = os.Chtimes(filepath.Join(ldir, dataFile), now, now)
 	meta.Used = now
 	return f, meta, nil
+}
+
+// Clean is the rule of taint: the layers a run saves are clean when the
+// run was granted no secret and every layer it restored, of any of its
+// caches, was clean. A step can copy one cache path into another, so
+// the taint is the run's, not one path's; a layer without the mark (an
+// older store's) counts as tainted. A run whose caches were all cold
+// passes on only its own grant.
+func Clean(secrets bool, restored []Layer) bool {
+	if secrets {
+		return false
+	}
+	for _, l := range restored {
+		if !l.Clean {
+			return false
+		}
+	}
+	return true
+}
+
+// readRef is the reference a run starts from: the base for a run granted
+// a secret, the apart base for any other.
+func readRef(secrets bool) string {
+	if secrets {
+		return baseLink
+	}
+	return apartLink
+}
+
+// readable says whether a run may start from layer l through ref: the
+// apart base only when l is clean, whatever wrote the link.
+func readable(ref string, l Layer) bool { return ref == baseLink || l.Clean }
+
+// promotion says which references a promoted layer l takes, given the
+// layers they name now (nil: none). The base takes the newest layer; the
+// apart base the newest clean one, and any clean one over an apart base
+// that is not clean (an older store's).
+func promotion(l Layer, base, apart *Layer) (toBase, toApart bool) {
+	toBase = base == nil || newer(l, *base)
+	toApart = l.Clean && (apart == nil || !apart.Clean || newer(l, *apart))
+	return toBase, toApart
 }
 
 // layerPath checks that a reference names a layer of this key.
@@ -215,7 +270,8 @@ func validRun(run string) bool {
 }
 
 // Save reads a tar stream from r into the upper layer of run, checking
-// it as hostile input. Below the disk floor it saves nothing and returns
+// it as hostile input. meta says the run's Order, Secrets and whether
+// its layer is Clean (by Clean; never with Secrets). Below the disk floor it saves nothing and returns
 // ErrDiskFloor; a layer over the bounds, or one with an entry that could
 // leave its tree, is refused and nothing of it is kept.
 func (s *Store) Save(ctx context.Context, k Key, run string, meta Layer, r io.Reader) (Layer, error) {
@@ -266,6 +322,7 @@ func (s *Store) Save(ctx context.Context, k Key, run string, meta Layer, r io.Re
 		return Layer{}, fmt.Errorf("cache %s: %w", k, err)
 	}
 	meta.Run, meta.Bytes, meta.Saved = run, n, s.cfg.now().UTC()
+	meta.Clean = meta.Clean && !meta.Secrets
 	b, _ := json.Marshal(meta)
 	if err := atomicfile.Write(filepath.Join(stage, metaFile), b, 0o600); err != nil {
 		return Layer{}, fmt.Errorf("cache %s: %w", k, err)
@@ -351,10 +408,11 @@ func check(tr *tar.Reader, limit, maxFiles int64) error {
 	}
 }
 
-// Promote makes run's upper the base, unless the base was promoted by a
-// run of a higher order already (then the upper is dropped and Promote
-// returns false). When the run was granted no secret, the apart base
-// follows. The references change by atomic renames.
+// Promote makes run's upper the base when no run of a higher order
+// promoted already, and the apart base when it is clean and newer than
+// the apart base (promotion). When it takes neither, the upper is
+// dropped and Promote returns false. The references change by atomic
+// renames.
 func (s *Store) Promote(k Key, run string) (bool, error) {
 	dir := s.keyDir(k)
 	unlock, err := lock(dir)
@@ -372,21 +430,28 @@ func (s *Store) Promote(k Key, run string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("cache %s: promote %s: %w", k, run, err)
 	}
-	if cur, ok := s.refMeta(dir, baseLink); ok && !newer(meta, cur) {
-		return false, s.dropLocked(dir, run)
-	}
+	var cur [2]*Layer
 	var old []string
-	for _, ref := range []string{baseLink, apartLink} {
+	for i, ref := range []string{baseLink, apartLink} {
+		if m, ok := s.refMeta(dir, ref); ok {
+			cur[i] = &m
+		}
 		t, _ := os.Readlink(filepath.Join(dir, ref))
 		old = append(old, t)
 	}
-	target := layersDir + "/" + run
-	if err := relink(dir, baseLink, target); err != nil {
-		return false, fmt.Errorf("cache %s: %w", k, err)
+	toBase, toApart := promotion(meta, cur[0], cur[1])
+	if !toBase && !toApart {
+		return false, s.dropLocked(dir, run)
 	}
-	if !meta.Secrets {
+	target := layersDir + "/" + run
+	if toBase {
+		if err := relink(dir, baseLink, target); err != nil {
+			return false, fmt.Errorf("cache %s: %w", k, err)
+		}
+	}
+	if toApart {
 		if err := relink(dir, apartLink, target); err != nil {
-			return true, fmt.Errorf("cache %s: %w", k, err)
+			return toBase, fmt.Errorf("cache %s: %w", k, err)
 		}
 	}
 	return true, s.releaseLocked(dir, old)
