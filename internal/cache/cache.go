@@ -24,6 +24,11 @@
 // one with the higher Order wins, whatever the order they finish in).
 // Every other upper is dropped.
 //
+// Past --cache-max-total, Evict removes layers of the repository holding
+// the most bytes, least recently used first, until all fit: each
+// repository is owed a fair share (FairShare), and one within it loses
+// nothing while another floods.
+//
 // A layer is validated as it is saved, as hostile input: a name that
 // climbs or is absolute, a link out of the tree, a device, a stream or
 // an unpacked size over the bound is refused and nothing is kept. The
@@ -92,8 +97,8 @@ type Config struct {
 	MaxBytes int64
 	// MaxFiles bounds one layer's entries.
 	MaxFiles int64
-	// MaxTotal bounds all layers together; the least recently used go
-	// first (--cache-max-total).
+	// MaxTotal bounds all layers together (--cache-max-total); past it
+	// Evict removes layers of the repositories over their fair share.
 	MaxTotal int64
 	// DiskFloor is the free space of Dir's file system below which
 	// nothing is saved (--disk-floor).
@@ -675,9 +680,10 @@ func (s *Store) Remove(match Key) ([]Key, error) {
 	return removed, errors.Join(errs...)
 }
 
-// Evict removes the least recently used layers until all layers
-// together fit in --cache-max-total, sparing the layers of the run named
-// spare (just saved). It returns the layers it removed.
+// Evict brings all layers together within --cache-max-total: it
+// removes layers in the order of evictionPlan, sparing the layers of the
+// run named spare (just saved) while their repository has others. It
+// returns the layers it removed.
 func (s *Store) Evict(spare string) ([]Evicted, error) {
 	if s.cfg.MaxTotal <= 0 {
 		return nil, nil
@@ -686,12 +692,7 @@ func (s *Store) Evict(spare string) ([]Evicted, error) {
 	if err != nil {
 		return nil, err
 	}
-	type cand struct {
-		key Key
-		l   Layer
-	}
-	var all []cand
-	var total int64
+	var all []candidate
 	seen := map[string]bool{}
 	for _, e := range entries {
 		add := func(l *Layer) {
@@ -699,8 +700,7 @@ func (s *Store) Evict(spare string) ([]Evicted, error) {
 				return
 			}
 			seen[e.Key.id()+"/"+l.Run] = true
-			total += l.Bytes
-			all = append(all, cand{e.Key, *l})
+			all = append(all, candidate{e.Key, *l})
 		}
 		add(e.Base)
 		add(e.Apart)
@@ -708,27 +708,15 @@ func (s *Store) Evict(spare string) ([]Evicted, error) {
 			add(&e.Uppers[i])
 		}
 	}
-	sort.Slice(all, func(i, j int) bool {
-		if !all[i].l.Used.Equal(all[j].l.Used) {
-			return all[i].l.Used.Before(all[j].l.Used)
-		}
-		return all[i].l.Run < all[j].l.Run
-	})
+	plan, share := evictionPlan(all, s.cfg.MaxTotal, spare)
 	var out []Evicted
 	var errs []error
-	for _, c := range all {
-		if total <= s.cfg.MaxTotal {
-			break
-		}
-		if c.l.Run == spare {
+	for _, c := range plan {
+		if err := s.evict(c.key, c.layer.Run); err != nil {
+			errs = append(errs, fmt.Errorf("evict cache %s run %s: %w", c.key, c.layer.Run, err))
 			continue
 		}
-		if err := s.evict(c.key, c.l.Run); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		total -= c.l.Bytes
-		out = append(out, Evicted{Key: c.key, Layer: c.l})
+		out = append(out, Evicted{Key: c.key, Layer: c.layer, Share: share})
 	}
 	return out, errors.Join(errs...)
 }
@@ -737,6 +725,102 @@ func (s *Store) Evict(spare string) ([]Evicted, error) {
 type Evicted struct {
 	Key   Key
 	Layer Layer
+	// Share is each repository's fair share when it was removed
+	// (FairShare); the layer's repository held more.
+	Share int64
+}
+
+// candidate is a layer Evict may remove.
+type candidate struct {
+	key   Key
+	layer Layer
+}
+
+// FairShare is the bytes each repository is owed of limit when the
+// repositories hold usage bytes each: the largest level L such that all
+// of them, each counted at most L, fit in limit. So L is limit divided
+// equally among the repositories with caches, and what one holding less
+// than its part leaves is divided among the others (max-min fairness).
+// When all fit, it is limit: no repository is over.
+func FairShare(usage map[string]int64, limit int64) int64 {
+	us := make([]int64, 0, len(usage))
+	for _, u := range usage {
+		us = append(us, u)
+	}
+	sort.Slice(us, func(i, j int) bool { return us[i] < us[j] })
+	left := limit
+	for i, u := range us {
+		equal := left / int64(len(us)-i)
+		if u > equal {
+			return equal
+		}
+		left -= u
+	}
+	return limit
+}
+
+// evictionPlan orders the layers to remove so that all fit in limit,
+// and returns the fair share. Each time it takes the least recently used
+// layer of the repository holding the most bytes, so only repositories
+// over FairShare lose layers: while the total is over limit, the
+// repositories over the share hold more than the excess, and the largest
+// is one of them. Spare's layers go last within their repository.
+func evictionPlan(layers []candidate, limit int64, spare string) ([]candidate, int64) {
+	usage := map[string]int64{}
+	byRepo := map[string][]candidate{}
+	var total int64
+	for _, c := range layers {
+		usage[c.key.Repo] += c.layer.Bytes
+		byRepo[c.key.Repo] = append(byRepo[c.key.Repo], c)
+		total += c.layer.Bytes
+	}
+	share := FairShare(usage, limit)
+	for _, cs := range byRepo {
+		sort.Slice(cs, func(i, j int) bool {
+			a, b := cs[i], cs[j]
+			if sa, sb := a.layer.Run == spare, b.layer.Run == spare; sa != sb {
+				return sb
+			}
+			if !a.layer.Used.Equal(b.layer.Used) {
+				return a.layer.Used.Before(b.layer.Used)
+			}
+			if a.layer.Run != b.layer.Run {
+				return a.layer.Run < b.layer.Run
+			}
+			return a.key.String() < b.key.String()
+		})
+	}
+	var plan []candidate
+	for total > limit {
+		repo := ""
+		for r, cs := range byRepo {
+			if len(cs) > 0 && (repo == "" || larger(r, repo, usage, byRepo)) {
+				repo = r
+			}
+		}
+		if repo == "" {
+			break
+		}
+		c := byRepo[repo][0]
+		byRepo[repo] = byRepo[repo][1:]
+		usage[repo] -= c.layer.Bytes
+		total -= c.layer.Bytes
+		plan = append(plan, c)
+	}
+	return plan, share
+}
+
+// larger says repository a goes before b: it holds more bytes, or as
+// many and its next layer was used longer ago, or that too and its name
+// sorts first.
+func larger(a, b string, usage map[string]int64, byRepo map[string][]candidate) bool {
+	if usage[a] != usage[b] {
+		return usage[a] > usage[b]
+	}
+	if ua, ub := byRepo[a][0].layer.Used, byRepo[b][0].layer.Used; !ua.Equal(ub) {
+		return ua.Before(ub)
+	}
+	return a < b
 }
 
 func (s *Store) evict(k Key, run string) error {

@@ -178,7 +178,7 @@ func (r *runState) saveCaches(ctx context.Context, sess executor.Session, dirs e
 	}
 	evicted, err := r.eng.cfg.Caches.Evict(r.req.RunID)
 	for _, e := range evicted {
-		r.log.Info("cache evicted (--cache-max-total)", "repo", e.Key.Repo, "workflow", e.Key.Workflow, "cache", e.Key.Path, "run", e.Layer.Run, "bytes", e.Layer.Bytes)
+		r.log.Info("cache evicted (--cache-max-total)", "repo", e.Key.Repo, "workflow", e.Key.Workflow, "cache", e.Key.Path, "run", e.Layer.Run, "bytes", e.Layer.Bytes, "share", e.Share)
 	}
 	if err != nil {
 		r.log.Warn("cache eviction", "err", err)
