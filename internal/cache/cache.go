@@ -275,10 +275,11 @@ func validRun(run string) bool {
 }
 
 // Save reads a tar stream from r into the upper layer of run, checking
-// it as hostile input. meta says the run's Order, Secrets and whether
-// its layer is Clean (by Clean; never with Secrets). Below the disk floor it saves nothing and returns
-// ErrDiskFloor; a layer over the bounds, or one with an entry that could
-// leave its tree, is refused and nothing of it is kept.
+// it as hostile input. meta gives the run's Order, Secrets and whether
+// its layers are Clean (by Clean; a layer with Secrets never is). Below
+// the disk floor it saves nothing and returns ErrDiskFloor; a layer over
+// the bounds, or one with an entry that could leave its tree, is refused
+// and nothing of it is kept.
 func (s *Store) Save(ctx context.Context, k Key, run string, meta Layer, r io.Reader) (Layer, error) {
 	if !validRun(run) {
 		return Layer{}, fmt.Errorf("cache %s: run id %q is not a file name", k, run)

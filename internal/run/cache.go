@@ -16,9 +16,9 @@ import (
 )
 
 // Caches is the store a run's caches are restored from and saved to
-// (cache.Store).
+// (cache.Store). Base's secrets says the run was granted a secret.
 type Caches interface {
-	Base(k cache.Key, trusted bool) (*os.File, cache.Layer, error)
+	Base(k cache.Key, secrets bool) (*os.File, cache.Layer, error)
 	Save(ctx context.Context, k cache.Key, run string, meta cache.Layer, r io.Reader) (cache.Layer, error)
 	Promote(k cache.Key, run string) (bool, error)
 	Evict(spare string) ([]cache.Evicted, error)
