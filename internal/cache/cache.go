@@ -5,17 +5,29 @@
 // Per repository, workflow and cache path the store keeps layers, each a
 // tar stream of the path as one run left it, and two references to them:
 //
-//   - the base, which the last passing trusted push promoted and which
-//     trusted runs start from;
-//   - the apart base, which untrusted runs (pulls, batches) start from.
-//     No trusted run ever reads it. It follows the base only when a push
-//     that was granted no secret promotes: a layer written by a
-//     secret-bearing push never reaches an untrusted run.
+//   - the base, the newest layer a passing trusted push promoted, which
+//     runs granted a secret start from;
+//   - the apart base, the newest clean layer a passing trusted push
+//     promoted, which every other run starts from: pulls, batches, and
+//     pushes granted no secret.
+//
+// A layer is clean when the run that saved it was granted no secret and
+// every layer it restored, of any of its caches, was clean (Clean); any
+// other layer is tainted, and so is a layer saved before the store
+// recorded the mark. Taint follows lineage: what a secret-bearing run
+// wrote never reaches a run granted no secret, however many pushes
+// restore and save it in between. The mark is kept in the layer's
+// meta.json, and the apart base is read only when its layer carries it.
 //
 // A run saves the path into its own upper layer; only a passing trusted
-// push promotes its upper to the base (an atomic rename of a link; of two
-// pushes the one with the higher Order wins, whatever the order they
-// finish in). Every other upper is dropped.
+// push promotes its upper (an atomic rename of a link; of two pushes the
+// one with the higher Order wins, whatever the order they finish in).
+// Every other upper is dropped.
+//
+// Past --cache-max-total, Evict removes layers of the repository holding
+// the most bytes, least recently used first, until all fit: each
+// repository is owed a fair share (FairShare), and one within it loses
+// nothing while another floods.
 //
 // A layer is validated as it is saved, as hostile input: a name that
 // climbs or is absolute, a link out of the tree, a device, a stream or
@@ -66,9 +78,12 @@ type Layer struct {
 	// Order ranks the pushes that may promote: the higher wins.
 	Order string `json:"order,omitempty"`
 	// Secrets says the run that wrote it was granted secrets.
-	Secrets bool      `json:"secrets,omitempty"`
-	Bytes   int64     `json:"bytes"`
-	Saved   time.Time `json:"saved"`
+	Secrets bool `json:"secrets,omitempty"`
+	// Clean says the layer is untainted (see Clean). It is written only
+	// when true, so a layer saved before the mark existed is tainted.
+	Clean bool      `json:"clean,omitempty"`
+	Bytes int64     `json:"bytes"`
+	Saved time.Time `json:"saved"`
 	// Used is when the layer was last saved or read.
 	Used time.Time `json:"-"`
 }
@@ -82,8 +97,8 @@ type Config struct {
 	MaxBytes int64
 	// MaxFiles bounds one layer's entries.
 	MaxFiles int64
-	// MaxTotal bounds all layers together; the least recently used go
-	// first (--cache-max-total).
+	// MaxTotal bounds all layers together (--cache-max-total); past it
+	// Evict removes layers of the repositories over their fair share.
 	MaxTotal int64
 	// DiskFloor is the free space of Dir's file system below which
 	// nothing is saved (--disk-floor).
@@ -106,6 +121,9 @@ var (
 	ErrDiskFloor = errors.New("free disk space is below --disk-floor")
 	// ErrTooLarge means a layer passed --cache-max.
 	ErrTooLarge = errors.New("cache exceeds --cache-max")
+	// ErrNotClean comes with ErrCold: the apart base's layer is not
+	// marked clean, so a run granted no secret does not read it.
+	ErrNotClean = errors.New("the apart base is not marked clean (it was saved before the store recorded taint), so a run granted no secret does not read it")
 )
 
 // Open returns the store at cfg.Dir, creating the directory.
@@ -156,14 +174,12 @@ const (
 
 func (s *Store) keyDir(k Key) string { return filepath.Join(s.cfg.Dir, k.id()) }
 
-// Base opens the layer a run starts from: the base for a trusted run,
-// the apart base for an untrusted one. It returns ErrCold when there is
-// none. Reading it marks it used.
-func (s *Store) Base(k Key, trusted bool) (*os.File, Layer, error) {
-	link := apartLink
-	if trusted {
-		link = baseLink
-	}
+// Base opens the layer a run starts from: the base for a run granted a
+// secret, the apart base for any other. It returns ErrCold when there is
+// none, and when the apart base's layer is not marked clean (a store
+// from before the mark). Reading it marks it used.
+func (s *Store) Base(k Key, secrets bool) (*os.File, Layer, error) {
+	link := readRef(secrets)
 	dir := s.keyDir(k)
 	target, err := os.Readlink(filepath.Join(dir, link))
 	if errors.Is(err, fs.ErrNotExist) {
@@ -180,6 +196,9 @@ func (s *Store) Base(k Key, trusted bool) (*os.File, Layer, error) {
 	if err != nil {
 		return nil, Layer{}, fmt.Errorf("cache %s: %w", k, err)
 	}
+	if !readable(link, meta) {
+		return nil, Layer{}, fmt.Errorf("cache %s: run %s: %w: %w", k, meta.Run, ErrCold, ErrNotClean)
+	}
 	f, err := os.Open(filepath.Join(ldir, dataFile))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, Layer{}, ErrCold // evicted meanwhile
@@ -191,6 +210,47 @@ func (s *Store) Base(k Key, trusted bool) (*os.File, Layer, error) {
 	_ = os.Chtimes(filepath.Join(ldir, dataFile), now, now)
 	meta.Used = now
 	return f, meta, nil
+}
+
+// Clean is the rule of taint: the layers a run saves are clean when the
+// run was granted no secret and every layer it restored, of any of its
+// caches, was clean. A step can copy one cache path into another, so
+// the taint is the run's, not one path's; a layer without the mark (an
+// older store's) counts as tainted. A run whose caches were all cold
+// passes on only its own grant.
+func Clean(secrets bool, restored []Layer) bool {
+	if secrets {
+		return false
+	}
+	for _, l := range restored {
+		if !l.Clean {
+			return false
+		}
+	}
+	return true
+}
+
+// readRef is the reference a run starts from: the base for a run granted
+// a secret, the apart base for any other.
+func readRef(secrets bool) string {
+	if secrets {
+		return baseLink
+	}
+	return apartLink
+}
+
+// readable says whether a run may start from layer l through ref: the
+// apart base only when l is clean, whatever wrote the link.
+func readable(ref string, l Layer) bool { return ref == baseLink || l.Clean }
+
+// promotion says which references a promoted layer l takes, given the
+// layers they name now (nil: none). The base takes the newest layer; the
+// apart base the newest clean one, and any clean one over an apart base
+// that is not clean (an older store's).
+func promotion(l Layer, base, apart *Layer) (toBase, toApart bool) {
+	toBase = base == nil || newer(l, *base)
+	toApart = l.Clean && (apart == nil || !apart.Clean || newer(l, *apart))
+	return toBase, toApart
 }
 
 // layerPath checks that a reference names a layer of this key.
@@ -215,9 +275,11 @@ func validRun(run string) bool {
 }
 
 // Save reads a tar stream from r into the upper layer of run, checking
-// it as hostile input. Below the disk floor it saves nothing and returns
-// ErrDiskFloor; a layer over the bounds, or one with an entry that could
-// leave its tree, is refused and nothing of it is kept.
+// it as hostile input. meta gives the run's Order, Secrets and whether
+// its layers are Clean (by Clean; a layer with Secrets never is). Below
+// the disk floor it saves nothing and returns ErrDiskFloor; a layer over
+// the bounds, or one with an entry that could leave its tree, is refused
+// and nothing of it is kept.
 func (s *Store) Save(ctx context.Context, k Key, run string, meta Layer, r io.Reader) (Layer, error) {
 	if !validRun(run) {
 		return Layer{}, fmt.Errorf("cache %s: run id %q is not a file name", k, run)
@@ -266,6 +328,7 @@ func (s *Store) Save(ctx context.Context, k Key, run string, meta Layer, r io.Re
 		return Layer{}, fmt.Errorf("cache %s: %w", k, err)
 	}
 	meta.Run, meta.Bytes, meta.Saved = run, n, s.cfg.now().UTC()
+	meta.Clean = meta.Clean && !meta.Secrets
 	b, _ := json.Marshal(meta)
 	if err := atomicfile.Write(filepath.Join(stage, metaFile), b, 0o600); err != nil {
 		return Layer{}, fmt.Errorf("cache %s: %w", k, err)
@@ -351,10 +414,11 @@ func check(tr *tar.Reader, limit, maxFiles int64) error {
 	}
 }
 
-// Promote makes run's upper the base, unless the base was promoted by a
-// run of a higher order already (then the upper is dropped and Promote
-// returns false). When the run was granted no secret, the apart base
-// follows. The references change by atomic renames.
+// Promote makes run's upper the base when no run of a higher order
+// promoted already, and the apart base when it is clean and newer than
+// the apart base (promotion). When it takes neither, the upper is
+// dropped and Promote returns false. The references change by atomic
+// renames.
 func (s *Store) Promote(k Key, run string) (bool, error) {
 	dir := s.keyDir(k)
 	unlock, err := lock(dir)
@@ -372,21 +436,28 @@ func (s *Store) Promote(k Key, run string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("cache %s: promote %s: %w", k, run, err)
 	}
-	if cur, ok := s.refMeta(dir, baseLink); ok && !newer(meta, cur) {
-		return false, s.dropLocked(dir, run)
-	}
+	var cur [2]*Layer
 	var old []string
-	for _, ref := range []string{baseLink, apartLink} {
+	for i, ref := range []string{baseLink, apartLink} {
+		if m, ok := s.refMeta(dir, ref); ok {
+			cur[i] = &m
+		}
 		t, _ := os.Readlink(filepath.Join(dir, ref))
 		old = append(old, t)
 	}
-	target := layersDir + "/" + run
-	if err := relink(dir, baseLink, target); err != nil {
-		return false, fmt.Errorf("cache %s: %w", k, err)
+	toBase, toApart := promotion(meta, cur[0], cur[1])
+	if !toBase && !toApart {
+		return false, s.dropLocked(dir, run)
 	}
-	if !meta.Secrets {
+	target := layersDir + "/" + run
+	if toBase {
+		if err := relink(dir, baseLink, target); err != nil {
+			return false, fmt.Errorf("cache %s: %w", k, err)
+		}
+	}
+	if toApart {
 		if err := relink(dir, apartLink, target); err != nil {
-			return true, fmt.Errorf("cache %s: %w", k, err)
+			return toBase, fmt.Errorf("cache %s: %w", k, err)
 		}
 	}
 	return true, s.releaseLocked(dir, old)
@@ -610,9 +681,10 @@ func (s *Store) Remove(match Key) ([]Key, error) {
 	return removed, errors.Join(errs...)
 }
 
-// Evict removes the least recently used layers until all layers
-// together fit in --cache-max-total, sparing the layers of the run named
-// spare (just saved). It returns the layers it removed.
+// Evict brings all layers together within --cache-max-total: it
+// removes layers in the order of evictionPlan, sparing the layers of the
+// run named spare (just saved) while their repository has others. It
+// returns the layers it removed.
 func (s *Store) Evict(spare string) ([]Evicted, error) {
 	if s.cfg.MaxTotal <= 0 {
 		return nil, nil
@@ -621,12 +693,7 @@ func (s *Store) Evict(spare string) ([]Evicted, error) {
 	if err != nil {
 		return nil, err
 	}
-	type cand struct {
-		key Key
-		l   Layer
-	}
-	var all []cand
-	var total int64
+	var all []candidate
 	seen := map[string]bool{}
 	for _, e := range entries {
 		add := func(l *Layer) {
@@ -634,8 +701,7 @@ func (s *Store) Evict(spare string) ([]Evicted, error) {
 				return
 			}
 			seen[e.Key.id()+"/"+l.Run] = true
-			total += l.Bytes
-			all = append(all, cand{e.Key, *l})
+			all = append(all, candidate{e.Key, *l})
 		}
 		add(e.Base)
 		add(e.Apart)
@@ -643,27 +709,15 @@ func (s *Store) Evict(spare string) ([]Evicted, error) {
 			add(&e.Uppers[i])
 		}
 	}
-	sort.Slice(all, func(i, j int) bool {
-		if !all[i].l.Used.Equal(all[j].l.Used) {
-			return all[i].l.Used.Before(all[j].l.Used)
-		}
-		return all[i].l.Run < all[j].l.Run
-	})
+	plan, share := evictionPlan(all, s.cfg.MaxTotal, spare)
 	var out []Evicted
 	var errs []error
-	for _, c := range all {
-		if total <= s.cfg.MaxTotal {
-			break
-		}
-		if c.l.Run == spare {
+	for _, c := range plan {
+		if err := s.evict(c.key, c.layer.Run); err != nil {
+			errs = append(errs, fmt.Errorf("evict cache %s run %s: %w", c.key, c.layer.Run, err))
 			continue
 		}
-		if err := s.evict(c.key, c.l.Run); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		total -= c.l.Bytes
-		out = append(out, Evicted{Key: c.key, Layer: c.l})
+		out = append(out, Evicted{Key: c.key, Layer: c.layer, Share: share})
 	}
 	return out, errors.Join(errs...)
 }
@@ -672,6 +726,102 @@ func (s *Store) Evict(spare string) ([]Evicted, error) {
 type Evicted struct {
 	Key   Key
 	Layer Layer
+	// Share is each repository's fair share when it was removed
+	// (FairShare); the layer's repository held more.
+	Share int64
+}
+
+// candidate is a layer Evict may remove.
+type candidate struct {
+	key   Key
+	layer Layer
+}
+
+// FairShare is the bytes each repository is owed of limit when the
+// repositories hold usage bytes each: the largest level L such that all
+// of them, each counted at most L, fit in limit. So L is limit divided
+// equally among the repositories with caches, and what one holding less
+// than its part leaves is divided among the others (max-min fairness).
+// When all fit, it is limit: no repository is over.
+func FairShare(usage map[string]int64, limit int64) int64 {
+	us := make([]int64, 0, len(usage))
+	for _, u := range usage {
+		us = append(us, u)
+	}
+	sort.Slice(us, func(i, j int) bool { return us[i] < us[j] })
+	left := limit
+	for i, u := range us {
+		equal := left / int64(len(us)-i)
+		if u > equal {
+			return equal
+		}
+		left -= u
+	}
+	return limit
+}
+
+// evictionPlan orders the layers to remove so that all fit in limit,
+// and returns the fair share. Each time it takes the least recently used
+// layer of the repository holding the most bytes, so only repositories
+// over FairShare lose layers: while the total is over limit, the
+// repositories over the share hold more than the excess, and the largest
+// is one of them. Spare's layers go last within their repository.
+func evictionPlan(layers []candidate, limit int64, spare string) ([]candidate, int64) {
+	usage := map[string]int64{}
+	byRepo := map[string][]candidate{}
+	var total int64
+	for _, c := range layers {
+		usage[c.key.Repo] += c.layer.Bytes
+		byRepo[c.key.Repo] = append(byRepo[c.key.Repo], c)
+		total += c.layer.Bytes
+	}
+	share := FairShare(usage, limit)
+	for _, cs := range byRepo {
+		sort.Slice(cs, func(i, j int) bool {
+			a, b := cs[i], cs[j]
+			if sa, sb := a.layer.Run == spare, b.layer.Run == spare; sa != sb {
+				return sb
+			}
+			if !a.layer.Used.Equal(b.layer.Used) {
+				return a.layer.Used.Before(b.layer.Used)
+			}
+			if a.layer.Run != b.layer.Run {
+				return a.layer.Run < b.layer.Run
+			}
+			return a.key.String() < b.key.String()
+		})
+	}
+	var plan []candidate
+	for total > limit {
+		repo := ""
+		for r, cs := range byRepo {
+			if len(cs) > 0 && (repo == "" || larger(r, repo, usage, byRepo)) {
+				repo = r
+			}
+		}
+		if repo == "" {
+			break
+		}
+		c := byRepo[repo][0]
+		byRepo[repo] = byRepo[repo][1:]
+		usage[repo] -= c.layer.Bytes
+		total -= c.layer.Bytes
+		plan = append(plan, c)
+	}
+	return plan, share
+}
+
+// larger says repository a goes before b: it holds more bytes, or as
+// many and its next layer was used longer ago, or that too and its name
+// sorts first.
+func larger(a, b string, usage map[string]int64, byRepo map[string][]candidate) bool {
+	if usage[a] != usage[b] {
+		return usage[a] > usage[b]
+	}
+	if ua, ub := byRepo[a][0].layer.Used, byRepo[b][0].layer.Used; !ua.Equal(ub) {
+		return ua.Before(ub)
+	}
+	return a < b
 }
 
 func (s *Store) evict(k Key, run string) error {

@@ -49,11 +49,11 @@ func tarOf(t *testing.T, files ...string) []byte {
 	return buf.Bytes()
 }
 
-// baseOf returns the names and contents in the base a run of that trust
-// starts from, "cold" when there is none.
-func baseOf(t *testing.T, s *Store, trusted bool) string {
+// baseOf returns the names and contents in the base a run granted a
+// secret (or not) starts from, "cold" when there is none.
+func baseOf(t *testing.T, s *Store, secrets bool) string {
 	t.Helper()
-	f, _, err := s.Base(key, trusted)
+	f, _, err := s.Base(key, secrets)
 	if errors.Is(err, ErrCold) {
 		return "cold"
 	}
@@ -100,8 +100,9 @@ func TestTrust(t *testing.T) {
 		t.Fatalf("new store: base %q, want cold", got)
 	}
 
-	// A push without secrets promotes: both bases follow.
-	save(t, s, "push1", Layer{Order: "0001"}, tarOf(t, "warm", "1"))
+	// A clean push (no secret, nothing tainted restored) promotes: both
+	// bases follow.
+	save(t, s, "push1", Layer{Order: "0001", Clean: true}, tarOf(t, "warm", "1"))
 	if !promote(t, s, "push1") {
 		t.Fatal("push1 not promoted")
 	}
@@ -112,14 +113,18 @@ func TestTrust(t *testing.T) {
 		t.Errorf("apart base %q, want %q", got, want)
 	}
 
-	// A secret-bearing push promotes the base only: a pull never reads it.
-	save(t, s, "push2", Layer{Order: "0002", Secrets: true}, tarOf(t, "warm", "2", "token", "secret"))
+	// A secret-bearing push promotes the base only: a pull never reads
+	// it, even when the caller says it is clean.
+	save(t, s, "push2", Layer{Order: "0002", Secrets: true, Clean: true}, tarOf(t, "warm", "2", "token", "secret"))
 	promote(t, s, "push2")
 	if got, want := baseOf(t, s, true), "warm=2,token=secret"; got != want {
 		t.Errorf("trusted base %q, want %q", got, want)
 	}
 	if got, want := baseOf(t, s, false), "warm=1"; got != want {
 		t.Errorf("apart base after a secret-bearing push %q, want %q", got, want)
+	}
+	if entries, _ := s.List(); len(entries) != 1 || entries[0].Base.Clean {
+		t.Errorf("a secret-bearing push's layer is marked clean: %+v", entries)
 	}
 
 	// A pull's upper is dropped: no base sees it, and it leaves nothing.

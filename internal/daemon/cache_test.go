@@ -117,3 +117,86 @@ func TestCachesKeptApartByTrust(t *testing.T) {
 		t.Errorf("store: %+v; want one cache with a base, no apart base (every push bore a secret) and no upper left", entries)
 	}
 }
+
+// taintWorkflow shows whether its cache holds a token file and whose
+// cache it is, then leaves its own name, and the secret when granted.
+const taintWorkflow = `
+on: [push, pull]
+cache: [cache]
+secrets: [OPERATOR_TOKEN]
+steps:
+  - name: use
+    secrets: [OPERATOR_TOKEN]
+    run: |
+      if [ -f cache/token ]; then echo "token file: $(cat cache/token)"; else echo "no token file"; fi
+      if [ -f cache/who ]; then echo "seen: $(cat cache/who)"; fi
+      cat who.txt > cache/who
+      if [ -n "${OPERATOR_TOKEN:-}" ]; then printf %s "$OPERATOR_TOKEN" > cache/token; fi
+`
+
+// TestCacheTaintFollowsLineage: a push granted the operator's secret
+// leaves a file of it in the cache; a later push granted no secret (its
+// workflow asks for none) saves the cache on; a pull after both must not
+// see the file. The secret-less push starts from the clean lineage, so
+// it does not see it either, and its layer is what the pull reads.
+func TestCacheTaintFollowsLineage(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := context.Background()
+	store, err := cache.Open(cache.Config{Dir: filepath.Join(w.cacheDir, "caches")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const secret = "operator-taint-value"
+	w.start(w.config(func(c *daemon.Config) {
+		c.Caches = store
+		c.Pulls, c.Discover = true, true
+		c.Secrets = []daemon.OperatorSecret{{Name: "OPERATOR_TOKEN", Value: secret, Repos: []string{w.RepoURI.String()}}}
+	}))
+	final := func(commit string) string {
+		t.Helper()
+		_, c := w.waitFinal("ci", commit, 90*time.Second)
+		log := w.runLog(c)
+		if c.Status != "success" {
+			t.Fatalf("%s: %s (%s); log:\n%s", commit, c.Status, c.Error, log)
+		}
+		return log
+	}
+	expect := func(what, log string, want, notWant []string) {
+		t.Helper()
+		for _, s := range want {
+			if !strings.Contains(log, s) {
+				t.Errorf("%s: log lacks %q:\n%s", what, s, log)
+			}
+		}
+		for _, s := range notWant {
+			if strings.Contains(log, s) {
+				t.Errorf("%s: log has %q:\n%s", what, s, log)
+			}
+		}
+	}
+
+	_, push1 := w.Push(map[string]string{".knotless/workflows/ci.yaml": workflowFile(taintWorkflow), "who.txt": "push1\n"})
+	expect("secret-bearing push", final(push1), []string{"no token file", "cache cache: saved", "tainted"}, nil)
+
+	plain := strings.ReplaceAll(strings.ReplaceAll(taintWorkflow, "    secrets: [OPERATOR_TOKEN]\n", ""), "secrets: [OPERATOR_TOKEN]\n", "")
+	_, push2 := w.Push(map[string]string{".knotless/workflows/ci.yaml": workflowFile(plain), "who.txt": "push2\n"})
+	expect("push granted no secret", final(push2), []string{"no token file", "cache cache: saved"}, []string{"token file:", "seen: push1"})
+
+	author, err := srv.CreateAccount(ctx, "tainter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fork := w.Src.Clone(t)
+	pullHead := fork.Commit("feature", map[string]string{"who.txt": "pull\n"})
+	w.openPull(author, fork.Dir, "feature", pullHead)
+	expect("pull", final(pullHead), []string{"no token file", "seen: push2"}, []string{"token file:", secret, "seen: push1"})
+
+	entries, err := store.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 1 || entries[0].Apart == nil || !entries[0].Apart.Clean || entries[0].Base == nil || entries[0].Base.Run != entries[0].Apart.Run {
+		t.Errorf("store: %+v; want push2's clean layer as both bases", entries)
+	}
+}

@@ -16,9 +16,9 @@ import (
 )
 
 // Caches is the store a run's caches are restored from and saved to
-// (cache.Store).
+// (cache.Store). Base's secrets says the run was granted a secret.
 type Caches interface {
-	Base(k cache.Key, trusted bool) (*os.File, cache.Layer, error)
+	Base(k cache.Key, secrets bool) (*os.File, cache.Layer, error)
 	Save(ctx context.Context, k cache.Key, run string, meta cache.Layer, r io.Reader) (cache.Layer, error)
 	Promote(k cache.Key, run string) (bool, error)
 	Evict(spare string) ([]cache.Evicted, error)
@@ -71,29 +71,43 @@ func (r *runState) cachesOn() bool {
 }
 
 // restoreCaches streams each cache's base into the session before the
-// steps; a cold cache becomes an empty directory. A cache that cannot be
+// steps; a cold cache becomes an empty directory. A run granted a secret
+// starts from the base, any other from the apart base, which holds only
+// clean layers (cache.Clean). Each layer restored is remembered: its
+// taint passes to every layer the run saves. A cache that cannot be
 // restored is logged, and the run goes on without it.
 func (r *runState) restoreCaches(ctx context.Context, sess executor.Session, dirs executor.Dirs) {
 	if !r.cachesOn() {
 		return
 	}
+	secrets := len(r.granted) > 0
 	for _, p := range r.req.Workflow.Cache {
 		dir := cachePath(dirs, p)
 		start := time.Now()
-		f, base, err := r.eng.cfg.Caches.Base(r.cacheKey(p), r.req.Trusted)
+		f, base, err := r.eng.cfg.Caches.Base(r.cacheKey(p), secrets)
 		switch {
 		case errors.Is(err, cache.ErrCold):
 			if err := sess.Put(ctx, dir, bytes.NewReader(emptyTar)); err != nil {
 				r.cacheWarn(p, "not created", err)
 				continue
 			}
-			r.logf("knotless-run: cache %s: cold: no earlier run saved it", p)
+			why := "no earlier run saved it"
+			switch {
+			case errors.Is(err, cache.ErrNotClean):
+				why = cache.ErrNotClean.Error()
+			case !secrets:
+				why = "no clean layer yet (one a passing push granted no secret saved)"
+			}
+			r.logf("knotless-run: cache %s: cold: %s", p, why)
 			r.log.Info("cache cold", "cache", p)
 			continue
 		case err != nil:
 			r.cacheWarn(p, "not restored", err)
 			continue
 		}
+		// Counted before the transfer: a restore that fails half-way
+		// may have left part of the layer in the session.
+		r.restored = append(r.restored, base)
 		n, err := r.retryCorrupt("cache "+p, func() (int64, error) {
 			if _, err := f.Seek(0, io.SeekStart); err != nil {
 				return 0, err
@@ -132,7 +146,8 @@ func (r *runState) saveCaches(ctx context.Context, sess executor.Session, dirs e
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.eng.cfg.CleanupTimeout)
 	defer cancel()
-	meta := cache.Layer{Order: r.req.Cache.Order, Secrets: len(r.granted) > 0}
+	secrets := len(r.granted) > 0
+	meta := cache.Layer{Order: r.req.Cache.Order, Secrets: secrets, Clean: r.cachesClean(secrets)}
 	for _, p := range r.req.Workflow.Cache {
 		k := r.cacheKey(p)
 		start := time.Now()
@@ -152,19 +167,40 @@ func (r *runState) saveCaches(ctx context.Context, sess executor.Session, dirs e
 		switch {
 		case err != nil:
 			r.cacheWarn(p, "saved but not promoted", err)
+		case promoted && !meta.Clean:
+			r.logf("knotless-run: cache %s: saved %d bytes in %s, tainted: only runs granted a secret read it (%s)", p, saved, took, r.taintReason(secrets))
 		case promoted:
 			r.logf("knotless-run: cache %s: saved %d bytes in %s", p, saved, took)
 		default:
 			r.logf("knotless-run: cache %s: saved %d bytes in %s, not kept: a newer push's cache is the base", p, saved, took)
 		}
-		r.log.Info("cache saved", "cache", p, "bytes", saved, "duration", took, "promoted", promoted)
+		r.log.Info("cache saved", "cache", p, "bytes", saved, "duration", took, "promoted", promoted, "clean", meta.Clean)
 	}
 	evicted, err := r.eng.cfg.Caches.Evict(r.req.RunID)
 	for _, e := range evicted {
-		r.log.Info("cache evicted (--cache-max-total)", "repo", e.Key.Repo, "workflow", e.Key.Workflow, "cache", e.Key.Path, "run", e.Layer.Run, "bytes", e.Layer.Bytes)
+		r.log.Info("cache evicted (--cache-max-total)", "repo", e.Key.Repo, "workflow", e.Key.Workflow, "cache", e.Key.Path, "run", e.Layer.Run, "bytes", e.Layer.Bytes, "share", e.Share)
 	}
 	if err != nil {
 		r.log.Warn("cache eviction", "err", err)
+	}
+}
+
+// cachesClean says whether the layers this run saves are clean: it was
+// granted no secret and every layer it restored was clean. An adopted
+// run whose handover did not say so counts as tainted.
+func (r *runState) cachesClean(secrets bool) bool {
+	return !r.restoreUnrecorded && cache.Clean(secrets, r.restored)
+}
+
+// taintReason says why the run's layers are tainted, for its log.
+func (r *runState) taintReason(secrets bool) string {
+	switch {
+	case secrets:
+		return "the run was granted a secret"
+	case r.restoreUnrecorded:
+		return "it was adopted from a runner process that did not record what it restored"
+	default:
+		return "it restored a tainted layer"
 	}
 }
 

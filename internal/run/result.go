@@ -60,6 +60,11 @@ type Handover struct {
 	SessionStartedAt time.Time `json:"sessionStartedAt"`
 	// Steps are the step results so far.
 	Steps []StepResult `json:"steps"`
+	// CachesClean says every cache layer the run restored was clean
+	// (cache.Clean), so what it saves is clean unless it was granted a
+	// secret. Absent (a handover from an older process), the adopter's
+	// layers are tainted.
+	CachesClean bool `json:"cachesClean,omitempty"`
 }
 
 // StepResult is one step's outcome.

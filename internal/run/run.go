@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"time"
 
+	"knotless.dev/run/internal/cache"
 	"knotless.dev/run/internal/caplog"
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/mask"
@@ -156,6 +157,11 @@ type runState struct {
 	lines   lineTracker
 	granted map[string]string
 	scripts [][]byte
+	// restored are the cache layers the run restored; their taint
+	// passes to the layers it saves. restoreUnrecorded says an adopted
+	// run cannot tell what the first process restored.
+	restored          []cache.Layer
+	restoreUnrecorded bool
 	// sessionStarted is when the session was there: the workflow's
 	// timeout counts from it, not from a wait for a node.
 	sessionStarted time.Time
@@ -231,6 +237,7 @@ func (r *runState) releaseUnstarted(err error) {
 // that whatever ends the run here also stops it.
 func (r *runState) adopt(ctx context.Context, h Handover) {
 	grantErr := r.grantSecrets()
+	r.restoreUnrecorded = !h.CachesClean
 	r.openLog(false)
 	resumer, ok := r.eng.cfg.Executor.(executor.Resumer)
 	if !ok {
@@ -510,6 +517,7 @@ func (r *runState) handOver(sess executor.Session, h Handover) {
 	h.Session = sess.Ref()
 	h.StartedAt, h.SessionStartedAt = r.res.StartedAt, r.sessionStarted
 	h.Steps = append([]StepResult(nil), r.res.Steps...)
+	h.CachesClean = r.cachesClean(false)
 	r.res.Status, r.res.Handover = Detached, &h
 	if h.Started {
 		r.logf("knotless-run: runner stopping: step %d/%d goes on, handed over to the next runner process", h.Step+1, len(r.req.Workflow.Steps))

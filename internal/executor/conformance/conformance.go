@@ -57,6 +57,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("session steps", func(t *testing.T) { t.Parallel(); testSessionSteps(t, h) })
 	t.Run("bounds", func(t *testing.T) { t.Parallel(); testBounds(t, h) })
 	t.Run("caches", func(t *testing.T) { t.Parallel(); testCaches(t, h) })
+	t.Run("cache taint", func(t *testing.T) { t.Parallel(); testCacheTaint(t, h) })
 }
 
 func engine(t *testing.T, h Harness) *run.Engine {
@@ -532,4 +533,62 @@ func testCaches(t *testing.T, h Harness) {
 	if stored > 1<<20 {
 		t.Errorf("the store holds %d bytes after a refused hostile save", stored)
 	}
+}
+
+// testCacheTaint: a file a secret-bearing push left in its cache
+// reaches no pull, even through a later push granted no secret that
+// saves the cache on (taint follows lineage): that push starts from the
+// clean lineage, and the pull after it sees that push's file only.
+func testCacheTaint(t *testing.T, h Harness) {
+	dir := h.CachePath
+	if dir == "" {
+		dir = "/cache"
+	}
+	store, err := cache.Open(cache.Config{Dir: t.TempDir(), MaxBytes: 1 << 20})
+	must(t, err)
+	eng := run.New(run.Config{Executor: h.New(t), DefaultImage: h.Image, Runner: "did:plc:conformance", CleanupTimeout: time.Minute, Caches: store})
+	scope := run.CacheScope{Repo: "conformance-" + runID(t)}
+	secret := "taint-" + runID(t) + "-value"
+	show := "if [ -f $C/token ]; then echo \"token file: $(cat $C/token)\"; else echo \"no token file\"; fi\n" +
+		"if [ -f $C/who ]; then echo \"seen: $(cat $C/who)\"; fi"
+	runOnce := func(order string, trusted bool, grant, script string) string {
+		t.Helper()
+		scope.Order = order
+		src := "on: [push, pull]\ncache: [" + dir + "]\n"
+		step := "  - name: use\n"
+		if grant != "" {
+			src += "secrets: [" + grant + "]\n"
+			step += "    secrets: [" + grant + "]\n"
+		}
+		body := strings.ReplaceAll(strings.ReplaceAll(show+"\n"+script, "$C", dir), "\n", "\n      ")
+		src += "steps:\n" + step + "    run: |\n      " + body + "\n"
+		res := eng.Run(context.Background(), run.Request{RunID: runID(t), Workflow: parse(t, src), Checkout: t.TempDir(),
+			Trusted: trusted, Secrets: map[string]string{"TOKEN": secret}, Cache: scope})
+		if res.Status != run.Success {
+			t.Fatalf("status %s (%s), log:\n%s", res.Status, res.Error, res.Log)
+		}
+		return string(res.Log)
+	}
+	expect := func(what, log string, want, notWant []string) {
+		t.Helper()
+		for _, s := range want {
+			if !strings.Contains(log, s) {
+				t.Errorf("%s: log lacks %q:\n%s", what, s, log)
+			}
+		}
+		for _, s := range notWant {
+			if strings.Contains(log, s) {
+				t.Errorf("%s: log has %q:\n%s", what, s, log)
+			}
+		}
+	}
+
+	log := runOnce("1", true, "TOKEN", "printf %s \"$TOKEN\" > $C/token\necho secret-push > $C/who")
+	expect("secret-bearing push", log, []string{"cache " + dir + ": saved", "tainted"}, nil)
+	log = runOnce("2", true, "", "echo plain-push > $C/who")
+	expect("push granted no secret", log, []string{"no token file", "cache " + dir + ": saved"}, []string{"token file:", secret, "seen: secret-push"})
+	log = runOnce("", false, "", "")
+	expect("pull", log, []string{"no token file", "seen: plain-push"}, []string{"token file:", secret, "seen: secret-push"})
+	log = runOnce("3", true, "TOKEN", "")
+	expect("secret-bearing push after them", log, []string{"seen: plain-push"}, nil)
 }
