@@ -28,8 +28,6 @@ func decodeRecord(t *testing.T, collection, stdout string, v any) {
 	}
 }
 
-var ignoreCreated = cmpopts.IgnoreFields(struct{ CreatedAt string }{}, "CreatedAt")
-
 func TestCancelPrintsTheRecord(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
