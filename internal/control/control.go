@@ -12,6 +12,7 @@ package control
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
@@ -83,10 +84,16 @@ type Refused struct {
 }
 
 func (e *Refused) Error() string {
-	if e.Actor == "" {
-		return fmt.Sprintf("%s %s refused: %s", e.Action, e.Record, e.Reason)
+	var b strings.Builder
+	b.WriteString(string(e.Action))
+	if e.Record != "" {
+		b.WriteString(" " + e.Record)
 	}
-	return fmt.Sprintf("%s %s by %s refused: %s", e.Action, e.Record, e.Actor, e.Reason)
+	if e.Actor != "" {
+		b.WriteString(" by " + e.Actor)
+	}
+	b.WriteString(" refused: " + e.Reason)
+	return b.String()
 }
 
 // record is a run-control record's URI, read: its actor (authority) and
@@ -133,8 +140,7 @@ func readRecord(a Action, uri string) (record, error) {
 // refused. A dispatch passes a subject with only Repo. The error is a
 // *Refused naming the rule.
 func May(actor string, a Action, s forge.Subject) error {
-	r := record{action: a, actor: actor, uri: "(" + string(a) + ")"}
-	return r.may(s)
+	return record{action: a, actor: actor}.may(s)
 }
 
 func (r record) may(s forge.Subject) error {

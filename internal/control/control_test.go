@@ -165,3 +165,12 @@ func TestVerdictString(t *testing.T) {
 		t.Error(diff)
 	}
 }
+
+func TestRefusedError(t *testing.T) {
+	t.Parallel()
+	err := May(stranger, Dispatch, forge.Subject{Repo: repo})
+	want := "dispatch by " + stranger + " refused: only the repository's owner (" + owner + ") dispatches its workflows"
+	if err == nil || err.Error() != want {
+		t.Errorf("error %v, want %q", err, want)
+	}
+}
