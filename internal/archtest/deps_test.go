@@ -169,3 +169,36 @@ func importChain(graph map[string][]string, p string, bad func(string) bool) []s
 	}
 	return nil
 }
+
+// decisions are the pure decision cores of the records (the merge
+// queue's, run control's): their callers do the I/O, so they import no
+// executor client and nothing of the daemon, the intake or the CLI.
+// They read records, so atproto types are theirs to use.
+var decisions = []string{
+	module + "internal/mergequeue",
+	module + "internal/control",
+}
+
+func TestDecisionCoresImportNoIO(t *testing.T) {
+	t.Parallel()
+	graph := importGraph(t, decisions...)
+	above := []string{module + "internal/cli", module + "internal/daemon", module + "internal/ingest", module + "internal/mirror", module + "internal/state"}
+	for _, p := range decisions {
+		for _, o := range outside {
+			if o.what == "atproto (indigo)" {
+				continue
+			}
+			isOutside := func(dep string) bool {
+				return slices.ContainsFunc(o.prefixes, func(prefix string) bool { return strings.HasPrefix(dep, prefix) })
+			}
+			if chain := importChain(graph, p, isOutside); chain != nil {
+				t.Errorf("%s imports %s, but a decision core uses no %s: %s", p, chain[len(chain)-1], o.what, strings.Join(chain, " -> "))
+			}
+		}
+		for _, up := range above {
+			if chain := importChain(graph, p, func(dep string) bool { return dep == up || strings.HasPrefix(dep, up+"/") }); chain != nil {
+				t.Errorf("%s imports %s, which does the I/O it leaves to its caller: %s", p, up, strings.Join(chain, " -> "))
+			}
+		}
+	}
+}

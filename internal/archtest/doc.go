@@ -2,7 +2,9 @@
 // core (workflow, run, the executor contract and the small packages under
 // them) imports no Kubernetes, atproto or Docker client, the conformance
 // table imports nothing above the engine (CLI, daemon and its state and
-// checks), no executor it is run against and no client, and every
+// checks), no executor it is run against and no client, the decision
+// cores (merge queue, run control) import no executor client and
+// nothing of the daemon, intake or CLI, and every
 // package says what it is for in a doc comment. It has no code of its
 // own.
 package archtest

@@ -45,6 +45,9 @@ type CLI struct {
 
 	Serve      ServeCmd      `cmd:"" default:"withargs" help:"The runner daemon (the default command): watch the repositories that name this runner and run their workflows."`
 	Secret     SecretCmd     `cmd:"" help:"Seal secrets to a runner."`
+	Cancel     CancelCmd     `cmd:"" help:"Print the dev.knotless.cancel record that stops a queued or running check."`
+	Rerun      RerunCmd      `cmd:"" help:"Print the dev.knotless.rerun record that runs a check's event again: every workflow, one, or the failed ones."`
+	Dispatch   DispatchCmd   `cmd:"" help:"Print the dev.knotless.dispatch record that runs an on: dispatch workflow on a branch, with inputs."`
 	Run        RunCmd        `cmd:"" help:"Run one workflow now, without the daemon."`
 	Cache      CacheCmd      `cmd:"" help:"Show and clear the store of workflow caches."`
 	Validate   ValidateCmd   `cmd:"" help:"Check workflow files and print every error with file:line:column."`

@@ -41,3 +41,19 @@ func TestValidateWarnsOfFieldsNotActedOn(t *testing.T) {
 		})
 	}
 }
+
+// TestValidateDispatchAndSchedule: validate takes on: dispatch with
+// inputs and on: schedule, and names the file, line and column of a bad
+// cron expression.
+func TestValidateDispatchAndSchedule(t *testing.T) {
+	t.Parallel()
+	r := runCLI(t, nil, "validate", "testdata/control/deploy.yaml")
+	if r.code != ExitSuccess || !strings.Contains(r.stdout, "testdata/control/deploy.yaml: ok") {
+		t.Errorf("deploy.yaml: exit %d, want 0\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, nil, "validate", "testdata/control/badcron.yaml")
+	want := `testdata/control/badcron.yaml:3:13: on.schedule[0].cron: bad cron expression "0 25 * * *": end of range (25) above maximum (23): 25`
+	if r.code != ExitFailure || !strings.Contains(r.stdout, want) {
+		t.Errorf("badcron.yaml: exit %d, want 1 and %q\nstdout:\n%s\nstderr:\n%s", r.code, want, r.stdout, r.stderr)
+	}
+}

@@ -5,11 +5,10 @@
 package forge
 
 import (
-	"crypto/sha256"
-	"encoding/base32"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -116,8 +115,18 @@ type Check struct {
 	Log        *atdata.Blob `json:"log,omitempty"`
 	Outputs    []Output     `json:"outputs,omitempty"`
 	Error      string       `json:"error,omitempty"`
-	CreatedAt  string       `json:"createdAt"`
+	// Attempt is which run of the work this is: 0 or 1 for the first,
+	// n for the (n-1)th re-run (AttemptKey).
+	Attempt int64 `json:"attempt,omitempty"`
+	// Cause is the rerun or dispatch record that made the check.
+	Cause string `json:"cause,omitempty"`
+	// CancelledBy is the cancel record that stopped the run.
+	CancelledBy string `json:"cancelledBy,omitempty"`
+	CreatedAt   string `json:"createdAt"`
 }
+
+// AttemptNumber is the check's attempt, 1 for a check that names none.
+func (c *Check) AttemptNumber() int64 { return max(c.Attempt, 1) }
 
 // Final reports whether the check's status is a final one.
 func (c *Check) Final() bool {
@@ -131,6 +140,9 @@ type Subject struct {
 	Ref    string `json:"ref,omitempty"`
 	Event  string `json:"event"`
 	Kind   string `json:"kind"`
+	// Tick is a schedule's tick (kind schedule), as control.TickID
+	// writes it.
+	Tick string `json:"tick,omitempty"`
 }
 
 // CheckStep is one step's outcome.
@@ -160,16 +172,40 @@ type Secret struct {
 	CreatedAt string       `json:"createdAt"`
 }
 
-// CheckKey is the record key of the check for workflow on the subject's
-// kind, event and commit: the same work always has the same key, so a
+// CheckKey is the record key of the first attempt of the check for
+// workflow on the subject: the same work always has the same key, so a
 // restarted runner updates its check instead of writing a second one.
-// The kind is part of it so that a pull (untrusted) never shares a
-// push's key, whatever its event URI: the first 16 bytes of
+//
+// For a push, pull or batch it is the first 16 bytes of
 // sha256(kind "\n" event "\n" commit "\n" workflow), unpadded base32,
-// lower case: 26 characters.
+// lower case: 26 characters. The kind is part of it so that a pull
+// (untrusted) never shares a push's key, whatever its event URI.
+//
+// A dispatch runs once per record, whatever its ref's head is when it is
+// read: sha256("dispatch" "\n" event "\n" workflow). A schedule runs
+// once per tick, whatever the default branch's head is:
+// sha256("schedule" "\n" repo "\n" tick "\n" workflow). Same encoding.
 func CheckKey(s Subject, workflow string) string {
-	h := sha256.Sum256([]byte(s.Kind + "\n" + s.Event + "\n" + s.Commit + "\n" + workflow))
-	return strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(h[:16]))
+	switch s.Kind {
+	case KindDispatch:
+		return key(KindDispatch + "\n" + s.Event + "\n" + workflow)
+	case KindSchedule:
+		return key(KindSchedule + "\n" + s.Repo + "\n" + s.Tick + "\n" + workflow)
+	}
+	return key(s.Kind + "\n" + s.Event + "\n" + s.Commit + "\n" + workflow)
+}
+
+// AttemptKey is the record key of the given attempt of the check for
+// workflow on the subject: CheckKey for the first (attempt 1, or less),
+// else the first 16 bytes of sha256("attempt" "\n" CheckKey "\n"
+// attempt), attempt in decimal, same encoding. A re-run is a check of its
+// own, and the first attempt keeps the key it always had.
+func AttemptKey(s Subject, workflow string, attempt int64) string {
+	first := CheckKey(s, workflow)
+	if attempt <= 1 {
+		return first
+	}
+	return key("attempt\n" + first + "\n" + strconv.FormatInt(attempt, 10))
 }
 
 // Now formats t as an atproto datetime.

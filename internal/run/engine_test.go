@@ -361,3 +361,71 @@ func TestValidImageGlob(t *testing.T) {
 		t.Error("a malformed glob was accepted")
 	}
 }
+
+// Run variables (a re-run's env, a dispatch's inputs) reach every step's
+// payload after the workflow's env, are not masked, and a refused one
+// ends the run error, naming it, before any session starts.
+func TestEngineRunVars(t *testing.T) {
+	t.Parallel()
+	wf := &workflow.Workflow{Name: "ci", Secrets: []string{"TOKEN"}, Env: []workflow.EnvVar{{Name: "MODE", Value: "fast"}, {Name: "KEEP", Value: "k"}},
+		Steps: []workflow.Step{{Name: "a", Run: "x"}, {Name: "b", Run: "y"}}}
+	vars := []workflow.EnvVar{{Name: "MODE", Value: "slow"}, {Name: "DEBUG", Value: "it's 1"}}
+
+	t.Run("every step gets them", func(t *testing.T) {
+		t.Parallel()
+		ex := &fakeexec.Executor{Script: func(string, string) fakeexec.Step { return fakeexec.Step{Output: "DEBUG=it's 1\n"} }}
+		res := run.New(run.Config{Executor: ex}).Run(t.Context(), run.Request{RunID: "r", Workflow: wf, Checkout: t.TempDir(), Vars: vars})
+		if res.Status != run.Success {
+			t.Fatalf("status %s: %s", res.Status, res.Error)
+		}
+		for _, step := range []string{"1", "2"} {
+			p, _ := ex.Session("r").Payload(step)
+			for _, want := range []string{"export DEBUG='it'\\''s 1'\n", "export MODE='slow'\n", "export KEEP='k'\n"} {
+				if !strings.Contains(string(p), want) {
+					t.Errorf("step %s's payload lacks %q:\n%s", step, want, p)
+				}
+			}
+			if strings.Contains(string(p), "fast") {
+				t.Errorf("step %s's payload keeps the workflow's MODE beside the run's:\n%s", step, p)
+			}
+		}
+		if !strings.Contains(string(res.Log), "DEBUG=it's 1") {
+			t.Errorf("a run variable is masked in the log:\n%s", res.Log)
+		}
+	})
+	for _, tc := range []struct {
+		name    string
+		vars    []workflow.EnvVar
+		trusted bool
+		want    string
+	}{
+		{"a reserved name", []workflow.EnvVar{{Name: "KNOTLESS_RUN_WORK", Value: "/"}}, true, `run variable "KNOTLESS_RUN_WORK": KNOTLESS_ is reserved for the runner's variables`},
+		{"a granted secret's name", []workflow.EnvVar{{Name: "TOKEN", Value: "mine"}}, true, `run variable "TOKEN": the workflow grants a secret of that name`},
+		{"a granted secret's name, untrusted", []workflow.EnvVar{{Name: "TOKEN", Value: "mine"}}, false, `run variable "TOKEN": the workflow grants a secret of that name`},
+		{"not a shell name", []workflow.EnvVar{{Name: "A B", Value: "x"}}, false, `run variable "A B": not a shell variable name`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ex := &fakeexec.Executor{}
+			res := run.New(run.Config{Executor: ex}).Run(t.Context(), run.Request{RunID: "r", Workflow: wf, Checkout: t.TempDir(),
+				Trusted: tc.trusted, Secrets: map[string]string{"TOKEN": "hunter2"}, Vars: tc.vars})
+			if res.Status != run.Error || !strings.Contains(res.Error, tc.want) {
+				t.Errorf("status %s, error %q; want error with %q", res.Status, res.Error, tc.want)
+			}
+			if ex.Session("r") != nil {
+				t.Error("a session was started for a run with a refused variable")
+			}
+		})
+	}
+	t.Run("dry run", func(t *testing.T) {
+		t.Parallel()
+		eng := run.New(run.Config{Executor: &fakeexec.Executor{}})
+		payloads, err := eng.DryRun(run.Request{RunID: "r", Workflow: wf, Vars: vars}, executor.PodDirs())
+		if err != nil || len(payloads) != 2 || !strings.Contains(payloads[1], "export DEBUG=") {
+			t.Errorf("payloads %q, %v: want two, with DEBUG", payloads, err)
+		}
+		if _, err := eng.DryRun(run.Request{RunID: "r", Workflow: wf, Vars: []workflow.EnvVar{{Name: "TOKEN"}}}, executor.PodDirs()); err == nil {
+			t.Error("a dry run with a refused variable did not fail")
+		}
+	})
+}

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -75,6 +76,14 @@ type Request struct {
 	// Secrets holds the values this runner has, by name; the workflow
 	// and its steps decide which are granted.
 	Secrets map[string]string
+	// Vars are run variables given from outside the workflow file (a
+	// re-run's env, a dispatch's inputs): every step gets them in its
+	// environment through the payload, after the workflow's env (a name
+	// in both takes this value). They are not secret and not masked.
+	// Checked by workflow.CheckRunVars against the secrets the workflow
+	// grants: a refused one ends the run error, naming it, before any
+	// session starts.
+	Vars []workflow.EnvVar
 	// Trusted runs (pushes by the owner) get secrets; untrusted ones
 	// (pulls, batches from others) never do.
 	Trusted bool
@@ -295,9 +304,13 @@ func (r *runState) runContext(ctx context.Context) (context.Context, context.Can
 
 // grantSecrets decides which secret values the run gets: none for an
 // untrusted run, else each name the workflow grants, which must have a
-// value.
+// value. It first checks the run variables, which stand beside them in
+// every payload.
 func (r *runState) grantSecrets() error {
 	r.granted = map[string]string{}
+	if err := workflow.CheckRunVars(r.req.Vars, r.req.Workflow.Secrets); err != nil {
+		return err
+	}
 	if !r.req.Trusted {
 		return nil
 	}
@@ -605,8 +618,9 @@ func (r *runState) followContext(stepCtx context.Context, sess executor.Session)
 	return ctx, func() { cancel(); <-watcher }
 }
 
-// payload builds the text that starts step i: the run's variables, the
-// step's granted secrets, and its script.
+// payload builds the text that starts step i: the runner's variables,
+// the workflow's env and the run's variables, the step's granted
+// secrets, and its script.
 func (r *runState) payload(dirs executor.Dirs, i int) (string, error) {
 	s := r.req.Workflow.Steps[i]
 	env := []payload.Var{
@@ -618,8 +632,13 @@ func (r *runState) payload(dirs executor.Dirs, i int) (string, error) {
 		{Name: executor.EnvStep, Value: s.Name},
 		{Name: "CI", Value: "true"},
 	}
-	for _, v := range r.req.Workflow.Env {
-		env = append(env, payload.Var{Name: v.Name, Value: v.Value})
+	// The workflow's env, then the run's variables: a run variable of
+	// the same name takes the place of the workflow's.
+	for _, vars := range [][]workflow.EnvVar{r.req.Workflow.Env, r.req.Vars} {
+		for _, v := range vars {
+			env = slices.DeleteFunc(env, func(e payload.Var) bool { return e.Name == v.Name })
+			env = append(env, payload.Var{Name: v.Name, Value: v.Value})
+		}
 	}
 	var secrets []payload.Var
 	for _, name := range s.Secrets {

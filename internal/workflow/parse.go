@@ -119,21 +119,9 @@ func (d *decoder) warnAt(tk *token.Token, field, format string, args ...any) {
 
 func (d *decoder) workflow(n ast.Node, w *Workflow) {
 	var stepsNode ast.Node
+	var inputTokens []*token.Token
 	d.mapping(n, "workflow", map[string]func(string, ast.Node){
-		"on": func(k string, v ast.Node) {
-			events := d.strings(k, v)
-			if len(events) == 0 {
-				d.warnAt(v.GetToken(), "on", "on: no events: this workflow never runs")
-			}
-			for _, s := range events {
-				switch t := Trigger(s.value); t {
-				case Push, Pull, Batch:
-					w.On = append(w.On, t)
-				default:
-					d.errorAt(s.tk, "on: unknown event %q (want push, pull or batch)", s.value)
-				}
-			}
-		},
+		"on": func(k string, v ast.Node) { inputTokens = d.on(v, w) },
 		"branches": func(k string, v ast.Node) {
 			for _, s := range d.strings(k, v) {
 				if _, err := path.Match(s.value, ""); err != nil {
@@ -197,6 +185,13 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 		},
 		"steps": func(k string, v ast.Node) { stepsNode = v },
 	}, "on", "steps")
+	// An input reaches the steps as a variable of its name: a granted
+	// secret's name would be shadowed by it.
+	for i, in := range w.Inputs {
+		if slices.Contains(w.Secrets, in.Name) {
+			d.errorAt(inputTokens[i], "on.dispatch.inputs: %q is a secret the workflow grants; an input of that name would stand beside it", in.Name)
+		}
+	}
 	if stepsNode != nil {
 		d.steps(stepsNode, w)
 	}

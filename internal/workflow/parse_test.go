@@ -2,6 +2,7 @@ package workflow
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -76,7 +77,7 @@ func TestParseErrorsHavePositions(t *testing.T) {
 			`w.yaml:5:14: timeout: want a positive duration like 90s or 10m, got "5"`,
 		}},
 		{"several at once", "on: deploy\nsteps:\n  - name: a\n    run: x\n    secrets: [TOKEN]\n  - name: a\n    run: y\n    uses: z\n", []string{
-			`w.yaml:1:5: on: unknown event "deploy" (want push, pull or batch)`,
+			`w.yaml:1:5: on: unknown event "deploy" (want push, pull, batch, dispatch or schedule)`,
 			`w.yaml:5:14: steps[0].secrets: "TOKEN" is not granted by the workflow's secrets`,
 			`w.yaml:6:5: steps[1]: run and uses exclude each other`,
 			`w.yaml:6:11: steps[1].name: "a" is used by an earlier step`,
@@ -142,10 +143,27 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("on: push\nsteps:\n  - run: echo hi\n"))
 	f.Add([]byte("on: [push, pull]\nenv: {A: 1}\nsecrets: [T]\nsteps: [{name: a, run: x, secrets: [T]}]\n"))
 	f.Add([]byte("a: &x {b: 1}\nc: *x\n"))
+	f.Add([]byte("on:\n  push:\n  dispatch:\n    inputs:\n      target: {type: choice, options: [a, b], default: a}\n      dry: {type: boolean, required: true}\n      note:\n  schedule:\n    - cron: '0 3 * * 1-5'\n    - cron: '@daily'\nsteps: [{run: x}]\n"))
+	f.Add([]byte("on: {schedule: [{cron: '61 * * * *'}, {cron: '@every 1h'}], dispatch: {inputs: {KNOTLESS_X: {type: number}}}}\nsteps: [{run: x}]\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		w, err := Parse("f.yaml", data)
-		if err == nil && (w == nil || len(w.Steps) == 0 || len(w.On) == 0) {
-			t.Fatalf("valid workflow without steps or events: %+v", w)
+		if err == nil && (w == nil || len(w.Steps) == 0 || (len(w.On) == 0 && len(w.Warnings) == 0)) {
+			t.Fatalf("valid workflow without steps, or without events and not warned of it: %+v", w)
+		}
+		if err == nil {
+			// A schedule has its crons, every one of which parses; inputs
+			// come only with dispatch.
+			if slices.Contains(w.On, Schedule) != (len(w.Schedule) > 0) {
+				t.Fatalf("on %v with schedule %v", w.On, w.Schedule)
+			}
+			for _, c := range w.Schedule {
+				if _, err := ParseCron(c.Spec); err != nil {
+					t.Fatalf("valid workflow with a bad cron %q: %v", c.Spec, err)
+				}
+			}
+			if len(w.Inputs) > 0 && !slices.Contains(w.On, Dispatch) {
+				t.Fatalf("inputs %v without on: dispatch", w.Inputs)
+			}
 		}
 		var errs Errors
 		if err != nil && (!errors.As(err, &errs) || len(errs) == 0) {
@@ -187,6 +205,154 @@ func TestParseWarnsOfFieldsNotActedOn(t *testing.T) {
 			}
 			if w.NeverRuns() != tt.neverRuns {
 				t.Errorf("NeverRuns() = %v, want %v", w.NeverRuns(), tt.neverRuns)
+			}
+		})
+	}
+}
+
+// TestParseDispatchAndSchedule: on as a mapping of events to their
+// settings, with typed dispatch inputs and cron entries.
+func TestParseDispatchAndSchedule(t *testing.T) {
+	t.Parallel()
+	src := `on:
+  push:
+  dispatch:
+    inputs:
+      target:
+        type: choice
+        description: where to deploy
+        options: [staging, production]
+        default: staging
+      dry_run: {type: boolean, default: true}
+      note: {required: true}
+      extra:
+  schedule:
+    - cron: "0 3 * * 1-5"
+    - cron: "@daily"
+steps:
+  - run: x
+`
+	got, err := Parse("d.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	str := func(s string) *string { return &s }
+	want := &Workflow{
+		Name: "d", File: "d.yaml", Superseded: "cancel",
+		On: []Trigger{Push, Dispatch, Schedule},
+		Inputs: []Input{
+			{Name: "target", Type: InputChoice, Description: "where to deploy", Options: []string{"staging", "production"}, Default: str("staging"), Line: 5},
+			{Name: "dry_run", Type: InputBoolean, Default: str("true"), Line: 10},
+			{Name: "note", Type: InputString, Required: true, Line: 11},
+			{Name: "extra", Type: InputString, Line: 12},
+		},
+		Schedule: []Cron{{Spec: "0 3 * * 1-5", Line: 14}, {Spec: "@daily", Line: 15}},
+		Steps:    []Step{{Name: "step 1", Run: "x", Line: 17}},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Parse (-want +got):\n%s", diff)
+	}
+	if !got.Matches(Dispatch, "main") || !got.Matches(Schedule, "main") || got.Matches(Pull, "main") {
+		t.Errorf("Matches: dispatch %v, schedule %v, pull %v; want true, true, false",
+			got.Matches(Dispatch, "main"), got.Matches(Schedule, "main"), got.Matches(Pull, "main"))
+	}
+
+	// The list form takes dispatch (no inputs) beside the other events.
+	w, err := Parse("l.yaml", []byte("on: [push, dispatch]\nsteps: [{run: x}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]Trigger{Push, Dispatch}, w.On); diff != "" {
+		t.Errorf("list form (-want +got):\n%s", diff)
+	}
+}
+
+// TestParseDispatchAndScheduleErrors: each mistake in on's mapping form
+// is an error naming the file, line and column.
+func TestParseDispatchAndScheduleErrors(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		src  string
+		want []string
+	}{
+		{"bad cron", "on:\n  schedule:\n    - cron: '61 * * * *'\nsteps: [{run: x}]\n", []string{
+			`w.yaml:3:13: on.schedule[0].cron: bad cron expression "61 * * * *": end of range (61) above maximum (59): 61`,
+		}},
+		{"six fields", "on:\n  schedule:\n    - cron: '0 0 3 * * *'\nsteps: [{run: x}]\n", []string{
+			`w.yaml:3:13: on.schedule[0].cron: bad cron expression "0 0 3 * * *": expected exactly 5 fields, found 6: [0 0 3 * * *]`,
+		}},
+		{"@every", "on:\n  schedule:\n    - cron: '@every 1h'\nsteps: [{run: x}]\n", []string{
+			`w.yaml:3:13: on.schedule[0].cron: bad cron expression "@every 1h": @every is not a schedule of fixed ticks; write the minutes and hours it runs at`,
+		}},
+		{"time zone", "on:\n  schedule:\n    - cron: 'TZ=Europe/Paris 0 3 * * *'\nsteps: [{run: x}]\n", []string{
+			`w.yaml:3:13: on.schedule[0].cron: bad cron expression "TZ=Europe/Paris 0 3 * * *": a time zone is not supported; schedules are in UTC`,
+		}},
+		{"schedule without crons", "on: [push, schedule]\nsteps: [{run: x}]\n", []string{
+			`w.yaml:1:12: on: schedule needs its cron entries: on: {schedule: [{cron: "0 3 * * *"}]}`,
+		}},
+		{"empty schedule", "on:\n  schedule: []\nsteps: [{run: x}]\n", []string{
+			`w.yaml:2:13: on.schedule: want a list of at least one {cron: "…"}, got a list`,
+		}},
+		{"schedule entry without cron", "on:\n  schedule:\n    - {at: 3}\nsteps: [{run: x}]\n", []string{
+			`w.yaml:3:8: on.schedule[0]: unknown field "at" (known: cron)`,
+			`w.yaml:3:8: on.schedule[0]: missing field "cron"`,
+		}},
+		{"push with settings", "on:\n  push: {branches: [main]}\nsteps: [{run: x}]\n", []string{
+			`w.yaml:2:9: on.push: takes no settings, got a mapping (the branches a workflow runs for are its branches field)`,
+		}},
+		{"unknown event in the mapping", "on:\n  deploy:\nsteps: [{run: x}]\n", []string{
+			`w.yaml:2:3: on: unknown event "deploy" (want push, pull, batch, dispatch or schedule)`,
+		}},
+		{"event twice", "on: [push, push]\nsteps: [{run: x}]\n", []string{
+			`w.yaml:1:12: on: push is named twice`,
+		}},
+		{"inputs", `on:
+  dispatch:
+    inputs:
+      env: {type: choice}
+      level: {type: choice, options: [a, b, a], default: c}
+      dry: {type: boolean, default: maybe}
+      must: {required: true, default: x}
+      n: {type: number, options: [1]}
+      KNOTLESS_X:
+      TOKEN:
+      s: {type: string, options: [x], required: yes}
+secrets: [TOKEN]
+steps: [{run: x}]
+`, []string{
+			`w.yaml:4:7: on.dispatch.inputs.env: a choice needs options`,
+			`w.yaml:5:45: on.dispatch.inputs.level.options: "a" is listed twice`,
+			`w.yaml:5:58: on.dispatch.inputs.level.default: "c" is not one of the options (a, b, a)`,
+			`w.yaml:6:37: on.dispatch.inputs.dry.default: want true or false, got "maybe"`,
+			`w.yaml:7:24: on.dispatch.inputs.must: required and default exclude each other (a required input is always given)`,
+			`w.yaml:8:17: on.dispatch.inputs.n.type: want string, boolean or choice, got "number"`,
+			`w.yaml:9:7: on.dispatch.inputs: "KNOTLESS_X" is not a usable variable name (letters, digits, _; KNOTLESS_ is reserved)`,
+			`w.yaml:11:49: on.dispatch.inputs.s.required: want true or false, got "yes"`,
+			`w.yaml:11:34: on.dispatch.inputs.s.options: only a choice has options`,
+			`w.yaml:10:7: on.dispatch.inputs: "TOKEN" is a secret the workflow grants; an input of that name would stand beside it`,
+		}},
+		{"inputs not a mapping", "on:\n  dispatch:\n    inputs: [a]\nsteps: [{run: x}]\n", []string{
+			`w.yaml:3:13: on.dispatch.inputs: want a mapping of name to input, got a list`,
+		}},
+		{"dispatch unknown setting", "on:\n  dispatch: {ref: main}\nsteps: [{run: x}]\n", []string{
+			`w.yaml:2:14: on.dispatch: unknown field "ref" (known: inputs)`,
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := Parse("w.yaml", []byte(tt.src))
+			var errs Errors
+			if !errors.As(err, &errs) {
+				t.Fatalf("Parse error = %v, want Errors", err)
+			}
+			var got []string
+			for _, e := range errs {
+				got = append(got, e.Error())
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("errors (-want +got):\n%s", diff)
 			}
 		})
 	}

@@ -24,6 +24,12 @@ const (
 	Push  Trigger = "push"
 	Pull  Trigger = "pull"
 	Batch Trigger = "batch"
+	// Dispatch runs when the owner writes a dispatch record for a ref,
+	// with the Inputs it declares.
+	Dispatch Trigger = "dispatch"
+	// Schedule runs on the default branch's head at the ticks of the
+	// Schedule's cron expressions.
+	Schedule Trigger = "schedule"
 )
 
 // Workflow is one validated workflow file.
@@ -42,6 +48,11 @@ type Workflow struct {
 	Superseded string // "cancel" (the default) or "finish"
 	Resources  Resources
 	Steps      []Step
+	// Inputs are what a dispatch of the workflow may give (on: dispatch),
+	// in file order.
+	Inputs []Input
+	// Schedule are the cron expressions of on: schedule, in file order.
+	Schedule []Cron
 	// Warnings are fields that parse but are not acted on yet, in file
 	// order: validate prints them and the daemon logs them.
 	Warnings []Warning
@@ -66,6 +77,41 @@ func (w *Workflow) NeverRuns() bool { return len(w.On) == 0 }
 // EnvVar is a plain variable, in file order.
 type EnvVar struct {
 	Name, Value string
+}
+
+// InputType is the type of a dispatch input.
+type InputType string
+
+// The types of dispatch inputs.
+const (
+	InputString  InputType = "string"
+	InputBoolean InputType = "boolean" // the value is true or false
+	InputChoice  InputType = "choice"  // the value is one of Options
+)
+
+// Input is one input a dispatch may give; it reaches the steps as the
+// variable of its name.
+type Input struct {
+	Name        string
+	Type        InputType
+	Description string
+	// Default is the value when a dispatch does not give one; nil for
+	// none (the variable is then unset).
+	Default *string
+	// Required inputs must be given by the dispatch (they have no
+	// default).
+	Required bool
+	// Options are the values a choice takes.
+	Options []string
+	Line    int
+}
+
+// Cron is one schedule entry: a five-field cron expression (minute,
+// hour, day of month, month, day of week) or a descriptor such as
+// @daily, in UTC.
+type Cron struct {
+	Spec string
+	Line int
 }
 
 // Resources are the requests of a run.

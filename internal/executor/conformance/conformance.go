@@ -10,6 +10,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -52,6 +53,7 @@ type Harness struct {
 func Run(t *testing.T, h Harness) {
 	t.Run("status", func(t *testing.T) { t.Parallel(); testStatus(t, h) })
 	t.Run("secrets", func(t *testing.T) { t.Parallel(); testSecrets(t, h) })
+	t.Run("run variables", func(t *testing.T) { t.Parallel(); testRunVars(t, h) })
 	t.Run("transfers", func(t *testing.T) { t.Parallel(); testTransfers(t, h) })
 	t.Run("hostile outputs", func(t *testing.T) { t.Parallel(); testHostileOutputs(t, h) })
 	t.Run("session steps", func(t *testing.T) { t.Parallel(); testSessionSteps(t, h) })
@@ -264,6 +266,65 @@ steps:
 	})
 	if res.Status != run.Success || !strings.Contains(string(res.Log), "secret TOKEN withheld: untrusted run") || !strings.Contains(string(res.Log), "empty") {
 		t.Errorf("untrusted run: %s (%s), log:\n%s", res.Status, res.Error, res.Log)
+	}
+}
+
+// testRunVars: a run variable (a re-run's env, a dispatch's input)
+// reaches every step, over the workflow's env of the same name, and is
+// not masked; like a secret it travels only on the payload: it is in no
+// process's argv, in the environment of no process but the step's own
+// (where a container's or pod's spec env would be), in no file of the
+// session, and not in the session's spec.
+func testRunVars(t *testing.T, h Harness) {
+	probe := "var-" + runID(t) + "-value"
+	src := `on: push
+env: {MODE: from-file}
+steps:
+  - name: first
+    run: |
+      printf 'first=%s\n' "$PROBE_VAR"
+  - name: second
+    run: |
+      printf 'second=%s mode=%s\n' "$PROBE_VAR" "$MODE"
+      for f in /proc/[0-9]*/cmdline; do cat "$f" 2>/dev/null | tr '\0' ' '; echo; done > /tmp/knotless-argv.$$
+      if printf %s "$PROBE_VAR" | grep -qF -f - /tmp/knotless-argv.$$; then echo "VAR IN ARGV"; fi
+      rm -f /tmp/knotless-argv.$$
+      # Every process that is not the step's: a spec's env is theirs.
+      others=0
+      for f in /proc/[0-9]*/environ; do
+        cat "$f" 2>/dev/null | tr '\0' '\n' > /tmp/knotless-env.$$
+        test -s /tmp/knotless-env.$$ || continue
+        if grep -q '^KNOTLESS_RUN_STEP=' /tmp/knotless-env.$$; then continue; fi
+        others=$((others + 1))
+        if printf %s "$PROBE_VAR" | grep -qF -f - /tmp/knotless-env.$$; then echo "VAR IN ANOTHER ENVIRONMENT"; fi
+      done
+      rm -f /tmp/knotless-env.$$
+      echo "environments of other processes read: $others"
+      if printf %s "$PROBE_VAR" | grep -rlsF -f - ` + h.SecretSearch + `; then echo "VAR IN A FILE"; fi
+      echo "search done"
+`
+	eng := engine(t, h)
+	req := run.Request{
+		RunID: runID(t), Workflow: parse(t, src), Checkout: t.TempDir(), Trusted: true,
+		Vars: []workflow.EnvVar{{Name: "PROBE_VAR", Value: probe}, {Name: "MODE", Value: "from-run"}},
+	}
+	if spec := fmt.Sprintf("%+v", eng.SessionSpec(req)); strings.Contains(spec, probe) {
+		t.Errorf("the session's spec holds the run variable: %s", spec)
+	}
+	res := eng.Run(context.Background(), req)
+	log := string(res.Log)
+	if res.Status != run.Success {
+		t.Fatalf("status %s (%s), log:\n%s", res.Status, res.Error, log)
+	}
+	for _, want := range []string{"first=" + probe + "\n", "second=" + probe + " mode=from-run\n", "search done"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("log lacks %q:\n%s", want, log)
+		}
+	}
+	for _, leak := range []string{"VAR IN ARGV", "VAR IN ANOTHER ENVIRONMENT", "VAR IN A FILE", "environments of other processes read: 0\n"} {
+		if strings.Contains(log, leak) {
+			t.Errorf("log contains %q:\n%s", leak, log)
+		}
 	}
 }
 

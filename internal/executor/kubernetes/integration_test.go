@@ -206,8 +206,9 @@ func TestSecretNeverInSpecs(t *testing.T) {
 	assertNothingLeft(t, c)
 }
 
-// The failure matrix: each case ends error or failure with the cause in
-// the result, and leaves nothing in the namespace.
+// The failure matrix: each case ends error, failure or cancelled with
+// the cause in the result, and leaves nothing in the namespace: no Job,
+// no pod, no Secret.
 func TestFailureMatrix(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -215,6 +216,7 @@ func TestFailureMatrix(t *testing.T) {
 		src        string
 		mod        func(*kubernetes.Config)
 		during     func(t *testing.T, c *clustertest.Cluster, runID string)
+		cancel     bool // cancel the run after during, as a cancel record or a newer push does
 		wantStatus run.Status
 		wantError  string
 	}{
@@ -237,20 +239,30 @@ func TestFailureMatrix(t *testing.T) {
 			},
 			wantStatus: run.Error, wantError: "was deleted while the step ran",
 		},
+		{
+			name: "cancelled while a step runs", src: "on: push\nsteps: [{name: long, run: 'echo started; sleep 120'}]\n",
+			during: func(t *testing.T, c *clustertest.Cluster, runID string) { waitForLog(t, c, runID) },
+			cancel: true, wantStatus: run.Cancelled,
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			c := clustertest.Start(t)
 			runID := randomID("fm")
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
 			done := make(chan *run.Result, 1)
 			go func() {
-				done <- engine(newExecutor(t, c, tt.mod), c.Image).Run(context.Background(), run.Request{
+				done <- engine(newExecutor(t, c, tt.mod), c.Image).Run(ctx, run.Request{
 					RunID: runID, Workflow: parse(t, tt.src), Checkout: t.TempDir(), Trusted: true,
 				})
 			}()
 			if tt.during != nil {
 				tt.during(t, c, runID)
+			}
+			if tt.cancel {
+				cancel()
 			}
 			res := <-done
 			if res.Status != tt.wantStatus || !strings.Contains(res.Error, tt.wantError) {
