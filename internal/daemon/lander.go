@@ -134,18 +134,19 @@ func (d *Daemon) landRepo(ctx context.Context, repo forge.Record[forge.Repo], lo
 		}
 	}
 
-	in := mergequeue.Input{Repo: uri, Pulls: map[string]mergequeue.Pull{}, Preflights: map[mergequeue.PullCommit]mergequeue.Preflight{},
-		NeedPreflight: true, Done: done}
+	self := d.cfg.Runner.String()
+	in := mergequeue.Input{Repo: uri, Lander: self, MayLand: mergequeue.MayPush(&repo.Value, self),
+		Pulls: map[string]mergequeue.Pull{}, Preflights: map[mergequeue.PullCommit]mergequeue.Preflight{}, NeedPreflight: true, Done: done}
 	pulls := map[string]forge.Pull{}
 	for _, e := range entries {
 		v := e.Value
 		if v.Repo != uri {
 			continue
 		}
-		in.Entries = append(in.Entries, mergequeue.Entry{Key: e.URI.RecordKey().String(), Pull: v.Pull, Commit: v.Commit, CreatedAt: v.CreatedAt})
+		in.Entries = append(in.Entries, mergequeue.Entry{Key: e.URI.RecordKey().String(), Pull: v.Pull, Commit: v.Commit, Base: v.Base, CreatedAt: v.CreatedAt})
 		pc := mergequeue.PullCommit{Pull: v.Pull, Commit: v.Commit}
-		if done[pc] {
-			continue
+		if done[pc] || !in.MayLand {
+			continue // !MayLand: Decide ejects it
 		}
 		p, err := d.queue.Pull(ctx, syntax.ATURI(v.Pull))
 		if err != nil {
@@ -156,7 +157,7 @@ func (d *Daemon) landRepo(ctx context.Context, repo forge.Record[forge.Repo], lo
 		}
 		pulls[v.Pull] = p
 		in.Pulls[v.Pull] = mergequeue.Pull{Repo: p.Repo, Base: p.Base, Head: p.Head.Commit, Open: p.State == forge.PullOpen}
-		if p.Repo == uri && p.State == forge.PullOpen && p.Head.Commit == v.Commit {
+		if p.Repo == uri && p.State == forge.PullOpen && p.Head.Commit == v.Commit && v.Base != "" && p.Base == v.Base {
 			pf, err := d.preflight(ctx, preflightEvent(repo, v.Pull, p))
 			if err != nil {
 				log.Warn("pre-flight not judged; tried again at the next reconcile", "pull", v.Pull, "err", err)
@@ -419,6 +420,11 @@ func (d *Daemon) advance(ctx context.Context, repo forge.Record[forge.Repo], b f
 	case mergequeue.Rebuild:
 		return d.void(ctx, b, fmt.Sprintf("the base branch moved from %s to %s before the push; its pulls go back to the queue", v.Base, head), log)
 	}
+	if !mergequeue.MayPush(&repo.Value, d.cfg.Runner.String()) {
+		// The owner took this runner out of landers since the batch was
+		// built: nothing is pushed, and the queue ejects its pulls.
+		return d.void(ctx, b, "this runner is no longer among the repository's landers; its pulls go back to the queue", log)
+	}
 	if err := d.resquash(ctx, m, b); err != nil {
 		return d.void(ctx, b, "cannot build the batch again: "+err.Error(), log)
 	}
@@ -474,7 +480,8 @@ func (d *Daemon) advance(ctx context.Context, repo forge.Record[forge.Repo], b f
 }
 
 // pullsStill says why a batch may not land because one of its pulls is
-// no longer open at its approved commit ("" when all are).
+// no longer open at its approved commit, or targets another base than
+// the batch's ("" when all are as approved).
 func (d *Daemon) pullsStill(ctx context.Context, v forge.Batch) (string, error) {
 	for _, bp := range v.Pulls {
 		p, err := d.queue.Pull(ctx, syntax.ATURI(bp.Pull))
@@ -487,6 +494,8 @@ func (d *Daemon) pullsStill(ctx context.Context, v forge.Batch) (string, error) 
 			return "the pull " + bp.Pull + " is no longer open", nil
 		case p.Head.Commit != bp.Commit:
 			return "the head of the pull " + bp.Pull + " moved from the approved " + bp.Commit, nil
+		case "refs/heads/"+p.Base != v.Ref:
+			return "the base of the pull " + bp.Pull + " changed after queueing, from " + v.Ref + " to " + p.Base, nil
 		}
 	}
 	return "", nil
