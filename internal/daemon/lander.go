@@ -10,6 +10,7 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
+	"knotless.dev/run/internal/checks"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/mergequeue"
@@ -275,19 +276,12 @@ func (d *Daemon) verdict(ev ingest.Event, wfs []*workflow.Workflow) (checksVerdi
 // eject writes the ejection record of a pull leaving the queue.
 func (d *Daemon) eject(ctx context.Context, repo string, ej mergequeue.Ejection, batch string, log *slog.Logger) error {
 	rec := forge.Ejection{Type: forge.CollectionEjection, Repo: repo, Pull: ej.Pull, Commit: ej.Commit, Reason: ej.Reason,
-		Detail: truncate(ej.Detail, 3000), Batch: batch, CreatedAt: forge.Now()}
+		Detail: checks.Truncate(ej.Detail, checks.MaxError), Batch: batch, CreatedAt: forge.Now()}
 	if _, err := d.queue.Put(ctx, forge.CollectionEjection, forge.EjectionKey(ej.Pull, ej.Commit), rec); err != nil {
 		return fmt.Errorf("write ejection: %w", err)
 	}
 	log.Info("pull left the merge queue", "pull", ej.Pull, "commit", ej.Commit, "reason", ej.Reason, "detail", ej.Detail)
 	return nil
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n-3] + "..."
 }
 
 // startBatch squashes the next pulls onto the base, ejects those that do
@@ -441,7 +435,7 @@ func (d *Daemon) advance(ctx context.Context, repo forge.Record[forge.Repo], b f
 	case verdictPending, verdictUnknown:
 		return nil
 	case verdictFailed:
-		v.Status, v.Error = forge.BatchFailed, truncate(detail, 3000)
+		v.Status, v.Error = forge.BatchFailed, checks.Truncate(detail, checks.MaxError)
 		if _, err := d.queue.Put(ctx, forge.CollectionBatch, b.URI.RecordKey().String(), v); err != nil {
 			return fmt.Errorf("write batch: %w", err)
 		}
@@ -532,7 +526,7 @@ func (d *Daemon) resquash(ctx context.Context, m gitRepo, b forge.Record[forge.B
 // void marks a batch rebuilt: its pulls go back to the queue.
 func (d *Daemon) void(ctx context.Context, b forge.Record[forge.Batch], why string, log *slog.Logger) error {
 	v := b.Value
-	v.Status, v.Error = forge.BatchRebuilt, truncate(why, 3000)
+	v.Status, v.Error = forge.BatchRebuilt, checks.Truncate(why, checks.MaxError)
 	if _, err := d.queue.Put(ctx, forge.CollectionBatch, b.URI.RecordKey().String(), v); err != nil {
 		return fmt.Errorf("write batch: %w", err)
 	}

@@ -2,11 +2,13 @@ package daemon_test
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/google/go-cmp/cmp"
@@ -109,12 +111,51 @@ func (m *mqWorld) pull(name, from string, files map[string]string) (syntax.ATURI
 	return m.openPull(m.author, m.fork.Dir, name, head), head
 }
 
-// enqueue is the owner queueing the pull at commit.
+// enqueue is the owner queueing the pull at commit onto main.
 func (m *mqWorld) enqueue(pull syntax.ATURI, commit string) {
 	m.t.Helper()
+	m.enqueueOnto(pull, commit, "main")
+}
+
+// enqueueOnto is the owner queueing the pull at commit onto base ("":
+// an entry of the older form, naming no base).
+func (m *mqWorld) enqueueOnto(pull syntax.ATURI, commit, base string) {
+	m.t.Helper()
 	m.Put(m.Owner, forge.CollectionQueueEntry, "", forge.QueueEntry{
-		Type: forge.CollectionQueueEntry, Repo: m.RepoURI.String(), Pull: pull.String(), Commit: commit, CreatedAt: forge.Now(),
+		Type: forge.CollectionQueueEntry, Repo: m.RepoURI.String(), Pull: pull.String(), Commit: commit, Base: base, CreatedAt: forge.Now(),
 	})
+}
+
+// retarget is the pull's author changing its base branch.
+func (m *mqWorld) retarget(pull syntax.ATURI, branch, head, base string) {
+	m.t.Helper()
+	m.Put(m.author, forge.CollectionPull, pull.RecordKey().String(), forge.Pull{
+		Type: forge.CollectionPull, Repo: m.RepoURI.String(), Base: base,
+		Head:  forge.PullHead{Source: "file://" + m.fork.Dir, Ref: "refs/heads/" + branch, Commit: head},
+		Title: branch, State: forge.PullOpen, CreatedAt: forge.Now(),
+	})
+}
+
+// pushMain commits files on the origin's main (through the source
+// repository) and returns the new head.
+func (m *mqWorld) pushMain(files map[string]string) string {
+	m.t.Helper()
+	m.Src.Git("fetch", "--quiet", m.origin, "main")
+	m.Src.Git("checkout", "--quiet", "main")
+	m.Src.Git("reset", "--quiet", "--hard", "FETCH_HEAD")
+	m.Src.Commit("main", files)
+	m.Src.Git("push", "--quiet", m.origin, "main")
+	return m.head()
+}
+
+// branchHead is the origin's branch, or "" when there is none.
+func (m *mqWorld) branchHead(branch string) string {
+	m.t.Helper()
+	out, err := exec.Command("git", "--git-dir", m.origin, "rev-parse", "--verify", "--quiet", "refs/heads/"+branch).Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
 }
 
 // head is the origin's main.
@@ -346,5 +387,103 @@ func TestMergeQueueTwoRunners(t *testing.T) {
 	}
 	if batchChecks != 1 {
 		t.Errorf("%d batch checks, want 1", batchChecks)
+	}
+}
+
+// TestMergeQueueBaseChangedAfterQueueing: the author retargets a queued
+// pull at another branch after the owner queued it onto main; the lander
+// lands nothing on either branch for it and ejects it (baseChanged). An
+// entry naming no base is ejected too (noBase); the pull queued as
+// approved lands.
+func TestMergeQueueBaseChangedAfterQueueing(t *testing.T) {
+	t.Parallel()
+	m := newMQWorld(t, nil, nil)
+	base := m.head()
+	m.Src.Git("push", "--quiet", m.origin, base+":refs/heads/release")
+	good, cGood := m.pull("good", "", map[string]string{"good.txt": "1\n"})
+	moved, cMoved := m.pull("moved", "", map[string]string{"moved.txt": "1\n"})
+	old, cOld := m.pull("old", "", map[string]string{"old.txt": "1\n"})
+	m.enqueue(good, cGood)
+	m.enqueue(moved, cMoved)
+	m.enqueueOnto(old, cOld, "")
+	// After the owner queued it onto main, the author points it at
+	// release.
+	m.retarget(moved, "moved", cMoved, "release")
+	m.start(m.config())
+
+	m.waitFor("two ejections", 3*time.Minute, func() bool { return len(m.ejections(m.Runner.DID)) >= 2 })
+	m.waitFor("good landed", 2*time.Minute, func() bool { return len(m.subjects(base)) == 1 })
+	ej := m.ejections(m.Runner.DID)
+	if got := ej[moved.String()]; got.Reason != forge.EjectBaseChanged || got.Commit != cMoved ||
+		!strings.Contains(got.Detail, `base changed after queueing: the entry approved "main", the pull now targets "release"`) {
+		t.Errorf("ejection of the retargeted pull: %+v", got)
+	}
+	if got := ej[old.String()]; got.Reason != forge.EjectNoBase || !strings.Contains(got.Detail, "names no base branch") {
+		t.Errorf("ejection of the entry without base: %+v", got)
+	}
+	if diff := cmp.Diff([]string{"good"}, m.subjects(base)); diff != "" {
+		t.Errorf("main's new commits (-want +got):\n%s", diff)
+	}
+	if got := m.branchHead("release"); got != base {
+		t.Errorf("release moved to %s; want it untouched at %s", got, base)
+	}
+	for _, b := range list[forge.Batch](m, m.Runner.DID, forge.CollectionBatch) {
+		for _, p := range b.Value.Pulls {
+			if p.Pull != good.String() {
+				t.Errorf("batch %s took %s", b.URI, p.Pull)
+			}
+		}
+	}
+}
+
+// TestMergeQueueEjectionNamesManyNonASCIIPaths: a pull conflicting with
+// the base on many paths of multi-byte characters is ejected with a
+// detail cut to the lexicon's 3000 bytes at a character, not inside one
+// (which the lexicon refuses, on every reconcile, stopping the queue);
+// the next pull lands.
+func TestMergeQueueEjectionNamesManyNonASCIIPaths(t *testing.T) {
+	t.Parallel()
+	m := newMQWorld(t, nil, nil)
+	const n = 120
+	names := make([]string, n)
+	files := map[string]string{}
+	for i := range names {
+		names[i] = fmt.Sprintf("日本語ファイル-%03d.txt", i)
+		files[names[i]] = "base\n"
+	}
+	// The detail the lander writes, uncut, must be cut inside a
+	// character at 2997 bytes for this test to mean anything.
+	if full := "conflicts with the base branch: conflicting paths: " + strings.Join(names, ", "); len(full) <= 3000 || utf8.RuneStart(full[2997]) {
+		t.Fatalf("the fixture's detail (%d bytes) is not cut inside a character at 2997: change the names", len(full))
+	}
+	fork := m.pushMain(files)
+	for k := range files {
+		files[k] = "main\n"
+	}
+	base := m.pushMain(files)
+	for k := range files {
+		files[k] = "pull\n"
+	}
+	clash, cClash := m.pull("clash", fork, files)
+	next, cNext := m.pull("next", "", map[string]string{"next.txt": "1\n"})
+	m.enqueue(clash, cClash)
+	m.enqueue(next, cNext)
+	m.start(m.config())
+
+	m.waitFor("the ejection", 3*time.Minute, func() bool { return len(m.ejections(m.Runner.DID)) > 0 })
+	m.waitFor("next landed", 2*time.Minute, func() bool { return len(m.subjects(base)) == 1 })
+	got := m.ejections(m.Runner.DID)[clash.String()]
+	if got.Reason != forge.EjectConflictBase || !utf8.ValidString(got.Detail) || len(got.Detail) > 3000 ||
+		!strings.HasSuffix(got.Detail, "...") || !strings.Contains(got.Detail, names[0]+", "+names[1]) {
+		t.Errorf("ejection: reason %s, %d bytes, valid UTF-8 %v, detail %q", got.Reason, len(got.Detail), utf8.ValidString(got.Detail), got.Detail)
+	}
+	if len(got.Detail) < 2990 {
+		t.Errorf("detail of %d bytes: cut shorter than a character from 3000", len(got.Detail))
+	}
+	if diff := cmp.Diff([]string{"next"}, m.subjects(base)); diff != "" {
+		t.Errorf("main's new commits (-want +got):\n%s", diff)
+	}
+	if strings.Contains(m.logText(), "does not match its lexicon") || strings.Contains(m.logText(), "maxLength") {
+		t.Errorf("a record was refused by its lexicon:\n%s", m.logText())
 	}
 }

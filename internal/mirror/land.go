@@ -109,14 +109,28 @@ func (r *Repo) Squash(ctx context.Context, base string, pulls []SquashPull, who 
 func (r *Repo) mergeTree(ctx context.Context, onto, head string) (string, []string, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out, err := r.git(ctx, "merge-tree", "--write-tree", "--name-only", "--no-messages", onto, head)
-	lines := strings.Split(strings.TrimSpace(out), "\n")
+	return r.mergeTreeLocked(ctx, onto, head)
+}
+
+// mergeTreeLocked is git merge-tree -z: the tree, or "" and the
+// conflicting paths as they are (not C-quoted: the same names as
+// diff-tree -z gives, so that a conflict is matched to the pull that
+// changed the path, whatever its characters).
+func (r *Repo) mergeTreeLocked(ctx context.Context, onto, head string) (string, []string, error) {
+	out, err := r.git(ctx, "merge-tree", "-z", "--write-tree", "--name-only", "--no-messages", onto, head)
+	fields := strings.Split(strings.TrimSuffix(out, "\x00"), "\x00")
 	var ee *exec.ExitError
 	switch {
 	case err == nil:
-		return strings.TrimSpace(lines[0]), nil, nil
+		return strings.TrimSpace(fields[0]), nil, nil
 	case errors.As(err, &ee) && ee.ExitCode() == 1:
-		return "", lines[1:], nil
+		var paths []string
+		for _, p := range fields[1:] {
+			if p != "" {
+				paths = append(paths, p)
+			}
+		}
+		return "", paths, nil
 	default:
 		return "", nil, fmt.Errorf("merge %s onto %s: %w", head, onto, err)
 	}

@@ -188,3 +188,46 @@ func TestCredential(t *testing.T) {
 		t.Errorf("missing file: %v, want an error naming the flag", err)
 	}
 }
+
+// A conflict names its paths as they are, not C-quoted (git's
+// core.quotePath): the same names the squash lists as changed, so the
+// queue finds the earlier pull a conflict is with, and a path of
+// multi-byte characters reads as written.
+func TestSquashNamesPathsAsTheyAre(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	work := t.TempDir()
+	gitIn(t, work, "init", "--quiet", "--initial-branch=main")
+	base := commitFiles(t, work, map[string]string{"a.txt": "a\n"})
+	const path = "répertoire/日本語 \"x\".txt"
+	gitIn(t, work, "checkout", "--quiet", "-b", "p1", base)
+	p1 := commitFiles(t, work, map[string]string{path: "one\n"})
+	gitIn(t, work, "checkout", "--quiet", "-b", "p2", base)
+	p2 := commitFiles(t, work, map[string]string{path: "two\n"})
+	m, err := New(t.TempDir(), Options{Policy: Policy{AllowLocal: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := m.Open(ctx, "batch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ ref, commit string }{{"refs/heads/p1", p1}, {"refs/heads/p2", p2}} {
+		if err := r.Fetch(ctx, Pull, "file://"+work, c.ref, c.commit); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tip, got, err := r.Squash(ctx, base, []SquashPull{{p1, "one"}, {p2, "two"}}, lander, time.Unix(1767225600, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Squashed{{Head: p1, Commit: tip, Changed: []string{path}}, {Head: p2, Conflicts: []string{path}}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("squash (-want +got):\n%s", diff)
+	}
+	_, err = r.Merge(ctx, tip, p2)
+	var ce *ConflictError
+	if !errors.As(err, &ce) || ce.Detail != "conflicting paths: "+path {
+		t.Errorf("merge: %v; want a conflict naming %q", err, path)
+	}
+}
