@@ -159,7 +159,9 @@ func Decide(in Input) Plan {
 		if ok && pull.Repo != in.Repo {
 			continue
 		}
-		eject := func(reason, detail string) { p.Eject = append(p.Eject, Ejection{PullCommit: pc, Reason: reason, Detail: detail}) }
+		eject := func(reason, detail string) {
+			p.Eject = append(p.Eject, Ejection{PullCommit: pc, Reason: reason, Detail: detail})
+		}
 		switch {
 		case !in.MayLand:
 			eject(forge.EjectNotLander, fmt.Sprintf("this runner (%s) is not among the repository's landers, so it pushes nothing; "+
