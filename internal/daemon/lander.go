@@ -462,7 +462,7 @@ func (d *Daemon) advance(ctx context.Context, repo forge.Record[forge.Repo], b f
 	} else if why != "" {
 		return d.void(ctx, b, why, log)
 	}
-	err = m.Push(ctx, repo.Value.Source, branch, v.Base, v.Squashed, mirror.Credential{File: d.cfg.PushCredential})
+	err = m.Push(ctx, repo.Value.Source, branch, v.Base, v.Squashed, d.cfg.PushCredentials)
 	if errors.Is(err, mirror.ErrBaseMoved) {
 		return d.void(ctx, b, err.Error()+"; its pulls go back to the queue", log)
 	}

@@ -2,9 +2,13 @@ package daemon_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io/fs"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +20,7 @@ import (
 	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/executor/shell"
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/mirror"
 	"knotless.dev/run/tests/gitrepo"
 	"knotless.dev/run/tests/pds"
 )
@@ -485,5 +490,103 @@ func TestMergeQueueEjectionNamesManyNonASCIIPaths(t *testing.T) {
 	}
 	if strings.Contains(m.logText(), "does not match its lexicon") || strings.Contains(m.logText(), "maxLength") {
 		t.Errorf("a record was refused by its lexicon:\n%s", m.logText())
+	}
+}
+
+// TestMergeQueuePushCredentialBoundToHost: the owner points the
+// repository's source at a git server of its own (another host than
+// the one the operator bound the push credential to). The batch passes
+// but its push offers that server nothing and fails naming the
+// credential configuration; main does not move. Pointed back at the
+// bound server, the lander pushes there with the token. The token is in
+// no log, record, or file of the runner's state and cache.
+func TestMergeQueuePushCredentialBoundToHost(t *testing.T) {
+	t.Parallel()
+	m := newMQWorld(t, nil, nil)
+	root := filepath.Dir(m.origin)
+	bound := gitrepo.Serve(t, "", root)
+	owners := gitrepo.Serve(t, "127.0.0.2", root)
+	token := filepath.Join(t.TempDir(), "push-token")
+	if err := os.WriteFile(token, []byte(bound.User+":"+bound.Password+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cred, err := mirror.LoadPushCredential(bound.URL + "/origin.git=" + token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	source := func(url string) {
+		m.Put(m.Owner, forge.CollectionRepo, "hello", forge.Repo{
+			Type: forge.CollectionRepo, Name: "hello", Source: url, DefaultBranch: "main",
+			Runners: []string{m.Runner.DID.String()}, Landers: []string{m.Runner.DID.String()}, CreatedAt: forge.Now(),
+		})
+	}
+	cfg := m.config(func(c *daemon.Config) {
+		c.PushCredentials = mirror.PushCredentials{cred}
+		c.Git.Policy.AllowHTTP = true
+	})
+	source(owners.URL + "/origin.git")
+	base := m.head()
+	p1, c1 := m.pull("one", "", map[string]string{"one.txt": "1\n"})
+	m.enqueue(p1, c1)
+	stop := m.start(cfg)
+
+	m.waitFor("the push refused, or made", 3*time.Minute, func() bool {
+		return strings.Contains(m.logText(), "no push credential is bound") || m.head() != base
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got := owners.Offered(); len(got) != 0 {
+		t.Errorf("the owner's server was offered %q", got)
+	}
+	if got := bound.Offered(); len(got) != 0 {
+		t.Errorf("the bound server was offered %q before any push to it", got)
+	}
+	if m.head() != base {
+		t.Fatalf("main moved to %s through the owner's server", m.head())
+	}
+	if log := m.logText(); !strings.Contains(log, "--push-credential binds "+cred.String()) {
+		t.Errorf("the refusal does not name the credential configuration:\n%s", log)
+	}
+
+	source(bound.URL + "/origin.git")
+	m.start(cfg)
+	m.waitFor("landing", 2*time.Minute, func() bool {
+		return len(list[forge.Landing](m, m.Runner.DID, forge.CollectionLanding)) > 0
+	})
+	if diff := cmp.Diff([]string{"one"}, m.subjects(base)); diff != "" {
+		t.Errorf("main's new commits (-want +got):\n%s", diff)
+	}
+	if got := bound.Offered(); len(got) == 0 || slices.ContainsFunc(got, func(s string) bool { return s != bound.User+":"+bound.Password }) {
+		t.Errorf("the bound server was offered %q; want the token only", got)
+	}
+	if got := owners.Offered(); len(got) != 0 {
+		t.Errorf("the owner's server was offered %q", got)
+	}
+	secret := bound.Password
+	if strings.Contains(m.logText(), secret) {
+		t.Error("the daemon's log holds the token")
+	}
+	for _, dir := range []string{m.stateDir, m.cacheDir, m.shellRoot} {
+		_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+			if err != nil || !d.Type().IsRegular() {
+				return nil
+			}
+			if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), secret) {
+				t.Errorf("%s holds the token", p)
+			}
+			return nil
+		})
+	}
+	for _, coll := range []string{forge.CollectionBatch, forge.CollectionEjection, forge.CollectionLanding, forge.CollectionCheck} {
+		recs, _, err := forge.List[map[string]any](context.Background(), m.Reader, m.Runner.DID, coll)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range recs {
+			if b, _ := json.Marshal(r.Value); strings.Contains(string(b), secret) {
+				t.Errorf("%s holds the token", r.URI)
+			}
+		}
 	}
 }
