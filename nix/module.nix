@@ -390,16 +390,75 @@ let
           '';
         };
 
+        pushCredentials = mkOption {
+          type = types.listOf (
+            types.submodule {
+              options = {
+                host = mkOption {
+                  type = types.strMatching "((https|http|ssh)://)?[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]{1,5})?";
+                  example = "git.example.org";
+                  description = ''
+                    The git host the credential is offered to, and no other:
+                    a lower-case host name, with `:PORT` when it is not the
+                    scheme's default. A token goes to `https://` URLs of it, a
+                    key to `ssh` ones; write `http://HOST` to let a token go
+                    over plaintext http.
+                  '';
+                };
+                paths = mkOption {
+                  type = types.listOf (types.strMatching "[A-Za-z0-9._~@+-]+(/[A-Za-z0-9._~@+-]+)*");
+                  default = [ ];
+                  example = [ "your-org" ];
+                  description = ''
+                    Path prefixes on `host`, in whole segments
+                    (`your-org` is `your-org/…`, not `your-organisation/…`),
+                    of the repositories the lander may push to with it; empty:
+                    every repository on the host. A repository's source is its
+                    owner's to write: on a host shared with others, name the
+                    prefixes, or any owner naming this runner can have it push
+                    wherever the token can write.
+                  '';
+                };
+                file = mkOption {
+                  type = secretPath;
+                  example = "/run/secrets/knotless-run/push-token";
+                  description = ''
+                    An SSH private key, or an HTTPS token (`TOKEN` or
+                    `USER:TOKEN` on its first line). systemd hands it to the
+                    daemon as a credential; it never enters the store, the unit
+                    file, an argv or the journal.
+                  '';
+                };
+              };
+            }
+          );
+          default = [ ];
+          example = literalExpression ''
+            [
+              {
+                host = "git.example.org";
+                paths = [ "your-org" ];
+                file = "/run/secrets/knotless-run/push-token";
+              }
+            ]
+          '';
+          description = ''
+            What the merge queue's lander (`settings.queue = true`) pushes to
+            repository sources with, each credential bound to a host (and
+            path prefixes): it is offered to a push to that host (and under
+            those paths) only, and a push anywhere else offers nothing and
+            fails. Each becomes `--push-credential HOST[/PATH]=FILE`.
+          '';
+        };
+
         pushCredentialFile = mkOption {
           type = types.nullOr secretPath;
           default = null;
-          example = "/run/secrets/knotless-run/push-key";
+          visible = false;
           description = ''
-            What the merge queue's lander (`settings.queue = true`) pushes to
-            repository sources with: an SSH private key, or an HTTPS token
-            (`TOKEN` or `USER:TOKEN` on its first line). systemd hands it to
-            the daemon as the credential `push-credential`; it never enters
-            the store, the unit file, an argv or the journal.
+            Replaced by {option}`${opt "pushCredentials"}`: a push credential
+            bound to no host would be offered to whatever host a repository
+            record names. Setting it fails evaluation, saying what to write.
           '';
         };
 
@@ -532,6 +591,18 @@ let
       argFlag = flag: any (a: a == flag || hasPrefix "${flag}=" a) icfg.extraArgs;
       argPositional = any (a: !hasPrefix "-" a) icfg.extraArgs;
       p = n.option;
+      # --push-credential HOST[/PATH]=FILE for each credential and path,
+      # FILE its credential (push-credential-N) in systemd's credentials
+      # directory: %d is left for systemd to expand (host and paths hold
+      # neither `%` nor `$`).
+      pushCredentialArgs = lib.concatLists (
+        lib.imap0 (
+          i: c:
+          map (path: quoteExecArg "--push-credential=${c.host}${lib.optionalString (path != "") "/${path}"}=%d/push-credential-${toString i}") (
+            if c.paths == [ ] then [ "" ] else c.paths
+          )
+        ) icfg.pushCredentials
+      );
     in
     {
       assertions = [
@@ -564,6 +635,10 @@ let
         {
           assertion = refresh.enable -> calendar != null;
           message = "${p}.kubeconfigRefresh.interval = \"${refresh.interval}\" does not divide a day (hours) or an hour (minutes); give a calendar expression instead.";
+        }
+        {
+          assertion = icfg.pushCredentialFile == null;
+          message = "${p}.pushCredentialFile is a push credential bound to no host: the lander would offer it to whatever host a repository record names. Bind it to the host (and paths) it is for: ${p}.pushCredentials = [ { host = \"git.example.org\"; paths = [ \"your-org\" ]; file = \"${toString icfg.pushCredentialFile}\"; } ].";
         }
         {
           assertion = refresh.enable -> executor == "kubernetes";
@@ -613,6 +688,7 @@ let
                   configFile
                 ])
               ]
+              ++ pushCredentialArgs
               ++ map escapeExecArgKeepVars icfg.extraArgs
               ++ optional (icfg.repos != [ ]) (execLine ([ "--" ] ++ icfg.repos))
             );
@@ -638,7 +714,7 @@ let
             LoadCredential =
               optional (icfg.appPasswordFile != null) "app-password:${toString icfg.appPasswordFile}"
               ++ optional (icfg.secretsFile != null) "secrets:${toString icfg.secretsFile}"
-              ++ optional (icfg.pushCredentialFile != null) "push-credential:${toString icfg.pushCredentialFile}";
+              ++ lib.imap0 (i: c: "push-credential-${toString i}:${toString c.file}") icfg.pushCredentials;
             EnvironmentFile = optional (icfg.environmentFile != null) (toString icfg.environmentFile);
 
             StandardOutput = "journal";

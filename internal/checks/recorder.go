@@ -174,11 +174,18 @@ func Minimal(c forge.Check, why error) forge.Check {
 	return m
 }
 
-// MaxError is the most bytes of a check's error the runner writes.
+// MaxError is the most bytes of a check's error the runner writes, and
+// of the merge queue's texts (an ejection's detail, a batch's error): the
+// lexicons' maxLength.
 const MaxError = 3000
 
+// MaxName is the most bytes of a step's name (and the failed step's) a
+// check carries: the lexicon's maxLength.
+const MaxName = 255
+
 // Truncate keeps s within n bytes (a lexicon maxLength counts UTF-8
-// bytes), ending it with "..." when it is cut. The result is valid UTF-8:
+// bytes), ending it with "..." when it is cut. Every text the runner
+// writes into a record goes through it. The result is valid UTF-8:
 // bytes that are not become U+FFFD, and the cut never splits a
 // character, else the record would be invalid.
 func Truncate(s string, n int) string {

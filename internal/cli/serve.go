@@ -53,9 +53,9 @@ type ServeCmd struct {
 	MaxWorkflowBytes  int64         `help:"Largest workflow file read, in bytes." default:"262144"`
 	MaxWorkflows      int           `help:"Most workflow files read per commit." default:"100"`
 
-	AppPasswordFile    string `help:"File holding the runner's app password (default: $$CREDENTIALS_DIRECTORY/app-password). Never taken from the command line." placeholder:"FILE"`
-	PushCredentialFile string `name:"push-credential" help:"File holding what --queue pushes to repository sources with: an SSH private key, or an HTTPS token (TOKEN or USER:TOKEN) (default: $$CREDENTIALS_DIRECTORY/push-credential if present). Never taken from the command line." placeholder:"FILE"`
-	SecretsFile        string `help:"Operator secrets, each scoped to repositories (see docs/reference/cli.md); they take precedence over sealed records (default: $$CREDENTIALS_DIRECTORY/secrets if present)." placeholder:"FILE"`
+	AppPasswordFile string   `help:"File holding the runner's app password (default: $$CREDENTIALS_DIRECTORY/app-password). Never taken from the command line." placeholder:"FILE"`
+	PushCredentials []string `name:"push-credential" sep:"none" help:"What --queue pushes to repository sources with, and where it may: a file holding an SSH private key (offered to ssh URLs of HOST only) or an HTTPS token, TOKEN or USER:TOKEN (offered to https URLs of HOST only; http:// only when the binding says so), offered to no other host and, with /PATH, to no repository outside that path prefix. Repeat it for each host or prefix. The secret is never taken from the command line." placeholder:"[SCHEME://]HOST[:PORT][/PATH]=FILE"`
+	SecretsFile     string   `help:"Operator secrets, each scoped to repositories (see docs/reference/cli.md); they take precedence over sealed records (default: $$CREDENTIALS_DIRECTORY/secrets if present)." placeholder:"FILE"`
 
 	// UnsafeShellUntrusted lets the shell executor run strangers' code:
 	// on the host, beside the sealing key, the PDS session and the
@@ -201,7 +201,7 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 			return err
 		}
 	}
-	pushCredential, err := c.pushCredential(env)
+	pushCredentials, err := c.pushCredentials(env)
 	if err != nil {
 		return err
 	}
@@ -220,28 +220,28 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 	}
 	checkoutBound, outputsBound := c.bounds()
 	err = daemon.Run(ctx, daemon.Config{
-		Runner:         runner,
-		PDS:            c.PDS,
-		Password:       password,
-		Directory:      forge.NewDirectory(forge.DirectoryConfig{PLCURL: c.PLCURL, TTL: c.IdentityTTL}),
-		Targets:        targets,
-		Discover:       c.Discover,
-		Pulls:          c.Pulls,
-		Queue:          c.Queue,
-		PushCredential: pushCredential,
-		Relay:          c.Relay,
-		Firehose:       true,
-		Poll:           c.Poll,
-		Executor:       exec,
-		DefaultImage:   c.Image,
-		Checkout:       checkoutBound,
-		Outputs:        outputsBound,
-		Concurrency:    c.Concurrency,
-		StopWait:       c.StopWait,
-		StateDir:       c.StateDir,
-		CacheDir:       c.CacheDir,
-		Caches:         caches,
-		Secrets:        secrets,
+		Runner:          runner,
+		PDS:             c.PDS,
+		Password:        password,
+		Directory:       forge.NewDirectory(forge.DirectoryConfig{PLCURL: c.PLCURL, TTL: c.IdentityTTL}),
+		Targets:         targets,
+		Discover:        c.Discover,
+		Pulls:           c.Pulls,
+		Queue:           c.Queue,
+		PushCredentials: pushCredentials,
+		Relay:           c.Relay,
+		Firehose:        true,
+		Poll:            c.Poll,
+		Executor:        exec,
+		DefaultImage:    c.Image,
+		Checkout:        checkoutBound,
+		Outputs:         outputsBound,
+		Concurrency:     c.Concurrency,
+		StopWait:        c.StopWait,
+		StateDir:        c.StateDir,
+		CacheDir:        c.CacheDir,
+		Caches:          caches,
+		Secrets:         secrets,
 		Git: mirror.Options{
 			Policy:           mirror.Policy{AllowLocal: c.AllowLocalSources, AllowHTTP: c.AllowHTTPSources},
 			Timeout:          c.GitTimeout,
@@ -291,25 +291,30 @@ func (c *ServeCmd) checkShellUntrusted(log *slog.Logger) error {
 	return nil
 }
 
-// pushCredential names the file of the lander's push credential:
-// --push-credential (which must exist), else
-// $CREDENTIALS_DIRECTORY/push-credential when present, else none.
-func (c *ServeCmd) pushCredential(env *Env) (string, error) {
-	if c.PushCredentialFile != "" {
-		if _, err := os.Stat(c.PushCredentialFile); err != nil {
-			return "", fmt.Errorf("--push-credential: %w", err)
+// pushCredentials reads the lander's push credentials, each bound to a
+// host (and path prefix): --push-credential, repeated. A credential
+// bound to nothing stops the start: the file of the older flag's form
+// (--push-credential FILE) or its default,
+// $CREDENTIALS_DIRECTORY/push-credential, would be offered to whatever
+// host a repository record names.
+func (c *ServeCmd) pushCredentials(env *Env) (mirror.PushCredentials, error) {
+	var creds mirror.PushCredentials
+	for _, spec := range c.PushCredentials {
+		cred, err := mirror.LoadPushCredential(spec)
+		if err != nil {
+			return nil, err
 		}
-		return c.PushCredentialFile, nil
+		creds = append(creds, cred)
 	}
-	dir := env.Getenv("CREDENTIALS_DIRECTORY")
-	if dir == "" {
-		return "", nil
+	if dir := env.Getenv("CREDENTIALS_DIRECTORY"); dir != "" {
+		name := filepath.Join(dir, "push-credential")
+		if _, err := os.Stat(name); err == nil {
+			return nil, fmt.Errorf("%s: a push credential bound to no host (the older default of --push-credential) would be offered to "+
+				"whatever host a repository record names; load it under another name and bind it: --push-credential HOST=FILE "+
+				"or HOST/PATH=FILE (the NixOS module's pushCredentials = [ { host = …; paths = [ … ]; file = …; } ])", name)
+		}
 	}
-	name := filepath.Join(dir, "push-credential")
-	if _, err := os.Stat(name); err != nil {
-		return "", nil
-	}
-	return name, nil
+	return creds, nil
 }
 
 // readPassword reads the app password from --app-password-file, else

@@ -28,11 +28,11 @@ func (d *Daemon) finalCheck(ctx context.Context, j *job, res *run.Result, log *s
 	c.Status = string(res.Status)
 	c.StartedAt = forge.Datetime(res.StartedAt)
 	c.FinishedAt = forge.Datetime(res.FinishedAt)
-	c.FailedStep = res.FailedStep
+	c.FailedStep = checks.Truncate(res.FailedStep, checks.MaxName)
 	c.Error = checks.Truncate(res.Error, checks.MaxError)
 	c.Steps = nil
 	for _, s := range res.Steps {
-		cs := forge.CheckStep{Name: s.Name, Status: string(s.Status), DurationMs: s.Duration.Milliseconds(), TimedOut: s.TimedOut}
+		cs := forge.CheckStep{Name: checks.Truncate(s.Name, checks.MaxName), Status: string(s.Status), DurationMs: s.Duration.Milliseconds(), TimedOut: s.TimedOut}
 		if s.ExitCode != nil {
 			code := int64(*s.ExitCode)
 			cs.ExitCode = &code

@@ -55,10 +55,12 @@ type Config struct {
 	Poll     time.Duration
 
 	// Queue makes the runner land the merge queue of the repositories
-	// whose lander it is (lander.go); PushCredential is the file of the
-	// key or token its git push to their sources uses ("": none).
-	Queue          bool
-	PushCredential string
+	// whose lander it is (lander.go); PushCredentials are the keys and
+	// tokens its git push to their sources uses, each offered only to
+	// the host (and path prefix) it is bound to (none: the push offers
+	// nothing).
+	Queue           bool
+	PushCredentials mirror.PushCredentials
 	// QueueBatch is the most pulls one batch takes (0:
 	// DefaultQueueBatch): a long queue lands in several batches, each a
 	// merge and a run of bounded size.

@@ -54,3 +54,25 @@ steps:
 		t.Errorf("output blob is not the PNG: %q", b)
 	}
 }
+
+// TestCheckCutsLongStepNames: a step name longer than the lexicon's 255
+// bytes, of multi-byte characters, is cut at a character (checks.Truncate)
+// in the steps and as the failed step: the check is the run's own
+// failure, not the minimal error check of a refused record.
+func TestCheckCutsLongStepNames(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	name := strings.Repeat("é", 200) // 400 bytes
+	_, commit := w.Push(map[string]string{".knotless/workflows/long.yaml": workflowFile(`
+on: [push]
+steps:
+  - name: ` + name + `
+    run: "false"
+`)})
+	w.start(w.config())
+	_, got := w.waitFinal("long", commit, 90*time.Second)
+	want := strings.Repeat("é", 126) + "..."
+	if got.Status != "failure" || got.FailedStep != want || len(got.Steps) != 1 || got.Steps[0].Name != want {
+		t.Errorf("check: status %s (%s), failed step %q, steps %+v; want failure in the step named %q", got.Status, got.Error, got.FailedStep, got.Steps, want)
+	}
+}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
+	"knotless.dev/run/internal/checks"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/mergequeue"
@@ -134,18 +135,19 @@ func (d *Daemon) landRepo(ctx context.Context, repo forge.Record[forge.Repo], lo
 		}
 	}
 
-	in := mergequeue.Input{Repo: uri, Pulls: map[string]mergequeue.Pull{}, Preflights: map[mergequeue.PullCommit]mergequeue.Preflight{},
-		NeedPreflight: true, Done: done}
+	self := d.cfg.Runner.String()
+	in := mergequeue.Input{Repo: uri, Lander: self, MayLand: mergequeue.MayPush(&repo.Value, self),
+		Pulls: map[string]mergequeue.Pull{}, Preflights: map[mergequeue.PullCommit]mergequeue.Preflight{}, NeedPreflight: true, Done: done}
 	pulls := map[string]forge.Pull{}
 	for _, e := range entries {
 		v := e.Value
 		if v.Repo != uri {
 			continue
 		}
-		in.Entries = append(in.Entries, mergequeue.Entry{Key: e.URI.RecordKey().String(), Pull: v.Pull, Commit: v.Commit, CreatedAt: v.CreatedAt})
+		in.Entries = append(in.Entries, mergequeue.Entry{Key: e.URI.RecordKey().String(), Pull: v.Pull, Commit: v.Commit, Base: v.Base, CreatedAt: v.CreatedAt})
 		pc := mergequeue.PullCommit{Pull: v.Pull, Commit: v.Commit}
-		if done[pc] {
-			continue
+		if done[pc] || !in.MayLand {
+			continue // !MayLand: Decide ejects it
 		}
 		p, err := d.queue.Pull(ctx, syntax.ATURI(v.Pull))
 		if err != nil {
@@ -156,7 +158,7 @@ func (d *Daemon) landRepo(ctx context.Context, repo forge.Record[forge.Repo], lo
 		}
 		pulls[v.Pull] = p
 		in.Pulls[v.Pull] = mergequeue.Pull{Repo: p.Repo, Base: p.Base, Head: p.Head.Commit, Open: p.State == forge.PullOpen}
-		if p.Repo == uri && p.State == forge.PullOpen && p.Head.Commit == v.Commit {
+		if p.Repo == uri && p.State == forge.PullOpen && p.Head.Commit == v.Commit && v.Base != "" && p.Base == v.Base {
 			pf, err := d.preflight(ctx, preflightEvent(repo, v.Pull, p))
 			if err != nil {
 				log.Warn("pre-flight not judged; tried again at the next reconcile", "pull", v.Pull, "err", err)
@@ -274,19 +276,12 @@ func (d *Daemon) verdict(ev ingest.Event, wfs []*workflow.Workflow) (checksVerdi
 // eject writes the ejection record of a pull leaving the queue.
 func (d *Daemon) eject(ctx context.Context, repo string, ej mergequeue.Ejection, batch string, log *slog.Logger) error {
 	rec := forge.Ejection{Type: forge.CollectionEjection, Repo: repo, Pull: ej.Pull, Commit: ej.Commit, Reason: ej.Reason,
-		Detail: truncate(ej.Detail, 3000), Batch: batch, CreatedAt: forge.Now()}
+		Detail: checks.Truncate(ej.Detail, checks.MaxError), Batch: batch, CreatedAt: forge.Now()}
 	if _, err := d.queue.Put(ctx, forge.CollectionEjection, forge.EjectionKey(ej.Pull, ej.Commit), rec); err != nil {
 		return fmt.Errorf("write ejection: %w", err)
 	}
 	log.Info("pull left the merge queue", "pull", ej.Pull, "commit", ej.Commit, "reason", ej.Reason, "detail", ej.Detail)
 	return nil
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n-3] + "..."
 }
 
 // startBatch squashes the next pulls onto the base, ejects those that do
@@ -419,6 +414,11 @@ func (d *Daemon) advance(ctx context.Context, repo forge.Record[forge.Repo], b f
 	case mergequeue.Rebuild:
 		return d.void(ctx, b, fmt.Sprintf("the base branch moved from %s to %s before the push; its pulls go back to the queue", v.Base, head), log)
 	}
+	if !mergequeue.MayPush(&repo.Value, d.cfg.Runner.String()) {
+		// The owner took this runner out of landers since the batch was
+		// built: nothing is pushed, and the queue ejects its pulls.
+		return d.void(ctx, b, "this runner is no longer among the repository's landers; its pulls go back to the queue", log)
+	}
 	if err := d.resquash(ctx, m, b); err != nil {
 		return d.void(ctx, b, "cannot build the batch again: "+err.Error(), log)
 	}
@@ -435,7 +435,7 @@ func (d *Daemon) advance(ctx context.Context, repo forge.Record[forge.Repo], b f
 	case verdictPending, verdictUnknown:
 		return nil
 	case verdictFailed:
-		v.Status, v.Error = forge.BatchFailed, truncate(detail, 3000)
+		v.Status, v.Error = forge.BatchFailed, checks.Truncate(detail, checks.MaxError)
 		if _, err := d.queue.Put(ctx, forge.CollectionBatch, b.URI.RecordKey().String(), v); err != nil {
 			return fmt.Errorf("write batch: %w", err)
 		}
@@ -462,7 +462,7 @@ func (d *Daemon) advance(ctx context.Context, repo forge.Record[forge.Repo], b f
 	} else if why != "" {
 		return d.void(ctx, b, why, log)
 	}
-	err = m.Push(ctx, repo.Value.Source, branch, v.Base, v.Squashed, mirror.Credential{File: d.cfg.PushCredential})
+	err = m.Push(ctx, repo.Value.Source, branch, v.Base, v.Squashed, d.cfg.PushCredentials)
 	if errors.Is(err, mirror.ErrBaseMoved) {
 		return d.void(ctx, b, err.Error()+"; its pulls go back to the queue", log)
 	}
@@ -474,7 +474,8 @@ func (d *Daemon) advance(ctx context.Context, repo forge.Record[forge.Repo], b f
 }
 
 // pullsStill says why a batch may not land because one of its pulls is
-// no longer open at its approved commit ("" when all are).
+// no longer open at its approved commit, or targets another base than
+// the batch's ("" when all are as approved).
 func (d *Daemon) pullsStill(ctx context.Context, v forge.Batch) (string, error) {
 	for _, bp := range v.Pulls {
 		p, err := d.queue.Pull(ctx, syntax.ATURI(bp.Pull))
@@ -487,6 +488,8 @@ func (d *Daemon) pullsStill(ctx context.Context, v forge.Batch) (string, error) 
 			return "the pull " + bp.Pull + " is no longer open", nil
 		case p.Head.Commit != bp.Commit:
 			return "the head of the pull " + bp.Pull + " moved from the approved " + bp.Commit, nil
+		case "refs/heads/"+p.Base != v.Ref:
+			return "the base of the pull " + bp.Pull + " changed after queueing, from " + v.Ref + " to " + p.Base, nil
 		}
 	}
 	return "", nil
@@ -523,7 +526,7 @@ func (d *Daemon) resquash(ctx context.Context, m gitRepo, b forge.Record[forge.B
 // void marks a batch rebuilt: its pulls go back to the queue.
 func (d *Daemon) void(ctx context.Context, b forge.Record[forge.Batch], why string, log *slog.Logger) error {
 	v := b.Value
-	v.Status, v.Error = forge.BatchRebuilt, truncate(why, 3000)
+	v.Status, v.Error = forge.BatchRebuilt, checks.Truncate(why, checks.MaxError)
 	if _, err := d.queue.Put(ctx, forge.CollectionBatch, b.URI.RecordKey().String(), v); err != nil {
 		return fmt.Errorf("write batch: %w", err)
 	}

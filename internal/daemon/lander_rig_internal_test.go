@@ -239,7 +239,7 @@ func (r *rig) queuePull(n int, paths ...string) (uri, head string) {
 	r.queue.mu.Lock()
 	r.queue.entries = append(r.queue.entries, forge.Record[forge.QueueEntry]{
 		URI: syntax.ATURI(fmt.Sprintf("at://%s/%s/3q%d", rigOwner, forge.CollectionQueueEntry, n)),
-		Value: forge.QueueEntry{Type: forge.CollectionQueueEntry, Repo: testRepo, Pull: uri, Commit: head,
+		Value: forge.QueueEntry{Type: forge.CollectionQueueEntry, Repo: testRepo, Pull: uri, Commit: head, Base: "main",
 			CreatedAt: fmt.Sprintf("2026-01-01T00:00:%02d.000Z", n)}})
 	r.queue.mu.Unlock()
 	r.git.mu.Lock()
@@ -350,6 +350,14 @@ func TestLanderEjects(t *testing.T) {
 		{"pull record gone", func(r *rig, _ *queueScript, _, uris []string) {
 			delete(r.queue.pulls, syntax.ATURI(uris[1]))
 		}, forge.EjectClosed, "the pull record is gone"},
+		{"base changed after queueing", func(r *rig, _ *queueScript, _, uris []string) {
+			p := r.queue.pulls[syntax.ATURI(uris[1])]
+			p.Base = "release"
+			r.queue.pulls[syntax.ATURI(uris[1])] = p
+		}, forge.EjectBaseChanged, `base changed after queueing: the entry approved "main", the pull now targets "release"`},
+		{"entry naming no base", func(r *rig, _ *queueScript, _, _ []string) {
+			r.queue.entries[1].Value.Base = ""
+		}, forge.EjectNoBase, "the queue entry names no base branch"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -656,6 +664,116 @@ func TestLanderResquashesAfterTheCacheIsWiped(t *testing.T) {
 		stop()
 		if !slices.Equal(r.git.landed("main"), []string{h1}) || len(r.queue.batchList()) != 1 {
 			t.Errorf("pulls on main %q, batches %+v", r.git.landed("main"), r.queue.batchList())
+		}
+	})
+}
+
+// The lander whose repository's landers do not name it (the fallback
+// lander: the first runner, landers naming none of the runners) pushes
+// nothing: every queued pull is ejected saying so, no pre-flight or
+// batch runs.
+func TestLanderNotAmongLandersEjects(t *testing.T) {
+	t.Parallel()
+	for _, landers := range [][]string{nil, {"did:plc:other"}} {
+		t.Run(fmt.Sprintf("landers %q", landers), func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				r, _ := newLanderRig(t)
+				r.in.repos = []forge.Record[forge.Repo]{queueRepo([]string{rigRunner}, landers)}
+				p1, h1 := r.queuePull(1, "a.txt")
+				p2, _ := r.queuePull(2, "b.txt")
+				serveUntilIdle(t, r.d)
+
+				if len(r.git.pushes) != 0 || len(r.queue.batchList()) != 0 || len(r.queue.landingList()) != 0 {
+					t.Errorf("pushes %q, batches %+v, landings %+v; want none", r.git.pushes, r.queue.batchList(), r.queue.landingList())
+				}
+				if diff := cmp.Diff(map[string]string{p1: forge.EjectNotLander, p2: forge.EjectNotLander}, r.queue.reasons()); diff != "" {
+					t.Errorf("ejections (-want +got):\n%s", diff)
+				}
+				if ej := r.queue.ejection(p1); ej.Commit != h1 || !strings.Contains(ej.Detail, rigRunner+") is not among the repository's landers") {
+					t.Errorf("ejection %+v: want the approved commit and a detail naming this runner", ej)
+				}
+				if len(r.pds.writes()) != 0 {
+					t.Errorf("checks written (a pre-flight ran): %q", r.pds.writes())
+				}
+			})
+		})
+	}
+}
+
+// The owner takes the lander out of landers while a batch runs: the
+// batch is not pushed but void, and its pulls are ejected (notLander).
+func TestLanderLosesItsGrantDuringBatch(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		r, s := newLanderRig(t)
+		p1, _ := r.queuePull(1, "a.txt")
+		gate := make(chan struct{})
+		r.exec.Script = func(runID, id string) fakeexec.Step {
+			if uri := syntax.ATURI(r.exec.Session(runID).Spec().Annotations["knotless.dev/event"]); uri.Collection().String() == forge.CollectionBatch {
+				return fakeexec.Step{Gate: gate}
+			}
+			return s.step(runID, id)
+		}
+		stop := serveRig(t, r.d)
+		synctest.Wait()
+		r.in.mu.Lock()
+		r.in.repos = []forge.Record[forge.Repo]{queueRepo([]string{rigRunner}, nil)}
+		r.in.mu.Unlock()
+		close(gate)
+		synctest.Wait()
+		stop()
+
+		if len(r.git.pushes) != 0 || len(r.queue.landingList()) != 0 {
+			t.Errorf("pushes %q, landings %+v; want none", r.git.pushes, r.queue.landingList())
+		}
+		if bs := r.queue.batchList(); len(bs) != 1 || bs[0].Status != forge.BatchRebuilt || !strings.Contains(bs[0].Error, "no longer among the repository's landers") {
+			t.Errorf("batches %+v, want the one void, saying why", bs)
+		}
+		if diff := cmp.Diff(map[string]string{p1: forge.EjectNotLander}, r.queue.reasons()); diff != "" {
+			t.Errorf("ejections (-want +got):\n%s", diff)
+		}
+	})
+}
+
+// The author retargets a queued pull while its batch runs: the batch is
+// void, not pushed onto either branch; the pull is ejected (baseChanged)
+// and the rest land on the approved base.
+func TestLanderBaseChangesDuringBatch(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		r, s := newLanderRig(t)
+		_, h1 := r.queuePull(1, "a.txt")
+		p2, _ := r.queuePull(2, "b.txt")
+		gate := make(chan struct{})
+		r.exec.Script = func(runID, id string) fakeexec.Step {
+			if uri := syntax.ATURI(r.exec.Session(runID).Spec().Annotations["knotless.dev/event"]); uri.Collection().String() == forge.CollectionBatch &&
+				len(r.queue.batch(uri.RecordKey().String()).Pulls) == 2 {
+				return fakeexec.Step{Gate: gate}
+			}
+			return s.step(runID, id)
+		}
+		stop := serveRig(t, r.d)
+		synctest.Wait()
+		p := r.queue.pulls[syntax.ATURI(p2)]
+		p.Base = "release"
+		r.queue.setPull(p2, p)
+		close(gate)
+		synctest.Wait()
+		stop()
+
+		var got []string
+		for _, b := range r.queue.batchList() {
+			got = append(got, fmt.Sprintf("%s %d %s", b.Status, len(b.Pulls), b.Ref))
+		}
+		if diff := cmp.Diff([]string{"rebuilt 2 refs/heads/main", "landed 1 refs/heads/main"}, got); diff != "" {
+			t.Errorf("batches (-want +got):\n%s", diff)
+		}
+		if diff := cmp.Diff(map[string]string{p2: forge.EjectBaseChanged}, r.queue.reasons()); diff != "" {
+			t.Errorf("ejections (-want +got):\n%s", diff)
+		}
+		if !slices.Equal(r.git.landed("main"), []string{h1}) || len(r.git.landed("release")) != 0 {
+			t.Errorf("pulls on main %q, on release %q", r.git.landed("main"), r.git.landed("release"))
 		}
 	})
 }

@@ -2,11 +2,17 @@ package daemon_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/google/go-cmp/cmp"
@@ -14,6 +20,7 @@ import (
 	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/executor/shell"
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/mirror"
 	"knotless.dev/run/tests/gitrepo"
 	"knotless.dev/run/tests/pds"
 )
@@ -109,12 +116,51 @@ func (m *mqWorld) pull(name, from string, files map[string]string) (syntax.ATURI
 	return m.openPull(m.author, m.fork.Dir, name, head), head
 }
 
-// enqueue is the owner queueing the pull at commit.
+// enqueue is the owner queueing the pull at commit onto main.
 func (m *mqWorld) enqueue(pull syntax.ATURI, commit string) {
 	m.t.Helper()
+	m.enqueueOnto(pull, commit, "main")
+}
+
+// enqueueOnto is the owner queueing the pull at commit onto base ("":
+// an entry of the older form, naming no base).
+func (m *mqWorld) enqueueOnto(pull syntax.ATURI, commit, base string) {
+	m.t.Helper()
 	m.Put(m.Owner, forge.CollectionQueueEntry, "", forge.QueueEntry{
-		Type: forge.CollectionQueueEntry, Repo: m.RepoURI.String(), Pull: pull.String(), Commit: commit, CreatedAt: forge.Now(),
+		Type: forge.CollectionQueueEntry, Repo: m.RepoURI.String(), Pull: pull.String(), Commit: commit, Base: base, CreatedAt: forge.Now(),
 	})
+}
+
+// retarget is the pull's author changing its base branch.
+func (m *mqWorld) retarget(pull syntax.ATURI, branch, head, base string) {
+	m.t.Helper()
+	m.Put(m.author, forge.CollectionPull, pull.RecordKey().String(), forge.Pull{
+		Type: forge.CollectionPull, Repo: m.RepoURI.String(), Base: base,
+		Head:  forge.PullHead{Source: "file://" + m.fork.Dir, Ref: "refs/heads/" + branch, Commit: head},
+		Title: branch, State: forge.PullOpen, CreatedAt: forge.Now(),
+	})
+}
+
+// pushMain commits files on the origin's main (through the source
+// repository) and returns the new head.
+func (m *mqWorld) pushMain(files map[string]string) string {
+	m.t.Helper()
+	m.Src.Git("fetch", "--quiet", m.origin, "main")
+	m.Src.Git("checkout", "--quiet", "main")
+	m.Src.Git("reset", "--quiet", "--hard", "FETCH_HEAD")
+	m.Src.Commit("main", files)
+	m.Src.Git("push", "--quiet", m.origin, "main")
+	return m.head()
+}
+
+// branchHead is the origin's branch, or "" when there is none.
+func (m *mqWorld) branchHead(branch string) string {
+	m.t.Helper()
+	out, err := exec.Command("git", "--git-dir", m.origin, "rev-parse", "--verify", "--quiet", "refs/heads/"+branch).Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
 }
 
 // head is the origin's main.
@@ -346,5 +392,201 @@ func TestMergeQueueTwoRunners(t *testing.T) {
 	}
 	if batchChecks != 1 {
 		t.Errorf("%d batch checks, want 1", batchChecks)
+	}
+}
+
+// TestMergeQueueBaseChangedAfterQueueing: the author retargets a queued
+// pull at another branch after the owner queued it onto main; the lander
+// lands nothing on either branch for it and ejects it (baseChanged). An
+// entry naming no base is ejected too (noBase); the pull queued as
+// approved lands.
+func TestMergeQueueBaseChangedAfterQueueing(t *testing.T) {
+	t.Parallel()
+	m := newMQWorld(t, nil, nil)
+	base := m.head()
+	m.Src.Git("push", "--quiet", m.origin, base+":refs/heads/release")
+	good, cGood := m.pull("good", "", map[string]string{"good.txt": "1\n"})
+	moved, cMoved := m.pull("moved", "", map[string]string{"moved.txt": "1\n"})
+	old, cOld := m.pull("old", "", map[string]string{"old.txt": "1\n"})
+	m.enqueue(good, cGood)
+	m.enqueue(moved, cMoved)
+	m.enqueueOnto(old, cOld, "")
+	// After the owner queued it onto main, the author points it at
+	// release.
+	m.retarget(moved, "moved", cMoved, "release")
+	m.start(m.config())
+
+	m.waitFor("two ejections", 3*time.Minute, func() bool { return len(m.ejections(m.Runner.DID)) >= 2 })
+	m.waitFor("good landed", 2*time.Minute, func() bool { return len(m.subjects(base)) == 1 })
+	ej := m.ejections(m.Runner.DID)
+	if got := ej[moved.String()]; got.Reason != forge.EjectBaseChanged || got.Commit != cMoved ||
+		!strings.Contains(got.Detail, `base changed after queueing: the entry approved "main", the pull now targets "release"`) {
+		t.Errorf("ejection of the retargeted pull: %+v", got)
+	}
+	if got := ej[old.String()]; got.Reason != forge.EjectNoBase || !strings.Contains(got.Detail, "names no base branch") {
+		t.Errorf("ejection of the entry without base: %+v", got)
+	}
+	if diff := cmp.Diff([]string{"good"}, m.subjects(base)); diff != "" {
+		t.Errorf("main's new commits (-want +got):\n%s", diff)
+	}
+	if got := m.branchHead("release"); got != base {
+		t.Errorf("release moved to %s; want it untouched at %s", got, base)
+	}
+	for _, b := range list[forge.Batch](m, m.Runner.DID, forge.CollectionBatch) {
+		for _, p := range b.Value.Pulls {
+			if p.Pull != good.String() {
+				t.Errorf("batch %s took %s", b.URI, p.Pull)
+			}
+		}
+	}
+}
+
+// TestMergeQueueEjectionNamesManyNonASCIIPaths: a pull conflicting with
+// the base on many paths of multi-byte characters is ejected with a
+// detail cut to the lexicon's 3000 bytes at a character, not inside one
+// (which the lexicon refuses, on every reconcile, stopping the queue);
+// the next pull lands.
+func TestMergeQueueEjectionNamesManyNonASCIIPaths(t *testing.T) {
+	t.Parallel()
+	m := newMQWorld(t, nil, nil)
+	const n = 120
+	names := make([]string, n)
+	files := map[string]string{}
+	for i := range names {
+		names[i] = fmt.Sprintf("日本語ファイル-%03d.txt", i)
+		files[names[i]] = "base\n"
+	}
+	// The detail the lander writes, uncut, must be cut inside a
+	// character at 2997 bytes for this test to mean anything.
+	if full := "conflicts with the base branch: conflicting paths: " + strings.Join(names, ", "); len(full) <= 3000 || utf8.RuneStart(full[2997]) {
+		t.Fatalf("the fixture's detail (%d bytes) is not cut inside a character at 2997: change the names", len(full))
+	}
+	fork := m.pushMain(files)
+	for k := range files {
+		files[k] = "main\n"
+	}
+	base := m.pushMain(files)
+	for k := range files {
+		files[k] = "pull\n"
+	}
+	clash, cClash := m.pull("clash", fork, files)
+	next, cNext := m.pull("next", "", map[string]string{"next.txt": "1\n"})
+	m.enqueue(clash, cClash)
+	m.enqueue(next, cNext)
+	m.start(m.config())
+
+	m.waitFor("the ejection", 3*time.Minute, func() bool { return len(m.ejections(m.Runner.DID)) > 0 })
+	m.waitFor("next landed", 2*time.Minute, func() bool { return len(m.subjects(base)) == 1 })
+	got := m.ejections(m.Runner.DID)[clash.String()]
+	if got.Reason != forge.EjectConflictBase || !utf8.ValidString(got.Detail) || len(got.Detail) > 3000 ||
+		!strings.HasSuffix(got.Detail, "...") || !strings.Contains(got.Detail, names[0]+", "+names[1]) {
+		t.Errorf("ejection: reason %s, %d bytes, valid UTF-8 %v, detail %q", got.Reason, len(got.Detail), utf8.ValidString(got.Detail), got.Detail)
+	}
+	if len(got.Detail) < 2990 {
+		t.Errorf("detail of %d bytes: cut shorter than a character from 3000", len(got.Detail))
+	}
+	if diff := cmp.Diff([]string{"next"}, m.subjects(base)); diff != "" {
+		t.Errorf("main's new commits (-want +got):\n%s", diff)
+	}
+	if strings.Contains(m.logText(), "does not match its lexicon") || strings.Contains(m.logText(), "maxLength") {
+		t.Errorf("a record was refused by its lexicon:\n%s", m.logText())
+	}
+}
+
+// TestMergeQueuePushCredentialBoundToHost: the owner points the
+// repository's source at a git server of its own (another host than
+// the one the operator bound the push credential to). The batch passes
+// but its push offers that server nothing and fails naming the
+// credential configuration; main does not move. Pointed back at the
+// bound server, the lander pushes there with the token. The token is in
+// no log, record, or file of the runner's state and cache.
+func TestMergeQueuePushCredentialBoundToHost(t *testing.T) {
+	t.Parallel()
+	m := newMQWorld(t, nil, nil)
+	root := filepath.Dir(m.origin)
+	bound := gitrepo.Serve(t, "", root)
+	owners := gitrepo.Serve(t, "127.0.0.2", root)
+	token := filepath.Join(t.TempDir(), "push-token")
+	if err := os.WriteFile(token, []byte(bound.User+":"+bound.Password+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cred, err := mirror.LoadPushCredential(bound.URL + "/origin.git=" + token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	source := func(url string) {
+		m.Put(m.Owner, forge.CollectionRepo, "hello", forge.Repo{
+			Type: forge.CollectionRepo, Name: "hello", Source: url, DefaultBranch: "main",
+			Runners: []string{m.Runner.DID.String()}, Landers: []string{m.Runner.DID.String()}, CreatedAt: forge.Now(),
+		})
+	}
+	cfg := m.config(func(c *daemon.Config) {
+		c.PushCredentials = mirror.PushCredentials{cred}
+		c.Git.Policy.AllowHTTP = true
+	})
+	source(owners.URL + "/origin.git")
+	base := m.head()
+	p1, c1 := m.pull("one", "", map[string]string{"one.txt": "1\n"})
+	m.enqueue(p1, c1)
+	stop := m.start(cfg)
+
+	m.waitFor("the push refused, or made", 3*time.Minute, func() bool {
+		return strings.Contains(m.logText(), "no push credential is bound") || m.head() != base
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got := owners.Offered(); len(got) != 0 {
+		t.Errorf("the owner's server was offered %q", got)
+	}
+	if got := bound.Offered(); len(got) != 0 {
+		t.Errorf("the bound server was offered %q before any push to it", got)
+	}
+	if m.head() != base {
+		t.Fatalf("main moved to %s through the owner's server", m.head())
+	}
+	if log := m.logText(); !strings.Contains(log, "--push-credential binds "+cred.String()) {
+		t.Errorf("the refusal does not name the credential configuration:\n%s", log)
+	}
+
+	source(bound.URL + "/origin.git")
+	m.start(cfg)
+	m.waitFor("landing", 2*time.Minute, func() bool {
+		return len(list[forge.Landing](m, m.Runner.DID, forge.CollectionLanding)) > 0
+	})
+	if diff := cmp.Diff([]string{"one"}, m.subjects(base)); diff != "" {
+		t.Errorf("main's new commits (-want +got):\n%s", diff)
+	}
+	if got := bound.Offered(); len(got) == 0 || slices.ContainsFunc(got, func(s string) bool { return s != bound.User+":"+bound.Password }) {
+		t.Errorf("the bound server was offered %q; want the token only", got)
+	}
+	if got := owners.Offered(); len(got) != 0 {
+		t.Errorf("the owner's server was offered %q", got)
+	}
+	secret := bound.Password
+	if strings.Contains(m.logText(), secret) {
+		t.Error("the daemon's log holds the token")
+	}
+	for _, dir := range []string{m.stateDir, m.cacheDir, m.shellRoot} {
+		_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+			if err != nil || !d.Type().IsRegular() {
+				return nil
+			}
+			if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), secret) {
+				t.Errorf("%s holds the token", p)
+			}
+			return nil
+		})
+	}
+	for _, coll := range []string{forge.CollectionBatch, forge.CollectionEjection, forge.CollectionLanding, forge.CollectionCheck} {
+		recs, _, err := forge.List[map[string]any](context.Background(), m.Reader, m.Runner.DID, coll)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range recs {
+			if b, _ := json.Marshal(r.Value); strings.Contains(string(b), secret) {
+				t.Errorf("%s holds the token", r.URI)
+			}
+		}
 	}
 }

@@ -42,7 +42,7 @@ type gitRepo interface {
 	Workflows(ctx context.Context, treeish string) ([]*workflow.Workflow, []error, error)
 	Export(ctx context.Context, treeish, dir string) error
 	Squash(ctx context.Context, base string, pulls []mirror.SquashPull, who mirror.Identity, at time.Time) (string, []mirror.Squashed, error)
-	Push(ctx context.Context, source, branch, old, new string, cred mirror.Credential) error
+	Push(ctx context.Context, source, branch, old, new string, creds mirror.PushCredentials) error
 	Has(ctx context.Context, commit string) bool
 }
 

@@ -318,7 +318,7 @@ func (r fakeRepo) Squash(_ context.Context, base string, pulls []mirror.SquashPu
 // Push moves branch from old to new at the source, a fast-forward with
 // a lease: when the branch is not at old it refuses with
 // mirror.ErrBaseMoved.
-func (r fakeRepo) Push(_ context.Context, _, branch, old, new string, _ mirror.Credential) error {
+func (r fakeRepo) Push(_ context.Context, _, branch, old, new string, _ mirror.PushCredentials) error {
 	f := r.f
 	f.mu.Lock()
 	defer f.mu.Unlock()

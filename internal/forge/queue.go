@@ -34,6 +34,14 @@ const (
 	EjectBatch        = "batch"
 	EjectHeadMoved    = "headMoved"
 	EjectClosed       = "closed"
+	// EjectBaseChanged: the pull's base is not the branch the queue
+	// entry approved.
+	EjectBaseChanged = "baseChanged"
+	// EjectNoBase: the queue entry names no base branch.
+	EjectNoBase = "noBase"
+	// EjectNotLander: the repository's landers do not name the runner
+	// that lands its queue, so it may not push.
+	EjectNotLander = "notLander"
 )
 
 // KindBatch is the subject kind of a batch's checks (untrusted, like a
@@ -41,12 +49,15 @@ const (
 const KindBatch = "batch"
 
 // QueueEntry is a dev.knotless.queueEntry record: the owner queued a pull
-// at the head commit it approved.
+// at the head commit and onto the base branch it approved.
 type QueueEntry struct {
-	Type      string `json:"$type"`
-	Repo      string `json:"repo"`
-	Pull      string `json:"pull"`
-	Commit    string `json:"commit"`
+	Type   string `json:"$type"`
+	Repo   string `json:"repo"`
+	Pull   string `json:"pull"`
+	Commit string `json:"commit"`
+	// Base is the branch name the pull is approved onto; an entry
+	// without one is ejected (EjectNoBase).
+	Base      string `json:"base,omitempty"`
 	CreatedAt string `json:"createdAt"`
 }
 

@@ -25,6 +25,9 @@ func TestQueueRecordsValidate(t *testing.T) {
 	}{
 		{CollectionRepo, Repo{Type: CollectionRepo, Name: "hello", Source: "file:///srv/hello", Runners: []string{"did:plc:ewvi7nxzyoun6zhxrhs64oiz"},
 			Landers: []string{"did:plc:ewvi7nxzyoun6zhxrhs64oiz"}, CreatedAt: Now()}},
+		{CollectionQueueEntry, QueueEntry{Type: CollectionQueueEntry, Repo: repo, Pull: pull, Commit: a, Base: "main", CreatedAt: Now()}},
+		// An entry written before entries named a base still reads, so
+		// that the lander can eject it (noBase) instead of ignoring it.
 		{CollectionQueueEntry, QueueEntry{Type: CollectionQueueEntry, Repo: repo, Pull: pull, Commit: a, CreatedAt: Now()}},
 		{CollectionBatch, Batch{Type: CollectionBatch, Repo: repo, Ref: "refs/heads/main", Base: a, Pulls: []BatchPull{{Pull: pull, Commit: b}},
 			Squashed: b, Status: BatchLanded, CreatedAt: Now()}},
@@ -48,6 +51,7 @@ func TestQueueRecordsValidate(t *testing.T) {
 	}{
 		{"lander not a DID", CollectionRepo, Repo{Type: CollectionRepo, Name: "x", Source: "y", Landers: []string{"bob"}, CreatedAt: Now()}},
 		{"entry without commit", CollectionQueueEntry, QueueEntry{Type: CollectionQueueEntry, Repo: repo, Pull: pull, CreatedAt: Now()}},
+		{"entry base too long", CollectionQueueEntry, QueueEntry{Type: CollectionQueueEntry, Repo: repo, Pull: pull, Commit: a, Base: strings.Repeat("b", 256), CreatedAt: Now()}},
 		{"entry pull not an AT-URI", CollectionQueueEntry, QueueEntry{Type: CollectionQueueEntry, Repo: repo, Pull: "42", Commit: a, CreatedAt: Now()}},
 		{"batch without pulls", CollectionBatch, Batch{Type: CollectionBatch, Repo: repo, Ref: "refs/heads/main", Base: a, Status: BatchBuilding, CreatedAt: Now()}},
 		{"batch short base", CollectionBatch, Batch{Type: CollectionBatch, Repo: repo, Ref: "refs/heads/main", Base: "abc", Pulls: []BatchPull{{Pull: pull, Commit: b}}, Status: BatchBuilding, CreatedAt: Now()}},

@@ -24,11 +24,15 @@ type PullCommit struct {
 
 func (p PullCommit) String() string { return p.Pull + "@" + short(p.Commit) }
 
-// Entry is one queue entry of the owner.
+// Entry is one queue entry of the owner: the pull, the head commit and
+// the base branch the owner approved.
 type Entry struct {
-	Key       string // record key
-	Pull      string
-	Commit    string
+	Key    string // record key
+	Pull   string
+	Commit string
+	// Base is the branch the entry approved the pull onto; "" for an
+	// entry written before entries named one (it is ejected: noBase).
+	Base      string
 	CreatedAt string
 }
 
@@ -67,7 +71,13 @@ type Preflight struct {
 
 // Input is what the lander knows of one repository's queue.
 type Input struct {
-	Repo    string // the repository's AT-URI
+	Repo string // the repository's AT-URI
+	// Lander is this runner's DID; MayLand whether the repository
+	// record's landers name it (MayPush). A runner they do not name may
+	// not push, so it ejects every entry (notLander) instead of
+	// pre-flighting or batching it.
+	Lander  string
+	MayLand bool
 	Entries []Entry
 	Pulls   map[string]Pull
 	// Preflights are the outcomes so far, by pull and commit.
@@ -131,11 +141,13 @@ func Order(entries []Entry) []Entry {
 	return out
 }
 
-// Decide plans the queue: entries whose pull closed or whose head moved
-// leave it, pre-flights gate entry, and what remains is ready in order.
-// Entries already done (ejected or landed at that commit), and entries
-// for a pull of another repository, are skipped: deciding again over the
-// same records gives no second ejection.
+// Decide plans the queue: every entry leaves it when this runner is not
+// among the repository's landers; entries whose pull closed, whose head
+// moved or whose base is not the one the entry approved (or that name no
+// base) leave it; pre-flights gate entry, and what remains is ready in
+// order. Entries already done (ejected or landed at that commit), and
+// entries for a pull of another repository, are skipped: deciding again
+// over the same records gives no second ejection.
 func Decide(in Input) Plan {
 	var p Plan
 	for _, e := range Order(in.Entries) {
@@ -147,19 +159,33 @@ func Decide(in Input) Plan {
 		if ok && pull.Repo != in.Repo {
 			continue
 		}
+		eject := func(reason, detail string) {
+			p.Eject = append(p.Eject, Ejection{PullCommit: pc, Reason: reason, Detail: detail})
+		}
 		switch {
+		case !in.MayLand:
+			eject(forge.EjectNotLander, fmt.Sprintf("this runner (%s) is not among the repository's landers, so it pushes nothing; "+
+				"the owner adds it to the repo record's landers to let it land", in.Lander))
+			continue
 		case !ok:
-			p.Eject = append(p.Eject, Ejection{PullCommit: pc, Reason: forge.EjectClosed, Detail: "the pull record is gone"})
+			eject(forge.EjectClosed, "the pull record is gone")
 			continue
 		case !pull.Open:
-			p.Eject = append(p.Eject, Ejection{PullCommit: pc, Reason: forge.EjectClosed, Detail: "the pull is no longer open"})
+			eject(forge.EjectClosed, "the pull is no longer open")
+			continue
+		case e.Base == "":
+			eject(forge.EjectNoBase, "the queue entry names no base branch, so what the owner approved is unknown; "+
+				"queue the pull again with base set to the branch it is to land on")
+			continue
+		case pull.Base != e.Base:
+			eject(forge.EjectBaseChanged, fmt.Sprintf("base changed after queueing: the entry approved %q, the pull now targets %q; "+
+				"queue it again to land it there", e.Base, pull.Base))
 			continue
 		case pull.Head != e.Commit:
-			p.Eject = append(p.Eject, Ejection{PullCommit: pc, Reason: forge.EjectHeadMoved,
-				Detail: fmt.Sprintf("the head moved from the approved %s to %s", short(e.Commit), short(pull.Head))})
+			eject(forge.EjectHeadMoved, fmt.Sprintf("the head moved from the approved %s to %s", short(e.Commit), short(pull.Head)))
 			continue
 		}
-		q := Queued{PullCommit: pc, Base: pull.Base}
+		q := Queued{PullCommit: pc, Base: e.Base}
 		if !in.NeedPreflight {
 			p.Ready = append(p.Ready, q)
 			continue
@@ -342,9 +368,18 @@ func Resume(b forge.Batch, head string, checksPassed bool) Step {
 	return Build
 }
 
-// IsLander reports whether self lands repo's queue.
+// IsLander reports whether self lands repo's queue: the one runner
+// that decides it, whether or not it may push (MayPush).
 func IsLander(repo *forge.Repo, self string) bool {
 	return self != "" && repo.Lander() == self
+}
+
+// MayPush reports whether self may push repo's landed batches: the
+// owner's landers name it. forge.Repo.Lander falls back to the first
+// runner when none of landers runs the repository; that runner decides
+// the queue but, not granted, ejects every entry (notLander).
+func MayPush(repo *forge.Repo, self string) bool {
+	return self != "" && repo.MayLand(self)
 }
 
 func short(c string) string {

@@ -18,8 +18,12 @@ func pc(n, c string) PullCommit {
 }
 
 func entry(key, at string, p PullCommit) Entry {
-	return Entry{Key: key, Pull: p.Pull, Commit: p.Commit, CreatedAt: "2026-01-01T00:00:0" + at + ".000Z"}
+	return Entry{Key: key, Pull: p.Pull, Commit: p.Commit, Base: "main", CreatedAt: "2026-01-01T00:00:0" + at + ".000Z"}
 }
+
+// self is the runner deciding; the cases of TestDecide grant it landing
+// unless they say otherwise.
+const self = "did:plc:lander"
 
 func open(p PullCommit) Pull { return Pull{Repo: repo, Base: "main", Head: p.Commit, Open: true} }
 
@@ -85,6 +89,41 @@ func TestDecide(t *testing.T) {
 				{PullCommit: pc("e", "5"), Reason: forge.EjectConflictBase, Detail: "a.txt"},
 			},
 		}},
+		{"base changed after queueing leaves the queue", Input{
+			Entries: []Entry{entry("k1", "1", a), entry("k2", "2", b)},
+			Pulls:   map[string]Pull{a.Pull: {Repo: repo, Base: "release", Head: a.Commit, Open: true}, b.Pull: open(b)},
+		}, Plan{
+			Eject: []Ejection{{PullCommit: a, Reason: forge.EjectBaseChanged,
+				Detail: `base changed after queueing: the entry approved "main", the pull now targets "release"; queue it again to land it there`}},
+			Ready: []Queued{q(b)},
+		}},
+		{"base changed and head moved: the base is named", Input{
+			Entries: []Entry{entry("k1", "1", a)},
+			Pulls:   map[string]Pull{a.Pull: {Repo: repo, Base: "release", Head: commit("9"), Open: true}},
+		}, Plan{Eject: []Ejection{{PullCommit: a, Reason: forge.EjectBaseChanged,
+			Detail: `base changed after queueing: the entry approved "main", the pull now targets "release"; queue it again to land it there`}}}},
+		{"the batch takes the entry's base", Input{
+			Entries: []Entry{{Key: "k1", Pull: a.Pull, Commit: a.Commit, Base: "release", CreatedAt: "2026-01-01T00:00:01.000Z"}},
+			Pulls:   map[string]Pull{a.Pull: {Repo: repo, Base: "release", Head: a.Commit, Open: true}},
+		}, Plan{Ready: []Queued{{PullCommit: a, Base: "release"}}}},
+		{"an entry naming no base leaves the queue, with no pre-flight", Input{
+			Entries:       []Entry{{Key: "k1", Pull: a.Pull, Commit: a.Commit, CreatedAt: "2026-01-01T00:00:01.000Z"}},
+			Pulls:         map[string]Pull{a.Pull: open(a)},
+			NeedPreflight: true,
+		}, Plan{Eject: []Ejection{{PullCommit: a, Reason: forge.EjectNoBase,
+			Detail: "the queue entry names no base branch, so what the owner approved is unknown; queue the pull again with base set to the branch it is to land on"}}}},
+		{"not among the landers: every entry leaves, nothing is pre-flighted", Input{
+			Lander:        self,
+			MayLand:       false,
+			Entries:       []Entry{entry("k1", "1", a), entry("k2", "2", b), entry("k3", "3", c)},
+			Pulls:         map[string]Pull{a.Pull: open(a), b.Pull: open(b)},
+			NeedPreflight: true,
+			Preflights:    map[PullCommit]Preflight{b: {Verdict: Passed}},
+			Done:          map[PullCommit]bool{c: true},
+		}, Plan{Eject: []Ejection{
+			{PullCommit: a, Reason: forge.EjectNotLander, Detail: "this runner (" + self + ") is not among the repository's landers, so it pushes nothing; the owner adds it to the repo record's landers to let it land"},
+			{PullCommit: b, Reason: forge.EjectNotLander, Detail: "this runner (" + self + ") is not among the repository's landers, so it pushes nothing; the owner adds it to the repo record's landers to let it land"},
+		}}},
 		{"re-queued at the new head", Input{
 			Entries: []Entry{entry("k1", "1", a), entry("k2", "2", PullCommit{Pull: a.Pull, Commit: commit("7")})},
 			Pulls:   map[string]Pull{a.Pull: {Repo: repo, Base: "main", Head: commit("7"), Open: true}},
@@ -94,6 +133,9 @@ func TestDecide(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			tc.in.Repo = repo
+			if tc.in.Lander == "" {
+				tc.in.Lander, tc.in.MayLand = self, true
+			}
 			if diff := cmp.Diff(tc.want, Decide(tc.in)); diff != "" {
 				t.Errorf("plan (-want +got):\n%s", diff)
 			}
@@ -243,6 +285,33 @@ func TestIsLander(t *testing.T) {
 	r := &forge.Repo{Runners: []string{"did:a", "did:b"}, Landers: []string{"did:b"}}
 	if IsLander(r, "did:a") || !IsLander(r, "did:b") || IsLander(r, "") || IsLander(&forge.Repo{}, "") {
 		t.Error("lander: want did:b only")
+	}
+}
+
+// The runner that decides the queue may push only when the owner's
+// landers name it: the fallback lander (the first runner, when no
+// runner is in landers) decides but may not push.
+func TestMayPush(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name    string
+		repo    forge.Repo
+		self    string
+		lander  bool
+		mayPush bool
+	}{
+		{"named lander", forge.Repo{Runners: []string{"did:a", "did:b"}, Landers: []string{"did:b"}}, "did:b", true, true},
+		{"fallback lander, landers empty", forge.Repo{Runners: []string{"did:a", "did:b"}}, "did:a", true, false},
+		{"fallback lander, landers name a runner not listed", forge.Repo{Runners: []string{"did:a"}, Landers: []string{"did:z"}}, "did:a", true, false},
+		{"granted but not the lander", forge.Repo{Runners: []string{"did:a", "did:b"}, Landers: []string{"did:a", "did:b"}}, "did:b", false, true},
+		{"no runner", forge.Repo{Landers: []string{""}}, "", false, false},
+	} {
+		if got := IsLander(&c.repo, c.self); got != c.lander {
+			t.Errorf("%s: IsLander %v, want %v", c.name, got, c.lander)
+		}
+		if got := MayPush(&c.repo, c.self); got != c.mayPush {
+			t.Errorf("%s: MayPush %v, want %v", c.name, got, c.mayPush)
+		}
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
 	"strings"
 	"time"
@@ -109,14 +108,28 @@ func (r *Repo) Squash(ctx context.Context, base string, pulls []SquashPull, who 
 func (r *Repo) mergeTree(ctx context.Context, onto, head string) (string, []string, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out, err := r.git(ctx, "merge-tree", "--write-tree", "--name-only", "--no-messages", onto, head)
-	lines := strings.Split(strings.TrimSpace(out), "\n")
+	return r.mergeTreeLocked(ctx, onto, head)
+}
+
+// mergeTreeLocked is git merge-tree -z: the tree, or "" and the
+// conflicting paths as they are (not C-quoted: the same names as
+// diff-tree -z gives, so that a conflict is matched to the pull that
+// changed the path, whatever its characters).
+func (r *Repo) mergeTreeLocked(ctx context.Context, onto, head string) (string, []string, error) {
+	out, err := r.git(ctx, "merge-tree", "-z", "--write-tree", "--name-only", "--no-messages", onto, head)
+	fields := strings.Split(strings.TrimSuffix(out, "\x00"), "\x00")
 	var ee *exec.ExitError
 	switch {
 	case err == nil:
-		return strings.TrimSpace(lines[0]), nil, nil
+		return strings.TrimSpace(fields[0]), nil, nil
 	case errors.As(err, &ee) && ee.ExitCode() == 1:
-		return "", lines[1:], nil
+		var paths []string
+		for _, p := range fields[1:] {
+			if p != "" {
+				paths = append(paths, p)
+			}
+		}
+		return "", paths, nil
 	default:
 		return "", nil, fmt.Errorf("merge %s onto %s: %w", head, onto, err)
 	}
@@ -126,43 +139,13 @@ func (r *Repo) mergeTree(ctx context.Context, onto, head string) (string, []stri
 // the commit the batch was built on: the batch must be rebuilt.
 var ErrBaseMoved = errors.New("the base branch moved")
 
-// Credential is how Push authenticates: a file holding an SSH private
-// key or an HTTPS token ("TOKEN" or "USER:TOKEN" on its first line). The
-// file's content never reaches an argv, an environment or a log: ssh
-// reads the key from its path, and git asks a credential helper that
-// reads the token from the file when it needs it.
-type Credential struct {
-	File string
-}
-
-// env returns the environment and configuration that make git use the
-// credential.
-func (c Credential) env() ([]string, [][2]string, error) {
-	if c.File == "" {
-		return nil, nil, nil
-	}
-	if strings.ContainsAny(c.File, "'\n\\\" ") {
-		return nil, nil, fmt.Errorf("push credential %s (--push-credential): the path may not hold quotes, spaces or backslashes", c.File)
-	}
-	data, err := os.ReadFile(c.File)
-	if err != nil {
-		return nil, nil, fmt.Errorf("push credential (--push-credential): %w", err)
-	}
-	if strings.HasPrefix(strings.TrimSpace(string(data)), "-----BEGIN") {
-		return []string{"GIT_SSH_COMMAND=ssh -o BatchMode=yes -o IdentityAgent=none -o IdentitiesOnly=yes -i '" + c.File + "'"}, nil, nil
-	}
-	// The helper answers git's "get" with the file's first line as
-	// USER:TOKEN (user "token" when there is no colon).
-	helper := `!f() { test "$1" = get || exit 0; IFS= read -r l < '` + c.File + `' || test -n "$l"; ` +
-		`case "$l" in *:*) u=${l%%:*}; p=${l#*:};; *) u=token; p=$l;; esac; ` +
-		`printf 'username=%s\npassword=%s\n' "$u" "$p"; }; f`
-	return nil, [][2]string{{"credential.helper", helper}}, nil
-}
-
 // Push moves branch of source from old to new, a descendant of old,
 // and never anything else: no force; when the branch is no longer at old
 // (checked before, and leased during, the push) it returns ErrBaseMoved.
-func (r *Repo) Push(ctx context.Context, source, branch, old, new string, cred Credential) error {
+// It authenticates with the one of creds bound to source
+// (PushCredentials.For); with creds but none bound to source it pushes
+// nothing and returns an error wrapping ErrNoCredential.
+func (r *Repo) Push(ctx context.Context, source, branch, old, new string, creds PushCredentials) error {
 	if !ValidCommit(old) || !ValidCommit(new) {
 		return fmt.Errorf("%w: push %q over %q: not object ids", ErrRefused, new, old)
 	}
@@ -177,9 +160,20 @@ func (r *Repo) Push(ctx context.Context, source, branch, old, new string, cred C
 	if _, err := r.git(ctx, "merge-base", "--is-ancestor", old, new); err != nil {
 		return fmt.Errorf("push %s to %s: %s is not a descendant of %s: refused (no force push)", branch, source, new, old)
 	}
-	env, cfg, err := cred.env()
+	cred, err := creds.For(src)
 	if err != nil {
-		return err
+		return fmt.Errorf("push %s to %s: %w", branch, source, err)
+	}
+	var env []string
+	var cfg [][2]string
+	if cred != nil {
+		t, _, err := target(src)
+		if err != nil {
+			return fmt.Errorf("push %s to %s: %w", branch, source, err)
+		}
+		if env, cfg, err = cred.gitAuth(t); err != nil {
+			return fmt.Errorf("push %s to %s: %w", branch, source, err)
+		}
 	}
 	env = append(env, "GIT_ALLOW_PROTOCOL="+src.Protocol)
 	args := []string{"--git-dir", r.Dir}

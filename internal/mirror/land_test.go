@@ -3,9 +3,7 @@ package mirror
 import (
 	"context"
 	"errors"
-	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -111,10 +109,10 @@ func TestPush(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := f.r.Push(ctx, f.url, "main", f.base, f.p3, Credential{}); err == nil || errors.Is(err, ErrBaseMoved) {
+	if err := f.r.Push(ctx, f.url, "main", f.base, f.p3, nil); err == nil || errors.Is(err, ErrBaseMoved) {
 		t.Errorf("push of a commit that does not descend from the base: %v", err)
 	}
-	if err := f.r.Push(ctx, f.url, "main", f.base, tip, Credential{}); err != nil {
+	if err := f.r.Push(ctx, f.url, "main", f.base, tip, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := gitIn(t, f.origin, "rev-parse", "refs/heads/main"); got != tip {
@@ -126,7 +124,7 @@ func TestPush(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := f.r.Push(ctx, f.url, "main", f.base, tip2, Credential{}); !errors.Is(err, ErrBaseMoved) {
+	if err := f.r.Push(ctx, f.url, "main", f.base, tip2, nil); !errors.Is(err, ErrBaseMoved) {
 		t.Errorf("push over a moved base: %v, want ErrBaseMoved", err)
 	}
 	if got := gitIn(t, f.origin, "rev-parse", "refs/heads/main"); got != tip {
@@ -134,57 +132,45 @@ func TestPush(t *testing.T) {
 	}
 }
 
-func TestCredential(t *testing.T) {
+// A conflict names its paths as they are, not C-quoted (git's
+// core.quotePath): the same names the squash lists as changed, so the
+// queue finds the earlier pull a conflict is with, and a path of
+// multi-byte characters reads as written.
+func TestSquashNamesPathsAsTheyAre(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	m, err := New(t.TempDir(), Options{})
+	work := t.TempDir()
+	gitIn(t, work, "init", "--quiet", "--initial-branch=main")
+	base := commitFiles(t, work, map[string]string{"a.txt": "a\n"})
+	const path = "répertoire/日本語 \"x\".txt"
+	gitIn(t, work, "checkout", "--quiet", "-b", "p1", base)
+	p1 := commitFiles(t, work, map[string]string{path: "one\n"})
+	gitIn(t, work, "checkout", "--quiet", "-b", "p2", base)
+	p2 := commitFiles(t, work, map[string]string{path: "two\n"})
+	m, err := New(t.TempDir(), Options{Policy: Policy{AllowLocal: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	for _, c := range []struct{ name, content, user, pass string }{
-		{"token", "s3cr3t-token\n", "token", "s3cr3t-token"},
-		{"user-token", "bot:s3cr3t:x", "bot", "s3cr3t:x"},
-	} {
-		file := filepath.Join(dir, c.name)
-		if err := os.WriteFile(file, []byte(c.content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		env, cfg, err := Credential{File: file}.env()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, e := range env {
-			if strings.Contains(e, c.pass) {
-				t.Errorf("%s: the token is in the environment", c.name)
-			}
-		}
-		for _, kv := range cfg {
-			if strings.Contains(kv[1], c.pass) {
-				t.Errorf("%s: the token is in the configuration", c.name)
-			}
-		}
-		out, err := m.gitCfg(ctx, env, cfg, strings.NewReader("protocol=https\nhost=git.invalid\n\n"), "credential", "fill")
-		if err != nil {
-			t.Fatalf("%s: %v", c.name, err)
-		}
-		lines := strings.Split(strings.TrimSpace(out), "\n")
-		if !slices.Contains(lines, "username="+c.user) || !slices.Contains(lines, "password="+c.pass) {
-			t.Errorf("%s: credential fill gave %q", c.name, out)
-		}
-	}
-	key := filepath.Join(dir, "id_ed25519")
-	if err := os.WriteFile(key, []byte("-----BEGIN OPENSSH PRIVATE KEY-----\nxx\n-----END OPENSSH PRIVATE KEY-----\n"), 0o600); err != nil {
+	r, err := m.Open(ctx, "batch")
+	if err != nil {
 		t.Fatal(err)
 	}
-	env, cfg, err := Credential{File: key}.env()
-	if err != nil || len(cfg) != 0 || len(env) != 1 || !strings.Contains(env[0], "-i '"+key+"'") || strings.Contains(env[0], "xx") {
-		t.Errorf("ssh key: env %q cfg %q, %v", env, cfg, err)
+	for _, c := range []struct{ ref, commit string }{{"refs/heads/p1", p1}, {"refs/heads/p2", p2}} {
+		if err := r.Fetch(ctx, Pull, "file://"+work, c.ref, c.commit); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if _, _, err := (Credential{File: filepath.Join(dir, "it's")}).env(); err == nil {
-		t.Error("a path with a quote was used")
+	tip, got, err := r.Squash(ctx, base, []SquashPull{{p1, "one"}, {p2, "two"}}, lander, time.Unix(1767225600, 0))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if _, _, err := (Credential{File: filepath.Join(dir, "missing")}).env(); err == nil || !strings.Contains(err.Error(), "--push-credential") {
-		t.Errorf("missing file: %v, want an error naming the flag", err)
+	want := []Squashed{{Head: p1, Commit: tip, Changed: []string{path}}, {Head: p2, Conflicts: []string{path}}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("squash (-want +got):\n%s", diff)
+	}
+	_, err = r.Merge(ctx, tip, p2)
+	var ce *ConflictError
+	if !errors.As(err, &ce) || ce.Detail != "conflicting paths: "+path {
+		t.Errorf("merge: %v; want a conflict naming %q", err, path)
 	}
 }

@@ -274,17 +274,14 @@ func (r *Repo) Merge(ctx context.Context, base, head string) (string, error) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out, err := r.git(ctx, "merge-tree", "--write-tree", "--name-only", "--no-messages", base, head)
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	var ee *exec.ExitError
+	tree, paths, err := r.mergeTreeLocked(ctx, base, head)
 	switch {
-	case err == nil:
-		return strings.TrimSpace(lines[0]), nil
-	case errors.As(err, &ee) && ee.ExitCode() == 1:
-		return "", &ConflictError{Base: base, Head: head, Detail: "conflicting paths: " + strings.Join(lines[1:], ", ")}
-	default:
-		return "", fmt.Errorf("merge %s onto %s: %w", head, base, err)
+	case err != nil:
+		return "", err
+	case tree == "":
+		return "", &ConflictError{Base: base, Head: head, Detail: "conflicting paths: " + strings.Join(paths, ", ")}
 	}
+	return tree, nil
 }
 
 // entry is one line of git ls-tree -l.

@@ -197,11 +197,29 @@ check(
     and "knotless-run-beta-kubeconfig.timer" not in inst["units"],
     sorted(inst["units"]),
 )
+alpha = inst["units"]["knotless-run-alpha.service"]
+alpha_exec = alpha.split("ExecStart=")[1].split("\n")[0]
 check(
-    "instances: the lander's push credential is a credential (pushCredentialFile), never in the unit's command",
-    "push-credential:/run/secrets/knotless-run-alpha/push-key" in inst["units"]["knotless-run-alpha.service"]
-    and "push-key" not in inst["units"]["knotless-run-alpha.service"].split("ExecStart=")[1].split("\n")[0],
-    inst["units"].get("knotless-run-alpha.service"),
+    "instances: the lander's push credentials are credentials (pushCredentials), never in the unit's command",
+    "LoadCredential=push-credential-0:/run/secrets/knotless-run-alpha/push-token" in alpha
+    and "LoadCredential=push-credential-1:/run/secrets/knotless-run-alpha/push-key" in alpha
+    and "/run/secrets" not in alpha_exec,
+    alpha,
+)
+check(
+    "instances: each push credential is bound to its host and each path, its file in the credentials directory (%d)",
+    [a for a in alpha_exec.split() if "push-credential" in a]
+    == [
+        '"--push-credential=git.example.org/your-org=%d/push-credential-0"',
+        '"--push-credential=git.example.org/you/site.git=%d/push-credential-0"',
+        '"--push-credential=ssh.example.org:2222=%d/push-credential-1"',
+    ],
+    alpha_exec,
+)
+check(
+    "the older pushCredentialFile (bound to no host) fails evaluation, saying what to write",
+    any("pushCredentialFile is a push credential bound to no host" in m and "pushCredentials = [ { host = " in m for m in s["push-credential-file"]["failedAssertions"]),
+    s["push-credential-file"]["failedAssertions"],
 )
 
 

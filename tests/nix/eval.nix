@@ -112,9 +112,23 @@ let
           enable = true;
           adminKubeconfigFile = "/etc/rancher/k3s/k3s.yaml";
         };
-        # The merge queue's lander, with its push credential.
+        # The merge queue's lander (docs/guide/nixos.md), its token bound
+        # to one host and two prefixes, its key to another host.
         settings.queue = true;
-        pushCredentialFile = "/run/secrets/knotless-run-alpha/push-key";
+        pushCredentials = [
+          {
+            host = "git.example.org";
+            paths = [
+              "your-org"
+              "you/site.git"
+            ];
+            file = "/run/secrets/knotless-run-alpha/push-token";
+          }
+          {
+            host = "ssh.example.org:2222";
+            file = "/run/secrets/knotless-run-alpha/push-key";
+          }
+        ];
       };
       beta = minimal {
         settings.executor = "shell";
@@ -311,6 +325,12 @@ in
         "--did=\${RUNNER_DID}"
         "--poll=50%"
       ];
+    });
+    # The older, unbound push credential fails evaluation, saying what
+    # to write.
+    push-credential-file = scenario withoutCommand (kube {
+      settings.queue = true;
+      pushCredentialFile = "/run/secrets/knotless-run/push-key";
     });
     minutes = scenario withCommand (
       docs // { kubeconfigRefresh = docs.kubeconfigRefresh // { interval = "30m"; }; }
