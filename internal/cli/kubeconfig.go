@@ -152,7 +152,7 @@ func (c *KubeconfigCmd) check(ctx context.Context, env *Env) error {
 	}
 	checks, verr := kubecred.Verify(ctx, cfg, ns)
 	for _, ch := range checks {
-		fmt.Fprintf(env.Stdout, "%-40s allowed=%-5v want=%v\n", ch.String(), ch.Got, ch.Want)
+		fmt.Fprintf(env.Stdout, "%-28s allowed=%-5v want=%v\n", ch.String(), ch.Got, ch.Want)
 	}
 	if verr != nil {
 		return fmt.Errorf("%s: %w", what, verr)
