@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -15,7 +17,7 @@ import (
 
 // KubeconfigCmd mints the runner's scoped kubeconfig, or checks one.
 type KubeconfigCmd struct {
-	AdminKubeconfig string        `help:"Kubeconfig with rights to create the namespace, ServiceAccount, Role and RoleBinding and to request tokens." placeholder:"FILE"`
+	AdminKubeconfig string        `help:"Kubeconfig with rights to create the namespace, ServiceAccount, Role and RoleBinding, to request tokens, and to apply the (cluster-wide) admission policy and its binding." placeholder:"FILE"`
 	Out             string        `help:"Where to write the runner's kubeconfig (atomically, mode 0600)." placeholder:"FILE"`
 	Namespace       string        `help:"Namespace of the runs." default:"knotless-runs"`
 	ServiceAccount  string        `help:"The runner's ServiceAccount." default:"knotless-runner"`
@@ -25,6 +27,9 @@ type KubeconfigCmd struct {
 	Check           string        `help:"Check an existing kubeconfig instead: print its access answers and token expiry; exit non-zero when expired or within --warn." placeholder:"FILE"`
 	Warn            time.Duration `help:"With --check: how close to expiry counts as a failure." default:"1h"`
 	InCluster       bool          `name:"check-in-cluster" help:"Check the pod's own service account instead (inside a pod: its projected token, the runs namespace from --namespace), as --check does a file."`
+
+	AllowImagePullSecret []string `help:"Secret the admission policy lets run pods name in imagePullSecrets (repeatable): the Secrets the runner's --image-pull-secret names. Run pods may name no other." placeholder:"NAME"`
+	SkipAdmissionPolicy  bool     `help:"Install no admission policy (for API servers older than Kubernetes 1.30, which do not serve ValidatingAdmissionPolicy). A stolen runner credential can then mount the runs namespace's Secrets in a Job."`
 }
 
 // Run mints or checks.
@@ -34,6 +39,9 @@ func (c *KubeconfigCmd) Run(ctx context.Context, env *Env) error {
 	}
 	if c.AdminKubeconfig == "" || c.Out == "" {
 		return errors.New("kubeconfig: --admin-kubeconfig and --out are required (or --check FILE)")
+	}
+	if err := checkSecretNames("--allow-image-pull-secret", c.AllowImagePullSecret); err != nil {
+		return err
 	}
 	admin, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
 		&clientcmd.ClientConfigLoadingRules{ExplicitPath: c.AdminKubeconfig},
@@ -45,9 +53,29 @@ func (c *KubeconfigCmd) Run(ctx context.Context, env *Env) error {
 	if err != nil {
 		return fmt.Errorf("--admin-kubeconfig %s: %w", c.AdminKubeconfig, err)
 	}
-	opts := kubecred.Options{Namespace: c.Namespace, ServiceAccount: c.ServiceAccount, Duration: c.Duration, PodSecurity: c.PodSecurity}
+	opts := kubecred.Options{Namespace: c.Namespace, ServiceAccount: c.ServiceAccount, Duration: c.Duration, PodSecurity: c.PodSecurity, ImagePullSecrets: c.AllowImagePullSecret}
+	policy := kubecred.PolicyOf(opts)
+	// Checked before anything is made: an API server without the policy
+	// fails here, not after the credential exists.
+	if !c.SkipAdmissionPolicy {
+		if _, _, err := kubecred.AdmissionPolicy(policy); err != nil {
+			return fmt.Errorf("kubeconfig: %w", err)
+		}
+		if err := kubecred.RequireAdmissionPolicy(ctx, cs.Discovery()); err != nil {
+			if errors.Is(err, kubecred.ErrNoAdmissionPolicy) {
+				return fmt.Errorf("%w; the runner's admission policy (which keeps its Jobs from the namespace's Secrets) needs it: upgrade the cluster, or pass --skip-admission-policy to go without it", err)
+			}
+			return fmt.Errorf("--admin-kubeconfig %s: %w", c.AdminKubeconfig, err)
+		}
+	}
 	if err := kubecred.Ensure(ctx, cs, opts); err != nil {
 		return err
+	}
+	policyName := kubecred.PolicyName(c.Namespace, c.ServiceAccount)
+	if c.SkipAdmissionPolicy {
+		env.Logger.Warn("no admission policy installed (--skip-admission-policy): a stolen runner credential can mount the runs namespace's Secrets in a Job", "namespace", c.Namespace)
+	} else if err := kubecred.EnsureAdmissionPolicy(ctx, cs, policy); err != nil {
+		return fmt.Errorf("%w (or pass --skip-admission-policy to go without it)", err)
 	}
 	kc, expiry, err := kubecred.Mint(ctx, cs, admin, opts)
 	if err != nil {
@@ -61,11 +89,20 @@ func (c *KubeconfigCmd) Run(ctx context.Context, env *Env) error {
 	if _, err := kubecred.VerifySettled(ctx, cfg, c.Namespace, 15*time.Second); err != nil {
 		return fmt.Errorf("%w; %s left as it was", err, c.Out)
 	}
+	if !c.SkipAdmissionPolicy {
+		if err := kubecred.VerifyAdmission(ctx, cfg, c.Namespace, policyName, 15*time.Second); err != nil {
+			return fmt.Errorf("%w; %s left as it was", err, c.Out)
+		}
+	}
 	if err := kubecred.WriteKubeconfig(c.Out, kc); err != nil {
 		return fmt.Errorf("--out: %w", err)
 	}
-	env.Logger.Info("kubeconfig written", "file", c.Out, "namespace", c.Namespace, "service_account", c.ServiceAccount, "expires", expiry.UTC().Format(time.RFC3339))
-	fmt.Fprintf(env.Stdout, "wrote %s: %s/%s, token expires %s\n", c.Out, c.Namespace, c.ServiceAccount, expiry.UTC().Format(time.RFC3339))
+	installed := "admission policy " + policyName
+	if c.SkipAdmissionPolicy {
+		installed = "no admission policy"
+	}
+	env.Logger.Info("kubeconfig written", "file", c.Out, "namespace", c.Namespace, "service_account", c.ServiceAccount, "expires", expiry.UTC().Format(time.RFC3339), "policy", installed)
+	fmt.Fprintf(env.Stdout, "wrote %s: %s/%s, token expires %s, %s\n", c.Out, c.Namespace, c.ServiceAccount, expiry.UTC().Format(time.RFC3339), installed)
 	return nil
 }
 
@@ -122,6 +159,16 @@ func (c *KubeconfigCmd) check(ctx context.Context, env *Env) error {
 	}
 	if left < c.Warn {
 		return fmt.Errorf("%s: token expires in %s, within --warn %s", what, left, c.Warn)
+	}
+	return nil
+}
+
+// checkSecretNames refuses a value of flag that cannot name a Secret.
+func checkSecretNames(flag string, names []string) error {
+	for _, name := range names {
+		if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 {
+			return fmt.Errorf("%s %q: not a Secret name: %s", flag, name, strings.Join(msgs, "; "))
+		}
 	}
 	return nil
 }

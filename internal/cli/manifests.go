@@ -20,15 +20,21 @@ type ManifestsCmd struct {
 	PDS               string   `name:"pds" help:"The runner's PDS URL (default: from its DID document)." placeholder:"URL"`
 	ServeFlag         []string `help:"One more argument for serve, repeatable and in order (e.g. --serve-flag=--plc-url --serve-flag=URL); not the flags the manifests set." placeholder:"ARG"`
 	AppPasswordSecret string   `help:"Secret in --namespace holding the app password under the key app-password (the one Secret you create)." default:"knotless-app-password" placeholder:"NAME"`
+
+	AllowImagePullSecret []string `help:"Secret the admission policy lets run pods name in imagePullSecrets (repeatable): the Secrets given to serve's --image-pull-secret. Run pods may name no other." placeholder:"NAME"`
+	SkipAdmissionPolicy  bool     `help:"Leave out the admission policy (for API servers older than Kubernetes 1.30, which do not serve ValidatingAdmissionPolicy). A stolen runner credential can then mount the runs namespace's Secrets in a Job."`
 }
 
 // Run prints the manifests as YAML to stdout.
 func (c *ManifestsCmd) Run(env *Env) error {
+	if err := checkSecretNames("--allow-image-pull-secret", c.AllowImagePullSecret); err != nil {
+		return err
+	}
 	objs, err := manifests.Objects(manifests.Options{
 		Namespace: c.Namespace, RunsNamespace: c.RunsNamespace, Name: c.Name,
 		Image: c.Image, StorageClass: c.StorageClass, StorageSize: c.StorageSize,
 		DID: c.DID, PDS: c.PDS, AppPasswordSecret: c.AppPasswordSecret, Repos: c.Repos,
-		ServeFlags: c.ServeFlag,
+		ServeFlags: c.ServeFlag, AllowImagePullSecrets: c.AllowImagePullSecret, SkipAdmissionPolicy: c.SkipAdmissionPolicy,
 	})
 	if err != nil {
 		return fmt.Errorf("manifests: %w", err)

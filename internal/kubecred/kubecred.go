@@ -55,6 +55,9 @@ type Options struct {
 	// "restricted" (the default) or "baseline" (for runners that run
 	// steps as root).
 	PodSecurity string
+	// ImagePullSecrets are the Secret names the admission policy lets
+	// run pods give in imagePullSecrets.
+	ImagePullSecrets []string
 }
 
 // Pod Security admission labels of the runs namespace.
@@ -96,7 +99,10 @@ func podSecurityLabels(level string) map[string]string {
 // Check is one access question and its answer.
 type Check struct {
 	Verb, Group, Resource, Subresource string
-	Want, Got                          bool
+	// Cluster is set for a cluster-wide resource: asked without a
+	// namespace.
+	Cluster   bool
+	Want, Got bool
 }
 
 func (c Check) String() string {
@@ -117,8 +123,16 @@ func Checks() []Check {
 		// Pods come only from Jobs, admitted under the namespace's Pod
 		// Security level.
 		{Verb: "create", Resource: "pods", Want: false},
-		{Verb: "get", Resource: "nodes", Want: false},
+		{Verb: "get", Resource: "nodes", Cluster: true, Want: false},
 		{Verb: "get", Resource: "secrets", Want: false},
+		// The admission policy that keeps its Jobs from Secrets is the
+		// operator's: the runner can neither loosen nor remove it.
+		{Verb: "update", Group: "admissionregistration.k8s.io", Resource: "validatingadmissionpolicies", Cluster: true, Want: false},
+		{Verb: "patch", Group: "admissionregistration.k8s.io", Resource: "validatingadmissionpolicies", Cluster: true, Want: false},
+		{Verb: "delete", Group: "admissionregistration.k8s.io", Resource: "validatingadmissionpolicies", Cluster: true, Want: false},
+		{Verb: "update", Group: "admissionregistration.k8s.io", Resource: "validatingadmissionpolicybindings", Cluster: true, Want: false},
+		{Verb: "patch", Group: "admissionregistration.k8s.io", Resource: "validatingadmissionpolicybindings", Cluster: true, Want: false},
+		{Verb: "delete", Group: "admissionregistration.k8s.io", Resource: "validatingadmissionpolicybindings", Cluster: true, Want: false},
 	}
 }
 
@@ -279,7 +293,7 @@ func Verify(ctx context.Context, cfg *rest.Config, ns string) ([]Check, error) {
 		review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
 			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: ns, Verb: c.Verb, Group: c.Group, Resource: c.Resource, Subresource: c.Subresource},
 		}}
-		if c.Resource == "nodes" {
+		if c.Cluster {
 			review.Spec.ResourceAttributes.Namespace = ""
 		}
 		got, err := cs.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})

@@ -1,7 +1,8 @@
 // Package manifests builds what an operator applies to run knotless-run
 // inside the cluster it runs Jobs on: the runs namespace, the runner's
 // ServiceAccount, its Role and RoleBinding (kubecred's rules, the same
-// rights `knotless-run kubeconfig` grants) and a one-replica StatefulSet.
+// rights `knotless-run kubeconfig` grants), the admission policy that
+// `kubeconfig` installs, and a one-replica StatefulSet.
 package manifests
 
 import (
@@ -37,6 +38,11 @@ type Options struct {
 	// ServeFlags are more flags for serve (e.g. --plc-url URL), each
 	// element one argument, placed before the repositories.
 	ServeFlags []string
+	// AllowImagePullSecrets are the Secret names the admission policy
+	// lets run pods give in imagePullSecrets; SkipAdmissionPolicy leaves
+	// the policy out (admission.go).
+	AllowImagePullSecrets []string
+	SkipAdmissionPolicy   bool
 }
 
 // Paths and numbers inside the runner's pod.
@@ -188,7 +194,12 @@ func Objects(o Options) ([]runtime.Object, error) {
 		},
 	}
 	sts.TypeMeta, sts.ObjectMeta = meta("StatefulSet", "apps/v1", o.Namespace)
-	return []runtime.Object{ns, sa, role, binding, sts}, nil
+	// The admission policy before the runner that it holds.
+	policy, err := admissionObjects(o)
+	if err != nil {
+		return nil, err
+	}
+	return slices.Concat([]runtime.Object{ns, sa, role, binding}, policy, []runtime.Object{sts}), nil
 }
 
 // ownFlags are the serve flags the manifests set themselves, and

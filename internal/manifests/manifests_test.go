@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 
 	"knotless.dev/run/internal/kubecred"
@@ -92,5 +93,51 @@ func TestManifestsRequired(t *testing.T) {
 	o.StorageSize = "lots"
 	if _, err := Objects(o); err == nil {
 		t.Error("Objects with storage size lots: no error")
+	}
+}
+
+// TestAdmissionPolicyIsKubecreds: the in-cluster runner's Jobs are held
+// by the policy `knotless-run kubeconfig` installs, for its own
+// ServiceAccount, applied before the StatefulSet; none with
+// SkipAdmissionPolicy.
+func TestAdmissionPolicyIsKubecreds(t *testing.T) {
+	t.Parallel()
+	o := testOptions()
+	o.AllowImagePullSecrets = []string{"ci-pull"}
+	objs, err := Objects(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy, binding, err := kubecred.AdmissionPolicy(kubecred.Policy{Namespace: "knotless", ServiceAccount: "knotless-runner", ImagePullSecrets: []string{"ci-pull"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []string
+	for _, obj := range objs {
+		kinds = append(kinds, obj.GetObjectKind().GroupVersionKind().Kind)
+		switch obj := obj.(type) {
+		case *admissionregistrationv1.ValidatingAdmissionPolicy:
+			if diff := cmp.Diff(policy, obj); diff != "" {
+				t.Errorf("policy (-kubecred +manifests):\n%s", diff)
+			}
+		case *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
+			if diff := cmp.Diff(binding, obj); diff != "" {
+				t.Errorf("binding (-kubecred +manifests):\n%s", diff)
+			}
+		}
+	}
+	want := []string{"Namespace", "ServiceAccount", "Role", "RoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "StatefulSet"}
+	if diff := cmp.Diff(want, kinds); diff != "" {
+		t.Errorf("objects in order (-want +got):\n%s", diff)
+	}
+
+	o.SkipAdmissionPolicy = true
+	if objs, err = Objects(o); err != nil {
+		t.Fatal(err)
+	}
+	for _, obj := range objs {
+		if k := obj.GetObjectKind().GroupVersionKind().Kind; strings.HasPrefix(k, "ValidatingAdmissionPolicy") {
+			t.Errorf("SkipAdmissionPolicy: %s in the manifests", k)
+		}
 	}
 }

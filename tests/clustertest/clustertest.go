@@ -45,6 +45,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"knotless.dev/run/internal/kubecred"
 )
 
 // The environment that tests/cluster/env prints and that describes a
@@ -336,8 +338,51 @@ func start(t testing.TB, how int) *Cluster {
 		if err != nil && !apierrors.IsNotFound(err) {
 			t.Errorf("clustertest: delete namespace %s: %v", ns, err)
 		}
+		if err := c.DeleteAdmissionPolicies(ctx, ns); err != nil {
+			t.Errorf("clustertest: %v", err)
+		}
 	})
 	return c
+}
+
+// DeleteAdmissionPolicies deletes the runner admission policies and
+// bindings (cluster-wide: they do not go with a namespace) that
+// `knotless-run kubeconfig` or `manifests` made for a service account of
+// namespace ns or of one named after it (NS-runs). Start's clean-up calls
+// it for the test's namespace; a test that mints into a namespace of
+// another name calls it for that one.
+func (c *Cluster) DeleteAdmissionPolicies(ctx context.Context, ns string) error {
+	mine := func(m metav1.ObjectMeta) bool {
+		v := m.Labels[kubecred.LabelServiceAccountNamespace]
+		return v == ns || strings.HasPrefix(v, ns+"-")
+	}
+	list := metav1.ListOptions{LabelSelector: kubecred.LabelServiceAccountNamespace}
+	api := c.Clientset.AdmissionregistrationV1()
+	bindings, err := api.ValidatingAdmissionPolicyBindings().List(ctx, list)
+	if err != nil {
+		return fmt.Errorf("list admission policy bindings: %w", err)
+	}
+	for _, b := range bindings.Items {
+		if !mine(b.ObjectMeta) {
+			continue
+		}
+		if err := api.ValidatingAdmissionPolicyBindings().Delete(ctx, b.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete admission policy binding %s: %w", b.Name, err)
+		}
+	}
+	policies, err := api.ValidatingAdmissionPolicies().List(ctx, list)
+	if err != nil {
+		return fmt.Errorf("list admission policies: %w", err)
+	}
+	for _, p := range policies.Items {
+		if !mine(p.ObjectMeta) {
+			continue
+		}
+		if err := api.ValidatingAdmissionPolicies().Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete admission policy %s: %w", p.Name, err)
+		}
+	}
+	return nil
 }
 
 // useLockPath is the lock that Start and StartExclusive take for the

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"knotless.dev/run/internal/cli"
+	"knotless.dev/run/internal/kubecred"
 	"knotless.dev/run/tests/clustertest"
 )
 
@@ -139,10 +140,55 @@ func TestKubeconfigScopedAndIdempotent(t *testing.T) {
 	if len(roles.Items) != 1 || len(bindings.Items) != 1 || len(sas.Items) != 1 {
 		t.Errorf("after two mints: %d roles, %d bindings, %d service accounts; want one each", len(roles.Items), len(bindings.Items), len(sas.Items))
 	}
+	if n, m := admissionPolicies(t, c); n != 1 || m != 1 {
+		t.Errorf("after two mints: %d admission policies and %d bindings, want one each", n, m)
+	}
 	if r := knotlessRun(t, "kubeconfig", "--check", out); r.code != 0 || !strings.Contains(r.stdout, "get nodes") {
 		t.Errorf("--check: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	assertEmpty(t, c)
+}
+
+// admissionPolicies counts the admission policies and bindings made for
+// the test namespace's service accounts.
+func admissionPolicies(t *testing.T, c *clustertest.Cluster) (int, int) {
+	t.Helper()
+	ctx := context.Background()
+	selector := metav1.ListOptions{LabelSelector: kubecred.LabelServiceAccountNamespace + "=" + c.Namespace}
+	policies, err := c.Clientset.AdmissionregistrationV1().ValidatingAdmissionPolicies().List(ctx, selector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bindings, err := c.Clientset.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().List(ctx, selector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(policies.Items), len(bindings.Items)
+}
+
+// `kubeconfig` says which admission policy holds the credential, and
+// with --skip-admission-policy installs none and says so.
+func TestKubeconfigAdmissionPolicy(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t)
+	out := filepath.Join(t.TempDir(), "runner.kubeconfig")
+	r := mint(t, c, c.Kubeconfig, out, "--skip-admission-policy")
+	if r.code != 0 || !strings.Contains(r.stdout, ", no admission policy\n") || !strings.Contains(r.stderr, "stolen runner credential can mount") {
+		t.Fatalf("kubeconfig --skip-admission-policy: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if n, m := admissionPolicies(t, c); n != 0 || m != 0 {
+		t.Errorf("--skip-admission-policy: %d admission policies and %d bindings, want none", n, m)
+	}
+	r = mint(t, c, c.Kubeconfig, out, "--allow-image-pull-secret", "ci-pull")
+	if want := ", admission policy knotless-run." + c.Namespace + ".knotless-runner\n"; r.code != 0 || !strings.Contains(r.stdout, want) {
+		t.Fatalf("kubeconfig: exit %d, want stdout saying %q\n%s%s", r.code, want, r.stdout, r.stderr)
+	}
+	if n, m := admissionPolicies(t, c); n != 1 || m != 1 {
+		t.Errorf("%d admission policies and %d bindings, want one each", n, m)
+	}
+	if r := knotlessRun(t, "kubeconfig", "--check", out); r.code != 0 || !strings.Contains(r.stdout, "delete validatingadmissionpolicies") {
+		t.Errorf("--check: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
 }
 
 // One executor crosses a refresh: after the old token is revoked and the

@@ -200,6 +200,13 @@ func TestRunnerInCluster(t *testing.T) {
 		if other := rights(ctx, t, c, token, c.Namespace); len(other) != 0 {
 			t.Errorf("the pod has rights in its own namespace %s: %v", c.Namespace, other)
 		}
+		// The manifests' admission policy holds the pod's account: a Job
+		// that mounts a Secret is refused for it (a dry run).
+		cfg := rest.AnonymousClientConfig(c.Config)
+		cfg.BearerToken = strings.TrimSpace(token)
+		if err := kubecred.VerifyAdmission(ctx, cfg, runsNS, kubecred.PolicyName(c.Namespace, runnerName), time.Minute); err != nil {
+			t.Errorf("the runner pod's account: %v", err)
+		}
 	})
 
 	t.Run("a push runs as a Job", func(t *testing.T) {
