@@ -172,6 +172,7 @@ type ownerListing struct {
 // pages forever leaves its own repositories (or pulls) out, not the
 // others'.
 func (l *Lister) Reconcile(ctx context.Context) (*Snapshot, error) {
+	start := time.Now()
 	p := l.Bounds.pool()
 	repos, err := l.repos(ctx, p)
 	if err != nil {
@@ -232,6 +233,7 @@ func (l *Lister) Reconcile(ctx context.Context) (*Snapshot, error) {
 	sort.SliceStable(snap.Events, func(i, j int) bool {
 		return snap.Events[i].URI.RecordKey().String() < snap.Events[j].URI.RecordKey().String()
 	})
+	l.Logger.Debug("listed", "repos", len(snap.Repos), "of", len(repos), "events", len(snap.Events), "took", time.Since(start))
 	return snap, nil
 }
 
