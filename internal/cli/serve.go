@@ -62,7 +62,6 @@ type ServeCmd struct {
 	// kubeconfig.
 	UnsafeShellUntrusted bool   `help:"Let --executor shell run --pulls, --discover or --queue work: strangers' code then runs on this host, beside the runner's sealing key, PDS session and kubeconfig. Only for a throwaway host." group:"limits"`
 	LimitsApplyTo        string `help:"Which runs the --max-* and --allow-image limits bound: untrusted (pulls) or all." enum:"untrusted,all" default:"untrusted" group:"limits"`
-	MaxQueuedPerAuthor   int    `help:"Most pulls of one author queued or running at once; more wait, without a check, until one ends (0: no cap). Pushes are never capped and are claimed first." default:"4" group:"limits"`
 	QueueBatch           int    `help:"Most pulls one merge-queue batch takes (--queue); the rest wait for the next batch." default:"8" group:"limits"`
 
 	// ExecutorFlags choose and configure the executor, as for run.
@@ -71,6 +70,7 @@ type ServeCmd struct {
 	CacheFlags    `embed:""`
 
 	LimitFlags `embed:""`
+	FloodFlags `embed:""`
 }
 
 // ConfigFile is the --config flag: before the other flags are resolved
@@ -178,12 +178,9 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 	if err != nil {
 		return err
 	}
-	perAuthor := c.MaxQueuedPerAuthor
-	if perAuthor < 0 {
-		return fmt.Errorf("--max-queued-per-author %d: want 0 (no cap) or more", perAuthor)
-	}
-	if perAuthor == 0 {
-		perAuthor = daemon.NoCap
+	caps, err := c.caps()
+	if err != nil {
+		return err
 	}
 	if c.Queue && c.QueueBatch < 1 {
 		return fmt.Errorf("--queue-batch %d: want 1 or more", c.QueueBatch)
@@ -254,9 +251,9 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 		Logger:    log,
 		Retention: c.Retention,
 
-		Max:                max,
-		MaxQueuedPerAuthor: perAuthor,
-		QueueBatch:         c.QueueBatch,
+		Max:        max,
+		Caps:       caps,
+		QueueBatch: c.QueueBatch,
 	})
 	if errors.Is(err, context.Canceled) {
 		return nil

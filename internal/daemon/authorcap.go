@@ -1,49 +1,84 @@
 package daemon
 
 import (
+	"github.com/bluesky-social/indigo/atproto/syntax"
+
+	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
 )
 
-// The per-author cap: one stranger's pull spam must not fill the queue
-// ahead of the owner's pushes, nor spend the runner's PDS write quota on
-// queued checks. See docs/design/daemon.md, "The queue".
-const (
-	// DefaultMaxQueuedPerAuthor is the cap when Config sets none.
-	DefaultMaxQueuedPerAuthor = 4
-	// NoCap, as Config.MaxQueuedPerAuthor, turns the cap off.
-	NoCap = -1
-)
+// The per-author caps (flood.go): one stranger's pull spam must not
+// fill the queue ahead of the owner's pushes, nor spend the runner's
+// PDS write quota. See docs/design/daemon.md, "The queue" and "Floods".
 
-// author is whom the cap counts an event against: the account that
-// wrote an untrusted event (a pull's record); "" for trusted work, which
-// is never capped.
-func author(ev ingest.Event) string {
-	if ev.Trusted {
+// author is whom the author caps count an event against: the account
+// that wrote an untrusted pull (its record's); with all (the limits
+// apply to all runs: --limits-apply-to all), also the owner of a
+// pushed repository. "" for work never capped by author: a trusted
+// push by default, and a merge-queue batch (the owner queued its
+// pulls; --queue-batch bounds it).
+func author(ev ingest.Event, all bool) string {
+	switch {
+	case ev.Kind == forge.KindBatch:
+		return ""
+	case ev.Trusted && all:
+		return ev.Repo.URI.Authority().String()
+	case ev.Trusted:
 		return ""
 	}
 	return ev.URI.Authority().String()
 }
 
-// overAuthorCap reports whether ev must wait: its author already has max
-// pulls in hand (queued or running, counted by pull, not by workflow or
-// commit) and ev is not a newer commit of one of them, which takes the
-// older one's place through supersede. held is how many pulls the author
-// has in hand.
-func overAuthorCap(inHand []*job, ev ingest.Event, max int) (over bool, held int) {
-	a := author(ev)
-	if a == "" || max <= 0 {
-		return false, 0
+// checkAuthor is whom a check write is counted against, as author
+// counts its event: a pull's check against the pull's author, with all
+// a push's against the repository's owner.
+func checkAuthor(c forge.Check, all bool) string {
+	switch {
+	case c.Subject.Kind == forge.KindPull:
+		return syntax.ATURI(c.Subject.Event).Authority().String()
+	case c.Subject.Kind == forge.KindPush && all:
+		return syntax.ATURI(c.Subject.Repo).Authority().String()
 	}
-	pulls := map[string]bool{}
-	for _, j := range inHand {
-		if author(j.ev) == a {
-			pulls[j.ev.URI.String()] = true
+	return ""
+}
+
+// load is what author a has in hand, as the caps count it (flood.go):
+// its runs queued or running, but those ev supersedes (it takes their
+// place), and the check writes they all still owe.
+func (q *queue) load(a string, all bool, ev ingest.Event) (runs, owing int) {
+	count := func(j *job, writes int) {
+		if author(j.ev, all) != a {
+			return
+		}
+		owing += writes
+		if !supersededBy(j, ev) {
+			runs++
 		}
 	}
-	if pulls[ev.URI.String()] {
-		return false, len(pulls)
+	for _, j := range q.waiting {
+		count(j, 2) // running, final
 	}
-	return len(pulls) >= max, len(pulls)
+	for _, j := range q.running {
+		count(j, 1) // final
+	}
+	return runs, owing
+}
+
+// supersededBy reports whether ev supersedes j's run (queue.add): a
+// newer commit of the same pull, or a newer push of the same ref,
+// unless j's workflow lets its older runs finish.
+func supersededBy(j *job, ev ingest.Event) bool {
+	if j.wf != nil && j.wf.Superseded == "finish" {
+		return false
+	}
+	switch ev.Kind {
+	case forge.KindPull:
+		return j.ev.Kind == forge.KindPull && j.ev.URI == ev.URI && j.ev.Commit != ev.Commit
+	case forge.KindPush:
+		return j.ev.Kind == forge.KindPush && j.ev.Repo.URI == ev.Repo.URI && j.ev.Ref == ev.Ref &&
+			j.ev.URI.RecordKey().String() < ev.URI.RecordKey().String()
+	}
+	return false
 }
 
 // claimIndex is the queued job a worker takes next: the first trusted

@@ -17,40 +17,87 @@ func pushEvent(owner, rkey string) ingest.Event {
 	return ingest.Event{Kind: forge.KindPush, URI: syntax.ATURI("at://" + owner + "/" + forge.CollectionRefUpdate + "/" + rkey), Commit: "c" + rkey, Trusted: true}
 }
 
-// TestOverAuthorCap is the cap's rule alone: pulls are counted by pull
-// per author; a newer commit of a pull in hand is never held back (it
-// supersedes the older one); trusted pushes are never capped.
-func TestOverAuthorCap(t *testing.T) {
+// TestAuthor: whom the author caps count an event, and a check write,
+// against: a pull's author; a push's owner only when the limits apply
+// to all runs; a batch never.
+func TestAuthor(t *testing.T) {
 	t.Parallel()
-	const spam, other, owner = "did:plc:spam", "did:plc:other", "did:plc:owner"
-	jobs := func(evs ...ingest.Event) []*job {
-		var js []*job
-		for _, ev := range evs {
-			js = append(js, &job{ev: ev})
-		}
-		return js
-	}
-	// Two workflows of one pull are one pull.
-	twoPulls := jobs(pullEvent(spam, "p1", "a"), pullEvent(spam, "p1", "a"), pullEvent(spam, "p2", "b"), pullEvent(other, "q1", "c"), pushEvent(owner, "r1"))
+	const spam, owner = "did:plc:spam", "did:plc:owner"
+	p := pullEvent(spam, "p1", "a")
+	p.Repo.URI = syntax.ATURI("at://" + owner + "/" + forge.CollectionRepo + "/r")
+	pre := p
+	pre.Preflight = true
+	push := pushEvent(owner, "r1")
+	push.Repo.URI = p.Repo.URI
+	landing := ingest.Event{Kind: forge.KindPush, URI: syntax.ATURI("at://did:plc:lander/" + forge.CollectionLanding + "/l1"),
+		Repo: p.Repo, Trusted: true}
+	batch := ingest.Event{Kind: forge.KindBatch, URI: syntax.ATURI("at://did:plc:lander/" + forge.CollectionBatch + "/b1"), Repo: p.Repo}
 	for _, tc := range []struct {
-		name     string
-		inHand   []*job
-		ev       ingest.Event
-		max      int
-		wantOver bool
-		wantHeld int
+		name string
+		ev   ingest.Event
+		all  bool
+		want string
 	}{
-		{"under the cap", twoPulls, pullEvent(spam, "p3", "d"), 3, false, 2},
-		{"at the cap", twoPulls, pullEvent(spam, "p3", "d"), 2, true, 2},
-		{"newer commit of a pull in hand", twoPulls, pullEvent(spam, "p2", "e"), 2, false, 2},
-		{"another author", twoPulls, pullEvent(other, "q2", "f"), 2, false, 1},
-		{"the owner's push", twoPulls, pushEvent(owner, "r2"), 1, false, 0},
-		{"no cap", twoPulls, pullEvent(spam, "p3", "d"), NoCap, false, 0},
-		{"nothing in hand", nil, pullEvent(spam, "p1", "a"), 1, false, 0},
+		{"a pull", p, false, spam},
+		{"a pre-flight", pre, false, spam},
+		{"the owner's push", push, false, ""},
+		{"the owner's push, limits on all", push, true, owner},
+		{"a landing, limits on all", landing, true, owner},
+		{"a batch", batch, true, ""},
 	} {
-		over, held := overAuthorCap(tc.inHand, tc.ev, tc.max)
-		if over != tc.wantOver || held != tc.wantHeld {
-			t.Errorf("%s: got over %v held %d, want %v %d", tc.name, over, held, tc.wantOver, tc.wantHeld)
+		if got := author(tc.ev, tc.all); got != tc.want {
+			t.Errorf("%s: author %q, want %q", tc.name, got, tc.want)
+		}
+		c := forge.Check{Subject: tc.ev.Subject()}
+		if got := checkAuthor(c, tc.all); got != tc.want {
+			t.Errorf("%s: its check's author %q, want %q, as its event's", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestQueueLoad is what an author has in hand as the caps count it:
+// runs, not pulls (each workflow of each commit is one), without the
+// older commit's runs of the pull being considered (it supersedes them)
+// unless they finish; and the writes they all still owe (2 a queued
+// run, 1 a running one).
+func TestQueueLoad(t *testing.T) {
+	t.Parallel()
+	const spam, other = "did:plc:spam", "did:plc:other"
+	q := newQueue()
+	for _, j := range []*job{
+		pullJob(spam, "p1", "a", "lint"), pullJob(spam, "p1", "a", "test"),
+		pullJob(spam, "p2", "b", "lint"), pullJob(other, "q1", "c", "lint"),
+		pushJob("r1", "main", "ci"),
+	} {
+		q.add(j)
+	}
+	q.claim() // the push
+	q.claim() // p1's lint
+	finish := pullJob(spam, "p3", "d", "deploy")
+	finish.wf.Superseded = "finish"
+	q.add(finish)
+	for _, tc := range []struct {
+		name      string
+		a         string
+		all       bool
+		ev        ingest.Event
+		wantRuns  int
+		wantOwing int
+	}{
+		{"a new pull", spam, false, pullEvent(spam, "p9", "z"), 4, 1 + 2 + 2 + 2},
+		{"a newer commit of p1", spam, false, pullEvent(spam, "p1", "a2"), 2, 7},
+		{"the same commit of p1", spam, false, pullEvent(spam, "p1", "a"), 4, 7},
+		{"a newer commit of a pull whose runs finish", spam, false, pullEvent(spam, "p3", "d2"), 4, 7},
+		{"another author", other, false, pullEvent(other, "q2", "y"), 1, 2},
+		{"the owner's pushes, limits on all", "did:plc:owner", true, pushEvent("did:plc:owner", "r0"), 1, 1},
+		{"the owner's newer push of main, limits on all", "did:plc:owner", true, func() ingest.Event {
+			ev := pushJob("r2", "main", "ci").ev
+			return ev
+		}(), 0, 1},
+	} {
+		runs, owing := q.load(tc.a, tc.all, tc.ev)
+		if runs != tc.wantRuns || owing != tc.wantOwing {
+			t.Errorf("%s: load %d runs, %d owed; want %d, %d", tc.name, runs, owing, tc.wantRuns, tc.wantOwing)
 		}
 	}
 }

@@ -78,10 +78,18 @@ type Config struct {
 	// Max bounds what a workflow may ask for: untrusted runs, or all
 	// (run.Maximums).
 	Max run.Maximums
-	// MaxQueuedPerAuthor caps the pulls of one author queued or running
-	// at once; more wait, without a check, until one ends. 0 means
-	// DefaultMaxQueuedPerAuthor, NoCap none. Pushes are never capped.
-	MaxQueuedPerAuthor int
+	// Caps bound floods (flood.go): Caps.WorkflowsPerEvent the
+	// workflows one push or pull may run (one with more gets one error
+	// check and runs none); the author caps the events of one pull's
+	// author (and, with Max.All, of one repository owner's pushes): its
+	// runs queued or running at once, and the check writes its events
+	// cause per Caps.Window (an hour by default, refilled continuously).
+	// An event over an author cap waits, without a check, until runs
+	// end or the budget refills.
+	Caps Caps
+	// Listing bounds the reconcile's listings of other accounts' PDSes
+	// (zero fields: the defaults).
+	Listing Listing
 
 	// Secrets are the operator's secrets, each with the repositories
 	// (and optionally workflows and refs) it is for; one that applies to
@@ -116,9 +124,7 @@ func (c *Config) defaults() {
 	if c.Concurrency < 1 {
 		c.Concurrency = 1
 	}
-	if c.MaxQueuedPerAuthor == 0 {
-		c.MaxQueuedPerAuthor = DefaultMaxQueuedPerAuthor
-	}
+	c.Caps.defaults()
 	if c.Poll == 0 {
 		c.Poll = 5 * time.Minute
 	}
@@ -148,6 +154,7 @@ type Daemon struct {
 	mirrors mirrorSet
 	engine  *run.Engine
 	rec     *checks.Recorder // the only writer of check records
+	budget  *writeBudget     // the authors' check writes (flood.go); its own lock
 	lister  intake
 	blobs   blobStore     // takes logs and outputs: the account
 	sealed  sealedSecrets // the owners' sealed secrets: the reader
@@ -184,10 +191,11 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	d := &Daemon{
-		cfg:  cfg,
-		log:  cfg.Logger.With("component", "daemon"),
-		wake: make(chan struct{}, 1),
-		q:    newQueue(),
+		cfg:    cfg,
+		log:    cfg.Logger.With("component", "daemon"),
+		wake:   make(chan struct{}, 1),
+		q:      newQueue(),
+		budget: newWriteBudget(cfg.Caps.CheckWritesPerAuthor, cfg.Caps.Window),
 	}
 	if _, ok := cfg.Executor.(executor.Resumer); ok {
 		d.detach = make(chan struct{})
@@ -225,7 +233,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	if d.cat, err = forge.NewCatalog(); err != nil {
 		return err
 	}
-	d.reader = &forge.Reader{Dir: cfg.Directory, Catalog: d.cat, HTTP: cfg.HTTP}
+	d.reader = &forge.Reader{Dir: cfg.Directory, Catalog: d.cat, HTTP: cfg.HTTP, Limits: cfg.Listing.Limits}
 	host := cfg.PDS
 	if host == "" {
 		if host, err = d.reader.PDS(ctx, cfg.Runner); err != nil {
@@ -247,7 +255,7 @@ func (d *Daemon) start(ctx context.Context) error {
 		return fmt.Errorf("log in: the PDS says this account is %s, not the runner %s", acct.DID(), cfg.Runner)
 	}
 	d.account, d.blobs = acct, acct
-	d.rec = checks.NewRecorder(acct, cfg.OnCheck)
+	d.rec = checks.NewRecorder(acct, d.noteCheck)
 	d.log.Info("logged in", "did", acct.DID().String(), "pds", acct.Host(), "resumed_session", resumed)
 
 	gitOpts := cfg.Git
@@ -273,7 +281,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	d.lister = &ingest.Lister{
 		Reader: d.reader, Dir: cfg.Directory, Runner: cfg.Runner, Targets: cfg.Targets,
-		Discover: cfg.Discover, DiscoverHosts: discover, Pulls: cfg.Pulls,
+		Discover: cfg.Discover, DiscoverHosts: discover, Pulls: cfg.Pulls, Bounds: cfg.Listing.Bounds,
 		Logger: cfg.Logger.With("component", "ingest"),
 	}
 

@@ -136,20 +136,16 @@ func (d *Daemon) consider(ctx context.Context, ev ingest.Event) error {
 	d.mu.Lock()
 	_, done := d.st.Done[ev.Key()]
 	inHand := d.q.inHand(ev.Key())
-	capped, held := overAuthorCap(d.q.jobs(), ev, d.cfg.MaxQueuedPerAuthor)
-	firstDeferral := d.q.capped(ev.Key(), capped)
 	d.mu.Unlock()
 	if done || inHand || !d.fetchDue(ev) || pastRetention(ev, time.Now().Add(-d.cfg.Retention)) {
 		return nil
 	}
 	log := d.log.With("event", ev.URI.String(), "commit", ev.Commit)
-	if capped {
-		// Before any fetch and any check write: a deferred pull costs
-		// neither git work nor PDS writes until a slot frees.
-		if firstDeferral {
-			log.Info("pull deferred: its author has the most pulls queued or running; it waits, without a check, until one ends",
-				"author", author(ev), "held", held, "max_queued_per_author", d.cfg.MaxQueuedPerAuthor)
-		}
+	if dec, first := d.capsSay(ev, need{}); dec.verdict == wait {
+		// Before any fetch and any check write: a deferred event costs
+		// neither git work nor PDS writes until its author's runs end
+		// or its budget refills.
+		d.deferred(log, ev, dec, first)
 		return nil
 	}
 	repo, tree, conflict, err := d.prepare(ctx, ev)
@@ -176,13 +172,26 @@ func (d *Daemon) consider(ctx context.Context, ev ingest.Event) error {
 		return err
 	}
 	d.warnUnacted(log, ev.Repo.URI.String(), wfs)
-	var jobs []*job
+	var jobs, todo []*job
 	for _, wf := range wfs {
 		if !runsFor(wf, ev) || !wf.AllowsRunner(d.cfg.Runner.String()) {
 			continue
 		}
-		jobs = append(jobs, &job{key: forge.CheckKey(ev.Subject(), wf.Name), ev: ev, wf: wf, repo: repo, tree: tree})
+		j := &job{key: forge.CheckKey(ev.Subject(), wf.Name), ev: ev, wf: wf, repo: repo, tree: tree}
+		jobs = append(jobs, j)
+		if c, known := d.rec.Get(j.key); known && c.Final() {
+			continue
+		}
+		if d.checkInHand(j.key) {
+			continue // a pre-flight and its pull share a check
+		}
+		todo = append(todo, j)
 	}
+	type invalidFile struct {
+		name string
+		err  error
+	}
+	var invalid []invalidFile
 	for _, e := range bad {
 		// A workflow file that does not parse is an error check of its
 		// own, named after the file, so the owner sees why nothing ran.
@@ -191,22 +200,34 @@ func (d *Daemon) consider(ctx context.Context, ev ingest.Event) error {
 			log.Warn("workflow file unreadable", "err", e)
 			continue
 		}
-		d.finalError(ctx, ev, name, "invalid workflow file:\n"+e.Error())
+		invalid = append(invalid, invalidFile{name, e})
+	}
+	n := need{known: true, checks: len(jobs) + len(invalid), runs: len(todo), errors: len(invalid)}
+	if conflict != nil {
+		n.runs, n.errors = 0, len(todo)+len(invalid)
+	}
+	switch dec, first := d.capsSay(ev, n); dec.verdict {
+	case refuse:
+		// One error check for the event, not one per workflow.
+		log.Warn("event refused", "reason", dec.why)
+		d.finalError(ctx, ev, refusedCheck, dec.why)
+		d.markDone(ev)
+		return nil
+	case wait:
+		d.deferred(log, ev, dec, first)
+		return nil
+	}
+	for _, f := range invalid {
+		d.finalError(ctx, ev, f.name, "invalid workflow file:\n"+f.err.Error())
 	}
 	if conflict != nil {
-		for _, j := range jobs {
+		for _, j := range todo {
 			d.finalError(ctx, ev, j.wf.Name, conflict.Error())
 		}
-		jobs = nil
+		todo = nil
 	}
 	queued := 0
-	for _, j := range jobs {
-		if c, known := d.rec.Get(j.key); known && c.Final() {
-			continue
-		}
-		if d.checkInHand(j.key) {
-			continue // a pre-flight and its pull share a check
-		}
+	for _, j := range todo {
 		if err := d.enqueue(ctx, j); err != nil {
 			return err
 		}
@@ -400,8 +421,9 @@ func (d *Daemon) jobEnded(j *job) {
 	d.mu.Unlock()
 	d.markDoneIfIdle(j.ev)
 	d.status()
-	if !j.ev.Trusted {
-		// A slot of its author's cap is free: a deferred pull may go.
+	if !j.ev.Trusted || author(j.ev, d.cfg.Max.All) != "" {
+		// A slot of its author's cap is free: a deferred event may go
+		// (and the lander may go on with its pre-flight or batch).
 		d.Wake()
 	}
 }

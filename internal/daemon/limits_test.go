@@ -101,7 +101,7 @@ steps:
 	w.start(w.config(func(c *daemon.Config) {
 		c.Pulls = true
 		c.Discover = true // the stranger's pulls are found by listing the PDS's accounts
-		c.MaxQueuedPerAuthor = 2
+		c.Caps.QueuedPerAuthor = 2
 	}))
 	w.waitFile(started, 30*time.Second)
 

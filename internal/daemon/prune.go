@@ -55,7 +55,12 @@ func (d *Daemon) pruneAfter(snap *ingest.Snapshot) {
 			need[ev.Key()] = true
 		}
 	}
+	d.budget.forgetFull(time.Now())
 	d.mu.Lock()
+	// A deferred event no longer listed (a pull closed, or moved on to
+	// a newer commit) is not waiting any more; pre-flights are the
+	// lander's, not listed.
+	d.q.forgetDeferred(func(k string) bool { return !need[k] && !strings.HasPrefix(k, "preflight ") })
 	done, final := prune(d.st, d.rec.Forget, need, cutoff)
 	var saved stateSnapshot
 	if done > 0 {

@@ -13,15 +13,16 @@ type queue struct {
 	running map[string]*job // by check key
 	// draining is set when a stopping daemon claims nothing new.
 	draining bool
-	// deferred are the events waiting for their author's cap, so that
-	// each is logged once.
-	deferred map[string]bool
+	// deferred are the events waiting for their author's caps: the
+	// limit each waits for (logged once per limit) and what it needs,
+	// once its workflows were read (so the next look needs no fetch).
+	deferred map[string]deferral
 	// changed is closed and replaced when the queue changes.
 	changed chan struct{}
 }
 
 func newQueue() *queue {
-	return &queue{running: map[string]*job{}, deferred: map[string]bool{}, changed: make(chan struct{})}
+	return &queue{running: map[string]*job{}, deferred: map[string]deferral{}, changed: make(chan struct{})}
 }
 
 // inHand reports whether the event (by key) has a job waiting or
@@ -49,17 +50,40 @@ func (q *queue) jobs() []*job {
 	return append(jobs, q.waiting...)
 }
 
-// capped remembers whether an event waits for its author's cap
-// (overAuthorCap says so): first is true the first time it waits, so
-// that the deferral is logged once.
-func (q *queue) capped(evKey string, over bool) (first bool) {
-	first = over && !q.deferred[evKey]
-	if over {
-		q.deferred[evKey] = true
-	} else {
+// deferral is an event waiting for its author's caps.
+type deferral struct {
+	flag string
+	need need
+}
+
+// hold remembers whether an event waits for its author's caps (d is
+// the caps' decision) and, when it does, what it needs (n, when known;
+// else what was known before): first is true the first time it waits
+// for d's limit, so that it is logged once.
+func (q *queue) hold(evKey string, d decision, n need) (first bool) {
+	if d.verdict != wait {
 		delete(q.deferred, evKey)
+		return false
 	}
-	return first
+	prev, was := q.deferred[evKey]
+	if !n.known {
+		n = prev.need
+	}
+	q.deferred[evKey] = deferral{flag: d.flag, need: n}
+	return !was || prev.flag != d.flag
+}
+
+// need is what a waiting event needs, as known when it was deferred.
+func (q *queue) need(evKey string) need { return q.deferred[evKey].need }
+
+// forgetDeferred drops the waiting events for which gone is true (no
+// longer listed), so that memory follows the listing.
+func (q *queue) forgetDeferred(gone func(evKey string) bool) {
+	for k := range q.deferred {
+		if gone(k) {
+			delete(q.deferred, k)
+		}
+	}
 }
 
 // add puts j in the queue and applies supersede: unless j's workflow

@@ -194,15 +194,42 @@ func TestQueueDrainReleases(t *testing.T) {
 	}
 }
 
-func TestQueueDeferralLoggedOnce(t *testing.T) {
+// TestQueueDeferral: an event waiting for its author's caps is logged
+// once per limit it waits for, and what it needs, once known, is kept
+// for the next look (no second fetch to know it); admitted, it is
+// forgotten.
+func TestQueueDeferral(t *testing.T) {
 	t.Parallel()
 	q := newQueue()
+	byRuns := decision{verdict: wait, flag: flagPerAuthor}
+	byWrites := decision{verdict: wait, flag: flagWrites}
+	known := need{known: true, checks: 3, runs: 3}
 	for i, tc := range []struct {
-		over, first bool
-	}{{true, true}, {true, false}, {false, false}, {true, true}} {
-		if got := q.capped("ev", tc.over); got != tc.first {
-			t.Errorf("call %d: capped(%v) = %v, want %v", i, tc.over, got, tc.first)
+		d         decision
+		n         need
+		wantFirst bool
+		wantNeed  need
+	}{
+		{byRuns, need{}, true, need{}},
+		{byRuns, known, false, known},
+		{byRuns, need{}, false, known},
+		{byWrites, need{}, true, known},
+		{decision{verdict: admit}, need{}, false, need{}},
+		{byWrites, need{}, true, need{}},
+		{decision{verdict: refuse}, known, false, need{}},
+	} {
+		if got := q.hold("ev", tc.d, tc.n); got != tc.wantFirst {
+			t.Errorf("call %d: hold(%s) first = %v, want %v", i, tc.d.flag, got, tc.wantFirst)
 		}
+		if got := q.need("ev"); got != tc.wantNeed {
+			t.Errorf("call %d: need %+v, want %+v", i, got, tc.wantNeed)
+		}
+	}
+	q.hold("gone", byRuns, need{})
+	q.hold("listed", byRuns, need{})
+	q.forgetDeferred(func(k string) bool { return k == "gone" })
+	if _, ok := q.deferred["gone"]; ok || len(q.deferred) != 1 {
+		t.Errorf("deferred %v after forgetting the event no longer listed", q.deferred)
 	}
 }
 

@@ -162,13 +162,13 @@ func TestServeSupersedesARunningPush(t *testing.T) {
 	})
 }
 
-// A pull's author has at most MaxQueuedPerAuthor pulls in hand: the
+// A pull's author has at most Caps.QueuedPerAuthor runs in hand: the
 // next waits, without a check, and goes when one ends.
 func TestServeAuthorCap(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		r := newRig(t)
-		r.d.cfg.MaxQueuedPerAuthor = 1
+		r.d.cfg.Caps.QueuedPerAuthor = 1
 		gate := make(chan struct{})
 		r.exec.Script = func(string, string) fakeexec.Step { return fakeexec.Step{Gate: gate} }
 		r.git.setWorkflows(ciWorkflow("ci", "make"))

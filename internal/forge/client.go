@@ -41,6 +41,9 @@ type Reader struct {
 	Dir     identity.Directory
 	Catalog *Catalog
 	HTTP    *http.Client
+	// Limits bound each listing (zero fields: the defaults). A PDS is
+	// anyone's: one that never ends its cursor must not hold the caller.
+	Limits ListLimits
 }
 
 // PDS returns the PDS host of did.
@@ -113,28 +116,92 @@ func getRecord(ctx context.Context, c *atclient.APIClient, cat *Catalog, uri syn
 	return cid, nil
 }
 
-// List reads every record of collection in did's repo, validated and
+// List reads the records of collection in did's repo, validated and
 // decoded; records that do not validate are returned apart, and so are
 // entries the PDS lists under another account or collection than the
-// one asked for (a PDS cannot speak for another account).
+// one asked for (a PDS cannot speak for another account). A listing
+// that reaches r.Limits stops there: it returns what it read so far
+// with a *BoundError.
 func List[T any](ctx context.Context, r *Reader, did syntax.DID, collection string) ([]Record[T], []Invalid, error) {
 	c, err := r.client(ctx, did)
 	if err != nil {
 		return nil, nil, err
 	}
-	return list[T](ctx, c, r.Catalog, did, collection)
+	return list[T](ctx, c, r.Catalog, did, collection, r.Limits.orDefaults())
 }
 
-func list[T any](ctx context.Context, c *atclient.APIClient, cat *Catalog, did syntax.DID, collection string) ([]Record[T], []Invalid, error) {
+// ListLimits bound one listing: all the pages of one collection of one
+// account (List), or of a host's accounts (ListRepos). Time is the
+// caller's to bound, through ctx.
+type ListLimits struct {
+	// Pages is the most pages read (default DefaultListPages), Records
+	// the most entries (default DefaultListRecords); below zero: none.
+	Pages   int
+	Records int
+}
+
+// Default bounds of a listing: 100 pages of 100 records. A legitimate
+// account with more records than that is listed newest first (a PDS
+// lists records by descending key), so the newest work is kept.
+const (
+	DefaultListPages   = 100
+	DefaultListRecords = 10_000
+)
+
+func (l ListLimits) orDefaults() ListLimits {
+	if l.Pages == 0 {
+		l.Pages = DefaultListPages
+	}
+	if l.Records == 0 {
+		l.Records = DefaultListRecords
+	}
+	return l
+}
+
+// unbounded lists all: the runner's own records, on its operator's PDS.
+var unbounded = ListLimits{Pages: -1, Records: -1}
+
+// bound is the bound a listing reaches with pages pages read and n
+// entries taken, or nil.
+func (l ListLimits) bound(host, what string, pages, n int) *BoundError {
+	switch {
+	case l.Records >= 0 && n >= l.Records:
+		return &BoundError{Host: host, What: what, Bound: "records", Limit: l.Records}
+	case l.Pages >= 0 && pages >= l.Pages:
+		return &BoundError{Host: host, What: what, Bound: "pages", Limit: l.Pages}
+	}
+	return nil
+}
+
+// BoundError is a listing stopped at one of its ListLimits; what was
+// read up to there comes with it.
+type BoundError struct {
+	// Host is the PDS (or relay) listed, What the listing (a
+	// collection of an account, or a host's accounts).
+	Host, What string
+	// Bound is "pages" or "records", Limit its value.
+	Bound string
+	Limit int
+}
+
+func (e *BoundError) Error() string {
+	return fmt.Sprintf("list %s on %s: stopped at the bound of %d %s; the rest is not read", e.What, e.Host, e.Limit, e.Bound)
+}
+
+func list[T any](ctx context.Context, c *atclient.APIClient, cat *Catalog, did syntax.DID, collection string, lim ListLimits) ([]Record[T], []Invalid, error) {
 	var recs []Record[T]
 	var bad []Invalid
+	what := collection + " of " + did.String()
 	cursor := ""
-	for {
+	for pages := 1; ; pages++ {
 		out, err := agnostic.RepoListRecords(ctx, c, collection, cursor, 100, did.String(), false)
 		if err != nil {
 			return nil, nil, fmt.Errorf("list %s of %s: %w", collection, did, err)
 		}
 		for _, rec := range out.Records {
+			if lim.Records >= 0 && len(recs)+len(bad) >= lim.Records {
+				return recs, bad, lim.bound(c.Host, what, pages, len(recs)+len(bad))
+			}
 			uri, err := syntax.ParseATURI(rec.Uri)
 			if err != nil || rec.Value == nil {
 				bad = append(bad, Invalid{URI: syntax.ATURI(rec.Uri), Err: fmt.Errorf("malformed listing entry")})
@@ -153,6 +220,9 @@ func list[T any](ctx context.Context, c *atclient.APIClient, cat *Catalog, did s
 		}
 		if out.Cursor == nil || *out.Cursor == "" || len(out.Records) == 0 {
 			return recs, bad, nil
+		}
+		if err := lim.bound(c.Host, what, pages, len(recs)+len(bad)); err != nil {
+			return recs, bad, err
 		}
 		cursor = *out.Cursor
 	}
@@ -173,15 +243,19 @@ func listedAs(uri syntax.ATURI, did syntax.DID, collection string) error {
 	return nil
 }
 
-// ListRepos lists the DIDs of the accounts hosted on a PDS (or relay).
-func ListRepos(ctx context.Context, hc *http.Client, host string) ([]syntax.DID, error) {
+// ListRepos lists the DIDs of the accounts hosted on a PDS (or relay),
+// within lim (zero fields: the defaults); a listing that reaches it
+// returns what it read with a *BoundError.
+func ListRepos(ctx context.Context, hc *http.Client, host string, lim ListLimits) ([]syntax.DID, error) {
+	lim = lim.orDefaults()
 	c := atclient.NewAPIClient(host)
 	if hc != nil {
 		c.Client = hc
 	}
 	var dids []syntax.DID
+	n := 0
 	cursor := ""
-	for {
+	for pages := 1; ; pages++ {
 		params := map[string]any{"limit": 1000}
 		if cursor != "" {
 			params["cursor"] = cursor
@@ -197,6 +271,10 @@ func ListRepos(ctx context.Context, hc *http.Client, host string) ([]syntax.DID,
 			return nil, fmt.Errorf("list repos of %s: %w", host, err)
 		}
 		for _, r := range out.Repos {
+			if lim.Records >= 0 && n >= lim.Records {
+				return dids, lim.bound(host, "the accounts", pages, n)
+			}
+			n++
 			if r.Active != nil && !*r.Active {
 				continue
 			}
@@ -206,6 +284,9 @@ func ListRepos(ctx context.Context, hc *http.Client, host string) ([]syntax.DID,
 		}
 		if out.Cursor == "" || len(out.Repos) == 0 {
 			return dids, nil
+		}
+		if err := lim.bound(host, "the accounts", pages, n); err != nil {
+			return dids, err
 		}
 		cursor = out.Cursor
 	}
@@ -323,7 +404,7 @@ func (a *Account) Delete(ctx context.Context, collection, rkey string) error {
 
 // ListOwn lists the account's own records of collection.
 func ListOwn[T any](ctx context.Context, a *Account, collection string) ([]Record[T], []Invalid, error) {
-	return list[T](ctx, a.api, a.catalog, a.did, collection)
+	return list[T](ctx, a.api, a.catalog, a.did, collection, unbounded)
 }
 
 // UploadBlob uploads data with an explicit content type and returns the

@@ -1,57 +1,69 @@
 package ingest
 
 import (
-	"log/slog"
+	"sync"
 	"time"
 )
 
-// hostHealth isolates the owners' PDSes from one another: a host that
-// fails is logged and left out of the reconciles for a backoff (its
-// repositories are not in the snapshot meanwhile), so one failing PDS
-// never stops the work of the others.
-type hostHealth struct {
-	hosts map[string]*hostState
+// backoffs isolates the PDSes (or accounts) a reconcile lists from one
+// another: one that fails, or answers past its deadline, is left out of
+// the reconciles for a backoff, so it never stops the others' work. It
+// is safe for concurrent use: a reconcile lists in parallel (bounds.go).
+type backoffs struct {
+	mu   sync.Mutex
+	keys map[string]*backoffState
 }
 
-type hostState struct {
+type backoffState struct {
 	failures int
 	next     time.Time
 }
 
-// Backoff bounds of a failing host.
+// Backoff bounds of a failing host or account.
 const (
 	hostBackoff    = 5 * time.Second
 	hostBackoffMax = 5 * time.Minute
 )
 
-// skip reports whether host is still backing off.
-func (h *hostHealth) skip(host string, now time.Time) bool {
-	s, ok := h.hosts[host]
+// skip reports whether key is still backing off.
+func (b *backoffs) skip(key string, now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s, ok := b.keys[key]
 	return ok && now.Before(s.next)
 }
 
-func (h *hostHealth) failed(host string, err error, now time.Time, log *slog.Logger) {
-	if h.hosts == nil {
-		h.hosts = map[string]*hostState{}
+// failed starts or lengthens key's backoff: 5 s, doubling up to 5 min.
+// It returns how many times in a row key failed and the wait.
+func (b *backoffs) failed(key string, now time.Time) (failures int, wait time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.keys == nil {
+		b.keys = map[string]*backoffState{}
 	}
-	s, ok := h.hosts[host]
+	s, ok := b.keys[key]
 	if !ok {
-		s = &hostState{}
-		h.hosts[host] = s
+		s = &backoffState{}
+		b.keys[key] = s
 	}
 	s.failures++
-	wait := hostBackoff
+	wait = hostBackoff
 	for i := 1; i < s.failures && wait < hostBackoffMax; i++ {
 		wait *= 2
 	}
 	wait = min(wait, hostBackoffMax)
 	s.next = now.Add(wait)
-	log.Warn("owner's PDS failed; its repositories are left out until it answers, the others go on", "host", host, "failures", s.failures, "retry_in", wait, "err", err)
+	return s.failures, wait
 }
 
-func (h *hostHealth) ok(host string, log *slog.Logger) {
-	if s, found := h.hosts[host]; found {
-		log.Info("owner's PDS answers again", "host", host, "after_failures", s.failures)
-		delete(h.hosts, host)
+// ok ends key's backoff; it returns how many times it had failed (0:
+// it was not backing off).
+func (b *backoffs) ok(key string) (failures int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if s, found := b.keys[key]; found {
+		delete(b.keys, key)
+		return s.failures
 	}
+	return 0
 }

@@ -116,10 +116,15 @@ type Lister struct {
 	// Pulls lists open pulls too: with Discover, from every account on
 	// the owners' PDSes; otherwise from the owners and the accounts an
 	// event stream showed writing a pull (Changed).
-	Pulls  bool
+	Pulls bool
+	// Bounds run the listings in parallel, each under a deadline, so
+	// that one slow or hostile PDS does not hold the others (bounds.go).
+	Bounds Bounds
 	Logger *slog.Logger
 
-	health hostHealth // failing owners' PDSes, backed off (hosts.go)
+	// hosts are the failing owners' PDSes, accounts the accounts whose
+	// pulls failed to list: both backed off (hosts.go).
+	hosts, accounts backoffs
 
 	mu sync.Mutex
 	// authors are the accounts seen writing pulls.
@@ -153,68 +158,60 @@ type Snapshot struct {
 	Hosts []string
 }
 
+// ownerListing is what a reconcile read from one owner's PDS.
+type ownerListing struct {
+	host   string // "" when the owner's PDS is not known
+	listed bool   // false: the host failed or is backing off
+	pushes []forge.Record[forge.RefUpdate]
+	pulls  []forge.Record[forge.Pull] // with Discover: every account's on host
+}
+
 // Reconcile lists the repositories, their pushes and (with Pulls) their
-// open pulls. Events come oldest first.
+// open pulls. Events come oldest first. Every PDS is listed apart, in
+// parallel and under a deadline (Bounds): one that is slow, fails or
+// pages forever leaves its own repositories (or pulls) out, not the
+// others'.
 func (l *Lister) Reconcile(ctx context.Context) (*Snapshot, error) {
-	repos, err := l.repos(ctx)
+	start := time.Now()
+	p := l.Bounds.pool()
+	repos, err := l.repos(ctx, p)
 	if err != nil {
 		return nil, err
 	}
-	snap := &Snapshot{}
 	now := time.Now()
-	hosts := map[string]bool{}
-	pushes := map[syntax.DID][]forge.Record[forge.RefUpdate]{}
-	landings := map[syntax.DID][]forge.Record[forge.Landing]{}
-	pullsByHost := map[string][]forge.Record[forge.Pull]{}
+	owners, byOwner := ownersOf(repos)
+	var listings []ownerListing
 	var pullsOfAuthors []forge.Record[forge.Pull]
+	var landings map[syntax.ATURI][]Event
+	var wg sync.WaitGroup
+	wg.Go(func() { listings = l.listOwners(ctx, p, owners, now) })
 	if l.Pulls && !l.Discover {
-		pullsOfAuthors = l.pullsOfAuthors(ctx, repos)
+		wg.Go(func() { pullsOfAuthors = l.pullsOfAuthors(ctx, p, owners, now) })
 	}
+	wg.Go(func() { landings = l.landings(ctx, p, repos) })
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+
+	snap := &Snapshot{}
+	hosts := map[string]bool{}
 	for _, repo := range repos {
-		owner, _ := repo.URI.Authority().AsDID()
-		host, err := l.Reader.PDS(ctx, owner)
-		if err != nil {
-			l.Logger.Warn("owner's PDS not found; the repository is left out", "repo", repo.URI.String(), "err", err)
+		o := listings[byOwner[repo.URI.Authority().String()]]
+		if o.host == "" {
 			continue
 		}
-		hosts[host] = true
-		if l.health.skip(host, now) {
+		hosts[o.host] = true
+		if !o.listed {
 			continue
 		}
-		ups, ok := pushes[owner]
-		if !ok {
-			var bad []forge.Invalid
-			ups, bad, err = forge.List[forge.RefUpdate](ctx, l.Reader, owner, forge.CollectionRefUpdate)
-			if err != nil {
-				l.health.failed(host, err, now, l.Logger)
-				continue
-			}
-			l.warnInvalid(bad)
-			pushes[owner] = ups
-		}
-		var pulls []forge.Record[forge.Pull]
-		switch {
-		case l.Pulls && !l.Discover:
+		pulls := o.pulls
+		if l.Pulls && !l.Discover {
 			pulls = pullsOfAuthors
-		case l.Pulls:
-			if pulls, ok = pullsByHost[host]; !ok {
-				if pulls, err = l.pullsOn(ctx, host); err != nil {
-					l.health.failed(host, err, now, l.Logger)
-					continue
-				}
-				pullsByHost[host] = pulls
-			}
 		}
-		lands, err := l.landings(ctx, repo, landings)
-		if err != nil {
-			// The lander's PDS, not the owner's: the repository goes on;
-			// the landings are listed again at the next reconcile.
-			l.Logger.Warn("landings not listed", "repo", repo.URI.String(), "err", err)
-		}
-		l.health.ok(host, l.Logger)
 		snap.Repos = append(snap.Repos, repo)
-		snap.Events = append(snap.Events, lands...)
-		for _, u := range ups {
+		snap.Events = append(snap.Events, landings[repo.URI]...)
+		for _, u := range o.pushes {
 			if u.Value.Repo != repo.URI.String() || u.Value.Deleted() {
 				continue
 			}
@@ -236,79 +233,219 @@ func (l *Lister) Reconcile(ctx context.Context) (*Snapshot, error) {
 	sort.SliceStable(snap.Events, func(i, j int) bool {
 		return snap.Events[i].URI.RecordKey().String() < snap.Events[j].URI.RecordKey().String()
 	})
+	l.Logger.Debug("listed", "repos", len(snap.Repos), "of", len(repos), "events", len(snap.Events), "took", time.Since(start))
 	return snap, nil
 }
 
-// landings are the pushes the repository's lander made from its merge
-// queue (dev.knotless.landing records in the lander's repo, for this
-// repository): trusted, like the owner's pushes. Only the lander the
-// repo record names now counts (forge.Repo.Lander); landings of another
-// runner are not work. byLander caches one listing per lander.
-func (l *Lister) landings(ctx context.Context, repo forge.Record[forge.Repo], byLander map[syntax.DID][]forge.Record[forge.Landing]) ([]Event, error) {
-	lander, err := syntax.ParseDID(repo.Value.Lander())
-	if err != nil {
-		return nil, nil
-	}
-	recs, ok := byLander[lander]
-	if !ok {
-		var bad []forge.Invalid
-		recs, bad, err = forge.List[forge.Landing](ctx, l.Reader, lander, forge.CollectionLanding)
-		if err != nil {
-			return nil, fmt.Errorf("list the landings of %s: %w", lander, err)
+// ownersOf lists the repositories' owners, each once, and the index of
+// each in that list.
+func ownersOf(repos []forge.Record[forge.Repo]) ([]syntax.DID, map[string]int) {
+	var owners []syntax.DID
+	index := map[string]int{}
+	for _, repo := range repos {
+		owner, _ := repo.URI.Authority().AsDID()
+		if _, ok := index[owner.String()]; !ok {
+			index[owner.String()] = len(owners)
+			owners = append(owners, owner)
 		}
-		l.warnInvalid(bad)
-		byLander[lander] = recs
 	}
-	var evs []Event
-	for _, r := range recs {
-		v := r.Value
-		if v.Repo != repo.URI.String() {
-			continue
-		}
-		push := forge.RefUpdate{Type: forge.CollectionRefUpdate, Repo: v.Repo, Ref: v.Ref, Old: v.Old, New: v.New, CreatedAt: v.CreatedAt}
-		evs = append(evs, Event{Kind: forge.KindPush, URI: r.URI, Repo: repo, Ref: v.Ref, Commit: v.New, Push: &push, Trusted: true})
-	}
-	return evs, nil
+	return owners, index
 }
 
-func (l *Lister) repos(ctx context.Context) ([]forge.Record[forge.Repo], error) {
-	seen := map[syntax.ATURI]bool{}
-	var out []forge.Record[forge.Repo]
-	for _, t := range l.Targets {
+// listOwners reads each owner's pushes from its PDS and, with Discover
+// and Pulls, the pulls of every account on that PDS. A PDS that fails,
+// or passes the deadline, is logged and backed off, and its owners'
+// repositories are left out meanwhile; the others go on.
+func (l *Lister) listOwners(ctx context.Context, p *pool, owners []syntax.DID, now time.Time) []ownerListing {
+	out := make([]ownerListing, len(owners))
+	p.each(ctx, len(owners), func(ctx context.Context, i int) {
+		owner := owners[i]
+		host, err := l.Reader.PDS(ctx, owner)
+		if err != nil {
+			l.Logger.Warn("owner's PDS not found; its repositories are left out", "owner", owner.String(), "err", err)
+			return
+		}
+		out[i].host = host
+		if l.hosts.skip(host, now) {
+			return
+		}
+		ups, bad, err := forge.List[forge.RefUpdate](ctx, l.Reader, owner, forge.CollectionRefUpdate)
+		if ok, err := l.usable(ctx, err); !ok {
+			l.hostFailed(host, err, now)
+			return
+		}
+		l.warnInvalid(bad)
+		out[i].pushes, out[i].listed = ups, true
+	})
+	if l.Pulls && l.Discover {
+		l.pullsOnHosts(ctx, p, out, now)
+	}
+	for _, o := range out {
+		// A host that failed in this reconcile (for another of its
+		// owners) stays backed off.
+		if o.listed && !l.hosts.skip(o.host, now) {
+			if n := l.hosts.ok(o.host); n > 0 {
+				l.Logger.Info("owner's PDS answers again", "host", o.host, "after_failures", n)
+			}
+		}
+	}
+	return out
+}
+
+func (l *Lister) hostFailed(host string, err error, now time.Time) {
+	n, wait := l.hosts.failed(host, now)
+	l.Logger.Warn("owner's PDS failed; its repositories are left out until it answers, the others go on", "host", host, "failures", n, "retry_in", wait, "err", err)
+}
+
+// pullsOnHosts lists the pulls of every account on each listed owner's
+// PDS (discovery: its cost grows with the hosts' accounts, by choice).
+// A host whose accounts cannot be listed fails like its owners' pushes.
+func (l *Lister) pullsOnHosts(ctx context.Context, p *pool, owners []ownerListing, now time.Time) {
+	var hosts []string
+	seen := map[string]bool{}
+	for _, o := range owners {
+		if o.listed && !seen[o.host] {
+			seen[o.host] = true
+			hosts = append(hosts, o.host)
+		}
+	}
+	dids := make([][]syntax.DID, len(hosts))
+	failed := make([]bool, len(hosts))
+	p.each(ctx, len(hosts), func(ctx context.Context, i int) {
+		var err error
+		dids[i], err = forge.ListRepos(ctx, l.Reader.HTTP, hosts[i], l.Reader.Limits)
+		if ok, err := l.usable(ctx, err); !ok {
+			l.hostFailed(hosts[i], err, now)
+			failed[i] = true
+		}
+	})
+	pulls := map[string][]forge.Record[forge.Pull]{}
+	for i, h := range hosts {
+		if !failed[i] {
+			pulls[h] = l.pullsOf(ctx, p, dids[i], now)
+		}
+	}
+	for i := range owners {
+		if !owners[i].listed {
+			continue
+		}
+		on, ok := pulls[owners[i].host]
+		owners[i].pulls, owners[i].listed = on, ok
+	}
+}
+
+// landings lists, per repository, the pushes its lander made from its
+// merge queue (dev.knotless.landing records in the lander's repo, for
+// that repository): trusted, like the owner's pushes. Only the lander
+// the repo record names now counts (forge.Repo.Lander); landings of
+// another runner are not work. Each lander is listed once; one that
+// fails is logged and its landings are listed again at the next
+// reconcile, while its repositories go on.
+func (l *Lister) landings(ctx context.Context, p *pool, repos []forge.Record[forge.Repo]) map[syntax.ATURI][]Event {
+	var landers []syntax.DID
+	seen := map[syntax.DID]bool{}
+	for _, repo := range repos {
+		if lander, err := syntax.ParseDID(repo.Value.Lander()); err == nil && !seen[lander] {
+			seen[lander] = true
+			landers = append(landers, lander)
+		}
+	}
+	recs := make([][]forge.Record[forge.Landing], len(landers))
+	p.each(ctx, len(landers), func(ctx context.Context, i int) {
+		r, bad, err := forge.List[forge.Landing](ctx, l.Reader, landers[i], forge.CollectionLanding)
+		if ok, err := l.usable(ctx, err); !ok {
+			l.Logger.Warn("landings not listed; their repositories go on", "lander", landers[i].String(), "err", err)
+			return
+		}
+		l.warnInvalid(bad)
+		recs[i] = r
+	})
+	byLander := map[syntax.DID][]forge.Record[forge.Landing]{}
+	for i, lander := range landers {
+		byLander[lander] = recs[i]
+	}
+	out := map[syntax.ATURI][]Event{}
+	for _, repo := range repos {
+		lander, err := syntax.ParseDID(repo.Value.Lander())
+		if err != nil {
+			continue
+		}
+		for _, r := range byLander[lander] {
+			v := r.Value
+			if v.Repo != repo.URI.String() {
+				continue
+			}
+			push := forge.RefUpdate{Type: forge.CollectionRefUpdate, Repo: v.Repo, Ref: v.Ref, Old: v.Old, New: v.New, CreatedAt: v.CreatedAt}
+			out[repo.URI] = append(out[repo.URI], Event{Kind: forge.KindPush, URI: r.URI, Repo: repo, Ref: v.Ref, Commit: v.New, Push: &push, Trusted: true})
+		}
+	}
+	return out
+}
+
+// repos reads the watched repositories' records and, with Discover, the
+// repositories of every account on the discovery hosts that name the
+// runner; each account's PDS is read apart, under the Bounds.
+func (l *Lister) repos(ctx context.Context, p *pool) ([]forge.Record[forge.Repo], error) {
+	type read struct {
+		rec  forge.Record[forge.Repo]
+		ok   bool
+		fail error // the target's owner does not resolve: the reconcile fails
+	}
+	reads := make([]read, len(l.Targets))
+	p.each(ctx, len(l.Targets), func(ctx context.Context, i int) {
+		t := l.Targets[i]
 		owner, err := l.resolve(ctx, t.Owner)
 		if err != nil {
-			return nil, fmt.Errorf("repo %s: %w", t, err)
+			reads[i].fail = fmt.Errorf("repo %s: %w", t, err)
+			return
 		}
 		uri := forge.RepoURI(owner, t.Name)
 		var repo forge.Repo
 		cid, err := l.Reader.Get(ctx, uri, &repo)
-		if err != nil {
+		if _, err := l.usable(ctx, err); err != nil {
 			l.Logger.Warn("watched repository unreadable", "repo", uri.String(), "err", err)
-			continue
+			return
 		}
 		if len(repo.Runners) > 0 && !repo.NamesRunner(l.Runner.String()) {
 			l.Logger.Warn("watched repository does not name this runner; skipped", "repo", uri.String())
-			continue
+			return
 		}
-		seen[uri] = true
-		out = append(out, forge.Record[forge.Repo]{URI: uri, CID: cid, Value: repo})
+		reads[i] = read{rec: forge.Record[forge.Repo]{URI: uri, CID: cid, Value: repo}, ok: true}
+	})
+	seen := map[syntax.ATURI]bool{}
+	var out []forge.Record[forge.Repo]
+	for _, r := range reads {
+		if r.fail != nil {
+			return nil, r.fail
+		}
+		if r.ok && !seen[r.rec.URI] {
+			seen[r.rec.URI] = true
+			out = append(out, r.rec)
+		}
 	}
 	if !l.Discover {
 		return out, nil
 	}
 	for _, host := range l.DiscoverHosts {
-		dids, err := forge.ListRepos(ctx, l.Reader.HTTP, host)
-		if err != nil {
-			l.Logger.Warn("discover repositories: host failed; the named ones go on", "host", host, "err", err)
-			continue
-		}
-		for _, did := range dids {
-			recs, bad, err := forge.List[forge.Repo](ctx, l.Reader, did, forge.CollectionRepo)
-			if err != nil {
-				l.Logger.Warn("list repositories", "did", did.String(), "err", err)
-				continue
+		var dids []syntax.DID
+		p.each(ctx, 1, func(ctx context.Context, _ int) {
+			var err error
+			dids, err = forge.ListRepos(ctx, l.Reader.HTTP, host, l.Reader.Limits)
+			if ok, err := l.usable(ctx, err); !ok {
+				l.Logger.Warn("discover repositories: host failed; the named ones go on", "host", host, "err", err)
+			}
+		})
+		found := make([][]forge.Record[forge.Repo], len(dids))
+		p.each(ctx, len(dids), func(ctx context.Context, i int) {
+			recs, bad, err := forge.List[forge.Repo](ctx, l.Reader, dids[i], forge.CollectionRepo)
+			if ok, err := l.usable(ctx, err); !ok {
+				l.Logger.Warn("list repositories", "did", dids[i].String(), "err", err)
+				return
 			}
 			l.warnInvalid(bad)
+			found[i] = recs
+		})
+		for _, recs := range found {
 			for _, r := range recs {
 				if seen[r.URI] || !r.Value.NamesRunner(l.Runner.String()) {
 					continue
@@ -323,10 +460,9 @@ func (l *Lister) repos(ctx context.Context) ([]forge.Record[forge.Repo], error) 
 
 // pullsOfAuthors lists the pulls of the repositories' owners and of the
 // accounts seen writing pulls.
-func (l *Lister) pullsOfAuthors(ctx context.Context, repos []forge.Record[forge.Repo]) []forge.Record[forge.Pull] {
+func (l *Lister) pullsOfAuthors(ctx context.Context, p *pool, owners []syntax.DID, now time.Time) []forge.Record[forge.Pull] {
 	dids := map[syntax.DID]bool{}
-	for _, repo := range repos {
-		owner, _ := repo.URI.Authority().AsDID()
+	for _, owner := range owners {
 		dids[owner] = true
 	}
 	l.mu.Lock()
@@ -334,30 +470,34 @@ func (l *Lister) pullsOfAuthors(ctx context.Context, repos []forge.Record[forge.
 		dids[did] = true
 	}
 	l.mu.Unlock()
-	return l.pullsOf(ctx, slices.Collect(maps.Keys(dids)))
+	list := slices.Collect(maps.Keys(dids))
+	slices.Sort(list)
+	return l.pullsOf(ctx, p, list, now)
 }
 
-// pullsOn lists the pulls of every account on host (discovery only: its
-// cost grows with the host's accounts).
-func (l *Lister) pullsOn(ctx context.Context, host string) ([]forge.Record[forge.Pull], error) {
-	dids, err := forge.ListRepos(ctx, l.Reader.HTTP, host)
-	if err != nil {
-		return nil, err
-	}
-	return l.pullsOf(ctx, dids), nil
-}
-
-// pullsOf lists the pulls of the accounts dids; an account whose pulls
-// cannot be listed is logged and passed over.
-func (l *Lister) pullsOf(ctx context.Context, dids []syntax.DID) []forge.Record[forge.Pull] {
-	var out []forge.Record[forge.Pull]
-	for _, did := range dids {
-		recs, bad, err := forge.List[forge.Pull](ctx, l.Reader, did, forge.CollectionPull)
-		if err != nil {
-			l.Logger.Warn("list pulls", "did", did.String(), "err", err)
-			continue
+// pullsOf lists the pulls of the accounts dids, each under the Bounds;
+// an account whose pulls cannot be listed (or not within the deadline)
+// is logged, passed over and backed off (by account: its PDS may serve
+// others), while the others go on.
+func (l *Lister) pullsOf(ctx context.Context, p *pool, dids []syntax.DID, now time.Time) []forge.Record[forge.Pull] {
+	found := make([][]forge.Record[forge.Pull], len(dids))
+	p.each(ctx, len(dids), func(ctx context.Context, i int) {
+		did := dids[i].String()
+		if l.accounts.skip(did, now) {
+			return
 		}
+		recs, bad, err := forge.List[forge.Pull](ctx, l.Reader, dids[i], forge.CollectionPull)
+		if ok, err := l.usable(ctx, err); !ok {
+			n, wait := l.accounts.failed(did, now)
+			l.Logger.Warn("pulls of an account not listed; it is passed over, the others go on", "did", did, "failures", n, "retry_in", wait, "err", err)
+			return
+		}
+		l.accounts.ok(did)
 		l.warnInvalid(bad)
+		found[i] = recs
+	})
+	var out []forge.Record[forge.Pull]
+	for _, recs := range found {
 		out = append(out, recs...)
 	}
 	return out
@@ -375,8 +515,17 @@ func (l *Lister) resolve(ctx context.Context, id syntax.AtIdentifier) (syntax.DI
 	return ident.DID, nil
 }
 
+// maxInvalidLogged is how many invalid records of one listing are
+// logged one by one; the rest are counted, so that a PDS listing
+// thousands of them does not flood the log.
+const maxInvalidLogged = 5
+
 func (l *Lister) warnInvalid(bad []forge.Invalid) {
-	for _, b := range bad {
+	for i, b := range bad {
+		if i == maxInvalidLogged {
+			l.Logger.Warn("more records do not match their lexicon; ignored", "more", len(bad)-i, "first_uri", b.URI.String())
+			return
+		}
 		l.Logger.Warn("record does not match its lexicon; ignored", "uri", b.URI.String(), "err", b.Err)
 	}
 }
