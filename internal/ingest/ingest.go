@@ -337,14 +337,19 @@ func (l *Lister) pullsOnHosts(ctx context.Context, p *pool, owners []ownerListin
 // landings lists, per repository, the pushes its lander made from its
 // merge queue (dev.knotless.landing records in the lander's repo, for
 // that repository): trusted, like the owner's pushes. Only the lander
-// the repo record names now counts (forge.Repo.Lander); landings of
-// another runner are not work. Each lander is listed once; one that
+// the repo record names now counts (forge.Repo.Lander), and only when
+// the owner granted it (forge.Repo.MayLand: a fallback lander that
+// landers does not name pushes nothing, so its landing records are a
+// stranger's claims); landings of another runner are not work. Each lander is listed once; one that
 // fails is logged and its landings are listed again at the next
 // reconcile, while its repositories go on.
 func (l *Lister) landings(ctx context.Context, p *pool, repos []forge.Record[forge.Repo]) map[syntax.ATURI][]Event {
 	var landers []syntax.DID
 	seen := map[syntax.DID]bool{}
 	for _, repo := range repos {
+		if !repo.Value.MayLand(repo.Value.Lander()) {
+			continue // a fallback lander, not granted: it pushes nothing
+		}
 		if lander, err := syntax.ParseDID(repo.Value.Lander()); err == nil && !seen[lander] {
 			seen[lander] = true
 			landers = append(landers, lander)
@@ -367,7 +372,7 @@ func (l *Lister) landings(ctx context.Context, p *pool, repos []forge.Record[for
 	out := map[syntax.ATURI][]Event{}
 	for _, repo := range repos {
 		lander, err := syntax.ParseDID(repo.Value.Lander())
-		if err != nil {
+		if err != nil || !repo.Value.MayLand(lander.String()) {
 			continue
 		}
 		for _, r := range byLander[lander] {

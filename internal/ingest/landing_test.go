@@ -17,8 +17,8 @@ import (
 
 // TestLandingsAreTrustedPushes: a landing in the repo of the
 // repository's lander is a trusted push of its ref and new commit; a
-// landing in another runner's repo, or for another repository, is not
-// work.
+// landing in another runner's repo, for another repository, or by a
+// fallback lander the owner's landers do not name, is not work.
 func TestLandingsAreTrustedPushes(t *testing.T) {
 	if testing.Short() {
 		t.Skip(pds.ErrSkip)
@@ -44,6 +44,13 @@ func TestLandingsAreTrustedPushes(t *testing.T) {
 		Runners: []string{other.DID.String(), lander.DID.String()}, Landers: []string{lander.DID.String()}, CreatedAt: forge.Now()}); err != nil {
 		t.Fatal(err)
 	}
+	// ungranted's lander is the first of its runners by fallback: landers
+	// names nobody, so its landing records are nobody's pushes.
+	ungrantedURI := forge.RepoURI(owner.DID, "ungranted")
+	if _, err := owner.Put(ctx, forge.CollectionRepo, "ungranted", forge.Repo{Type: forge.CollectionRepo, Name: "ungranted", Source: "file:///nowhere",
+		Runners: []string{lander.DID.String(), other.DID.String()}, CreatedAt: forge.Now()}); err != nil {
+		t.Fatal(err)
+	}
 	a, b := strings.Repeat("a", 40), strings.Repeat("b", 40)
 	landing := func(acct *pds.Account, repo string) syntax.ATURI {
 		t.Helper()
@@ -57,6 +64,7 @@ func TestLandingsAreTrustedPushes(t *testing.T) {
 	good := landing(lander, repoURI.String())
 	landing(other, repoURI.String())
 	landing(lander, forge.RepoURI(owner.DID, "elsewhere").String())
+	landing(lander, ungrantedURI.String())
 
 	cat, err := forge.NewCatalog()
 	if err != nil {
@@ -67,7 +75,7 @@ func TestLandingsAreTrustedPushes(t *testing.T) {
 		Reader:  &forge.Reader{Dir: dir, Catalog: cat},
 		Dir:     dir,
 		Runner:  other.DID,
-		Targets: []Target{{Owner: syntax.AtIdentifier(owner.DID), Name: "hello"}},
+		Targets: []Target{{Owner: syntax.AtIdentifier(owner.DID), Name: "hello"}, {Owner: syntax.AtIdentifier(owner.DID), Name: "ungranted"}},
 		Logger:  slog.New(slog.DiscardHandler),
 	}
 	snap, err := l.Reconcile(ctx)
