@@ -31,8 +31,10 @@ func TestDryRunKubernetesNeedsNoCluster(t *testing.T) {
 	}
 }
 
-// TestDryRunImagePullSecrets: each --image-pull-secret is in the Job's
-// pod spec as the operator named it.
+// TestDryRunImagePullSecrets: a --image-pull-secret is in the Job's pod
+// spec when its pattern matches the run's image, and for an untrusted
+// run only when marked untrusted; an untrusted run whose image a
+// withheld secret matches pulls Always.
 func TestDryRunImagePullSecrets(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -41,9 +43,21 @@ func TestDryRunImagePullSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := map[string]string{"KUBECONFIG": filepath.Join(dir, "nonexistent"), "HOME": filepath.Join(dir, "home")}
-	r := runCLI(t, env, "run", "--executor", "kubernetes", "--dry-run", "--workflow", wf, "--namespace", "ci",
-		"--image-pull-secret", "ci-pull", "--image-pull-secret", "mirror-pull")
-	if r.code != ExitSuccess || !strings.Contains(r.stdout, "imagePullSecrets:\n      - name: ci-pull\n      - name: mirror-pull\n") {
-		t.Errorf("exit %d, want 0 and both pull secrets in the pod spec; stdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	args := []string{"run", "--executor", "kubernetes", "--dry-run", "--workflow", wf, "--namespace", "ci", "--image", "registry.example.com/ci/base:1",
+		"--image-pull-secret", "ci-pull=registry.example.com/ci/*", "--image-pull-secret", "mirror-pull=registry.example.com/ci/base:*,untrusted",
+		"--image-pull-secret", "other-pull=registry.example.com/other/*"}
+	for _, tt := range []struct {
+		name   string
+		args   []string
+		want   string
+		policy string
+	}{
+		{"trusted", nil, "imagePullSecrets:\n      - name: ci-pull\n      - name: mirror-pull\n", "imagePullPolicy: IfNotPresent"},
+		{"untrusted", []string{"--untrusted"}, "imagePullSecrets:\n      - name: mirror-pull\n", "imagePullPolicy: Always"},
+	} {
+		r := runCLI(t, env, append(args, tt.args...)...)
+		if r.code != ExitSuccess || !strings.Contains(r.stdout, tt.want) || !strings.Contains(r.stdout, tt.policy) || strings.Contains(r.stdout, "other-pull") {
+			t.Errorf("%s: exit %d, want 0, %q and %q, and no other-pull; stdout:\n%s\nstderr:\n%s", tt.name, r.code, tt.want, tt.policy, r.stdout, r.stderr)
+		}
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/util/validation"
 
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/kubernetes"
@@ -28,7 +27,7 @@ type KubeFlags struct {
 	NodeSelector    map[string]string `help:"Node selector of run pods, KEY=VALUE (repeatable)." placeholder:"KEY=VALUE" group:"kubernetes"`
 	Toleration      []string          `help:"Toleration of run pods: KEY[=VALUE]:EFFECT (repeatable)." placeholder:"KEY[=VALUE]:EFFECT" group:"kubernetes"`
 	ServiceAccount  string            `help:"Service account of run pods (its token is never mounted)." group:"kubernetes"`
-	ImagePullSecret []string          `help:"Secret in the runs namespace with credentials to pull run images (repeatable). The operator makes it; the runner never creates one." placeholder:"NAME" group:"kubernetes"`
+	ImagePullSecret []string          `help:"Secret in the runs namespace with credentials to pull the run images PATTERN matches (repeatable): a glob as path.Match reads it (* stops at /) over the whole image reference as the workflow writes it. Only trusted runs (pushes) get it, unless ,untrusted follows the pattern. The operator makes the Secret; the runner never creates one." placeholder:"NAME=PATTERN[,untrusted]" sep:"none" group:"kubernetes"`
 	ScheduleTimeout time.Duration     `help:"How long a run waits for a node (Pending is the scale-up signal)." default:"10m" group:"kubernetes"`
 	AllowRootSteps  bool              `help:"Run steps as the image's user (root, mostly) instead of UID 1000, for images that need it. Such pods meet Pod Security baseline only: mint the kubeconfig with --pod-security baseline." group:"kubernetes"`
 	Egress          string            `help:"What run pods may send out: open (as the cluster allows), deny (nothing), allow-dns (DNS only, never to the API server, link-local metadata, this host or --egress-block)." enum:"open,deny,allow-dns" default:"open" group:"kubernetes"`
@@ -86,10 +85,13 @@ func (f *KubeFlags) podOptions(image string) (kubernetes.PodOptions, error) {
 	if err != nil {
 		return kubernetes.PodOptions{}, err
 	}
-	for _, name := range f.ImagePullSecret {
-		if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 {
-			return kubernetes.PodOptions{}, fmt.Errorf("--image-pull-secret %q: not a Secret name: %s", name, strings.Join(msgs, "; "))
+	var pullSecrets []kubernetes.PullSecret
+	for _, s := range f.ImagePullSecret {
+		ps, err := kubernetes.ParsePullSecret(s)
+		if err != nil {
+			return kubernetes.PodOptions{}, fmt.Errorf("--image-pull-secret %q: %w", s, err)
 		}
+		pullSecrets = append(pullSecrets, ps)
 	}
 	return kubernetes.PodOptions{
 		Image:            image,
@@ -101,7 +103,7 @@ func (f *KubeFlags) podOptions(image string) (kubernetes.PodOptions, error) {
 		NodeSelector:     f.NodeSelector,
 		Tolerations:      tolerations,
 		ServiceAccount:   f.ServiceAccount,
-		ImagePullSecrets: f.ImagePullSecret,
+		ImagePullSecrets: pullSecrets,
 		AllowRoot:        f.AllowRootSteps,
 	}, nil
 }

@@ -119,8 +119,9 @@ type PodOptions struct {
 	ServiceAccount string
 	// ImagePullSecrets name Secrets of the runs namespace (made by the
 	// operator; the runner never creates one) that the kubelet uses to
-	// pull the run image.
-	ImagePullSecrets []string
+	// pull the run image, each for the images its pattern matches and,
+	// unless marked, for trusted runs only.
+	ImagePullSecrets []PullSecret
 	// StateSizeLimit bounds the memory-backed volume that holds step
 	// output spools.
 	StateSizeLimit string
@@ -181,6 +182,7 @@ func BuildJob(namespace string, spec executor.Spec, opts PodOptions) (*batchv1.J
 		volumes = append(volumes, corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
 		mounts = append(mounts, corev1.VolumeMount{Name: name, MountPath: dir})
 	}
+	pullSecrets, pullPolicy := pullCredentials(opts.ImagePullSecrets, image, spec.Trusted)
 	podSC, containerSC := podSecurity(opts.AllowRoot)
 	pod := corev1.PodSpec{
 		RestartPolicy:                 corev1.RestartPolicyNever,
@@ -203,7 +205,7 @@ func BuildJob(namespace string, spec executor.Spec, opts PodOptions) (*batchv1.J
 		Containers: []corev1.Container{{
 			Name:            containerName,
 			Image:           image,
-			ImagePullPolicy: corev1.PullIfNotPresent,
+			ImagePullPolicy: pullPolicy,
 			Command:         []string{"sh", "-c", keepAlive},
 			WorkingDir:      dirs.Work,
 			Resources:       res,
@@ -211,7 +213,7 @@ func BuildJob(namespace string, spec executor.Spec, opts PodOptions) (*batchv1.J
 			SecurityContext: containerSC,
 		}},
 	}
-	for _, name := range opts.ImagePullSecrets {
+	for _, name := range pullSecrets {
 		pod.ImagePullSecrets = append(pod.ImagePullSecrets, corev1.LocalObjectReference{Name: name})
 	}
 	if opts.RuntimeClass != "" {

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -54,11 +55,16 @@ func testSpec() executor.Spec {
 
 func TestBuildJobGolden(t *testing.T) {
 	t.Parallel()
-	job, err := BuildJob("runs", testSpec(), PodOptions{
+	spec := testSpec()
+	spec.Trusted = true
+	job, err := BuildJob("runs", spec, PodOptions{
 		Image: "busybox:stable", MemoryRequest: "1Gi", CPULimit: "4", MemoryLimit: "2Gi",
 		RuntimeClass: "gvisor", NodeSelector: map[string]string{"pool": "ci"},
-		Tolerations:      []corev1.Toleration{{Key: "ci", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
-		ImagePullSecrets: []string{"ci-pull"},
+		Tolerations: []corev1.Toleration{{Key: "ci", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+		ImagePullSecrets: []PullSecret{
+			{Name: "ci-pull", Image: "alpine:*"},
+			{Name: "other-pull", Image: "registry.example.com/*", Untrusted: true},
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -73,6 +79,96 @@ func TestBuildJobGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	golden(t, "job-allow-root.golden.yaml", root.Spec.Template.Spec.Containers[0].SecurityContext)
+}
+
+// A pull secret goes only to the images its pattern matches, whole and
+// anchored, and to an untrusted run only when marked untrusted. An
+// untrusted run whose image a withheld secret matches pulls Always, so
+// the node's copy from a trusted run's pull is not started without the
+// registry's say.
+func TestBuildJobPullSecrets(t *testing.T) {
+	t.Parallel()
+	secrets := []PullSecret{
+		{Name: "team-pull", Image: "registry.example.com/team/*"},
+		{Name: "mirror-pull", Image: "mirror.example.com/*", Untrusted: true},
+		{Name: "team-pull", Image: "registry.example.com/team/tools/*"},
+		{Name: "base-pull", Image: "registry.example.com/base:[0-9]*", Untrusted: true},
+	}
+	type pull struct {
+		Secrets []string
+		Policy  corev1.PullPolicy
+	}
+	for _, tt := range []struct {
+		name    string
+		image   string
+		trusted bool
+		want    pull
+	}{
+		{"trusted, matching", "registry.example.com/team/app:1", true, pull{[]string{"team-pull"}, corev1.PullIfNotPresent}},
+		{"trusted, the second pattern of a name", "registry.example.com/team/tools/lint:2", true, pull{[]string{"team-pull"}, corev1.PullIfNotPresent}},
+		{"trusted, * stops at /", "registry.example.com/team/app/sub:1", true, pull{nil, corev1.PullIfNotPresent}},
+		{"trusted, anchored at the start", "evil.example/registry.example.com/team/app:1", true, pull{nil, corev1.PullIfNotPresent}},
+		{"trusted, anchored at the end", "registry.example.com/base:1-evil/x", true, pull{nil, corev1.PullIfNotPresent}},
+		{"trusted, a public image", "alpine:3.20", true, pull{nil, corev1.PullIfNotPresent}},
+		{"untrusted, not marked: withheld, pulled Always", "registry.example.com/team/app:1", false, pull{nil, corev1.PullAlways}},
+		{"untrusted, marked", "mirror.example.com/node:22", false, pull{[]string{"mirror-pull"}, corev1.PullIfNotPresent}},
+		{"untrusted, marked pattern with a class", "registry.example.com/base:12", false, pull{[]string{"base-pull"}, corev1.PullIfNotPresent}},
+		{"untrusted, a public image", "alpine:3.20", false, pull{nil, corev1.PullIfNotPresent}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			spec := testSpec()
+			spec.Image, spec.Trusted = tt.image, tt.trusted
+			job, err := BuildJob("runs", spec, PodOptions{ImagePullSecrets: secrets})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pod := job.Spec.Template.Spec
+			got := pull{Policy: pod.Containers[0].ImagePullPolicy}
+			for _, r := range pod.ImagePullSecrets {
+				got.Secrets = append(got.Secrets, r.Name)
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("image %s, trusted %v (-want +got):\n%s", tt.image, tt.trusted, diff)
+			}
+		})
+	}
+}
+
+func TestParsePullSecret(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		in      string
+		want    PullSecret
+		wantErr string
+	}{
+		{"ci-pull=registry.example.com/team/*", PullSecret{Name: "ci-pull", Image: "registry.example.com/team/*"}, ""},
+		{"ci-pull=registry.example.com:5000/team/app:*,untrusted", PullSecret{Name: "ci-pull", Image: "registry.example.com:5000/team/app:*", Untrusted: true}, ""},
+		{"ci-pull", PullSecret{}, "no image pattern: write NAME=PATTERN"},
+		{"ci-pull=", PullSecret{}, "no image pattern"},
+		{"ci-pull=,untrusted", PullSecret{}, `image pattern ""`},
+		{"Bad_Name=registry.example.com/*", PullSecret{}, `"Bad_Name" is not a Secret name`},
+		{"ci-pull=registry.example.com/*,trusted", PullSecret{}, `"trusted" after the pattern`},
+		{"ci-pull=registry.example.com/[a-", PullSecret{}, "syntax error in pattern"},
+	} {
+		got, err := ParsePullSecret(tt.in)
+		if tt.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("ParsePullSecret(%q) = %v, %v; want an error with %q", tt.in, got, err, tt.wantErr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("ParsePullSecret(%q): %v", tt.in, err)
+			continue
+		}
+		if diff := cmp.Diff(tt.want, got); diff != "" {
+			t.Errorf("ParsePullSecret(%q) (-want +got):\n%s", tt.in, diff)
+		}
+		if got.String() != tt.in {
+			t.Errorf("%q reads back as %q", tt.in, got.String())
+		}
+	}
 }
 
 func TestBuildJobRules(t *testing.T) {
