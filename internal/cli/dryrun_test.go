@@ -61,3 +61,45 @@ func TestDryRunImagePullSecrets(t *testing.T) {
 		}
 	}
 }
+
+// TestDryRunEgress: a trusted run's pod is labelled open and only the
+// ingress policy is shown; an untrusted run's pod is labelled public, and
+// the public policy selecting it is shown too; --egress-untrusted
+// changes that.
+func TestDryRunEgress(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	wf := filepath.Join(dir, "w.yaml")
+	if err := os.WriteFile(wf, []byte("on: push\nsteps: [{run: 'true'}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"KUBECONFIG": filepath.Join(dir, "nonexistent"), "HOME": filepath.Join(dir, "home")}
+	args := []string{"run", "--executor", "kubernetes", "--dry-run", "--workflow", wf, "--namespace", "ci", "--run-id", "reg"}
+	for _, tt := range []struct {
+		name    string
+		args    []string
+		want    []string
+		notWant []string
+	}{
+		{"trusted", nil, []string{"dev.knotless.egress: open", "name: knotless-deny-ingress-"}, []string{"name: knotless-egress-"}},
+		{"untrusted", []string{"--untrusted"}, []string{"dev.knotless.egress: public", "name: knotless-deny-ingress-", "name: knotless-egress-public-", "- 10.0.0.0/8", "- 169.254.0.0/16", "cidr: ::/0"}, nil},
+		{"untrusted, deny", []string{"--untrusted", "--egress-untrusted", "deny"}, []string{"dev.knotless.egress: deny", "name: knotless-egress-deny-"}, []string{"egress: public"}},
+		{"trusted, public", []string{"--egress", "public"}, []string{"dev.knotless.egress: public", "name: knotless-egress-public-"}, nil},
+	} {
+		r := runCLI(t, env, append(args, tt.args...)...)
+		if r.code != ExitSuccess {
+			t.Errorf("%s: exit %d\nstderr:\n%s", tt.name, r.code, r.stderr)
+			continue
+		}
+		for _, w := range tt.want {
+			if !strings.Contains(r.stdout, w) {
+				t.Errorf("%s: no %q in\n%s", tt.name, w, r.stdout)
+			}
+		}
+		for _, w := range tt.notWant {
+			if strings.Contains(r.stdout, w) {
+				t.Errorf("%s: %q in\n%s", tt.name, w, r.stdout)
+			}
+		}
+	}
+}

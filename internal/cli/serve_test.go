@@ -50,7 +50,8 @@ func TestServeConfigFile(t *testing.T) {
   "stop-wait": "15m",
   "pulls": true,
   "log-format": "json",
-  "image-pull-secret": ["ci-pull=registry.example.com/ci/*,untrusted", "team-pull=registry.example.com/team/*"]
+  "image-pull-secret": ["ci-pull=registry.example.com/ci/*,untrusted", "team-pull=registry.example.com/team/*"],
+  "egress-untrusted": "deny"
 }`), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -68,8 +69,8 @@ func TestServeConfigFile(t *testing.T) {
 		t.Errorf("flags (-want +got):\n%s", diff)
 	}
 	// A pull secret's ,untrusted is not a list separator.
-	if diff := cmp.Diff([]string{"ci-pull=registry.example.com/ci/*,untrusted", "team-pull=registry.example.com/team/*"}, s.ImagePullSecret); diff != "" {
-		t.Errorf("image-pull-secret (-want +got):\n%s", diff)
+	if diff := cmp.Diff([]string{"ci-pull=registry.example.com/ci/*,untrusted", "team-pull=registry.example.com/team/*"}, s.ImagePullSecret); diff != "" || s.EgressUntrusted != "deny" {
+		t.Errorf("image-pull-secret (-want +got):\n%s\negress-untrusted %q", diff, s.EgressUntrusted)
 	}
 
 	// Without a command name, serve is the default.

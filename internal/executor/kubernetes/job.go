@@ -19,6 +19,9 @@ const (
 	LabelRunner    = executor.LabelRunner
 	LabelRun       = executor.LabelRun
 	LabelManagedBy = "app.kubernetes.io/managed-by"
+	// LabelEgress on a run pod names its egress mode: the policy of
+	// that mode (BuildEgressPolicy) selects it.
+	LabelEgress    = "dev.knotless.egress"
 	AnnotationDID  = "dev.knotless.runner-did"
 	managedByValue = "knotless-run"
 	containerName  = "run"
@@ -29,6 +32,7 @@ const (
 	transferDir     = stateDir + "/transfer"
 	jobNamePrefix   = "knotless-"
 	networkPolicyNm = "knotless-deny-ingress-"
+	egressPolicyNm  = "knotless-egress-"
 )
 
 // deadlineMargin is added to a run's timeout for the Job's active
@@ -122,6 +126,9 @@ type PodOptions struct {
 	// pull the run image, each for the images its pattern matches and,
 	// unless marked, for trusted runs only.
 	ImagePullSecrets []PullSecret
+	// Egress is what run pods may send out, by the run's trust; each
+	// pod is labelled with its mode.
+	Egress Egress
 	// StateSizeLimit bounds the memory-backed volume that holds step
 	// output spools.
 	StateSizeLimit string
@@ -136,7 +143,8 @@ type PodOptions struct {
 // is in its arguments.
 func BuildJob(namespace string, spec executor.Spec, opts PodOptions) (*batchv1.Job, error) {
 	runner := RunnerLabel(spec.Runner)
-	labels := map[string]string{LabelRunner: runner, LabelRun: spec.RunID, LabelManagedBy: managedByValue}
+	labels := map[string]string{LabelRunner: runner, LabelRun: spec.RunID, LabelManagedBy: managedByValue,
+		LabelEgress: string(opts.Egress.For(spec.Trusted))}
 	annotations := map[string]string{AnnotationDID: spec.Runner}
 	for k, v := range spec.Annotations {
 		annotations[k] = v
