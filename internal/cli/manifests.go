@@ -20,6 +20,7 @@ type ManifestsCmd struct {
 	PDS               string   `name:"pds" help:"The runner's PDS URL (default: from its DID document)." placeholder:"URL"`
 	ServeFlag         []string `help:"One more argument for serve, repeatable and in order (e.g. --serve-flag=--plc-url --serve-flag=URL); not the flags the manifests set." placeholder:"ARG"`
 	AppPasswordSecret string   `help:"Secret in --namespace holding the app password under the key app-password (the one Secret you create)." default:"knotless-app-password" placeholder:"NAME"`
+	EgressUntrusted   string   `help:"serve's --egress-untrusted: what pulls' run pods may send out (public: DNS and the public internet only)." enum:"open,public,deny,allow-dns" default:"public"`
 }
 
 // Run prints the manifests as YAML to stdout.
@@ -28,7 +29,7 @@ func (c *ManifestsCmd) Run(env *Env) error {
 		Namespace: c.Namespace, RunsNamespace: c.RunsNamespace, Name: c.Name,
 		Image: c.Image, StorageClass: c.StorageClass, StorageSize: c.StorageSize,
 		DID: c.DID, PDS: c.PDS, AppPasswordSecret: c.AppPasswordSecret, Repos: c.Repos,
-		ServeFlags: c.ServeFlag,
+		ServeFlags: c.ServeFlag, EgressUntrusted: c.EgressUntrusted,
 	})
 	if err != nil {
 		return fmt.Errorf("manifests: %w", err)
