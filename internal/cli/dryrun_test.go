@@ -1,8 +1,11 @@
 package cli
 
 import (
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -100,6 +103,48 @@ func TestDryRunEgress(t *testing.T) {
 			if strings.Contains(r.stdout, w) {
 				t.Errorf("%s: %q in\n%s", tt.name, w, r.stdout)
 			}
+		}
+	}
+}
+
+// TestEgressBlocksThisHost: with public or allow-dns in either egress
+// flag, every non-loopback address of this host is in the block list (a
+// run pod must not reach the runner); with both open, none is read.
+func TestEgressBlocksThisHost(t *testing.T) {
+	t.Parallel()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var host []netip.Prefix
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && !n.IP.IsLoopback() {
+			ip, _ := netip.AddrFromSlice(n.IP)
+			host = append(host, netip.PrefixFrom(ip.Unmap(), ip.Unmap().BitLen()))
+		}
+	}
+	if len(host) == 0 {
+		t.Fatal("this host has no address but loopback: nothing to test")
+	}
+	for _, tt := range []struct {
+		flags KubeFlags
+		want  bool
+	}{
+		{KubeFlags{Egress: "open", EgressUntrusted: "public"}, true},
+		{KubeFlags{Egress: "allow-dns", EgressUntrusted: "deny"}, true},
+		{KubeFlags{Egress: "open", EgressUntrusted: "open", EgressBlock: []string{"192.0.2.7"}}, false},
+	} {
+		eg, err := tt.flags.egress()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range host {
+			if got := slices.Contains(eg.Block, p); got != tt.want {
+				t.Errorf("--egress %s --egress-untrusted %s: %s in the block list %v: %v, want %v", tt.flags.Egress, tt.flags.EgressUntrusted, p, eg.Block, got, tt.want)
+			}
+		}
+		if !slices.Contains(eg.Block, netip.MustParsePrefix("192.0.2.7/32")) && len(tt.flags.EgressBlock) > 0 {
+			t.Errorf("--egress-block 192.0.2.7 is not in the block list %v", eg.Block)
 		}
 	}
 }
