@@ -140,14 +140,23 @@ let
   # long plus a margin before it kills what is left.
   stopMargin = 30;
 
+  # The Kubernetes executor's egress modes (--egress, --egress-untrusted).
+  egressModes = [
+    "open"
+    "public"
+    "deny"
+    "allow-dns"
+  ];
+
   executorOf = icfg: if icfg.settings.executor == "kube" then "kubernetes" else icfg.settings.executor;
 
   # Hardening shared by a runner's units, each overridable (mkDefault). The
   # shell executor's steps are ordinary processes of the runner's unit:
   # they get a wider system call filter and may map writable memory
-  # executable (JITs).
+  # executable (JITs). extraFamilies are address families one unit needs
+  # beyond these.
   hardening =
-    executor:
+    executor: extraFamilies:
     mapAttrs (_: mkDefault) {
       NoNewPrivileges = true;
       ProtectSystem = "strict";
@@ -169,7 +178,7 @@ let
         "AF_UNIX"
         "AF_INET"
         "AF_INET6"
-      ];
+      ] ++ extraFamilies;
       RestrictNamespaces = true;
       RestrictRealtime = true;
       RestrictSUIDSGID = true;
@@ -282,6 +291,34 @@ let
                 type = types.str;
                 default = "knotless-runs";
                 description = "Kubernetes namespace of the run Jobs.";
+              };
+
+              egress = mkOption {
+                type = types.enum egressModes;
+                default = "open";
+                description = ''
+                  What the run pods of trusted runs (the owner's pushes) may
+                  send out (Kubernetes executor): `open` (as the cluster
+                  allows), `public` (DNS and the public internet only),
+                  `deny` (nothing) or `allow-dns` (DNS only). See
+                  {option}`${opt "settings.egress-untrusted"}`.
+                '';
+              };
+
+              "egress-untrusted" = mkOption {
+                type = types.enum egressModes;
+                default = "public";
+                description = ''
+                  What the run pods of untrusted runs (pulls, merge-queue
+                  batches: strangers' code) may send out (Kubernetes
+                  executor), one of the modes of
+                  {option}`${opt "settings.egress"}`. `public` lets them
+                  resolve names and reach the public internet, and nothing
+                  else: no link-local address (cloud metadata), no private,
+                  shared or loopback range (nodes, Services, your network),
+                  not the API server, not this host, nor any `egress-block`
+                  CIDR.
+                '';
               };
 
               kubeconfig = mkOption {
@@ -724,7 +761,10 @@ let
           (mkIf (executor == "docker") {
             SupplementaryGroups = [ "docker" ];
           })
-          (hardening executor)
+          # The Kubernetes executor reads this host's addresses (netlink)
+          # to keep run pods of the public and allow-dns egress modes
+          # from them.
+          (hardening executor (optional (executor == "kubernetes") "AF_NETLINK"))
         ];
       };
 
@@ -781,7 +821,7 @@ let
           (mkIf (!hasPrefix "${n.stateDir}/" refresh.output) {
             ReadWritePaths = [ (dirOf refresh.output) ];
           })
-          (hardening executor)
+          (hardening executor [ ])
         ];
       };
 

@@ -2,7 +2,9 @@ package cli
 
 import (
 	"fmt"
+	"net/netip"
 
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
@@ -15,7 +17,7 @@ import (
 // not set: the kubeconfig, which may name another, is not read.
 const dryRunNamespace = "knotless-runs"
 
-// printManifests prints, as YAML, the NetworkPolicy and Job the
+// printManifests prints, as YAML, the NetworkPolicies and the Job the
 // Kubernetes executor would apply for spec. It reads no kubeconfig. The
 // objects carry no secret value (steps get theirs on exec stdin); every
 // value in secrets is masked all the same.
@@ -33,20 +35,26 @@ func (f *KubeFlags) printManifests(env *Env, image string, spec executor.Spec, s
 		return fmt.Errorf("--dry-run: build job: %w", err)
 	}
 	job.TypeMeta = metav1.TypeMeta{APIVersion: "batch/v1", Kind: "Job"}
-	egress, err := f.egress()
-	if err != nil {
-		return err
-	}
-	// With --egress allow-dns the executor also blocks the API server's
+	// The run's egress mode by its trust (--egress, --egress-untrusted).
+	// With allow-dns or public the executor also blocks the API server's
 	// addresses, which come from the kubeconfig a dry run does not read.
-	policy := kubernetes.BuildNetworkPolicy(ns, spec.Runner, egress)
-	policy.TypeMeta = metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"}
+	mode := pod.Egress.For(spec.Trusted)
+	policies := []*networkingv1.NetworkPolicy{kubernetes.BuildNetworkPolicy(ns, spec.Runner)}
+	if np := kubernetes.BuildEgressPolicy(ns, spec.Runner, mode, append([]netip.Prefix{kubernetes.LinkLocal}, pod.Egress.Block...)); np != nil {
+		policies = append(policies, np)
+	}
+	var objs []any
+	for _, np := range policies {
+		np.TypeMeta = metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"}
+		objs = append(objs, np)
+	}
+	objs = append(objs, job)
 	values := make([]string, 0, len(secrets))
 	for _, v := range secrets {
 		values = append(values, v)
 	}
 	fmt.Fprintf(env.Stdout, "# --dry-run: nothing is applied; namespace %s (--namespace, else %s: the kubeconfig is not read)\n", ns, dryRunNamespace)
-	for _, obj := range []any{policy, job} {
+	for _, obj := range objs {
 		b, err := yaml.Marshal(obj)
 		if err != nil {
 			return fmt.Errorf("--dry-run: %w", err)

@@ -152,3 +152,38 @@ func TestModuleExecutorsMatch(t *testing.T) {
 		t.Errorf("nix/module.nix settings.executor enum differs from the registered executors (-registry +module):\n%s", diff)
 	}
 }
+
+// TestModuleEgressMatches: the NixOS module's egress modes are the
+// flags' (--egress, --egress-untrusted), and its defaults the flags'.
+func TestModuleEgressMatches(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../../nix/module.nix")
+	if errors.Is(err, fs.ErrNotExist) {
+		t.Skip("nix/module.nix is not in this source tree")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?s)\begressModes = \[([^\]]*)\]`).FindSubmatch(b)
+	if m == nil {
+		t.Fatal("nix/module.nix: no egressModes list found")
+	}
+	var modes []string
+	for _, q := range regexp.MustCompile(`"([^"]*)"`).FindAllSubmatch(m[1], -1) {
+		modes = append(modes, string(q[1]))
+	}
+	kube := reflect.TypeFor[KubeFlags]()
+	for _, tt := range []struct{ field, option string }{{"Egress", "egress"}, {"EgressUntrusted", `"egress-untrusted"`}} {
+		f, ok := kube.FieldByName(tt.field)
+		if !ok {
+			t.Fatalf("KubeFlags has no %s", tt.field)
+		}
+		if diff := cmp.Diff(strings.Split(f.Tag.Get("enum"), ","), modes); diff != "" {
+			t.Errorf("nix/module.nix egressModes differ from --%s's (-flag +module):\n%s", f.Name, diff)
+		}
+		d := regexp.MustCompile(`(?s)\s` + regexp.QuoteMeta(tt.option) + ` = mkOption \{\s*type = types\.enum egressModes;\s*default = "([^"]*)"`).FindSubmatch(b)
+		if d == nil || string(d[1]) != f.Tag.Get("default") {
+			t.Errorf("nix/module.nix settings.%s: no default of the flag's %q found", tt.option, f.Tag.Get("default"))
+		}
+	}
+}

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/util/validation"
 
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/kubernetes"
@@ -28,11 +27,12 @@ type KubeFlags struct {
 	NodeSelector    map[string]string `help:"Node selector of run pods, KEY=VALUE (repeatable)." placeholder:"KEY=VALUE" group:"kubernetes"`
 	Toleration      []string          `help:"Toleration of run pods: KEY[=VALUE]:EFFECT (repeatable)." placeholder:"KEY[=VALUE]:EFFECT" group:"kubernetes"`
 	ServiceAccount  string            `help:"Service account of run pods (its token is never mounted)." group:"kubernetes"`
-	ImagePullSecret []string          `help:"Secret in the runs namespace with credentials to pull run images (repeatable). The operator makes it; the runner never creates one." placeholder:"NAME" group:"kubernetes"`
+	ImagePullSecret []string          `help:"Secret in the runs namespace with credentials to pull the run images PATTERN matches (repeatable): a glob as path.Match reads it (* stops at /) over the whole image reference as the workflow writes it. Only trusted runs (pushes) get it, unless ,untrusted follows the pattern. The operator makes the Secret; the runner never creates one." placeholder:"NAME=PATTERN[,untrusted]" sep:"none" group:"kubernetes"`
 	ScheduleTimeout time.Duration     `help:"How long a run waits for a node (Pending is the scale-up signal)." default:"10m" group:"kubernetes"`
 	AllowRootSteps  bool              `help:"Run steps as the image's user (root, mostly) instead of UID 1000, for images that need it. Such pods meet Pod Security baseline only: mint the kubeconfig with --pod-security baseline." group:"kubernetes"`
-	Egress          string            `help:"What run pods may send out: open (as the cluster allows), deny (nothing), allow-dns (DNS only, never to the API server, link-local metadata, this host or --egress-block)." enum:"open,deny,allow-dns" default:"open" group:"kubernetes"`
-	EgressBlock     []string          `help:"With --egress allow-dns: a CIDR that DNS may not reach either (repeatable); the API server, 169.254.0.0/16 and this host's addresses always are." placeholder:"CIDR" group:"kubernetes"`
+	Egress          string            `help:"What trusted runs' pods (pushes by the owner) may send out: open (as the cluster allows), public (DNS, and the public internet: no private, shared, loopback or link-local address, nor the API server, this host or --egress-block), deny (nothing), allow-dns (DNS only, never to the API server, link-local metadata, this host or --egress-block)." enum:"open,public,deny,allow-dns" default:"open" group:"kubernetes"`
+	EgressUntrusted string            `help:"What untrusted runs' pods (pulls, merge-queue batches) may send out: a mode of --egress." enum:"open,public,deny,allow-dns" default:"public" group:"kubernetes"`
+	EgressBlock     []string          `help:"With an egress mode allow-dns or public: a CIDR that pods may not reach either (repeatable); the API server, 169.254.0.0/16 and this host's addresses always are." placeholder:"CIDR" group:"kubernetes"`
 }
 
 func (f *KubeFlags) executorDef() executorDef {
@@ -56,10 +56,6 @@ func (f *KubeFlags) newKubernetes(env *Env, runner, image string, log *slog.Logg
 	if err != nil {
 		return nil, err
 	}
-	egress, err := f.egress()
-	if err != nil {
-		return nil, err
-	}
 	ex, err := kubernetes.New(kubernetes.Config{
 		Credentials: kubernetes.Credentials{
 			Kubeconfig:    f.Kubeconfig,
@@ -70,7 +66,6 @@ func (f *KubeFlags) newKubernetes(env *Env, runner, image string, log *slog.Logg
 		},
 		Runner:          runner,
 		Pod:             pod,
-		Egress:          egress,
 		ScheduleTimeout: f.ScheduleTimeout,
 		Logger:          log,
 	})
@@ -86,10 +81,17 @@ func (f *KubeFlags) podOptions(image string) (kubernetes.PodOptions, error) {
 	if err != nil {
 		return kubernetes.PodOptions{}, err
 	}
-	for _, name := range f.ImagePullSecret {
-		if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 {
-			return kubernetes.PodOptions{}, fmt.Errorf("--image-pull-secret %q: not a Secret name: %s", name, strings.Join(msgs, "; "))
+	var pullSecrets []kubernetes.PullSecret
+	for _, s := range f.ImagePullSecret {
+		ps, err := kubernetes.ParsePullSecret(s)
+		if err != nil {
+			return kubernetes.PodOptions{}, fmt.Errorf("--image-pull-secret %q: %w", s, err)
 		}
+		pullSecrets = append(pullSecrets, ps)
+	}
+	egress, err := f.egress()
+	if err != nil {
+		return kubernetes.PodOptions{}, err
 	}
 	return kubernetes.PodOptions{
 		Image:            image,
@@ -101,19 +103,26 @@ func (f *KubeFlags) podOptions(image string) (kubernetes.PodOptions, error) {
 		NodeSelector:     f.NodeSelector,
 		Tolerations:      tolerations,
 		ServiceAccount:   f.ServiceAccount,
-		ImagePullSecrets: f.ImagePullSecret,
+		ImagePullSecrets: pullSecrets,
+		Egress:           egress,
 		AllowRoot:        f.AllowRootSteps,
 	}, nil
 }
 
-// egress reads --egress and --egress-block, adding this host's own
-// addresses to the block list: a run pod's DNS must not reach the runner.
+// egress reads --egress, --egress-untrusted and --egress-block. When
+// a mode has a block list (allow-dns, public) this host's own addresses
+// join it: a run pod must not reach the runner. Reading them needs
+// AF_NETLINK; a failure stops the start rather than leave them out.
 func (f *KubeFlags) egress() (kubernetes.Egress, error) {
 	mode, err := kubernetes.ParseEgressMode(f.Egress)
 	if err != nil {
 		return kubernetes.Egress{}, fmt.Errorf("--egress: %w", err)
 	}
-	eg := kubernetes.Egress{Mode: mode}
+	untrusted, err := kubernetes.ParseEgressMode(f.EgressUntrusted)
+	if err != nil {
+		return kubernetes.Egress{}, fmt.Errorf("--egress-untrusted: %w", err)
+	}
+	eg := kubernetes.Egress{Mode: mode, Untrusted: untrusted}
 	for _, s := range f.EgressBlock {
 		p, err := netip.ParsePrefix(s)
 		if err != nil {
@@ -125,10 +134,16 @@ func (f *KubeFlags) egress() (kubernetes.Egress, error) {
 		}
 		eg.Block = append(eg.Block, p)
 	}
-	if mode == kubernetes.EgressAllowDNS {
+	for _, m := range []struct {
+		flag string
+		mode kubernetes.EgressMode
+	}{{"--egress", eg.For(true)}, {"--egress-untrusted", eg.For(false)}} {
+		if m.mode != kubernetes.EgressAllowDNS && m.mode != kubernetes.EgressPublic {
+			continue
+		}
 		addrs, err := net.InterfaceAddrs()
 		if err != nil {
-			return kubernetes.Egress{}, fmt.Errorf("--egress allow-dns: this host's addresses: %w", err)
+			return kubernetes.Egress{}, fmt.Errorf("%s %s: this host's addresses, which run pods must not reach: %w", m.flag, m.mode, err)
 		}
 		for _, a := range addrs {
 			if n, ok := a.(*net.IPNet); ok && !n.IP.IsLoopback() {
@@ -137,6 +152,7 @@ func (f *KubeFlags) egress() (kubernetes.Egress, error) {
 				}
 			}
 		}
+		break
 	}
 	return eg, nil
 }

@@ -23,6 +23,7 @@ type ManifestsCmd struct {
 
 	AllowImagePullSecret []string `help:"Secret the admission policy lets run pods name in imagePullSecrets (repeatable): the Secrets given to serve's --image-pull-secret. Run pods may name no other." placeholder:"NAME"`
 	SkipAdmissionPolicy  bool     `help:"Leave out the admission policy (for API servers older than Kubernetes 1.30, which do not serve ValidatingAdmissionPolicy). A stolen runner credential can then mount the runs namespace's Secrets in a Job."`
+	EgressUntrusted      string   `help:"serve's --egress-untrusted: what pulls' run pods may send out (public: DNS and the public internet only)." enum:"open,public,deny,allow-dns" default:"public"`
 }
 
 // Run prints the manifests as YAML to stdout.
@@ -35,6 +36,7 @@ func (c *ManifestsCmd) Run(env *Env) error {
 		Image: c.Image, StorageClass: c.StorageClass, StorageSize: c.StorageSize,
 		DID: c.DID, PDS: c.PDS, AppPasswordSecret: c.AppPasswordSecret, Repos: c.Repos,
 		ServeFlags: c.ServeFlag, AllowImagePullSecrets: c.AllowImagePullSecret, SkipAdmissionPolicy: c.SkipAdmissionPolicy,
+		EgressUntrusted: c.EgressUntrusted,
 	})
 	if err != nil {
 		return fmt.Errorf("manifests: %w", err)

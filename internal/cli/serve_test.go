@@ -49,7 +49,9 @@ func TestServeConfigFile(t *testing.T) {
   "state-dir": "/var/lib/knotless",
   "stop-wait": "15m",
   "pulls": true,
-  "log-format": "json"
+  "log-format": "json",
+  "image-pull-secret": ["ci-pull=registry.example.com/ci/*,untrusted", "team-pull=registry.example.com/team/*"],
+  "egress-untrusted": "deny"
 }`), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -65,6 +67,10 @@ func TestServeConfigFile(t *testing.T) {
 	want := "did:plc:7u2ld3ffgzqvezmv6wxgxiix shell https://pds.example.com https://plc.example.com 3 15m0s true knotless-runs json [did:plc:ewvi7nxzyoun6zhxrhs64oiz/hello]"
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("flags (-want +got):\n%s", diff)
+	}
+	// A pull secret's ,untrusted is not a list separator.
+	if diff := cmp.Diff([]string{"ci-pull=registry.example.com/ci/*,untrusted", "team-pull=registry.example.com/team/*"}, s.ImagePullSecret); diff != "" || s.EgressUntrusted != "deny" {
+		t.Errorf("image-pull-secret (-want +got):\n%s\negress-untrusted %q", diff, s.EgressUntrusted)
 	}
 
 	// Without a command name, serve is the default.

@@ -79,6 +79,11 @@ type Spec struct {
 	Keep bool
 	// Annotations are recorded on the session's objects (check key, DID).
 	Annotations map[string]string
+	// Trusted is the run's trust as the engine has it (run.Request.
+	// Trusted: a push by the owner). An executor never decides it; it
+	// may only give an untrusted run less (no pull credentials, a
+	// narrower network).
+	Trusted bool
 	// Caches are absolute directories the run keeps caches in: the
 	// executor makes each an empty directory the steps can write, on
 	// the session's disk (cache paths relative to the work directory

@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/yaml"
 
+	"knotless.dev/run/internal/executor/kubernetes"
 	"knotless.dev/run/internal/kubecred"
 )
 
@@ -43,6 +44,9 @@ type Options struct {
 	// the policy out (admission.go).
 	AllowImagePullSecrets []string
 	SkipAdmissionPolicy   bool
+	// EgressUntrusted is serve's --egress-untrusted, what pulls' run
+	// pods may send out; "" is public.
+	EgressUntrusted string
 }
 
 // Paths and numbers inside the runner's pod.
@@ -83,6 +87,12 @@ func Objects(o Options) ([]runtime.Object, error) {
 	if err := checkServeFlags(o.ServeFlags); err != nil {
 		return nil, err
 	}
+	if o.EgressUntrusted == "" {
+		o.EgressUntrusted = string(kubernetes.EgressPublic)
+	}
+	if _, err := kubernetes.ParseEgressMode(o.EgressUntrusted); err != nil {
+		return nil, fmt.Errorf("--egress-untrusted: %w", err)
+	}
 	for _, req := range [][2]string{{"namespace", o.Namespace}, {"runs namespace", o.RunsNamespace}, {"image", o.Image}, {"app password secret", o.AppPasswordSecret}, {"did", o.DID}} {
 		if req[1] == "" {
 			return nil, fmt.Errorf("the %s is required", req[0])
@@ -120,7 +130,11 @@ func Objects(o Options) ([]runtime.Object, error) {
 	args = append(args,
 		"--app-password-file", secretDir+"/"+AppPasswordKey,
 		"--state-dir", stateDir, "--cache-dir", cacheDir,
-		"--ready-file", readyFile)
+		"--ready-file", readyFile,
+		// Pulls' pods reach DNS and the public internet only: not the
+		// API server, the nodes, the cluster's Services or the metadata
+		// addresses.
+		"--egress-untrusted", o.EgressUntrusted)
 	args = append(args, o.ServeFlags...)
 	args = append(args, o.Repos...)
 
@@ -205,7 +219,7 @@ func Objects(o Options) ([]runtime.Object, error) {
 // ownFlags are the serve flags the manifests set themselves, and
 // --kubeconfig: the runner uses its pod's service account.
 var ownFlags = []string{"--executor", "--namespace", "--did", "--pds", "--app-password-file",
-	"--state-dir", "--cache-dir", "--ready-file", "--kubeconfig", "--context", "--config"}
+	"--state-dir", "--cache-dir", "--ready-file", "--kubeconfig", "--context", "--config", "--egress-untrusted"}
 
 // checkServeFlags refuses a flag the manifests set, and an argument list
 // that does not start with a flag.

@@ -3,11 +3,13 @@ package manifests
 import (
 	"flag"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 
 	"knotless.dev/run/internal/kubecred"
@@ -82,12 +84,17 @@ func TestManifestsRequired(t *testing.T) {
 	if _, err := Objects(o); err == nil || err.Error() != "the app password secret is required" {
 		t.Errorf("Objects without a secret: %v", err)
 	}
-	for _, flags := range [][]string{{"--kubeconfig", "/x"}, {"--namespace=other"}, {"--ready-file", "/x"}, {"plc-url"}} {
+	for _, flags := range [][]string{{"--kubeconfig", "/x"}, {"--namespace=other"}, {"--ready-file", "/x"}, {"plc-url"}, {"--egress-untrusted=open"}} {
 		o = testOptions()
 		o.ServeFlags = flags
 		if _, err := Objects(o); err == nil || !strings.Contains(err.Error(), "--serve-flag") {
 			t.Errorf("Objects with serve flags %q: %v, want an error naming --serve-flag", flags, err)
 		}
+	}
+	o = testOptions()
+	o.EgressUntrusted = "everything"
+	if _, err := Objects(o); err == nil || !strings.Contains(err.Error(), "--egress-untrusted") {
+		t.Errorf("Objects with egress-untrusted everything: %v, want an error naming --egress-untrusted", err)
 	}
 	o = testOptions()
 	o.StorageSize = "lots"
@@ -138,6 +145,30 @@ func TestAdmissionPolicyIsKubecreds(t *testing.T) {
 	for _, obj := range objs {
 		if k := obj.GetObjectKind().GroupVersionKind().Kind; strings.HasPrefix(k, "ValidatingAdmissionPolicy") {
 			t.Errorf("SkipAdmissionPolicy: %s in the manifests", k)
+		}
+	}
+}
+
+// TestManifestsEgress: the runner's serve arguments give pulls' pods
+// public egress unless the operator chooses another mode.
+func TestManifestsEgress(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct{ mode, want string }{{"", "public"}, {"deny", "deny"}} {
+		o := testOptions()
+		o.EgressUntrusted = tt.mode
+		objs, err := Objects(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var args []string
+		for _, obj := range objs {
+			if sts, ok := obj.(*appsv1.StatefulSet); ok {
+				args = sts.Spec.Template.Spec.Containers[0].Args
+			}
+		}
+		i := slices.Index(args, "--egress-untrusted")
+		if i < 0 || i+1 >= len(args) || args[i+1] != tt.want {
+			t.Errorf("mode %q: serve args %q, want --egress-untrusted %s", tt.mode, args, tt.want)
 		}
 	}
 }

@@ -169,6 +169,18 @@ func TestEngineDryRunMasksSecrets(t *testing.T) {
 	}
 }
 
+// The executor reads the run's trust from its spec; it never decides it.
+func TestSessionSpecCarriesTrust(t *testing.T) {
+	t.Parallel()
+	eng := run.New(run.Config{Executor: &fakeexec.Executor{}, DefaultImage: "alpine:3"})
+	wf := &workflow.Workflow{Name: "w", Steps: []workflow.Step{{Name: "s", Run: "true"}}}
+	for _, trusted := range []bool{true, false} {
+		if got := eng.SessionSpec(run.Request{RunID: "r", Workflow: wf, Trusted: trusted}).Trusted; got != trusted {
+			t.Errorf("request trusted %v: spec trusted %v", trusted, got)
+		}
+	}
+}
+
 // A step that uses a shared step file runs that file's text; a missing
 // one is an error before the session starts.
 func TestEngineUsesSharedSteps(t *testing.T) {

@@ -387,6 +387,7 @@ func (r *runState) spec() executor.Spec {
 		Resources:   executor.Resources{CPU: wf.Resources.CPU, Memory: wf.Resources.Memory},
 		Timeout:     r.eng.cfg.Max.timeout(r.req),
 		Keep:        r.req.Keep,
+		Trusted:     r.req.Trusted,
 		Annotations: r.req.Annotations,
 		Caches:      sessionCaches(wf.Cache),
 	}

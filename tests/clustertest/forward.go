@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"os/exec"
@@ -13,6 +14,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -52,7 +54,7 @@ func (c *Cluster) ForwardToNode(t testing.TB, target string) string {
 // Service's ClusterIP) leads nowhere. It adds the ClusterIP to the node
 // namespace's loopback and forwards its port there to the API server,
 // whose certificate names the ClusterIP. The address is removed when the
-// test ends, unless it was there before.
+// test ends, unless another test still serves it.
 func (c *Cluster) ServeKubernetesService(t testing.TB) {
 	t.Helper()
 	ctx := t.Context()
@@ -68,20 +70,87 @@ func (c *Cluster) ServeKubernetesService(t testing.TB) {
 		t.Fatalf("clustertest: API server URL %q: %v", c.Config.Host, err)
 	}
 	ip := svc.Spec.ClusterIP
-	out, err := exec.CommandContext(ctx, "ip", "-n", c.Info.NodeNetns, "addr", "add", ip+"/32", "dev", "lo").CombinedOutput()
-	switch {
-	case err == nil:
-		t.Cleanup(func() {
-			if out, err := exec.Command("ip", "-n", c.Info.NodeNetns, "addr", "del", ip+"/32", "dev", "lo").CombinedOutput(); err != nil {
-				t.Errorf("clustertest: remove %s from the node: %v: %s", ip, err, out)
+	c.addNodeAddress(t, ip)
+	c.Forward(t, net.JoinHostPort(ip, fmt.Sprint(svc.Spec.Ports[0].Port)), u.Host)
+}
+
+// ServeOnNodeAddress gives the node namespace's loopback the address ip
+// (a TEST-NET address such as 198.51.100.7 stands for "the public
+// internet"; 169.254.169.254 for a cloud's metadata service) and serves
+// a fresh port of it in the node namespace: each connection is answered
+// with "hello from IP" and closed. Pods reach it through their default
+// route as the node's own address (INPUT of the node namespace, never
+// the egress guard's FORWARD), so only their NetworkPolicy decides
+// whether they do. It returns IP:PORT; the listener and the address go
+// when the test ends (the address stays while another test serves it).
+// Nothing is sent to the real address: it is the node's own while the
+// test runs.
+func (c *Cluster) ServeOnNodeAddress(t testing.TB, ip string) string {
+	t.Helper()
+	if c.Info.NodeNetns == "" {
+		t.Fatalf("clustertest: serve %s on the node: %v", ip, errNoNodeInfo)
+	}
+	c.addNodeAddress(t, ip)
+	l, err := listenInNetns(c.Info.NodeNetns, net.JoinHostPort(ip, "0"))
+	if err != nil {
+		t.Fatalf("clustertest: serve %s on the node: %v", ip, err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return // closed
 			}
-		})
-	case strings.Contains(string(out), "File exists"):
-		// Another test serves it too: its listener shares the port.
-	default:
+			_, _ = fmt.Fprintf(conn, "hello from %s\n", ip)
+			_ = conn.Close()
+		}
+	})
+	t.Cleanup(func() {
+		_ = l.Close()
+		wg.Wait()
+	})
+	return l.Addr().String()
+}
+
+// addNodeAddress adds ip to the node namespace's loopback until the test
+// ends. Tests in other processes may serve the same address (the
+// kubernetes Service's ClusterIP, say) at the same time, so the address
+// is shared: it is added unless there, and when the test ends it is
+// removed only if no listener is left on it (this test's own are closed
+// by then: their cleanups run first).
+func (c *Cluster) addNodeAddress(t testing.TB, ip string) {
+	t.Helper()
+	a, err := netip.ParseAddr(ip)
+	if err != nil {
+		t.Fatalf("clustertest: node address %q: %v", ip, err)
+	}
+	prefix := netip.PrefixFrom(a, a.BitLen()).String()
+	out, err := exec.CommandContext(t.Context(), "ip", "-n", c.Info.NodeNetns, "addr", "add", prefix, "dev", "lo").CombinedOutput()
+	// iproute2 says either, by version, when the address is there.
+	if err != nil && !strings.Contains(string(out), "File exists") && !strings.Contains(string(out), "Address already assigned") {
 		t.Fatalf("clustertest: add %s to the node: %v: %s", ip, err, out)
 	}
-	c.Forward(t, net.JoinHostPort(ip, fmt.Sprint(svc.Spec.Ports[0].Port)), u.Host)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		src := ip
+		if a.Is6() {
+			src = "[" + ip + "]"
+		}
+		listeners, err := inNetns(ctx, c.Info.NodeNetns, "ss", "-Hltn", "src", src)
+		if err != nil {
+			t.Errorf("clustertest: listeners on %s: %v", ip, err)
+			return
+		}
+		if len(strings.TrimSpace(string(listeners))) > 0 {
+			return // another test still serves it
+		}
+		out, err := exec.CommandContext(ctx, "ip", "-n", c.Info.NodeNetns, "addr", "del", prefix, "dev", "lo").CombinedOutput()
+		if err != nil && !strings.Contains(string(out), "Cannot assign requested address") && !strings.Contains(string(out), "Address not found") {
+			t.Errorf("clustertest: remove %s from the node: %v: %s", ip, err, out)
+		}
+	})
 }
 
 // listenInNetns opens a TCP listener in the named network namespace. A

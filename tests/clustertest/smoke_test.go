@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -322,6 +323,38 @@ func TestEgressGuard(t *testing.T) {
 	}
 	if arrived != 0 {
 		t.Errorf("%d packets from the pod network arrived at the test host", arrived)
+	}
+}
+
+// TestServeOnNodeAddress: a pod reaches an address the node serves on
+// its loopback (what egress tests use as the public internet and the
+// metadata service: the egress guard drops everything a pod sends past
+// the node), and the address is gone from the node after the test.
+func TestServeOnNodeAddress(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	pod := runJob(ctx, t, c, job(c, "served", c.Image, "exec sleep 3600"))
+	// Not an address the executor's egress test serves: the two may run
+	// at once, and the first to end would take it from the other.
+	const ip = "198.51.100.8"
+	t.Run("served", func(t *testing.T) {
+		addr := c.ServeOnNodeAddress(t, ip)
+		host, port, _ := strings.Cut(addr, ":")
+		var out bytes.Buffer
+		code, err := c.Exec(ctx, c.Namespace, pod.Name, "run",
+			[]string{"sh", "-c", fmt.Sprintf("nc -w 3 %s %s </dev/null", host, port)}, nil, &out, &out)
+		if err != nil || code != 0 || strings.TrimSpace(out.String()) != "hello from "+ip {
+			t.Errorf("pod -> %s: exit %d, %q, %v; want hello from %s", addr, code, out.String(), err, ip)
+		}
+	})
+	out, err := exec.CommandContext(ctx, "ip", "-n", c.Info.NodeNetns, "-o", "addr", "show", "dev", "lo").CombinedOutput()
+	if err != nil {
+		t.Fatalf("node addresses: %v: %s", err, out)
+	}
+	if strings.Contains(string(out), " "+ip+"/") {
+		t.Errorf("%s is still on the node's loopback after the test:\n%s", ip, out)
 	}
 }
 

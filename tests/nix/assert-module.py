@@ -76,9 +76,13 @@ hardening = {
     "RemoveIPC": "true",
     "UMask": "0077",
 }
-for unit, cfg in (("knotless-run", svc), ("knotless-run-kubeconfig", ref)):
-    wrong = {k: cfg.get(k) for k, v in hardening.items() if cfg.get(k) != v}
-    check(f"{unit}: hardening ({len(hardening)} settings)", not wrong, wrong)
+# The Kubernetes runner reads its host's addresses (netlink) to keep pods
+# of the public and allow-dns egress modes from them; the refresh unit
+# and the other executors need no netlink.
+netlink = dict(hardening, RestrictAddressFamilies="AF_UNIX\nAF_INET\nAF_INET6\nAF_NETLINK")
+for unit, cfg, want in (("knotless-run", svc, netlink), ("knotless-run-kubeconfig", ref, hardening)):
+    wrong = {k: cfg.get(k) for k, v in want.items() if cfg.get(k) != v}
+    check(f"{unit}: hardening ({len(want)} settings)", not wrong, wrong)
 check("runs as the static user knotless", (svc["User"], svc["Group"]) == ("knotless", "knotless") and "knotless" in docs["users"])
 
 # Secrets: no secret file in the store, none in the settings file, none inlined.
@@ -97,6 +101,8 @@ check(
         "cache-dir": "/var/cache/knotless",
         "concurrency": 2,
         "did": "did:plc:7u2ld3ffgzqvezmv6wxgxiix",
+        "egress": "open",
+        "egress-untrusted": "public",
         "executor": "kubernetes",
         "kubeconfig": "/var/lib/knotless/kubeconfig",
         "namespace": "knotless-runs",
@@ -268,6 +274,15 @@ check(
     broken,
 )
 
+# Egress: pulls' pods get public by default (settings file above); both
+# modes are settings written as serve's flags.
+eg = json.loads(s["egress"]["settingsJSON"])
+check(
+    "settings.egress and settings.egress-untrusted reach serve's settings file",
+    (eg.get("egress"), eg.get("egress-untrusted")) == ("deny", "allow-dns") and s["egress"]["failedAssertions"] == [],
+    (eg, s["egress"]["failedAssertions"]),
+)
+
 # Executors.
 dk, sh = s["docker"]["service"], s["shell"]["service"]
 check("docker: SupplementaryGroups=docker, PrivateUsers=false", (dk.get("SupplementaryGroups"), dk["PrivateUsers"]) == ("docker", "false"), dk)
@@ -278,6 +293,11 @@ check(
     sh,
 )
 check("kubernetes/shell: no docker group", "SupplementaryGroups" not in svc and "SupplementaryGroups" not in sh)
+check(
+    "docker/shell: no AF_NETLINK (only the Kubernetes executor reads the host's addresses)",
+    dk["RestrictAddressFamilies"] == sh["RestrictAddressFamilies"] == "AF_UNIX\nAF_INET\nAF_INET6",
+    (dk["RestrictAddressFamilies"], sh["RestrictAddressFamilies"]),
+)
 check("no refresh units unless enabled", s["docker"]["refresh"] == {} and s["docker"]["timer"] == {})
 
 # Durations.

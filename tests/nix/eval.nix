@@ -335,6 +335,10 @@ in
     minutes = scenario withCommand (
       docs // { kubeconfigRefresh = docs.kubeconfigRefresh // { interval = "30m"; }; }
     );
+    egress = scenario withoutCommand (kube {
+      settings.egress = "deny";
+      settings."egress-untrusted" = "allow-dns";
+    });
   };
 
   # The options as the NixOS manual renders them (optionAttrSetToDocList,
@@ -358,5 +362,6 @@ in
     badStopWait = fails (minimal { settings."stop-wait" = "10 minutes"; });
     badExecutor = fails (minimal { settings.executor = "podman"; });
     stateDirSet = fails (minimal { settings."state-dir" = "/srv/knotless"; });
+    badEgressUntrusted = fails (minimal { settings."egress-untrusted" = "everything"; });
   };
 }

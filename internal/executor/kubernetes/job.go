@@ -19,6 +19,9 @@ const (
 	LabelRunner    = executor.LabelRunner
 	LabelRun       = executor.LabelRun
 	LabelManagedBy = "app.kubernetes.io/managed-by"
+	// LabelEgress on a run pod names its egress mode: the policy of
+	// that mode (BuildEgressPolicy) selects it.
+	LabelEgress    = "dev.knotless.egress"
 	AnnotationDID  = "dev.knotless.runner-did"
 	managedByValue = "knotless-run"
 	containerName  = "run"
@@ -29,6 +32,7 @@ const (
 	transferDir     = stateDir + "/transfer"
 	jobNamePrefix   = "knotless-"
 	networkPolicyNm = "knotless-deny-ingress-"
+	egressPolicyNm  = "knotless-egress-"
 )
 
 // deadlineMargin is added to a run's timeout for the Job's active
@@ -119,8 +123,12 @@ type PodOptions struct {
 	ServiceAccount string
 	// ImagePullSecrets name Secrets of the runs namespace (made by the
 	// operator; the runner never creates one) that the kubelet uses to
-	// pull the run image.
-	ImagePullSecrets []string
+	// pull the run image, each for the images its pattern matches and,
+	// unless marked, for trusted runs only.
+	ImagePullSecrets []PullSecret
+	// Egress is what run pods may send out, by the run's trust; each
+	// pod is labelled with its mode.
+	Egress Egress
 	// StateSizeLimit bounds the memory-backed volume that holds step
 	// output spools.
 	StateSizeLimit string
@@ -135,7 +143,8 @@ type PodOptions struct {
 // is in its arguments.
 func BuildJob(namespace string, spec executor.Spec, opts PodOptions) (*batchv1.Job, error) {
 	runner := RunnerLabel(spec.Runner)
-	labels := map[string]string{LabelRunner: runner, LabelRun: spec.RunID, LabelManagedBy: managedByValue}
+	labels := map[string]string{LabelRunner: runner, LabelRun: spec.RunID, LabelManagedBy: managedByValue,
+		LabelEgress: string(opts.Egress.For(spec.Trusted))}
 	annotations := map[string]string{AnnotationDID: spec.Runner}
 	for k, v := range spec.Annotations {
 		annotations[k] = v
@@ -181,6 +190,7 @@ func BuildJob(namespace string, spec executor.Spec, opts PodOptions) (*batchv1.J
 		volumes = append(volumes, corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
 		mounts = append(mounts, corev1.VolumeMount{Name: name, MountPath: dir})
 	}
+	pullSecrets, pullPolicy := pullCredentials(opts.ImagePullSecrets, image, spec.Trusted)
 	podSC, containerSC := podSecurity(opts.AllowRoot)
 	pod := corev1.PodSpec{
 		RestartPolicy:                 corev1.RestartPolicyNever,
@@ -203,7 +213,7 @@ func BuildJob(namespace string, spec executor.Spec, opts PodOptions) (*batchv1.J
 		Containers: []corev1.Container{{
 			Name:            containerName,
 			Image:           image,
-			ImagePullPolicy: corev1.PullIfNotPresent,
+			ImagePullPolicy: pullPolicy,
 			Command:         []string{"sh", "-c", keepAlive},
 			WorkingDir:      dirs.Work,
 			Resources:       res,
@@ -211,7 +221,7 @@ func BuildJob(namespace string, spec executor.Spec, opts PodOptions) (*batchv1.J
 			SecurityContext: containerSC,
 		}},
 	}
-	for _, name := range opts.ImagePullSecrets {
+	for _, name := range pullSecrets {
 		pod.ImagePullSecrets = append(pod.ImagePullSecrets, corev1.LocalObjectReference{Name: name})
 	}
 	if opts.RuntimeClass != "" {

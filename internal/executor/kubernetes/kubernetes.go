@@ -11,9 +11,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"sync/atomic"
 	"time"
 
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -53,10 +55,7 @@ type Config struct {
 	// PullGrace is how long an image pull may fail before the run ends.
 	PullGrace time.Duration
 	Limits    tarstream.Limits
-	// Egress is what run pods may send out; its Block gets the
-	// link-local prefix and the API server's addresses added.
-	Egress Egress
-	Logger *slog.Logger
+	Logger    *slog.Logger
 }
 
 // Executor runs sessions as Jobs.
@@ -99,7 +98,8 @@ func New(cfg Config) (*Executor, error) {
 	if err != nil {
 		return nil, err
 	}
-	e.log.Info("cluster credentials loaded", "server", cc.Host, "namespace", ns, "egress", e.egressMode())
+	e.log.Info("cluster credentials loaded", "server", cc.Host, "namespace", ns,
+		"egress", cfg.Pod.Egress.For(true), "egress_untrusted", cfg.Pod.Egress.For(false))
 	if exp, err := kubecred.CheckExpiry(cc, time.Now()); err != nil {
 		e.log.Error("runner credentials expired", "expires", exp.Format(time.RFC3339))
 	}
@@ -124,7 +124,7 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 	if spec.Runner == "" {
 		spec.Runner = e.cfg.Runner
 	}
-	if err := e.ensureNetworkPolicy(ctx, cc.Host, cs, ns, spec.Runner); err != nil {
+	if err := e.ensureNetworkPolicies(ctx, cc.Host, cs, ns, spec.Runner, e.cfg.Pod.Egress.For(spec.Trusted)); err != nil {
 		return nil, err
 	}
 	job, err := BuildJob(ns, spec, e.cfg.Pod)
@@ -174,36 +174,35 @@ func (e *Executor) Resume(ctx context.Context, ref executor.Ref) (executor.Sessi
 	return s, nil
 }
 
-// egressMode is the configured mode, open when unset.
-func (e *Executor) egressMode() EgressMode {
-	if e.cfg.Egress.Mode == "" {
-		return EgressOpen
+// ensureNetworkPolicies makes the runner's policies in ns what this
+// executor wants for a run of egress mode mode, before every run: never
+// trusted from an earlier run or from their names alone. The ingress
+// policy selects every pod of the runner; the mode's egress policy (none
+// for open) its pods of that mode. The block list (the API server's
+// addresses among it) is read again for each run.
+func (e *Executor) ensureNetworkPolicies(ctx context.Context, apiServer string, cs kubernetes.Interface, ns, runner string, mode EgressMode) error {
+	policies := []*networkingv1.NetworkPolicy{BuildNetworkPolicy(ns, runner)}
+	if mode.limitsEgress() {
+		var block []netip.Prefix
+		if mode.blocks() {
+			var err error
+			if block, err = DefaultEgressBlock(ctx, apiServer, e.cfg.Pod.Egress.Block); err != nil {
+				return err
+			}
+		}
+		policies = append(policies, BuildEgressPolicy(ns, runner, mode, block))
 	}
-	return e.cfg.Egress.Mode
-}
-
-// ensureNetworkPolicy makes the runner's NetworkPolicy in ns what this
-// executor wants, before every run: never trusted from an earlier run
-// or from its name alone.
-func (e *Executor) ensureNetworkPolicy(ctx context.Context, apiServer string, cs kubernetes.Interface, ns, runner string) error {
-	egress := Egress{Mode: e.egressMode()}
-	if egress.Mode == EgressAllowDNS {
-		block, err := DefaultEgressBlock(ctx, apiServer, e.cfg.Egress.Block)
+	for _, np := range policies {
+		did, err := ensureNetworkPolicy(ctx, cs, np)
 		if err != nil {
 			return err
 		}
-		egress.Block = block
-	}
-	np := BuildNetworkPolicy(ns, runner, egress)
-	did, err := ensureNetworkPolicy(ctx, cs, np)
-	if err != nil {
-		return err
-	}
-	switch did {
-	case "created":
-		e.log.Info("network policy created", "namespace", ns, "name", np.Name, "egress", egress.Mode)
-	case "replaced":
-		e.log.Warn("network policy differed from the runner's: replaced", "namespace", ns, "name", np.Name, "egress", egress.Mode)
+		switch did {
+		case "created":
+			e.log.Info("network policy created", "namespace", ns, "name", np.Name, "egress", mode)
+		case "replaced":
+			e.log.Warn("network policy differed from the runner's: replaced", "namespace", ns, "name", np.Name, "egress", mode)
+		}
 	}
 	return nil
 }

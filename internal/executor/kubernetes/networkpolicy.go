@@ -24,36 +24,79 @@ type EgressMode string
 
 // Egress modes. Open leaves egress as the cluster gives it; Deny allows
 // none; AllowDNS allows DNS (UDP and TCP port 53) only, to pods of the
-// cluster and to addresses outside EgressBlock.
+// cluster and to addresses outside the block list; Public allows that
+// DNS and every other port to the public internet: no link-local,
+// private, shared or loopback address (NonPublic), and nothing in the
+// block list.
 const (
 	EgressOpen     EgressMode = "open"
 	EgressDeny     EgressMode = "deny"
 	EgressAllowDNS EgressMode = "allow-dns"
+	EgressPublic   EgressMode = "public"
 )
 
-// ParseEgressMode reads a --egress value; "" is open.
+// ParseEgressMode reads an --egress or --egress-untrusted value; ""
+// is the zero value, which Egress.For reads as that flag's default.
 func ParseEgressMode(s string) (EgressMode, error) {
 	switch m := EgressMode(s); m {
-	case "":
-		return EgressOpen, nil
-	case EgressOpen, EgressDeny, EgressAllowDNS:
+	case "", EgressOpen, EgressDeny, EgressAllowDNS, EgressPublic:
 		return m, nil
 	}
-	return "", fmt.Errorf("egress mode %q: want deny, allow-dns or open", s)
+	return "", fmt.Errorf("egress mode %q: want public, deny, allow-dns or open", s)
 }
 
-// Egress is the operator's egress setting for run pods.
+// limitsEgress reports whether pods of mode m get an egress policy.
+func (m EgressMode) limitsEgress() bool { return m != EgressOpen }
+
+// blocks reports whether mode m's policy lists the block list.
+func (m EgressMode) blocks() bool { return m == EgressAllowDNS || m == EgressPublic }
+
+// Egress is the operator's egress setting for run pods. Trusted runs
+// (pushes by the owner) get Mode, untrusted runs (pulls, batches)
+// Untrusted: the run's trust is part of its input (executor.Spec).
 type Egress struct {
+	// Mode is trusted runs' mode; "" is open.
 	Mode EgressMode
-	// Block lists CIDRs that even the DNS of allow-dns may not reach:
-	// the API server, the runner's host, the metadata addresses. See
-	// DefaultEgressBlock.
+	// Untrusted is untrusted runs' mode; "" is public.
+	Untrusted EgressMode
+	// Block lists CIDRs that allow-dns's DNS and public's rules may not
+	// reach: the API server, the runner's host, the metadata addresses.
+	// See DefaultEgressBlock.
 	Block []netip.Prefix
+}
+
+// For returns the mode of a run's pods.
+func (e Egress) For(trusted bool) EgressMode {
+	switch {
+	case trusted && e.Mode == "":
+		return EgressOpen
+	case trusted:
+		return e.Mode
+	case e.Untrusted == "":
+		return EgressPublic
+	}
+	return e.Untrusted
 }
 
 // LinkLocal holds the cloud metadata addresses (169.254.169.254 and
 // friends) and is always blocked when egress is not open.
 var LinkLocal = netip.MustParsePrefix("169.254.0.0/16")
+
+// NonPublic returns the prefixes that public egress never reaches on
+// any port: link-local (the metadata addresses), the private ranges
+// (where a cluster's nodes, Services and the operator's own network
+// live), shared address space (carrier-grade NAT, some clouds' nodes),
+// loopback, IPv6 unique-local and link-local addresses and IPv6 loopback.
+func NonPublic() []netip.Prefix {
+	var out []netip.Prefix
+	for _, s := range []string{
+		"10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12", "192.168.0.0/16",
+		"::1/128", "fc00::/7", "fe80::/10",
+	} {
+		out = append(out, netip.MustParsePrefix(s))
+	}
+	return out
+}
 
 // DefaultEgressBlock returns the prefixes to keep a run pod's DNS from:
 // link-local (cloud metadata), the API server's addresses (host of
@@ -89,12 +132,13 @@ func serverHost(server string) string {
 	return server
 }
 
-// BuildNetworkPolicy returns the policy of this runner's run pods: no
-// ingress at all, and egress as egress says. Its name is kept from the
-// time it only denied ingress.
-func BuildNetworkPolicy(namespace, runnerDID string, egress Egress) *networkingv1.NetworkPolicy {
+// BuildNetworkPolicy returns the policy that denies all ingress to this
+// runner's run pods, whatever their egress: every pod with the runner's
+// label. It limits no egress (a policy of an earlier version by this
+// name that did is replaced by this one at the next run).
+func BuildNetworkPolicy(namespace, runnerDID string) *networkingv1.NetworkPolicy {
 	runner := RunnerLabel(runnerDID)
-	np := &networkingv1.NetworkPolicy{
+	return &networkingv1.NetworkPolicy{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        networkPolicyNm + runner,
 			Namespace:   namespace,
@@ -106,12 +150,34 @@ func BuildNetworkPolicy(namespace, runnerDID string, egress Egress) *networkingv
 			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
 		},
 	}
-	switch egress.Mode {
-	case EgressDeny:
-		np.Spec.PolicyTypes = append(np.Spec.PolicyTypes, networkingv1.PolicyTypeEgress)
+}
+
+// BuildEgressPolicy returns the policy that limits the egress of this
+// runner's pods of one mode (labelled LabelEgress=mode), or nil for
+// open, which limits nothing. block is the block list of allow-dns and
+// public (DefaultEgressBlock); the other modes ignore it.
+func BuildEgressPolicy(namespace, runnerDID string, mode EgressMode, block []netip.Prefix) *networkingv1.NetworkPolicy {
+	if !mode.limitsEgress() {
+		return nil
+	}
+	runner := RunnerLabel(runnerDID)
+	np := &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        egressPolicyNm + string(mode) + "-" + runner,
+			Namespace:   namespace,
+			Labels:      map[string]string{LabelRunner: runner, LabelEgress: string(mode), LabelManagedBy: managedByValue},
+			Annotations: map[string]string{AnnotationDID: runnerDID},
+		},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{LabelRunner: runner, LabelEgress: string(mode)}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+		},
+	}
+	switch mode {
 	case EgressAllowDNS:
-		np.Spec.PolicyTypes = append(np.Spec.PolicyTypes, networkingv1.PolicyTypeEgress)
-		np.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{dnsRule(egress.Block)}
+		np.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{dnsRule(block)}
+	case EgressPublic:
+		np.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{dnsRule(block), publicRule(block)}
 	}
 	return np
 }
@@ -143,6 +209,52 @@ func dnsRule(block []netip.Prefix) networkingv1.NetworkPolicyEgressRule {
 			{IPBlock: &networkingv1.IPBlock{CIDR: "0.0.0.0/0", Except: except}},
 		},
 	}
+}
+
+// publicRule allows every port to every address but the non-public
+// ones and the blocked ones, over IPv4 and IPv6.
+func publicRule(block []netip.Prefix) networkingv1.NetworkPolicyEgressRule {
+	not := append(NonPublic(), block...)
+	return networkingv1.NetworkPolicyEgressRule{
+		To: []networkingv1.NetworkPolicyPeer{
+			{IPBlock: &networkingv1.IPBlock{CIDR: "0.0.0.0/0", Except: except(not, true)}},
+			{IPBlock: &networkingv1.IPBlock{CIDR: "::/0", Except: except(not, false)}},
+		},
+	}
+}
+
+// except returns the prefixes of one family, masked, in address order,
+// without those inside another: a stable list, so a policy read back
+// compares equal to the one built.
+func except(prefixes []netip.Prefix, v4 bool) []string {
+	var ps []netip.Prefix
+	for _, p := range prefixes {
+		if p.Addr().Is4In6() && p.Bits() >= 96 {
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+		}
+		p = p.Masked()
+		if p.Addr().Is4() == v4 && p.Bits() > 0 {
+			ps = append(ps, p)
+		}
+	}
+	slices.SortFunc(ps, func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return a.Bits() - b.Bits()
+	})
+	var out []string
+	var last netip.Prefix
+	for _, p := range ps {
+		// Sorted by address, then shorter first: a prefix inside an
+		// earlier one follows it.
+		if last.IsValid() && last.Bits() <= p.Bits() && last.Contains(p.Addr()) {
+			continue
+		}
+		last = p
+		out = append(out, p.String())
+	}
+	return out
 }
 
 // ensureNetworkPolicy makes the runner's policy in ns be exactly want,

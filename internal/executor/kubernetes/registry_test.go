@@ -20,8 +20,12 @@ import (
 // it ends error at the first denied pull, naming the image and the
 // denial: the pull grace is set far past the test's own timeout, so only
 // the denial can end it. With ImagePullSecrets (--image-pull-secret)
-// naming a Secret the test made, the node pulls the image and the run
-// succeeds. Neither leaves a Job or pod, and the runner creates no Secret.
+// naming a Secret the test made, for a pattern matching the image, the
+// node pulls the image and the run succeeds. A pull's run (untrusted)
+// naming the same image, now on the node, gets no secret unless it is
+// marked untrusted: it pulls Always, so the registry refuses it instead
+// of the kubelet starting the node's copy; marked, it runs. None leaves
+// a Job or pod, and the runner creates no Secret.
 func TestImagePullDenied(t *testing.T) {
 	t.Parallel()
 	c := clustertest.Start(t)
@@ -54,7 +58,7 @@ func TestImagePullDenied(t *testing.T) {
 		}
 		withSecret := func(cfg *kubernetes.Config) {
 			noGrace(cfg)
-			cfg.Pod.ImagePullSecrets = []string{secret.Name}
+			cfg.Pod.ImagePullSecrets = []kubernetes.PullSecret{{Name: secret.Name, Image: image}}
 		}
 		res := engine(newExecutor(t, c, withSecret), c.Image).Run(ctx, run.Request{
 			RunID: randomID("pull"), Workflow: parse(t, src), Checkout: t.TempDir(), Trusted: true,
@@ -70,6 +74,31 @@ func TestImagePullDenied(t *testing.T) {
 		if len(secrets.Items) != 1 || secrets.Items[0].Name != secret.Name {
 			t.Errorf("secrets in the namespace: %d, want only the test's %s", len(secrets.Items), secret.Name)
 		}
+
+		// The image is on the node now. A stranger's pull naming it gets
+		// no secret, and the registry refuses the pull.
+		untrustedSrc := "on: pull\nimage: " + image + "\nsteps: [{run: 'echo pulled from the registry'}]\n"
+		res = engine(newExecutor(t, c, withSecret), c.Image).Run(ctx, run.Request{
+			RunID: randomID("stranger"), Workflow: parse(t, untrustedSrc), Checkout: t.TempDir(), Trusted: false,
+		})
+		if res.Status != run.Error || !strings.Contains(res.Error, "cannot pull image "+image) || !strings.Contains(res.Error, "the registry denied access") {
+			t.Errorf("a pull's run with the secret not given to pulls: status %s (%s), want error naming the image and the denial\nlog:\n%s", res.Status, res.Error, res.Log)
+		}
+		t.Logf("a pull without the secret: %s", res.Error)
+		assertNoRunObjects(t, c)
+
+		// Marked untrusted, the operator gives it to pulls too.
+		forPulls := func(cfg *kubernetes.Config) {
+			noGrace(cfg)
+			cfg.Pod.ImagePullSecrets = []kubernetes.PullSecret{{Name: secret.Name, Image: image, Untrusted: true}}
+		}
+		res = engine(newExecutor(t, c, forPulls), c.Image).Run(ctx, run.Request{
+			RunID: randomID("pullok"), Workflow: parse(t, untrustedSrc), Checkout: t.TempDir(), Trusted: false,
+		})
+		if res.Status != run.Success || !strings.Contains(string(res.Log), "pulled from the registry") {
+			t.Errorf("a pull's run with the secret marked untrusted: status %s (%s), want success\nlog:\n%s", res.Status, res.Error, res.Log)
+		}
+		assertNoRunObjects(t, c)
 	})
 }
 

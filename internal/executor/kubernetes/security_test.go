@@ -3,6 +3,7 @@ package kubernetes_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -176,77 +177,114 @@ func (w *warningRecorder) all() string {
 	return strings.Join(w.msgs, "; ")
 }
 
-// runnerPolicy returns the runner's NetworkPolicy as the API has it.
-func runnerPolicy(t *testing.T, c *clustertest.Cluster, runner string) (*networkingv1.NetworkPolicy, error) {
+// runnerPolicies returns the runner's ingress policy and the egress
+// policy of mode as the API has them, and the ones the runner wants.
+func runnerPolicies(t *testing.T, c *clustertest.Cluster, runner string, mode knotlesskube.EgressMode) (got, want []*networkingv1.NetworkPolicy) {
 	t.Helper()
-	name := knotlesskube.BuildNetworkPolicy(c.Namespace, runner, knotlesskube.Egress{}).Name
-	return c.Clientset.NetworkingV1().NetworkPolicies(c.Namespace).Get(context.Background(), name, metav1.GetOptions{})
+	ctx := context.Background()
+	block, err := knotlesskube.DefaultEgressBlock(ctx, c.Config.Host, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = []*networkingv1.NetworkPolicy{
+		knotlesskube.BuildNetworkPolicy(c.Namespace, runner),
+		knotlesskube.BuildEgressPolicy(c.Namespace, runner, mode, block),
+	}
+	for _, w := range want {
+		np, err := c.Clientset.NetworkingV1().NetworkPolicies(c.Namespace).Get(ctx, w.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("policy %s: %v", w.Name, err)
+		}
+		got = append(got, np)
+	}
+	return got, want
 }
 
 // A policy with the runner's name but an allow-all spec is not trusted:
 // the run replaces it with the runner's own, using only the runner's
-// scoped credential.
+// scoped credential. So is one named like the egress policy of a pull's
+// pods that lets them reach everything.
 func TestNetworkPolicyWithWrongSpecReplaced(t *testing.T) {
 	t.Parallel()
 	c := clustertest.Start(t)
 	ctx := context.Background()
 	runner := "did:plc:" + randomID("np")
-	want := knotlesskube.BuildNetworkPolicy(c.Namespace, runner, knotlesskube.Egress{})
-	allowAll := want.DeepCopy()
+	allowAll := knotlesskube.BuildNetworkPolicy(c.Namespace, runner)
 	allowAll.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{}}
 	allowAll.Spec.PodSelector = metav1.LabelSelector{MatchLabels: map[string]string{"nothing": "here"}}
-	if _, err := c.Clientset.NetworkingV1().NetworkPolicies(c.Namespace).Create(ctx, allowAll, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+	allowEgress := knotlesskube.BuildEgressPolicy(c.Namespace, runner, knotlesskube.EgressPublic, nil)
+	allowEgress.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{{}}
+	for _, np := range []*networkingv1.NetworkPolicy{allowAll, allowEgress} {
+		if _, err := c.Clientset.NetworkingV1().NetworkPolicies(c.Namespace).Create(ctx, np, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	kubeconfig := c.ScopedKubeconfig(t, "runner", kubecred.Rules())
 	ex := newExecutor(t, c, func(cfg *knotlesskube.Config) {
 		cfg.Runner = runner
 		cfg.Credentials.Kubeconfig = kubeconfig
 	})
-	res := engine(ex, c.Image).Run(ctx, run.Request{RunID: randomID("np"), Workflow: parse(t, "on: push\nsteps: [{run: 'true'}]\n"), Checkout: t.TempDir(), Trusted: true})
+	res := engine(ex, c.Image).Run(ctx, run.Request{RunID: randomID("np"), Workflow: parse(t, "on: pull\nsteps: [{run: 'true'}]\n"), Checkout: t.TempDir(), Trusted: false})
 	if res.Status != run.Success {
 		t.Fatalf("status %s (%s)\n%s", res.Status, res.Error, res.Log)
 	}
-	got, err := runnerPolicy(t, c, runner)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !equality.Semantic.DeepEqual(got.Spec, want.Spec) {
-		t.Errorf("the allow-all policy named like the runner's was kept:\ngot  %+v\nwant %+v", got.Spec, want.Spec)
+	got, want := runnerPolicies(t, c, runner, knotlesskube.EgressPublic)
+	for i := range want {
+		if !equality.Semantic.DeepEqual(got[i].Spec, want[i].Spec) {
+			t.Errorf("the allow-all policy named like the runner's %s was kept:\ngot  %+v\nwant %+v", want[i].Name, got[i].Spec, want[i].Spec)
+		}
 	}
 }
 
-// A policy deleted between runs is made again before the next run of the
-// same process.
+// Policies deleted between runs are made again before the next run of
+// the same process: the ingress policy and the egress policy of a
+// pull's pods.
 func TestNetworkPolicyRecreatedEachRun(t *testing.T) {
 	t.Parallel()
 	c := clustertest.Start(t)
 	ctx := context.Background()
 	runner := "did:plc:" + randomID("np")
 	ex := newExecutor(t, c, func(cfg *knotlesskube.Config) { cfg.Runner = runner })
-	wf := parse(t, "on: push\nsteps: [{run: 'true'}]\n")
+	wf := parse(t, "on: pull\nsteps: [{run: 'true'}]\n")
 	for i := range 2 {
-		res := engine(ex, c.Image).Run(ctx, run.Request{RunID: randomID("np"), Workflow: wf, Checkout: t.TempDir(), Trusted: true})
+		res := engine(ex, c.Image).Run(ctx, run.Request{RunID: randomID("np"), Workflow: wf, Checkout: t.TempDir(), Trusted: false})
 		if res.Status != run.Success {
 			t.Fatalf("run %d: status %s (%s)\n%s", i+1, res.Status, res.Error, res.Log)
 		}
-		np, err := runnerPolicy(t, c, runner)
-		if err != nil {
-			t.Fatalf("after run %d: %v", i+1, err)
-		}
-		if i == 0 {
-			if err := c.Clientset.NetworkingV1().NetworkPolicies(c.Namespace).Delete(ctx, np.Name, metav1.DeleteOptions{}); err != nil {
-				t.Fatal(err)
+		got, want := runnerPolicies(t, c, runner, knotlesskube.EgressPublic)
+		for j := range want {
+			if !equality.Semantic.DeepEqual(got[j].Spec, want[j].Spec) {
+				t.Errorf("after run %d: policy %s is not the runner's: %+v", i+1, want[j].Name, got[j].Spec)
+			}
+			if i == 0 {
+				if err := c.Clientset.NetworkingV1().NetworkPolicies(c.Namespace).Delete(ctx, got[j].Name, metav1.DeleteOptions{}); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
 	}
 }
 
-// With --egress deny a step reaches nothing: not the node's kubelet (the
-// control-plane address a pod of this harness can reach: the API server's
-// own address is dropped for every pod by the harness's egress guard) nor
-// port 53. With open it reaches both. With allow-dns only port 53 goes
-// out, and never to a blocked address.
+// TestEgress probes with busybox nc from a step, by the run's trust and
+// the operator's egress settings. The targets:
+//
+//   - the node's kubelet, a private address of the cluster (the API
+//     server's own address is dropped for every pod by the harness's
+//     egress guard, whatever the policy);
+//   - the API server as pods see it in-cluster: the kubernetes Service's
+//     ClusterIP (ServeKubernetesService makes it an address of the node
+//     that forwards to the API server);
+//   - 169.254.169.254, the cloud metadata address, and 198.51.100.7, a
+//     TEST-NET address standing for the public internet, both served on
+//     the node's loopback (ServeOnNodeAddress): nothing leaves the
+//     machine, and only the policy decides whether a pod reaches them;
+//   - port 53 on the node's address, a DNS stand-in.
+//
+// With open every one is reached (so each probe can succeed); deny
+// reaches none; allow-dns only port 53, never a blocked address; a
+// pull's pod, by default public, reaches the public address and port 53
+// and none of the kubelet, the API server's ClusterIP or the metadata
+// address, nor the public address once it is in the block list.
 func TestEgress(t *testing.T) {
 	t.Parallel()
 	c := clustertest.Start(t)
@@ -260,36 +298,60 @@ func TestEgress(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = listen.Process.Kill(); _ = listen.Wait() })
+	c.ServeKubernetesService(t)
+	svc, err := c.Clientset.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := func(hostPort string) string {
+		host, port, err := net.SplitHostPort(hostPort)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return host + " " + port
+	}
 	node := c.Info.NodeIP
+	kubelet := node + " 20250"
+	dns := node + " 53"
+	apiService := target(net.JoinHostPort(svc.Spec.ClusterIP, fmt.Sprint(svc.Spec.Ports[0].Port)))
+	const publicIP = "198.51.100.7"
+	metadata := target(c.ServeOnNodeAddress(t, "169.254.169.254"))
+	public := target(c.ServeOnNodeAddress(t, publicIP))
 	probe := func(target string) string {
 		return fmt.Sprintf(`if nc -w 3 %s </dev/null >/dev/null 2>&1; then echo "%s REACHED"; else echo "%s BLOCKED"; fi`, target, target, target)
 	}
-	kubelet := node + " 20250"
-	dns := node + " 53"
+	all := []string{kubelet, dns, apiService, metadata, public}
 	for _, tt := range []struct {
 		name    string
 		egress  knotlesskube.Egress
+		trusted bool
 		reached []string
 		blocked []string
 	}{
-		{"open", knotlesskube.Egress{Mode: knotlesskube.EgressOpen}, []string{kubelet, dns}, nil},
-		{"deny", knotlesskube.Egress{Mode: knotlesskube.EgressDeny}, nil, []string{kubelet, dns}},
-		{"allow-dns", knotlesskube.Egress{Mode: knotlesskube.EgressAllowDNS}, []string{dns}, []string{kubelet}},
-		{"allow-dns blocking the node", knotlesskube.Egress{Mode: knotlesskube.EgressAllowDNS, Block: []netip.Prefix{netip.MustParsePrefix(node + "/32")}}, nil, []string{kubelet, dns}},
+		{"a push, open by default", knotlesskube.Egress{}, true, all, nil},
+		{"deny", knotlesskube.Egress{Mode: knotlesskube.EgressDeny}, true, nil, all},
+		{"allow-dns", knotlesskube.Egress{Mode: knotlesskube.EgressAllowDNS}, true, []string{dns}, []string{kubelet, apiService, metadata, public}},
+		{"allow-dns blocking the node", knotlesskube.Egress{Mode: knotlesskube.EgressAllowDNS, Block: []netip.Prefix{netip.MustParsePrefix(node + "/32")}}, true, nil, []string{kubelet, dns}},
+		{"a pull, public by default", knotlesskube.Egress{}, false, []string{public, dns}, []string{kubelet, apiService, metadata}},
+		{"a pull, public blocking the public address", knotlesskube.Egress{Block: []netip.Prefix{netip.MustParsePrefix(publicIP + "/32")}}, false, []string{dns}, []string{public, kubelet, apiService, metadata}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			// One at a time: the policy is per runner, and each case has
-			// its own runner.
-			ex := newExecutor(t, c, func(cfg *knotlesskube.Config) { cfg.Egress = tt.egress })
+			// One at a time: the policies are per runner, and each case
+			// has its own runner.
+			ex := newExecutor(t, c, func(cfg *knotlesskube.Config) { cfg.Pod.Egress = tt.egress })
 			// kube-router applies a new pod's rules a moment after it
-			// starts: the probes wait for that, and a blocked one gets
-			// several tries to be sure it never connects.
-			script := "sleep 3\n"
+			// starts. Every mode but open blocks the kubelet: the probes
+			// start once it is blocked (at most 20 tries), and a blocked
+			// target gets several tries to be sure it never connects.
+			script := ""
+			if len(tt.blocked) > 0 {
+				script += "i=0; while [ $i -lt 20 ] && nc -w 1 " + kubelet + " </dev/null >/dev/null 2>&1; do i=$((i+1)); sleep 1; done\n"
+			}
 			for _, target := range append(append([]string{}, tt.reached...), tt.blocked...) {
 				script += "for i in 1 2 3; do " + probe(target) + "; done\n"
 			}
 			src := "on: push\nsteps:\n  - name: probe\n    run: |\n" + indent(script, "      ")
-			res := engine(ex, c.Image).Run(ctx, run.Request{RunID: randomID("eg"), Workflow: parse(t, src), Checkout: t.TempDir(), Trusted: true})
+			res := engine(ex, c.Image).Run(ctx, run.Request{RunID: randomID("eg"), Workflow: parse(t, src), Checkout: t.TempDir(), Trusted: tt.trusted})
 			if res.Status != run.Success {
 				t.Fatalf("status %s (%s)\n%s", res.Status, res.Error, res.Log)
 			}

@@ -201,7 +201,7 @@ func (w *podWaiter) check(pod *corev1.Pod) (string, bool, error) {
 			// With pull secrets a denial waits out the grace: the kubelet
 			// pulls without them when its secret cache has not synced yet
 			// (a busy node) and with them at the retry.
-			return "", false, fmt.Errorf("pod %s cannot pull image %s: the registry denied access (%s; a registry that needs credentials needs --image-pull-secret): %s", pod.Name, cs.Image, wt.Reason, wt.Message)
+			return "", false, fmt.Errorf("pod %s cannot pull image %s: the registry denied access (%s; a registry that needs credentials needs an --image-pull-secret whose pattern matches the image, marked ,untrusted for a pull's run): %s", pod.Name, cs.Image, wt.Reason, wt.Message)
 		case wt.Reason == "ErrImagePull" || wt.Reason == "ImagePullBackOff":
 			pulling = true
 			if w.pullFailingSince.IsZero() {
