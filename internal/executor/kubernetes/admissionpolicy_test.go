@@ -66,6 +66,16 @@ func withPolicy(t *testing.T, c *clustertest.Cluster, o kubecred.Options) (strin
 }
 
 // runnerJob is a Job as BuildJob makes it for the runner's executor.
+// pullSecrets gives each named Secret for the test image, to trusted
+// and untrusted runs alike: the policy, not the pattern, is on trial.
+func pullSecrets(c *clustertest.Cluster, names ...string) []knotlesskube.PullSecret {
+	out := make([]knotlesskube.PullSecret, len(names))
+	for i, n := range names {
+		out[i] = knotlesskube.PullSecret{Name: n, Image: c.Image, Untrusted: true}
+	}
+	return out
+}
+
 func runnerJob(t *testing.T, c *clustertest.Cluster, spec executor.Spec, opts knotlesskube.PodOptions) *batchv1.Job {
 	t.Helper()
 	if spec.RunID == "" {
@@ -169,7 +179,7 @@ func TestAdmissionPolicyRefusesStrangeJobs(t *testing.T) {
 		}, "imagePullSecrets names other-pull: the operator allowed only ci-pull"},
 	}
 	for _, tt := range tests {
-		job := runnerJob(t, c, executor.Spec{}, knotlesskube.PodOptions{ImagePullSecrets: []string{"ci-pull"}})
+		job := runnerJob(t, c, executor.Spec{}, knotlesskube.PodOptions{ImagePullSecrets: pullSecrets(c, "ci-pull")})
 		tt.mod(&job.Spec.Template.Spec)
 		_, err := runner.BatchV1().Jobs(c.Namespace).Create(ctx, job, metav1.CreateOptions{})
 		if !apierrors.IsForbidden(err) || !kubecred.RefusedByPolicy(err, name) || !strings.Contains(err.Error(), tt.want) {
@@ -193,7 +203,7 @@ func TestAdmissionPolicyRefusesStrangeJobs(t *testing.T) {
 	// run ends error with the policy's words.
 	ex := newExecutor(t, c, func(cfg *knotlesskube.Config) {
 		cfg.Credentials.Kubeconfig = kubeconfig
-		cfg.Pod.ImagePullSecrets = []string{"unlisted-pull"}
+		cfg.Pod.ImagePullSecrets = pullSecrets(c, "unlisted-pull")
 	})
 	res := engine(ex, c.Image).Run(ctx, run.Request{RunID: randomID("vap"), Workflow: parse(t, "on: push\nsteps: [{run: 'true'}]\n"), Checkout: t.TempDir(), Trusted: true})
 	if res.Status != run.Error || !strings.Contains(res.Error, "imagePullSecrets names unlisted-pull: the operator allowed only ci-pull") {
@@ -246,7 +256,7 @@ func TestAdmissionPolicyRefusesStrangeJobs(t *testing.T) {
 	})
 
 	t.Run("minting again updates it", func(t *testing.T) {
-		job := runnerJob(t, c, executor.Spec{}, knotlesskube.PodOptions{ImagePullSecrets: []string{"ci-pull", "mirror-pull"}})
+		job := runnerJob(t, c, executor.Spec{}, knotlesskube.PodOptions{ImagePullSecrets: pullSecrets(c, "ci-pull", "mirror-pull")})
 		if _, err := runner.BatchV1().Jobs(c.Namespace).Create(ctx, job, dryRun); !kubecred.RefusedByPolicy(err, name) {
 			t.Fatalf("mirror-pull before it is allowed: %v, want refused", err)
 		}
@@ -331,7 +341,7 @@ func TestAdmissionPolicyAdmitsRunnerJobs(t *testing.T) {
 		{"requests, limits and a state size", executor.Spec{Resources: executor.Resources{CPU: "100m", Memory: "64Mi"}},
 			knotlesskube.PodOptions{CPULimit: "1", MemoryLimit: "256Mi", StateSizeLimit: "64Mi"}, true},
 		{"caches", executor.Spec{Caches: []string{"/cache/go", "/root/.cache"}}, knotlesskube.PodOptions{}, true},
-		{"pull secrets", executor.Spec{}, knotlesskube.PodOptions{ImagePullSecrets: []string{"ci-pull", "mirror-pull"}}, true},
+		{"pull secrets", executor.Spec{}, knotlesskube.PodOptions{ImagePullSecrets: pullSecrets(c, "ci-pull", "mirror-pull")}, true},
 		{"keep, a timeout and annotations", executor.Spec{Keep: true, Timeout: time.Minute, Annotations: map[string]string{"dev.knotless.check": "at://x"}}, knotlesskube.PodOptions{}, true},
 		{"a run pod service account", executor.Spec{}, knotlesskube.PodOptions{ServiceAccount: "default"}, true},
 		// This cluster has no such node or runtime: admission only.
@@ -343,7 +353,7 @@ func TestAdmissionPolicyAdmitsRunnerJobs(t *testing.T) {
 	})
 	ex := newExecutor(t, c, func(cfg *knotlesskube.Config) {
 		cfg.Credentials.Kubeconfig = kubeconfig
-		cfg.Pod.ImagePullSecrets = []string{"ci-pull"}
+		cfg.Pod.ImagePullSecrets = pullSecrets(c, "ci-pull")
 	})
 	res := engine(ex, c.Image).Run(t.Context(), run.Request{RunID: randomID("vap"), Workflow: parse(t, "on: push\nsteps: [{run: 'id -u'}]\n"), Checkout: t.TempDir(), Trusted: true})
 	if res.Status != run.Success || !strings.Contains(string(res.Log), "1000") {
