@@ -73,6 +73,15 @@ var (
 	ErrTooManySubscribers = errors.New("too many subscribers")
 	// ErrTooManyRuns refuses a stream past a bound of live runs.
 	ErrTooManyRuns = errors.New("too many live runs")
-	// ErrNotFound is a run no stream is kept of.
+	// ErrNotFound is a run no stream (or a file no file) is kept of.
 	ErrNotFound = errors.New("run output not found")
+	// ErrRunReplaced refuses a put for a run of a check whose stream a
+	// later run of the check has replaced.
+	ErrRunReplaced = errors.New("the check's output is another run's now")
+	// ErrTooManyFiles and ErrFileTooLarge refuse a run's file past the
+	// bounds on its files.
+	ErrTooManyFiles = errors.New("too many files")
+	ErrFileTooLarge = errors.New("files too large")
+	// ErrBadPath refuses a file path that is not a clean relative path.
+	ErrBadPath = errors.New("bad file path")
 )
