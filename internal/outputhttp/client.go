@@ -76,6 +76,9 @@ func (c *Client) Get(ctx context.Context, check string, offset int64, limit int)
 	return &out, nil
 }
 
+// ReadError reads the XRPC error of a response that is not a success.
+func ReadError(resp *http.Response) error { return responseError(resp) }
+
 // responseError reads an XRPC error body.
 func responseError(resp *http.Response) error {
 	var body struct {
