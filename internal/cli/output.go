@@ -164,7 +164,9 @@ func (c *LogsCmd) liveService(ctx context.Context, check syntax.ATURI) (string, 
 
 // cutLine is what a reader prints for bytes not kept, as the log blob
 // says it.
-func cutLine(n int64) string { return fmt.Sprintf("\n[knotless-run: %d bytes cut from the middle of this log]\n", n) }
+func cutLine(n int64) string {
+	return fmt.Sprintf("\n[knotless-run: %d bytes cut from the middle of this log]\n", n)
+}
 
 // printLogs prints what the host has of the output now.
 func printLogs(ctx context.Context, c *outputhttp.Client, check string, w io.Writer) (*output.End, error) {
