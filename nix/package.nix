@@ -38,7 +38,7 @@ let
 
     # The NAR hash of `go mod vendor` for the source above.
     # tests/nix/vendor-hash.sh prints it; `--write` updates this line.
-    vendorHash = "sha256-bLCNSpZQZPCiaL5fYw9dCEs54hGzyPDYd2By+aCi8vM=";
+    vendorHash = "sha256-aKJ+kN661mDnFjl59Aiaa/XsD7btnvRc3B8/6g91cBU=";
 
     subPackages = [ "cmd/knotless-run" ];
 
