@@ -67,6 +67,8 @@ type diskRun struct {
 
 	op       sync.Mutex
 	removed  bool
+	dirty    bool      // state not in meta.json yet
+	saved    time.Time // when meta.json was last written
 	created  time.Time
 	marks    int // marks written to marks.jsonl
 	files    []storedFile
@@ -241,15 +243,44 @@ func (st *Store) Put(runner string, in PutInput) (PutOutput, error) {
 	}
 	s := r.stream
 	werr := s.apply(in, marks)
-	if err := r.persist(); err != nil {
-		return PutOutput{}, err
+	size := s.Size()
+	final, _ := s.Final()
+	// meta.json is written at most every PersistEvery while the run
+	// goes on, and at its end: after a crash the run is as it was a
+	// moment before, and its runner puts the rest again.
+	r.dirty = true
+	if final || st.cfg.Now().Sub(r.saved) >= PersistEvery {
+		if err := r.persist(st.cfg.Now()); err != nil {
+			return PutOutput{}, err
+		}
 	}
 	if werr != nil {
 		return PutOutput{}, werr
 	}
-	size := s.Size()
-	final, _ := s.Final()
 	return PutOutput{Size: size, Final: final}, nil
+}
+
+// PersistEvery is how often a live run's meta.json is written at most.
+const PersistEvery = 250 * time.Millisecond
+
+// Flush writes the meta.json of every run whose last puts are not in it
+// (a service stopping).
+func (st *Store) Flush() error {
+	st.mu.Lock()
+	runs := make([]*diskRun, 0, len(st.runs))
+	for _, r := range st.runs {
+		runs = append(runs, r)
+	}
+	st.mu.Unlock()
+	var errs []error
+	for _, r := range runs {
+		r.op.Lock()
+		if r.dirty && !r.removed {
+			errs = append(errs, r.persist(st.cfg.Now()))
+		}
+		r.op.Unlock()
+	}
+	return errors.Join(errs...)
 }
 
 // runFor returns the run kept for check's run, making it when there is
@@ -287,7 +318,7 @@ func (st *Store) runFor(runner, check, run string) (*diskRun, error) {
 	}
 	s := newStream(check, run, st.cfg.Limits, fileSegment{filepath.Join(dir, "head")}, fileSegment{filepath.Join(dir, "tail")}, st.cfg.Now, st.gate)
 	r := &diskRun{dir: dir, runner: runner, stream: s, created: st.cfg.Now(), replaced: replaced}
-	if err := r.persist(); err != nil {
+	if err := r.persist(st.cfg.Now()); err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
@@ -431,7 +462,7 @@ func (s *Stream) apply(in PutInput, marks []Mark) error {
 
 // persist writes the run's meta.json and the marks not written yet.
 // The caller holds op (or the run is not shared yet).
-func (r *diskRun) persist() error {
+func (r *diskRun) persist(now time.Time) error {
 	s := r.stream
 	s.mu.RLock()
 	m := meta{
@@ -478,6 +509,7 @@ func (r *diskRun) persist() error {
 	if err := os.Rename(tmp, filepath.Join(r.dir, "meta.json")); err != nil {
 		return fmt.Errorf("keep output of %s: %w", s.check, err)
 	}
+	r.dirty, r.saved = false, now
 	return nil
 }
 
@@ -575,7 +607,7 @@ func (st *Store) PutFile(runner, check, run, p string, body io.Reader) (File, er
 		return false
 	})
 	r.files = append(files, storedFile{Path: p, Size: n, Name: name})
-	if err := r.persist(); err != nil {
+	if err := r.persist(st.cfg.Now()); err != nil {
 		return File{}, err
 	}
 	return File{Path: p, Size: n}, nil

@@ -242,3 +242,36 @@ func TestStoreRetention(t *testing.T) {
 		t.Errorf("reopened with %d runs, want the live one", again.Len())
 	}
 }
+
+// A live run's meta.json is written at most every PersistEvery: a store
+// opened after a crash has the run as it was a moment before, and the
+// runner's next put tells it to go on from there; Flush writes it all.
+func TestStorePersistEvery(t *testing.T) {
+	t.Parallel()
+	clock := &fakeClock{t: time.Unix(1_800_000_000, 0)}
+	dir := t.TempDir()
+	st := testStore(t, dir, clock, nil)
+	c := checkOf(runnerA, "k")
+	put(t, st, runnerA, PutInput{Check: c, Run: "r", Offset: 0, Data: atdata.Bytes("one ")})
+	put(t, st, runnerA, PutInput{Check: c, Run: "r", Offset: 4, Data: atdata.Bytes("two ")})
+	crashed := testStore(t, dir, clock, nil) // as if the first had died now
+	s, _ := crashed.Stream(c)
+	if s.Size() != 0 {
+		t.Errorf("a crash at once keeps %d bytes, want what meta.json had (0)", s.Size())
+	}
+	if out := put(t, crashed, runnerA, PutInput{Check: c, Run: "r", Offset: 8, Data: atdata.Bytes("three")}); out.Size != 0 {
+		t.Errorf("a put past what survived: size %d, want 0 (the runner rewinds)", out.Size)
+	}
+	clock.Add(PersistEvery)
+	put(t, st, runnerA, PutInput{Check: c, Run: "r", Offset: 8, Data: atdata.Bytes("three ")})
+	if s, _ := testStore(t, dir, clock, nil).Stream(c); readAll(t, s) != "one two three " {
+		t.Errorf("after PersistEvery: %q", readAll(t, s))
+	}
+	put(t, st, runnerA, PutInput{Check: c, Run: "r", Offset: 14, Data: atdata.Bytes("four")})
+	if err := st.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := testStore(t, dir, clock, nil).Stream(c); readAll(t, s) != "one two three four" {
+		t.Errorf("after Flush: %q", readAll(t, s))
+	}
+}

@@ -7,6 +7,7 @@ package outputservice
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -109,7 +110,7 @@ func New(cfg Config) (*Service, error) {
 			Audience: cfg.ServiceDID, Dir: cfg.Directory, TimestampLeeway: cfg.Leeway,
 		},
 		read:   read,
-		replay: &replay{seen: map[string]binding{}, max: cfg.MaxTokens, now: cfg.Now, leeway: cfg.Leeway},
+		replay: &replay{seen: map[string]binding{}, ok: map[[32]byte]verifiedToken{}, max: cfg.MaxTokens, now: cfg.Now, leeway: cfg.Leeway},
 	}, nil
 }
 
@@ -141,15 +142,21 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		t := time.NewTicker(s.cfg.SweepEvery)
-		defer t.Stop()
+		sweep := time.NewTicker(s.cfg.SweepEvery)
+		defer sweep.Stop()
+		flush := time.NewTicker(output.PersistEvery)
+		defer flush.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return
-			case <-t.C:
+			case <-sweep.C:
 				s.cfg.Store.Sweep()
 				s.replay.purge()
+			case <-flush.C:
+				if err := s.cfg.Store.Flush(); err != nil {
+					s.cfg.Logger.Error("keep output", "err", err)
+				}
 			}
 		}
 	}()
@@ -168,7 +175,7 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
 	}
-	return err
+	return errors.Join(err, s.cfg.Store.Flush())
 }
 
 // refusal is a put refused, with its XRPC error.
@@ -196,14 +203,20 @@ func (s *Service) authenticate(r *http.Request, lxm string) (string, string, tim
 	if !s.runners[claims.Issuer] {
 		return "", "", time.Time{}, &refusal{http.StatusForbidden, "RunnerNotAllowed", fmt.Sprintf("%s is not a runner this service takes output from", claims.Issuer)}
 	}
+	if claims.ID == "" || claims.ExpiresAt == nil {
+		return "", "", time.Time{}, &refusal{http.StatusUnauthorized, "InvalidToken", "the token has no jti or exp"}
+	}
+	// A token verified before, for this method, is not verified again
+	// until it expires: its signature cannot have changed.
+	if did, ok := s.replay.verified(token, lxm); ok {
+		return did, claims.ID, claims.ExpiresAt.Time, nil
+	}
 	nsid := syntax.NSID(lxm)
 	did, err := s.validator.Validate(r.Context(), token, &nsid)
 	if err != nil {
 		return "", "", time.Time{}, &refusal{http.StatusUnauthorized, "InvalidToken", fmt.Sprintf("invalid service auth: %v", err)}
 	}
-	if claims.ID == "" || claims.ExpiresAt == nil {
-		return "", "", time.Time{}, &refusal{http.StatusUnauthorized, "InvalidToken", "the token has no jti or exp"}
-	}
+	s.replay.remember(token, lxm, did.String(), claims.ExpiresAt.Time)
 	return did.String(), claims.ID, claims.ExpiresAt.Time, nil
 }
 
@@ -327,13 +340,46 @@ type binding struct {
 
 // replay remembers each token's first use until it expires: a token
 // used again for the same runner, method, check and run is that put's
-// retry (a put is idempotent), and for anything else it is refused.
+// retry (a put is idempotent), and for anything else it is refused. It
+// also remembers the tokens it verified, by their SHA-256, so that a
+// runner's token is verified once, not at every put.
 type replay struct {
 	mu     sync.Mutex
 	seen   map[string]binding
+	ok     map[[32]byte]verifiedToken
 	max    int
 	now    func() time.Time
 	leeway time.Duration
+}
+
+type verifiedToken struct {
+	lxm, did string
+	exp      time.Time
+}
+
+// verified reports whether token was verified for lxm and has not
+// expired, and whose it is.
+func (c *replay) verified(token, lxm string) (string, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v, ok := c.ok[sha256.Sum256([]byte(token))]
+	if !ok || v.lxm != lxm || !c.now().Before(v.exp.Add(c.leeway)) {
+		return "", false
+	}
+	return v.did, true
+}
+
+// remember keeps a verified token until it expires.
+func (c *replay) remember(token, lxm, did string, exp time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.ok) >= c.max {
+		c.purgeLocked()
+		if len(c.ok) >= c.max {
+			return // verified at every use until room frees
+		}
+	}
+	c.ok[sha256.Sum256([]byte(token))] = verifiedToken{lxm: lxm, did: did, exp: exp}
 }
 
 func (c *replay) bind(jti string, b binding) *refusal {
@@ -367,6 +413,11 @@ func (c *replay) purgeLocked() {
 	for k, v := range c.seen {
 		if now.After(v.exp.Add(c.leeway)) {
 			delete(c.seen, k)
+		}
+	}
+	for k, v := range c.ok {
+		if now.After(v.exp.Add(c.leeway)) {
+			delete(c.ok, k)
 		}
 	}
 }
