@@ -1,6 +1,7 @@
 package output
 
 import (
+	"context"
 	"fmt"
 	"sort"
 	"sync"
@@ -27,8 +28,9 @@ type HubConfig struct {
 // serves and its pusher sends. Memory is bounded by MaxRuns streams of
 // at most Limits.Head+Limits.Tail bytes and their marks each.
 type Hub struct {
-	cfg  HubConfig
-	gate *gate
+	cfg   HubConfig
+	gate  *gate
+	clock *clock
 
 	mu      sync.Mutex
 	streams map[string]*Stream
@@ -48,11 +50,44 @@ func NewHub(cfg HubConfig) *Hub {
 	if cfg.MaxSubscribers <= 0 {
 		cfg.MaxSubscribers = 4096
 	}
+	custom := cfg.Now != nil // a test's clock: read at every write
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Hub{cfg: cfg, gate: &gate{max: int64(cfg.MaxSubscribers)}, streams: map[string]*Stream{}}
+	h := &Hub{cfg: cfg, gate: &gate{max: int64(cfg.MaxSubscribers)}, streams: map[string]*Stream{}}
+	if !custom {
+		h.clock = &clock{}
+	}
+	return h
 }
+
+// Run keeps the hub's coarse clock until ctx ends. While it runs, a
+// stream's write reads the wall clock only when a second has passed
+// (for its time mark), not at every write: the run's writes cost less.
+// A hub whose Run is not running reads the clock at every write.
+func (h *Hub) Run(ctx context.Context) {
+	if h.clock == nil {
+		<-ctx.Done()
+		return
+	}
+	h.clock.sec.Store(time.Now().Unix())
+	h.clock.running.Store(true)
+	defer h.clock.running.Store(false)
+	t := time.NewTicker(ClockTick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			h.clock.sec.Store(now.Unix())
+		}
+	}
+}
+
+// ClockTick is how often Hub.Run's coarse clock is set: a time mark is
+// at most this late into its second.
+const ClockTick = 50 * time.Millisecond
 
 // Open returns a new, empty stream for check's run; a stream of the
 // check kept already (an earlier run) is ended and replaced. Ended
@@ -71,6 +106,7 @@ func (h *Hub) Open(check, run string) (*Stream, error) {
 		return nil, fmt.Errorf("open output of %s: %w (%d)", check, ErrTooManyRuns, h.cfg.MaxRuns)
 	}
 	s := newStream(check, run, h.cfg.Limits, &memSegment{limit: h.cfg.Limits.Head}, &memSegment{limit: h.cfg.Limits.Tail}, h.cfg.Now, h.gate)
+	s.clock = h.clock
 	h.streams[check] = s
 	return s, nil
 }

@@ -409,16 +409,16 @@ func (s *Stream) close() {
 	if !s.final {
 		s.final, s.ended = true, s.now()
 	}
+	s.notifyLocked()
 	s.mu.Unlock()
-	s.notify()
 }
 
 // apply appends what of a put extends the stream. The caller holds the
 // run's op lock.
 func (s *Stream) apply(in PutInput, marks []Mark) error {
 	s.mu.Lock()
-	defer s.notify()
 	defer s.mu.Unlock()
+	defer s.notifyLocked()
 	if s.final {
 		return nil
 	}

@@ -21,7 +21,8 @@ type Stream struct {
 	check, run string
 	lim        Limits
 	now        func() time.Time
-	gate       *gate // the bound on watchers of all streams; nil: none
+	gate       *gate  // the bound on watchers of all streams; nil: none
+	clock      *clock // its hub's coarse clock; nil: none
 
 	mu        sync.RWMutex
 	head      segment
@@ -36,9 +37,7 @@ type Stream struct {
 	status    string
 	updated   time.Time
 	ended     time.Time
-
-	wmu      sync.Mutex
-	watchers map[chan struct{}]struct{}
+	watchers  map[chan struct{}]struct{}
 }
 
 var _ run.StepMarker = (*Stream)(nil)
@@ -73,22 +72,33 @@ func (s *Stream) Write(p []byte) (int, error) {
 		return 0, nil
 	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.final {
-		s.mu.Unlock()
 		return len(p), nil
 	}
-	now := s.now()
-	if sec := now.Unix(); sec != s.lastTime {
-		s.lastTime = sec
-		s.addMark(Mark{Offset: s.size, Time: now, Kind: MarkTime})
+	// The wall clock is read when a second may have passed: at every
+	// write, or, while the hub's coarse clock runs, when it says so.
+	if c := s.clock; c == nil || !c.running.Load() || c.sec.Load() != s.lastTime {
+		now := s.now()
+		s.updated = now
+		if sec := now.Unix(); sec != s.lastTime {
+			s.lastTime = sec
+			s.addMark(Mark{Offset: s.size, Time: now, Kind: MarkTime})
+		}
 	}
 	// Only a file segment fails, and the engine does not write to one:
 	// a run never fails for its live output.
 	_ = s.append(p)
-	s.updated = now
-	s.mu.Unlock()
-	s.notify()
+	s.notifyLocked()
 	return len(p), nil
+}
+
+// clock is a hub's coarse clock: the current Unix second, kept by
+// Hub.Run, so that a write need not read the wall clock to know that no
+// second has passed.
+type clock struct {
+	running atomic.Bool
+	sec     atomic.Int64
 }
 
 // StepStarted marks where step's header line begins (run.StepMarker).
@@ -196,8 +206,8 @@ func (s *Stream) Seed(kept []byte, size int64) error {
 		}
 	}
 	s.mu.Lock()
-	defer s.notify()
 	defer s.mu.Unlock()
+	defer s.notifyLocked()
 	if s.size != 0 {
 		return fmt.Errorf("seed the output stream: it has %d bytes already", s.size)
 	}
@@ -215,8 +225,8 @@ func (s *Stream) End(status string) {
 	if !s.final {
 		s.final, s.status, s.ended = true, status, s.now()
 	}
+	s.notifyLocked()
 	s.mu.Unlock()
-	s.notify()
 }
 
 // Read is what a reader gets from a stream.
@@ -327,21 +337,21 @@ func (s *Stream) Watch() (<-chan struct{}, func(), error) {
 	if !s.gate.acquire() {
 		return nil, nil, ErrTooManySubscribers
 	}
-	s.wmu.Lock()
+	s.mu.Lock()
 	if len(s.watchers) >= s.lim.Subscribers {
-		s.wmu.Unlock()
+		s.mu.Unlock()
 		s.gate.release()
 		return nil, nil, ErrTooManySubscribers
 	}
 	ch := make(chan struct{}, 1)
 	s.watchers[ch] = struct{}{}
-	s.wmu.Unlock()
+	s.mu.Unlock()
 	var once sync.Once
 	return ch, func() {
 		once.Do(func() {
-			s.wmu.Lock()
+			s.mu.Lock()
 			delete(s.watchers, ch)
-			s.wmu.Unlock()
+			s.mu.Unlock()
 			s.gate.release()
 		})
 	}, nil
@@ -349,21 +359,20 @@ func (s *Stream) Watch() (<-chan struct{}, func(), error) {
 
 // Watchers is how many watch the stream.
 func (s *Stream) Watchers() int {
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
 	return len(s.watchers)
 }
 
-// notify signals every watcher without waiting for any.
-func (s *Stream) notify() {
-	s.wmu.Lock()
+// notifyLocked signals every watcher without waiting for any. The
+// caller holds mu.
+func (s *Stream) notifyLocked() {
 	for ch := range s.watchers {
 		select {
 		case ch <- struct{}{}:
 		default:
 		}
 	}
-	s.wmu.Unlock()
 }
 
 // gate bounds the watchers of many streams together.

@@ -2,6 +2,7 @@ package output
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -299,5 +300,65 @@ func TestHub(t *testing.T) {
 	}
 	if h.Len() != 1 {
 		t.Errorf("%d streams kept, want the live one", h.Len())
+	}
+}
+
+// While the hub's coarse clock runs, a write reads the wall clock only
+// when the clock says a second has passed, and the time marks are as
+// before.
+func TestCoarseClock(t *testing.T) {
+	t.Parallel()
+	h := NewHub(HubConfig{})
+	s, _ := h.Open("c", "r")
+	reads := 0
+	at := time.Unix(1000, 300e6)
+	s.now = func() time.Time { reads++; return at }
+	h.clock.sec.Store(1000)
+	h.clock.running.Store(true)
+	_, _ = s.Write([]byte("a"))
+	_, _ = s.Write([]byte("b"))
+	_, _ = s.Write([]byte("c"))
+	if reads != 1 {
+		t.Errorf("3 writes in one second read the clock %d times, want 1", reads)
+	}
+	h.clock.sec.Store(1001)
+	at = time.Unix(1001, 10e6)
+	_, _ = s.Write([]byte("d"))
+	_, _ = s.Write([]byte("e"))
+	if reads != 2 {
+		t.Errorf("2 writes in the next second read the clock %d times in all, want 2", reads)
+	}
+	h.clock.running.Store(false)
+	_, _ = s.Write([]byte("f"))
+	if reads != 3 {
+		t.Errorf("a write without the coarse clock did not read the wall clock")
+	}
+	rd, _ := s.Read(0, 10)
+	var offs []int64
+	for _, m := range rd.Marks {
+		offs = append(offs, m.Offset)
+	}
+	if diff := cmp.Diff([]int64{0, 3}, offs); diff != "" {
+		t.Errorf("time marks at (-want +got):\n%s", diff)
+	}
+}
+
+// Hub.Run keeps the coarse clock and stops with its context.
+func TestHubRun(t *testing.T) {
+	t.Parallel()
+	h := NewHub(HubConfig{})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); h.Run(ctx) }()
+	for !h.clock.running.Load() {
+		time.Sleep(time.Millisecond)
+	}
+	if sec := h.clock.sec.Load(); sec < time.Now().Unix()-1 {
+		t.Errorf("the clock says %d", sec)
+	}
+	cancel()
+	<-done
+	if h.clock.running.Load() {
+		t.Error("the clock runs on after Run returned")
 	}
 }
