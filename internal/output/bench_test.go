@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http/httptest"
+	"os"
 	"sort"
 	"sync"
 	"syscall"
@@ -38,7 +39,7 @@ func BenchmarkRunLive(b *testing.B) {
 
 func benchRunLive(b *testing.B, script string) {
 	wf := &workflow.Workflow{Name: "w", Steps: []workflow.Step{{Name: "print", Run: script}}}
-	eng := run.New(run.Config{Executor: shell.New(shell.Config{Root: b.TempDir()})})
+	eng := run.New(run.Config{Executor: shell.New(shell.Config{Root: b.TempDir(), Path: os.Getenv("PATH")})})
 	checkout := b.TempDir()
 	hub := output.NewHub(output.HubConfig{})
 	ctx, cancel := context.WithCancel(context.Background())

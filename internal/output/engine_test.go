@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -63,7 +64,7 @@ func TestLiveIsTheFinalLog(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			eng := run.New(run.Config{Executor: shell.New(shell.Config{Root: t.TempDir()})})
+			eng := run.New(run.Config{Executor: shell.New(shell.Config{Root: t.TempDir(), Path: os.Getenv("PATH")})}) // steps find their tools where the test does
 			s := output.NewStream("at://did:plc:r/dev.knotless.check/k", "r1", output.RunnerLimits())
 			res := eng.Run(context.Background(), run.Request{
 				RunID: "r1",
