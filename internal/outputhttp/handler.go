@@ -69,6 +69,7 @@ type Handler struct {
 	cfg  Config
 	page *page
 	up   websocket.Upgrader
+	mux  *http.ServeMux
 }
 
 // New returns the handlers of cfg.
@@ -92,13 +93,16 @@ func New(cfg Config) (*Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Handler{cfg: cfg, page: p, up: websocket.Upgrader{
+	h := &Handler{cfg: cfg, page: p, up: websocket.Upgrader{
 		ReadBufferSize:  1024,
 		WriteBufferSize: 16 << 10,
 		// The output is public and the stream takes no credentials: a
 		// page of any origin may follow it.
 		CheckOrigin: func(*http.Request) bool { return true },
-	}}, nil
+	}}
+	h.mux = http.NewServeMux()
+	h.Register(h.mux)
+	return h, nil
 }
 
 // Register adds the routes to mux.
@@ -111,9 +115,7 @@ func (h *Handler) Register(mux *http.ServeMux) {
 
 // ServeHTTP serves the routes alone.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	mux := http.NewServeMux()
-	h.Register(mux)
-	mux.ServeHTTP(w, r)
+	h.mux.ServeHTTP(w, r)
 }
 
 // XRPCError writes an XRPC error body.
@@ -191,6 +193,8 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
+	// Public, without credentials: a page of any origin may read it.
+	w.Header().Set("Access-Control-Allow-Origin", "*")
 	if err := json.NewEncoder(w).Encode(out); err != nil {
 		h.cfg.Logger.Debug("write run output", "check", check, "err", err)
 	}
