@@ -38,7 +38,7 @@ let
 
     # The NAR hash of `go mod vendor` for the source above.
     # tests/nix/vendor-hash.sh prints it; `--write` updates this line.
-    vendorHash = "sha256-656L6exyHqgSddGOObeWESXKg7RyCkhi5UHtRt9Dhdk=";
+    vendorHash = "sha256-Z6cOFVdtiYkN7EXSXru7+jEgtK/SiDMtM/DESQvJCeQ=";
 
     subPackages = [ "cmd/knotless-run" ];
 

@@ -202,3 +202,44 @@ func TestDecisionCoresImportNoIO(t *testing.T) {
 		}
 	}
 }
+
+// liveOutput are the packages of live output: the stream, its HTTP
+// reads, the runner's pusher and the output service. The service runs
+// on its own, away from any cluster, and the runner wires them in: none
+// of them may pull an executor, a cluster or Docker client, the daemon
+// or the CLI; and the runner's side never pulls the service's.
+var liveOutput = []string{
+	module + "internal/output",
+	module + "internal/outputhttp",
+	module + "internal/outputpush",
+	module + "internal/outputservice",
+}
+
+func TestLiveOutputImportsNoExecutorOrDaemon(t *testing.T) {
+	t.Parallel()
+	graph := importGraph(t, liveOutput...)
+	forbidden := append([]string{module + "internal/cli", module + "internal/daemon"}, implementations...)
+	for _, p := range liveOutput {
+		for _, f := range forbidden {
+			if chain := importChain(graph, p, func(dep string) bool { return dep == f }); chain != nil {
+				t.Errorf("%s imports %s: %s", p, f, strings.Join(chain, " -> "))
+			}
+		}
+		for _, o := range outside {
+			if strings.HasPrefix(o.what, "atproto") {
+				continue // live output is atproto
+			}
+			if chain := importChain(graph, p, func(dep string) bool {
+				return slices.ContainsFunc(o.prefixes, func(prefix string) bool { return strings.HasPrefix(dep, prefix) })
+			}); chain != nil {
+				t.Errorf("%s imports %s, but live output uses no %s: %s", p, chain[len(chain)-1], o.what, strings.Join(chain, " -> "))
+			}
+		}
+	}
+	for _, p := range liveOutput[:3] {
+		svc := module + "internal/outputservice"
+		if chain := importChain(graph, p, func(dep string) bool { return dep == svc }); chain != nil {
+			t.Errorf("%s, the runner's side, imports the output service: %s", p, strings.Join(chain, " -> "))
+		}
+	}
+}

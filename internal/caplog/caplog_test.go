@@ -61,3 +61,68 @@ func TestBufferCapsAMegabyte(t *testing.T) {
 		t.Errorf("total %d, cut marker missing", b.Total())
 	}
 }
+
+// TestResume: a log handed over at any byte and resumed from what the
+// first Buffer kept and its total comes out as one Buffer writing the
+// whole log would have kept it, the cut marker included.
+func TestResume(t *testing.T) {
+	t.Parallel()
+	logs := []string{
+		"0123456789abcdefghijklmnopqrstuvwxyz",
+		"aé€x€€yz😀bcdé😀😀€efghé",
+		strings.Repeat("line\n", 9),
+	}
+	for _, max := range []int{MarkerRoom + 4, MarkerRoom + 7, MarkerRoom + 12} {
+		for _, log := range logs {
+			for k := 0; k <= len(log); k++ {
+				whole := New(max)
+				_, _ = whole.Write([]byte(log))
+				first := New(max)
+				_, _ = first.Write([]byte(log[:k]))
+				b, err := Resume(max, first.Bytes(), first.Total())
+				if err != nil {
+					t.Fatalf("cap %d, %q handed over at %d: %v", max, log, k, err)
+				}
+				// Byte by byte, as a step's output may come.
+				for i := k; i < len(log); i++ {
+					_, _ = b.Write([]byte{log[i]})
+				}
+				if diff := cmp.Diff(string(whole.Bytes()), string(b.Bytes())); diff != "" {
+					t.Errorf("cap %d, %q handed over at %d (-whole +resumed):\n%s", max, log, k, diff)
+				}
+				if b.Total() != int64(len(log)) {
+					t.Errorf("cap %d, handed over at %d: total %d, want %d", max, k, b.Total(), len(log))
+				}
+			}
+		}
+	}
+}
+
+func TestResumeRefusesAnotherLog(t *testing.T) {
+	t.Parallel()
+	b := New(MarkerRoom + 6)
+	_, _ = b.Write([]byte("0123456789"))
+	if _, err := Resume(MarkerRoom+6, b.Bytes(), b.Total()+1); err == nil {
+		t.Error("resumed a log with the wrong total")
+	}
+	if _, err := Resume(MarkerRoom+20, b.Bytes(), b.Total()); err == nil {
+		t.Error("resumed a log cut at another cap")
+	}
+}
+
+// TestSplitJoin: Split names the bytes a Buffer keeps, and Join of them
+// is Bytes.
+func TestSplitJoin(t *testing.T) {
+	t.Parallel()
+	log := []byte(strings.Repeat("abcé€", 40))
+	for _, limit := range []int{MarkerRoom + 5, MarkerRoom + 50, 1000} {
+		b := New(limit)
+		_, _ = b.Write(log)
+		h, tl := Split(limit)
+		h = min(h, len(log))
+		head, tail := log[:h], log[max(len(log)-tl, h):]
+		if diff := cmp.Diff(string(b.Bytes()), string(Join(head, tail, int64(len(log))))); diff != "" {
+			t.Errorf("cap %d (-Bytes +Join):\n%s", limit, diff)
+		}
+	}
+}

@@ -43,18 +43,20 @@ type CLI struct {
 	LogFormat string `help:"Log format: auto (text on a terminal, logfmt otherwise), text, logfmt or json." enum:"auto,text,logfmt,json" default:"auto"`
 	LogLevel  string `help:"Log level: debug, info, warn or error." enum:"debug,info,warn,error" default:"info"`
 
-	Serve      ServeCmd      `cmd:"" default:"withargs" help:"The runner daemon (the default command): watch the repositories that name this runner and run their workflows."`
-	Secret     SecretCmd     `cmd:"" help:"Seal secrets to a runner."`
-	Cancel     CancelCmd     `cmd:"" help:"Print the dev.knotless.cancel record that stops a queued or running check."`
-	Rerun      RerunCmd      `cmd:"" help:"Print the dev.knotless.rerun record that runs a check's event again: every workflow, one, or the failed ones."`
-	Dispatch   DispatchCmd   `cmd:"" help:"Print the dev.knotless.dispatch record that runs an on: dispatch workflow on a branch, with inputs."`
-	Run        RunCmd        `cmd:"" help:"Run one workflow now, without the daemon."`
-	Cache      CacheCmd      `cmd:"" help:"Show and clear the store of workflow caches."`
-	Validate   ValidateCmd   `cmd:"" help:"Check workflow files and print every error with file:line:column."`
-	Kubeconfig KubeconfigCmd `cmd:"" help:"Mint the runner's scoped 24-hour kubeconfig (or --check one)."`
-	Manifests  ManifestsCmd  `cmd:"" help:"Print the YAML that runs the runner inside the cluster: runs namespace, ServiceAccount, Role, RoleBinding, StatefulSet."`
-	Ready      ReadyCmd      `cmd:"" help:"Readiness probe: exit 0 while the daemon of serve --ready-file is ready, else print why and exit 1."`
-	Version    VersionCmd    `cmd:"" help:"Print the version."`
+	Serve         ServeCmd         `cmd:"" default:"withargs" help:"The runner daemon (the default command): watch the repositories that name this runner and run their workflows."`
+	Secret        SecretCmd        `cmd:"" help:"Seal secrets to a runner."`
+	Cancel        CancelCmd        `cmd:"" help:"Print the dev.knotless.cancel record that stops a queued or running check."`
+	Rerun         RerunCmd         `cmd:"" help:"Print the dev.knotless.rerun record that runs a check's event again: every workflow, one, or the failed ones."`
+	Dispatch      DispatchCmd      `cmd:"" help:"Print the dev.knotless.dispatch record that runs an on: dispatch workflow on a branch, with inputs."`
+	Run           RunCmd           `cmd:"" help:"Run one workflow now, without the daemon."`
+	Cache         CacheCmd         `cmd:"" help:"Show and clear the store of workflow caches."`
+	Validate      ValidateCmd      `cmd:"" help:"Check workflow files and print every error with file:line:column."`
+	Kubeconfig    KubeconfigCmd    `cmd:"" help:"Mint the runner's scoped 24-hour kubeconfig (or --check one)."`
+	Manifests     ManifestsCmd     `cmd:"" help:"Print the YAML that runs the runner inside the cluster: runs namespace, ServiceAccount, Role, RoleBinding, StatefulSet."`
+	Ready         ReadyCmd         `cmd:"" help:"Readiness probe: exit 0 while the daemon of serve --ready-file is ready, else print why and exit 1."`
+	Logs          LogsCmd          `cmd:"" help:"Print a check's output; with --follow, follow it live to the run's end."`
+	OutputService OutputServiceCmd `cmd:"" name:"output-service" help:"The output service: take runs' output pushed by the runners named with --runner (atproto service auth) and serve it to readers."`
+	Version       VersionCmd       `cmd:"" help:"Print the version."`
 }
 
 // exitError carries an exit code out of a command that has already told

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/bluesky-social/indigo/api/agnostic"
 	"github.com/bluesky-social/indigo/atproto/atclient"
@@ -455,4 +456,22 @@ func (r *Reader) GetBlob(ctx context.Context, did syntax.DID, cid string) ([]byt
 		return nil, fmt.Errorf("get blob %s: %w", cid, err)
 	}
 	return buf.Bytes(), nil
+}
+
+// ServiceAuth asks the account's PDS for an atproto service-auth token
+// (com.atproto.server.getServiceAuth): signed with the account's key,
+// for the service whose DID is aud, good for the method lxm only, until
+// exp (a PDS refuses an exp more than an hour away).
+func (a *Account) ServiceAuth(ctx context.Context, aud, lxm string, exp time.Time) (string, error) {
+	var out struct {
+		Token string `json:"token"`
+	}
+	params := map[string]any{"aud": aud, "lxm": lxm, "exp": exp.Unix()}
+	if err := a.api.Get(ctx, "com.atproto.server.getServiceAuth", params, &out); err != nil {
+		return "", fmt.Errorf("get service auth for %s (%s): %w", aud, lxm, err)
+	}
+	if out.Token == "" {
+		return "", fmt.Errorf("get service auth for %s (%s): the PDS answered without a token", aud, lxm)
+	}
+	return out.Token, nil
 }

@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"io/fs"
+	"sort"
 	"strings"
 	"time"
 
@@ -114,6 +116,8 @@ type Check struct {
 	Steps      []CheckStep  `json:"steps,omitempty"`
 	Log        *atdata.Blob `json:"log,omitempty"`
 	Outputs    []Output     `json:"outputs,omitempty"`
+	Live       *LiveOutput  `json:"live,omitempty"`
+	Files      []RunFile    `json:"files,omitempty"`
 	Error      string       `json:"error,omitempty"`
 	// Attempt is which run of the work this is: 0 or 1 for the first,
 	// n for the (n-1)th re-run (AttemptKey).
@@ -127,6 +131,23 @@ type Check struct {
 
 // AttemptNumber is the check's attempt, 1 for a check that names none.
 func (c *Check) AttemptNumber() int64 { return max(c.Attempt, 1) }
+
+// LiveOutput says where a check's output is read while it runs, and its
+// files after (dev.knotless.defs#liveOutput).
+type LiveOutput struct {
+	// Service is the base URL of an XRPC host serving
+	// dev.knotless.getRunOutput and subscribeRunOutput for the check.
+	Service string `json:"service"`
+	// Page is the page that follows the output in a browser.
+	Page string `json:"page,omitempty"`
+}
+
+// RunFile is an output file of a run kept for download where the
+// check's LiveOutput says (dev.knotless.defs#runFile).
+type RunFile struct {
+	Path string `json:"path"`
+	Size int64  `json:"size"`
+}
 
 // Final reports whether the check's status is a final one.
 func (c *Check) Final() bool {
@@ -217,6 +238,10 @@ func Datetime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.0
 // Catalog is the set of knotless lexicons.
 type Catalog struct {
 	cat *lexicon.BaseCatalog
+	// objects maps an object def ("dev.knotless.putRunOutput#input") to
+	// the record type wrapping it, which is how ValidateObject validates
+	// an XRPC body with indigo's record validator.
+	objects map[string]string
 }
 
 // NewCatalog loads the embedded knotless lexicons.
@@ -225,7 +250,77 @@ func NewCatalog() (*Catalog, error) {
 	if err := cat.LoadEmbedFS(lexicons.Files); err != nil {
 		return nil, fmt.Errorf("load knotless lexicons: %w", err)
 	}
-	return &Catalog{cat: cat}, nil
+	objects, err := wrapObjects(cat)
+	if err != nil {
+		return nil, fmt.Errorf("load knotless lexicons: %w", err)
+	}
+	return &Catalog{cat: cat, objects: objects}, nil
+}
+
+// wrapObjects adds, for each object def of the embedded lexicons, a
+// record type whose one property v is a ref to it, and returns the map
+// from def to that record type.
+func wrapObjects(cat *lexicon.BaseCatalog) (map[string]string, error) {
+	entries, err := fs.ReadDir(lexicons.Files, ".")
+	if err != nil {
+		return nil, err
+	}
+	objects := map[string]string{}
+	for _, e := range entries {
+		b, err := lexicons.Files.ReadFile(e.Name())
+		if err != nil {
+			return nil, err
+		}
+		var f struct {
+			ID   string `json:"id"`
+			Defs map[string]struct {
+				Type string `json:"type"`
+			} `json:"defs"`
+		}
+		if err := json.Unmarshal(b, &f); err != nil {
+			return nil, fmt.Errorf("%s: %w", e.Name(), err)
+		}
+		names := make([]string, 0, len(f.Defs))
+		for name, d := range f.Defs {
+			if d.Type == "object" {
+				names = append(names, name)
+			}
+		}
+		sort.Strings(names)
+		for _, name := range names {
+			ref := f.ID + "#" + name
+			id := fmt.Sprintf("dev.knotless.validate.object%d", len(objects))
+			wrapper := fmt.Sprintf(`{"lexicon":1,"id":%q,"defs":{"main":{"type":"record","key":"any","record":{"type":"object","required":["v"],"properties":{"v":{"type":"ref","ref":%q}}}}}}`, id, ref)
+			var sf lexicon.SchemaFile
+			if err := json.Unmarshal([]byte(wrapper), &sf); err != nil {
+				return nil, err
+			}
+			if err := cat.AddSchemaFile(sf); err != nil {
+				return nil, fmt.Errorf("wrap %s: %w", ref, err)
+			}
+			objects[ref] = id
+		}
+	}
+	return objects, nil
+}
+
+// ValidateObject checks the JSON of an object of the knotless lexicons
+// that is not a record (an XRPC method's input or output, as
+// "dev.knotless.putRunOutput#input") against its lexicon.
+func (c *Catalog) ValidateObject(ref string, raw []byte) error {
+	id, ok := c.objects[ref]
+	if !ok {
+		return fmt.Errorf("validate %s: no such object in the knotless lexicons", ref)
+	}
+	data, err := atdata.UnmarshalJSON(raw)
+	if err != nil {
+		return lexiconError{fmt.Errorf("%s: %w", ref, err)}
+	}
+	wrapped := map[string]any{"$type": id, "v": data}
+	if err := lexicon.ValidateRecord(c.cat, wrapped, id, lexicon.AllowLenientDatetime); err != nil {
+		return lexiconError{fmt.Errorf("%s: %w", ref, err)}
+	}
+	return nil
 }
 
 // Validate checks the JSON of a record against the lexicon of

@@ -41,6 +41,9 @@ type Result struct {
 	Handover *Handover `json:"handover,omitempty"`
 	// Log is the masked run log, capped; it is written on its own.
 	Log []byte `json:"-"`
+	// LogSize is how many bytes were written to the log, kept or cut:
+	// the length of the run's output stream (Request.Live).
+	LogSize int64 `json:"logSize,omitempty"`
 }
 
 // Handover is what a successor process needs to Adopt a detached run:
@@ -65,6 +68,11 @@ type Handover struct {
 	// secret. Absent (a handover from an older process), the adopter's
 	// layers are tainted.
 	CachesClean bool `json:"cachesClean,omitempty"`
+	// LogSize is how many bytes the log had when the run was handed
+	// over, kept or cut: the offset in the run's output stream at which
+	// the successor's first byte goes. Zero (a handover written before
+	// it was recorded) means len of the log handed over.
+	LogSize int64 `json:"logSize,omitempty"`
 }
 
 // StepResult is one step's outcome.

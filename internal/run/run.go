@@ -88,7 +88,11 @@ type Request struct {
 	// (pulls, batches from others) never do.
 	Trusted bool
 	Keep    bool
-	// Live receives the masked log as it is written (a terminal).
+	// Live receives the masked log as it is written (a terminal, the
+	// run's output stream): the bytes of Result.Log, in order, before
+	// any cut. A Live that is a StepMarker also learns where the steps'
+	// header and footer lines begin. Its Write must not block: the run
+	// waits for it.
 	Live        io.Writer
 	Annotations map[string]string
 	// Cache says whose caches the run restores and saves.
@@ -101,6 +105,18 @@ type Request struct {
 	// executor that resumes sessions (executor.Resumer) detaches; with
 	// any other, Detach is ignored.
 	Detach <-chan struct{}
+}
+
+// StepMarker is implemented by a Request.Live that takes the run's step
+// boundaries. The engine calls StepStarted just before it writes a step's
+// header line ("==> step N/M: NAME"), or, in a run adopted during the
+// step, the line saying so; StepEnded just before the step's footer line
+// ("<== step NAME: STATUS, ..."). Everything before the line has been
+// written to Live then, so the mark's place is where the line begins.
+// Steps count from 1. A step's own output cannot make a mark.
+type StepMarker interface {
+	StepStarted(step int, name string)
+	StepEnded(step int, status Status)
 }
 
 // Run runs req to the end and returns its result. It never returns
@@ -128,10 +144,25 @@ func (e *Engine) Adopt(ctx context.Context, req Request, h Handover, priorLog []
 			r.res.Steps[i] = h.Steps[i]
 		}
 	}
-	_, _ = r.buf.Write(priorLog)
+	r.resumeLog(priorLog, h.LogSize)
 	r.adopt(ctx, h)
 	r.finish()
 	return r.res
+}
+
+// resumeLog makes the log go on from the earlier process's: its kept
+// bytes and, when they were cut in the middle, its size, so the cut
+// marker of the final log counts every byte cut in either process.
+func (r *runState) resumeLog(prior []byte, size int64) {
+	if size > int64(len(prior)) {
+		buf, err := caplog.Resume(caplog.DefaultMax, prior, size)
+		if err == nil {
+			r.buf = buf
+			return
+		}
+		r.log.Warn("the handed-over log does not resume; it goes on as it was kept", "err", err)
+	}
+	_, _ = r.buf.Write(prior)
 }
 
 func (e *Engine) newRunState(req Request) *runState {
@@ -252,6 +283,9 @@ func (r *runState) adopt(ctx context.Context, h Handover) {
 	if !ok {
 		r.fail(Error, "", fmt.Errorf("adopt run %s: the %s executor cannot resume sessions", r.req.RunID, r.eng.cfg.Executor.Name()))
 		return
+	}
+	if h.Started && h.Step >= 0 && h.Step < len(r.req.Workflow.Steps) {
+		r.mark(func(m StepMarker) { m.StepStarted(h.Step+1, r.req.Workflow.Steps[h.Step].Name) })
 	}
 	r.logf("knotless-run: adopted by a new runner process at step %d/%d", h.Step+1, len(r.req.Workflow.Steps))
 	sess, err := resumer.Resume(ctx, h.Session)
@@ -459,6 +493,7 @@ func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, 
 				r.handOver(sess, Handover{Step: i})
 				return
 			}
+			r.mark(func(m StepMarker) { m.StepStarted(i+1, s.Name) })
 			r.logf("==> step %d/%d: %s", i+1, len(steps), s.Name)
 			r.log.Info("step started", "step", s.Name)
 		}
@@ -495,6 +530,7 @@ func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, 
 		if sr.ExitCode != nil {
 			code = strconv.Itoa(*sr.ExitCode)
 		}
+		r.mark(func(m StepMarker) { m.StepEnded(i+1, sr.Status) })
 		r.logf("<== step %s: %s, exit %s, %s", s.Name, sr.Status, code, sr.Duration.Round(time.Millisecond))
 		r.log.Info("step ended", "step", s.Name, "status", sr.Status, "exit", code, "duration", sr.Duration.Round(time.Millisecond))
 		if sr.Status != Success {
@@ -538,6 +574,7 @@ func (r *runState) handOver(sess executor.Session, h Handover) {
 	} else {
 		r.logf("knotless-run: runner stopping: step %d/%d is left to the next runner process", h.Step+1, len(r.req.Workflow.Steps))
 	}
+	h.LogSize = r.buf.Total()
 	r.log.Info("run detached", "session", h.Session.String(), "step", h.Step+1, "started", h.Started, "offset", h.Offset)
 }
 
@@ -827,7 +864,21 @@ func (r *runState) finish() {
 	}
 	r.res.FinishedAt = time.Now().UTC()
 	r.res.Log = r.buf.Bytes()
+	r.res.LogSize = r.buf.Total()
 	r.log.Info("run finished", "status", r.res.Status, "failed_step", r.res.FailedStep, "duration", r.res.FinishedAt.Sub(r.res.StartedAt).Round(time.Millisecond))
+}
+
+// mark tells a Live that takes step marks of the line logged next: what
+// the log holds back is written first and an unended line ended, so the
+// mark falls where that line begins.
+func (r *runState) mark(f func(StepMarker)) {
+	m, ok := r.req.Live.(StepMarker)
+	if !ok {
+		return
+	}
+	_ = r.out.Flush()
+	r.lines.endLine()
+	f(m)
 }
 
 // logf writes one line of the runner's own to the run log.

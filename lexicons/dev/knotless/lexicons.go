@@ -4,7 +4,8 @@ package knotless
 
 import "embed"
 
-// Files are the lexicon JSON files, one per record type.
+// Files are the lexicon JSON files: one per record type, one per XRPC
+// method (the run output ones), and dev.knotless.defs.
 //
 //go:embed *.json
 var Files embed.FS

@@ -1,0 +1,244 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/syntax"
+
+	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/output"
+	"knotless.dev/run/internal/outputhttp"
+	"knotless.dev/run/internal/outputservice"
+	"knotless.dev/run/internal/run"
+)
+
+// OutputServiceCmd is the output service: it takes runs' output pushed
+// by the runners it is configured for and serves it to readers.
+type OutputServiceCmd struct {
+	Listen     string   `help:"Address to serve HTTP on (put a TLS proxy in front of it for runners elsewhere). (default ${default})" default:"127.0.0.1:8789" placeholder:"ADDR"`
+	DataDir    string   `help:"Directory where runs' output and files are kept." required:"" placeholder:"DIR"`
+	Runners    []string `name:"runner" help:"A runner DID whose output is taken; repeat for each runner. Any other is refused." required:"" placeholder:"DID"`
+	ServiceDID string   `name:"service-did" help:"The service's own DID: the audience the runners' service-auth tokens must name." required:"" placeholder:"DID"`
+	PLCURL     string   `name:"plc-url" help:"The did:plc directory to resolve the runners' DIDs (their signing keys) with. (default ${default})" default:"https://plc.directory" placeholder:"URL"`
+
+	Retention        time.Duration `help:"How long a run's output and files are kept after the run ended (or after its last put, when it never ended)." default:"168h"`
+	MaxRunOutput     int64         `help:"Bytes of each run's output kept: its first and its last half of them, the middle of a longer log cut (live subscribers see it all). (default ${default})" default:"16777216" placeholder:"BYTES"`
+	MaxRunsPerRunner int           `help:"Runs kept per runner; one that ended goes first to make room, and a new run is refused while all are live. (default ${default})" default:"256" placeholder:"N"`
+	MaxRunFiles      int           `help:"Output files kept per run. (default ${default})" default:"100" placeholder:"N"`
+	MaxRunFileBytes  int64         `help:"Bytes of output files kept per run, all files together. (default ${default})" default:"67108864" placeholder:"BYTES"`
+	MaxSubscribers   int           `help:"Readers following runs at once, all runs together. (default ${default})" default:"4096" placeholder:"N"`
+}
+
+// Run serves until SIGTERM or SIGINT.
+func (c *OutputServiceCmd) Run(ctx context.Context, env *Env) error {
+	log := env.Logger.With("component", "output-service")
+	if c.MaxRunOutput < 2 || c.MaxRunsPerRunner < 1 || c.MaxRunFiles < 0 || c.MaxRunFileBytes < 0 || c.MaxSubscribers < 1 || c.Retention <= 0 {
+		return errors.New("output-service: --max-run-output, --max-runs-per-runner, --max-subscribers and --retention must be positive")
+	}
+	for _, r := range c.Runners {
+		if _, err := syntax.ParseDID(r); err != nil {
+			return fmt.Errorf("--runner %q: %w", r, err)
+		}
+	}
+	if _, err := syntax.ParseDID(c.ServiceDID); err != nil {
+		return fmt.Errorf("--service-did %q: %w", c.ServiceDID, err)
+	}
+	store, err := output.OpenStore(output.StoreConfig{
+		Dir:              c.DataDir,
+		Limits:           output.Limits{Head: c.MaxRunOutput / 2, Tail: c.MaxRunOutput - c.MaxRunOutput/2},
+		MaxRunsPerRunner: c.MaxRunsPerRunner,
+		MaxFiles:         c.MaxRunFiles,
+		MaxFileBytes:     c.MaxRunFileBytes,
+		Retention:        c.Retention,
+		MaxSubscribers:   c.MaxSubscribers,
+		Logger:           log,
+	})
+	if err != nil {
+		return fmt.Errorf("--data-dir %s: %w", c.DataDir, err)
+	}
+	cat, err := forge.NewCatalog()
+	if err != nil {
+		return err
+	}
+	svc, err := outputservice.New(outputservice.Config{
+		ServiceDID: c.ServiceDID,
+		Runners:    c.Runners,
+		Directory:  forge.NewDirectory(forge.DirectoryConfig{PLCURL: c.PLCURL}),
+		Store:      store,
+		Catalog:    cat,
+		Logger:     log,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", c.Listen)
+	if err != nil {
+		return fmt.Errorf("--listen %s: %w", c.Listen, err)
+	}
+	log.Info("serving run output", "listen", ln.Addr().String(), "service_did", c.ServiceDID, "runners", len(c.Runners), "runs", store.Len())
+	return svc.Serve(ctx, ln)
+}
+
+// LogsCmd prints a check's output, and with --follow follows it live.
+type LogsCmd struct {
+	Follow bool   `short:"f" help:"Follow the output while the run goes on, to its end; the exit code is then the run's (0 success, 1 failure, 2 error, 130 cancelled)."`
+	From   string `help:"Read from this runner listener or output service (its base URL). Default: where the check record's live field says." placeholder:"URL"`
+	PLCURL string `name:"plc-url" help:"The did:plc directory to find the check record with (without --from). (default ${default})" default:"https://plc.directory" placeholder:"URL"`
+	Check  string `arg:"" help:"The check: at://DID/dev.knotless.check/KEY, or DID/KEY."`
+}
+
+// Run prints the output to stdout.
+func (c *LogsCmd) Run(ctx context.Context, env *Env) error {
+	check, err := parseCheck(c.Check)
+	if err != nil {
+		return err
+	}
+	base := c.From
+	if base == "" {
+		if base, err = c.liveService(ctx, check); err != nil {
+			return err
+		}
+	}
+	client := &outputhttp.Client{Base: base}
+	var end *output.End
+	if c.Follow {
+		end, err = followLogs(ctx, client, check.String(), env.Stdout, env.Logger)
+	} else {
+		end, err = printLogs(ctx, client, check.String(), env.Stdout)
+	}
+	if err != nil {
+		return err
+	}
+	if end != nil && c.Follow {
+		fmt.Fprintf(env.Stderr, "knotless-run: run ended: %s\n", end.Status)
+		if code := statusCode(run.Status(end.Status)); code != ExitSuccess {
+			return exitError{code: code}
+		}
+	}
+	return nil
+}
+
+// parseCheck reads CHECK: an AT-URI of a check record, or DID/KEY.
+func parseCheck(s string) (syntax.ATURI, error) {
+	if !strings.HasPrefix(s, "at://") {
+		did, key, ok := strings.Cut(s, "/")
+		if !ok {
+			return "", fmt.Errorf("CHECK %q: want at://DID/dev.knotless.check/KEY or DID/KEY", s)
+		}
+		s = "at://" + did + "/" + forge.CollectionCheck + "/" + key
+	}
+	uri, err := syntax.ParseATURI(s)
+	if err != nil {
+		return "", fmt.Errorf("CHECK %q: %w", s, err)
+	}
+	if _, err := uri.Authority().AsDID(); err != nil || uri.Collection().String() != forge.CollectionCheck || uri.RecordKey() == "" {
+		return "", fmt.Errorf("CHECK %q: not a dev.knotless.check record of a DID", s)
+	}
+	return uri, nil
+}
+
+// liveService reads the check record for where its output is read.
+func (c *LogsCmd) liveService(ctx context.Context, check syntax.ATURI) (string, error) {
+	cat, err := forge.NewCatalog()
+	if err != nil {
+		return "", err
+	}
+	r := &forge.Reader{Dir: forge.NewDirectory(forge.DirectoryConfig{PLCURL: c.PLCURL}), Catalog: cat, HTTP: &http.Client{Timeout: time.Minute}}
+	var rec forge.Check
+	if _, err := r.Get(ctx, check, &rec); err != nil {
+		return "", fmt.Errorf("read check %s (or give --from): %w", check, err)
+	}
+	if rec.Live == nil || rec.Live.Service == "" {
+		return "", fmt.Errorf("check %s says nowhere where its output is read (no live field); give --from URL", check)
+	}
+	return rec.Live.Service, nil
+}
+
+// cutLine is what a reader prints for bytes not kept, as the log blob
+// says it.
+func cutLine(n int64) string {
+	return fmt.Sprintf("\n[knotless-run: %d bytes cut from the middle of this log]\n", n)
+}
+
+// printLogs prints what the host has of the output now.
+func printLogs(ctx context.Context, c *outputhttp.Client, check string, w io.Writer) (*output.End, error) {
+	off := int64(0)
+	for {
+		out, err := c.Get(ctx, check, off, outputhttp.MaxGetLimit)
+		if err != nil {
+			return nil, err
+		}
+		if out.Offset > off {
+			fmt.Fprint(w, cutLine(out.Offset-off))
+		}
+		if _, err := w.Write(out.Data); err != nil {
+			return nil, err
+		}
+		off = out.Offset + int64(len(out.Data))
+		if off >= out.Size {
+			if out.Final {
+				return &output.End{Size: out.Size, Status: out.Status}, nil
+			}
+			return nil, nil
+		}
+	}
+}
+
+// followLogs follows the output to its end, coming back from the offset
+// it reached when the connection drops; it waits for output that is
+// not there yet.
+func followLogs(ctx context.Context, c *outputhttp.Client, check string, w io.Writer, log *slog.Logger) (*output.End, error) {
+	off := int64(0)
+	backoff := 250 * time.Millisecond
+	waiting := false
+	for {
+		var end *output.End
+		err := c.Subscribe(ctx, check, off, func(ev outputhttp.Event) error {
+			backoff = 250 * time.Millisecond
+			switch {
+			case ev.Gap != nil:
+				fmt.Fprint(w, cutLine(ev.Gap.Next-ev.Gap.Offset))
+				off = ev.Gap.Next
+			case ev.Chunk != nil:
+				if _, err := w.Write(ev.Chunk.Data); err != nil {
+					return err
+				}
+				off = ev.Chunk.Offset + int64(len(ev.Chunk.Data))
+			case ev.End != nil:
+				end = ev.End
+			}
+			return nil
+		})
+		if end != nil {
+			return end, nil
+		}
+		if ctx.Err() != nil {
+			return nil, exitError{code: ExitCancelled}
+		}
+		switch {
+		case outputhttp.IsError(err, "RunNotFound"):
+			if !waiting {
+				log.Info("no output of the check yet; waiting for it", "check", check)
+				waiting = true
+			}
+		case outputhttp.IsError(err, "FutureCursor"), outputhttp.IsError(err, "InvalidRequest"):
+			return nil, err
+		default:
+			log.Warn("the output stream broke; following again", "offset", off, "err", err, "in", backoff)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, exitError{code: ExitCancelled}
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 10*time.Second)
+	}
+}
