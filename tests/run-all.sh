@@ -47,6 +47,9 @@ sh tests/registry/install
 phase "systemd-nspawn for the appliance tests under a real systemd"
 sh tests/systemd/install
 
+phase "chromium for the browser test"
+sh tests/browser/install
+
 phase "cluster up"
 cluster_up=1
 tests/cluster/up
