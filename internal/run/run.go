@@ -45,6 +45,9 @@ type Config struct {
 	Max Maximums
 	// Caches is the store of workflow caches; nil keeps none.
 	Caches Caches
+	// Observer is told how steps end and what caches did; nil observes
+	// nothing.
+	Observer Observer
 }
 
 // Engine runs workflows.
@@ -59,6 +62,9 @@ func New(cfg Config) *Engine {
 	}
 	if cfg.CleanupTimeout == 0 {
 		cfg.CleanupTimeout = 2 * time.Minute
+	}
+	if cfg.Observer == nil {
+		cfg.Observer = noObserver{}
 	}
 	return &Engine{cfg: cfg}
 }
@@ -483,6 +489,7 @@ func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, 
 		}
 		r.logf("<== step %s: %s, exit %s, %s", s.Name, sr.Status, code, sr.Duration.Round(time.Millisecond))
 		r.log.Info("step ended", "step", s.Name, "status", sr.Status, "exit", code, "duration", sr.Duration.Round(time.Millisecond))
+		r.eng.cfg.Observer.StepEnded(string(sr.Status), sr.Duration)
 		if sr.Status != Success {
 			return
 		}
