@@ -51,6 +51,7 @@ type CLI struct {
 	Kubeconfig KubeconfigCmd `cmd:"" help:"Mint the runner's scoped 24-hour kubeconfig (or --check one)."`
 	Manifests  ManifestsCmd  `cmd:"" help:"Print the YAML that runs the runner inside the cluster: runs namespace, ServiceAccount, Role, RoleBinding, StatefulSet."`
 	Ready      ReadyCmd      `cmd:"" help:"Readiness probe: exit 0 while the daemon of serve --ready-file is ready, else print why and exit 1."`
+	Status     StatusCmd     `cmd:"" help:"What the daemon is doing: runs going with their step and age, queued work, owed checks, credentials, why it is degraded; read from state.json when it is not running."`
 	Version    VersionCmd    `cmd:"" help:"Print the version."`
 }
 
