@@ -522,3 +522,67 @@ func TestRulesNameExportedMetrics(t *testing.T) {
 		}
 	}
 }
+
+// TestOperatingGuideListsEveryMetric: the operating guide's metrics
+// table names exactly the series the runner exports, and its alerts
+// table exactly the rules.
+func TestOperatingGuideListsEveryMetric(t *testing.T) {
+	t.Parallel()
+	guide, err := os.ReadFile("../../docs/guide/operating.md")
+	if errors.Is(err, os.ErrNotExist) {
+		t.Skip("no docs directory in this source tree: the guide is checked from a checkout")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first cells of the table under heading.
+	firstCells := func(heading string) []string {
+		_, rest, ok := strings.Cut(string(guide), "\n## "+heading+"\n")
+		if !ok {
+			t.Fatalf("the guide has no %q section", heading)
+		}
+		rest, _, _ = strings.Cut(rest, "\n## ")
+		var names []string
+		for line := range strings.Lines(rest) {
+			if !strings.HasPrefix(line, "| `") {
+				continue
+			}
+			cell := strings.Split(line, "|")[1]
+			for _, n := range strings.Split(cell, ",") {
+				names = append(names, strings.Trim(strings.TrimSpace(n), "`"))
+			}
+		}
+		slices.Sort(names)
+		return names
+	}
+
+	m, reg := newMetrics(t)
+	touchAll(m, 1)
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var exported []string
+	for _, f := range fams {
+		if n, ok := strings.CutPrefix(f.GetName(), metrics.Namespace+"_"); ok {
+			exported = append(exported, n)
+		}
+	}
+	slices.Sort(exported)
+	if diff := cmp.Diff(exported, firstCells("Metrics")); diff != "" {
+		t.Errorf("the guide's metrics (-exported +guide):\n%s", diff)
+	}
+
+	rules, err := os.ReadFile("../../monitoring/knotless-run.rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var alerts []string
+	for _, m := range regexp.MustCompile(`(?m)^\s*- alert: (\S+)$`).FindAllStringSubmatch(string(rules), -1) {
+		alerts = append(alerts, m[1])
+	}
+	slices.Sort(alerts)
+	if diff := cmp.Diff(alerts, firstCells("Alert rules")); diff != "" {
+		t.Errorf("the guide's alerts (-rules +guide):\n%s", diff)
+	}
+}
