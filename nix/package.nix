@@ -38,7 +38,7 @@ let
 
     # The NAR hash of `go mod vendor` for the source above.
     # tests/nix/vendor-hash.sh prints it; `--write` updates this line.
-    vendorHash = "sha256-bLCNSpZQZPCiaL5fYw9dCEs54hGzyPDYd2By+aCi8vM=";
+    vendorHash = "sha256-QJHhxr0Dmbq7XpSTTu91vLBV5pfqeXJS9rKhojtCneo=";
 
     subPackages = [ "cmd/knotless-run" ];
 
