@@ -74,7 +74,7 @@ func TestEngineObserver(t *testing.T) {
 
 	first := runOnce("1", 0)
 	if diff := cmp.Diff([]string{"cache miss", "step success", "step success", "cache saved"}, first.events); diff != "" {
-		t.Errorf("first run (cold cache, passes) (-want +got):\n%s", diff)
+		t.Fatalf("first run (cold cache, passes) (-want +got):\n%s", diff)
 	}
 	saved := first.bytes[len(first.bytes)-1]
 	if saved <= 0 {
@@ -83,7 +83,7 @@ func TestEngineObserver(t *testing.T) {
 
 	second := runOnce("2", 3)
 	if diff := cmp.Diff([]string{"cache hit", "step success", "step failure"}, second.events); diff != "" {
-		t.Errorf("second run (warm cache, fails) (-want +got):\n%s", diff)
+		t.Fatalf("second run (warm cache, fails) (-want +got):\n%s", diff)
 	}
 	if second.bytes[0] != saved {
 		t.Errorf("restored %d bytes, want the %d the first run saved", second.bytes[0], saved)
