@@ -125,7 +125,8 @@ type Credential struct {
 	Expires time.Time `json:"expires"`
 }
 
-// Provider is the running daemon's side: what it is doing now.
+// Provider is the running daemon's side: what it is doing now. The
+// handler fills Version, Source and (when zero) At.
 type Provider interface {
 	Status(ctx context.Context) Doc
 }
@@ -138,6 +139,17 @@ func Handler(p Provider) http.Handler {
 		doc.Version, doc.Source = Version, FromDaemon
 		if doc.At.IsZero() {
 			doc.At = time.Now().UTC()
+		}
+		// A daemon knows its queue: none is an empty list, not null
+		// (which says unknown, from state.json).
+		if doc.Runs == nil {
+			doc.Runs = []Run{}
+		}
+		if doc.Queued == nil {
+			doc.Queued = []Queued{}
+		}
+		if doc.Owed == nil {
+			doc.Owed = []Owed{}
 		}
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)

@@ -89,6 +89,13 @@ func TestHandlerOverHTTP(t *testing.T) {
 	if got.Source != status.FromDaemon || got.At.IsZero() || len(got.Runs) != 1 || got.Runs[0].StepName != "test" {
 		t.Errorf("fetched %+v", got)
 	}
+	// An idle daemon's empty lists are lists, not unknown.
+	idle := httptest.NewServer(status.Handler(provider{status.Doc{Daemon: &status.Daemon{PID: 1}}}))
+	defer idle.Close()
+	empty, err := status.FetchURL(context.Background(), idle.Client(), idle.URL+status.Path)
+	if err != nil || empty.Runs == nil || empty.Queued == nil || empty.Owed == nil {
+		t.Errorf("an idle daemon's document: %+v, %v; want empty lists", empty, err)
+	}
 	for _, c := range []struct {
 		method, path string
 		code         int
