@@ -1,6 +1,7 @@
 package run_test
 
 import (
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -87,5 +88,60 @@ func TestEngineObserver(t *testing.T) {
 	}
 	if second.bytes[0] != saved {
 		t.Errorf("restored %d bytes, want the %d the first run saved", second.bytes[0], saved)
+	}
+}
+
+// TestEngineProgress: the request's Progress is told each step as it
+// starts; a run adopted mid-step is told the step it goes on with and
+// when that step first started.
+func TestEngineProgress(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var got []run.Progress
+	progress := func(p run.Progress) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, p)
+	}
+	detach, gate := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	ex := &fakeexec.Executor{Script: func(_, id string) fakeexec.Step {
+		if id == "2" {
+			once.Do(func() { close(detach) })
+			return fakeexec.Step{Gate: gate} // goes on until the gate opens
+		}
+		return fakeexec.Step{}
+	}}
+	req := run.Request{RunID: "p", Workflow: twoSteps(), Checkout: t.TempDir(), Detach: detach, Progress: progress}
+	res := run.New(run.Config{Executor: ex}).Run(t.Context(), req)
+	if res.Status != run.Detached || res.Handover == nil {
+		t.Fatalf("status %s, handover %+v: %s", res.Status, res.Handover, res.Error)
+	}
+	names := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		var out []string
+		for _, p := range got {
+			out = append(out, fmt.Sprintf("%d/%d %s", p.Step, p.Steps, p.Name))
+		}
+		return out
+	}
+	if diff := cmp.Diff([]string{"1/2 build", "2/2 test"}, names()); diff != "" {
+		t.Errorf("progress of the first process (-want +got):\n%s", diff)
+	}
+	second := got[1].Started
+
+	got = nil
+	req.Detach = nil
+	close(gate)
+	res = run.New(run.Config{Executor: ex}).Adopt(t.Context(), req, *res.Handover, res.Log)
+	if res.Status != run.Success {
+		t.Fatalf("adopted: %s %s\n%s", res.Status, res.Error, res.Log)
+	}
+	if diff := cmp.Diff([]string{"2/2 test"}, names()); diff != "" {
+		t.Errorf("progress of the adopting process (-want +got):\n%s", diff)
+	}
+	if !got[0].Started.Equal(second) {
+		t.Errorf("adopted step started %s, want its first start %s", got[0].Started, second)
 	}
 }

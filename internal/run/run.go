@@ -98,6 +98,17 @@ type Request struct {
 	// executor that resumes sessions (executor.Resumer) detaches; with
 	// any other, Detach is ignored.
 	Detach <-chan struct{}
+	// Progress, when set, is told each step as it starts (for an adopted
+	// run, the step it goes on with, with its first start), for whoever
+	// shows what the run is doing. It must not block.
+	Progress func(Progress)
+}
+
+// Progress is the step a run is at.
+type Progress struct {
+	Step, Steps int // from 1
+	Name        string
+	Started     time.Time
 }
 
 // Run runs req to the end and returns its result. It never returns
@@ -453,6 +464,9 @@ func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, 
 			}
 			r.logf("==> step %d/%d: %s", i+1, len(steps), s.Name)
 			r.log.Info("step started", "step", s.Name)
+		}
+		if r.req.Progress != nil {
+			r.req.Progress(Progress{Step: i + 1, Steps: len(steps), Name: s.Name, Started: at.time})
 		}
 		exit, err := r.runStep(ctx, runCtx, sess, dirs, i, at)
 		sr.Duration = time.Since(at.time)
