@@ -536,6 +536,39 @@ let
           '';
         };
 
+        metrics = {
+          enable = mkEnableOption ''
+            the daemon's Prometheus metrics at `http://LISTEN/metrics`
+            (`serve --metrics-listen`, set from
+            {option}`${opt "metrics.listen"}`). docs/guide/operating.md lists
+            them and gives a `services.prometheus.scrapeConfigs` entry; the
+            alert rules are {option}`${opt "metrics.rulesFile"}`. Needs a
+            knotless-run whose `serve` has `--metrics-listen`'';
+
+          listen = mkOption {
+            type = types.str;
+            default = "127.0.0.1:9465";
+            example = "[::]:9465";
+            description = ''
+              Address (`HOST:PORT`) the metrics are served on. The default is
+              loopback: a Prometheus on this host. For one elsewhere, listen
+              wider and open the port in the firewall to it alone.
+            '';
+          };
+
+          rulesFile = mkOption {
+            type = types.str;
+            readOnly = true;
+            default = "${config.package}/share/knotless-run/knotless-run.rules.yml";
+            defaultText = literalExpression ''"''${config.${opt "package"}}/share/knotless-run/knotless-run.rules.yml"'';
+            description = ''
+              The alert rules shipped with the package (the repository's
+              monitoring/knotless-run.rules.yml), for
+              `services.prometheus.ruleFiles`.
+            '';
+          };
+        };
+
         inCluster = mkOption {
           type = types.bool;
           default = false;
@@ -620,7 +653,9 @@ let
       refresh = icfg.kubeconfigRefresh;
       executor = executorOf icfg;
       calendar = intervalCalendar refresh.interval;
-      settings = filterAttrs (_: v: v != null) icfg.settings;
+      settings =
+        filterAttrs (_: v: v != null) icfg.settings
+        // lib.optionalAttrs icfg.metrics.enable { "metrics-listen" = icfg.metrics.listen; };
       configFile = settingsFormat.generate "${unit}.json" settings;
       refreshTemp = "${refresh.output}.new";
       # extraArgs can carry what the options leave unset (a DID or
@@ -664,6 +699,10 @@ let
         {
           assertion = refresh.enable -> (icfg.package.hasKubeconfigCommand or false);
           message = "${p}.kubeconfigRefresh needs a knotless-run with the kubeconfig command (issue 7)";
+        }
+        {
+          assertion = icfg.metrics.enable -> (icfg.package.hasMetricsListen or false);
+          message = "${p}.metrics.enable needs a knotless-run whose serve has --metrics-listen (issue 33)";
         }
         {
           assertion = refresh.enable -> refresh.adminKubeconfigFile != null;

@@ -49,6 +49,12 @@ let
       "-X knotless.dev/run/internal/version.Version=${version}"
     ];
 
+    # The alert rules, for services.prometheus.ruleFiles (the module's
+    # services.knotless-run.metrics.rulesFile names this file).
+    postInstall = ''
+      install -Dm444 monitoring/knotless-run.rules.yml $out/share/knotless-run/knotless-run.rules.yml
+    '';
+
     # What the unit tests call besides Go and stdenv's tools: git
     # (internal/mirror runs it). tests/nix/check.sh runs the tests in an
     # emulated sandbox with only these on PATH.

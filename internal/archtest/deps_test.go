@@ -35,6 +35,18 @@ var outside = []struct {
 	{"Kubernetes (client-go, apimachinery)", []string{"k8s.io/", "sigs.k8s.io/"}},
 	{"atproto (indigo)", []string{"github.com/bluesky-social/indigo"}},
 	{"Docker (moby)", []string{"github.com/docker/", "github.com/moby/"}},
+	{"Prometheus (client_golang)", []string{"github.com/prometheus/"}},
+}
+
+// observed are the packages the metrics observe through the small
+// observer interfaces they declare (run.Observer, executor.Observer):
+// the engine and the executors never import a metrics client, so the
+// daemon plugs internal/metrics in, and a test plugs in what it likes.
+var observed = []string{
+	module + "internal/run",
+	module + "internal/executor/docker",
+	module + "internal/executor/kubernetes",
+	module + "internal/executor/shell",
 }
 
 // upward are the packages above the engine: the conformance table is
@@ -77,6 +89,19 @@ func TestCoreImportsNoClient(t *testing.T) {
 			if chain := importChain(graph, p, isOutside); chain != nil {
 				t.Errorf("%s imports %s, but the core uses no %s: %s", p, chain[len(chain)-1], o.what, strings.Join(chain, " -> "))
 			}
+		}
+	}
+}
+
+func TestObservedImportNoMetrics(t *testing.T) {
+	t.Parallel()
+	graph := importGraph(t, observed...)
+	bad := func(dep string) bool {
+		return dep == module+"internal/metrics" || strings.HasPrefix(dep, "github.com/prometheus/")
+	}
+	for _, p := range observed {
+		if chain := importChain(graph, p, bad); chain != nil {
+			t.Errorf("%s imports %s, but it is observed through its observer interface: %s", p, chain[len(chain)-1], strings.Join(chain, " -> "))
 		}
 	}
 }

@@ -1,10 +1,11 @@
 // Package archtest holds tests that keep the module's shape: the pure
 // core (workflow, run, the executor contract and the small packages under
-// them) imports no Kubernetes, atproto or Docker client, the conformance
-// table imports nothing above the engine (CLI, daemon and its state and
-// checks), no executor it is run against and no client, the decision
-// cores (merge queue, run control) import no executor client and
-// nothing of the daemon, intake or CLI, and every
+// them) imports no Kubernetes, atproto, Docker or Prometheus client, the
+// engine and the executors reach the metrics only through their observer
+// interfaces, the conformance table imports nothing above the engine
+// (CLI, daemon and its state and checks), no executor it is run against
+// and no client, the decision cores (merge queue, run control) import no
+// executor client and nothing of the daemon, intake or CLI, and every
 // package says what it is for in a doc comment. It has no code of its
 // own.
 package archtest

@@ -56,6 +56,7 @@ type CLI struct {
 	Ready         ReadyCmd         `cmd:"" help:"Readiness probe: exit 0 while the daemon of serve --ready-file is ready, else print why and exit 1."`
 	Logs          LogsCmd          `cmd:"" help:"Print a check's output; with --follow, follow it live to the run's end."`
 	OutputService OutputServiceCmd `cmd:"" name:"output-service" help:"The output service: take runs' output pushed by the runners named with --runner (atproto service auth) and serve it to readers."`
+	Status        StatusCmd        `cmd:"" help:"What the daemon is doing: runs going with their step and age, queued work, owed checks, credentials, why it is degraded; read from state.json when it is not running."`
 	Version       VersionCmd       `cmd:"" help:"Print the version."`
 }
 

@@ -87,6 +87,7 @@ func (r *runState) restoreCaches(ctx context.Context, sess executor.Session, dir
 		f, base, err := r.eng.cfg.Caches.Base(r.cacheKey(p), secrets)
 		switch {
 		case errors.Is(err, cache.ErrCold):
+			r.eng.cfg.Observer.CacheRestored(false, 0)
 			if err := sess.Put(ctx, dir, bytes.NewReader(emptyTar)); err != nil {
 				r.cacheWarn(p, "not created", err)
 				continue
@@ -102,6 +103,7 @@ func (r *runState) restoreCaches(ctx context.Context, sess executor.Session, dir
 			r.log.Info("cache cold", "cache", p)
 			continue
 		case err != nil:
+			r.eng.cfg.Observer.CacheRestored(false, 0)
 			r.cacheWarn(p, "not restored", err)
 			continue
 		}
@@ -118,9 +120,11 @@ func (r *runState) restoreCaches(ctx context.Context, sess executor.Session, dir
 		})
 		f.Close()
 		if err != nil {
+			r.eng.cfg.Observer.CacheRestored(false, 0)
 			r.cacheWarn(p, "not restored", err)
 			continue
 		}
+		r.eng.cfg.Observer.CacheRestored(true, n)
 		took := time.Since(start).Round(time.Millisecond)
 		r.logf("knotless-run: cache %s: restored %d bytes in %s (saved by run %s)", p, n, took, base.Run)
 		r.log.Info("cache restored", "cache", p, "bytes", n, "duration", took, "from", base.Run)
@@ -162,6 +166,7 @@ func (r *runState) saveCaches(ctx context.Context, sess executor.Session, dirs e
 			r.cacheWarn(p, "not saved", err)
 			continue
 		}
+		r.eng.cfg.Observer.CacheSaved(saved)
 		took := time.Since(start).Round(time.Millisecond)
 		promoted, err := r.eng.cfg.Caches.Promote(k, r.req.RunID)
 		switch {

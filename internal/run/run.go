@@ -46,6 +46,9 @@ type Config struct {
 	Max Maximums
 	// Caches is the store of workflow caches; nil keeps none.
 	Caches Caches
+	// Observer is told how steps end and what caches did; nil observes
+	// nothing.
+	Observer Observer
 }
 
 // Engine runs workflows.
@@ -60,6 +63,9 @@ func New(cfg Config) *Engine {
 	}
 	if cfg.CleanupTimeout == 0 {
 		cfg.CleanupTimeout = 2 * time.Minute
+	}
+	if cfg.Observer == nil {
+		cfg.Observer = noObserver{}
 	}
 	return &Engine{cfg: cfg}
 }
@@ -105,6 +111,17 @@ type Request struct {
 	// executor that resumes sessions (executor.Resumer) detaches; with
 	// any other, Detach is ignored.
 	Detach <-chan struct{}
+	// Progress, when set, is told each step as it starts (for an adopted
+	// run, the step it goes on with, with its first start), for whoever
+	// shows what the run is doing. It must not block.
+	Progress func(Progress)
+}
+
+// Progress is the step a run is at.
+type Progress struct {
+	Step, Steps int // from 1
+	Name        string
+	Started     time.Time
 }
 
 // StepMarker is implemented by a Request.Live that takes the run's step
@@ -497,6 +514,9 @@ func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, 
 			r.logf("==> step %d/%d: %s", i+1, len(steps), s.Name)
 			r.log.Info("step started", "step", s.Name)
 		}
+		if r.req.Progress != nil {
+			r.req.Progress(Progress{Step: i + 1, Steps: len(steps), Name: s.Name, Started: at.time})
+		}
 		exit, err := r.runStep(ctx, runCtx, sess, dirs, i, at)
 		sr.Duration = time.Since(at.time)
 		var d *detachedError
@@ -533,6 +553,7 @@ func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, 
 		r.mark(func(m StepMarker) { m.StepEnded(i+1, sr.Status) })
 		r.logf("<== step %s: %s, exit %s, %s", s.Name, sr.Status, code, sr.Duration.Round(time.Millisecond))
 		r.log.Info("step ended", "step", s.Name, "status", sr.Status, "exit", code, "duration", sr.Duration.Round(time.Millisecond))
+		r.eng.cfg.Observer.StepEnded(string(sr.Status), sr.Duration)
 		if sr.Status != Success {
 			return
 		}

@@ -261,6 +261,31 @@ for i, a in enumerate(names):
                     shared.append(f"{a} writes {pa}, {b} writes {pb}")
 check("instances: no two runners share a user or anything writable", not shared, shared)
 
+# Metrics: off by default; on, serve gets --metrics-listen through the
+# settings file; a package without the flag is refused.
+mx = json.loads(s["metrics"]["settingsJSON"])
+check("metrics: off by default (no metrics-listen in the settings)", "metrics-listen" not in settings, settings)
+check(
+    "metrics.enable: settings metrics-listen = 127.0.0.1:9465, no failed assertion",
+    (mx.get("metrics-listen"), s["metrics"]["failedAssertions"]) == ("127.0.0.1:9465", []),
+    (mx.get("metrics-listen"), s["metrics"]["failedAssertions"]),
+)
+check(
+    "metrics.listen: passed as given",
+    json.loads(s["metrics-listen"]["settingsJSON"]).get("metrics-listen") == "[::]:9100",
+    s["metrics-listen"]["settingsJSON"],
+)
+check(
+    "metrics.enable with a package lacking --metrics-listen: refused",
+    any("--metrics-listen" in m for m in s["metrics-unsupported"]["failedAssertions"]),
+    s["metrics-unsupported"]["failedAssertions"],
+)
+check(
+    "metrics.rulesFile: the package's share/knotless-run/knotless-run.rules.yml",
+    s["metrics"]["rulesFile"] == "@knotless-run@/share/knotless-run/knotless-run.rules.yml",
+    s["metrics"]["rulesFile"],
+)
+
 # Option docs: every {option}`X` names an option that exists, by its full
 # name (the NixOS manual links it; a relative name breaks there).
 docs_opts = d["optionDocs"]

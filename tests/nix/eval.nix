@@ -56,6 +56,7 @@ let
   };
 
   withCommand = stubPackage "knotless-run" { hasKubeconfigCommand = true; };
+  withMetrics = stubPackage "knotless-run" { hasMetricsListen = true; };
   withoutCommand = stubPackage "knotless-run" { };
 
   eval =
@@ -216,6 +217,7 @@ let
       failedAssertions = map (a: a.message) (lib.filter (a: !a.assertion) c.assertions);
       inherit units;
       settingsJSON = if services ? knotless-run then builtins.readFile configPath else "{}";
+      rulesFile = (eval package cfg).config.services.knotless-run.metrics.rulesFile;
       service = lib.mapAttrs (_: placeholders) (
         lib.mapAttrs (_: v: if builtins.isList v then concatStringsSep "\n" (map toOption v) else toOption v)
           services.knotless-run.serviceConfig
@@ -332,6 +334,14 @@ in
       settings.queue = true;
       pushCredentialFile = "/run/secrets/knotless-run/push-key";
     });
+    metrics = scenario withMetrics (kube { metrics.enable = true; });
+    metrics-listen = scenario withMetrics (kube {
+      metrics = {
+        enable = true;
+        listen = "[::]:9100";
+      };
+    });
+    metrics-unsupported = scenario withoutCommand (kube { metrics.enable = true; });
     minutes = scenario withCommand (
       docs // { kubeconfigRefresh = docs.kubeconfigRefresh // { interval = "30m"; }; }
     );

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/kubecred"
 )
 
@@ -40,6 +41,7 @@ const DefaultNamespace = "knotless-runs"
 type clients struct {
 	creds Credentials
 	log   *slog.Logger
+	obs   executor.Observer
 
 	mu        sync.Mutex
 	file      string // the kubeconfig in use; "" for in-cluster
@@ -48,6 +50,7 @@ type clients struct {
 	clientset *kubernetes.Clientset
 	namespace string
 	warned    time.Time
+	observed  time.Time // the expiry last told to obs
 }
 
 // errNoCredentials names every place that was looked at.
@@ -66,18 +69,31 @@ func (c *clients) files() []string {
 // get returns the current config, clientset and namespace, reloading them
 // when the kubeconfig file's content changed. An expired token is an
 // error every time until the file is replaced; one close to expiry is
-// logged.
+// logged. The token's expiry goes to the observer whenever it changes.
 func (c *clients) get() (*rest.Config, *kubernetes.Clientset, string, error) {
 	cfg, cs, ns, err := c.load()
 	if err != nil {
 		return nil, nil, "", err
 	}
 	exp, err := kubecred.CheckExpiry(cfg, time.Now())
+	c.observeExpiry(exp)
 	if err != nil {
 		return nil, nil, "", err
 	}
 	c.warnExpiry(exp)
 	return cfg, cs, ns, nil
+}
+
+// observeExpiry tells the observer the token's expiry (zero: none known)
+// when it differs from what it was last told.
+func (c *clients) observeExpiry(exp time.Time) {
+	c.mu.Lock()
+	changed := !c.observed.Equal(exp)
+	c.observed = exp
+	c.mu.Unlock()
+	if changed && c.obs != nil {
+		c.obs.CredentialExpiry(Name, exp)
+	}
 }
 
 // warnExpiry logs once per token when it has less than an hour left.

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -316,10 +317,20 @@ func TestOrphanSwept(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The first process is gone without stopping its session.
-	second := newExecutor(t, c, mod)
+	m, reg := observed(t)
+	j := newJournal()
+	second := newExecutor(t, c, func(cfg *kubernetes.Config) { mod(cfg); cfg.Logger, cfg.Observer = slog.New(j), m })
 	swept, err := second.Sweep(ctx, nil)
 	if err != nil || len(swept) != 1 || second.Counters().Swept != 1 {
 		t.Fatalf("Sweep = %v, %v (counted %d); want the one orphan", swept, err, second.Counters().Swept)
+	}
+	// The sweep's lines and counts, in the journal and the metrics.
+	j.has(t, "orphan swept", 1, map[string]string{"run": swept[0].RunID, "job": swept[0].Name, "namespace": c.Namespace, "image": c.Image, "swept_total": "1"})
+	j.has(t, "sweep finished", 1, map[string]string{"namespace": c.Namespace, "swept": "1", "failed": "0", "duration": "", "swept_total": "1", "cleanup_failures_total": "0"})
+	for name, want := range map[string]float64{"knotless_run_sweeps_total": 1, "knotless_run_swept_objects_total": 1, "knotless_run_sweep_errors_total": 0} {
+		if got := counterValue(t, reg, name); got != want {
+			t.Errorf("%s = %g, want %g", name, got, want)
+		}
 	}
 	waitGone(t, c)
 	assertNothingLeft(t, c)

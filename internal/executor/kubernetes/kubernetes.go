@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	batchv1 "k8s.io/api/batch/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -56,6 +57,9 @@ type Config struct {
 	PullGrace time.Duration
 	Limits    tarstream.Limits
 	Logger    *slog.Logger
+	// Observer is told of sessions ready, transfers, sweeps, cleanup
+	// failures and the credential's expiry; nil observes nothing.
+	Observer executor.Observer
 }
 
 // Executor runs sessions as Jobs.
@@ -63,6 +67,7 @@ type Executor struct {
 	cfg     Config
 	clients *clients
 	log     *slog.Logger
+	obs     executor.Observer
 
 	swept           atomic.Int64
 	cleanupFailures atomic.Int64
@@ -91,7 +96,10 @@ func New(cfg Config) (*Executor, error) {
 	if cfg.PullGrace == 0 {
 		cfg.PullGrace = 20 * time.Second
 	}
-	e := &Executor{cfg: cfg, clients: &clients{creds: cfg.Credentials, log: cfg.Logger}, log: cfg.Logger}
+	if cfg.Observer == nil {
+		cfg.Observer = executor.NoObserver{}
+	}
+	e := &Executor{cfg: cfg, clients: &clients{creds: cfg.Credentials, log: cfg.Logger, obs: cfg.Observer}, log: cfg.Logger, obs: cfg.Observer}
 	// An expired token is not a start failure: each run reports it until
 	// the refresh replaces the file.
 	cc, _, ns, err := e.clients.load()
@@ -100,9 +108,11 @@ func New(cfg Config) (*Executor, error) {
 	}
 	e.log.Info("cluster credentials loaded", "server", cc.Host, "namespace", ns,
 		"egress", cfg.Pod.Egress.For(true), "egress_untrusted", cfg.Pod.Egress.For(false))
-	if exp, err := kubecred.CheckExpiry(cc, time.Now()); err != nil {
+	exp, err := kubecred.CheckExpiry(cc, time.Now())
+	if err != nil {
 		e.log.Error("runner credentials expired", "expires", exp.Format(time.RFC3339))
 	}
+	e.clients.observeExpiry(exp)
 	return e, nil
 }
 
@@ -115,7 +125,9 @@ func (e *Executor) Namespace() (string, error) {
 	return ns, err
 }
 
-// Start creates the run's Job and waits until its pod is Ready.
+// Start creates the run's Job and waits until its pod is Ready. Its log
+// lines, and the session's, name the run, the Job, its namespace and
+// image, and once it is Ready its pod and node.
 func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Session, error) {
 	cc, cs, ns, err := e.clients.get()
 	if err != nil {
@@ -131,11 +143,12 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 	if err != nil {
 		return nil, fmt.Errorf("build job: %w", err)
 	}
-	log := e.log.With("run", spec.RunID, "job", job.Name, "namespace", ns)
+	log := e.log.With("run", spec.RunID, "job", job.Name, "namespace", ns, "image", jobImage(job))
 	created, err := cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("create job %s/%s: %w", ns, job.Name, err)
 	}
+	createdAt := time.Now()
 	log.Info("job created")
 	s := &Session{
 		ex:   e,
@@ -149,7 +162,8 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 		s.cleanupAfterFailedStart(ctx)
 		return nil, err
 	}
-	s.pod = pod
+	e.obs.SessionReady(time.Since(createdAt))
+	s.setPod(pod)
 	return s, nil
 }
 
@@ -164,14 +178,24 @@ func (e *Executor) Resume(ctx context.Context, ref executor.Ref) (executor.Sessi
 	if err != nil {
 		return nil, fmt.Errorf("resume job %s/%s: %w", ref.Namespace, ref.Name, err)
 	}
-	log := e.log.With("run", ref.RunID, "job", ref.Name, "namespace", ref.Namespace)
+	log := e.log.With("run", ref.RunID, "job", ref.Name, "namespace", ref.Namespace, "image", jobImage(job))
 	s := &Session{ex: e, ref: ref, uid: job.UID, log: log}
 	pod, err := e.waitForPod(ctx, cs, job, log)
 	if err != nil {
 		return nil, err
 	}
-	s.pod = pod
+	s.setPod(pod)
 	return s, nil
+}
+
+// jobImage is the image of a Job's run container.
+func jobImage(job *batchv1.Job) string {
+	for _, c := range job.Spec.Template.Spec.Containers {
+		if c.Name == containerName {
+			return c.Image
+		}
+	}
+	return ""
 }
 
 // ensureNetworkPolicies makes the runner's policies in ns what this
@@ -207,8 +231,12 @@ func (e *Executor) ensureNetworkPolicies(ctx context.Context, apiServer string, 
 	return nil
 }
 
-// Sweep deletes this runner's Jobs whose run is not in keep.
-func (e *Executor) Sweep(ctx context.Context, keep []string) ([]executor.Ref, error) {
+// Sweep deletes this runner's Jobs whose run is not in keep. It logs
+// each Job it deletes (run, Job, namespace, image) and what it did in
+// all, with the running totals of this process.
+func (e *Executor) Sweep(ctx context.Context, keep []string) (swept []executor.Ref, err error) {
+	start := time.Now()
+	defer func() { e.obs.Swept(len(swept), err) }()
 	_, cs, ns, err := e.clients.get()
 	if err != nil {
 		return nil, err
@@ -222,22 +250,29 @@ func (e *Executor) Sweep(ctx context.Context, keep []string) ([]executor.Ref, er
 	for _, id := range keep {
 		going[id] = true
 	}
-	var swept []executor.Ref
 	var errs []error
-	for _, job := range jobs.Items {
+	for i := range jobs.Items {
+		job := &jobs.Items[i]
 		run := job.Labels[LabelRun]
 		if going[run] {
 			continue
 		}
 		ref := executor.Ref{Executor: Name, RunID: run, Namespace: ns, Name: job.Name}
 		if err := deleteJob(ctx, cs.BatchV1().Jobs(ns), job.Name); err != nil {
+			e.cleanupFailures.Add(1)
+			e.obs.CleanupFailed()
+			e.log.Error("orphan not swept", "job", job.Name, "run", run, "namespace", ns, "image", jobImage(job),
+				"err", err, "cleanup_failures_total", e.cleanupFailures.Load())
 			errs = append(errs, err)
 			continue
 		}
 		e.swept.Add(1)
-		e.log.Info("orphan swept", "job", job.Name, "run", run, "namespace", ns, "swept_total", e.swept.Load())
+		e.log.Info("orphan swept", "job", job.Name, "run", run, "namespace", ns, "image", jobImage(job), "swept_total", e.swept.Load())
 		swept = append(swept, ref)
 	}
+	e.log.Info("sweep finished", "namespace", ns, "swept", len(swept), "failed", len(errs), "kept_runs", len(keep),
+		"duration", time.Since(start).Round(time.Millisecond),
+		"swept_total", e.swept.Load(), "cleanup_failures_total", e.cleanupFailures.Load())
 	return swept, errors.Join(errs...)
 }
 

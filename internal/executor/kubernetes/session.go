@@ -45,8 +45,11 @@ type Session struct {
 	ref  executor.Ref
 	uid  types.UID
 	pod  string
+	node string // where the pod was scheduled
 	keep bool
-	log  *slog.Logger
+	// log names the run, the Job, its namespace and image, and (once
+	// the pod is Ready) the pod and its node.
+	log *slog.Logger
 
 	mu      sync.Mutex
 	steps   map[string]*step
@@ -68,6 +71,13 @@ type step struct {
 	once sync.Once
 	exit executor.Exit
 	err  error
+	// since is when this process started the step, or began following
+	// it (followed: another process started it).
+	since    time.Time
+	followed bool
+	released bool // the pump ended with the session (Release, Stop), the step going on
+	// ended is told how the step ended, once.
+	ended func(exit executor.Exit, err error)
 }
 
 // settle records how the step ended, once: when the runner acknowledges
@@ -77,7 +87,17 @@ func (st *step) settle(exit executor.Exit, err error) {
 		st.exit, st.err = exit, err
 		_ = st.out.Close()
 		close(st.done)
+		if st.ended != nil {
+			st.ended(exit, err)
+		}
 	})
+}
+
+// setPod records the session's Ready pod; the session's log names it and
+// its node from then on.
+func (s *Session) setPod(pod *corev1.Pod) {
+	s.pod, s.node = pod.Name, pod.Spec.NodeName
+	s.log = s.log.With("pod", s.pod, "node", s.node)
 }
 
 // Ref implements executor.Session.
@@ -103,7 +123,9 @@ func (s *Session) Put(ctx context.Context, dir string, r io.Reader) error {
 	if err := checkDigest(code, stderr.String(), h.Sum(nil)); err != nil {
 		return fmt.Errorf("put %s: %w", dir, err)
 	}
-	s.log.Info("transfer in", "dir", dir, "bytes", counted.N, "duration", time.Since(start).Round(time.Millisecond))
+	took := time.Since(start)
+	s.ex.obs.Transferred(executor.DirectionIn, counted.N, took)
+	s.log.Info("transfer in", "dir", dir, "bytes", counted.N, "duration", took.Round(time.Millisecond))
 	return nil
 }
 
@@ -120,7 +142,9 @@ func (s *Session) Get(ctx context.Context, dir string, w io.Writer) error {
 	if err := checkDigest(code, stderr.String(), h.Sum(nil)); err != nil {
 		return fmt.Errorf("get %s: %w", dir, err)
 	}
-	s.log.Info("transfer out", "dir", dir, "bytes", counted.N, "duration", time.Since(start).Round(time.Millisecond))
+	took := time.Since(start)
+	s.ex.obs.Transferred(executor.DirectionOut, counted.N, took)
+	s.log.Info("transfer out", "dir", dir, "bytes", counted.N, "duration", took.Round(time.Millisecond))
 	return nil
 }
 
@@ -157,6 +181,7 @@ func (s *Session) StartStep(ctx context.Context, id string, payload []byte) erro
 	go s.pump(id, st, "start", payload, started)
 	select {
 	case <-started:
+		s.log.Info("step started in pod", "step", id, "after", time.Since(st.since).Round(time.Millisecond))
 		return nil
 	case <-st.done:
 		if st.err != nil {
@@ -183,9 +208,24 @@ func (s *Session) newStep(id string, offset int64) (*step, error) {
 		ctx, s.cancel = context.WithCancel(context.Background())
 		s.pumpCtx = ctx
 	}
-	st := &step{out: spool.NewAt(offset), done: make(chan struct{})}
+	st := &step{out: spool.NewAt(offset), done: make(chan struct{}), since: time.Now()}
+	st.ended = func(exit executor.Exit, err error) { s.logStepEnd(id, st, exit, err) }
 	s.steps[id] = st
 	return st, nil
+}
+
+// logStepEnd logs how a step ended and how long after this process
+// started it (or began following it).
+func (s *Session) logStepEnd(id string, st *step, exit executor.Exit, err error) {
+	took := time.Since(st.since).Round(time.Millisecond)
+	switch {
+	case st.released:
+		s.log.Info("step no longer followed: the session was released or stopped", "step", id, "duration", took, "offset", st.out.Len())
+	case err != nil:
+		s.log.Warn("step ended in pod without an exit status", "step", id, "duration", took, "followed", st.followed, "err", err)
+	default:
+		s.log.Info("step ended in pod", "step", id, "exit", exit.Code, "duration", took, "followed", st.followed, "output_bytes", st.out.Len())
+	}
 }
 
 // pump owns one step's streams: the launching exec, then follow execs
@@ -232,6 +272,7 @@ func (s *Session) pump(id string, st *step, mode string, payload []byte, started
 			break
 		}
 		if ctx.Err() != nil {
+			st.released = true
 			failed = fmt.Errorf("%w: session stopped while following", executor.ErrExitUnknown)
 			break
 		}
@@ -325,6 +366,8 @@ func (s *Session) FollowStep(ctx context.Context, id string, offset int64, out i
 		if st, err = s.newStep(id, offset); err != nil {
 			return executor.Exit{}, err
 		}
+		st.followed = true
+		s.log.Info("step followed in pod", "step", id, "offset", offset)
 		s.wg.Add(1)
 		go s.pump(id, st, "follow", nil, make(chan struct{}))
 	}
@@ -380,6 +423,7 @@ func (s *Session) Stop(ctx context.Context) error {
 	}
 	if err := s.deleteJob(ctx); err != nil {
 		s.ex.cleanupFailures.Add(1)
+		s.ex.obs.CleanupFailed()
 		s.log.Error("delete job", "err", err, "cleanup_failures_total", s.ex.cleanupFailures.Load())
 		return err
 	}
@@ -455,6 +499,7 @@ func (s *Session) cleanupAfterFailedStart(ctx context.Context) {
 	defer cancel()
 	if err := s.deleteJob(ctx); err != nil {
 		s.ex.cleanupFailures.Add(1)
+		s.ex.obs.CleanupFailed()
 		s.log.Error("delete job after failed start", "err", err, "cleanup_failures_total", s.ex.cleanupFailures.Load())
 	}
 }

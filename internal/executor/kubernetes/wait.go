@@ -58,24 +58,24 @@ type podWaiter struct {
 	refused          map[string]bool // pods a node refused at admission
 }
 
-// waitForPod returns the name of the Job's pod once it is Ready, or an
-// error that says why it never will be, with the cluster's own words.
-func (e *Executor) waitForPod(ctx context.Context, cs kubernetes.Interface, job *batchv1.Job, log *slog.Logger) (string, error) {
+// waitForPod returns the Job's pod once it is Ready, or an error that
+// says why it never will be, with the cluster's own words.
+func (e *Executor) waitForPod(ctx context.Context, cs kubernetes.Interface, job *batchv1.Job, log *slog.Logger) (*corev1.Pod, error) {
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.ScheduleTimeout)
 	defer cancel()
 	w := &podWaiter{cs: cs, job: job, log: log, grace: e.cfg.PullGrace, started: time.Now()}
-	name, err := w.wait(ctx)
+	pod, err := w.wait(ctx)
 	if err != nil && errors.Is(err, context.DeadlineExceeded) && time.Since(w.started) >= e.cfg.ScheduleTimeout {
 		reason := w.lastReason
 		if reason == "" {
 			reason = "no reason given"
 		}
-		return "", fmt.Errorf("pod of job %s not ready after --schedule-timeout %s: %s", job.Name, e.cfg.ScheduleTimeout, reason)
+		return nil, fmt.Errorf("pod of job %s not ready after --schedule-timeout %s: %s", job.Name, e.cfg.ScheduleTimeout, reason)
 	}
-	return name, err
+	return pod, err
 }
 
-func (w *podWaiter) wait(ctx context.Context) (string, error) {
+func (w *podWaiter) wait(ctx context.Context) (*corev1.Pod, error) {
 	sel := metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=" + w.job.Name}
 	pods := w.cs.CoreV1().Pods(w.job.Namespace)
 	tick := time.NewTicker(time.Second)
@@ -83,26 +83,26 @@ func (w *podWaiter) wait(ctx context.Context) (string, error) {
 	for {
 		list, err := pods.List(ctx, sel)
 		if err != nil {
-			return "", fmt.Errorf("list pods of job %s: %w", w.job.Name, err)
+			return nil, fmt.Errorf("list pods of job %s: %w", w.job.Name, err)
 		}
 		for i := range list.Items {
-			if name, done, err := w.check(&list.Items[i]); done || err != nil {
-				return name, err
+			if pod, done, err := w.check(&list.Items[i]); done || err != nil {
+				return pod, err
 			}
 		}
 		if err := w.checkNoPod(ctx, len(list.Items)); err != nil {
-			return "", err
+			return nil, err
 		}
 		opts := sel
 		opts.ResourceVersion = list.ResourceVersion
 		watcher, err := pods.Watch(ctx, opts)
 		if err != nil {
-			return "", fmt.Errorf("watch pods of job %s: %w", w.job.Name, err)
+			return nil, fmt.Errorf("watch pods of job %s: %w", w.job.Name, err)
 		}
-		name, done, err := w.follow(ctx, watcher, tick, len(list.Items))
+		pod, done, err := w.follow(ctx, watcher, tick, len(list.Items))
 		watcher.Stop()
 		if done || err != nil {
-			return name, err
+			return pod, err
 		}
 		// The watch ended (server timeout or restart): list again.
 	}
@@ -110,46 +110,47 @@ func (w *podWaiter) wait(ctx context.Context) (string, error) {
 
 // follow reads watch events until the pod is Ready, fails, or the watch
 // closes (done false, err nil: list and watch again).
-func (w *podWaiter) follow(ctx context.Context, watcher watch.Interface, tick *time.Ticker, seen int) (string, bool, error) {
+func (w *podWaiter) follow(ctx context.Context, watcher watch.Interface, tick *time.Ticker, seen int) (*corev1.Pod, bool, error) {
 	var last *corev1.Pod
 	for {
 		select {
 		case <-ctx.Done():
-			return "", false, ctx.Err()
+			return nil, false, ctx.Err()
 		case <-tick.C:
 			// Time-based rules: a pull that keeps failing, a Job without a pod.
 			if last != nil {
-				if name, done, err := w.check(last); done || err != nil {
-					return name, done, err
+				if ready, done, err := w.check(last); done || err != nil {
+					return ready, done, err
 				}
 			}
 			if err := w.checkNoPod(ctx, seen); err != nil {
-				return "", false, err
+				return nil, false, err
 			}
 		case ev, ok := <-watcher.ResultChan():
 			if !ok {
-				return "", false, nil
+				return nil, false, nil
 			}
 			switch ev.Type {
 			case watch.Error:
-				return "", false, nil
+				return nil, false, nil
 			case watch.Deleted:
-				return "", false, fmt.Errorf("pod of job %s was deleted before it was ready", w.job.Name)
+				return nil, false, fmt.Errorf("pod of job %s was deleted before it was ready", w.job.Name)
 			}
 			pod, ok := ev.Object.(*corev1.Pod)
 			if !ok {
 				continue
 			}
 			seen, last = seen+1, pod
-			if name, done, err := w.check(pod); done || err != nil {
-				return name, done, err
+			if ready, done, err := w.check(pod); done || err != nil {
+				return ready, done, err
 			}
 		}
 	}
 }
 
-// check decides on one pod: ready, failed, or still waiting (logged).
-func (w *podWaiter) check(pod *corev1.Pod) (string, bool, error) {
+// check decides on one pod: ready (returned), failed, or still waiting
+// (logged).
+func (w *podWaiter) check(pod *corev1.Pod) (*corev1.Pod, bool, error) {
 	if admissionRefused(pod) {
 		if !w.refused[pod.Name] {
 			if w.refused == nil {
@@ -160,20 +161,20 @@ func (w *podWaiter) check(pod *corev1.Pod) (string, bool, error) {
 				"reason", pod.Status.Reason, "message", pod.Status.Message, "refused", len(w.refused))
 		}
 		if len(w.refused) > admissionRetries {
-			return "", false, fmt.Errorf("nodes refused %d pods of job %s at admission; the last, %s on node %s: %s: %s",
+			return nil, false, fmt.Errorf("nodes refused %d pods of job %s at admission; the last, %s on node %s: %s: %s",
 				len(w.refused), w.job.Name, pod.Name, pod.Spec.NodeName, pod.Status.Reason, pod.Status.Message)
 		}
 		w.lastReason = "refused at admission: " + pod.Status.Reason + ": " + pod.Status.Message
-		return "", false, nil // the Job makes another
+		return nil, false, nil // the Job makes another
 	}
 	switch pod.Status.Phase {
 	case corev1.PodSucceeded, corev1.PodFailed:
-		return "", false, fmt.Errorf("pod %s ended (%s) before it was ready: %s", pod.Name, pod.Status.Phase, podEndReason(pod))
+		return nil, false, fmt.Errorf("pod %s ended (%s) before it was ready: %s", pod.Name, pod.Status.Phase, podEndReason(pod))
 	}
 	for _, c := range pod.Status.Conditions {
 		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
 			w.log.Info("pod ready", "pod", pod.Name, "node", pod.Spec.NodeName, "after", time.Since(w.started).Round(time.Millisecond))
-			return pod.Name, true, nil
+			return pod, true, nil
 		}
 		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
 			reason := "waiting for a node (Pending is the scale-up signal): "
@@ -188,7 +189,7 @@ func (w *podWaiter) check(pod *corev1.Pod) (string, bool, error) {
 	pulling := false
 	for _, cs := range pod.Status.ContainerStatuses {
 		if t := cs.State.Terminated; t != nil {
-			return "", false, fmt.Errorf("container of pod %s ended before it was ready: %s (exit %d) %s", pod.Name, t.Reason, t.ExitCode, t.Message)
+			return nil, false, fmt.Errorf("container of pod %s ended before it was ready: %s (exit %d) %s", pod.Name, t.Reason, t.ExitCode, t.Message)
 		}
 		wt := cs.State.Waiting
 		if wt == nil {
@@ -196,12 +197,12 @@ func (w *podWaiter) check(pod *corev1.Pod) (string, bool, error) {
 		}
 		switch {
 		case fatalWaiting(wt.Reason):
-			return "", false, fmt.Errorf("pod %s cannot start: %s: %s", pod.Name, wt.Reason, wt.Message)
+			return nil, false, fmt.Errorf("pod %s cannot start: %s: %s", pod.Name, wt.Reason, wt.Message)
 		case wt.Reason == "ErrImagePull" && pullDenied(wt.Message) && len(pod.Spec.ImagePullSecrets) == 0:
 			// With pull secrets a denial waits out the grace: the kubelet
 			// pulls without them when its secret cache has not synced yet
 			// (a busy node) and with them at the retry.
-			return "", false, fmt.Errorf("pod %s cannot pull image %s: the registry denied access (%s; a registry that needs credentials needs an --image-pull-secret whose pattern matches the image, marked ,untrusted for a pull's run): %s", pod.Name, cs.Image, wt.Reason, wt.Message)
+			return nil, false, fmt.Errorf("pod %s cannot pull image %s: the registry denied access (%s; a registry that needs credentials needs an --image-pull-secret whose pattern matches the image, marked ,untrusted for a pull's run): %s", pod.Name, cs.Image, wt.Reason, wt.Message)
 		case wt.Reason == "ErrImagePull" || wt.Reason == "ImagePullBackOff":
 			pulling = true
 			if w.pullFailingSince.IsZero() {
@@ -210,9 +211,9 @@ func (w *podWaiter) check(pod *corev1.Pod) (string, bool, error) {
 			w.note(pod, fmt.Sprintf("image pull failing: %s: %s", wt.Reason, wt.Message))
 			if time.Since(w.pullFailingSince) >= w.grace {
 				if pullDenied(wt.Message) {
-					return "", false, fmt.Errorf("pod %s cannot pull image %s: the registry denied access with the pull secrets %s (%s): %s", pod.Name, cs.Image, pullSecretNames(pod), wt.Reason, wt.Message)
+					return nil, false, fmt.Errorf("pod %s cannot pull image %s: the registry denied access with the pull secrets %s (%s): %s", pod.Name, cs.Image, pullSecretNames(pod), wt.Reason, wt.Message)
 				}
-				return "", false, fmt.Errorf("pod %s cannot pull image %s: %s: %s", pod.Name, cs.Image, wt.Reason, wt.Message)
+				return nil, false, fmt.Errorf("pod %s cannot pull image %s: %s: %s", pod.Name, cs.Image, wt.Reason, wt.Message)
 			}
 		}
 	}
@@ -223,7 +224,7 @@ func (w *podWaiter) check(pod *corev1.Pod) (string, bool, error) {
 		w.lastReason = "scheduled"
 		w.log.Info("pod scheduled", "pod", pod.Name, "node", pod.Spec.NodeName)
 	}
-	return "", false, nil
+	return nil, false, nil
 }
 
 // admissionRefused reports a pod its node refused before it ran any
