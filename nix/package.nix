@@ -38,7 +38,7 @@ let
 
     # The NAR hash of `go mod vendor` for the source above.
     # tests/nix/vendor-hash.sh prints it; `--write` updates this line.
-    vendorHash = "sha256-Z6cOFVdtiYkN7EXSXru7+jEgtK/SiDMtM/DESQvJCeQ=";
+    vendorHash = "sha256-B2WYbJSwpbb1i3uI0a/PzD+M36w6xYdMsKA0pjvvxfs=";
 
     subPackages = [ "cmd/knotless-run" ];
 
