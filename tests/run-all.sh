@@ -47,6 +47,9 @@ sh tests/registry/install
 phase "systemd-nspawn for the appliance tests under a real systemd"
 sh tests/systemd/install
 
+phase "prometheus for the alert rules' tests and the Prometheus harness"
+sh tests/prometheus/install
+
 phase "chromium for the browser test"
 sh tests/browser/install
 
