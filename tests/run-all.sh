@@ -47,6 +47,9 @@ sh tests/registry/install
 phase "systemd-nspawn for the appliance tests under a real systemd"
 sh tests/systemd/install
 
+phase "nix-bin for the VM test's script run here (tests/vmscript evaluates nix/tests/k3s.nix)"
+bash -c '. tests/nix/lib.sh && ensure_nix'
+
 phase "cluster up"
 cluster_up=1
 tests/cluster/up

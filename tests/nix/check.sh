@@ -18,7 +18,8 @@
 #      tests/nix/golden/; systemd-analyze verifies the rendered units;
 #   6. flake.nix's outputs, nix/package.nix and default.nix evaluated
 #      against a stand-in nixpkgs (real lib, stub builders), and the VM
-#      test's Python script compiled and linted.
+#      test's Python script compiled and linted (a local repository source
+#      needs allow-local-sources: check-vm-sources.py).
 #
 # Run as root (CI does): it installs Debian's nix-bin if missing and uses a
 # mount namespace for the sandbox emulation.
@@ -286,6 +287,19 @@ else
     failures=$((failures + $(grep -c '^  FAIL' "$work/flake.out" || true)))
   else
     fail "evaluating flake.nix failed:"; sed 's/^/          /' "$work/flake.err" | tail -n 30
+  fi
+  # The VM test's server evaluated as tests/vmscript runs it: a local
+  # repository source needs allow-local-sources.
+  if nix-instantiate "${NIX_FLAGS[@]}" --store "$work/vmstore" --read-write-mode --eval --strict --json \
+    "$root/tests/vmscript/eval.nix" --arg lib "import $libdir" >"$work/vm.json" 2>"$work/vm.err"; then
+    settings=$work/vmstore$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["server"]["settingsFile"])' "$work/vm.json")
+    if out=$(python3 "$root/tests/nix/check-vm-sources.py" "$work/vm.json" "$settings" 2>&1); then
+      pass "VM test: every local repository source is allowed (allow-local-sources; the lint finds it when unset)"
+    else
+      fail "VM test: $out"
+    fi
+  else
+    fail "evaluating the VM test's server (tests/vmscript/eval.nix) failed:"; sed 's/^/          /' "$work/vm.err" | tail -n 30
   fi
 fi
 
