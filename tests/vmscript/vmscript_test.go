@@ -61,6 +61,7 @@ type revert struct {
 	fixed   string // text of the fix, once in file
 	broken  string // what was there before
 	failsAt string // in the script line the failure is reported at
+	cause   string // in the runner's journal, where the daemon says why
 }
 
 var reverts = []revert{
@@ -72,15 +73,20 @@ var reverts = []revert{
             # unless told otherwise.
             "allow-local-sources" = true;
 `,
-		broken:  "",
+		broken: "",
+		// The push is refused, so no run starts and no pod appears.
 		failsAt: `server.wait_until_succeeds("k3s kubectl -n knotless-runs get pods -o name | grep -q .", timeout=300)`,
+		cause:   "local paths and file:// are refused",
 	},
 	{
-		name:    "plc-path",
-		file:    "tests/plc.py",
-		fixed:   `return [unquote(p) for p in path.split("?", 1)[0].strip("/").split("/")]`,
-		broken:  `return path.strip("/").split("/")`,
-		failsAt: `server.succeed("systemctl start knotless-run.service")`,
+		name:   "plc-path",
+		file:   "tests/plc.py",
+		fixed:  `return [unquote(p) for p in path.split("?", 1)[0].strip("/").split("/")]`,
+		broken: `return path.strip("/").split("/")`,
+		// The runner signs in at its PDS's URL, so it starts; it cannot
+		// resolve the owner's DID, so it cannot read the repository.
+		failsAt: `server.wait_until_succeeds("k3s kubectl -n knotless-runs get pods -o name | grep -q .", timeout=300)`,
+		cause:   "PLC directory 404",
 	},
 	{
 		name: "show-order",
@@ -155,6 +161,9 @@ func TestVMScript(t *testing.T) {
 				t.Fatalf("with the fix %s reverted, the script failed at line %d (%s), statement at line %d (%s): %s; want it to fail at %s",
 					r.name, got.Innermost.Line, got.Innermost.Text, got.Toplevel.Line, got.Toplevel.Text, got.Error, r.failsAt)
 			}
+			if !strings.Contains(got.Journal, r.cause) {
+				t.Fatalf("with the fix %s reverted, the runner's journal does not say %q", r.name, r.cause)
+			}
 			t.Logf("without the fix %s the script fails at line %d: %s (%s)", r.name, got.Innermost.Line, got.Innermost.Text, got.Error)
 		})
 	}
@@ -217,6 +226,7 @@ type result struct {
 		Text string
 	}
 	Seconds float64
+	Journal string `json:"-"` // the runner's, as journalctl -o json prints it
 }
 
 // evaluation is what eval.nix gives.
@@ -393,6 +403,11 @@ func (s *standin) run(t *testing.T, r *revert) result {
 	if err != nil {
 		t.Fatalf("the driver wrote no result: %v\n%s", err, tail(logFile, 80))
 	}
+	out, err := m.Exec(ctx, "journalctl", "--no-pager", "-o", "json", "-u", "knotless-run.service")
+	if err != nil {
+		t.Fatalf("the runner's journal: %v", err)
+	}
+	got.Journal = string(out)
 	if !got.OK && r == nil || t.Failed() {
 		t.Logf("driver log (last 150 lines):\n%s", tail(logFile, 150))
 	}
