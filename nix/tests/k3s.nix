@@ -209,7 +209,7 @@ pkgs.testers.runNixOSTest {
             "allow-local-sources" = true;
           };
           appPasswordFile = "/run/knotless-test/app-password";
-          environmentFile = "/run/knotless-test/env";
+          environmentFiles = [ "/run/knotless-test/env" ];
           extraArgs = [
             "--did=\${KNOTLESS_DID}"
             "\${KNOTLESS_REPO}"

@@ -40,6 +40,8 @@ check(
     mp,
 )
 p = d["package"]
+check("apps.default has meta.description", bool(d["app"].get("meta", {}).get("description")), d["app"])
+check("package: passthru.tests.version (testers.testVersion)", d["packageTests"] == ["version"], d["packageTests"])
 check("apps.default runs bin/knotless-run of packages.default", d["app"]["program"].endswith(f"-{p['version']}@/bin/knotless-run") and d["app"]["type"] == "app", d["app"])
 check("package: subPackages = [ cmd/knotless-run ], mainProgram, MIT", (p["subPackages"], p["mainProgram"], p["license"]) == (["cmd/knotless-run"], "knotless-run", "MIT"), p)
 check(

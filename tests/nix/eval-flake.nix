@@ -109,6 +109,7 @@ in
     devShells = builtins.attrNames out.devShells.x86_64-linux;
   };
   app = out.apps.x86_64-linux.default;
+  packageTests = builtins.attrNames pkg.tests;
   package = {
     inherit (pkg)
       pname

@@ -277,6 +277,44 @@ in
     default = o.default or null;
   }) (lib.filter (o: lib.hasPrefix "services.knotless-run" o.name && o.visible && !o.internal) (lib.optionAttrSetToDocList (eval withCommand { }).options));
 
+  # Every refresh interval of these forms: the OnCalendar= the module
+  # gives it, or null where an assertion refuses it. check.sh has the
+  # host's systemd-analyze parse each accepted one.
+  intervals =
+    lib.genAttrs
+      (
+        map (n: "${toString n}h") (lib.range 1 25 ++ [ 48 ])
+        ++ map (n: "${toString n}m") (lib.range 1 61 ++ [ 90 120 ])
+        ++ [
+          "30min"
+          "daily"
+          "hourly"
+          "*-*-* 03:00:00"
+          "1d"
+          "90s"
+          "0h"
+        ]
+      )
+      (
+        i:
+        let
+          sc = scenario withCommand (docs // { kubeconfigRefresh = docs.kubeconfigRefresh // { interval = i; }; });
+        in
+        if lib.any (lib.hasInfix ".interval") sc.failedAssertions then null else sc.timer.OnCalendar
+      );
+
+  # Both environment options, in order.
+  environmentFiles =
+    (scenario withoutCommand (
+      kube {
+        environmentFile = "/run/secrets/knotless-run/env";
+        environmentFiles = [
+          "/run/secrets/knotless-run/more"
+          "/etc/knotless-run/site.env"
+        ];
+      }
+    )).service.EnvironmentFile;
+
   stopWait = lib.genAttrs [ "1h30m" "90s" "1.5m" "500ms" "0" "2h45m10s" ] (
     d: (scenario withoutCommand (kube { settings."stop-wait" = d; })).service.TimeoutStopSec
   );
