@@ -89,6 +89,24 @@ let
     };
   };
 
+  # deploy/: the same units for a host without NixOS (deploy/install puts
+  # them in /etc/systemd/system): the operator's files under
+  # /etc/knotless-run, the DID and repositories from its environment file.
+  deploy = {
+    enable = true;
+    settings.pds = "https://pds.example.com";
+    appPasswordFile = "/etc/knotless-run/app-password";
+    environmentFiles = [ "/etc/knotless-run/env" ];
+    extraArgs = [
+      "--did=\${KNOTLESS_DID}"
+      "$KNOTLESS_REPOS"
+    ];
+    kubeconfigRefresh = {
+      enable = true;
+      adminKubeconfigFile = "/etc/knotless-run/admin-kubeconfig";
+    };
+  };
+
   # The least that passes the module's assertions (for the kubernetes
   # executor it still lacks a kubeconfig: `kube` adds one).
   minimal =
@@ -206,6 +224,7 @@ in
 {
   scenarios = {
     docs = scenario withCommand docs;
+    deploy = scenario withCommand deploy;
     no-kubeconfig-command = scenario withoutCommand docs;
     docker = scenario withoutCommand (minimal { settings.executor = "docker"; });
     shell = scenario withoutCommand (minimal {
