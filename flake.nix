@@ -25,6 +25,8 @@
       packages = forAllSystems (pkgs: rec {
         knotless-run = pkgs.callPackage ./nix/package.nix { inherit version; };
         default = knotless-run;
+        # The runner's image for a cluster, knotless-run:VERSION.
+        image = pkgs.callPackage ./nix/image.nix { package = knotless-run; };
       });
 
       apps = forAllSystems (pkgs: {

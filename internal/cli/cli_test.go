@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/version"
 )
 
 type result struct {
@@ -191,13 +192,15 @@ func TestVersion(t *testing.T) {
 
 func TestManifestsCommand(t *testing.T) {
 	t.Parallel()
-	r := runCLI(t, nil, "manifests", "--image", "ghcr.io/knotless/run:v1", "--did", "did:plc:runner",
+	r := runCLI(t, nil, "manifests", "--image", "knotless-run:v1", "--did", "did:plc:runner",
 		"--serve-flag=--plc-url", "--serve-flag=http://plc.example", "did:plc:owner/app")
 	if r.code != 0 || !strings.Contains(r.stdout, "kind: StatefulSet") || !strings.Contains(r.stdout, "- --plc-url\n        - http://plc.example\n        - did:plc:owner/app") {
 		t.Errorf("manifests: exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
 	}
-	if r := runCLI(t, nil, "manifests", "--did", "did:plc:runner"); r.code == 0 || !strings.Contains(r.stderr, "--image") {
-		t.Errorf("manifests without --image: exit %d, stderr %q", r.code, r.stderr)
+	// Without --image: the name and tag the flake's image and
+	// deploy/image give (nix/image.json's name, the version).
+	if r := runCLI(t, nil, "manifests", "--did", "did:plc:runner"); r.code != 0 || !strings.Contains(r.stdout, "image: knotless-run:"+version.Version+"\n") {
+		t.Errorf("manifests without --image: exit %d, stderr %q, stdout:\n%s", r.code, r.stderr, r.stdout)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -98,21 +99,24 @@ func TestRunnerInCluster(t *testing.T) {
 		Runners: []string{runner.DID.String()}, CreatedAt: forge.Now(),
 	})
 
-	// The image: the binary, git with what it loads, busybox (a shell to
-	// look around with).
+	// The image: what the flake publishes (nix/image.nix), built from
+	// this host's files by deploy/image, with busybox added (a shell to
+	// look around with), under the name it gives by default, which is
+	// the one manifests names by default: knotless-run:VERSION.
 	began := time.Now()
 	bin := buildBinary(t)
 	t.Logf("built knotless-run without cgo in %s", time.Since(began).Round(time.Second))
-	image := "knotless.test/runner-" + c.Namespace + ":1"
-	files, err := clustertest.LibraryClosure("/usr/bin/git", "/usr/lib/git-core/git-remote-http")
+	archive := filepath.Join(t.TempDir(), "image.tar")
+	busybox, err := exec.LookPath("busybox")
 	if err != nil {
 		t.Fatal(err)
 	}
-	files["/usr/local/bin/knotless-run"] = bin
-	files["/usr/bin/git"] = "/usr/bin/git"
-	files["/usr/lib/git-core/git-remote-http"] = "/usr/lib/git-core/git-remote-http"
-	files["/etc/ssl/certs/ca-certificates.crt"] = "/etc/ssl/certs/ca-certificates.crt"
-	c.BuildImage(t, clustertest.Image{Name: image, Files: files, Busybox: true, Entrypoint: []string{"/usr/local/bin/knotless-run"}})
+	out, err := exec.Command(filepath.Join(repoRoot(), "deploy", "image"), archive, bin, "--shell", busybox).Output()
+	if err != nil {
+		t.Fatalf("deploy/image: %v", err)
+	}
+	image := strings.TrimSpace(string(out))
+	c.ImportImage(t, archive, image)
 
 	// The operator's part: the app password Secret, and a volume (the
 	// harness has no provisioner: a hostPath PersistentVolume of this
@@ -126,7 +130,7 @@ func TestRunnerInCluster(t *testing.T) {
 	persistentVolume(t, c, storageClass)
 
 	manifests := run(t, bin, "manifests", "--namespace", c.Namespace, "--runs-namespace", runsNS,
-		"--image", image, "--did", runner.DID.String(), "--pds", srv.PublicURL,
+		"--did", runner.DID.String(), "--pds", srv.PublicURL,
 		"--storage-class", storageClass, "--storage-size", "1Gi",
 		"--serve-flag=--plc-url", "--serve-flag="+plcURL,
 		"--serve-flag=--allow-http-sources",
@@ -138,6 +142,9 @@ func TestRunnerInCluster(t *testing.T) {
 		defer cancel()
 		_ = c.Clientset.CoreV1().Namespaces().Delete(ctx, runsNS, metav1.DeleteOptions{})
 	})
+	if !bytes.Contains(manifests, []byte("image: "+image+"\n")) {
+		t.Fatalf("manifests without --image do not name %s, the image deploy/image built:\n%s", image, manifests)
+	}
 	apply(t, c, manifests)
 	// Marked as a test namespace only after the apply, so the apply is
 	// the operator's.
@@ -308,6 +315,11 @@ func serveGit(t *testing.T, dir string) string {
 	go func() { defer close(done); _ = hs.Serve(l) }()
 	t.Cleanup(func() { _ = hs.Close(); <-done })
 	return l.Addr().String()
+}
+
+func repoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 
 // buildBinary builds knotless-run without cgo, for an image with no libc.
