@@ -101,21 +101,30 @@ func TestRunnerInCluster(t *testing.T) {
 
 	// The image: what the flake publishes (nix/image.nix), built from
 	// this host's files by deploy/image, with busybox added (a shell to
-	// look around with), under the name it gives by default, which is
-	// the one manifests names by default: knotless-run:VERSION.
+	// look around with). Its default name, knotless-run:VERSION, is the
+	// one manifests names by default; the node's CRI would read that as
+	// a registry's, so the test loads it under a name of its own.
 	began := time.Now()
 	bin := buildBinary(t)
 	t.Logf("built knotless-run without cgo in %s", time.Since(began).Round(time.Second))
+	deployImage := filepath.Join(repoRoot(), "deploy", "image")
+	name, err := exec.Command(deployImage, "--print-name", bin).Output()
+	if err != nil {
+		t.Fatalf("deploy/image --print-name: %v", err)
+	}
+	defaults := run(t, bin, "manifests", "--did", runner.DID.String())
+	if !bytes.Contains(defaults, []byte("image: "+strings.TrimSpace(string(name))+"\n")) {
+		t.Errorf("manifests without --image do not name %s, deploy/image's default:\n%s", name, defaults)
+	}
+	image := "knotless.test/runner-" + c.Namespace + ":1"
 	archive := filepath.Join(t.TempDir(), "image.tar")
 	busybox, err := exec.LookPath("busybox")
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(filepath.Join(repoRoot(), "deploy", "image"), archive, bin, "--shell", busybox).Output()
-	if err != nil {
-		t.Fatalf("deploy/image: %v", err)
+	if out, err := exec.Command(deployImage, archive, bin, "--name", image, "--shell", busybox).CombinedOutput(); err != nil {
+		t.Fatalf("deploy/image: %v\n%s", err, out)
 	}
-	image := strings.TrimSpace(string(out))
 	c.ImportImage(t, archive, image)
 
 	// The operator's part: the app password Secret, and a volume (the
@@ -130,7 +139,7 @@ func TestRunnerInCluster(t *testing.T) {
 	persistentVolume(t, c, storageClass)
 
 	manifests := run(t, bin, "manifests", "--namespace", c.Namespace, "--runs-namespace", runsNS,
-		"--did", runner.DID.String(), "--pds", srv.PublicURL,
+		"--image", image, "--did", runner.DID.String(), "--pds", srv.PublicURL,
 		"--storage-class", storageClass, "--storage-size", "1Gi",
 		"--serve-flag=--plc-url", "--serve-flag="+plcURL,
 		"--serve-flag=--allow-http-sources",
@@ -142,9 +151,6 @@ func TestRunnerInCluster(t *testing.T) {
 		defer cancel()
 		_ = c.Clientset.CoreV1().Namespaces().Delete(ctx, runsNS, metav1.DeleteOptions{})
 	})
-	if !bytes.Contains(manifests, []byte("image: "+image+"\n")) {
-		t.Fatalf("manifests without --image do not name %s, the image deploy/image built:\n%s", image, manifests)
-	}
 	apply(t, c, manifests)
 	// Marked as a test namespace only after the apply, so the apply is
 	// the operator's.
