@@ -200,7 +200,7 @@ ktc_progress() {
 			ktc_log "building: $n of $total packages compiled ($((n * 100 / (total > 0 ? total : 1)))%), $(ktc_minutes $((SECONDS - start))) so far"
 		fi
 	done
-	ktc_log "built: $n packages compiled in $(ktc_minutes $((SECONDS - start)))"
+	ktc_log "go build ended: $n packages compiled in $(ktc_minutes $((SECONDS - start)))"
 }
 
 ktc_minutes() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
