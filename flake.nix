@@ -25,12 +25,15 @@
       packages = forAllSystems (pkgs: rec {
         knotless-run = pkgs.callPackage ./nix/package.nix { inherit version; };
         default = knotless-run;
+        # The runner's image for a cluster, knotless-run:VERSION.
+        image = pkgs.callPackage ./nix/image.nix { package = knotless-run; };
       });
 
       apps = forAllSystems (pkgs: {
         default = {
           type = "app";
           program = lib.getExe self.packages.${pkgs.stdenv.hostPlatform.system}.default;
+          meta.description = "knotless-run, the CI runner of knotless (e.g. `nix run <flake> -- run --executor shell --workflow FILE`)";
         };
       });
 
@@ -57,11 +60,8 @@
         {
           # Builds the binary and runs the -short unit tests (checkPhase).
           inherit package;
-          version = pkgs.testers.testVersion {
-            inherit package;
-            command = "knotless-run version";
-            inherit (package) version;
-          };
+          # The package's own test (passthru.tests, as nixpkgs runs it).
+          inherit (package.tests) version;
           # The VM test needs `knotless-run kubeconfig` (issue 7); until the
           # package says it has it, this check fails with that reason
           # instead of failing the evaluation of every other check.

@@ -108,9 +108,12 @@ let
   # The refresh interval as an OnCalendar= expression: a realtime timer,
   # so a suspended or powered-off machine catches up at once (Persistent=)
   # instead of letting a 24 h token run out, as a monotonic timer would.
-  # "12h" becomes "*-*-* 00/12:00:00"; anything else is taken as a calendar
-  # expression already; null when hours do not divide a day or minutes an
-  # hour.
+  # "12h" becomes "*-*-* 00/12:00:00", "24h" "*-*-* 00:00:00", "30m"
+  # "*-*-* *:00/30:00", "60m" "*-*-* *:00:00" (systemd refuses a repetition
+  # of a whole day or hour: 00/24, 00/60); anything that does not start
+  # with a number is taken as a calendar expression already. null (refused
+  # by an assertion) for other durations: hours that do not divide a day,
+  # minutes that do not divide an hour, other units ("1d", "90s").
   intervalCalendar =
     interval:
     let
@@ -119,10 +122,14 @@ let
       hours = elemAt parts 1 == "h";
     in
     if parts == null then
-      interval
-    else if hours && n > 0 && lib.mod 24 n == 0 then
+      (if builtins.match "[0-9].*" interval != null then null else interval)
+    else if hours && n == 24 then
+      "*-*-* 00:00:00"
+    else if hours && n > 0 && n < 24 && lib.mod 24 n == 0 then
       "*-*-* 00/${toString n}:00:00"
-    else if !hours && n > 0 && lib.mod 60 n == 0 then
+    else if !hours && n == 60 then
+      "*-*-* *:00:00"
+    else if !hours && n > 0 && n < 60 && lib.mod 60 n == 0 then
       "*-*-* *:00/${toString n}:00"
     else
       null;
@@ -174,6 +181,8 @@ let
       ProtectControlGroups = true;
       ProtectProc = "invisible";
       ProcSubset = "pid";
+      # AF_NETLINK: listing the host's addresses (--egress allow-dns
+      # keeps DNS off them) is a netlink request.
       RestrictAddressFamilies = [
         "AF_UNIX"
         "AF_INET"
@@ -505,7 +514,22 @@ let
           example = "/run/secrets/knotless-run/env";
           description = ''
             `EnvironmentFile=` of the daemon, for values known only on the host
-            (see {manpage}`systemd.exec(5)`).
+            (see {manpage}`systemd.exec(5)`). One file; for more, use
+            {option}`${opt "environmentFiles"}` (this one is read first).
+          '';
+        };
+
+        environmentFiles = mkOption {
+          type = types.listOf secretPath;
+          default = [ ];
+          example = [
+            "/run/secrets/knotless-run/env"
+            "/etc/knotless-run/site.env"
+          ];
+          description = ''
+            `EnvironmentFile=` lines of the daemon, in order (a later file's
+            value wins), for values known only on the host; see
+            {manpage}`systemd.exec(5)`.
           '';
         };
 
@@ -604,8 +628,10 @@ let
             default = "12h";
             example = "6h";
             description = ''
-              How often to mint a new kubeconfig: hours or minutes that divide a
-              day or an hour (`12h`, `30m`), or any systemd calendar expression.
+              How often to mint a new kubeconfig: hours that divide a day
+              (`1h` … `12h`, `24h`), minutes that divide an hour (`1m` … `30m`,
+              `60m`), or a systemd calendar expression (`daily`,
+              `*-*-* 03:00:00`; see {manpage}`systemd.time(7)`).
               Keep it well under {option}`${opt "kubeconfigRefresh.duration"}`.
             '';
           };
@@ -710,7 +736,7 @@ let
         }
         {
           assertion = refresh.enable -> calendar != null;
-          message = "${p}.kubeconfigRefresh.interval = \"${refresh.interval}\" does not divide a day (hours) or an hour (minutes); give a calendar expression instead.";
+          message = "${p}.kubeconfigRefresh.interval = \"${refresh.interval}\" is no interval the timer can keep: give hours that divide a day (1h to 12h, 24h), minutes that divide an hour (1m to 30m, 60m), or a calendar expression.";
         }
         {
           assertion = icfg.pushCredentialFile == null;
@@ -768,8 +794,16 @@ let
               ++ map escapeExecArgKeepVars icfg.extraArgs
               ++ optional (icfg.repos != [ ]) (execLine ([ "--" ] ++ icfg.repos))
             );
+            # A crash or a lost PDS or cluster: again after 5 s, then
+            # backing off to 5 min (RestartSteps=, systemd 254 and later).
+            # A configuration it refuses (exit 78, EX_CONFIG: an unknown
+            # setting, a bad value) fails the unit instead: restarting would
+            # not change it.
             Restart = "always";
             RestartSec = "5s";
+            RestartSteps = 8;
+            RestartMaxDelaySec = "5min";
+            RestartPreventExitStatus = "78";
             # The daemon pings at half this interval.
             WatchdogSec = mkDefault "2min";
             # SIGTERM to the daemon alone: the steps it started keep running
@@ -791,7 +825,9 @@ let
               optional (icfg.appPasswordFile != null) "app-password:${toString icfg.appPasswordFile}"
               ++ optional (icfg.secretsFile != null) "secrets:${toString icfg.secretsFile}"
               ++ lib.imap0 (i: c: "push-credential-${toString i}:${toString c.file}") icfg.pushCredentials;
-            EnvironmentFile = optional (icfg.environmentFile != null) (toString icfg.environmentFile);
+            EnvironmentFile =
+              optional (icfg.environmentFile != null) (toString icfg.environmentFile)
+              ++ map toString icfg.environmentFiles;
 
             StandardOutput = "journal";
             StandardError = "journal";
@@ -841,9 +877,12 @@ let
               refreshTemp
               refresh.output
             ];
-            # The API server may still be starting at boot.
+            # The API server may still be starting at boot. A oneshot has no
+            # start timeout by default, and the runner starts after this
+            # unit: a hung API server must not hold the runner back.
             Restart = "on-failure";
             RestartSec = "30s";
+            TimeoutStartSec = "2min";
 
             User = user;
             Group = user;

@@ -6,6 +6,7 @@
 {
   lib,
   gitMinimal,
+  testers,
   buildGo126Module ?
     throw "knotless-run: go.mod asks for Go 1.26 and this nixpkgs has no buildGo126Module; use a nixpkgs that ships Go 1.26 (the flake's pinned one does)",
   version ? "0-unstable",
@@ -76,6 +77,12 @@ let
 
     passthru = {
       inherit goLine;
+      # What nixpkgs' CI and `nix build .#knotless-run.tests.version` run.
+      tests.version = testers.testVersion {
+        inherit package;
+        command = "knotless-run version";
+        inherit version;
+      };
       # `knotless-run kubeconfig` exists (issue 7): the module's
       # kubeconfigRefresh asserts on this, and the VM test needs it.
       hasKubeconfigCommand = true;

@@ -12,6 +12,9 @@
     "nix"
     "tests/nix"
     "docs"
+    # deploy/: the units and scripts for hosts without NixOS, and the
+    # image script (its tests skip in the build sandbox).
+    "deploy"
     ".ci"
     "README.md"
     # Never source: version control and build or install leftovers

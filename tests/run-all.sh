@@ -53,6 +53,9 @@ sh tests/prometheus/install
 phase "chromium for the browser test"
 sh tests/browser/install
 
+phase "nix-bin for the VM test's script run here (tests/vmscript evaluates nix/tests/k3s.nix)"
+bash -c '. tests/nix/lib.sh && ensure_nix'
+
 phase "cluster up"
 cluster_up=1
 tests/cluster/up

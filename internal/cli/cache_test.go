@@ -46,7 +46,7 @@ func TestRunCacheDir(t *testing.T) {
 	if out := runOnce(); !strings.Contains(out, "no-warm-file") {
 		t.Errorf("after cache rm:\n%s", out)
 	}
-	if r := runCLI(t, nil, "cache", "rm", "--cache-dir", cacheDir); r.code != ExitError {
+	if r := runCLI(t, nil, "cache", "rm", "--cache-dir", cacheDir); r.code != ExitConfig {
 		t.Errorf("cache rm without --repo or --all: exit %d", r.code)
 	}
 }

@@ -26,6 +26,7 @@ const (
 	ExitSuccess   = 0
 	ExitFailure   = 1   // a run failed: a step exited non-zero or timed out
 	ExitError     = 2   // bad input, or the runner or infrastructure failed
+	ExitConfig    = 78  // the command line or --config file is wrong (sysexits' EX_CONFIG): trying again will not help
 	ExitCancelled = 130 // interrupted
 )
 
@@ -95,8 +96,11 @@ func Main(ctx context.Context, args []string, env Env) (code int) {
 	}
 	kctx, err := parser.Parse(args)
 	if err != nil {
+		// An unknown flag or settings key, a bad value, a missing flag:
+		// systemd's RestartPreventExitStatus= (the NixOS module, deploy/)
+		// stops restarting on this code instead of every few seconds.
 		fmt.Fprintf(env.Stderr, "knotless-run: %v\n", err)
-		return ExitError
+		return ExitConfig
 	}
 	env.Logger = newLogger(env.Stderr, cli.LogFormat, cli.LogLevel)
 	// client-go logs through klog; send it where everything else goes.

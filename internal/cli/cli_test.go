@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/version"
 )
 
 type result struct {
@@ -122,27 +123,32 @@ func TestRunBadInput(t *testing.T) {
 		args []string
 		env  map[string]string
 		want string
+		code int // ExitError when 0
 	}{
 		{"secret value on argv", []string{"run", "--executor", "shell", "--workflow", wf, "--secret", "TOKEN=hunter2"}, nil,
-			"--secret TOKEN: a value is never taken from the command line"},
+			"--secret TOKEN: a value is never taken from the command line", 0},
 		{"secret missing from env", []string{"run", "--executor", "shell", "--workflow", wf, "--secret", "TOKEN"}, nil,
-			"--secret TOKEN: the environment variable TOKEN is empty or unset"},
+			"--secret TOKEN: the environment variable TOKEN is empty or unset", 0},
 		{"kubernetes is the default and needs credentials", []string{"run", "--workflow", wf}, nil,
-			"--executor kubernetes: no cluster credentials: give --kubeconfig, set KUBECONFIG"},
+			"--executor kubernetes: no cluster credentials: give --kubeconfig, set KUBECONFIG", 0},
 		{"pull secret that is no Secret name", []string{"run", "--workflow", wf, "--image-pull-secret", "ok=registry.example.com/*", "--image-pull-secret", "Bad_Name=registry.example.com/*"}, nil,
-			`--image-pull-secret "Bad_Name=registry.example.com/*": "Bad_Name" is not a Secret name: a lowercase RFC 1123 subdomain`},
+			`--image-pull-secret "Bad_Name=registry.example.com/*": "Bad_Name" is not a Secret name: a lowercase RFC 1123 subdomain`, 0},
 		{"pull secret without a pattern", []string{"run", "--workflow", wf, "--image-pull-secret", "ci-pull"}, nil,
-			`--image-pull-secret "ci-pull": no image pattern: write NAME=PATTERN (e.g. ci-pull=registry.example.com/team/*), adding ,untrusted to give the secret to pulls too`},
-		{"no workflow", []string{"run", "--executor", "shell"}, nil, "missing flags: --workflow=FILE or --steps-file=FILE"},
+			`--image-pull-secret "ci-pull": no image pattern: write NAME=PATTERN (e.g. ci-pull=registry.example.com/team/*), adding ,untrusted to give the secret to pulls too`, 0},
+		{"no workflow", []string{"run", "--executor", "shell"}, nil, "missing flags: --workflow=FILE or --steps-file=FILE", ExitConfig},
 		{"bad workflow", []string{"run", "--executor", "shell", "--workflow", "testdata/bad.yaml"}, nil,
-			`testdata/bad.yaml:3:1: workflow: unknown field "stepz"`},
+			`testdata/bad.yaml:3:1: workflow: unknown field "stepz"`, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			r := runCLI(t, tt.env, tt.args...)
-			if r.code != ExitError || !strings.Contains(r.stderr, tt.want) {
-				t.Errorf("exit %d, stderr:\n%s\nwant exit %d and %q", r.code, r.stderr, ExitError, tt.want)
+			code := tt.code
+			if code == 0 {
+				code = ExitError
+			}
+			if r.code != code || !strings.Contains(r.stderr, tt.want) {
+				t.Errorf("exit %d, stderr:\n%s\nwant exit %d and %q", r.code, r.stderr, code, tt.want)
 			}
 		})
 	}
@@ -188,12 +194,50 @@ func TestVersion(t *testing.T) {
 
 func TestManifestsCommand(t *testing.T) {
 	t.Parallel()
-	r := runCLI(t, nil, "manifests", "--image", "ghcr.io/knotless/run:v1", "--did", "did:plc:runner",
+	r := runCLI(t, nil, "manifests", "--image", "knotless-run:v1", "--did", "did:plc:runner",
 		"--serve-flag=--plc-url", "--serve-flag=http://plc.example", "did:plc:owner/app")
 	if r.code != 0 || !strings.Contains(r.stdout, "kind: StatefulSet") || !strings.Contains(r.stdout, "- --plc-url\n        - http://plc.example\n        - did:plc:owner/app") {
 		t.Errorf("manifests: exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
 	}
-	if r := runCLI(t, nil, "manifests", "--did", "did:plc:runner"); r.code == 0 || !strings.Contains(r.stderr, "--image") {
-		t.Errorf("manifests without --image: exit %d, stderr %q", r.code, r.stderr)
+	// Without --image: the name and tag the flake's image and
+	// deploy/image give (nix/image.json's name, the version).
+	if r := runCLI(t, nil, "manifests", "--did", "did:plc:runner"); r.code != 0 || !strings.Contains(r.stdout, "image: knotless-run:"+version.Version+"\n") {
+		t.Errorf("manifests without --image: exit %d, stderr %q, stdout:\n%s", r.code, r.stderr, r.stdout)
+	}
+}
+
+// TestConfigErrorExitCode: what no restart can mend (a settings key that
+// is no flag, a bad value) exits 78, which the systemd units'
+// RestartPreventExitStatus= stops on; an error of the runner at work exits 2.
+func TestConfigErrorExitCode(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for _, tt := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"unknown settings key", []string{"serve", "--config", write("typo.json", `{"concurency": 2}`)}, ExitConfig, "unknown keys concurency"},
+		{"bad value", []string{"serve", "--config", write("bad.json", `{"stop-wait": "ten minutes"}`)}, ExitConfig, "stop-wait"},
+		{"unknown flag", []string{"serve", "--no-such-flag"}, ExitConfig, "--no-such-flag"},
+		{"cannot sign in", []string{"serve", "--did", "did:plc:7u2ld3ffgzqvezmv6wxgxiix", "--executor", "shell", "--pds", "http://127.0.0.1:1",
+			"--plc-url", "http://127.0.0.1:1", "--app-password-file", write("pw", "x"), "--state-dir", dir, "--cache-dir", dir,
+			"--", "did:plc:ewvi7nxzyoun6zhxrhs64oiz/hello"}, ExitError, "log in to http://127.0.0.1:1"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			r := runCLI(t, nil, tt.args...)
+			if r.code != tt.code || !strings.Contains(r.stderr, tt.want) {
+				t.Errorf("exit %d, stderr:\n%s\nwant exit %d and %q", r.code, r.stderr, tt.code, tt.want)
+			}
+		})
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/alecthomas/kong"
 
 	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/version"
 )
 
 // ExecutorFlags choose the executor and configure each one. run and serve
@@ -118,5 +119,8 @@ func executorVars() kong.Vars {
 		"executor_enum":    strings.Join(enum, ","),
 		"executor_help":    strings.Join(help, ", "),
 		"executor_default": defaultExecutor,
+		// The runner image's name and tag as the flake (nix/image.nix) and
+		// deploy/image give them: knotless-run:VERSION (nix/image.json).
+		"image_default": "knotless-run:" + version.Version,
 	}
 }

@@ -19,7 +19,7 @@ func TestReadyCommand(t *testing.T) {
 	if r := runCLI(t, nil, "ready", "--ready-file", path); r.code != 0 || r.stdout != "ready\n" {
 		t.Errorf("ready with the file: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
-	if r := runCLI(t, nil, "ready"); r.code != ExitError || !strings.Contains(r.stderr, "--ready-file") {
+	if r := runCLI(t, nil, "ready"); r.code != ExitConfig || !strings.Contains(r.stderr, "--ready-file") {
 		t.Errorf("ready without --ready-file: exit %d, stderr %q", r.code, r.stderr)
 	}
 }

@@ -88,7 +88,7 @@ let
   listener = tree "listener" ''
     - name: listen
       run: |
-        nc -lk -p 8080 -e echo run-pod &
+        while true; do nc -l -p 8080 -e echo run-pod; done &
         sleep 90
   '';
   slow = tree "slow" ''
@@ -116,7 +116,7 @@ let
       - name: target
         image: "test.local/runner:local"
         imagePullPolicy: Never
-        command: ["nc", "-lk", "-p", "8080", "-e", "echo", "target"]
+        command: ["sh", "-c", "while true; do nc -l -p 8080 -e echo target; done"]
   '';
 in
 pkgs.testers.runNixOSTest {
@@ -203,9 +203,13 @@ pkgs.testers.runNixOSTest {
             "schedule-timeout" = "15m";
             poll = "10s";
             "log-level" = "debug";
+            # The repository's source is a bare repository on this machine
+            # (file:///srv/git/hello.git): the daemon refuses local sources
+            # unless told otherwise.
+            "allow-local-sources" = true;
           };
           appPasswordFile = "/run/knotless-test/app-password";
-          environmentFile = "/run/knotless-test/env";
+          environmentFiles = [ "/run/knotless-test/env" ];
           extraArgs = [
             "--did=\${KNOTLESS_DID}"
             "\${KNOTLESS_REPO}"
@@ -340,11 +344,13 @@ pkgs.testers.runNixOSTest {
     with subtest("the service becomes active through sd_notify"):
         # Type=notify: start returns only after READY=1.
         server.succeed("systemctl start knotless-run.service")
-        assert server.succeed("systemctl show -P ActiveState,SubState,NRestarts knotless-run").split() == [
-            "active",
-            "running",
-            "0",
-        ]
+        # -P A,B prints the values in systemd's order of the properties, not
+        # in the order asked: read KEY=VALUE lines instead.
+        state = dict(
+            line.split("=", 1)
+            for line in server.succeed("systemctl show -p ActiveState,SubState,NRestarts knotless-run").splitlines()
+        )
+        assert state == {"ActiveState": "active", "SubState": "running", "NRestarts": "0"}, state
         # The app password is in no unit text and no store file the unit names.
         server.fail(f"systemctl cat knotless-run.service | grep -F -e '{runner_pw}'")
         server.fail(f"grep -rlF -e '{runner_pw}' $(systemctl show -P ExecStart knotless-run | grep -o '/nix/store/[^ ;]*json')")

@@ -7,6 +7,7 @@ a trustworthy one. Listens on 127.0.0.1:2582.
 
 import json
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote
 
 ops = {}  # did -> list of operations, oldest first
 
@@ -45,6 +46,13 @@ def document(did):
     }
 
 
+def path_parts(path):
+    # The PDS posts to /did%3Aplc%3A... (the DID percent-encoded, as
+    # @did-plc/lib's client writes it) while a resolver GETs /did:plc:...:
+    # both name the same DID.
+    return [unquote(p) for p in path.split("?", 1)[0].strip("/").split("/")]
+
+
 class Handler(BaseHTTPRequestHandler):
     def reply(self, code, body):
         raw = json.dumps(body).encode()
@@ -55,7 +63,7 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(raw)
 
     def do_GET(self):
-        parts = self.path.strip("/").split("/")
+        parts = path_parts(self.path)
         if parts == ["_health"]:
             return self.reply(200, {"version": "knotless-vm-test"})
         did = parts[0]
@@ -75,7 +83,7 @@ class Handler(BaseHTTPRequestHandler):
         return self.reply(404, {"message": "not found"})
 
     def do_POST(self):
-        did = self.path.strip("/").split("/")[0]
+        did = path_parts(self.path)[0]
         op = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         ops.setdefault(did, []).append(op)
         self.reply(200, {})

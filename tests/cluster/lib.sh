@@ -165,6 +165,61 @@ ktc_hash() {
 	) | sha256sum | cut -c1-16
 }
 
+# ktc_cached says whether ktc_build will find the binaries cached (the
+# same test as its own, outside the cache key's block).
+ktc_cached() {
+	local out
+	out=$KTC_CACHE/bin-$(ktc_hash)
+	[[ -x $out/kube && -x $out/kube-router && -x $out/pause && -x $out/mkimage ]]
+}
+
+# ktc_build_packages prints how many packages the binaries need (go list
+# -deps of what ktc_build builds, the standard library's included).
+ktc_build_packages() {
+	{
+		(cd "$KTC_SRC" && CGO_ENABLED=0 go list -deps ./cmd/kube ./cmd/pause ./cmd/mkimage)
+		(cd "$KTC_SRC/kube-router" && CGO_ENABLED=0 go list -deps github.com/cloudnativelabs/kube-router/v2/cmd/kube-router)
+	} 2>/dev/null | sort -u | wc -l
+}
+
+# ktc_progress TOTAL reads `go build -v` on stdin (one package path a line,
+# as each is compiled), passes any other line to stderr, and logs every
+# KTC_PROGRESS_EVERY seconds (30) how many of TOTAL packages are compiled
+# and how long it has been; at the end, the count and the time.
+ktc_progress() {
+	local total=$1 n=0 start=$SECONDS last=$SECONDS line rc every=${KTC_PROGRESS_EVERY:-30}
+	while :; do
+		if IFS= read -r -t 1 line; then
+			if [[ $line =~ ^[A-Za-z0-9._~/+-]+$ ]]; then n=$((n + 1)); else printf '%s\n' "$line" >&2; fi
+		else
+			rc=$?
+			((rc > 128)) || break # EOF; above 128: the second passed
+		fi
+		if ((SECONDS - last >= every)); then
+			last=$SECONDS
+			ktc_log "building: $n of $total packages compiled ($((n * 100 / (total > 0 ? total : 1)))%), $(ktc_minutes $((SECONDS - start))) so far"
+		fi
+	done
+	ktc_log "go build ended: $n packages compiled in $(ktc_minutes $((SECONDS - start)))"
+}
+
+ktc_minutes() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
+
+# ktc_build_progress runs ktc_build where nothing is cached yet: it says
+# first what is built and how long that takes, then how far it is.
+ktc_build_progress() {
+	local total
+	if ktc_cached; then
+		ktc_build
+		return
+	fi
+	total=$(ktc_build_packages)
+	ktc_log "first build on this machine: Kubernetes $KTC_KUBE_VERSION and kube-router from source, $total packages;" \
+		"15-25 min on 2 cores with an empty Go build cache (measured 18 min), a few with a warm one; progress every ${KTC_PROGRESS_EVERY:-30} s"
+	GOFLAGS="${GOFLAGS:+$GOFLAGS }-v" ktc_build 2> >(ktc_progress "$total")
+	wait $! # the last progress line
+}
+
 # BUILD-BEGIN (this block is part of the cache key)
 # ktc_build builds (or finds cached) the binaries and sets KTC_BIN to the
 # directory that holds them: kube and its component symlinks, kube-router,
@@ -182,7 +237,7 @@ ktc_build() {
 	tmp=$(mktemp -d "$KTC_CACHE/build.XXXXXX")
 	ldflags="-s -w -X $pkg.gitVersion=$KTC_KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=34"
 	ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
-	ktc_log "building Kubernetes $KTC_KUBE_VERSION components into $out (cold: ~10 min on 2 cores)"
+	ktc_log "building Kubernetes $KTC_KUBE_VERSION components into $out"
 	(
 		cd "$KTC_SRC" || exit
 		export CGO_ENABLED=0

@@ -57,15 +57,23 @@ func (c *Cluster) BuildImage(t testing.TB, img Image) {
 	if out, err := exec.Command(mkimage, args...).CombinedOutput(); err != nil {
 		t.Fatalf("clustertest: mkimage %s: %v: %s", img.Name, err, out)
 	}
+	c.ImportImage(t, archive, img.Name)
+}
+
+// ImportImage imports an OCI image archive (one image, named name) into
+// the node's containerd, as `up` imports its images, and removes the
+// image when the test ends.
+func (c *Cluster) ImportImage(t testing.TB, archive, name string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	if err := c.ctr(ctx, "--timeout", "60s", "images", "import", archive); err != nil {
-		t.Fatalf("clustertest: import %s: %v", img.Name, err)
+		t.Fatalf("clustertest: import %s: %v", name, err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		if err := c.RemoveImage(ctx, img.Name); err != nil {
+		if err := c.RemoveImage(ctx, name); err != nil {
 			t.Errorf("clustertest: %v", err)
 		}
 	})

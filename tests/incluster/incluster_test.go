@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -98,21 +99,33 @@ func TestRunnerInCluster(t *testing.T) {
 		Runners: []string{runner.DID.String()}, CreatedAt: forge.Now(),
 	})
 
-	// The image: the binary, git with what it loads, busybox (a shell to
-	// look around with).
+	// The image: what the flake publishes (nix/image.nix), built from
+	// this host's files by deploy/image, with busybox added (a shell to
+	// look around with). Its default name, knotless-run:VERSION, is the
+	// one manifests names by default; the node's CRI would read that as
+	// a registry's, so the test loads it under a name of its own.
 	began := time.Now()
 	bin := buildBinary(t)
 	t.Logf("built knotless-run without cgo in %s", time.Since(began).Round(time.Second))
+	deployImage := filepath.Join(repoRoot(), "deploy", "image")
+	name, err := exec.Command(deployImage, "--print-name", bin).Output()
+	if err != nil {
+		t.Fatalf("deploy/image --print-name: %v", err)
+	}
+	defaults := run(t, bin, "manifests", "--did", runner.DID.String())
+	if !bytes.Contains(defaults, []byte("image: "+strings.TrimSpace(string(name))+"\n")) {
+		t.Errorf("manifests without --image do not name %s, deploy/image's default:\n%s", name, defaults)
+	}
 	image := "knotless.test/runner-" + c.Namespace + ":1"
-	files, err := clustertest.LibraryClosure("/usr/bin/git", "/usr/lib/git-core/git-remote-http")
+	archive := filepath.Join(t.TempDir(), "image.tar")
+	busybox, err := exec.LookPath("busybox")
 	if err != nil {
 		t.Fatal(err)
 	}
-	files["/usr/local/bin/knotless-run"] = bin
-	files["/usr/bin/git"] = "/usr/bin/git"
-	files["/usr/lib/git-core/git-remote-http"] = "/usr/lib/git-core/git-remote-http"
-	files["/etc/ssl/certs/ca-certificates.crt"] = "/etc/ssl/certs/ca-certificates.crt"
-	c.BuildImage(t, clustertest.Image{Name: image, Files: files, Busybox: true, Entrypoint: []string{"/usr/local/bin/knotless-run"}})
+	if out, err := exec.Command(deployImage, archive, bin, "--name", image, "--shell", busybox).CombinedOutput(); err != nil {
+		t.Fatalf("deploy/image: %v\n%s", err, out)
+	}
+	c.ImportImage(t, archive, image)
 
 	// The operator's part: the app password Secret, and a volume (the
 	// harness has no provisioner: a hostPath PersistentVolume of this
@@ -315,6 +328,11 @@ func serveGit(t *testing.T, dir string) string {
 	go func() { defer close(done); _ = hs.Serve(l) }()
 	t.Cleanup(func() { _ = hs.Close(); <-done })
 	return l.Addr().String()
+}
+
+func repoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 
 // buildBinary builds knotless-run without cgo, for an image with no libc.

@@ -40,6 +40,21 @@ check(
     mp,
 )
 p = d["package"]
+img = d["image"]
+image_meta = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "nix", "image.json")))
+uid = str(image_meta["uid"])
+check(
+    "packages.image: streamLayeredImage knotless-run:VERSION of the package, git and CA certificates, as UID 65532 (nix/image.json)",
+    d["perSystem"]["packages"] == ["default", "image", "knotless-run"]
+    and (img["name"], img["tag"]) == (image_meta["name"], p["version"])
+    and img["contents"] == [f"knotless-run-{p['version']}", "gitMinimal", "cacert"]
+    and img["config"]["User"] == f"{uid}:{uid}"
+    and img["config"]["Entrypoint"] == [f"@knotless-run-{p['version']}@/bin/knotless-run"]
+    and f"{image_meta['user']}:x:{uid}:{uid}:" in img["fakeRootCommands"],
+    (d["perSystem"]["packages"], img),
+)
+check("apps.default has meta.description", bool(d["app"].get("meta", {}).get("description")), d["app"])
+check("package: passthru.tests.version (testers.testVersion)", d["packageTests"] == ["version"], d["packageTests"])
 check("apps.default runs bin/knotless-run of packages.default", d["app"]["program"].endswith(f"-{p['version']}@/bin/knotless-run") and d["app"]["type"] == "app", d["app"])
 check("package: subPackages = [ cmd/knotless-run ], mainProgram, MIT", (p["subPackages"], p["mainProgram"], p["license"]) == (["cmd/knotless-run"], "knotless-run", "MIT"), p)
 check(

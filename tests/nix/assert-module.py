@@ -4,6 +4,8 @@ any fails."""
 
 import json
 import re
+import shutil
+import subprocess
 import sys
 
 d = json.load(open(sys.argv[1]))
@@ -55,7 +57,8 @@ hardening = {
     "PrivateDevices": "true",
     "PrivateUsers": "true",
     "NoNewPrivileges": "true",
-    "RestrictAddressFamilies": "AF_UNIX\nAF_INET\nAF_INET6",
+    # AF_NETLINK: --egress allow-dns lists the host's addresses.
+    "RestrictAddressFamilies": "AF_UNIX\nAF_INET\nAF_INET6\nAF_NETLINK",
     "SystemCallFilter": "@system-service\n~@privileged\n~@resources",
     "SystemCallArchitectures": "native",
     "CapabilityBoundingSet": "",
@@ -150,6 +153,42 @@ check(
     timer,
 )
 check("timer: 30m becomes *-*-* *:00/30:00", s["minutes"]["timer"]["OnCalendar"] == "*-*-* *:00/30:00", s["minutes"]["timer"])
+
+# Every interval the module accepts is a calendar the host's systemd
+# parses (systemd-analyze calendar: the timer's own parser); what would
+# give none is refused at evaluation.
+hours = [f"{n}h" for n in (1, 2, 3, 4, 6, 8, 12, 24)]
+minutes = [f"{n}m" for n in (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30, 60)]
+accepted = sorted(k for k, v in d["intervals"].items() if v is not None)
+check(
+    "refresh intervals accepted: hours dividing a day (24h too), minutes dividing an hour (60m too), calendar expressions",
+    accepted == sorted(hours + minutes + ["30min", "daily", "hourly", "*-*-* 03:00:00"]),
+    accepted,
+)
+analyze = shutil.which("systemd-analyze")
+if analyze is None:
+    print("  SKIP  systemd-analyze not installed: accepted intervals not parsed")
+else:
+    def parses(expr):
+        return subprocess.run([analyze, "calendar", expr], capture_output=True).returncode == 0
+    bad = {k: v for k, v in d["intervals"].items() if v is not None and not parses(v)}
+    check(f"systemd-analyze calendar parses the OnCalendar= of all {len(accepted)} accepted intervals", not bad, bad)
+    # What the module gave for 24h and 60m before: systemd refuses them.
+    check("systemd-analyze calendar refuses 00/24 and *:00/60 (the check can fail)", not parses("*-*-* 00/24:00:00") and not parses("*-*-* *:00/60:00"))
+
+# Restarts: back off, and stop on a configuration error.
+check(
+    "runner: Restart=always after 5 s, backing off to 5 min; not on exit 78 (EX_CONFIG)",
+    (svc["Restart"], svc["RestartSec"], svc.get("RestartSteps"), svc.get("RestartMaxDelaySec"), svc.get("RestartPreventExitStatus"))
+    == ("always", "5s", "8", "5min", "78"),
+    svc,
+)
+check("refresh: a start timeout (a oneshot has none by default)", ref.get("TimeoutStartSec") == "2min", ref)
+check(
+    "environmentFile, then environmentFiles in order, as EnvironmentFile= lines",
+    d["environmentFiles"].split("\n") == ["/run/secrets/knotless-run/env", "/run/secrets/knotless-run/more", "/etc/knotless-run/site.env"],
+    d["environmentFiles"],
+)
 
 # Assertions.
 check(

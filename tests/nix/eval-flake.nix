@@ -53,6 +53,8 @@ let
         testers.runNixOSTest = args: stubDrv args.name { inherit (args) testScript nodes; };
         buildEnv = args: stubDrv args.name { };
         dockerTools.buildImage = args: stubDrv "image" { };
+        dockerTools.streamLayeredImage = args: stubDrv "stream-${args.name}" { imageArgs = args; };
+        cacert = stubDrv "cacert" { };
         writeText = name: _: stubDrv name { };
         writeTextDir = path: _: stubDrv "dir" { };
         python3 = stubDrv "python3" { };
@@ -109,6 +111,15 @@ in
     devShells = builtins.attrNames out.devShells.x86_64-linux;
   };
   app = out.apps.x86_64-linux.default;
+  packageTests = builtins.attrNames pkg.tests;
+  image =
+    let
+      a = out.packages.x86_64-linux.image.imageArgs;
+    in
+    {
+      inherit (a) name tag config fakeRootCommands;
+      contents = map (p: p.name) a.contents;
+    };
   package = {
     inherit (pkg)
       pname

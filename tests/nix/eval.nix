@@ -10,11 +10,9 @@
 { lib }:
 let
   inherit (lib)
-    concatLists
     concatStrings
     concatStringsSep
     filterAttrs
-    mapAttrsToList
     toList
     ;
 
@@ -92,6 +90,24 @@ let
     };
   };
 
+  # deploy/: the same units for a host without NixOS (deploy/install puts
+  # them in /etc/systemd/system): the operator's files under
+  # /etc/knotless-run, the DID and repositories from its environment file.
+  deploy = {
+    enable = true;
+    settings.pds = "https://pds.example.com";
+    appPasswordFile = "/etc/knotless-run/app-password";
+    environmentFiles = [ "/etc/knotless-run/env" ];
+    extraArgs = [
+      "--did=\${KNOTLESS_DID}"
+      "$KNOTLESS_REPOS"
+    ];
+    kubeconfigRefresh = {
+      enable = true;
+      adminKubeconfigFile = "/etc/knotless-run/admin-kubeconfig";
+    };
+  };
+
   # The least that passes the module's assertions (for the kubernetes
   # executor it still lacks a kubeconfig: `kube` adds one).
   minimal =
@@ -139,53 +155,7 @@ let
     };
   };
 
-  toOption =
-    x:
-    if x == true then
-      "true"
-    else if x == false then
-      "false"
-    else
-      toString x;
-  section =
-    attrs:
-    concatStrings (
-      concatLists (mapAttrsToList (k: v: map (x: "${k}=${toOption x}\n") (toList v)) attrs)
-    );
-  unitSection =
-    u:
-    section (
-      filterAttrs (_: v: v != "") {
-        Description = u.description;
-        Wants = toString u.wants;
-        Requires = toString u.requires;
-        After = toString u.after;
-        Before = toString u.before;
-        PartOf = toString u.partOf;
-        BindsTo = toString u.bindsTo;
-      }
-      // u.unitConfig
-      // lib.optionalAttrs (u ? restartIfChanged && !u.restartIfChanged) { X-RestartIfChanged = false; }
-    );
-  install = u: lib.optionalString (u.wantedBy != [ ]) "\n[Install]\n${section { WantedBy = u.wantedBy; }}";
-
-  # NixOS also puts its default packages (coreutils, findutils, grep, sed,
-  # systemd) on PATH; only the unit's own `path` is rendered here.
-  environment =
-    u:
-    u.environment
-    // lib.optionalAttrs (u.path != [ ]) {
-      PATH = "${lib.makeBinPath u.path}:${lib.makeSearchPathOutput "bin" "sbin" u.path}";
-    };
-  renderService =
-    u:
-    "[Unit]\n"
-    + unitSection u
-    + "\n[Service]\n"
-    + concatStrings (mapAttrsToList (k: v: "Environment=${builtins.toJSON "${k}=${v}"}\n") (environment u))
-    + section u.serviceConfig
-    + install u;
-  renderTimer = u: "[Unit]\n" + unitSection u + "\n[Timer]\n" + section u.timerConfig + install u;
+  inherit (import ./render.nix { inherit lib; }) toOption renderService renderTimer;
 
   scenario =
     package: cfg:
@@ -270,6 +240,7 @@ in
 {
   scenarios = {
     docs = scenario withCommand docs;
+    deploy = scenario withCommand deploy;
     no-kubeconfig-command = scenario withoutCommand docs;
     docker = scenario withoutCommand (minimal { settings.executor = "docker"; });
     shell = scenario withoutCommand (minimal {
@@ -358,6 +329,44 @@ in
     description = o.description or "";
     default = o.default or null;
   }) (lib.filter (o: lib.hasPrefix "services.knotless-run" o.name && o.visible && !o.internal) (lib.optionAttrSetToDocList (eval withCommand { }).options));
+
+  # Every refresh interval of these forms: the OnCalendar= the module
+  # gives it, or null where an assertion refuses it. check.sh has the
+  # host's systemd-analyze parse each accepted one.
+  intervals =
+    lib.genAttrs
+      (
+        map (n: "${toString n}h") (lib.range 1 25 ++ [ 48 ])
+        ++ map (n: "${toString n}m") (lib.range 1 61 ++ [ 90 120 ])
+        ++ [
+          "30min"
+          "daily"
+          "hourly"
+          "*-*-* 03:00:00"
+          "1d"
+          "90s"
+          "0h"
+        ]
+      )
+      (
+        i:
+        let
+          sc = scenario withCommand (docs // { kubeconfigRefresh = docs.kubeconfigRefresh // { interval = i; }; });
+        in
+        if lib.any (lib.hasInfix ".interval") sc.failedAssertions then null else sc.timer.OnCalendar
+      );
+
+  # Both environment options, in order.
+  environmentFiles =
+    (scenario withoutCommand (
+      kube {
+        environmentFile = "/run/secrets/knotless-run/env";
+        environmentFiles = [
+          "/run/secrets/knotless-run/more"
+          "/etc/knotless-run/site.env"
+        ];
+      }
+    )).service.EnvironmentFile;
 
   stopWait = lib.genAttrs [ "1h30m" "90s" "1.5m" "500ms" "0" "2h45m10s" ] (
     d: (scenario withoutCommand (kube { settings."stop-wait" = d; })).service.TimeoutStopSec

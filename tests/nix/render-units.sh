@@ -14,11 +14,17 @@
 # settings file). The module is evaluated with nixpkgs' lib (see
 # find_nixpkgs_lib in lib.sh).
 #
-#   tests/nix/render-units.sh OUTDIR
+# With DEPLOYDIR, also the units of deploy/ (a host without NixOS), from
+# the same module, the store paths made host paths: the binary in
+# /usr/local/bin, coreutils and git from /usr, the settings file
+# /etc/knotless-run/config.json (written there as config.json).
+#
+#   tests/nix/render-units.sh OUTDIR [DEPLOYDIR]
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
-out=${1:?usage: $0 OUTDIR}
+out=${1:?usage: $0 OUTDIR [DEPLOYDIR]}
+deploy=${2:-}
 ensure_nix
 libdir=$(find_nixpkgs_lib) || { echo "no nixpkgs lib found (set NIXPKGS_LIB)" >&2; exit 1; }
 mkdir -p "$out"
@@ -37,4 +43,17 @@ for name, text in sorted(files.items()):
     with open(os.path.join(out, name), "w") as f:
         f.write(text)
     print(os.path.join(out, name))
-' "$out"
+deploy = sys.argv[2]
+if deploy:
+    os.makedirs(deploy, exist_ok=True)
+    host = {"@knotless-run@": "/usr/local", "@coreutils@": "/usr", "@git@": "/usr", "@config@": "/etc/knotless-run/config.json"}
+    dep = d["deploy"]
+    out = {n: t for n, t in dep["units"].items() if n.startswith("knotless-run")}
+    out["config.json"] = json.dumps(json.loads(dep["settingsJSON"]), indent=2, sort_keys=True) + "\n"
+    for name, text in sorted(out.items()):
+        for k, v in host.items():
+            text = text.replace(k, v)
+        with open(os.path.join(deploy, name), "w") as f:
+            f.write(text)
+        print(os.path.join(deploy, name))
+' "$out" "$deploy"

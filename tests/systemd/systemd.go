@@ -67,6 +67,10 @@ const (
 	stopTimeout = 60 * time.Second
 )
 
+// NetworkPrefix holds the addresses of PrivateNetwork machines, one /32
+// each.
+const NetworkPrefix = "10.223.252.0/24"
+
 // path is the PATH of the machine's systemd-nspawn and of Exec.
 const path = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -81,6 +85,18 @@ type Options struct {
 	// Binds are extra systemd-nspawn --bind= arguments,
 	// "HOST[:GUEST[:OPTIONS]]", read-write.
 	Binds []string
+	// BindsRO are systemd-nspawn --bind-ro= arguments, "HOST[:GUEST]".
+	BindsRO []string
+	// PrivateNetwork gives the machine a network namespace of its own
+	// instead of the host's: a veth pair (systemd-nspawn
+	// --network-veth-extra), the host's end kn<ID>, the machine's host0
+	// with an address of its own in NetworkPrefix (a /32; the host routes
+	// it to the link) and a default route onto the link. The host answers
+	// ARP only for its own addresses, so the machine reaches the host's
+	// addresses (an API server on one) and nothing beyond, and its ports
+	// are its own. The pair and the route go with the machine's
+	// namespace, also when the machine is killed.
+	PrivateNetwork bool
 	// Env is KEY=VALUE set for every unit (DefaultEnvironment=).
 	Env []string
 }
@@ -94,6 +110,7 @@ type Machine struct {
 	leader int // the machine's PID 1, on the host
 	exited chan struct{}
 	log    *os.File
+	addr   string // the machine's address with PrivateNetwork
 	closed atomic.Bool
 	close  sync.Once
 	err    error
@@ -111,6 +128,9 @@ func (m *Machine) UnitsDir() string { return filepath.Join(m.dir, "units") }
 
 // OptDir is the host directory that is OptPath inside.
 func (m *Machine) OptDir() string { return filepath.Join(m.dir, "opt") }
+
+// Address is the machine's address with Options.PrivateNetwork, else "".
+func (m *Machine) Address() string { return m.addr }
 
 // Leader is the host PID of the machine's PID 1 (systemd).
 func (m *Machine) Leader() int { return m.leader }
@@ -178,6 +198,11 @@ func boot(ctx context.Context, opts Options) (*Machine, string, error) {
 	failed, err := m.start(ctx, opts)
 	if err != nil {
 		return nil, "", errors.Join(err, m.Close())
+	}
+	if opts.PrivateNetwork {
+		if err := m.network(ctx); err != nil {
+			return nil, "", errors.Join(err, m.Close())
+		}
 	}
 	return m, failed, nil
 }
@@ -312,6 +337,12 @@ func (m *Machine) start(ctx context.Context, opts Options) (string, error) {
 	for _, b := range opts.Binds {
 		args = append(args, "--bind="+b)
 	}
+	for _, b := range opts.BindsRO {
+		args = append(args, "--bind-ro="+b)
+	}
+	if opts.PrivateNetwork {
+		args = append(args, "--network-veth-extra="+m.hostLink()+":host0")
+	}
 	args = append(args, "--boot", "--",
 		// The machine id is fixed and read-only: nothing to commit.
 		"systemd.mask=systemd-machine-id-commit.service",
@@ -345,6 +376,36 @@ func (m *Machine) start(ctx context.Context, opts Options) (string, error) {
 	default:
 		return "", fmt.Errorf("systemd did not come up (is-system-running: %q): %v\n%s", state, err, m.logTail())
 	}
+}
+
+// hostLink is the host's end of a PrivateNetwork machine's veth pair.
+func (m *Machine) hostLink() string { return "kn" + m.id }
+
+// network gives a PrivateNetwork machine its address: the first of
+// NetworkPrefix that no other machine routes (adding the route is the
+// claim, so two machines never take the same), the link up at both ends
+// and the machine's default route onto it.
+func (m *Machine) network(ctx context.Context) error {
+	link := m.hostLink()
+	if out, err := exec.CommandContext(ctx, "ip", "link", "set", link, "up").CombinedOutput(); err != nil {
+		return fmt.Errorf("bring up %s: %w: %s", link, err, out)
+	}
+	base, _, _ := strings.Cut(NetworkPrefix, "/")
+	prefix := base[:strings.LastIndexByte(base, '.')+1]
+	for n := 2; n < 255; n++ {
+		addr := prefix + strconv.Itoa(n)
+		out, err := exec.CommandContext(ctx, "ip", "route", "add", addr+"/32", "dev", link).CombinedOutput()
+		if err != nil {
+			if strings.Contains(string(out), "File exists") {
+				continue
+			}
+			return fmt.Errorf("route %s to %s: %w: %s", addr, link, err, out)
+		}
+		m.addr = addr
+		_, err = m.Exec(ctx, "sh", "-c", `ip addr add "$1/32" dev host0 && ip link set host0 up && ip route add default dev host0`, "sh", addr)
+		return err
+	}
+	return fmt.Errorf("no free address in %s for machine %s", NetworkPrefix, m.Name())
 }
 
 // waitLeader finds the machine's PID 1 and waits for its private bus
