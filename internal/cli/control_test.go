@@ -160,8 +160,12 @@ func TestControlCommandsRefuse(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			r := runCLI(t, nil, tc.args...)
-			if r.code != ExitError || !strings.Contains(r.stderr, tc.want) {
-				t.Errorf("exit %d, stderr:\n%s\nwant exit %d and %q", r.code, r.stderr, ExitError, tc.want)
+			code := ExitError
+			if tc.name == "rerun: workflow and failed" {
+				code = ExitConfig // kong refuses it while parsing the command line
+			}
+			if r.code != code || !strings.Contains(r.stderr, tc.want) {
+				t.Errorf("exit %d, stderr:\n%s\nwant exit %d and %q", r.code, r.stderr, code, tc.want)
 			}
 			if r.stdout != "" {
 				t.Errorf("a refused record was printed:\n%s", r.stdout)

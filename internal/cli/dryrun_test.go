@@ -124,7 +124,8 @@ func TestEgressBlocksThisHost(t *testing.T) {
 		}
 	}
 	if len(host) == 0 {
-		t.Fatal("this host has no address but loopback: nothing to test")
+		// The Nix build sandbox has only loopback.
+		t.Skip("SKIPPED: this host has no address but loopback, so there is no host address to block")
 	}
 	for _, tt := range []struct {
 		flags KubeFlags

@@ -46,15 +46,17 @@ func TestOutputServiceFlags(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
 		want string
+		code int
 	}{
-		{[]string{"--data-dir", dir, "--service-did", "did:web:out.test"}, "--runner"},
-		{[]string{"--data-dir", dir, "--runner", "did:plc:x", "--service-did", "nope"}, "--service-did"},
-		{[]string{"--data-dir", dir, "--runner", "bob", "--service-did", "did:web:out.test"}, "--runner"},
-		{[]string{"--data-dir", dir, "--runner", "did:plc:x", "--service-did", "did:web:out.test", "--listen", "256.0.0.1:1"}, "--listen"},
+		// A missing flag is the command line's fault (EX_CONFIG).
+		{[]string{"--data-dir", dir, "--service-did", "did:web:out.test"}, "--runner", ExitConfig},
+		{[]string{"--data-dir", dir, "--runner", "did:plc:x", "--service-did", "nope"}, "--service-did", ExitError},
+		{[]string{"--data-dir", dir, "--runner", "bob", "--service-did", "did:web:out.test"}, "--runner", ExitError},
+		{[]string{"--data-dir", dir, "--runner", "did:plc:x", "--service-did", "did:web:out.test", "--listen", "256.0.0.1:1"}, "--listen", ExitError},
 	} {
 		r := runCLI(t, nil, append([]string{"output-service"}, tc.args...)...)
-		if r.code != ExitError || !strings.Contains(r.stderr, tc.want) {
-			t.Errorf("%v: exit %d, stderr %q; want exit 2 naming %s", tc.args, r.code, r.stderr, tc.want)
+		if r.code != tc.code || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want exit %d naming %s", tc.args, r.code, r.stderr, tc.code, tc.want)
 		}
 	}
 }

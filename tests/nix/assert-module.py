@@ -57,8 +57,7 @@ hardening = {
     "PrivateDevices": "true",
     "PrivateUsers": "true",
     "NoNewPrivileges": "true",
-    # AF_NETLINK: --egress allow-dns lists the host's addresses.
-    "RestrictAddressFamilies": "AF_UNIX\nAF_INET\nAF_INET6\nAF_NETLINK",
+    "RestrictAddressFamilies": "AF_UNIX\nAF_INET\nAF_INET6",
     "SystemCallFilter": "@system-service\n~@privileged\n~@resources",
     "SystemCallArchitectures": "native",
     "CapabilityBoundingSet": "",
