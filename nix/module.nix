@@ -155,6 +155,26 @@ let
     "allow-dns"
   ];
 
+  # The admission policy the refresh installs must allow what the runner
+  # builds: root steps need the namespace's baseline level, and each pull
+  # Secret of --image-pull-secret NAME=PATTERN must be named to it.
+  refreshPolicyArgs =
+    icfg:
+    let
+      pullSecrets = icfg.settings."image-pull-secret" or [ ];
+      names = lib.unique (map (v: builtins.head (lib.splitString "=" v)) pullSecrets);
+      args =
+        optionals (icfg.settings."allow-root-steps" or false) [
+          "--pod-security"
+          "baseline"
+        ]
+        ++ lib.concatMap (n: [
+          "--allow-image-pull-secret"
+          n
+        ]) names;
+    in
+    lib.optionalString (args != [ ]) (" " + execLine args);
+
   executorOf = icfg: if icfg.settings.executor == "kube" then "kubernetes" else icfg.settings.executor;
 
   # Hardening shared by a runner's units, each overridable (mkDefault). The
@@ -870,7 +890,8 @@ let
                 refresh.serviceAccount
                 "--duration"
                 refresh.duration
-              ];
+              ]
+              + refreshPolicyArgs icfg;
             ExecStartPost = execLine [
               "${pkgs.coreutils}/bin/mv"
               "-fT"

@@ -141,6 +141,13 @@ check(
     ref["ExecStart"],
 )
 check(
+    "refresh: the policy it mints allows root steps (baseline) and each pull Secret of image-pull-secret, once",
+    s["refresh-policy"]["refresh"]["ExecStart"].endswith(
+        "--duration 24h --pod-security baseline --allow-image-pull-secret ci-pull --allow-image-pull-secret mirror-pull"
+    ),
+    s["refresh-policy"]["refresh"]["ExecStart"],
+)
+check(
     "refresh: renamed over the old kubeconfig (atomic), same user and state directory",
     ref["ExecStartPost"] == "@coreutils@/bin/mv -fT /var/lib/knotless/kubeconfig.new /var/lib/knotless/kubeconfig"
     and (ref["User"], ref["StateDirectory"]) == ("knotless", "knotless"),

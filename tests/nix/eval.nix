@@ -316,6 +316,20 @@ in
     minutes = scenario withCommand (
       docs // { kubeconfigRefresh = docs.kubeconfigRefresh // { interval = "30m"; }; }
     );
+    # The refresh mints a policy that allows what the runner builds.
+    refresh-policy = scenario withCommand (
+      docs
+      // {
+        settings = docs.settings // {
+          "allow-root-steps" = true;
+          "image-pull-secret" = [
+            "ci-pull=registry.example/team/*"
+            "ci-pull=registry.example/other/*,untrusted"
+            "mirror-pull=mirror.example/*"
+          ];
+        };
+      }
+    );
     egress = scenario withoutCommand (kube {
       settings.egress = "deny";
       settings."egress-untrusted" = "allow-dns";
