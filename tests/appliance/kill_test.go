@@ -38,6 +38,11 @@ func bootKube(t *testing.T, c *clustertest.Cluster, w *world, extra map[string]a
 	ns := "knotless-chaos-" + hex.EncodeToString(b)
 	t.Cleanup(func() {
 		_ = c.Clientset.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
+		// The refresh minted the runner's admission policy: cluster-scoped,
+		// it outlives the namespace.
+		if err := c.DeleteAdmissionPolicies(context.Background(), ns); err != nil {
+			t.Error(err)
+		}
 	})
 	namespaced := func(s string) string { return strings.ReplaceAll(s, "--namespace "+runsNamespace, "--namespace "+ns) }
 	units := map[string]string{

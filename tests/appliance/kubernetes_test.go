@@ -37,6 +37,11 @@ func TestKubernetes(t *testing.T) {
 	w := newWorld(t)
 	t.Cleanup(func() {
 		_ = c.Clientset.CoreV1().Namespaces().Delete(context.Background(), runsNamespace, metav1.DeleteOptions{})
+		// The refresh minted the runner's admission policy: cluster-scoped,
+		// it outlives the namespace.
+		if err := c.DeleteAdmissionPolicies(context.Background(), runsNamespace); err != nil {
+			t.Error(err)
+		}
 	})
 
 	units := map[string]string{
