@@ -220,7 +220,7 @@ func TestVersion(t *testing.T) {
 
 func TestManifestsCommand(t *testing.T) {
 	t.Parallel()
-	r := runCLI(t, nil, "manifests", "--image", "ghcr.io/knotless/run:v1", "--did", "did:plc:runner",
+	r := runCLI(t, nil, "manifests", "--image", "knotless-run:v1", "--did", "did:plc:runner",
 		"--serve-flag=--plc-url", "--serve-flag=http://plc.example", "did:plc:owner/app")
 	if r.code != 0 || !strings.Contains(r.stdout, "kind: StatefulSet") || !strings.Contains(r.stdout, "- --plc-url\n        - http://plc.example\n        - did:plc:owner/app") {
 		t.Errorf("manifests: exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
