@@ -93,6 +93,7 @@ func TestFirstHour(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("TestFirstHour needs root: it mounts over /etc/resolv.conf and the CA bundle in a mount namespace, and listens on port 53")
 	}
+	t.Parallel()
 	if err := pds.Installed(); err != nil {
 		t.Fatal(err)
 	}
