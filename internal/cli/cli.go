@@ -16,7 +16,6 @@ import (
 	"github.com/alecthomas/kong"
 	charmlog "github.com/charmbracelet/log"
 	"golang.org/x/term"
-	"k8s.io/klog/v2"
 
 	"knotless.dev/run/internal/version"
 )
@@ -103,8 +102,7 @@ func Main(ctx context.Context, args []string, env Env) (code int) {
 		return ExitConfig
 	}
 	env.Logger = newLogger(env.Stderr, cli.LogFormat, cli.LogLevel)
-	// client-go logs through klog; send it where everything else goes.
-	klog.SetSlogLogger(env.Logger.With("component", "client-go"))
+	routeClientGo(env.Logger)
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	kctx.BindTo(ctx, (*context.Context)(nil))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -78,6 +79,37 @@ func TestRunExampleWithShell(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(filepath.Join(dir, "runs")); len(entries) != 0 {
 		t.Errorf("run directory left behind: %v", entries)
+	}
+}
+
+// TestRunResultToStdout: with --result -, stdout is the result JSON and
+// nothing else, so `run --result - | jq` works; the steps' output and
+// the closing line go to stderr.
+func TestRunResultToStdout(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	r := runCLI(t, nil, "run", "--executor", "shell", "--shell-root", filepath.Join(dir, "runs"),
+		"--workflow", "../../examples/hello/.knotless/workflows/build.yaml", "--workdir", "../../examples/hello",
+		"--outputs", filepath.Join(dir, "out"), "--result", "-")
+	if r.code != ExitSuccess {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+	var res run.Result
+	dec := json.NewDecoder(strings.NewReader(r.stdout))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&res); err != nil {
+		t.Fatalf("stdout is not the result JSON: %v\n%s", err, r.stdout)
+	}
+	if rest, _ := io.ReadAll(dec.Buffered()); strings.TrimSpace(string(rest)) != "" || dec.More() {
+		t.Errorf("stdout has more than the result JSON:\n%s", r.stdout)
+	}
+	if res.Status != run.Success || len(res.Steps) != 3 {
+		t.Errorf("result %s with %d steps, want success with 3", res.Status, len(res.Steps))
+	}
+	for _, want := range []string{"hello from knotless-run", "<== step build: success, exit 0", "knotless-run: workflow build: success"} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, r.stderr)
+		}
 	}
 }
 

@@ -22,7 +22,7 @@ type RunCmd struct {
 	StepsFile string   `help:"Steps as lines of name<TAB>script, in place of --workflow." placeholder:"FILE" xor:"source" required:""`
 	Workdir   string   `help:"The checkout: put at the run's work directory." default:"." placeholder:"DIR"`
 	Outputs   string   `help:"Directory that receives what the steps write to $$KNOTLESS_RUN_OUTPUTS." placeholder:"DIR"`
-	Result    string   `help:"Write the result as JSON to FILE (- for stdout)." placeholder:"FILE"`
+	Result    string   `help:"Write the result as JSON to FILE (- for stdout, which then carries it alone: the steps' output goes to stderr)." placeholder:"FILE"`
 	Log       string   `help:"Write the masked run log (capped at 1 MB) to FILE." placeholder:"FILE"`
 	DryRun    bool     `help:"Print what would be sent for each step (secret values masked) and run nothing."`
 	Keep      bool     `help:"Keep the run's session (Job, container or directory) for debugging."`
@@ -83,6 +83,13 @@ func (c *RunCmd) Run(ctx context.Context, env *Env) error {
 		Outputs:      outputsBound,
 		Caches:       caches,
 	})
+	// The steps' output and the closing line go to stdout, unless the
+	// result does: then stdout carries the JSON alone and they go to
+	// stderr, with the logs.
+	out := env.Stdout
+	if c.Result == "-" {
+		out = env.Stderr
+	}
 	req := run.Request{
 		RunID:    runID,
 		Workflow: wf,
@@ -91,7 +98,7 @@ func (c *RunCmd) Run(ctx context.Context, env *Env) error {
 		Secrets:  secrets,
 		Trusted:  !c.Untrusted,
 		Keep:     c.Keep,
-		Live:     env.Stdout,
+		Live:     out,
 		Cache:    scope,
 	}
 	if c.DryRun {
@@ -101,11 +108,11 @@ func (c *RunCmd) Run(ctx context.Context, env *Env) error {
 	if err := c.writeResult(env, res); err != nil {
 		return err
 	}
-	fmt.Fprintf(env.Stdout, "knotless-run: workflow %s: %s", res.Workflow, res.Status)
+	fmt.Fprintf(out, "knotless-run: workflow %s: %s", res.Workflow, res.Status)
 	if res.Error != "" {
-		fmt.Fprintf(env.Stdout, ": %s", res.Error)
+		fmt.Fprintf(out, ": %s", res.Error)
 	}
-	fmt.Fprintf(env.Stdout, " (%s)\n", res.FinishedAt.Sub(res.StartedAt).Round(time.Millisecond))
+	fmt.Fprintf(out, " (%s)\n", res.FinishedAt.Sub(res.StartedAt).Round(time.Millisecond))
 	return exitError{statusCode(res.Status)}
 }
 

@@ -20,7 +20,7 @@ var update = flag.Bool("update", false, "rewrite the golden files")
 func testOptions() Options {
 	return Options{
 		Namespace: "knotless", RunsNamespace: "knotless-runs", Name: "knotless-runner",
-		Image: "ghcr.io/knotless/run:v1", StorageClass: "fast", StorageSize: "20Gi",
+		Image: "knotless-run:v1", StorageClass: "fast", StorageSize: "20Gi",
 		DID: "did:plc:runner", PDS: "https://pds.example", AppPasswordSecret: "knotless-app-password",
 		Repos:      []string{"did:plc:owner/app"},
 		ServeFlags: []string{"--plc-url", "https://plc.example", "--concurrency=2"},

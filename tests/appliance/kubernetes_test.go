@@ -172,6 +172,14 @@ steps:
 				t.Errorf("line %q %d times in the log blob, want once:\n%s", line, n, blob)
 			}
 		}
+		// Runs, a refresh and a handover, all clean: the journal has no
+		// error line. (client-go logged the handover's closed exec
+		// streams as "Unhandled Error" at level error, issue 35.)
+		for _, e := range journal {
+			if p := e["PRIORITY"]; p == "0" || p == "1" || p == "2" || p == "3" || strings.Contains(e["MESSAGE"], "level=error") {
+				t.Errorf("an error line in a clean runner's journal (PID %s, PRIORITY %s): %s", e["_PID"], p, e["MESSAGE"])
+			}
+		}
 	})
 
 	t.Run("hardening", func(t *testing.T) {

@@ -25,7 +25,6 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -398,32 +397,52 @@ func apply(t *testing.T, c *clustertest.Cluster, stream []byte) {
 	}
 }
 
-// persistentVolume makes the volume the StatefulSet's claim binds to: a
-// directory of the node (the host) owned by the pod's UID, with the
-// state and cache subdirectories the pod mounts.
+// persistentVolume makes the volume the StatefulSet's claim binds to
+// as the Kubernetes runner guide says to where nothing provisions
+// (docs/guide/kubernetes-runner.md, "The runner's volume"): its shell
+// lines make a directory of the node (the host) owned by the pod's UID,
+// and its PersistentVolume, a local volume of a class no StorageClass
+// defines, is applied with the test's names: class, volume name,
+// directory, node and namespace.
 func persistentVolume(t *testing.T, c *clustertest.Cluster, class string) {
 	t.Helper()
-	dir := t.TempDir()
-	for _, d := range []string{dir, filepath.Join(dir, "state"), filepath.Join(dir, "cache")} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chown(d, uid, uid); err != nil {
-			t.Fatal(err)
+	b, err := os.ReadFile("../../docs/guide/kubernetes-runner.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	dir := filepath.Join(t.TempDir(), "knotless-runner")
+	guide := strings.NewReplacer(
+		"/srv/knotless-runner", dir,
+		"knotless-runner-data", class,
+		"knotless-local", class,
+		"namespace: knotless\n", "namespace: "+c.Namespace+"\n",
+		"node-1", c.Info.NodeName,
+	)
+	var script, manifest string
+	for _, block := range guideBlocks(doc) {
+		switch {
+		case strings.HasPrefix(block, "# on node-1\n"):
+			script = guide.Replace(block)
+		case strings.Contains(block, "\nkind: PersistentVolume\n"):
+			manifest = guide.Replace(block)
 		}
 	}
-	pv := &corev1.PersistentVolume{
-		ObjectMeta: metav1.ObjectMeta{Name: class, Labels: map[string]string{clustertest.LabelTest: "true"}},
-		Spec: corev1.PersistentVolumeSpec{
-			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
-			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
-			StorageClassName:              class,
-			ClaimRef:                      &corev1.ObjectReference{Namespace: c.Namespace, Name: "data-" + runnerPod},
-			PersistentVolumeSource:        corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dir}},
-		},
+	if script == "" || manifest == "" {
+		t.Fatalf("the guide shows no PersistentVolume and its directory (script %q, manifest %q)", script, manifest)
 	}
-	if _, err := c.Clientset.CoreV1().PersistentVolumes().Create(t.Context(), pv, metav1.CreateOptions{}); err != nil {
+	if out, err := exec.Command("bash", "-euo", "pipefail", "-c", script).CombinedOutput(); err != nil {
+		t.Fatalf("the guide's lines for the node: %v\n%s\n%s", err, script, out)
+	}
+	var pv corev1.PersistentVolume
+	if err := yaml.UnmarshalStrict([]byte(manifest), &pv); err != nil {
+		t.Fatalf("the guide's PersistentVolume: %v\n%s", err, manifest)
+	}
+	if ref := pv.Spec.ClaimRef; ref == nil || ref.Name != "data-"+runnerPod {
+		t.Fatalf("the guide's PersistentVolume is for claim %v, want data-%s", ref, runnerPod)
+	}
+	pv.Labels = map[string]string{clustertest.LabelTest: "true"}
+	if _, err := c.Clientset.CoreV1().PersistentVolumes().Create(t.Context(), &pv, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -433,6 +452,30 @@ func persistentVolume(t *testing.T, c *clustertest.Cluster, class string) {
 			t.Errorf("delete PersistentVolume %s: %v", pv.Name, err)
 		}
 	})
+}
+
+// guideBlocks returns the bodies of a Markdown page's fenced blocks,
+// dedented by their fence's own indentation (blocks in list items).
+func guideBlocks(doc string) []string {
+	var blocks []string
+	var cur []string
+	indent, in := "", false
+	for _, line := range strings.SplitAfter(doc, "\n") {
+		trimmed := strings.TrimLeft(line, " ")
+		if strings.HasPrefix(trimmed, "```") {
+			if in {
+				blocks = append(blocks, strings.Join(cur, ""))
+				cur, in = nil, false
+			} else {
+				indent, in = line[:len(line)-len(trimmed)], true
+			}
+			continue
+		}
+		if in {
+			cur = append(cur, strings.TrimPrefix(line, indent))
+		}
+	}
+	return blocks
 }
 
 // waitReady waits for the runner pod, other than the one with UID not,

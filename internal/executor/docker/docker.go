@@ -97,6 +97,8 @@ type Config struct {
 	Runner string
 	// Limits bound every transfer in and out of a container.
 	Limits tarstream.Limits
+	// Logger takes the executor's lines as the caller tagged it
+	// (component, executor); the executor adds only the run.
 	Logger *slog.Logger
 }
 
@@ -149,7 +151,9 @@ func New(cfg Config) (*Executor, error) {
 	raw := &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
 	}}
-	return &Executor{cfg: cfg, cli: cli, raw: raw, cpu: cpu, memory: memory, log: cfg.Logger.With("component", "docker")}, nil
+	// The caller tags the logger (the command line: component=executor
+	// executor=docker); a second component here would repeat the key.
+	return &Executor{cfg: cfg, cli: cli, raw: raw, cpu: cpu, memory: memory, log: cfg.Logger}, nil
 }
 
 // Name implements executor.Executor.
