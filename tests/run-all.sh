@@ -50,6 +50,9 @@ sh tests/systemd/install
 phase "prometheus for the alert rules' tests and the Prometheus harness"
 sh tests/prometheus/install
 
+phase "curl and jq for the first-hour guide's commands"
+sh tests/guide/install
+
 phase "chromium for the browser test"
 sh tests/browser/install
 

@@ -8,9 +8,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"io/fs"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
