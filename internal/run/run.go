@@ -50,7 +50,8 @@ type Config struct {
 
 // Engine runs workflows.
 type Engine struct {
-	cfg Config
+	cfg  Config
+	caps executor.Capabilities // asked of the executor once, in New
 }
 
 // New returns an Engine.
@@ -61,7 +62,7 @@ func New(cfg Config) *Engine {
 	if cfg.CleanupTimeout == 0 {
 		cfg.CleanupTimeout = 2 * time.Minute
 	}
-	return &Engine{cfg: cfg}
+	return &Engine{cfg: cfg, caps: executor.CapabilitiesOf(cfg.Executor)}
 }
 
 // Request is one run to do.
@@ -135,7 +136,7 @@ func (e *Engine) Adopt(ctx context.Context, req Request, h Handover, priorLog []
 }
 
 func (e *Engine) newRunState(req Request) *runState {
-	if _, ok := e.cfg.Executor.(executor.Resumer); !ok {
+	if !e.caps.Detaches() {
 		req.Detach = nil
 	}
 	r := &runState{
@@ -248,8 +249,8 @@ func (r *runState) adopt(ctx context.Context, h Handover) {
 	grantErr := r.grantSecrets()
 	r.restoreUnrecorded = !h.CachesClean
 	r.openLog(false)
-	resumer, ok := r.eng.cfg.Executor.(executor.Resumer)
-	if !ok {
+	resumer := r.eng.caps.Resumer
+	if resumer == nil {
 		r.fail(Error, "", fmt.Errorf("adopt run %s: the %s executor cannot resume sessions", r.req.RunID, r.eng.cfg.Executor.Name()))
 		return
 	}
@@ -608,9 +609,7 @@ func (r *runState) followContext(stepCtx context.Context, sess executor.Session)
 		defer close(watcher)
 		select {
 		case <-r.req.Detach:
-			if rel, ok := sess.(executor.Releaser); ok {
-				rel.Release()
-			}
+			executor.Release(sess)
 			cancel()
 		case <-ctx.Done():
 		}
