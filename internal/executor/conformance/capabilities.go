@@ -179,4 +179,3 @@ func testGone(t *testing.T, h Harness) {
 		t.Errorf("a stopped session: gone %v, err %v; want gone", gone, err)
 	}
 }
-
