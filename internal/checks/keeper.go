@@ -131,13 +131,24 @@ func (k *Keeper) Finished(ctx context.Context, key string, ev ingest.Event, c fo
 // Superseded writes the cancelled check of work a newer event (by)
 // superseded: a queued job's (res nil), or a running one's result.
 func (k *Keeper) Superseded(ctx context.Context, key string, ev ingest.Event, c forge.Check, by string, res *run.Result, outDir string, log *slog.Logger) forge.Check {
+	return k.cancelled(ctx, Supersede, key, ev, c, "superseded by "+by, res, outDir, log)
+}
+
+// Cancelled writes the cancelled check of work stopped for why (run
+// control: control.CancelledText): a queued job's (res nil), or a
+// running one's result.
+func (k *Keeper) Cancelled(ctx context.Context, key string, ev ingest.Event, c forge.Check, why string, res *run.Result, outDir string, log *slog.Logger) forge.Check {
+	return k.cancelled(ctx, Finish, key, ev, c, why, res, outDir, log)
+}
+
+func (k *Keeper) cancelled(ctx context.Context, t Transition, key string, ev ingest.Event, c forge.Check, why string, res *run.Result, outDir string, log *slog.Logger) forge.Check {
 	if res == nil {
 		c.Status, c.FinishedAt = string(Cancelled), forge.Now()
 	} else {
 		c = k.Map(ctx, c, res, outDir, log)
 	}
-	c.Error = "superseded by " + by
-	k.putFinal(ctx, Supersede, key, ev, c, log)
+	c.Error = why
+	k.putFinal(ctx, t, key, ev, c, log)
 	return c
 }
 
