@@ -184,12 +184,14 @@ type Mirrors struct {
 	// MoveOnPush, when set, is where someone else moves the branch just
 	// before the next push (the lease then refuses it).
 	MoveOnPush string
-	// PushGate, when set, holds every push until it is closed (a slow
-	// source); Pushing, when set, is closed as a push starts waiting.
-	PushGate <-chan struct{}
-	Pushing  chan struct{}
-	pushes   []string
-	refused  int
+	// PushGate, when set, holds every push (to PushGateSource alone, when
+	// that is set) until it is closed: a slow source. Pushing, when set,
+	// is closed as a push starts waiting.
+	PushGate       <-chan struct{}
+	PushGateSource string
+	Pushing        chan struct{}
+	pushes         []string
+	refused        int
 }
 
 // Lock and Unlock guard the fields set while the rig runs.
@@ -386,10 +388,13 @@ func (r repo) Squash(_ context.Context, base string, pulls []mirror.SquashPull, 
 // Push moves branch from old to new at the source, a fast-forward with
 // a lease: when the branch is not at old it refuses with
 // mirror.ErrBaseMoved. With PushGate set it first waits for it.
-func (r repo) Push(ctx context.Context, _, branch, old, new string, _ mirror.PushCredentials) error {
+func (r repo) Push(ctx context.Context, source, branch, old, new string, _ mirror.PushCredentials) error {
 	f := r.f
 	f.mu.Lock()
 	gate, pushing := f.PushGate, f.Pushing
+	if f.PushGateSource != "" && source != f.PushGateSource {
+		gate, pushing = nil, nil
+	}
 	if pushing != nil {
 		f.Pushing = nil
 	}
@@ -489,6 +494,7 @@ type PDS struct {
 	mu      sync.Mutex
 	fail    []error
 	written []string
+	last    map[string]forge.Check
 }
 
 // FailNext makes the next writes fail with errs, in order (a nil error:
@@ -510,8 +516,21 @@ func (f *PDS) Put(_ context.Context, _, rkey string, v any) (syntax.ATURI, error
 			return "", err
 		}
 	}
-	f.written = append(f.written, rkey+" "+v.(forge.Check).Status)
+	c := v.(forge.Check)
+	f.written = append(f.written, rkey+" "+c.Status)
+	if f.last == nil {
+		f.last = map[string]forge.Check{}
+	}
+	f.last[rkey] = c
 	return "", nil
+}
+
+// Checks are the check records as last written, by key: what a new
+// process lists at start.
+func (f *PDS) Checks() map[string]forge.Check {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.last)
 }
 
 // Writes lists the checks written: "key status".
@@ -750,15 +769,21 @@ func (f *Queue) EditEntry(i int, edit func(*forge.QueueEntry)) {
 // repository (its head changing paths, in m) and has the owner queue
 // it; n orders the queue.
 func (f *Queue) QueuePull(m *Mirrors, n int, paths ...string) (uri, head string) {
+	return f.QueuePullTo(m, RepoRecord(), "main", n, paths...)
+}
+
+// QueuePullTo is QueuePull onto base of repo, a repository of the
+// owner.
+func (f *Queue) QueuePullTo(m *Mirrors, repo forge.Record[forge.Repo], base string, n int, paths ...string) (uri, head string) {
 	uri = fmt.Sprintf("at://did:plc:author/%s/3p%d", forge.CollectionPull, n)
 	head = CommitID(fmt.Sprintf("head %d", n))
-	f.SetPull(uri, forge.Pull{Type: forge.CollectionPull, Repo: Repo, Base: "main",
+	f.SetPull(uri, forge.Pull{Type: forge.CollectionPull, Repo: repo.URI.String(), Base: base,
 		Head:  forge.PullHead{Source: "https://git.test/author/fork", Ref: fmt.Sprintf("topic%d", n), Commit: head},
 		Title: fmt.Sprintf("pull %d", n), State: forge.PullOpen, CreatedAt: "2026-01-01T00:00:00.000Z"})
 	f.mu.Lock()
 	f.entries = append(f.entries, forge.Record[forge.QueueEntry]{
 		URI: syntax.ATURI(fmt.Sprintf("at://%s/%s/3q%d", Owner, forge.CollectionQueueEntry, n)),
-		Value: forge.QueueEntry{Type: forge.CollectionQueueEntry, Repo: Repo, Pull: uri, Commit: head, Base: "main",
+		Value: forge.QueueEntry{Type: forge.CollectionQueueEntry, Repo: repo.URI.String(), Pull: uri, Commit: head, Base: base,
 			CreatedAt: fmt.Sprintf("2026-01-01T00:00:%02d.000Z", n)}})
 	f.mu.Unlock()
 	m.SetPaths(head, paths...)
