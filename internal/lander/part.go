@@ -25,9 +25,9 @@ type Config struct {
 	// Queue makes the runner land the merge queue of the repositories
 	// whose lander it is (--queue); without it there is no lander.
 	Queue bool
-	// Batch is the most pulls one batch takes (0: DefaultBatch): a long
-	// queue lands in several batches, each a merge and a run of bounded
-	// size.
+	// Batch is the most pulls one batch takes (at least 1: serve's
+	// --queue-batch, DefaultBatch by default): a long queue lands in
+	// several batches, each a merge and a run of bounded size.
 	Batch int
 	// PushCredentials are the keys and tokens the push to the sources
 	// uses, each offered only to the host (and path prefix) it is bound
