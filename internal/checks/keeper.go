@@ -2,7 +2,9 @@ package checks
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -19,7 +21,7 @@ import (
 // Keeper is the checks part of the daemon: the life of every check the
 // runner writes, one method per transition (Queued, Running, Finished,
 // Released, Superseded, Error), the mapping of a run's Result onto the
-// final check (result.go), and the outbox of final checks the PDS has
+// final check (Map), and the outbox of final checks the PDS has
 // not taken (owed.go). It is the only code that sets a check's status:
 // the daemon's other parts ask it, and read what it knows (Final,
 // Pending, Verdict). Its writes go through the Recorder, which checks
@@ -175,6 +177,66 @@ func (k *Keeper) Error(ctx context.Context, ev ingest.Event, wf, msg string) {
 	c := forge.Check{Type: forge.CollectionCheck, Subject: ev.Subject(), Workflow: wf, Status: string(Error),
 		Error: Truncate(msg, MaxError), CreatedAt: now, FinishedAt: now}
 	k.putFinal(ctx, Finish, key, ev, c, k.log)
+}
+
+// Map maps a run's result onto its check c, one to one: status, times,
+// failed step, error, steps with their exit codes and durations, the
+// log and the image outputs (read from outDir, where the run's outputs
+// are) uploaded as blobs. A blob that does not upload is logged and
+// left out.
+func (k *Keeper) Map(ctx context.Context, c forge.Check, res *run.Result, outDir string, log *slog.Logger) forge.Check {
+	c.Status = string(res.Status)
+	c.StartedAt = forge.Datetime(res.StartedAt)
+	c.FinishedAt = forge.Datetime(res.FinishedAt)
+	c.FailedStep = Truncate(res.FailedStep, MaxName)
+	c.Error = Truncate(res.Error, MaxError)
+	c.Steps = nil
+	for _, s := range res.Steps {
+		cs := forge.CheckStep{Name: Truncate(s.Name, MaxName), Status: string(s.Status), DurationMs: s.Duration.Milliseconds(), TimedOut: s.TimedOut}
+		if s.ExitCode != nil {
+			code := int64(*s.ExitCode)
+			cs.ExitCode = &code
+		}
+		c.Steps = append(c.Steps, cs)
+	}
+	if len(res.Log) > 0 {
+		blob, err := k.blobs.UploadBlob(ctx, "text/plain", res.Log)
+		if err != nil {
+			log.Error("upload run log", "err", err)
+		} else {
+			c.Log = &blob
+		}
+	}
+	for _, rel := range res.Outputs {
+		if len(c.Outputs) == maxOutputs {
+			log.Warn("more image outputs than a check holds; the rest are not uploaded", "max", maxOutputs)
+			break
+		}
+		data, mimeType, ok := readImage(filepath.Join(outDir, filepath.FromSlash(rel)))
+		if !ok {
+			continue
+		}
+		blob, err := k.blobs.UploadBlob(ctx, mimeType, data)
+		if err != nil {
+			log.Error("upload output", "path", rel, "err", err)
+			continue
+		}
+		c.Outputs = append(c.Outputs, forge.Output{Path: rel, Blob: blob})
+	}
+	return c
+}
+
+// putFinal writes a final check through the recorder (Recorder.Final):
+// one the PDS does not take now is owed.
+func (k *Keeper) putFinal(ctx context.Context, t Transition, key string, ev ingest.Event, c forge.Check, log *slog.Logger) {
+	c, err := k.rec.Final(ctx, t, key, c, log)
+	var owed *OwedError
+	switch {
+	case errors.As(err, &owed):
+		k.owe(key, ev, c, owed.Err, log)
+	case err != nil:
+		log.Error("final check not written", "check", key, "err", err)
+	}
 }
 
 // Verdict is what the checks of some work say together.

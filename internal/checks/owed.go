@@ -18,19 +18,6 @@ import (
 // once the PDS's rate limit resets. A new process loads the owed checks
 // at start (LoadOwed) and writes them; it never runs their work again.
 
-// putFinal writes a final check through the recorder (Recorder.Final):
-// one the PDS does not take now is owed.
-func (k *Keeper) putFinal(ctx context.Context, t Transition, key string, ev ingest.Event, c forge.Check, log *slog.Logger) {
-	c, err := k.rec.Final(ctx, t, key, c, log)
-	var owed *OwedError
-	switch {
-	case errors.As(err, &owed):
-		k.owe(key, ev, c, owed.Err, log)
-	case err != nil:
-		log.Error("final check not written", "check", key, "err", err)
-	}
-}
-
 // owe keeps a final check the PDS did not take.
 func (k *Keeper) owe(key string, ev ingest.Event, c forge.Check, cause error, log *slog.Logger) {
 	b, err := json.Marshal(c)

@@ -3,7 +3,7 @@
 // event streams and every poll) or from one event the lander hands it,
 // to the jobs it asks the scheduler for, or to an error check when the
 // work cannot run. It notes the repositories seen, fetches and merges
-// (consider.go), reads the workflows, applies the flood caps (caps.go),
+// (reconcile.go), reads the workflows, applies the flood caps (caps.go),
 // tries a commit that does not fetch again (fetch.go, its own lock),
 // forgets what is past the retention (retention.go) and follows the
 // event streams, keeping their cursors (follow.go).
@@ -17,7 +17,6 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
-	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
 )
@@ -178,100 +177,6 @@ func New(cfg Config, facts Facts, p Ports, log *slog.Logger) *Intake {
 	return &Intake{cfg: cfg, facts: facts, p: p, log: log, wake: make(chan struct{}, 1),
 		budget:   newWriteBudget(cfg.Caps.CheckWritesPerAuthor, cfg.Caps.Window),
 		deferred: map[string]deferral{}, fetches: map[string]*attempts{}}
-}
-
-// Run reconciles at start, on every hint (Wake) and every Poll, until
-// ctx ends.
-func (in *Intake) Run(ctx context.Context) {
-	tick := time.NewTicker(in.cfg.Poll)
-	defer tick.Stop()
-	for {
-		if err := in.Reconcile(ctx); err != nil && ctx.Err() == nil {
-			in.log.Error("reconcile", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		case <-in.wake:
-		}
-	}
-}
-
-// Wake asks for a reconcile soon.
-func (in *Intake) Wake() {
-	select {
-	case in.wake <- struct{}{}:
-	default:
-	}
-}
-
-// Reconcile lists the work and queues what has no final check, hands
-// the listing to the lander, and forgets what is past the retention.
-func (in *Intake) Reconcile(ctx context.Context) error {
-	snap, err := in.p.Lister.Reconcile(ctx)
-	if in.p.Observer != nil {
-		n := 0
-		if snap != nil {
-			n = len(snap.Events)
-		}
-		in.p.Observer.Reconciled(n, err)
-	}
-	if err != nil {
-		return err
-	}
-	in.noteRepos(snap)
-	in.mu.Lock()
-	in.hosts = snap.Hosts
-	in.mu.Unlock()
-	for _, ev := range snap.Events {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if err := in.Consider(ctx, ev); err != nil {
-			in.log.Error("event not handled; tried again at the next reconcile", "event", ev.URI.String(), "commit", ev.Commit, "err", err)
-		}
-	}
-	if in.p.Lander != nil {
-		in.p.Lander.Offer(snap)
-	}
-	in.pruneAfter(snap)
-	in.p.Changed()
-	return nil
-}
-
-// noteRepos records repositories seen for the first time; of their
-// pushes, only the newest per ref is work, the older ones are history.
-func (in *Intake) noteRepos(snap *ingest.Snapshot) {
-	uris := make([]string, 0, len(snap.Repos))
-	source := map[string]string{}
-	for _, r := range snap.Repos {
-		uris = append(uris, r.URI.String())
-		source[r.URI.String()] = r.Value.Source
-	}
-	noted, err := in.p.State.NoteRepos(uris, func(uri string) []string {
-		newest := map[string]string{}
-		for _, ev := range snap.Events {
-			if ev.Kind == forge.KindPush && ev.Repo.URI.String() == uri {
-				newest[ev.Ref] = ev.Key() // events come oldest first
-			}
-		}
-		var history []string
-		for _, ev := range snap.Events {
-			if ev.Kind == forge.KindPush && ev.Repo.URI.String() == uri && newest[ev.Ref] != ev.Key() {
-				history = append(history, ev.Key())
-			}
-		}
-		return history
-	})
-	for _, uri := range uris {
-		if n, ok := noted[uri]; ok {
-			in.log.Info("watching repository", "repo", uri, "source", source[uri], "older_pushes_skipped", n)
-		}
-	}
-	if err != nil {
-		in.log.Error("save state", "err", err)
-	}
 }
 
 // keyedMutex is a mutex per key, kept while someone holds or waits for

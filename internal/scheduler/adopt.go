@@ -18,7 +18,7 @@ const goneProbeTimeout = 30 * time.Second
 
 // Adopt takes up, before READY=1, the runs an earlier process handed
 // over that this executor can go on with and whose sessions are still
-// there (toAdopt); Work starts them. Their handovers are taken out of
+// there (toAdopt); Start starts them. Their handovers are taken out of
 // state.json at once (a handover is good once). The other runs the
 // earlier process left (killed mid-run, gone, or on an executor that
 // cannot resume) are not final: Sweep forgets them and the

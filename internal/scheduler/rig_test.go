@@ -89,21 +89,17 @@ func (w *world) again(t *testing.T) *Scheduler {
 	return w.s
 }
 
-// work runs the scheduler's workers until the returned stop drains it
+// work starts the scheduler's workers until the returned stop drains it
 // (a SIGTERM) and they end.
 func (w *world) work(t *testing.T, s *Scheduler) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		s.Work(ctx, context.Background())
-		close(done)
-	}()
+	wait := s.Start(ctx, context.Background())
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
 			s.Drain()
 			cancel()
-			<-done
+			wait()
 		})
 	}
 	t.Cleanup(stop)

@@ -1,10 +1,11 @@
 // Package scheduler is the daemon's scheduler part: the queue of work
 // in hand (queue.go: supersede, pushes first, an author's load, the
 // release at stop; pure) and the workers, which take a job from its
-// claim to its end (worker.go): the run on the engine, its running and
-// final checks, its record in state.json, the detach of a stopping
-// daemon and the adoption of a predecessor's runs (adopt.go). Its lock
-// guards the queue only; it reaches everything else through its ports.
+// queued check to its end (worker.go): the run on the engine, its
+// running and final checks, its record in state.json, the detach of a
+// stopping daemon; and the adoption of a predecessor's runs (adopt.go).
+// Its lock guards the queue only; it reaches everything else through
+// its ports.
 package scheduler
 
 import (
@@ -151,7 +152,7 @@ type Scheduler struct {
 	mu sync.Mutex
 	q  *queue
 	// adopted are the runs an earlier process handed over, taken up
-	// before READY=1 (Adoptable) and started by Work.
+	// before READY=1 (Adopt) and started by Start.
 	adopted  []*task
 	detached int // runs handed over by detaching
 }
@@ -177,43 +178,6 @@ func New(cfg Config, facts Facts, p Ports, log *slog.Logger) *Scheduler {
 		s.detach = make(chan struct{})
 	}
 	return s
-}
-
-// Enqueue writes j's queued check, supersedes the older runs of its
-// group and puts it in the queue. It queues nothing, and returns false,
-// when a job of the same check key is in hand already (a pre-flight and
-// its pull share a check).
-func (s *Scheduler) Enqueue(ctx context.Context, j *job.Job) (bool, error) {
-	s.mu.Lock()
-	if s.q.has(j.Key) {
-		s.mu.Unlock()
-		return false, nil
-	}
-	s.q.reserved[j.Key] = true
-	s.mu.Unlock()
-	c, err := s.p.Checks.Queued(ctx, j.Key, j.Event, j.Workflow.Name)
-	s.mu.Lock()
-	delete(s.q.reserved, j.Key)
-	if err != nil {
-		s.mu.Unlock()
-		return false, err
-	}
-	t := &task{Job: j, check: c}
-	cancelQueued, cancelRunning := s.q.add(t)
-	for _, o := range cancelRunning {
-		s.log.Info("superseded: cancelling the older run", "check", o.Key, "by", j.Event.URI.String())
-		o.cancel()
-	}
-	s.mu.Unlock()
-	for _, o := range cancelQueued {
-		s.p.Checks.Superseded(ctx, o.Key, o.Event, o.check, j.Event.URI.String(), nil, "", s.log)
-		s.markDoneIfIdle(o.Event)
-	}
-	if s.p.Observer != nil {
-		s.p.Observer.Queued(j)
-	}
-	s.log.Info("queued", "check", j.Key, "workflow", j.Workflow.Name, "event", j.Event.URI.String(), "commit", j.Event.Commit)
-	return true, nil
 }
 
 // Cancel stops the job of check key: a waiting one leaves the queue, a
@@ -313,18 +277,6 @@ func (s *Scheduler) stopping() bool {
 		return true
 	default:
 		return false
-	}
-}
-
-// markDoneIfIdle marks the event done when nothing of it is in hand and
-// every check of it is final; the next reconcile otherwise picks it up
-// again.
-func (s *Scheduler) markDoneIfIdle(ev ingest.Event) {
-	if s.InHand(ev.Key()) || s.p.Checks.Pending(ev) {
-		return
-	}
-	if err := s.p.State.MarkDone(ev.Key()); err != nil {
-		s.log.Error("save state", "err", err)
 	}
 }
 

@@ -301,8 +301,7 @@ func TestReleaseRunning(t *testing.T) {
 		j := w.runnable(rig.Push("3k1", "c1"), "ci", "make")
 		runCtx, stopRuns := context.WithCancel(context.Background())
 		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { w.s.Work(ctx, runCtx); close(done) }()
+		wait := w.s.Start(ctx, runCtx)
 		if _, err := w.s.Enqueue(t.Context(), j); err != nil {
 			t.Fatal(err)
 		}
@@ -315,7 +314,7 @@ func TestReleaseRunning(t *testing.T) {
 			t.Errorf("released %d running", n)
 		}
 		stopRuns()
-		<-done
+		wait()
 		if diff := cmp.Diff([]string{"queued", "running", "queued"}, w.statuses(j)); diff != "" {
 			t.Errorf("statuses (-want +got):\n%s", diff)
 		}

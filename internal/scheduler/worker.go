@@ -10,39 +10,77 @@ import (
 	"time"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/state"
 )
 
-// Work runs the workers and the adopted runs until the daemon stops
-// claiming work (Drain) and every run has ended or been handed over.
-// ctx is the daemon's; runCtx ends only when a stopping daemon gives up
-// waiting for the runs.
-func (s *Scheduler) Work(ctx, runCtx context.Context) {
-	var workers sync.WaitGroup
-	for range s.cfg.Concurrency {
-		workers.Go(func() { s.worker(ctx, runCtx) })
+// Enqueue writes j's queued check, supersedes the older runs of its
+// group and puts it in the queue. It queues nothing, and returns false,
+// when a job of the same check key is in hand already (a pre-flight and
+// its pull share a check).
+func (s *Scheduler) Enqueue(ctx context.Context, j *job.Job) (bool, error) {
+	s.mu.Lock()
+	if s.q.has(j.Key) {
+		s.mu.Unlock()
+		return false, nil
 	}
+	s.q.reserved[j.Key] = true
+	s.mu.Unlock()
+	c, err := s.p.Checks.Queued(ctx, j.Key, j.Event, j.Workflow.Name)
+	s.mu.Lock()
+	delete(s.q.reserved, j.Key)
+	if err != nil {
+		s.mu.Unlock()
+		return false, err
+	}
+	t := &task{Job: j, check: c}
+	cancelQueued, cancelRunning := s.q.add(t)
+	for _, o := range cancelRunning {
+		s.log.Info("superseded: cancelling the older run", "check", o.Key, "by", j.Event.URI.String())
+		o.cancel()
+	}
+	s.mu.Unlock()
+	for _, o := range cancelQueued {
+		s.p.Checks.Superseded(ctx, o.Key, o.Event, o.check, j.Event.URI.String(), nil, "", s.log)
+		s.markDoneIfIdle(o.Event)
+	}
+	if s.p.Observer != nil {
+		s.p.Observer.Queued(j)
+	}
+	s.log.Info("queued", "check", j.Key, "workflow", j.Workflow.Name, "event", j.Event.URI.String(), "commit", j.Event.Commit)
+	return true, nil
+}
+
+// Start starts the workers and the adopted runs, and returns at once
+// with the wait for them: they go on until the daemon stops claiming
+// work (Drain) and every run has ended or been handed over. The
+// adopted runs are running (in hand) when it returns. ctx is the
+// daemon's; runCtx ends only when a stopping daemon gives up waiting
+// for the runs.
+func (s *Scheduler) Start(ctx, runCtx context.Context) (wait func()) {
+	var workers sync.WaitGroup
 	s.mu.Lock()
 	adopted := s.adopted
 	s.adopted = nil
 	for _, t := range adopted {
+		var jctx context.Context
+		jctx, t.cancel = context.WithCancel(runCtx)
 		s.q.start(t)
-	}
-	s.mu.Unlock()
-	for _, t := range adopted {
-		jctx, cancel := context.WithCancel(runCtx)
-		t.cancel = cancel
 		workers.Go(func() {
 			s.runJob(jctx, t)
 			s.jobEnded(t)
 		})
 	}
+	s.mu.Unlock()
 	if len(adopted) > 0 {
 		s.log.Info(fmt.Sprintf("adopted %d runs", len(adopted)), "runs", len(adopted))
 	}
-	workers.Wait()
+	for range s.cfg.Concurrency {
+		workers.Go(func() { s.worker(ctx, runCtx) })
+	}
+	return workers.Wait
 }
 
 // next waits for a task and gives it a context under runCtx; nil means
@@ -280,5 +318,17 @@ func (s *Scheduler) abandon(ctx context.Context, t *task) {
 	}
 	if err != nil {
 		s.log.Error("stop the session of a run that cannot go on; the next start sweeps it", "session", t.adopt.Session.String(), "err", err)
+	}
+}
+
+// markDoneIfIdle marks the event done when nothing of it is in hand and
+// every check of it is final; the next reconcile otherwise picks it up
+// again.
+func (s *Scheduler) markDoneIfIdle(ev ingest.Event) {
+	if s.InHand(ev.Key()) || s.p.Checks.Pending(ev) {
+		return
+	}
+	if err := s.p.State.MarkDone(ev.Key()); err != nil {
+		s.log.Error("save state", "err", err)
 	}
 }
