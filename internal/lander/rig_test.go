@@ -2,7 +2,6 @@ package lander
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"sync"
 	"testing"
@@ -85,17 +84,17 @@ func (w *world) build(t *testing.T) {
 func (w *world) serve(t *testing.T) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	runCtx, stopRuns := context.WithCancel(context.Background())
-	var parts, workers sync.WaitGroup
+	var parts sync.WaitGroup
+	wait := w.sched.Start(ctx, runCtx)
 	parts.Go(func() { w.in.Run(ctx) })
 	parts.Go(func() { w.l.Run(ctx) })
-	workers.Go(func() { w.sched.Work(ctx, runCtx) })
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
 			cancel()
 			parts.Wait()
 			w.sched.Drain()
-			workers.Wait()
+			wait()
 			stopRuns()
 		})
 	}
@@ -151,15 +150,6 @@ func (s *queueScript) step(runID, _ string) fakeexec.Step {
 	return fakeexec.Step{}
 }
 
-// isBatch reports whether run runID is a batch's (of n pulls, when n > 0).
-func (w *world) isBatch(runID string, n int) bool {
-	uri := syntax.ATURI(w.exec.Session(runID).Spec().Annotations["knotless.dev/event"])
-	if uri.Collection().String() != forge.CollectionBatch {
-		return false
-	}
-	return n == 0 || len(w.queue.Batch(uri.RecordKey().String()).Pulls) == n
-}
-
 // newLanderWorld is a world whose runner lands the rig repository's
 // queue (--queue): pre is its pre-flight (queue: first), batch its
 // on: batch workflow.
@@ -189,14 +179,6 @@ func batchPulls(b forge.Batch) []string {
 	var out []string
 	for _, p := range b.Pulls {
 		out = append(out, p.Pull)
-	}
-	return out
-}
-
-func summary(bs []forge.Batch) []string {
-	var out []string
-	for _, b := range bs {
-		out = append(out, fmt.Sprintf("%s %d", b.Status, len(b.Pulls)))
 	}
 	return out
 }
