@@ -63,8 +63,9 @@ func landerChild() bool {
 		Scheduler: scheduler.Config{Concurrency: 1, Secrets: c.Secrets},
 		Lander:    lander.Config{Queue: true, Batch: lander.DefaultBatch},
 		StopWait:  time.Minute, StateDir: c.StateDir, CacheDir: c.CacheDir,
-		Git:    mirror.Options{Policy: mirror.Policy{AllowLocal: true}},
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Git:                  mirror.Options{Policy: mirror.Policy{AllowLocal: true}},
+		UnsafeShellUntrusted: true, // the merge queue's work, on the shell executor on purpose
+		Logger:               slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

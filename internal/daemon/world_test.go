@@ -77,6 +77,9 @@ func (w *world) config(mod ...func(*daemon.Config)) daemon.Config {
 		Logger:    log,
 		// The test's sources are local repositories.
 		Git: mirror.Options{Policy: mirror.Policy{AllowLocal: true}},
+		// The tests run pulls, discovery and the merge queue on the
+		// shell executor, on purpose (daemon.Config.Validate).
+		UnsafeShellUntrusted: true,
 	}
 	for _, m := range mod {
 		m(&cfg)
