@@ -42,9 +42,8 @@ type Facts struct {
 	// Runner is the runner's DID: sealed secrets are opened for it.
 	Runner syntax.DID
 	// Executor is what the executor can do beyond the core, asked once
-	// (executor.CapabilitiesOf); ExecutorName its name.
-	Executor     executor.Capabilities
-	ExecutorName string
+	// (executor.CapabilitiesOf).
+	Executor executor.Capabilities
 	// RunsDir holds a directory per run: its checkout, its outputs and,
 	// for a detached run, its log so far.
 	RunsDir string

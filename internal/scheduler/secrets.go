@@ -44,21 +44,6 @@ func (s OperatorSecret) For(repo, workflow, ref string) bool {
 	return true
 }
 
-// CheckOperatorSecrets refuses an operator secret that names no
-// repository, and an unscoped one when the runner discovers its
-// repositories: any account could then name the runner and ask for it.
-func CheckOperatorSecrets(secrets []OperatorSecret, discover bool) error {
-	for _, s := range secrets {
-		if len(s.Repos) == 0 {
-			return fmt.Errorf("operator secret %s names no repository", s.Name)
-		}
-		if discover && s.Unscoped() {
-			return fmt.Errorf("operator secret %s is for every repository, and discovery serves any repository that names this runner: scope it to repositories", s.Name)
-		}
-	}
-	return nil
-}
-
 // secrets returns the values a trusted run of j may be granted: the
 // repository's sealed secrets opened with the runner's key, then the
 // operator's secrets scoped to this run, which take precedence.

@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"strings"
 	"testing"
 )
 
@@ -32,21 +31,5 @@ func TestOperatorSecretFor(t *testing.T) {
 		if got := c.s.For(c.repo, c.workflow, c.ref); got != c.want {
 			t.Errorf("%s: For = %v, want %v", c.name, got, c.want)
 		}
-	}
-}
-
-// TestUnscopedOperatorSecretWithDiscover: discovery refuses a secret for
-// every repository, naming it; without discovery it is allowed.
-func TestUnscopedOperatorSecretWithDiscover(t *testing.T) {
-	t.Parallel()
-	s := []OperatorSecret{{Name: "SCOPED", Repos: []string{"at://did:plc:ewvi7nxzyoun6zhxrhs64oiz/dev.knotless.repo/hello"}}, {Name: "WIDE", Repos: []string{AnyRepo}}}
-	if err := CheckOperatorSecrets(s, false); err != nil {
-		t.Errorf("without discovery: %v", err)
-	}
-	if err := CheckOperatorSecrets(s, true); err == nil || !strings.Contains(err.Error(), "WIDE") {
-		t.Errorf("with discovery: got %v, want an error naming WIDE", err)
-	}
-	if err := CheckOperatorSecrets(s[:1], true); err != nil {
-		t.Errorf("scoped with discovery: %v", err)
 	}
 }
