@@ -61,6 +61,11 @@ var upward = []string{
 	module + "internal/checks",
 	module + "internal/state",
 	module + "internal/manifests",
+	module + "internal/intake",
+	module + "internal/scheduler",
+	module + "internal/lander",
+	module + "internal/job",
+	module + "internal/rig",
 }
 
 // implementations are the executors the conformance table is run
@@ -221,7 +226,8 @@ var decisions = []string{
 func TestDecisionCoresImportNoIO(t *testing.T) {
 	t.Parallel()
 	graph := leaves(importGraph(t, decisions...), "github.com/bluesky-social/indigo")
-	above := []string{module + "internal/cli", module + "internal/daemon", module + "internal/ingest", module + "internal/mirror", module + "internal/state"}
+	above := []string{module + "internal/cli", module + "internal/daemon", module + "internal/ingest", module + "internal/mirror", module + "internal/state",
+		module + "internal/intake", module + "internal/scheduler", module + "internal/lander"}
 	for _, p := range decisions {
 		for _, o := range outside {
 			if o.what == "atproto (indigo)" {

@@ -1,9 +1,13 @@
-// Package checks is the life of a dev.knotless.check record: the one
-// status vocabulary, the transitions a check may go through, and the
-// Recorder, the only code that writes the runner's check records. A
-// write the PDS refuses as invalid is replaced by a minimal error check;
-// a final check the PDS does not take now is the caller's to keep and
-// write later ("owed"), never a reason to run the work again.
+// Package checks is the life of a dev.knotless.check record, and the
+// daemon's checks part: the one status vocabulary (Status.Final is the
+// one definition of final), the transitions a check may go through, the
+// Recorder, the only code that writes the runner's check records, and
+// the Keeper, which owns every transition the daemon makes (one method
+// each), the mapping of a run's Result onto its final check, and the
+// outbox of final checks the PDS has not taken. A write the PDS refuses
+// as invalid is replaced by a minimal error check; a final check the
+// PDS does not take now is owed (kept in state.json and written later),
+// never a reason to run the work again.
 package checks
 
 import (

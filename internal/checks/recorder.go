@@ -60,7 +60,7 @@ func (r *Recorder) Pending(event, commit string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, c := range r.known {
-		if c.Subject.Event == event && c.Subject.Commit == commit && !c.Final() {
+		if c.Subject.Event == event && c.Subject.Commit == commit && !Status(c.Status).Final() {
 			return true
 		}
 	}

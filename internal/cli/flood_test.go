@@ -7,7 +7,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"knotless.dev/run/internal/daemon"
+	"knotless.dev/run/internal/intake"
 )
 
 // TestFloodFlags: serve's flood caps default to 20 workflows an event,
@@ -18,13 +18,13 @@ func TestFloodFlags(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		args []string
-		want daemon.Caps
+		want intake.Caps
 	}{
-		{"defaults", nil, daemon.Caps{WorkflowsPerEvent: 20, QueuedPerAuthor: 20, CheckWritesPerAuthor: 200}},
+		{"defaults", nil, intake.Caps{WorkflowsPerEvent: 20, QueuedPerAuthor: 20, CheckWritesPerAuthor: 200}},
 		{"set", []string{"--max-workflows-per-event", "5", "--max-queued-per-author", "8", "--max-check-writes-per-author", "90"},
-			daemon.Caps{WorkflowsPerEvent: 5, QueuedPerAuthor: 8, CheckWritesPerAuthor: 90}},
+			intake.Caps{WorkflowsPerEvent: 5, QueuedPerAuthor: 8, CheckWritesPerAuthor: 90}},
 		{"off", []string{"--max-workflows-per-event", "0", "--max-queued-per-author", "0", "--max-check-writes-per-author", "0"},
-			daemon.Caps{WorkflowsPerEvent: daemon.NoCap, QueuedPerAuthor: daemon.NoCap, CheckWritesPerAuthor: daemon.NoCap}},
+			intake.Caps{WorkflowsPerEvent: intake.NoCap, QueuedPerAuthor: intake.NoCap, CheckWritesPerAuthor: intake.NoCap}},
 	} {
 		root, _, err := parseServe(t, append(append([]string{"serve"}, tc.args...), "did:plc:ewvi7nxzyoun6zhxrhs64oiz/hello")...)
 		if err != nil {

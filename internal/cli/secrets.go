@@ -10,8 +10,8 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
-	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/scheduler"
 )
 
 // operatorSecretsFile is the operator secrets file's format:
@@ -37,7 +37,7 @@ type operatorSecretEntry struct {
 
 // parseOperatorSecrets reads the operator secrets file name, whose
 // content is b; a "file" entry is read relative to name's directory.
-func parseOperatorSecrets(name string, b []byte) ([]daemon.OperatorSecret, error) {
+func parseOperatorSecrets(name string, b []byte) ([]scheduler.OperatorSecret, error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(b, &top); err != nil {
 		return nil, fmt.Errorf("want a JSON object: %w", err)
@@ -46,25 +46,25 @@ func parseOperatorSecrets(name string, b []byte) ([]daemon.OperatorSecret, error
 		return parseScopedSecrets(name, b)
 	}
 	// The older form: every value a string, every secret unscoped.
-	var out []daemon.OperatorSecret
+	var out []scheduler.OperatorSecret
 	for k, raw := range top {
 		var v string
 		if err := json.Unmarshal(raw, &v); err != nil {
 			return nil, fmt.Errorf(`want {"secrets": [...]} or an object of name to string value: %s is not a string`, k)
 		}
-		out = append(out, daemon.OperatorSecret{Name: k, Value: v, Repos: []string{daemon.AnyRepo}})
+		out = append(out, scheduler.OperatorSecret{Name: k, Value: v, Repos: []string{scheduler.AnyRepo}})
 	}
 	return out, nil
 }
 
-func parseScopedSecrets(name string, b []byte) ([]daemon.OperatorSecret, error) {
+func parseScopedSecrets(name string, b []byte) ([]scheduler.OperatorSecret, error) {
 	var f operatorSecretsFile
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&f); err != nil {
 		return nil, err
 	}
-	var out []daemon.OperatorSecret
+	var out []scheduler.OperatorSecret
 	for i, e := range f.Secrets {
 		where := fmt.Sprintf("secrets[%d]", i)
 		if e.Name == "" {
@@ -92,7 +92,7 @@ func parseScopedSecrets(name string, b []byte) ([]daemon.OperatorSecret, error) 
 			return nil, fmt.Errorf(`%s: no "repos": name the repositories (at://DID/%s/NAME) it is for, or "*" for every one`, where, forge.CollectionRepo)
 		}
 		for _, r := range e.Repos {
-			if r == daemon.AnyRepo {
+			if r == scheduler.AnyRepo {
 				if len(e.Repos) > 1 {
 					return nil, fmt.Errorf(`%s: "*" stands alone in "repos"`, where)
 				}
@@ -112,7 +112,7 @@ func parseScopedSecrets(name string, b []byte) ([]daemon.OperatorSecret, error) 
 				return nil, fmt.Errorf("%s: an empty workflow name", where)
 			}
 		}
-		out = append(out, daemon.OperatorSecret{Name: e.Name, Value: value, Repos: e.Repos, Workflows: e.Workflows, Refs: e.Refs})
+		out = append(out, scheduler.OperatorSecret{Name: e.Name, Value: value, Repos: e.Repos, Workflows: e.Workflows, Refs: e.Refs})
 	}
 	return out, nil
 }
@@ -128,15 +128,4 @@ func checkRepoURI(s string) error {
 		}
 	}
 	return fmt.Errorf("repo %q: want at://DID/%s/NAME", s, forge.CollectionRepo)
-}
-
-// unscopedWithDiscover names the flag and the file when an operator
-// secret is for every repository and --discover is on.
-func unscopedWithDiscover(file string, secrets []daemon.OperatorSecret) error {
-	for _, s := range secrets {
-		if s.Unscoped() {
-			return fmt.Errorf(`--secrets-file %s: secret %s is for every repository ("*", or the older name-to-value form), and --discover serves any repository that names this runner: scope it with "repos"`, file, s.Name)
-		}
-	}
-	return nil
 }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"knotless.dev/run/internal/daemon"
+	"knotless.dev/run/internal/scheduler"
 )
 
 const repoA = "at://did:plc:ewvi7nxzyoun6zhxrhs64oiz/dev.knotless.repo/hello"
@@ -30,7 +30,7 @@ func TestParseOperatorSecrets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []daemon.OperatorSecret{
+	want := []scheduler.OperatorSecret{
 		{Name: "A", Value: "a", Repos: []string{repoA}, Workflows: []string{"deploy"}, Refs: []string{"refs/heads/main"}},
 		{Name: "B", Value: "from-file", Repos: []string{"*"}},
 	}
@@ -42,7 +42,7 @@ func TestParseOperatorSecrets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]daemon.OperatorSecret{{Name: "secrets", Value: "old-style value", Repos: []string{"*"}}}, got); diff != "" {
+	if diff := cmp.Diff([]scheduler.OperatorSecret{{Name: "secrets", Value: "old-style value", Repos: []string{"*"}}}, got); diff != "" {
 		t.Errorf("older form (-want +got):\n%s", diff)
 	}
 

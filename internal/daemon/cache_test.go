@@ -10,6 +10,7 @@ import (
 	"knotless.dev/run/internal/cache"
 	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/scheduler"
 )
 
 // cacheWorkflow prints what its cache holds, adds the commit's who.txt
@@ -46,10 +47,10 @@ func TestCachesKeptApartByTrust(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.start(w.config(func(c *daemon.Config) {
-		c.Caches = store
-		c.Pulls, c.Discover = true, true
-		c.Concurrency = 2
-		c.Secrets = []daemon.OperatorSecret{{Name: "OPERATOR_TOKEN", Value: "operator-value", Repos: []string{w.RepoURI.String()}}}
+		c.Engine.Caches = store
+		c.Sources.Pulls, c.Sources.Discover = true, true
+		c.Scheduler.Concurrency = 2
+		c.Scheduler.Secrets = []scheduler.OperatorSecret{{Name: "OPERATOR_TOKEN", Value: "operator-value", Repos: []string{w.RepoURI.String()}}}
 	}))
 	final := func(commit, wantStatus string) string {
 		t.Helper()
@@ -149,9 +150,9 @@ func TestCacheTaintFollowsLineage(t *testing.T) {
 	}
 	const secret = "operator-taint-value"
 	w.start(w.config(func(c *daemon.Config) {
-		c.Caches = store
-		c.Pulls, c.Discover = true, true
-		c.Secrets = []daemon.OperatorSecret{{Name: "OPERATOR_TOKEN", Value: secret, Repos: []string{w.RepoURI.String()}}}
+		c.Engine.Caches = store
+		c.Sources.Pulls, c.Sources.Discover = true, true
+		c.Scheduler.Secrets = []scheduler.OperatorSecret{{Name: "OPERATOR_TOKEN", Value: secret, Repos: []string{w.RepoURI.String()}}}
 	}))
 	final := func(commit string) string {
 		t.Helper()

@@ -68,7 +68,7 @@ steps:
     run: echo fine
 `)})
 	w.start(w.config(func(c *daemon.Config) {
-		c.Executor = exec
+		c.Engine.Executor = exec
 		c.Retry = daemon.Retry{Backoff: 200 * time.Millisecond, MaxBackoff: time.Second}
 		c.Notify = func(s string) { mu.Lock(); notes = append(notes, s); mu.Unlock() }
 	}))

@@ -7,6 +7,7 @@ import (
 
 	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/intake"
 )
 
 // TestUnfetchableCommit: a push whose commit is not in the source is
@@ -24,14 +25,14 @@ steps:
     run: echo fine
 `)})
 	w.start(w.config(func(c *daemon.Config) {
-		c.Retry = daemon.Retry{FetchTries: 3, FetchBackoff: 100 * time.Millisecond}
+		c.Intake.FetchTries, c.Intake.FetchBackoff = 3, 100*time.Millisecond
 	}))
 	w.waitFinal("test", good, 90*time.Second)
 	missing := strings.Repeat("ab", 20)
 	w.Put(w.Owner, forge.CollectionRefUpdate, "", forge.RefUpdate{
 		Type: forge.CollectionRefUpdate, Repo: w.RepoURI.String(), Ref: "refs/heads/main", Old: good, New: missing, CreatedAt: forge.Now(),
 	})
-	_, got := w.waitFinal(daemon.SourceCheck, missing, 60*time.Second)
+	_, got := w.waitFinal(intake.SourceCheck, missing, 60*time.Second)
 	if got.Status != "error" || !strings.Contains(got.Error, "is not in the source") {
 		t.Fatalf("check %s %q, want error saying the commit is not in the source", got.Status, got.Error)
 	}
@@ -39,7 +40,7 @@ steps:
 	if n := strings.Count(w.logText(), "event not handled"); n != 2 {
 		t.Errorf("%d failed tries logged, want 2 (then the error check)", n)
 	}
-	if n := len(w.checkLog.statuses(daemon.SourceCheck, missing)); n != 1 {
+	if n := len(w.checkLog.statuses(intake.SourceCheck, missing)); n != 1 {
 		t.Errorf("%d check writes for the missing commit, want 1", n)
 	}
 }

@@ -97,9 +97,9 @@ func TestPullFloodWorkflowsPerEvent(t *testing.T) {
 	head := fork.Commit("flood", map[string]string{"flood.txt": "0\n"})
 	uri := w.openPull(author, fork.Dir, "flood", head)
 	w.start(w.config(func(c *daemon.Config) {
-		c.Pulls = true
-		c.Discover = true // the stranger's pulls are found by listing the PDS's accounts
-		c.Caps.WorkflowsPerEvent = perEvent
+		c.Sources.Pulls = true
+		c.Sources.Discover = true // the stranger's pulls are found by listing the PDS's accounts
+		c.Intake.Caps.WorkflowsPerEvent = perEvent
 	}))
 	heads := []string{head}
 	w.waitSeen(head, 60*time.Second)
@@ -165,10 +165,10 @@ steps:
 	const workflows, budget = 4, 20
 	w.Push(pullWorkflows(workflows))
 	w.start(w.config(func(c *daemon.Config) {
-		c.Pulls = true
-		c.Discover = true
-		c.Caps.CheckWritesPerAuthor = budget
-		c.Caps.Window = 24 * time.Hour // no refill to speak of within the test
+		c.Sources.Pulls = true
+		c.Sources.Discover = true
+		c.Intake.Caps.CheckWritesPerAuthor = budget
+		c.Intake.Caps.Window = 24 * time.Hour // no refill to speak of within the test
 	}))
 	w.waitFile(started, 60*time.Second)
 

@@ -8,13 +8,14 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"knotless.dev/run/internal/checks"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/intake"
+	"knotless.dev/run/internal/rig"
 )
 
-// The flood caps on the rig (flood.go, floodcaps.go): serve itself,
-// with the check writes counted as the real daemon counts them.
+// The flood caps on the rig: serve itself, with the check writes
+// counted as the real daemon counts them (the recorder's hook).
 
 // writeLog collects the checks written, with their subjects.
 type writeLog struct {
@@ -41,16 +42,18 @@ func (l *writeLog) of(ev ingest.Event) []string {
 	return out
 }
 
-// countWrites makes r's daemon count check writes against the authors'
-// budget of n per hour, as Run's does, and log them in the returned
-// log.
-func countWrites(r *rig, n int) *writeLog {
+// countWrites is a harness whose daemon counts check writes against the
+// authors' budget of n per hour and logs them in the returned log.
+func countWrites(t *testing.T, n int, mod func(*Config)) (*harness, *writeLog) {
 	l := &writeLog{}
-	r.d.cfg.Caps.CheckWritesPerAuthor = n
-	r.d.budget = newWriteBudget(n, time.Hour)
-	r.d.cfg.OnCheck = l.add
-	r.d.rec = checks.NewRecorder(r.pds, r.d.noteCheck)
-	return l
+	h := newHarness(t, func(c *Config) {
+		c.Intake.Caps.CheckWritesPerAuthor = n
+		c.OnCheck = l.add
+		if mod != nil {
+			mod(c)
+		}
+	})
+	return h, l
 }
 
 // A push or pull whose workflows are more than WorkflowsPerEvent gets
@@ -59,24 +62,22 @@ func countWrites(r *rig, n int) *writeLog {
 func TestServeWorkflowsPerEvent(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		r := newRig(t)
-		log := countWrites(r, NoCap)
-		r.d.cfg.Caps.WorkflowsPerEvent = 2
-		r.git.setWorkflows(ciWorkflow("a", "make"), ciWorkflow("b", "make"), ciWorkflow("c", "make"))
-		big, owners := pull("did:plc:author", "3p1", "h1"), push("3k1", "c1")
-		r.in.set(big, owners)
-		serveUntilIdle(t, r.d)
+		h, log := countWrites(t, intake.NoCap, func(c *Config) { c.Intake.Caps.WorkflowsPerEvent = 2 })
+		h.git.SetWorkflows(rig.CI("a", "make"), rig.CI("b", "make"), rig.CI("c", "make"))
+		big, owners := rig.Pull("did:plc:author", "3p1", "h1"), rig.Push("3k1", "c1")
+		h.lister.Set(big, owners)
+		h.serveUntilIdle(t)
 		want := []string{"(refused) error"}
 		for _, ev := range []ingest.Event{big, owners} {
 			if diff := cmp.Diff(want, log.of(ev)); diff != "" {
 				t.Errorf("%s: check writes (-want +got):\n%s", ev.URI, diff)
 			}
-			if c := r.final(ev, refusedCheck); c.Error != "3 workflows match this event, more than --max-workflows-per-event allows (2): none of them runs" {
+			if c := h.final(ev, intake.RefusedCheck); c.Error != "3 workflows match this event, more than --max-workflows-per-event allows (2): none of them runs" {
 				t.Errorf("%s: error %q", ev.URI, c.Error)
 			}
 		}
-		if len(r.git.exported) != 0 {
-			t.Errorf("exported %v: want nothing run", r.git.exported)
+		if len(h.git.Exported()) != 0 {
+			t.Errorf("exported %v: want nothing run", h.git.Exported())
 		}
 	})
 }
@@ -87,20 +88,19 @@ func TestServeWorkflowsPerEvent(t *testing.T) {
 func TestServeCheckWriteBudget(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		r := newRig(t)
-		log := countWrites(r, 12) // one commit of four workflows
-		r.git.setWorkflows(ciWorkflow("a", "make"), ciWorkflow("b", "make"), ciWorkflow("c", "make"), ciWorkflow("d", "make"))
-		first, other := pull("did:plc:author", "3p1", "h1"), pull("did:plc:other", "3p2", "o1")
-		r.in.set(first)
-		stop := serveRig(t, r.d)
+		h, log := countWrites(t, 12, nil) // one commit of four workflows
+		h.git.SetWorkflows(rig.CI("a", "make"), rig.CI("b", "make"), rig.CI("c", "make"), rig.CI("d", "make"))
+		first, other := rig.Pull("did:plc:author", "3p1", "h1"), rig.Pull("did:plc:other", "3p2", "o1")
+		h.lister.Set(first)
+		stop := h.serve(t)
 		synctest.Wait()
 		if got := len(log.of(first)); got != 12 {
 			t.Fatalf("the first commit: %d writes %v, want 12 (queued, running, success of each)", got, log.of(first))
 		}
 
-		moved := pull("did:plc:author", "3p1", "h2")
-		r.in.set(moved, other)
-		r.d.Wake()
+		moved := rig.Pull("did:plc:author", "3p1", "h2")
+		h.lister.Set(moved, other)
+		h.d.intake.Wake()
 		synctest.Wait()
 		if got := log.of(moved); len(got) != 0 {
 			t.Errorf("the moved pull over its author's budget has checks %v, want none while it waits", got)
@@ -113,7 +113,7 @@ func TestServeCheckWriteBudget(t *testing.T) {
 		synctest.Wait()
 		stop()
 		for _, wf := range []string{"a", "b", "c", "d"} {
-			if c := r.final(moved, wf); c.Status != "success" {
+			if c := h.final(moved, wf); c.Status != "success" {
 				t.Errorf("the moved pull's %s after the refill: %q, want success", wf, c.Status)
 			}
 		}

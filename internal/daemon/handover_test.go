@@ -134,6 +134,6 @@ func onCluster(t *testing.T, c *clustertest.Cluster, w *world, pod kubernetes.Po
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg.Executor, cfg.DefaultImage = ex, c.Image
+		cfg.Engine.Executor, cfg.Engine.DefaultImage = ex, c.Image
 	}
 }

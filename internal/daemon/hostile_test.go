@@ -51,9 +51,9 @@ func TestHostileOwnerPDS(t *testing.T) {
 			var mu sync.Mutex
 			queuedIn := 0
 			w.start(w.config(func(c *daemon.Config) {
-				c.Targets = []ingest.Target{{Owner: syntax.AtIdentifier(hostile.DID), Name: "evil"}, {Owner: syntax.AtIdentifier(w.Owner.DID), Name: "hello"}}
-				c.Directory = hostilepds.Directory(srv.Directory(), map[syntax.DID]string{hostile.DID: h.URL})
-				c.Listing.Bounds.Deadline = 3 * time.Second
+				c.Sources.Targets = []ingest.Target{{Owner: syntax.AtIdentifier(hostile.DID), Name: "evil"}, {Owner: syntax.AtIdentifier(w.Owner.DID), Name: "hello"}}
+				c.Account.Directory = hostilepds.Directory(srv.Directory(), map[syntax.DID]string{hostile.DID: h.URL})
+				c.Sources.Listing.Bounds.Deadline = 3 * time.Second
 				c.OnCheck = func(key string, ch forge.Check) {
 					if ch.Subject.Commit == commit && ch.Status == "queued" {
 						mu.Lock()

@@ -79,8 +79,8 @@ steps:
 `)})
 	w.start(w.config(func(c *daemon.Config) {
 		// The sick owner first, so its failure comes before the healthy one.
-		c.Targets = []ingest.Target{{Owner: syntax.AtIdentifier(sick.DID), Name: "other"}, {Owner: syntax.AtIdentifier(w.Owner.DID), Name: "hello"}}
-		c.Directory = movedDirectory{Directory: srv.Directory(), moved: map[syntax.DID]string{sick.DID: proxy.srv.URL}}
+		c.Sources.Targets = []ingest.Target{{Owner: syntax.AtIdentifier(sick.DID), Name: "other"}, {Owner: syntax.AtIdentifier(w.Owner.DID), Name: "hello"}}
+		c.Account.Directory = movedDirectory{Directory: srv.Directory(), moved: map[syntax.DID]string{sick.DID: proxy.srv.URL}}
 	}))
 	_, got := w.waitFinal("test", commit, 90*time.Second)
 	if got.Status != "success" {

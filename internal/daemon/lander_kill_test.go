@@ -21,7 +21,11 @@ import (
 	"knotless.dev/run/internal/executor/shell"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/intake"
+	"knotless.dev/run/internal/lander"
 	"knotless.dev/run/internal/mirror"
+	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/scheduler"
 )
 
 // childEnv names the environment variable that makes the test binary a
@@ -33,7 +37,7 @@ const childEnv = "KNOTLESS_TEST_LANDER"
 type childConfig struct {
 	Runner, PDS, PLCURL, Password, Owner string
 	StateDir, CacheDir, ShellRoot        string
-	Secrets                              []daemon.OperatorSecret
+	Secrets                              []scheduler.OperatorSecret
 }
 
 // landerChild runs the daemon with --queue as a child process told by
@@ -51,15 +55,17 @@ func landerChild() bool {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	err := daemon.Run(ctx, daemon.Config{
-		Runner: syntax.DID(c.Runner), PDS: c.PDS, Password: c.Password,
-		Directory: &identity.BaseDirectory{PLCURL: c.PLCURL, SkipHandleVerification: true},
-		Targets:   []ingest.Target{{Owner: syntax.AtIdentifier(c.Owner), Name: "hello"}},
-		Poll:      300 * time.Millisecond, Executor: shell.New(shell.Config{Root: c.ShellRoot}),
-		Concurrency: 1, StopWait: time.Minute, StateDir: c.StateDir, CacheDir: c.CacheDir,
-		Git:     mirror.Options{Policy: mirror.Policy{AllowLocal: true}},
-		Queue:   true,
-		Secrets: c.Secrets,
-		Logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Account: daemon.Account{Runner: syntax.DID(c.Runner), PDS: c.PDS, Password: c.Password,
+			Directory: &identity.BaseDirectory{PLCURL: c.PLCURL, SkipHandleVerification: true}},
+		Sources:   daemon.Sources{Targets: []ingest.Target{{Owner: syntax.AtIdentifier(c.Owner), Name: "hello"}}},
+		Intake:    intake.Config{Poll: 300 * time.Millisecond},
+		Engine:    run.Config{Executor: shell.New(shell.Config{Root: c.ShellRoot})},
+		Scheduler: scheduler.Config{Concurrency: 1, Secrets: c.Secrets},
+		Lander:    lander.Config{Queue: true, Batch: lander.DefaultBatch},
+		StopWait:  time.Minute, StateDir: c.StateDir, CacheDir: c.CacheDir,
+		Git:                  mirror.Options{Policy: mirror.Policy{AllowLocal: true}},
+		UnsafeShellUntrusted: true, // the merge queue's work, on the shell executor on purpose
+		Logger:               slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -75,7 +81,7 @@ func (m *mqWorld) startLander(log *os.File) *exec.Cmd {
 	raw, err := json.Marshal(childConfig{
 		Runner: m.Runner.DID.String(), PDS: srv.URL, PLCURL: srv.PLCURL, Password: m.Password, Owner: m.Owner.DID.String(),
 		StateDir: m.stateDir, CacheDir: m.cacheDir, ShellRoot: m.shellRoot,
-		Secrets: []daemon.OperatorSecret{{Name: "TOKEN", Value: "operator-token", Repos: []string{m.RepoURI.String()}}},
+		Secrets: []scheduler.OperatorSecret{{Name: "TOKEN", Value: "operator-token", Repos: []string{m.RepoURI.String()}}},
 	})
 	if err != nil {
 		m.t.Fatal(err)

@@ -64,9 +64,9 @@ steps:
 	head := fork.Commit("feature", map[string]string{"feature.txt": "new\n"})
 	w.openPull(author, fork.Dir, "feature", head)
 	w.start(w.config(func(c *daemon.Config) {
-		c.Pulls = true
-		c.Discover = true // the stranger's pulls are found by listing the PDS's accounts
-		c.Max = run.Maximums{Timeout: time.Hour, MilliCPU: 1000, Images: []string{"busybox:*"}}
+		c.Sources.Pulls = true
+		c.Sources.Discover = true // the stranger's pulls are found by listing the PDS's accounts
+		c.Engine.Max = run.Maximums{Timeout: time.Hour, MilliCPU: 1000, Images: []string{"busybox:*"}}
 	}))
 	if _, got := w.waitFinal("big", commit, 60*time.Second); got.Status != "success" {
 		t.Errorf("the owner's push: got %s (%s), want success: trusted runs are not bound by default", got.Status, got.Error)
@@ -99,9 +99,9 @@ steps:
 `)})
 	w.Push(map[string]string{".knotless/workflows/check.yaml": "on: [pull]\nsteps:\n  - name: check\n    run: echo pull\n"})
 	w.start(w.config(func(c *daemon.Config) {
-		c.Pulls = true
-		c.Discover = true // the stranger's pulls are found by listing the PDS's accounts
-		c.Caps.QueuedPerAuthor = 2
+		c.Sources.Pulls = true
+		c.Sources.Discover = true // the stranger's pulls are found by listing the PDS's accounts
+		c.Intake.Caps.QueuedPerAuthor = 2
 	}))
 	w.waitFile(started, 30*time.Second)
 

@@ -20,7 +20,9 @@ import (
 	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/executor/shell"
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/lander"
 	"knotless.dev/run/internal/mirror"
+	"knotless.dev/run/internal/scheduler"
 	"knotless.dev/run/tests/gitrepo"
 	"knotless.dev/run/tests/pds"
 )
@@ -98,8 +100,8 @@ func newMQWorld(t *testing.T, runners, landers []string) *mqWorld {
 
 func (m *mqWorld) config(mod ...func(*daemon.Config)) daemon.Config {
 	return m.world.config(append([]func(*daemon.Config){func(c *daemon.Config) {
-		c.Queue = true
-		c.Secrets = []daemon.OperatorSecret{{Name: "TOKEN", Value: "operator-token", Repos: []string{m.RepoURI.String()}}}
+		c.Lander.Queue, c.Lander.Batch = true, lander.DefaultBatch
+		c.Scheduler.Secrets = []scheduler.OperatorSecret{{Name: "TOKEN", Value: "operator-token", Repos: []string{m.RepoURI.String()}}}
 	}}, mod...)...)
 }
 
@@ -235,7 +237,7 @@ func TestMergeQueueLandsInOrder(t *testing.T) {
 	m.enqueue(p2, c2)
 	// With --pulls, pre.yaml (on: pull and queue: first) is also the
 	// pulls' own work: it runs once per pull all the same.
-	m.start(m.config(func(c *daemon.Config) { c.Pulls = true }))
+	m.start(m.config(func(c *daemon.Config) { c.Sources.Pulls = true }))
 
 	m.waitFor("landing", 2*time.Minute, func() bool {
 		return len(list[forge.Landing](m, m.Runner.DID, forge.CollectionLanding)) > 0
@@ -370,9 +372,9 @@ func TestMergeQueueTwoRunners(t *testing.T) {
 	m.enqueue(p1, c1)
 	m.start(m.config())
 	m.start(m.config(func(c *daemon.Config) {
-		c.Runner, c.Password = other.DID, otherPassword
+		c.Account.Runner, c.Account.Password = other.DID, otherPassword
 		c.StateDir, c.CacheDir = t.TempDir(), t.TempDir()
-		c.Executor = shell.New(shell.Config{Root: t.TempDir()})
+		c.Engine.Executor = shell.New(shell.Config{Root: t.TempDir()})
 	}))
 	m.waitFor("landing", 2*time.Minute, func() bool {
 		return len(list[forge.Landing](m, m.Runner.DID, forge.CollectionLanding)) > 0
@@ -521,7 +523,7 @@ func TestMergeQueuePushCredentialBoundToHost(t *testing.T) {
 		})
 	}
 	cfg := m.config(func(c *daemon.Config) {
-		c.PushCredentials = mirror.PushCredentials{cred}
+		c.Lander.PushCredentials = mirror.PushCredentials{cred}
 		c.Git.Policy.AllowHTTP = true
 	})
 	source(owners.URL + "/origin.git")

@@ -10,6 +10,7 @@ import (
 
 	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/scheduler"
 	"knotless.dev/run/internal/state"
 )
 
@@ -93,11 +94,11 @@ func TestSecrets(t *testing.T) {
 	})
 
 	w.start(w.config(func(c *daemon.Config) {
-		c.Pulls = true
+		c.Sources.Pulls = true
 		// The author wrote the pull before the runner started and is
 		// not a watched account: listing the PDS's accounts finds it.
-		c.Discover = true
-		c.Secrets = []daemon.OperatorSecret{{Name: "OPERATOR_TOKEN", Value: "operator-wins", Repos: []string{w.RepoURI.String()}}}
+		c.Sources.Discover = true
+		c.Scheduler.Secrets = []scheduler.OperatorSecret{{Name: "OPERATOR_TOKEN", Value: "operator-wins", Repos: []string{w.RepoURI.String()}}}
 	}))
 	_, push := w.waitFinal("deploy", commit, 90*time.Second)
 	if push.Status != "success" {
@@ -256,8 +257,8 @@ func TestFirehoseWakes(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	w.start(w.config(func(c *daemon.Config) {
-		c.Poll = time.Hour
-		c.Firehose = true
+		c.Intake.Poll = time.Hour
+		c.Intake.Firehose = true
 	}))
 	deadline := time.Now().Add(30 * time.Second)
 	for !strings.Contains(w.logText(), "following events") {

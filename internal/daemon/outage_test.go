@@ -125,7 +125,7 @@ func TestOwedCheck(t *testing.T) {
 	gate := t.TempDir()
 	_, commit := w.Push(map[string]string{".knotless/workflows/gated.yaml": gatedWorkflow(gate)})
 	fast := func(c *daemon.Config) {
-		c.PDS = proxy.srv.URL
+		c.Account.PDS = proxy.srv.URL
 		c.Retry = daemon.Retry{Backoff: 200 * time.Millisecond, MaxBackoff: time.Second}
 	}
 	stop := w.start(w.config(fast))
@@ -205,7 +205,7 @@ func TestRefusedCheck(t *testing.T) {
 		return 0, nil, ""
 	})
 	_, commit := w.Push(map[string]string{".knotless/workflows/gated.yaml": gatedWorkflow(gate)})
-	w.start(w.config(func(c *daemon.Config) { c.PDS = proxy.srv.URL }))
+	w.start(w.config(func(c *daemon.Config) { c.Account.PDS = proxy.srv.URL }))
 	_, got := w.waitFinal("gated", commit, 90*time.Second)
 	if got.Status != "error" || !strings.HasPrefix(got.Error, "check record refused: ") {
 		t.Fatalf("final check %s (%q), want error \"check record refused: …\"", got.Status, got.Error)

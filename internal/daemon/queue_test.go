@@ -163,7 +163,7 @@ steps:
       ` + waitFor(release) + `
 `)})
 	// Two workers, so the newer run goes while the older one waits.
-	w.start(w.config(func(c *daemon.Config) { c.Concurrency = 2 }))
+	w.start(w.config(func(c *daemon.Config) { c.Scheduler.Concurrency = 2 }))
 	w.waitFile(started, 30*time.Second)
 
 	_, commit := w.Push(map[string]string{".knotless/workflows/deploy.yaml": workflowFile(`
@@ -211,7 +211,7 @@ steps:
 		".knotless/workflows/a.yaml": wf("a", "b"),
 		".knotless/workflows/b.yaml": wf("b", "a"),
 	})
-	w.start(w.config(func(c *daemon.Config) { c.Concurrency = 2 }))
+	w.start(w.config(func(c *daemon.Config) { c.Scheduler.Concurrency = 2 }))
 	for _, name := range []string{"a", "b"} {
 		if _, got := w.waitFinal(name, commit, 45*time.Second); got.Status != "success" {
 			t.Errorf("workflow %s: got %s (%s), want success: the runs did not overlap", name, got.Status, got.Error)
@@ -281,9 +281,9 @@ func TestDiscover(t *testing.T) {
 	_, commit := w.Push(wf("owner"))
 
 	w.start(w.config(func(c *daemon.Config) {
-		c.Targets = nil
-		c.Discover = true
-		c.Poll = time.Second
+		c.Sources.Targets = nil
+		c.Sources.Discover = true
+		c.Intake.Poll = time.Second
 	}))
 	if _, got := w.waitFinal("build", commit, 45*time.Second); got.Status != "success" {
 		t.Fatalf("discovered repository's push: got %s (%s), want success", got.Status, got.Error)

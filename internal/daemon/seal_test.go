@@ -11,6 +11,7 @@ import (
 	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/scheduler"
 	"knotless.dev/run/internal/state"
 	"knotless.dev/run/tests/gitrepo"
 	"knotless.dev/run/tests/pds"
@@ -108,7 +109,7 @@ func TestSealedSecretStaysWithItsRepository(t *testing.T) {
 	_, commitA := w.Push(tenantWorkflow("a", "DEPLOY_TOKEN", "a-deploy-value"))
 	commitB := b.push(w, tenantWorkflow("b", "DEPLOY_TOKEN", "a-deploy-value"))
 
-	w.start(w.config(func(c *daemon.Config) { c.Targets = append(c.Targets, b.target()) }))
+	w.start(w.config(func(c *daemon.Config) { c.Sources.Targets = append(c.Sources.Targets, b.target()) }))
 	_, gotB := w.waitFinal("deploy", commitB, 90*time.Second)
 	if log := w.runLog(gotB); strings.Contains(log, "value-ok") {
 		t.Errorf("B's push got A's sealed value:\n%s", log)
@@ -136,8 +137,8 @@ func TestOperatorSecretStaysWithItsRepository(t *testing.T) {
 	commitB := b.push(w, tenantWorkflow("b", "OPERATOR_TOKEN", "a-operator-value"))
 
 	w.start(w.config(func(c *daemon.Config) {
-		c.Targets = append(c.Targets, b.target())
-		c.Secrets = []daemon.OperatorSecret{{Name: "OPERATOR_TOKEN", Value: "a-operator-value", Repos: []string{w.RepoURI.String()}}}
+		c.Sources.Targets = append(c.Sources.Targets, b.target())
+		c.Scheduler.Secrets = []scheduler.OperatorSecret{{Name: "OPERATOR_TOKEN", Value: "a-operator-value", Repos: []string{w.RepoURI.String()}}}
 	}))
 	_, gotB := w.waitFinal("deploy", commitB, 90*time.Second)
 	if log := w.runLog(gotB); strings.Contains(log, "value-ok") {

@@ -31,7 +31,7 @@ steps:
 	_, commit := w.Push(map[string]string{".knotless/workflows/build.yaml": wf, "private.txt": "the owner's\n"})
 	// The stranger's pull is found by listing the PDS's accounts: these
 	// tests follow no event stream.
-	w.start(w.config(func(c *daemon.Config) { c.Pulls, c.Discover = true, true }))
+	w.start(w.config(func(c *daemon.Config) { c.Sources.Pulls, c.Sources.Discover = true, true }))
 	if _, got := w.waitFinal("build", commit, 90*time.Second); got.Status != "success" {
 		t.Fatalf("push: %s (%s)", got.Status, got.Error)
 	}

@@ -17,7 +17,10 @@ import (
 	"knotless.dev/run/internal/executor/shell"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/intake"
 	"knotless.dev/run/internal/mirror"
+	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/scheduler"
 	"knotless.dev/run/tests/forgeworld"
 	"knotless.dev/run/tests/pds"
 )
@@ -62,21 +65,21 @@ func newWorldOn(t *testing.T, srv *pds.Server) *world {
 func (w *world) config(mod ...func(*daemon.Config)) daemon.Config {
 	log := slog.New(slog.NewTextHandler(lockedWriter{w}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	cfg := daemon.Config{
-		Runner:      w.Runner.DID,
-		PDS:         w.Server.URL,
-		Password:    w.Password,
-		Directory:   w.Server.Directory(),
-		Targets:     []ingest.Target{{Owner: syntax.AtIdentifier(w.Owner.DID), Name: "hello"}},
-		Poll:        300 * time.Millisecond,
-		Executor:    shell.New(shell.Config{Root: w.shellRoot}),
-		Concurrency: 1,
-		StopWait:    time.Minute,
-		StateDir:    w.stateDir,
-		CacheDir:    w.cacheDir,
-		OnCheck:     w.checkLog.add,
-		Logger:      log,
+		Account:   daemon.Account{Runner: w.Runner.DID, PDS: w.Server.URL, Password: w.Password, Directory: w.Server.Directory()},
+		Sources:   daemon.Sources{Targets: []ingest.Target{{Owner: syntax.AtIdentifier(w.Owner.DID), Name: "hello"}}},
+		Intake:    intake.Config{Poll: 300 * time.Millisecond},
+		Engine:    run.Config{Executor: shell.New(shell.Config{Root: w.shellRoot})},
+		Scheduler: scheduler.Config{Concurrency: 1},
+		StopWait:  time.Minute,
+		StateDir:  w.stateDir,
+		CacheDir:  w.cacheDir,
+		OnCheck:   w.checkLog.add,
+		Logger:    log,
 		// The test's sources are local repositories.
 		Git: mirror.Options{Policy: mirror.Policy{AllowLocal: true}},
+		// The tests run pulls, discovery and the merge queue on the
+		// shell executor, on purpose (daemon.Config.Validate).
+		UnsafeShellUntrusted: true,
 	}
 	for _, m := range mod {
 		m(&cfg)

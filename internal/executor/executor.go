@@ -26,6 +26,13 @@ type Executor interface {
 	Sweep(ctx context.Context, keep []string) ([]Ref, error)
 }
 
+// The optional capabilities. An executor (or its sessions) may do more
+// than the contract's core above; each such capability is declared here,
+// found once when the daemon starts (CapabilitiesOf) and handed to the
+// daemon's parts as facts, never asked of the executor anywhere else.
+// Each has a subtest in the conformance table that runs when an
+// executor has it.
+
 // Resumer is an Executor that can take a session over from another
 // process by its Ref.
 type Resumer interface {
@@ -38,6 +45,53 @@ type Resumer interface {
 // follow them. The session stays usable; Stop still removes it.
 type Releaser interface {
 	Release()
+}
+
+// HealthChecker is an Executor that can tell whether it can take runs
+// now (Kubernetes: the credentials load and have not expired, the API
+// server answers); nil means it can.
+type HealthChecker interface {
+	Health(ctx context.Context) error
+}
+
+// GoneChecker is an Executor that can tell whether a session another
+// process handed over can no longer go on (its Job deleted or ended, its
+// pod lost). An error means it could not tell.
+type GoneChecker interface {
+	Gone(ctx context.Context, ref Ref) (bool, error)
+}
+
+// Capabilities are the optional capabilities an executor has: nil for
+// each it lacks.
+type Capabilities struct {
+	Resumer Resumer
+	Health  HealthChecker
+	Gone    GoneChecker
+}
+
+// CapabilitiesOf asks ex, once, what it can do beyond the core.
+func CapabilitiesOf(ex Executor) Capabilities {
+	var c Capabilities
+	c.Resumer, _ = ex.(Resumer)
+	c.Health, _ = ex.(HealthChecker)
+	c.Gone, _ = ex.(GoneChecker)
+	return c
+}
+
+// Detaches reports whether a run on the executor can be detached: left
+// going at a stop and adopted by the successor. Only an executor that
+// resumes sessions detaches; on any other a run finishes (or is
+// cancelled) in its own process. This is the one place it is decided.
+func (c Capabilities) Detaches() bool { return c.Resumer != nil }
+
+// Release lets go of the streams of sess when its executor releases
+// sessions (Releaser), and reports whether it did.
+func Release(sess Session) bool {
+	r, ok := sess.(Releaser)
+	if ok {
+		r.Release()
+	}
+	return ok
 }
 
 // Session is one run's sandbox.

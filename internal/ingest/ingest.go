@@ -20,6 +20,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/workflow"
 )
 
 // Target is a repository named on the command line.
@@ -75,6 +76,11 @@ type Event struct {
 	// Preflight marks a queued pull's pre-flight (the lander's work): its
 	// queue: first workflows run, not its on: pull ones.
 	Preflight bool
+	// Vars are run variables the event gives its runs from outside the
+	// workflow files (a re-run's env, a dispatch's inputs): intake hands
+	// them to each of its jobs, the scheduler to run.Request.Vars.
+	// Nothing lists any yet.
+	Vars []workflow.EnvVar `json:",omitempty"`
 }
 
 // Key identifies the event's work: the record and its commit (a pull

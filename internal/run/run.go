@@ -53,7 +53,8 @@ type Config struct {
 
 // Engine runs workflows.
 type Engine struct {
-	cfg Config
+	cfg  Config
+	caps executor.Capabilities // asked of the executor once, in New
 }
 
 // New returns an Engine.
@@ -67,7 +68,7 @@ func New(cfg Config) *Engine {
 	if cfg.Observer == nil {
 		cfg.Observer = noObserver{}
 	}
-	return &Engine{cfg: cfg}
+	return &Engine{cfg: cfg, caps: executor.CapabilitiesOf(cfg.Executor)}
 }
 
 // Request is one run to do.
@@ -183,7 +184,7 @@ func (r *runState) resumeLog(prior []byte, size int64) {
 }
 
 func (e *Engine) newRunState(req Request) *runState {
-	if _, ok := e.cfg.Executor.(executor.Resumer); !ok {
+	if !e.caps.Detaches() {
 		req.Detach = nil
 	}
 	r := &runState{
@@ -296,8 +297,8 @@ func (r *runState) adopt(ctx context.Context, h Handover) {
 	grantErr := r.grantSecrets()
 	r.restoreUnrecorded = !h.CachesClean
 	r.openLog(false)
-	resumer, ok := r.eng.cfg.Executor.(executor.Resumer)
-	if !ok {
+	resumer := r.eng.caps.Resumer
+	if resumer == nil {
 		r.fail(Error, "", fmt.Errorf("adopt run %s: the %s executor cannot resume sessions", r.req.RunID, r.eng.cfg.Executor.Name()))
 		return
 	}
@@ -667,9 +668,7 @@ func (r *runState) followContext(stepCtx context.Context, sess executor.Session)
 		defer close(watcher)
 		select {
 		case <-r.req.Detach:
-			if rel, ok := sess.(executor.Releaser); ok {
-				rel.Release()
-			}
+			executor.Release(sess)
 			cancel()
 		case <-ctx.Done():
 		}

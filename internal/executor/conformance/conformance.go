@@ -1,6 +1,7 @@
 // Package conformance is the one behaviour table that every executor must
 // pass: status rules, timeouts, secrets, leftover processes and hostile
-// transfers. Each executor's tests call Run with a way to build it; a
+// transfers, and a case for each optional capability (resume, release,
+// health, gone) that runs when the executor has it. Each executor's tests call Run with a way to build it; a
 // behaviour only one executor passes is a bug in that executor.
 package conformance
 
@@ -60,6 +61,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("bounds", func(t *testing.T) { t.Parallel(); testBounds(t, h) })
 	t.Run("caches", func(t *testing.T) { t.Parallel(); testCaches(t, h) })
 	t.Run("cache taint", func(t *testing.T) { t.Parallel(); testCacheTaint(t, h) })
+	runCapabilities(t, h)
 }
 
 func engine(t *testing.T, h Harness) *run.Engine {

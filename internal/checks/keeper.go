@@ -1,0 +1,294 @@
+package checks
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/atdata"
+
+	"knotless.dev/run/internal/backoff"
+	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/state"
+)
+
+// Keeper is the checks part of the daemon: the life of every check the
+// runner writes, one method per transition (Queued, Running, Finished,
+// Released, Superseded, Error), the mapping of a run's Result onto the
+// final check (Map), and the outbox of final checks the PDS has
+// not taken (owed.go). It is the only code that sets a check's status:
+// the daemon's other parts ask it, and read what it knows (Final,
+// Pending, Verdict). Its writes go through the Recorder, which checks
+// each move against the transition table. Safe for concurrent use.
+type Keeper struct {
+	rec    *Recorder
+	blobs  Blobs
+	outbox Outbox
+	until  func() time.Time
+	retry  backoff.Policy
+	log    *slog.Logger
+
+	mu   sync.Mutex
+	next map[string]time.Time // when each owed check is tried next (in memory: a new process tries at once)
+	wake chan struct{}        // a hint that a check became owed
+}
+
+// Blobs takes a run's log and image outputs (forge.Account).
+type Blobs interface {
+	UploadBlob(ctx context.Context, mimeType string, data []byte) (atdata.Blob, error)
+}
+
+// Outbox keeps the final checks the PDS has not taken (state.Store).
+type Outbox interface {
+	Owe(key string, o state.Owed) error
+	// Paid forgets an owed check that was written and marks its event
+	// done; Forgive forgets one that can never be.
+	Paid(key string) error
+	Forgive(key string) error
+	Owed() map[string]state.Owed
+	IsOwed(key string) bool
+}
+
+// Ports are what a Keeper uses of the outside.
+type Ports struct {
+	Blobs  Blobs
+	Outbox Outbox
+	// LimitedUntil is until when the runner's PDS said it limits this
+	// runner (RateLimits.Until of its host); nil: it never said.
+	LimitedUntil func() time.Time
+}
+
+// NewKeeper returns the checks part writing through rec; retry paces
+// the owed checks' writes.
+func NewKeeper(rec *Recorder, p Ports, retry backoff.Policy, log *slog.Logger) *Keeper {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	until := p.LimitedUntil
+	if until == nil {
+		until = func() time.Time { return time.Time{} }
+	}
+	return &Keeper{rec: rec, blobs: p.Blobs, outbox: p.Outbox, until: until, retry: retry, log: log,
+		next: map[string]time.Time{}, wake: make(chan struct{}, 1)}
+}
+
+// Know remembers a check listed from the PDS, without writing it.
+func (k *Keeper) Know(key string, c forge.Check) { k.rec.Know(key, c) }
+
+// Get returns the last check of key, written or known.
+func (k *Keeper) Get(key string) (forge.Check, bool) { return k.rec.Get(key) }
+
+// Final reports whether the check of key is known and final: its work
+// never runs again.
+func (k *Keeper) Final(key string) bool {
+	c, known := k.rec.Get(key)
+	return known && Status(c.Status).Final()
+}
+
+// Pending reports whether the event has a check that is not final.
+func (k *Keeper) Pending(ev ingest.Event) bool { return k.rec.Pending(ev.URI.String(), ev.Commit) }
+
+// Queued writes the queued check of the workflow wf of ev (key): the
+// work is in the queue. A check queued already is not written again;
+// one an earlier process left keeps its creation time.
+func (k *Keeper) Queued(ctx context.Context, key string, ev ingest.Event, wf string) (forge.Check, error) {
+	c := forge.Check{Type: forge.CollectionCheck, Subject: ev.Subject(), Workflow: wf, Status: string(Queued), CreatedAt: forge.Now()}
+	prev, known := k.rec.Get(key)
+	if known {
+		c.CreatedAt = prev.CreatedAt
+	}
+	if !known || prev.Status != string(Queued) {
+		if err := k.rec.Write(ctx, Queue, key, c); err != nil {
+			return c, err
+		}
+	}
+	return c, nil
+}
+
+// Running writes the running check of c's work, started at started,
+// and returns it. A failed write is logged: the run goes on.
+func (k *Keeper) Running(ctx context.Context, key string, c forge.Check, started time.Time, log *slog.Logger) forge.Check {
+	c.Status, c.StartedAt = string(Running), forge.Datetime(started)
+	if err := k.rec.Write(ctx, Start, key, c); err != nil {
+		log.Error("write running check", "err", err)
+	}
+	return c
+}
+
+// Finished writes the final check of a run that ended: its Result
+// (Map), the log and the image outputs under outDir uploaded. A check
+// the PDS does not take now is owed. It returns the check.
+func (k *Keeper) Finished(ctx context.Context, key string, ev ingest.Event, c forge.Check, res *run.Result, outDir string, log *slog.Logger) forge.Check {
+	final := k.Map(ctx, c, res, outDir, log)
+	k.putFinal(ctx, Finish, key, ev, final, log)
+	return final
+}
+
+// Superseded writes the cancelled check of work a newer event (by)
+// superseded: a queued job's (res nil), or a running one's result.
+func (k *Keeper) Superseded(ctx context.Context, key string, ev ingest.Event, c forge.Check, by string, res *run.Result, outDir string, log *slog.Logger) forge.Check {
+	return k.cancelled(ctx, Supersede, key, ev, c, "superseded by "+by, res, outDir, log)
+}
+
+// Cancelled writes the cancelled check of work stopped for why (run
+// control: control.CancelledText): a queued job's (res nil), or a
+// running one's result.
+func (k *Keeper) Cancelled(ctx context.Context, key string, ev ingest.Event, c forge.Check, why string, res *run.Result, outDir string, log *slog.Logger) forge.Check {
+	return k.cancelled(ctx, Finish, key, ev, c, why, res, outDir, log)
+}
+
+func (k *Keeper) cancelled(ctx context.Context, t Transition, key string, ev ingest.Event, c forge.Check, why string, res *run.Result, outDir string, log *slog.Logger) forge.Check {
+	if res == nil {
+		c.Status, c.FinishedAt = string(Cancelled), forge.Now()
+	} else {
+		c = k.Map(ctx, c, res, outDir, log)
+	}
+	c.Error = why
+	k.putFinal(ctx, t, key, ev, c, log)
+	return c
+}
+
+// Released writes a run a stopping runner gave back: its check queued
+// again, not final, for the successor (nothing is owed).
+func (k *Keeper) Released(ctx context.Context, key string, c forge.Check, res *run.Result, outDir string, log *slog.Logger) {
+	c = k.Map(ctx, c, res, outDir, log)
+	c.Status, c.Error = string(Queued), "released by a stopping runner: runs again on its successor"
+	c.FinishedAt = ""
+	if err := k.rec.Write(ctx, Release, key, c); err != nil {
+		log.Error("write released check", "err", err)
+	}
+}
+
+// Error writes the final error check of the workflow wf of ev, which
+// cannot run (an invalid file, a refused event, a commit that does not
+// fetch, a pull that does not merge), unless its check is final.
+func (k *Keeper) Error(ctx context.Context, ev ingest.Event, wf, msg string) {
+	key := forge.CheckKey(ev.Subject(), wf)
+	if k.Final(key) {
+		return
+	}
+	now := forge.Now()
+	c := forge.Check{Type: forge.CollectionCheck, Subject: ev.Subject(), Workflow: wf, Status: string(Error),
+		Error: Truncate(msg, MaxError), CreatedAt: now, FinishedAt: now}
+	k.putFinal(ctx, Finish, key, ev, c, k.log)
+}
+
+// Map maps a run's result onto its check c, one to one: status, times,
+// failed step, error, steps with their exit codes and durations, the
+// log and the image outputs (read from outDir, where the run's outputs
+// are) uploaded as blobs. A blob that does not upload is logged and
+// left out.
+func (k *Keeper) Map(ctx context.Context, c forge.Check, res *run.Result, outDir string, log *slog.Logger) forge.Check {
+	c.Status = string(res.Status)
+	c.StartedAt = forge.Datetime(res.StartedAt)
+	c.FinishedAt = forge.Datetime(res.FinishedAt)
+	c.FailedStep = Truncate(res.FailedStep, MaxName)
+	c.Error = Truncate(res.Error, MaxError)
+	c.Steps = nil
+	for _, s := range res.Steps {
+		cs := forge.CheckStep{Name: Truncate(s.Name, MaxName), Status: string(s.Status), DurationMs: s.Duration.Milliseconds(), TimedOut: s.TimedOut}
+		if s.ExitCode != nil {
+			code := int64(*s.ExitCode)
+			cs.ExitCode = &code
+		}
+		c.Steps = append(c.Steps, cs)
+	}
+	if len(res.Log) > 0 {
+		blob, err := k.blobs.UploadBlob(ctx, "text/plain", res.Log)
+		if err != nil {
+			log.Error("upload run log", "err", err)
+		} else {
+			c.Log = &blob
+		}
+	}
+	for _, rel := range res.Outputs {
+		if len(c.Outputs) == maxOutputs {
+			log.Warn("more image outputs than a check holds; the rest are not uploaded", "max", maxOutputs)
+			break
+		}
+		data, mimeType, ok := readImage(filepath.Join(outDir, filepath.FromSlash(rel)))
+		if !ok {
+			continue
+		}
+		blob, err := k.blobs.UploadBlob(ctx, mimeType, data)
+		if err != nil {
+			log.Error("upload output", "path", rel, "err", err)
+			continue
+		}
+		c.Outputs = append(c.Outputs, forge.Output{Path: rel, Blob: blob})
+	}
+	return c
+}
+
+// putFinal writes a final check through the recorder (Recorder.Final):
+// one the PDS does not take now is owed.
+func (k *Keeper) putFinal(ctx context.Context, t Transition, key string, ev ingest.Event, c forge.Check, log *slog.Logger) {
+	c, err := k.rec.Final(ctx, t, key, c, log)
+	var owed *OwedError
+	switch {
+	case errors.As(err, &owed):
+		k.owe(key, ev, c, owed.Err, log)
+	case err != nil:
+		log.Error("final check not written", "check", key, "err", err)
+	}
+}
+
+// Verdict is what the checks of some work say together.
+type Verdict int
+
+// The verdicts, from best to worst.
+const (
+	Passed  Verdict = iota // every check succeeded
+	Waiting                // some check is not final yet
+	Unknown                // some check is not written yet
+	Failed                 // a check did not succeed
+)
+
+// Verdict reads the checks of the workflows of subject: all succeeded,
+// one failed (detail names it), or not there yet.
+func (k *Keeper) Verdict(subject forge.Subject, workflows []string) (Verdict, string) {
+	v := Passed
+	for _, wf := range workflows {
+		c, known := k.rec.Get(forge.CheckKey(subject, wf))
+		switch {
+		case !known:
+			v = max(v, Unknown)
+		case !Status(c.Status).Final():
+			v = max(v, Waiting)
+		case Status(c.Status) != Success:
+			detail := "workflow " + wf + ": " + c.Status
+			if c.FailedStep != "" {
+				detail += " in step " + c.FailedStep
+			}
+			return Failed, detail
+		}
+	}
+	return v, ""
+}
+
+// Forget drops the final checks (in memory) finished before cutoff,
+// but those of the events need keeps (listed and still work, whose
+// memory stops them running again) and the owed ones; it returns how
+// many went.
+func (k *Keeper) Forget(cutoff time.Time, need func(evKey string) bool) int {
+	return k.rec.Forget(func(key string, c forge.Check) bool {
+		if !Status(c.Status).Final() || need(c.Subject.Event+"@"+c.Subject.Commit) {
+			return false
+		}
+		if k.outbox.IsOwed(key) {
+			return false
+		}
+		at := c.FinishedAt
+		if at == "" {
+			at = c.CreatedAt
+		}
+		t, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(at))
+		return err == nil && t.Before(cutoff)
+	})
+}

@@ -1,0 +1,93 @@
+package cli
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/bluesky-social/indigo/atproto/syntax"
+
+	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/ingest"
+)
+
+// SecretCmd groups the secret helpers.
+type SecretCmd struct {
+	Seal SecretSealCmd `cmd:"" help:"Seal a secret value to a runner's key and print the dev.knotless.secret record to write."`
+}
+
+// SecretSealCmd prints a sealed secret record. The value comes from
+// stdin, never from the command line. The sealed bytes hold the value
+// bound to the repository, name, runner and scope (forge.Envelope), so
+// they open for this record's repository only.
+type SecretSealCmd struct {
+	Runner    string `help:"The runner's DID." required:"" placeholder:"DID"`
+	Key       string `help:"The runner's public sealing key (base64, from its secrets-key.json or its log at first start)." required:"" placeholder:"KEY"`
+	Repo      string `help:"The repository: at://OWNER/dev.knotless.repo/NAME (OWNER a DID)." required:"" placeholder:"AT-URI"`
+	Name      string `help:"The secret's name as workflows grant it." required:"" placeholder:"NAME"`
+	Scope     string `help:"Which runs get the value: push (trusted runs; the only scope)." enum:"push" default:"push"`
+	ValueFile string `help:"Read the value from FILE instead of stdin." placeholder:"FILE"`
+}
+
+// Run seals the value and prints the record as JSON.
+func (c *SecretSealCmd) Run(env *Env) error {
+	if _, err := syntax.ParseDID(c.Runner); err != nil {
+		return fmt.Errorf("--runner: %w", err)
+	}
+	if t, err := ingest.ParseTarget(c.Repo); err != nil || !strings.HasPrefix(c.Repo, "at://") || !t.Owner.IsDID() ||
+		forge.RepoURI(syntax.DID(t.Owner.String()), t.Name).String() != c.Repo {
+		// The sealed envelope is compared byte for byte with the run's
+		// repository: the canonical AT-URI, with the owner's DID.
+		return fmt.Errorf("--repo %q: want at://DID/%s/NAME", c.Repo, forge.CollectionRepo)
+	}
+	pub, err := forge.DecodeKey(c.Key)
+	if err != nil {
+		return fmt.Errorf("--key: %w", err)
+	}
+	var value []byte
+	if c.ValueFile != "" {
+		value, err = os.ReadFile(c.ValueFile)
+	} else {
+		value, err = readAll(env)
+	}
+	if err != nil {
+		return fmt.Errorf("read the value: %w", err)
+	}
+	value = []byte(strings.TrimSuffix(string(value), "\n"))
+	if len(value) == 0 {
+		return errors.New("the value is empty")
+	}
+	scope := c.Scope
+	if scope == "" {
+		scope = forge.ScopePush
+	}
+	sealed, err := forge.SealSecret(pub, forge.Envelope{Repo: c.Repo, Name: c.Name, Runner: c.Runner, Scope: scope, Value: value})
+	if err != nil {
+		return err
+	}
+	rec := forge.Secret{Type: forge.CollectionSecret, Repo: c.Repo, Name: c.Name, Runner: c.Runner, Key: c.Key,
+		Scope: scope, Sealed: sealed, CreatedAt: forge.Now()}
+	cat, err := forge.NewCatalog()
+	if err != nil {
+		return err
+	}
+	if _, err := cat.Encode(forge.CollectionSecret, rec); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(rec, "", "  ")
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "%s\n", b)
+	return nil
+}
+
+func readAll(env *Env) ([]byte, error) {
+	if env.Stdin == nil {
+		return nil, errors.New("no stdin")
+	}
+	return io.ReadAll(io.LimitReader(env.Stdin, 64<<10))
+}

@@ -1,0 +1,110 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/syntax"
+
+	"knotless.dev/run/internal/daemon"
+	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/intake"
+	"knotless.dev/run/internal/lander"
+	"knotless.dev/run/internal/mirror"
+	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/scheduler"
+)
+
+// serveInputs are what serve reads or makes besides the flags: the
+// executor, the credentials, the caches, systemd's settings.
+type serveInputs struct {
+	Executor        executor.Executor
+	Password        string
+	Secrets         []scheduler.OperatorSecret
+	PushCredentials mirror.PushCredentials
+	Caches          run.Caches
+	Notify          func(string)
+	Watchdog        time.Duration
+	Logger          *slog.Logger
+}
+
+// runner is --did, required.
+func (c *ServeCmd) runner() (syntax.DID, error) {
+	if c.DID == "" {
+		return "", errors.New("serve: --did (the runner's DID) is required")
+	}
+	runner, err := syntax.ParseDID(c.DID)
+	if err != nil {
+		return "", fmt.Errorf("--did %q: %w", c.DID, err)
+	}
+	return runner, nil
+}
+
+// config maps the flags, and what serve read (in), onto the daemon's
+// config, one group per part. It does no I/O: every flag's place is in
+// its table test. A value one flag cannot hold is refused here, naming
+// the flag; the rules between flags are daemon.Config.Validate's.
+func (c *ServeCmd) config(in serveInputs) (daemon.Config, error) {
+	runner, err := c.runner()
+	if err != nil {
+		return daemon.Config{}, err
+	}
+	var targets []ingest.Target
+	for _, r := range c.Repos {
+		t, err := ingest.ParseTarget(r)
+		if err != nil {
+			return daemon.Config{}, err
+		}
+		targets = append(targets, t)
+	}
+	max, err := c.maximums(c.LimitsApplyTo == "all")
+	if err != nil {
+		return daemon.Config{}, err
+	}
+	caps, err := c.caps()
+	if err != nil {
+		return daemon.Config{}, err
+	}
+	checkout, outputs := c.bounds()
+	return daemon.Config{
+		Account: daemon.Account{
+			Runner:    runner,
+			PDS:       c.PDS,
+			Password:  in.Password,
+			Directory: forge.NewDirectory(forge.DirectoryConfig{PLCURL: c.PLCURL, TTL: c.IdentityTTL}),
+		},
+		Sources: daemon.Sources{Targets: targets, Discover: c.Discover, Pulls: c.Pulls, Relay: c.Relay},
+		Intake:  intake.Config{Poll: c.Poll, Firehose: true, Caps: caps, Retention: c.Retention},
+		Scheduler: scheduler.Config{
+			Concurrency: c.Concurrency,
+			Secrets:     in.Secrets,
+		},
+		Lander: lander.Config{Queue: c.Queue, Batch: c.QueueBatch, PushCredentials: in.PushCredentials},
+		Engine: run.Config{
+			Executor:     in.Executor,
+			DefaultImage: c.Image,
+			Max:          max,
+			Checkout:     checkout,
+			Outputs:      outputs,
+			Caches:       in.Caches,
+		},
+		Git: mirror.Options{
+			Policy:           mirror.Policy{AllowLocal: c.AllowLocalSources, AllowHTTP: c.AllowHTTPSources},
+			Timeout:          c.GitTimeout,
+			MaxWorkflowBytes: c.MaxWorkflowBytes,
+			MaxWorkflows:     c.MaxWorkflows,
+			MaxCheckoutBytes: exportBound(c.MaxCheckout),
+		},
+		StateDir:             c.StateDir,
+		CacheDir:             c.CacheDir,
+		StopWait:             c.StopWait,
+		UnsafeShellUntrusted: c.UnsafeShellUntrusted,
+		Notify:               in.Notify,
+		Watchdog:             in.Watchdog,
+		Logger:               in.Logger,
+	}, nil
+}

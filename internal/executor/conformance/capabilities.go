@@ -1,0 +1,181 @@
+package conformance
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"knotless.dev/run/internal/executor"
+)
+
+// The optional capabilities (executor.Capabilities): each has a case
+// that runs when the executor has it. Which it has is asked once, of
+// one executor of the harness, as the daemon asks at start.
+
+func runCapabilities(t *testing.T, h Harness) {
+	caps := executor.CapabilitiesOf(h.New(t))
+	if caps.Resumer != nil {
+		t.Run("resume", func(t *testing.T) { t.Parallel(); testResume(t, h) })
+		// A session is released when the run detaches, and only an
+		// executor that resumes sessions detaches.
+		t.Run("release", func(t *testing.T) { t.Parallel(); testRelease(t, h) })
+	}
+	if caps.Health != nil {
+		t.Run("health", func(t *testing.T) { t.Parallel(); testHealth(t, h) })
+	}
+	if caps.Gone != nil {
+		t.Run("gone", func(t *testing.T) { t.Parallel(); testGone(t, h) })
+	}
+}
+
+// session starts a session of ex for one case, stopped at the end.
+func session(t *testing.T, ex executor.Executor, h Harness) executor.Session {
+	t.Helper()
+	sess, err := ex.Start(context.Background(), executor.Spec{RunID: runID(t), Runner: "did:plc:conformance", Image: h.Image, Timeout: 5 * time.Minute})
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := sess.Stop(context.Background()); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+	return sess
+}
+
+// startScript puts text as the step id's script and starts it.
+func startScript(t *testing.T, sess executor.Session, id, text string) {
+	t.Helper()
+	var tarball bytes.Buffer
+	must(t, tarOne(&tarball, id, text))
+	must(t, sess.Put(context.Background(), sess.Dirs().Steps, &tarball))
+	p := "cd " + sess.Dirs().Work + "\nexec sh -e " + sess.Dirs().Steps + "/" + id + "\n"
+	must(t, sess.StartStep(context.Background(), id, []byte(p)))
+}
+
+// testResume: a session another process let go of (released, as a
+// stopping daemon does) is taken over by its Ref: the new session runs
+// and follows the step from its first byte to its exit, takes files,
+// and stops.
+func testResume(t *testing.T, h Harness) {
+	ctx := context.Background()
+	ex := h.New(t)
+	sess := session(t, ex, h)
+	startScript(t, sess, "1", "echo before\nwhile [ ! -e go ]; do sleep 0.1; done\necho after\n")
+	executor.Release(sess)
+	resumed, err := executor.CapabilitiesOf(ex).Resumer.Resume(ctx, sess.Ref())
+	if err != nil {
+		t.Fatalf("resume %s: %v", sess.Ref(), err)
+	}
+	if resumed.Ref() != sess.Ref() {
+		t.Errorf("resumed %s, want %s", resumed.Ref(), sess.Ref())
+	}
+	var tarball bytes.Buffer
+	must(t, tarOne(&tarball, "go", ""))
+	must(t, resumed.Put(ctx, resumed.Dirs().Work, &tarball))
+	var out bytes.Buffer
+	exit, err := resumed.FollowStep(ctx, "1", 0, &out)
+	if err != nil || exit.Code != 0 || out.String() != "before\nafter\n" {
+		t.Errorf("follow the resumed session: %q exit %d err %v; want before, after, exit 0", out.String(), exit.Code, err)
+	}
+	must(t, resumed.Stop(ctx))
+}
+
+// lockedBuffer is a step's output as a follower sees it.
+type lockedBuffer struct {
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	seen chan struct{} // closed once want shows
+	want string
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf.Write(p)
+	if b.seen != nil && strings.Contains(b.buf.String(), b.want) {
+		close(b.seen)
+		b.seen = nil
+	}
+	return len(p), nil
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// testRelease: releasing a session ends its followers at once, with no
+// exit; the step goes on, and is followed again from where the output
+// stopped, to its end. Nothing of the output is lost or repeated.
+func testRelease(t *testing.T, h Harness) {
+	ctx := context.Background()
+	ex := h.New(t)
+	sess := session(t, ex, h)
+	startScript(t, sess, "1", "echo before\nwhile [ ! -e go ]; do sleep 0.1; done\necho after\n")
+	out := &lockedBuffer{seen: make(chan struct{}), want: "before\n"}
+	seen := out.seen
+	followed := make(chan error, 1)
+	go func() {
+		_, err := sess.FollowStep(ctx, "1", 0, out)
+		followed <- err
+	}()
+	select {
+	case <-seen:
+	case err := <-followed:
+		t.Fatalf("the step's follower ended before its output: %v", err)
+	case <-time.After(2 * time.Minute):
+		t.Fatal("no output from the step in 2 minutes")
+	}
+	if !executor.Release(sess) {
+		t.Fatalf("the %s executor resumes sessions, but its session is no executor.Releaser", ex.Name())
+	}
+	select {
+	case err := <-followed:
+		if err == nil {
+			t.Error("the released follower returned the step's exit, want no exit (the step goes on)")
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the follower did not end when the session was released")
+	}
+	offset := int64(len(out.String()))
+	var tarball bytes.Buffer
+	must(t, tarOne(&tarball, "go", ""))
+	must(t, sess.Put(ctx, sess.Dirs().Work, &tarball))
+	next, err := executor.CapabilitiesOf(ex).Resumer.Resume(ctx, sess.Ref())
+	if err != nil {
+		t.Fatalf("resume after the release: %v", err)
+	}
+	var rest bytes.Buffer
+	exit, err := next.FollowStep(ctx, "1", offset, &rest)
+	if err != nil || exit.Code != 0 || out.String()+rest.String() != "before\nafter\n" {
+		t.Errorf("after the release: %q then %q, exit %d, err %v; want before, after, exit 0", out.String(), rest.String(), exit.Code, err)
+	}
+}
+
+// testHealth: a working executor says it can take runs.
+func testHealth(t *testing.T, h Harness) {
+	ex := h.New(t)
+	if err := executor.CapabilitiesOf(ex).Health.Health(context.Background()); err != nil {
+		t.Errorf("health of a working %s executor: %v", ex.Name(), err)
+	}
+}
+
+// testGone: a started session is not gone; a stopped one is.
+func testGone(t *testing.T, h Harness) {
+	ctx := context.Background()
+	ex := h.New(t)
+	g := executor.CapabilitiesOf(ex).Gone
+	sess := session(t, ex, h)
+	if gone, err := g.Gone(ctx, sess.Ref()); err != nil || gone {
+		t.Errorf("a started session: gone %v, err %v; want there", gone, err)
+	}
+	must(t, sess.Stop(ctx))
+	if gone, err := g.Gone(ctx, sess.Ref()); err != nil || !gone {
+		t.Errorf("a stopped session: gone %v, err %v; want gone", gone, err)
+	}
+}

@@ -1,0 +1,216 @@
+// Package intake is the daemon's intake part: from the listing of the
+// watched repositories (a reconcile, at start, on every hint of the
+// event streams and every poll) or from one event the lander hands it,
+// to the jobs it asks the scheduler for, or to an error check when the
+// work cannot run. It notes the repositories seen, fetches and merges
+// (reconcile.go), reads the workflows, applies the flood caps (caps.go),
+// tries a commit that does not fetch again (fetch.go, its own lock),
+// forgets what is past the retention (retention.go) and follows the
+// event streams, keeping their cursors (follow.go).
+package intake
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/syntax"
+
+	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/job"
+)
+
+// Config is the operator's part of intake.
+type Config struct {
+	// Poll is how often the work is listed without a hint (default 5
+	// min); Firehose follows the event streams for hints.
+	Poll     time.Duration
+	Firehose bool
+	// Caps bound floods (caps.go): the workflows one event may run, and
+	// the runs and check writes of one author.
+	Caps Caps
+	// Retention is how long final work is remembered (default 30 days).
+	Retention time.Duration
+	// FetchTries is how many times an event's commit is fetched before
+	// the event gets an error check instead (default 5), FetchBackoff the
+	// first wait between tries (default 1 min, doubling: about 15 min in
+	// all, so a source that is briefly down is not mistaken).
+	FetchTries   int
+	FetchBackoff time.Duration
+}
+
+// DefaultRetention is how long final work is remembered by default.
+const DefaultRetention = 30 * 24 * time.Hour
+
+func (c *Config) defaults() {
+	if c.Poll <= 0 {
+		c.Poll = 5 * time.Minute
+	}
+	c.Caps.defaults()
+	if c.Retention <= 0 {
+		c.Retention = DefaultRetention
+	}
+	if c.FetchTries <= 0 {
+		c.FetchTries = 5
+	}
+	if c.FetchBackoff <= 0 {
+		c.FetchBackoff = time.Minute
+	}
+}
+
+// Facts are what the daemon knows and hands intake.
+type Facts struct {
+	// Runner is the runner's DID: workflows name the runners they allow.
+	Runner syntax.DID
+	// Relay, when set, is where events come from instead of the owners'
+	// PDSes.
+	Relay string
+	// LimitsAll: the author caps count the repository owners' pushes too
+	// (--limits-apply-to all).
+	LimitsAll bool
+}
+
+// Lister lists the work (ingest.Lister) and is told of what the event
+// streams saw.
+type Lister interface {
+	Reconcile(ctx context.Context) (*ingest.Snapshot, error)
+	Changed(c ingest.Change)
+}
+
+// Scheduler takes the jobs (scheduler.Scheduler) and says what is in
+// hand.
+type Scheduler interface {
+	Enqueue(ctx context.Context, j *job.Job) (bool, error)
+	InHand(evKey string) bool
+	HasCheck(key string) bool
+	Load(author string, ev ingest.Event) (runs, owing int)
+}
+
+// Checks is the checks part (checks.Keeper): what is final, the error
+// checks of work that cannot run, and forgetting.
+type Checks interface {
+	Final(key string) bool
+	Error(ctx context.Context, ev ingest.Event, wf, msg string)
+	Forget(cutoff time.Time, need func(evKey string) bool) int
+}
+
+// State is intake's part of state.json (state.Store).
+type State interface {
+	Done(evKey string) bool
+	MarkDone(evKey string) error
+	NoteRepos(uris []string, history func(uri string) []string) (map[string]int, error)
+	Prune(cutoff time.Time, keep func(evKey string) bool) (int, error)
+	Cursor(host string) int64
+	SetCursor(host string, seq int64)
+	SaveCursors() error
+}
+
+// Lander is handed each reconcile's listing (lander.Lander.Offer); it
+// must not block.
+type Lander interface {
+	Offer(snap *ingest.Snapshot)
+}
+
+// Observer is told what intake decides (metrics); nil is told nothing.
+type Observer interface {
+	// Reconciled: a reconcile ended, with the events listed or why not.
+	Reconciled(events int, err error)
+	// Deferred: an event waits for its author's caps (flag names the
+	// limit); Refused: an event gets one error check instead of runs
+	// (reason: the limit's flag, or "source").
+	Deferred(ev ingest.Event, flag string)
+	Refused(ev ingest.Event, reason string)
+}
+
+// Ports are what intake uses of the outside.
+type Ports struct {
+	Lister    Lister
+	Mirrors   job.Mirrors
+	Scheduler Scheduler
+	Checks    Checks
+	State     State
+	// Lander is nil without --queue.
+	Lander Lander
+	// Stream follows the event stream of host from cursor
+	// (ingest.Firehose).
+	Stream func(host string, cursor int64) ingest.Source
+	// Changed is told when a reconcile ended (STATUS=).
+	Changed  func()
+	Observer Observer
+}
+
+// Intake is the intake part.
+type Intake struct {
+	cfg   Config
+	facts Facts
+	p     Ports
+	log   *slog.Logger
+	wake  chan struct{} // a hint that records changed: reconcile soon
+
+	budget *writeBudget // the authors' check writes (caps.go); its own lock
+	// warned holds the workflow warnings already logged (warnUnacted).
+	warned sync.Map
+	// admission serializes, per author, the caps' decision and the queueing
+	// of an event's jobs: the lander considers its pre-flights beside the
+	// reconcile.
+	admission keyedMutex
+
+	mu sync.Mutex
+	// deferred are the events waiting for their author's caps (caps.go).
+	deferred map[string]deferral
+	// fetches counts failed fetches per event key (fetch.go).
+	fetches map[string]*attempts
+	// hosts are the PDSes of the watched repositories' owners.
+	hosts []string
+}
+
+// New returns intake.
+func New(cfg Config, facts Facts, p Ports, log *slog.Logger) *Intake {
+	cfg.defaults()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if p.Changed == nil {
+		p.Changed = func() {}
+	}
+	return &Intake{cfg: cfg, facts: facts, p: p, log: log, wake: make(chan struct{}, 1),
+		budget:   newWriteBudget(cfg.Caps.CheckWritesPerAuthor, cfg.Caps.Window),
+		deferred: map[string]deferral{}, fetches: map[string]*attempts{}}
+}
+
+// keyedMutex is a mutex per key, kept while someone holds or waits for
+// it.
+type keyedMutex struct {
+	mu    sync.Mutex
+	locks map[string]*keyed
+}
+
+type keyed struct {
+	sync.Mutex
+	refs int
+}
+
+// lock locks key's mutex and returns its unlock.
+func (k *keyedMutex) lock(key string) (unlock func()) {
+	k.mu.Lock()
+	if k.locks == nil {
+		k.locks = map[string]*keyed{}
+	}
+	l, ok := k.locks[key]
+	if !ok {
+		l = &keyed{}
+		k.locks[key] = l
+	}
+	l.refs++
+	k.mu.Unlock()
+	l.Lock()
+	return func() {
+		l.Unlock()
+		k.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(k.locks, key)
+		}
+		k.mu.Unlock()
+	}
+}

@@ -1,0 +1,87 @@
+package intake
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"testing"
+
+	"knotless.dev/run/internal/backoff"
+	"knotless.dev/run/internal/checks"
+	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/executor/fakeexec"
+	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/rig"
+	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/scheduler"
+	"knotless.dev/run/internal/state"
+)
+
+// world is intake alone on the rig: its listing and mirrors the rig's,
+// its checks a real checks.Keeper writing to the rig's PDS, its state a
+// real state.Store, and a real scheduler whose workers do not run, so
+// what intake queues stays queued (and counts for the caps).
+type world struct {
+	in     *Intake
+	pds    *rig.PDS
+	keeper *checks.Keeper
+	store  *state.Store
+	sched  *scheduler.Scheduler
+	lister *rig.Lister
+	git    *rig.Mirrors
+	lander *offers
+	cfg    Config
+	facts  Facts
+	ports  Ports
+}
+
+// offers records the listings handed to the lander.
+type offers struct {
+	mu    sync.Mutex
+	snaps []*ingest.Snapshot
+}
+
+func (o *offers) Offer(s *ingest.Snapshot) { o.mu.Lock(); o.snaps = append(o.snaps, s); o.mu.Unlock() }
+func (o *offers) count() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.snaps)
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	store, err := state.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &world{pds: &rig.PDS{}, store: store, lister: &rig.Lister{}, git: &rig.Mirrors{}, lander: &offers{}}
+	w.cfg = Config{}
+	w.facts = Facts{Runner: rig.Runner}
+	w.build(t)
+	return w
+}
+
+// build makes the parts from w's config, facts and fakes.
+func (w *world) build(t *testing.T) {
+	t.Helper()
+	w.keeper = checks.NewKeeper(checks.NewRecorder(w.pds, func(key string, c forge.Check) {
+		if w.in != nil {
+			w.in.NoteCheck(key, c)
+		}
+	}), checks.Ports{Blobs: &rig.Blobs{}, Outbox: w.store}, backoff.Policy{First: 2e9, Max: 300e9}, nil)
+	ex := &fakeexec.Executor{}
+	w.sched = scheduler.New(scheduler.Config{}, scheduler.Facts{Runner: rig.Runner, Executor: executor.CapabilitiesOf(ex), RunsDir: t.TempDir(),
+		LimitsAll: w.facts.LimitsAll},
+		scheduler.Ports{Engine: run.New(run.Config{Executor: ex}), Checks: w.keeper, State: w.store, Mirrors: w.git, Sweeper: ex}, nil)
+	w.ports = Ports{Lister: w.lister, Mirrors: w.git, Scheduler: w.sched, Checks: w.keeper, State: w.store, Lander: w.lander}
+	w.in = New(w.cfg, w.facts, w.ports, slog.New(slog.DiscardHandler))
+}
+
+// reconcile runs one reconcile and fails the test on an error.
+func (w *world) reconcile(t *testing.T) {
+	t.Helper()
+	if err := w.in.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,159 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"knotless.dev/run/internal/job"
+	"knotless.dev/run/internal/state"
+	"knotless.dev/run/internal/workflow"
+)
+
+// goneProbeTimeout bounds the probe of one handed-over session.
+const goneProbeTimeout = 30 * time.Second
+
+// Adopt takes up, before READY=1, the runs an earlier process handed
+// over that this executor can go on with and whose sessions are still
+// there (toAdopt); Start starts them. Their handovers are taken out of
+// state.json at once (a handover is good once). The other runs the
+// earlier process left (killed mid-run, gone, or on an executor that
+// cannot resume) are not final: Sweep forgets them and the
+// reconciliation runs them again under the same check key. It returns
+// how many runs it adopts.
+func (s *Scheduler) Adopt(ctx context.Context) int {
+	if s.detach == nil {
+		return 0
+	}
+	var tasks []*task
+	var keys []string
+	for _, key := range s.toAdopt(ctx) {
+		r, _ := s.p.State.Run(key)
+		t, err := s.rebuild(ctx, key, r)
+		if err != nil {
+			s.log.Warn("cannot adopt a handed-over run; its work runs again", "check", key, "run", r.RunID, "err", err)
+			continue
+		}
+		tasks = append(tasks, t)
+		keys = append(keys, key)
+	}
+	// If this process dies without handing them over again (SIGKILL),
+	// the next one finds them as runs killed mid-run, sweeps their
+	// sessions and runs the work again, instead of going on from a point
+	// the run has passed (its steps moved on under this process; starting
+	// one of them twice would run it twice). A stop hands them over
+	// afresh (detachRun).
+	if err := s.p.State.ClaimHandovers(keys); err != nil {
+		s.log.Error("record the adopted runs as taken; a crash before they end would adopt them again from their old handover", "err", err)
+	}
+	s.mu.Lock()
+	s.adopted = tasks
+	s.mu.Unlock()
+	return len(tasks)
+}
+
+// toAdopt returns the check keys of the runs an earlier process handed
+// over whose sessions are still there. A run whose session is gone (its
+// Job deleted, ended or its pod lost while no process watched) is not
+// adopted: adopting it could only end in an error check. When the
+// executor cannot tell, or the probe fails, the run is adopted.
+func (s *Scheduler) toAdopt(ctx context.Context) []string {
+	g := s.facts.Executor.Gone
+	var keys []string
+	for key, r := range s.p.State.Runs() {
+		if r.Handover == nil {
+			continue
+		}
+		if g != nil {
+			pctx, cancel := context.WithTimeout(ctx, goneProbeTimeout)
+			gone, err := g.Gone(pctx, r.Handover.Session)
+			cancel()
+			switch {
+			case err != nil:
+				s.log.Warn("cannot tell whether a handed-over session is still there; adopting it", "check", key, "run", r.RunID, "session", r.Handover.Session.String(), "err", err)
+			case gone:
+				s.log.Info("the session of a handed-over run is gone; its work runs again", "check", key, "run", r.RunID, "session", r.Handover.Session.String())
+				continue
+			}
+		}
+		keys = append(keys, key)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// rebuild makes the task of a handed-over run from what state.json and
+// the run's directory keep.
+func (s *Scheduler) rebuild(ctx context.Context, key string, r state.Run) (*task, error) {
+	saved, err := job.Decode(r.Job)
+	if err != nil {
+		return nil, err
+	}
+	repo, err := s.p.Mirrors.Open(ctx, job.MirrorKey(saved.Event))
+	if err != nil {
+		return nil, err
+	}
+	wfs, _, err := repo.Workflows(ctx, saved.Tree)
+	if err != nil {
+		return nil, err
+	}
+	var wf *workflow.Workflow
+	for _, w := range wfs {
+		if w.Name == r.Workflow {
+			wf = w
+		}
+	}
+	if wf == nil {
+		return nil, fmt.Errorf("workflow %s not found at %s", r.Workflow, saved.Tree)
+	}
+	prior, err := os.ReadFile(filepath.Join(s.runDir(r.RunID), handoverLog))
+	if err != nil {
+		return nil, fmt.Errorf("read the run's log so far: %w", err)
+	}
+	j := &job.Job{Key: key, Event: saved.Event, Workflow: wf, Repo: repo, Tree: saved.Tree}
+	return &task{Job: j, runID: r.RunID, check: saved.Check, adopt: r.Handover, prior: prior}, nil
+}
+
+// Sweep removes the sessions no run owns any more: all but those of the
+// runs Adopt took up. The other runs an earlier process left are
+// forgotten here; their checks are not final, so reconciliation runs
+// them again.
+func (s *Scheduler) Sweep(ctx context.Context) error {
+	s.mu.Lock()
+	keep := make([]string, 0, len(s.adopted))
+	keys := make([]string, 0, len(s.adopted))
+	for _, t := range s.adopted {
+		keep = append(keep, t.runID)
+		keys = append(keys, t.Key)
+	}
+	s.mu.Unlock()
+	if err := s.sweep(ctx, keep); err != nil {
+		return err
+	}
+	left, err := s.p.State.KeepRuns(keys)
+	if left > 0 {
+		s.log.Info("runs of an earlier process will run again", "runs", left)
+	}
+	return err
+}
+
+// Resweep is the start-up sweep tried again later (the executor was
+// degraded): it keeps the sessions of every run this process holds, and
+// leaves state.json alone.
+func (s *Scheduler) Resweep(ctx context.Context) error {
+	return s.sweep(ctx, s.p.State.RunIDs())
+}
+
+func (s *Scheduler) sweep(ctx context.Context, keep []string) error {
+	removed, err := s.p.Sweeper.Sweep(ctx, keep)
+	if err != nil {
+		return fmt.Errorf("sweep orphaned sessions: %w", err)
+	}
+	for _, r := range removed {
+		s.log.Info("swept orphaned session", "session", r.String())
+	}
+	return nil
+}

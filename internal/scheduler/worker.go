@@ -1,0 +1,334 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/job"
+	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/state"
+)
+
+// Enqueue writes j's queued check, supersedes the older runs of its
+// group and puts it in the queue. It queues nothing, and returns false,
+// when a job of the same check key is in hand already (a pre-flight and
+// its pull share a check).
+func (s *Scheduler) Enqueue(ctx context.Context, j *job.Job) (bool, error) {
+	s.mu.Lock()
+	if s.q.has(j.Key) {
+		s.mu.Unlock()
+		return false, nil
+	}
+	s.q.reserved[j.Key] = true
+	s.mu.Unlock()
+	c, err := s.p.Checks.Queued(ctx, j.Key, j.Event, j.Workflow.Name)
+	s.mu.Lock()
+	delete(s.q.reserved, j.Key)
+	if err != nil {
+		s.mu.Unlock()
+		return false, err
+	}
+	t := &task{Job: j, check: c}
+	cancelQueued, cancelRunning := s.q.add(t)
+	for _, o := range cancelRunning {
+		s.log.Info("superseded: cancelling the older run", "check", o.Key, "by", j.Event.URI.String())
+		o.cancel()
+	}
+	s.mu.Unlock()
+	for _, o := range cancelQueued {
+		s.p.Checks.Superseded(ctx, o.Key, o.Event, o.check, j.Event.URI.String(), nil, "", s.log)
+		s.markDoneIfIdle(o.Event)
+	}
+	if s.p.Observer != nil {
+		s.p.Observer.Queued(j)
+	}
+	s.log.Info("queued", "check", j.Key, "workflow", j.Workflow.Name, "event", j.Event.URI.String(), "commit", j.Event.Commit)
+	return true, nil
+}
+
+// Start starts the workers and the adopted runs, and returns at once
+// with the wait for them: they go on until the daemon stops claiming
+// work (Drain) and every run has ended or been handed over. The
+// adopted runs are running (in hand) when it returns. ctx is the
+// daemon's; runCtx ends only when a stopping daemon gives up waiting
+// for the runs.
+func (s *Scheduler) Start(ctx, runCtx context.Context) (wait func()) {
+	var workers sync.WaitGroup
+	s.mu.Lock()
+	adopted := s.adopted
+	s.adopted = nil
+	for _, t := range adopted {
+		var jctx context.Context
+		jctx, t.cancel = context.WithCancel(runCtx)
+		s.q.start(t)
+		workers.Go(func() {
+			s.runJob(jctx, t)
+			s.jobEnded(t)
+		})
+	}
+	s.mu.Unlock()
+	if len(adopted) > 0 {
+		s.log.Info(fmt.Sprintf("adopted %d runs", len(adopted)), "runs", len(adopted))
+	}
+	for range s.cfg.Concurrency {
+		workers.Go(func() { s.worker(ctx, runCtx) })
+	}
+	return workers.Wait
+}
+
+// next waits for a task and gives it a context under runCtx; nil means
+// the daemon is stopping.
+func (s *Scheduler) next(ctx, runCtx context.Context) (*task, context.Context) {
+	for {
+		s.mu.Lock()
+		if s.q.draining || ctx.Err() != nil {
+			s.mu.Unlock()
+			return nil, nil
+		}
+		if t := s.q.claim(); t != nil {
+			jctx, cancel := context.WithCancel(runCtx)
+			t.cancel = cancel
+			s.mu.Unlock()
+			return t, jctx
+		}
+		wait := s.q.wait()
+		s.mu.Unlock()
+		select {
+		case <-ctx.Done():
+		case <-wait:
+		}
+	}
+}
+
+// worker runs tasks until the daemon stops claiming work.
+func (s *Scheduler) worker(ctx, runCtx context.Context) {
+	for {
+		t, jctx := s.next(ctx, runCtx)
+		if t == nil {
+			return
+		}
+		s.runJob(jctx, t)
+		s.jobEnded(t)
+	}
+}
+
+// jobEnded takes a task that ran (or was handed over) out of the
+// running set.
+func (s *Scheduler) jobEnded(t *task) {
+	t.cancel()
+	s.mu.Lock()
+	s.q.end(t)
+	s.mu.Unlock()
+	s.markDoneIfIdle(t.Event)
+	s.p.Changed()
+	if !t.Event.Trusted || job.Author(t.Event, s.facts.LimitsAll) != "" {
+		// A slot of its author's cap is free: a deferred event may go
+		// (and the lander may go on with its pre-flight or batch).
+		s.p.Wake()
+	}
+}
+
+// runJob runs one task (or goes on with an adopted one) and writes its
+// running and final checks. A run detached by a stopping daemon gets no
+// final check: it is recorded for the successor.
+func (s *Scheduler) runJob(ctx context.Context, t *task) {
+	log := s.log.With("check", t.Key, "workflow", t.Workflow.Name, "event", t.Event.URI.String())
+	if t.adopt == nil {
+		t.runID = run.NewID()
+		if err := s.start(ctx, t, log); err != nil {
+			log.Error("record the run", "err", err)
+		}
+		s.p.Changed()
+		log.Info("run started", "run", t.runID)
+	}
+	if s.p.Observer != nil {
+		s.p.Observer.Started(t.Job, t.runID)
+	}
+
+	dir := s.runDir(t.runID)
+	res := s.execute(ctx, t, dir)
+	// Detached before its session started (a pod still Pending): nothing
+	// goes on, so nothing is handed over; the work is released, its
+	// check back to queued, for the successor.
+	unstarted := res.Status == run.Detached && res.Handover == nil
+	if unstarted {
+		log.Info("run released: its session had not started", "run", t.runID)
+	}
+	if res.Status == run.Detached && !unstarted {
+		if err := s.detachRun(t, res); err != nil {
+			log.Error("record the handover; the successor runs the work again", "run", t.runID, "err", err)
+		} else {
+			log.Info("run handed over", "run", t.runID, "step", res.Handover.Step+1, "offset", res.Handover.Offset)
+		}
+		return
+	}
+	defer os.RemoveAll(dir)
+	if s.p.Observer != nil {
+		s.p.Observer.Ended(t.Job, res)
+	}
+
+	s.mu.Lock()
+	cancelled := res.Status == run.Cancelled
+	released := unstarted || (t.released && cancelled)
+	superseded, why := t.superseded, t.cancelled
+	s.mu.Unlock()
+	if err := s.p.State.EndRun(t.Key); err != nil {
+		log.Error("save state", "err", err)
+	}
+
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	outDir := filepath.Join(dir, "outputs")
+	var final forge.Check
+	switch {
+	case released:
+		// Not final: the successor runs the work; nothing is owed.
+		s.p.Checks.Released(wctx, t.Key, t.check, res, outDir, log)
+		return
+	case superseded != "" && cancelled:
+		final = s.p.Checks.Superseded(wctx, t.Key, t.Event, t.check, superseded, res, outDir, log)
+	case why != "" && cancelled:
+		final = s.p.Checks.Cancelled(wctx, t.Key, t.Event, t.check, why, res, outDir, log)
+	default:
+		final = s.p.Checks.Finished(wctx, t.Key, t.Event, t.check, res, outDir, log)
+	}
+	log.Info("run finished", "run", t.runID, "status", final.Status, "failed_step", res.FailedStep)
+}
+
+// start writes the running check and records the run in state.json.
+func (s *Scheduler) start(ctx context.Context, t *task, log *slog.Logger) error {
+	started := time.Now().UTC()
+	t.check = s.p.Checks.Running(ctx, t.Key, t.check, started, log)
+	saved, err := job.Encode(t.Job, t.check)
+	if err != nil {
+		return err
+	}
+	return s.p.State.StartRun(t.Key, state.Run{CheckKey: t.Key, RunID: t.runID, Workflow: t.Workflow.Name, Event: t.Event.URI.String(),
+		Commit: t.Event.Commit, StartedAt: started, Job: saved})
+}
+
+// handoverLog is the log so far of a detached run, in its run directory.
+const handoverLog = "handover.log"
+
+// detachRun records a detached run for the successor: where it stopped
+// in state.json, its log beside its run directory.
+func (s *Scheduler) detachRun(t *task, res *run.Result) error {
+	s.mu.Lock()
+	s.detached++
+	s.mu.Unlock()
+	r, ok := s.p.State.Run(t.Key)
+	if !ok || r.Job == nil {
+		return fmt.Errorf("run %s is not in state.json", t.runID)
+	}
+	// The log first: a handover in state.json needs it (rebuild).
+	if err := writePrivate(filepath.Join(s.runDir(t.runID), handoverLog), res.Log); err != nil {
+		return err
+	}
+	return s.p.State.DetachRun(t.Key, res.Handover)
+}
+
+func writePrivate(name string, data []byte) error {
+	if err := os.MkdirAll(filepath.Dir(name), 0o700); err != nil {
+		return err
+	}
+	if err := os.WriteFile(name, data, 0o600); err != nil {
+		return fmt.Errorf("write %s: %w", name, err)
+	}
+	return nil
+}
+
+// execute exports the tree and runs the workflow on the engine, or
+// goes on with an adopted run.
+func (s *Scheduler) execute(ctx context.Context, t *task, dir string) *run.Result {
+	fail := func(err error) *run.Result {
+		if t.adopt != nil {
+			s.abandon(ctx, t)
+		}
+		now := time.Now().UTC()
+		if t.adopt == nil && s.stopping() {
+			// Failed before its session started while the daemon stops
+			// (a signal to the whole unit ends git too): released, for
+			// the successor to try, not a final error.
+			s.log.Info("a run failed before its session started while stopping; released", "check", t.Key, "err", err)
+			return &run.Result{RunID: t.runID, Workflow: t.Workflow.Name, Status: run.Detached, StartedAt: now, FinishedAt: now}
+		}
+		return &run.Result{RunID: t.runID, Workflow: t.Workflow.Name, Status: run.Error, Error: err.Error(), StartedAt: now, FinishedAt: now,
+			Log: append(t.prior, "knotless-run: error: "+err.Error()+"\n"...)}
+	}
+	if err := s.p.Down(); err != nil {
+		return fail(err)
+	}
+	checkout := filepath.Join(dir, "checkout")
+	if t.adopt == nil {
+		if err := t.Repo.Export(ctx, t.Tree, checkout); err != nil {
+			return fail(err)
+		}
+	}
+	secrets := map[string]string{}
+	if t.Event.Trusted {
+		var err error
+		if secrets, err = s.secrets(ctx, t.Job); err != nil {
+			return fail(err)
+		}
+	}
+	req := run.Request{
+		RunID:    t.runID,
+		Workflow: t.Workflow,
+		Checkout: checkout,
+		Outputs:  filepath.Join(dir, "outputs"),
+		Secrets:  secrets,
+		Vars:     t.Vars,
+		Trusted:  t.Event.Trusted,
+		Annotations: map[string]string{
+			"knotless.dev/check": t.Key,
+			"knotless.dev/event": t.Event.URI.String(),
+		},
+		Detach: s.detach,
+		// A push's record key is a TID: the later push orders higher.
+		Cache: run.CacheScope{Repo: t.Event.Repo.URI.String(), Order: t.Event.URI.RecordKey().String()},
+	}
+	if s.p.Tap != nil {
+		req.Live = s.p.Tap.Live(t.Job, t.runID)
+	}
+	if t.adopt != nil {
+		return s.p.Engine.Adopt(ctx, req, *t.adopt, t.prior)
+	}
+	return s.p.Engine.Run(ctx, req)
+}
+
+// abandon stops the session of an adopted run that cannot go on here,
+// so that its Job does not outlive the run's final check.
+func (s *Scheduler) abandon(ctx context.Context, t *task) {
+	resumer := s.facts.Executor.Resumer
+	if resumer == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	sess, err := resumer.Resume(ctx, t.adopt.Session)
+	if err == nil {
+		err = sess.Stop(ctx)
+	}
+	if err != nil {
+		s.log.Error("stop the session of a run that cannot go on; the next start sweeps it", "session", t.adopt.Session.String(), "err", err)
+	}
+}
+
+// markDoneIfIdle marks the event done when nothing of it is in hand and
+// every check of it is final; the next reconcile otherwise picks it up
+// again.
+func (s *Scheduler) markDoneIfIdle(ev ingest.Event) {
+	if s.InHand(ev.Key()) || s.p.Checks.Pending(ev) {
+		return
+	}
+	if err := s.p.State.MarkDone(ev.Key()); err != nil {
+		s.log.Error("save state", "err", err)
+	}
+}
