@@ -39,13 +39,20 @@ type Config struct {
 	// Checkout bounds the checkout put into a session, Outputs the
 	// outputs brought back from it. A zero field means no bound.
 	Checkout, Outputs Bound
-	// CleanupTimeout bounds stopping a session after the run, also after
-	// the run's context has ended.
+	// CleanupTimeout bounds stopping a session after the run (and
+	// killing a step, saving caches, collecting outputs), also after the
+	// run's context has ended.
 	CleanupTimeout time.Duration
 	// Max bounds what a workflow may ask for (untrusted runs, or all).
 	Max Maximums
 	// Caches is the store of workflow caches; nil keeps none.
 	Caches Caches
+	// Cleaner, when set, takes each session's clean-up once the run's
+	// Result is complete: Run returns the verdict without waiting for
+	// the session to be removed, and the Cleaner's owner waits for it
+	// (Cleaner.Wait). Nil: Run removes the session before it returns.
+	// Either way a clean-up that fails leaves the Result as it is.
+	Cleaner *Cleaner
 }
 
 // Engine runs workflows.
@@ -121,11 +128,14 @@ type StepMarker interface {
 
 // Run runs req to the end and returns its result. It never returns
 // without a final status: every fault becomes Error, a cancelled ctx
-// becomes Cancelled.
+// becomes Cancelled. The result is complete once the outputs and caches
+// are back; the session is removed after it (Config.Cleaner), and a
+// removal that fails never changes it.
 func (e *Engine) Run(ctx context.Context, req Request) *Result {
 	r := e.newRunState(req)
 	r.execute(ctx)
 	r.finish()
+	e.cleanUp(ctx, r)
 	return r.res
 }
 
@@ -147,6 +157,7 @@ func (e *Engine) Adopt(ctx context.Context, req Request, h Handover, priorLog []
 	r.resumeLog(priorLog, h.LogSize)
 	r.adopt(ctx, h)
 	r.finish()
+	e.cleanUp(ctx, r)
 	return r.res
 }
 
@@ -205,6 +216,9 @@ type runState struct {
 	// sessionStarted is when the session was there: the workflow's
 	// timeout counts from it, not from a wait for a node.
 	sessionStarted time.Time
+	// sess is the run's session once started or resumed: removed after
+	// the result is complete (Engine.cleanUp).
+	sess executor.Session
 }
 
 func (r *runState) execute(ctx context.Context) {
@@ -239,8 +253,7 @@ func (r *runState) execute(ctx context.Context) {
 		return
 	}
 	r.log.Info("session started", "session", sess.Ref().String())
-	r.sessionStarted = time.Now()
-	defer r.stop(ctx, sess)
+	r.sessionStarted, r.sess = time.Now(), sess
 
 	r.steps(ctx, sess, nil)
 }
@@ -294,8 +307,7 @@ func (r *runState) adopt(ctx context.Context, h Handover) {
 		return
 	}
 	r.log.Info("session resumed", "session", sess.Ref().String(), "step", h.Step+1, "offset", h.Offset)
-	r.sessionStarted = h.SessionStartedAt
-	defer r.stop(ctx, sess)
+	r.sessionStarted, r.sess = h.SessionStartedAt, sess
 	switch {
 	case grantErr != nil:
 		r.fail(Error, "", grantErr)
@@ -794,28 +806,6 @@ func listFiles(dir string) ([]string, error) {
 	})
 	sort.Strings(files)
 	return files, err
-}
-
-// stop ends the session, also when the run's context is gone; a
-// detached run's session goes on for its successor.
-func (r *runState) stop(ctx context.Context, sess executor.Session) {
-	if r.res.Status == Detached {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.eng.cfg.CleanupTimeout)
-	defer cancel()
-	if err := sess.Stop(ctx); err != nil {
-		r.log.Error("stop session", "session", sess.Ref().String(), "err", err)
-		if r.res.Status == Success {
-			r.fail(Error, "", fmt.Errorf("stop session: %w", err))
-		}
-		return
-	}
-	if r.req.Keep {
-		r.log.Info("session kept", "session", sess.Ref().String())
-	} else {
-		r.log.Info("session stopped", "session", sess.Ref().String())
-	}
 }
 
 // faultStatus is the status of a fault outside any step: Cancelled when
