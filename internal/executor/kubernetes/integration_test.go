@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -84,6 +85,15 @@ func engine(ex executor.Executor, image string) *run.Engine {
 	return run.New(run.Config{Executor: ex, DefaultImage: image, CleanupTimeout: time.Minute})
 }
 
+// engineCleaning is engine with the sessions removed after the verdict,
+// by a Cleaner the test waits for (as the daemon and `run` do).
+func engineCleaning(t *testing.T, ex executor.Executor, image string) (*run.Engine, *run.Cleaner) {
+	t.Helper()
+	cleaner := run.NewCleaner(nil)
+	t.Cleanup(func() { _ = cleaner.Wait(context.Background()) })
+	return run.New(run.Config{Executor: ex, DefaultImage: image, CleanupTimeout: time.Minute, Cleaner: cleaner}), cleaner
+}
+
 func parse(t *testing.T, src string) *workflow.Workflow {
 	t.Helper()
 	wf, err := workflow.Parse("test.yaml", []byte(src))
@@ -101,11 +111,15 @@ func TestExampleWorkflowLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := filepath.Join(t.TempDir(), "out")
-	res := engine(newExecutor(t, c, nil), c.Image).Run(context.Background(), run.Request{
+	eng, cleaner := engineCleaning(t, newExecutor(t, c, nil), c.Image)
+	res := eng.Run(context.Background(), run.Request{
 		RunID: randomID("ex"), Workflow: wf, Checkout: "../../../examples/hello", Outputs: out, Trusted: true,
 	})
 	if res.Status != run.Success {
 		t.Fatalf("status %s (%s), log:\n%s", res.Status, res.Error, res.Log)
+	}
+	if err := cleaner.Wait(context.Background()); err != nil || cleaner.Failures() != 0 {
+		t.Fatalf("clean-up: %v, %d failed", err, cleaner.Failures())
 	}
 	if b, err := os.ReadFile(filepath.Join(out, "greeting.sha256")); err != nil || !strings.Contains(string(b), "greeting.txt") {
 		t.Errorf("output greeting.sha256: %q %v", b, err)
@@ -253,8 +267,9 @@ func TestFailureMatrix(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			done := make(chan *run.Result, 1)
+			eng, cleaner := engineCleaning(t, newExecutor(t, c, tt.mod), c.Image)
 			go func() {
-				done <- engine(newExecutor(t, c, tt.mod), c.Image).Run(ctx, run.Request{
+				done <- eng.Run(ctx, run.Request{
 					RunID: runID, Workflow: parse(t, tt.src), Checkout: t.TempDir(), Trusted: true,
 				})
 			}()
@@ -267,6 +282,10 @@ func TestFailureMatrix(t *testing.T) {
 			res := <-done
 			if res.Status != tt.wantStatus || !strings.Contains(res.Error, tt.wantError) {
 				t.Errorf("status %s (%s), want %s with %q\nlog:\n%s", res.Status, res.Error, tt.wantStatus, tt.wantError, res.Log)
+			}
+			// The clean-up goes on after the verdict; the owner waits.
+			if err := cleaner.Wait(context.Background()); err != nil {
+				t.Error(err)
 			}
 			assertNothingLeft(t, c)
 		})
@@ -609,4 +628,46 @@ steps:
 			assertNothingLeft(t, c)
 		})
 	}
+}
+
+// A runner whose Job delete is refused still reports the work's verdict:
+// the run ends success, the refused clean-up is logged and counted, and
+// the Job it left is removed by the next sweep (here of an executor that
+// may delete it).
+func TestCleanupFailureKeepsVerdict(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t)
+	var rules []rbacv1.PolicyRule
+	for _, r := range kubecred.Rules() {
+		if slices.Contains(r.Resources, "jobs") {
+			r.Verbs = slices.DeleteFunc(slices.Clone(r.Verbs), func(v string) bool { return v == "delete" })
+		}
+		rules = append(rules, r)
+	}
+	kubeconfig := c.ScopedKubeconfig(t, "nodelete", rules)
+	runner := "did:plc:" + randomID("nodelete")
+	ex := newExecutor(t, c, func(cfg *kubernetes.Config) { cfg.Credentials.Kubeconfig = kubeconfig; cfg.Runner = runner })
+	eng, cleaner := engineCleaning(t, ex, c.Image)
+	runID := randomID("nd")
+	res := eng.Run(context.Background(), run.Request{RunID: runID, Workflow: parse(t, "on: push\nsteps: [{name: hi, run: 'echo hi'}]\n"),
+		Checkout: t.TempDir(), Outputs: filepath.Join(t.TempDir(), "out"), Trusted: true})
+	if res.Status != run.Success || res.Error != "" {
+		t.Fatalf("status %s (%s), want success: the refused delete is not the work's\nlog:\n%s", res.Status, res.Error, res.Log)
+	}
+	if err := cleaner.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if cleaner.Failures() != 1 || ex.Counters().CleanupFailures != 1 {
+		t.Errorf("clean-up failures: cleaner %d, executor %d; want 1 each", cleaner.Failures(), ex.Counters().CleanupFailures)
+	}
+	if _, err := c.Clientset.BatchV1().Jobs(c.Namespace).Get(context.Background(), kubernetes.JobName(runID), metav1.GetOptions{}); err != nil {
+		t.Fatalf("the Job whose delete was refused is not there: %v", err)
+	}
+	sweeper := newExecutor(t, c, func(cfg *kubernetes.Config) { cfg.Runner = runner })
+	swept, err := sweeper.Sweep(context.Background(), nil)
+	if err != nil || len(swept) != 1 || swept[0].RunID != runID {
+		t.Fatalf("Sweep = %v, %v; want the run's Job", swept, err)
+	}
+	waitGone(t, c)
+	assertNothingLeft(t, c)
 }

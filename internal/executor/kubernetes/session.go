@@ -59,6 +59,11 @@ type Session struct {
 
 	lostNode   string // the node a step found gone (under mu)
 	podVersion string // resource version of the pod last seen (under mu)
+
+	// deleteMu serialises Stop's deletions; deleted says one succeeded,
+	// so a Stop after a failed one tries again.
+	deleteMu sync.Mutex
+	deleted  bool
 }
 
 // step is one step's output as received, and how it ended.
@@ -365,17 +370,22 @@ func (s *Session) Release() {
 }
 
 // Stop implements executor.Session: it ends the pumps, deletes the Job
-// and waits until its pod is gone.
+// and waits until its pod is gone. A Stop after one that failed tries
+// again.
 func (s *Session) Stop(ctx context.Context) error {
 	s.mu.Lock()
-	already := s.stopped
 	s.stopped = true
 	if s.cancel != nil {
 		s.cancel()
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
-	if already || s.keep {
+	if s.keep {
+		return nil
+	}
+	s.deleteMu.Lock()
+	defer s.deleteMu.Unlock()
+	if s.deleted {
 		return nil
 	}
 	if err := s.deleteJob(ctx); err != nil {
@@ -383,6 +393,7 @@ func (s *Session) Stop(ctx context.Context) error {
 		s.log.Error("delete job", "err", err, "cleanup_failures_total", s.ex.cleanupFailures.Load())
 		return err
 	}
+	s.deleted = true
 	return nil
 }
 
