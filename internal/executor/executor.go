@@ -99,6 +99,11 @@ type Resources struct {
 // Dirs are the run's well-known directories inside the session.
 type Dirs struct {
 	Work, Steps, Outputs string
+	// Root, when set, is the directory Work and Steps are children of,
+	// where Put takes one tar stream whose entries are named under their
+	// base names (work/..., steps/...): the checkout and the step
+	// scripts go in in one transfer. Empty: each is put on its own.
+	Root string
 }
 
 // Ref is a session's serializable identity.

@@ -4,7 +4,6 @@
 package run
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"errors"
@@ -439,7 +438,9 @@ func (r *runState) spec() executor.Spec {
 	}
 }
 
-// putCheckout sends the checkout and the step scripts into the session.
+// putCheckout sends the checkout and the step scripts into the session:
+// in one transfer where the session has a Root for both, else one each.
+// The checkout bound counts the whole stream, the scripts in it.
 func (r *runState) putCheckout(ctx context.Context, sess executor.Session, dirs executor.Dirs) error {
 	if fi, err := os.Stat(r.req.Checkout); err != nil || !fi.IsDir() {
 		if err == nil {
@@ -448,41 +449,57 @@ func (r *runState) putCheckout(ctx context.Context, sess executor.Session, dirs 
 		return fmt.Errorf("checkout %s: %w", r.req.Checkout, err)
 	}
 	start := time.Now()
+	root, work, steps := "", "", ""
+	if dirs.Root != "" && path.Dir(dirs.Work) == dirs.Root && path.Dir(dirs.Steps) == dirs.Root {
+		root, work, steps = dirs.Root, path.Base(dirs.Work), path.Base(dirs.Steps)
+	}
 	n, err := r.retryCorrupt("checkout", func() (int64, error) {
 		return transfer(ctx, func(w io.Writer) error {
-			return tarstream.Pack(ctx, r.req.Checkout, w, r.eng.cfg.Checkout.Limits)
-		}, func(rd io.Reader) error { return sess.Put(ctx, dirs.Work, rd) })
+			p := tarstream.NewPacker(ctx, w, r.eng.cfg.Checkout.Limits)
+			if err := p.Tree(r.req.Checkout, work); err != nil {
+				return err
+			}
+			if root != "" {
+				if err := r.packScripts(p, steps); err != nil {
+					return err
+				}
+			}
+			return p.Close()
+		}, func(rd io.Reader) error {
+			if root != "" {
+				return sess.Put(ctx, root, rd)
+			}
+			return sess.Put(ctx, dirs.Work, rd)
+		})
 	})
 	if err != nil {
 		return r.eng.cfg.Checkout.explain("checkout", fmt.Errorf("put checkout: %w", err))
 	}
-	r.log.Info("checkout sent", "bytes", n, "duration", time.Since(start).Round(time.Millisecond))
-	steps, err := scriptsTar(r.scripts)
-	if err != nil {
-		return err
+	if root == "" {
+		var buf bytes.Buffer
+		p := tarstream.NewPacker(ctx, &buf, tarstream.Limits{})
+		if err := r.packScripts(p, ""); err != nil {
+			return err
+		}
+		if err := p.Close(); err != nil {
+			return err
+		}
+		if err := sess.Put(ctx, dirs.Steps, &buf); err != nil {
+			return fmt.Errorf("put step scripts: %w", err)
+		}
 	}
-	if err := sess.Put(ctx, dirs.Steps, bytes.NewReader(steps)); err != nil {
-		return fmt.Errorf("put step scripts: %w", err)
-	}
+	r.log.Info("checkout sent", "bytes", n, "with_scripts", root != "", "duration", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
-func scriptsTar(scripts [][]byte) ([]byte, error) {
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for i, s := range scripts {
-		hdr := &tar.Header{Name: strconv.Itoa(i + 1), Mode: 0o755, Size: int64(len(s)), Typeflag: tar.TypeReg, ModTime: time.Now()}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return nil, err
-		}
-		if _, err := tw.Write(s); err != nil {
-			return nil, err
+// packScripts adds each step's script, named its step number under dir.
+func (r *runState) packScripts(p *tarstream.Packer, dir string) error {
+	for i, s := range r.scripts {
+		if err := p.File(path.Join(dir, strconv.Itoa(i+1)), 0o755, s); err != nil {
+			return fmt.Errorf("pack step scripts: %w", err)
 		}
 	}
-	if err := tw.Close(); err != nil {
-		return nil, fmt.Errorf("pack step scripts: %w", err)
-	}
-	return buf.Bytes(), nil
+	return nil
 }
 
 // runSteps runs the steps in order until one does not succeed, or the

@@ -88,8 +88,13 @@ func (st *step) settle(exit executor.Exit, err error) {
 // Ref implements executor.Session.
 func (s *Session) Ref() executor.Ref { return s.ref }
 
-// Dirs implements executor.Session.
-func (s *Session) Dirs() executor.Dirs { return executor.PodDirs() }
+// Dirs implements executor.Session. Root is the pod's /: the checkout
+// and the step scripts go in in one exec.
+func (s *Session) Dirs() executor.Dirs {
+	d := executor.PodDirs()
+	d.Root = "/"
+	return d
+}
 
 // Put implements executor.Session: the tar stream goes in over exec stdin
 // and the pod reports the digest of what it received. The digest is MD5:
