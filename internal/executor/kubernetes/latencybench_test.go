@@ -21,7 +21,8 @@ import (
 // and reports, from the runner's own log timestamps, the medians of
 // where the time goes: from Run's call to the Job created, to its pod
 // Ready, to the verdict (Run returning its Result), and on to the
-// session's clean-up done (the Job deleted and its pod gone):
+// session's clean-up done (the Job deleted and its pod gone; a Cleaner
+// takes it after the verdict, and the next run starts once it is done):
 //
 //	go test ./internal/executor/kubernetes -run XXX -bench OneStepRun -benchtime 10x
 func BenchmarkOneStepRun(b *testing.B) {
@@ -46,7 +47,8 @@ func BenchmarkOneStepRun(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	eng := run.New(run.Config{Executor: ex, DefaultImage: c.Image, Runner: "did:plc:bench", Logger: log})
+	cleaner := run.NewCleaner(log)
+	eng := run.New(run.Config{Executor: ex, DefaultImage: c.Image, Runner: "did:plc:bench", Logger: log, Cleaner: cleaner})
 	var created, ready, verdict, cleaned []time.Duration
 	// Within ready to verdict (and on to the clean-up): the transfers in,
 	// the step, the outputs out, and the Job's deletion.
@@ -69,6 +71,9 @@ func BenchmarkOneStepRun(b *testing.B) {
 		tv := time.Now()
 		if res.Status != run.Success {
 			b.Fatalf("run: %s (%s)\n%s", res.Status, res.Error, res.Log)
+		}
+		if err := cleaner.Wait(context.Background()); err != nil || cleaner.Failures() != 0 {
+			b.Fatalf("clean-up: %v, %d failed", err, cleaner.Failures())
 		}
 		tc := time.Now()
 		tj, tr := marks.at("job created"), marks.at("pod ready")
