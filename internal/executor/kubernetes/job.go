@@ -97,8 +97,14 @@ func podSecurity(allowRoot bool) (*corev1.PodSecurityContext, *corev1.SecurityCo
 }
 
 // keepAlive is the pod's command: it works in any image with a POSIX sh,
-// reaps orphans (it is PID 1), and exits at once on SIGTERM.
-const keepAlive = `trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done`
+// reaps orphans (it is PID 1), and exits at once on SIGTERM. It first
+// makes the step tool's wake pipe and holds it open on its fd 3: a FIFO
+// made and unlinked at once, so that no path in the pod leads to it (a
+// step that reads every file of a directory never blocks on it); the
+// step tool opens it as /proc/1/fd/3. In an image without mkfifo there is
+// none, and the tool naps with sleep.
+const keepAlive = `f=` + stateDir + `/.wake; if mkfifo -m 600 "$f" 2>/dev/null && [ -p "$f" ]; then exec 3<>"$f"; rm -f "$f"; fi; ` +
+	`trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done`
 
 // RunnerLabel is executor.RunnerLabel, the value of LabelRunner for a
 // runner's DID, for the callers that build selectors with this package's
