@@ -130,9 +130,10 @@ type Exit struct {
 // ended and its exit status could not be read back.
 var ErrExitUnknown = errors.New("step exit status unknown")
 
-// ErrTransferCorrupt means the digests computed on the two ends of a tar
-// transfer differ; the engine sends it again once.
-var ErrTransferCorrupt = errors.New("transfer corrupted: digests differ")
+// ErrTransferCorrupt means a tar transfer did not arrive whole or
+// unchanged (the digests of its two ends differ, or the stream's end did
+// not arrive); the engine sends it again once.
+var ErrTransferCorrupt = errors.New("transfer corrupted")
 
 // ErrNotImplemented is returned by executors that are not built yet.
 var ErrNotImplemented = errors.New("executor not implemented")

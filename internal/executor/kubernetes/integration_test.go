@@ -1,13 +1,16 @@
 package kubernetes_test
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -670,4 +673,56 @@ func TestCleanupFailureKeepsVerdict(t *testing.T) {
 	}
 	waitGone(t, c)
 	assertNothingLeft(t, c)
+}
+
+// A transfer in that the pod does not get whole never succeeds: here the
+// pod's sh hands put.sh only the stream's first 1024 bytes (its first
+// entry, whole), so tar ends without error at a clean entry boundary,
+// as it does when an exec's stdin is closed early and the exec still
+// reports success. Put must say the stream was cut, not that it was put.
+// Writing /usr/local/sbin needs root: the session uses the operator's
+// allow-root opt-out.
+func TestPutCutShortIsCorrupt(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t)
+	ctx := context.Background()
+	ex := newExecutor(t, c, func(cfg *kubernetes.Config) { cfg.Pod.AllowRoot = true })
+	sess, err := ex.Start(ctx, executor.Spec{RunID: randomID("cut"), Image: c.Image, Timeout: 5 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sess.Stop(context.Background()) }()
+	// The exec's sh is looked up in PATH, where /usr/local/sbin comes first.
+	wrapper := `mkdir -p /usr/local/sbin
+cat > /usr/local/sbin/sh <<'WRAPPER'
+#!/bin/busybox sh
+if [ "$3" = knotless-put ]; then
+  head -c 1024 | /bin/busybox sh "$@"
+  exit
+fi
+exec /bin/busybox sh "$@"
+WRAPPER
+chmod +x /usr/local/sbin/sh
+`
+	if err := sess.StartStep(ctx, "1", []byte(wrapper)); err != nil {
+		t.Fatal(err)
+	}
+	if exit, err := sess.FollowStep(ctx, "1", 0, io.Discard); err != nil || exit.Code != 0 {
+		t.Fatalf("install the wrapper: exit %v, %v", exit, err)
+	}
+	var stream bytes.Buffer
+	tw := tar.NewWriter(&stream)
+	for _, name := range []string{"first", "second"} {
+		body := []byte(name + "\n")
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(body)), ModTime: time.Unix(0, 0)}); err != nil {
+			t.Fatal(err)
+		}
+		_, _ = tw.Write(body)
+	}
+	_ = tw.Close()
+	err = sess.Put(ctx, "/work/cut", &stream)
+	if !errors.Is(err, executor.ErrTransferCorrupt) {
+		t.Fatalf("Put of a stream the pod got only the first entry of: %v, want ErrTransferCorrupt", err)
+	}
+	t.Logf("Put: %v", err)
 }

@@ -27,8 +27,9 @@ const (
 	containerName  = "run"
 	stateDir       = "/knotless"
 	stepStateDir   = stateDir + "/steps"
-	// transferDir stages a whole transfer on the node's disk (not the
-	// state tmpfs): the pod hashes it in one pass, not through a tee.
+	// transferDir stages a whole transfer out on the node's disk (not
+	// the state tmpfs): the pod hashes it in one pass, not through a tee.
+	// A transfer in at / leaves its closing entry there.
 	transferDir     = stateDir + "/transfer"
 	jobNamePrefix   = "knotless-"
 	networkPolicyNm = "knotless-deny-ingress-"
