@@ -73,6 +73,9 @@ func (c *RunCmd) Run(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
+	// The verdict is printed as soon as the run has it; the session is
+	// removed after it, and waited for before the command returns.
+	cleaner := run.NewCleaner(env.Logger.With("component", "run"))
 	eng := run.New(run.Config{
 		Executor:     exec,
 		Runner:       c.Runner,
@@ -82,6 +85,7 @@ func (c *RunCmd) Run(ctx context.Context, env *Env) error {
 		Checkout:     checkoutBound,
 		Outputs:      outputsBound,
 		Caches:       caches,
+		Cleaner:      cleaner,
 	})
 	// The steps' output and the closing line go to stdout, unless the
 	// result does: then stdout carries the JSON alone and they go to
@@ -105,6 +109,9 @@ func (c *RunCmd) Run(ctx context.Context, env *Env) error {
 		return c.dryRun(env, eng, req)
 	}
 	res := eng.Run(ctx, req)
+	// Each clean-up is bounded by the engine's CleanupTimeout, also
+	// when ctx ends (an interrupt): nothing is left behind on return.
+	defer func() { _ = cleaner.Wait(context.WithoutCancel(ctx)) }()
 	if err := c.writeResult(env, res); err != nil {
 		return err
 	}

@@ -153,6 +153,11 @@ type Resources struct {
 // Dirs are the run's well-known directories inside the session.
 type Dirs struct {
 	Work, Steps, Outputs string
+	// Root, when set, is the directory Work and Steps are children of,
+	// where Put takes one tar stream whose entries are named under their
+	// base names (work/..., steps/...): the checkout and the step
+	// scripts go in in one transfer. Empty: each is put on its own.
+	Root string
 }
 
 // Ref is a session's serializable identity.
@@ -179,9 +184,10 @@ type Exit struct {
 // ended and its exit status could not be read back.
 var ErrExitUnknown = errors.New("step exit status unknown")
 
-// ErrTransferCorrupt means the digests computed on the two ends of a tar
-// transfer differ; the engine sends it again once.
-var ErrTransferCorrupt = errors.New("transfer corrupted: digests differ")
+// ErrTransferCorrupt means a tar transfer did not arrive whole or
+// unchanged (the digests of its two ends differ, or the stream's end did
+// not arrive); the engine sends it again once.
+var ErrTransferCorrupt = errors.New("transfer corrupted")
 
 // ErrNotImplemented is returned by executors that are not built yet.
 var ErrNotImplemented = errors.New("executor not implemented")

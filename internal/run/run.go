@@ -4,7 +4,6 @@
 package run
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"errors"
@@ -39,8 +38,9 @@ type Config struct {
 	// Checkout bounds the checkout put into a session, Outputs the
 	// outputs brought back from it. A zero field means no bound.
 	Checkout, Outputs Bound
-	// CleanupTimeout bounds stopping a session after the run, also after
-	// the run's context has ended.
+	// CleanupTimeout bounds stopping a session after the run (and
+	// killing a step, saving caches, collecting outputs), also after the
+	// run's context has ended.
 	CleanupTimeout time.Duration
 	// Max bounds what a workflow may ask for (untrusted runs, or all).
 	Max Maximums
@@ -49,6 +49,12 @@ type Config struct {
 	// Observer is told how steps end and what caches did; nil observes
 	// nothing.
 	Observer Observer
+	// Cleaner, when set, takes each session's clean-up once the run's
+	// Result is complete: Run returns the verdict without waiting for
+	// the session to be removed, and the Cleaner's owner waits for it
+	// (Cleaner.Wait). Nil: Run removes the session before it returns.
+	// Either way a clean-up that fails leaves the Result as it is.
+	Cleaner *Cleaner
 }
 
 // Engine runs workflows.
@@ -139,11 +145,14 @@ type StepMarker interface {
 
 // Run runs req to the end and returns its result. It never returns
 // without a final status: every fault becomes Error, a cancelled ctx
-// becomes Cancelled.
+// becomes Cancelled. The result is complete once the outputs and caches
+// are back; the session is removed after it (Config.Cleaner), and a
+// removal that fails never changes it.
 func (e *Engine) Run(ctx context.Context, req Request) *Result {
 	r := e.newRunState(req)
 	r.execute(ctx)
 	r.finish()
+	e.cleanUp(ctx, r)
 	return r.res
 }
 
@@ -165,6 +174,7 @@ func (e *Engine) Adopt(ctx context.Context, req Request, h Handover, priorLog []
 	r.resumeLog(priorLog, h.LogSize)
 	r.adopt(ctx, h)
 	r.finish()
+	e.cleanUp(ctx, r)
 	return r.res
 }
 
@@ -223,6 +233,9 @@ type runState struct {
 	// sessionStarted is when the session was there: the workflow's
 	// timeout counts from it, not from a wait for a node.
 	sessionStarted time.Time
+	// sess is the run's session once started or resumed: removed after
+	// the result is complete (Engine.cleanUp).
+	sess executor.Session
 }
 
 func (r *runState) execute(ctx context.Context) {
@@ -257,8 +270,7 @@ func (r *runState) execute(ctx context.Context) {
 		return
 	}
 	r.log.Info("session started", "session", sess.Ref().String())
-	r.sessionStarted = time.Now()
-	defer r.stop(ctx, sess)
+	r.sessionStarted, r.sess = time.Now(), sess
 
 	r.steps(ctx, sess, nil)
 }
@@ -312,8 +324,7 @@ func (r *runState) adopt(ctx context.Context, h Handover) {
 		return
 	}
 	r.log.Info("session resumed", "session", sess.Ref().String(), "step", h.Step+1, "offset", h.Offset)
-	r.sessionStarted = h.SessionStartedAt
-	defer r.stop(ctx, sess)
+	r.sessionStarted, r.sess = h.SessionStartedAt, sess
 	switch {
 	case grantErr != nil:
 		r.fail(Error, "", grantErr)
@@ -445,7 +456,9 @@ func (r *runState) spec() executor.Spec {
 	}
 }
 
-// putCheckout sends the checkout and the step scripts into the session.
+// putCheckout sends the checkout and the step scripts into the session:
+// in one transfer where the session has a Root for both, else one each.
+// The checkout bound counts the whole stream, the scripts in it.
 func (r *runState) putCheckout(ctx context.Context, sess executor.Session, dirs executor.Dirs) error {
 	if fi, err := os.Stat(r.req.Checkout); err != nil || !fi.IsDir() {
 		if err == nil {
@@ -454,41 +467,57 @@ func (r *runState) putCheckout(ctx context.Context, sess executor.Session, dirs 
 		return fmt.Errorf("checkout %s: %w", r.req.Checkout, err)
 	}
 	start := time.Now()
+	root, work, steps := "", "", ""
+	if dirs.Root != "" && path.Dir(dirs.Work) == dirs.Root && path.Dir(dirs.Steps) == dirs.Root {
+		root, work, steps = dirs.Root, path.Base(dirs.Work), path.Base(dirs.Steps)
+	}
 	n, err := r.retryCorrupt("checkout", func() (int64, error) {
 		return transfer(ctx, func(w io.Writer) error {
-			return tarstream.Pack(ctx, r.req.Checkout, w, r.eng.cfg.Checkout.Limits)
-		}, func(rd io.Reader) error { return sess.Put(ctx, dirs.Work, rd) })
+			p := tarstream.NewPacker(ctx, w, r.eng.cfg.Checkout.Limits)
+			if err := p.Tree(r.req.Checkout, work); err != nil {
+				return err
+			}
+			if root != "" {
+				if err := r.packScripts(p, steps); err != nil {
+					return err
+				}
+			}
+			return p.Close()
+		}, func(rd io.Reader) error {
+			if root != "" {
+				return sess.Put(ctx, root, rd)
+			}
+			return sess.Put(ctx, dirs.Work, rd)
+		})
 	})
 	if err != nil {
 		return r.eng.cfg.Checkout.explain("checkout", fmt.Errorf("put checkout: %w", err))
 	}
-	r.log.Info("checkout sent", "bytes", n, "duration", time.Since(start).Round(time.Millisecond))
-	steps, err := scriptsTar(r.scripts)
-	if err != nil {
-		return err
+	if root == "" {
+		var buf bytes.Buffer
+		p := tarstream.NewPacker(ctx, &buf, tarstream.Limits{})
+		if err := r.packScripts(p, ""); err != nil {
+			return err
+		}
+		if err := p.Close(); err != nil {
+			return err
+		}
+		if err := sess.Put(ctx, dirs.Steps, &buf); err != nil {
+			return fmt.Errorf("put step scripts: %w", err)
+		}
 	}
-	if err := sess.Put(ctx, dirs.Steps, bytes.NewReader(steps)); err != nil {
-		return fmt.Errorf("put step scripts: %w", err)
-	}
+	r.log.Info("checkout sent", "bytes", n, "with_scripts", root != "", "duration", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
-func scriptsTar(scripts [][]byte) ([]byte, error) {
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for i, s := range scripts {
-		hdr := &tar.Header{Name: strconv.Itoa(i + 1), Mode: 0o755, Size: int64(len(s)), Typeflag: tar.TypeReg, ModTime: time.Now()}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return nil, err
-		}
-		if _, err := tw.Write(s); err != nil {
-			return nil, err
+// packScripts adds each step's script, named its step number under dir.
+func (r *runState) packScripts(p *tarstream.Packer, dir string) error {
+	for i, s := range r.scripts {
+		if err := p.File(path.Join(dir, strconv.Itoa(i+1)), 0o755, s); err != nil {
+			return fmt.Errorf("pack step scripts: %w", err)
 		}
 	}
-	if err := tw.Close(); err != nil {
-		return nil, fmt.Errorf("pack step scripts: %w", err)
-	}
-	return buf.Bytes(), nil
+	return nil
 }
 
 // runSteps runs the steps in order until one does not succeed, or the
@@ -814,28 +843,6 @@ func listFiles(dir string) ([]string, error) {
 	})
 	sort.Strings(files)
 	return files, err
-}
-
-// stop ends the session, also when the run's context is gone; a
-// detached run's session goes on for its successor.
-func (r *runState) stop(ctx context.Context, sess executor.Session) {
-	if r.res.Status == Detached {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.eng.cfg.CleanupTimeout)
-	defer cancel()
-	if err := sess.Stop(ctx); err != nil {
-		r.log.Error("stop session", "session", sess.Ref().String(), "err", err)
-		if r.res.Status == Success {
-			r.fail(Error, "", fmt.Errorf("stop session: %w", err))
-		}
-		return
-	}
-	if r.req.Keep {
-		r.log.Info("session kept", "session", sess.Ref().String())
-	} else {
-		r.log.Info("session stopped", "session", sess.Ref().String())
-	}
 }
 
 // faultStatus is the status of a fault outside any step: Cancelled when

@@ -44,30 +44,75 @@ func countEntry(n *int64, lim Limits) error {
 // Pack writes the tree under dir to w as a tar stream. Symbolic links are
 // stored as links, not followed. The context bounds the time it takes.
 func Pack(ctx context.Context, dir string, w io.Writer, lim Limits) error {
+	p := NewPacker(ctx, w, lim)
+	if err := p.Tree(dir, ""); err != nil {
+		return err
+	}
+	return p.Close()
+}
+
+// Packer writes one tar stream of several trees and files, each named
+// under a prefix of its own, within one set of Limits: what fills
+// several directories of a session in one transfer.
+type Packer struct {
+	cw      *limitWriter
+	tw      *tar.Writer
+	lim     Limits
+	entries int64
+}
+
+// NewPacker returns a Packer writing to w. The context bounds the time
+// it takes; lim bounds the whole stream.
+func NewPacker(ctx context.Context, w io.Writer, lim Limits) *Packer {
 	cw := &limitWriter{ctx: ctx, w: w, max: lim.MaxBytes}
-	tw := tar.NewWriter(cw)
-	var entries int64
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+	return &Packer{cw: cw, tw: tar.NewWriter(cw), lim: lim}
+}
+
+// Tree adds the tree under dir, each entry named prefix/its path (its
+// own path when prefix is empty); dir itself has no entry. Symbolic
+// links are stored as links, not followed.
+func (p *Packer) Tree(dir, prefix string) error {
+	err := filepath.WalkDir(dir, func(fp string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		rel, err := filepath.Rel(dir, p)
+		rel, err := filepath.Rel(dir, fp)
 		if err != nil {
 			return err
 		}
 		if rel == "." {
 			return nil
 		}
-		if err := countEntry(&entries, lim); err != nil {
+		if err := countEntry(&p.entries, p.lim); err != nil {
 			return err
 		}
-		return packEntry(tw, p, filepath.ToSlash(rel))
+		return packEntry(p.tw, fp, path.Join(prefix, filepath.ToSlash(rel)))
 	})
 	if err != nil {
 		return fmt.Errorf("pack %s: %w", dir, err)
 	}
-	if err := tw.Close(); err != nil {
-		return fmt.Errorf("pack %s: %w", dir, err)
+	return nil
+}
+
+// File adds a regular file name holding body.
+func (p *Packer) File(name string, mode fs.FileMode, body []byte) error {
+	if err := countEntry(&p.entries, p.lim); err != nil {
+		return err
+	}
+	hdr := &tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: int64(mode.Perm()), Size: int64(len(body)), ModTime: time.Now()}
+	if err := p.tw.WriteHeader(hdr); err != nil {
+		return fmt.Errorf("pack %s: %w", name, err)
+	}
+	if _, err := p.tw.Write(body); err != nil {
+		return fmt.Errorf("pack %s: %w", name, err)
+	}
+	return nil
+}
+
+// Close ends the stream.
+func (p *Packer) Close() error {
+	if err := p.tw.Close(); err != nil {
+		return fmt.Errorf("pack: %w", err)
 	}
 	return nil
 }

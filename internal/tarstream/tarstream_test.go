@@ -416,3 +416,33 @@ func TestLimitReaderStopsAtTheBound(t *testing.T) {
 		t.Errorf("read %d bytes, err %v; want 10 and ErrTooLarge", len(got), err)
 	}
 }
+
+// A Packer fills several directories in one stream: each tree and file
+// under its own prefix, the whole stream within one set of limits.
+func TestPackerPutsTreesUnderPrefixes(t *testing.T) {
+	t.Parallel()
+	src := t.TempDir()
+	must(t, os.MkdirAll(filepath.Join(src, "sub"), 0o755))
+	must(t, os.WriteFile(filepath.Join(src, "sub/f"), []byte("f"), 0o640))
+	must(t, os.Symlink("sub/f", filepath.Join(src, "link")))
+	var buf bytes.Buffer
+	p := NewPacker(context.Background(), &buf, Limits{})
+	must(t, p.Tree(src, "work"))
+	must(t, p.File("steps/1", 0o755, []byte("echo one\n")))
+	must(t, p.Close())
+	dst := t.TempDir()
+	must(t, Unpack(context.Background(), bytes.NewReader(buf.Bytes()), dst, Limits{}))
+	want := []string{
+		"steps drwxr-xr-x", "steps/1 -rwxr-xr-x echo one\n",
+		"work drwxr-xr-x", "work/link Lrwxrwxrwx -> sub/f", "work/sub drwxr-xr-x", "work/sub/f -rw-r----- f",
+	}
+	if diff := cmp.Diff(want, describe(t, dst)[1:]); diff != "" {
+		t.Errorf("tree (-want +got):\n%s", diff)
+	}
+	// The limits count the whole stream: the tree's three entries and the file.
+	p = NewPacker(context.Background(), io.Discard, Limits{MaxFiles: 3})
+	must(t, p.Tree(src, "work"))
+	if err := p.File("steps/1", 0o755, nil); !errors.Is(err, ErrTooManyFiles) {
+		t.Errorf("a fourth entry past MaxFiles 3: %v, want ErrTooManyFiles", err)
+	}
+}

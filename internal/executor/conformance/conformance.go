@@ -6,6 +6,7 @@
 package conformance
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -14,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -58,6 +60,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("transfers", func(t *testing.T) { t.Parallel(); testTransfers(t, h) })
 	t.Run("hostile outputs", func(t *testing.T) { t.Parallel(); testHostileOutputs(t, h) })
 	t.Run("session steps", func(t *testing.T) { t.Parallel(); testSessionSteps(t, h) })
+	t.Run("one transfer at the root", func(t *testing.T) { t.Parallel(); testRootTransfer(t, h) })
 	t.Run("bounds", func(t *testing.T) { t.Parallel(); testBounds(t, h) })
 	t.Run("caches", func(t *testing.T) { t.Parallel(); testCaches(t, h) })
 	t.Run("cache taint", func(t *testing.T) { t.Parallel(); testCacheTaint(t, h) })
@@ -445,6 +448,51 @@ func testSessionSteps(t *testing.T, h Harness) {
 	out.Reset()
 	if _, err := sess.FollowStep(ctx, "3", 0, &out); err != nil || strings.Contains(out.String(), "left:") || !strings.Contains(out.String(), "checked") {
 		t.Errorf("after kill: %q, %v; want no process of the killed step", out.String(), err)
+	}
+}
+
+// testRootTransfer: an executor whose Dirs have a Root takes one tar
+// stream there that fills the work and steps directories at once (the
+// engine's one transfer for the checkout and the step scripts), and
+// leaves what is in them.
+func testRootTransfer(t *testing.T, h Harness) {
+	ctx := context.Background()
+	ex := h.New(t)
+	sess, err := ex.Start(ctx, executor.Spec{RunID: runID(t), Runner: "did:plc:conformance", Image: h.Image, Timeout: 5 * time.Minute})
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	defer func() {
+		if err := sess.Stop(context.Background()); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	}()
+	d := sess.Dirs()
+	if d.Root == "" {
+		t.Skip("this executor puts each directory on its own (Dirs.Root is empty)")
+	}
+	if path.Dir(d.Work) != d.Root || path.Dir(d.Steps) != d.Root {
+		t.Fatalf("Dirs %+v: Work and Steps are not children of Root", d)
+	}
+	put := func(files map[string]string) {
+		t.Helper()
+		var b bytes.Buffer
+		tw := tar.NewWriter(&b)
+		for name, body := range files {
+			must(t, tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o755, Size: int64(len(body))}))
+			_, err := tw.Write([]byte(body))
+			must(t, err)
+		}
+		must(t, tw.Close())
+		must(t, sess.Put(ctx, d.Root, &b))
+	}
+	work, steps := path.Base(d.Work), path.Base(d.Steps)
+	put(map[string]string{work + "/first.txt": "first\n"})
+	put(map[string]string{work + "/sub/second.txt": "second\n", steps + "/1": "cat first.txt sub/second.txt\n"})
+	must(t, sess.StartStep(ctx, "1", []byte("cd "+d.Work+"\nexec sh -e "+d.Steps+"/1\n")))
+	var out bytes.Buffer
+	if exit, err := sess.FollowStep(ctx, "1", 0, &out); err != nil || exit.Code != 0 || out.String() != "first\nsecond\n" {
+		t.Errorf("step reading what the root transfers put: %q exit %d err %v; want both files", out.String(), exit.Code, err)
 	}
 }
 

@@ -39,9 +39,14 @@ type Executor struct {
 	Script  func(runID, id string) Step
 	Outputs map[string]string
 	// StartErr, SweepErr and ResumeErr, when set, are returned by Start,
-	// Sweep and Resume; PutErr by a session's Put. They are set before
-	// use, SweepErr also later (SetSweepErr).
-	StartErr, SweepErr, ResumeErr, PutErr error
+	// Sweep and Resume; PutErr by a session's Put; StopErr by a session's
+	// Stop, which then leaves the session as it was (a Job that could not
+	// be deleted). They are set before use, SweepErr also later
+	// (SetSweepErr).
+	StartErr, SweepErr, ResumeErr, PutErr, StopErr error
+	// StopGate, when set, holds every session's Stop until it is closed
+	// or Stop's context ends (then Stop fails with the context's error).
+	StopGate <-chan struct{}
 
 	mu       sync.Mutex
 	sessions map[string]*Session // by run ID
@@ -163,6 +168,7 @@ type Session struct {
 	killed   []string
 	released int
 	stopped  bool
+	stops    int
 }
 
 // Ref implements executor.Session.
@@ -292,11 +298,31 @@ func (s *Session) Release() {
 }
 
 // Stop implements executor.Session.
-func (s *Session) Stop(context.Context) error {
+func (s *Session) Stop(ctx context.Context) error {
+	s.e.mu.Lock()
+	s.stops++
+	s.e.mu.Unlock()
+	if s.e.StopGate != nil {
+		select {
+		case <-s.e.StopGate:
+		case <-ctx.Done():
+			return fmt.Errorf("stop %s: %w", s.Ref(), ctx.Err())
+		}
+	}
+	if s.e.StopErr != nil {
+		return s.e.StopErr
+	}
 	s.e.mu.Lock()
 	s.stopped = true
 	s.e.mu.Unlock()
 	return nil
+}
+
+// Stops is how many times Stop was called, failed or not.
+func (s *Session) Stops() int {
+	s.e.mu.Lock()
+	defer s.e.mu.Unlock()
+	return s.stops
 }
 
 // Stopped reports whether the session was stopped.

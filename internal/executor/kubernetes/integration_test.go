@@ -1,16 +1,20 @@
 package kubernetes_test
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -85,6 +89,15 @@ func engine(ex executor.Executor, image string) *run.Engine {
 	return run.New(run.Config{Executor: ex, DefaultImage: image, CleanupTimeout: time.Minute})
 }
 
+// engineCleaning is engine with the sessions removed after the verdict,
+// by a Cleaner the test waits for (as the daemon and `run` do).
+func engineCleaning(t *testing.T, ex executor.Executor, image string) (*run.Engine, *run.Cleaner) {
+	t.Helper()
+	cleaner := run.NewCleaner(nil)
+	t.Cleanup(func() { _ = cleaner.Wait(context.Background()) })
+	return run.New(run.Config{Executor: ex, DefaultImage: image, CleanupTimeout: time.Minute, Cleaner: cleaner}), cleaner
+}
+
 func parse(t *testing.T, src string) *workflow.Workflow {
 	t.Helper()
 	wf, err := workflow.Parse("test.yaml", []byte(src))
@@ -102,11 +115,15 @@ func TestExampleWorkflowLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := filepath.Join(t.TempDir(), "out")
-	res := engine(newExecutor(t, c, nil), c.Image).Run(context.Background(), run.Request{
+	eng, cleaner := engineCleaning(t, newExecutor(t, c, nil), c.Image)
+	res := eng.Run(context.Background(), run.Request{
 		RunID: randomID("ex"), Workflow: wf, Checkout: "../../../examples/hello", Outputs: out, Trusted: true,
 	})
 	if res.Status != run.Success {
 		t.Fatalf("status %s (%s), log:\n%s", res.Status, res.Error, res.Log)
+	}
+	if err := cleaner.Wait(context.Background()); err != nil || cleaner.Failures() != 0 {
+		t.Fatalf("clean-up: %v, %d failed", err, cleaner.Failures())
 	}
 	if b, err := os.ReadFile(filepath.Join(out, "greeting.sha256")); err != nil || !strings.Contains(string(b), "greeting.txt") {
 		t.Errorf("output greeting.sha256: %q %v", b, err)
@@ -254,8 +271,9 @@ func TestFailureMatrix(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			done := make(chan *run.Result, 1)
+			eng, cleaner := engineCleaning(t, newExecutor(t, c, tt.mod), c.Image)
 			go func() {
-				done <- engine(newExecutor(t, c, tt.mod), c.Image).Run(ctx, run.Request{
+				done <- eng.Run(ctx, run.Request{
 					RunID: runID, Workflow: parse(t, tt.src), Checkout: t.TempDir(), Trusted: true,
 				})
 			}()
@@ -268,6 +286,10 @@ func TestFailureMatrix(t *testing.T) {
 			res := <-done
 			if res.Status != tt.wantStatus || !strings.Contains(res.Error, tt.wantError) {
 				t.Errorf("status %s (%s), want %s with %q\nlog:\n%s", res.Status, res.Error, tt.wantStatus, tt.wantError, res.Log)
+			}
+			// The clean-up goes on after the verdict; the owner waits.
+			if err := cleaner.Wait(context.Background()); err != nil {
+				t.Error(err)
 			}
 			assertNothingLeft(t, c)
 		})
@@ -620,4 +642,98 @@ steps:
 			assertNothingLeft(t, c)
 		})
 	}
+}
+
+// A runner whose Job delete is refused still reports the work's verdict:
+// the run ends success, the refused clean-up is logged and counted, and
+// the Job it left is removed by the next sweep (here of an executor that
+// may delete it).
+func TestCleanupFailureKeepsVerdict(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t)
+	var rules []rbacv1.PolicyRule
+	for _, r := range kubecred.Rules() {
+		if slices.Contains(r.Resources, "jobs") {
+			r.Verbs = slices.DeleteFunc(slices.Clone(r.Verbs), func(v string) bool { return v == "delete" })
+		}
+		rules = append(rules, r)
+	}
+	kubeconfig := c.ScopedKubeconfig(t, "nodelete", rules)
+	runner := "did:plc:" + randomID("nodelete")
+	ex := newExecutor(t, c, func(cfg *kubernetes.Config) { cfg.Credentials.Kubeconfig = kubeconfig; cfg.Runner = runner })
+	eng, cleaner := engineCleaning(t, ex, c.Image)
+	runID := randomID("nd")
+	res := eng.Run(context.Background(), run.Request{RunID: runID, Workflow: parse(t, "on: push\nsteps: [{name: hi, run: 'echo hi'}]\n"),
+		Checkout: t.TempDir(), Outputs: filepath.Join(t.TempDir(), "out"), Trusted: true})
+	if res.Status != run.Success || res.Error != "" {
+		t.Fatalf("status %s (%s), want success: the refused delete is not the work's\nlog:\n%s", res.Status, res.Error, res.Log)
+	}
+	if err := cleaner.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if cleaner.Failures() != 1 || ex.Counters().CleanupFailures != 1 {
+		t.Errorf("clean-up failures: cleaner %d, executor %d; want 1 each", cleaner.Failures(), ex.Counters().CleanupFailures)
+	}
+	if _, err := c.Clientset.BatchV1().Jobs(c.Namespace).Get(context.Background(), kubernetes.JobName(runID), metav1.GetOptions{}); err != nil {
+		t.Fatalf("the Job whose delete was refused is not there: %v", err)
+	}
+	sweeper := newExecutor(t, c, func(cfg *kubernetes.Config) { cfg.Runner = runner })
+	swept, err := sweeper.Sweep(context.Background(), nil)
+	if err != nil || len(swept) != 1 || swept[0].RunID != runID {
+		t.Fatalf("Sweep = %v, %v; want the run's Job", swept, err)
+	}
+	waitGone(t, c)
+	assertNothingLeft(t, c)
+}
+
+// A transfer in that the pod does not get whole never succeeds: here the
+// pod's sh hands put.sh only the stream's first 1024 bytes (its first
+// entry, whole), so tar ends without error at a clean entry boundary,
+// as it does when an exec's stdin is closed early and the exec still
+// reports success. Put must say the stream was cut, not that it was put.
+// Writing /usr/local/sbin needs root: the session uses the operator's
+// allow-root opt-out.
+func TestPutCutShortIsCorrupt(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t)
+	ctx := context.Background()
+	ex := newExecutor(t, c, func(cfg *kubernetes.Config) { cfg.Pod.AllowRoot = true })
+	sess, err := ex.Start(ctx, executor.Spec{RunID: randomID("cut"), Image: c.Image, Timeout: 5 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sess.Stop(context.Background()) }()
+	// The exec's sh is looked up in PATH, where /usr/local/sbin comes first.
+	wrapper := `mkdir -p /usr/local/sbin
+cat > /usr/local/sbin/sh <<'WRAPPER'
+#!/bin/busybox sh
+if [ "$3" = knotless-put ]; then
+  head -c 1024 | /bin/busybox sh "$@"
+  exit
+fi
+exec /bin/busybox sh "$@"
+WRAPPER
+chmod +x /usr/local/sbin/sh
+`
+	if err := sess.StartStep(ctx, "1", []byte(wrapper)); err != nil {
+		t.Fatal(err)
+	}
+	if exit, err := sess.FollowStep(ctx, "1", 0, io.Discard); err != nil || exit.Code != 0 {
+		t.Fatalf("install the wrapper: exit %v, %v", exit, err)
+	}
+	var stream bytes.Buffer
+	tw := tar.NewWriter(&stream)
+	for _, name := range []string{"first", "second"} {
+		body := []byte(name + "\n")
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(body)), ModTime: time.Unix(0, 0)}); err != nil {
+			t.Fatal(err)
+		}
+		_, _ = tw.Write(body)
+	}
+	_ = tw.Close()
+	err = sess.Put(ctx, "/work/cut", &stream)
+	if !errors.Is(err, executor.ErrTransferCorrupt) {
+		t.Fatalf("Put of a stream the pod got only the first entry of: %v, want ErrTransferCorrupt", err)
+	}
+	t.Logf("Put: %v", err)
 }

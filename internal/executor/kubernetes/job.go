@@ -27,8 +27,9 @@ const (
 	containerName  = "run"
 	stateDir       = "/knotless"
 	stepStateDir   = stateDir + "/steps"
-	// transferDir stages a whole transfer on the node's disk (not the
-	// state tmpfs): the pod hashes it in one pass, not through a tee.
+	// transferDir stages a whole transfer out on the node's disk (not
+	// the state tmpfs): the pod hashes it in one pass, not through a tee.
+	// A transfer in at / leaves its closing entry there.
 	transferDir     = stateDir + "/transfer"
 	jobNamePrefix   = "knotless-"
 	networkPolicyNm = "knotless-deny-ingress-"
@@ -97,8 +98,14 @@ func podSecurity(allowRoot bool) (*corev1.PodSecurityContext, *corev1.SecurityCo
 }
 
 // keepAlive is the pod's command: it works in any image with a POSIX sh,
-// reaps orphans (it is PID 1), and exits at once on SIGTERM.
-const keepAlive = `trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done`
+// reaps orphans (it is PID 1), and exits at once on SIGTERM. It first
+// makes the step tool's wake pipe and holds it open on its fd 3: a FIFO
+// made and unlinked at once, so that no path in the pod leads to it (a
+// step that reads every file of a directory never blocks on it); the
+// step tool opens it as /proc/1/fd/3. In an image without mkfifo there is
+// none, and the tool naps with sleep.
+const keepAlive = `f=` + stateDir + `/.wake; if mkfifo -m 600 "$f" 2>/dev/null && [ -p "$f" ]; then exec 3<>"$f"; rm -f "$f"; fi; ` +
+	`trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done`
 
 // RunnerLabel is executor.RunnerLabel, the value of LabelRunner for a
 // runner's DID, for the callers that build selectors with this package's

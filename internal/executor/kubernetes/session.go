@@ -1,14 +1,18 @@
 package kubernetes
 
 import (
+	"archive/tar"
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/md5"
+	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"path"
 	"strconv"
 	"strings"
 	"sync"
@@ -62,6 +66,11 @@ type Session struct {
 
 	lostNode   string // the node a step found gone (under mu)
 	podVersion string // resource version of the pod last seen (under mu)
+
+	// deleteMu serialises Stop's deletions; deleted says one succeeded,
+	// so a Stop after a failed one tries again.
+	deleteMu sync.Mutex
+	deleted  bool
 }
 
 // step is one step's output as received, and how it ended.
@@ -103,30 +112,116 @@ func (s *Session) setPod(pod *corev1.Pod) {
 // Ref implements executor.Session.
 func (s *Session) Ref() executor.Ref { return s.ref }
 
-// Dirs implements executor.Session.
-func (s *Session) Dirs() executor.Dirs { return executor.PodDirs() }
+// Dirs implements executor.Session. Root is the pod's /: the checkout
+// and the step scripts go in in one exec.
+func (s *Session) Dirs() executor.Dirs {
+	d := executor.PodDirs()
+	d.Root = "/"
+	return d
+}
 
-// Put implements executor.Session: the tar stream goes in over exec stdin
-// and the pod reports the digest of what it received. The digest is MD5:
-// it catches a stream that lost or changed bytes on the way; a hostile
-// pod reports its own digest, so no hash would guard against it, and MD5
-// is the cheapest one every image has.
+// Put implements executor.Session: the tar stream goes in over exec
+// stdin straight into the pod's tar, with no staging and no digest of
+// the whole stream in the pod (on a busy node that pass cost a quarter of
+// a restore: docs/performance.md). The runner re-encodes the stream entry
+// by entry and closes it with an entry of a name drawn for this transfer
+// and no end-of-archive blocks, so the pod's tar stops at the stream's
+// end: the pod reports the closing entry only when tar extracted it, and
+// a stream that did not arrive whole is ErrTransferCorrupt. Bytes changed
+// on the way are for the exec's transport (TLS, TCP) to refuse, and tar
+// refuses a header whose checksum does not match.
 func (s *Session) Put(ctx context.Context, dir string, r io.Reader) error {
-	h := md5.New()
-	var stderr bytes.Buffer
+	mark := putMark(dir)
 	start := time.Now()
-	counted := &tarstream.CountingReader{R: io.TeeReader(r, h)}
-	code, err := s.exec(ctx, []string{"sh", "-c", putScript, "knotless-put", dir}, kubeexec.Streams{Stdin: counted, Stderr: &stderr})
-	if err != nil {
+	pr, pw := io.Pipe()
+	encoded := make(chan error, 1)
+	go func() {
+		err := closeWithMark(r, pw, mark)
+		pw.CloseWithError(err)
+		encoded <- err
+	}()
+	var stderr bytes.Buffer
+	counted := &tarstream.CountingReader{R: pr}
+	code, err := s.exec(ctx, []string{"sh", "-c", putScript, "knotless-put", dir, mark}, kubeexec.Streams{Stdin: counted, Stderr: &stderr})
+	pr.CloseWithError(errors.New("the exec ended"))
+	encErr := <-encoded
+	switch {
+	case err != nil:
 		return fmt.Errorf("put %s: %w", dir, err)
-	}
-	if err := checkDigest(code, stderr.String(), h.Sum(nil)); err != nil {
-		return fmt.Errorf("put %s: %w", dir, err)
+	case code != 0:
+		return fmt.Errorf("put %s: tar in the pod exited %d: %s", dir, code, otherLines(stderr.String(), "knotless: end "))
+	case encErr != nil:
+		return fmt.Errorf("put %s: %w", dir, encErr)
+	case !strings.Contains(stderr.String(), "knotless: end "+mark+"\n"):
+		return fmt.Errorf("put %s: %w: the pod did not extract the stream's closing entry (%d bytes sent)", dir, executor.ErrTransferCorrupt, counted.N)
 	}
 	took := time.Since(start)
 	s.ex.obs.Transferred(executor.DirectionIn, counted.N, took)
 	s.log.Info("transfer in", "dir", dir, "bytes", counted.N, "duration", took.Round(time.Millisecond))
 	return nil
+}
+
+// putMark draws the name of a transfer's closing entry, relative to the
+// directory it is put at: in that directory, but for the pod's / (the
+// root transfer of the checkout and the step scripts), which the step
+// user cannot write, in the transfer volume.
+func putMark(dir string) string {
+	var nonce [8]byte
+	_, _ = rand.Read(nonce[:])
+	mark := ".knotless-put-" + hex.EncodeToString(nonce[:])
+	if path.Clean(dir) == "/" {
+		return strings.TrimPrefix(transferDir, "/") + "/" + mark
+	}
+	return mark
+}
+
+// closeWithMark copies the tar stream r to w entry by entry and closes
+// it with an empty file named mark in place of the end-of-archive blocks.
+// Its writes reach w in blocks of putBlock bytes: each write to the exec's
+// stdin becomes a message of its own all the way to the pod, and a tar
+// writer's are a header, a small file or a padding each.
+func closeWithMark(r io.Reader, w io.Writer, mark string) error {
+	bw := bufio.NewWriterSize(w, putBlock)
+	tr, tw := tar.NewReader(r), tar.NewWriter(bw)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil && !errors.Is(err, tar.ErrInsecurePath) {
+			return fmt.Errorf("read tar stream: %w", err)
+		}
+		// The writer picks a format that holds the header.
+		hdr.Format = tar.FormatUnknown
+		if err := tw.WriteHeader(hdr); err != nil {
+			return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
+		}
+		if _, err := io.Copy(tw, tr); err != nil {
+			return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
+		}
+	}
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: mark, Mode: 0o600}); err != nil {
+		return err
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return bw.Flush()
+}
+
+// putBlock is the size of the writes to a Put's exec stdin: client-go
+// reads stdin 32 KiB at a time.
+const putBlock = 32 << 10
+
+// otherLines is the lines of text that do not start with prefix, joined.
+func otherLines(text, prefix string) string {
+	var other []string
+	for _, line := range strings.Split(text, "\n") {
+		if strings.TrimSpace(line) != "" && !strings.HasPrefix(line, prefix) {
+			other = append(other, line)
+		}
+	}
+	return strings.Join(other, "; ")
 }
 
 // Get implements executor.Session.
@@ -163,7 +258,7 @@ func checkDigest(code int, stderr string, ours []byte) error {
 		return fmt.Errorf("tar in the pod exited %d: %s", code, strings.Join(other, "; "))
 	}
 	if theirs != hex.EncodeToString(ours) {
-		return fmt.Errorf("%w (pod %q, runner %s)", executor.ErrTransferCorrupt, theirs, hex.EncodeToString(ours))
+		return fmt.Errorf("%w: digests differ (pod %q, runner %s)", executor.ErrTransferCorrupt, theirs, hex.EncodeToString(ours))
 	}
 	return nil
 }
@@ -408,17 +503,22 @@ func (s *Session) Release() {
 }
 
 // Stop implements executor.Session: it ends the pumps, deletes the Job
-// and waits until its pod is gone.
+// and waits until its pod is gone. A Stop after one that failed tries
+// again.
 func (s *Session) Stop(ctx context.Context) error {
 	s.mu.Lock()
-	already := s.stopped
 	s.stopped = true
 	if s.cancel != nil {
 		s.cancel()
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
-	if already || s.keep {
+	if s.keep {
+		return nil
+	}
+	s.deleteMu.Lock()
+	defer s.deleteMu.Unlock()
+	if s.deleted {
 		return nil
 	}
 	if err := s.deleteJob(ctx); err != nil {
@@ -427,6 +527,7 @@ func (s *Session) Stop(ctx context.Context) error {
 		s.log.Error("delete job", "err", err, "cleanup_failures_total", s.ex.cleanupFailures.Load())
 		return err
 	}
+	s.deleted = true
 	return nil
 }
 

@@ -48,7 +48,10 @@ func TestStepToolShells(t *testing.T) {
 			input := string(launchInput([]byte(strings.Replace(text, "STEPFILE", step, 1)))) + "ok\n"
 			// The namespace's init runs the tool, then looks for what is
 			// left: a process other than itself, or a file of the step.
-			check := `"$@" < "$STEP_INPUT"; echo "tool exit $?"
+			// It holds the wake pipe on its fd 3 as the pod's PID 1 does
+			// (keepAlive), so the shells whose read has a -t use it.
+			check := `f=$STEP_ROOT.wake; mkfifo "$f" && exec 3<>"$f" && rm "$f" || exit 1
+"$@" < "$STEP_INPUT"; echo "tool exit $?"
 for p in /proc/[0-9]*; do [ "${p#/proc/}" = $$ ] || echo "left: $(tr '\0' ' ' < $p/cmdline)"; done
 ls -A "$STEP_ROOT"`
 			args := append([]string{"--pid", "--fork", "--mount-proc", "sh", "-c", check, "check"}, shell...)

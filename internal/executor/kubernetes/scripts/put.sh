@@ -1,18 +1,18 @@
-# knotless-run's transfer in: sh -c "$(this file)" knotless-put DIR
-# Unpacks the tar stream on stdin into DIR and prints the digest of every
-# byte received as "knotless: digest HEX" on stderr. The stream is staged
-# whole in the transfer volume (node disk) first: one pass each for
-# receiving, hashing and unpacking measured faster than tee-ing the
-# stream through a FIFO into sha256sum beside tar. The digest is MD5:
-# it detects a transport that lost or changed bytes; against the pod it
-# cannot help with any hash (the pod reports its own digest), and MD5
-# costs half the CPU of SHA-256 on the node (docs/performance.md).
+# knotless-run's transfer in: sh -c "$(this file)" knotless-put DIR MARK
+# Unpacks the tar stream on stdin into DIR, straight from the exec's
+# stdin. The runner ends the stream with an entry named MARK (drawn for
+# this transfer) and no end-of-archive blocks, so tar stops at the
+# stream's end; MARK exists only when tar got every entry before it. The
+# script then removes it and prints "knotless: end MARK" on stderr. A
+# stream cut short (an exec's stdin can be closed early and the exec
+# still report success) leaves no MARK, and the runner sends it again.
+# This shell stays tar's parent and keeps the exec's streams open: the
+# runtime closes an exec's stdin when its process closes its output.
 set -eu
-dir=$1
+dir=$1 mark=$2
 mkdir -p "$dir"
-f=/knotless/transfer/put.$$
-trap 'rm -f "$f"' EXIT
-cat > "$f"
-sum=$(md5sum < "$f")
-tar -xf "$f" -C "$dir"
-echo "knotless: digest ${sum%% *}" >&2
+tar -xf - -C "$dir"
+if [ -e "$dir/$mark" ]; then
+	rm -f "$dir/$mark"
+	echo "knotless: end $mark" >&2
+fi

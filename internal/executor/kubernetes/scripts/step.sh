@@ -12,14 +12,22 @@
 #
 # It needs a POSIX sh and /proc, and it starts few processes: on a busy
 # node each costs milliseconds. A step that prints nothing and ends at
-# once costs, besides its own shell, one sleep, one cat and one rm. The
-# payload lives only in shell variables: it is never an argument of any
-# process and never written to a file.
+# once costs, besides its own shell and its supervisor, one rm; a shell
+# whose read has no -t (dash) naps with a sleep instead. The payload
+# lives only in shell variables: it is never an argument of any process
+# and never written to a file.
 #
 # Files of step ID, flat in STATE_DIR: ID.out (its output), ID.pid (its
 # supervisor), ID.before (the processes alive before it), ID.watcher (the
 # shell streaming it) and ID.exit.CODE, created when it ends: the name
 # carries the code, so it exists only complete.
+#
+# The pod's PID 1 holds a pipe on its fd 3 that has no name (the Job's
+# command makes a FIFO, opens it and unlinks it). A step's supervisor
+# writes a line to it when the step ends; the shell streaming the step
+# naps in "read -t" on it and wakes at once. Where there is no such pipe,
+# or read has no -t (dash), it naps with sleep and the supervisor's
+# SIGUSR1 cuts the nap short.
 set -u
 mode=$1 root=$2 id=$3
 d=$root/$id
@@ -42,7 +50,7 @@ kill_leftovers() {
     before=" "
     [ -r "$d.before" ] && IFS= read -r before < "$d.before"
   fi
-  reap_unless : alive_before || :
+  reap_unless : alive_before alive_before || :
 }
 
 # alive_before tells whether process $1 was alive before the step.
@@ -70,8 +78,9 @@ stream() {
   nap=0.02
   while :; do
     ended && return 0
-    # A step just started has nothing to send yet: the first pass naps.
-    [ -n "$quiet" ] || cat <&3 || exit 1
+    # A step just started has nothing to send yet, nor one that has
+    # printed nothing: no cat then.
+    [ -n "$quiet" ] || [ ! -s "$d.out" ] || cat <&3 || exit 1
     quiet=
     if [ -r "$d.pid" ]; then
       IFS= read -r spid < "$d.pid"
@@ -80,7 +89,12 @@ stream() {
         exit 0
       fi
     fi
-    if [ -z "$woke" ]; then
+    if [ -n "$wake" ]; then
+      # The supervisor's line ends the nap (the line of an earlier step
+      # that ended before its shell napped ends one early: the loop
+      # looks again and naps on, so at most one line waits).
+      IFS= read -r -t "$nap" _w <&4 2>/dev/null
+    elif [ -z "$woke" ]; then
       sleep "$nap" 2>/dev/null &
       wait $! 2>/dev/null
       case $? in
@@ -88,8 +102,8 @@ stream() {
       *) nap=1 ;; # a sleep that takes no fractions
       esac
       kill $! 2>/dev/null
-      case $nap in 0.02) nap=0.05 ;; 0.05) nap=0.1 ;; 0.1) nap=0.25 ;; esac
     fi
+    case $nap in 0.02) nap=0.05 ;; 0.05) nap=0.1 ;; 0.1) nap=0.25 ;; esac
     woke=
   done
 }
@@ -98,7 +112,7 @@ stream() {
 # and removes the step's files once the runner has everything.
 finish() {
   kill_leftovers
-  cat <&3 || exit 1
+  [ ! -s "$d.out" ] || cat <&3 || exit 1
   off=
   while read -r key value; do
     [ "$key" = pos: ] && off=$value
@@ -107,9 +121,17 @@ finish() {
   if IFS= read -r ack && [ "$ack" = ok ]; then rm -f "$d".*; fi
 }
 
-# watch makes the supervisor's signal at the step's end cut a nap short.
+# watch makes the supervisor's line on the wake pipe (opened read-write
+# on fd 4, so no open blocks), or where there is none its signal, cut a
+# nap short at the step's end.
 watch() {
-  woke=
+  woke= wake=
+  if [ -p /proc/1/fd/3 ] && [ -r /proc/1/fd/3 ] && [ -w /proc/1/fd/3 ]; then
+    # dash's read has no -t: it fails with 2 where busybox and bash
+    # time out or meet the end with 1 (or 0).
+    IFS= read -r -t 0.001 _w < /dev/null 2>/dev/null
+    case $? in 0 | 1) exec 4<> /proc/1/fd/3 && wake=1 ;; esac
+  fi
   trap 'woke=1' USR1
   echo $$ > "$d.watcher"
 }
@@ -139,11 +161,15 @@ start)
   # the watcher. Its own streams are not the exec's: a dropped exec
   # leaves it running.
   (
-    (set +u; eval "$payload") < /dev/null >> "$d.out" 2>&1 &
+    (set +u; eval "$payload") < /dev/null >> "$d.out" 2>&1 4>&- &
     payload=
     wait $!
     : > "$d.exit.$?"
-    [ -r "$d.watcher" ] && IFS= read -r w < "$d.watcher" && kill -USR1 "$w" 2>/dev/null
+    if [ -n "$wake" ]; then
+      echo >&4
+    else
+      [ -r "$d.watcher" ] && IFS= read -r w < "$d.watcher" && kill -USR1 "$w" 2>/dev/null
+    fi
     exit 0
   ) < /dev/null > /dev/null 2>&1 &
   sup=$!
