@@ -119,9 +119,10 @@ type Tap interface {
 	// is the log an earlier process handed over, h its handover (the
 	// stream goes on at h.LogSize with no byte twice).
 	Open(j *job.Job, runID string, prior []byte, h *run.Handover) io.Writer
-	// Ended is told a run's result, its outputs in outDir, before its
-	// final check is written and outDir removed. A detached run's result
-	// (status detached, with a handover) says it goes on in a successor.
+	// Ended is told the result of a run that ended here, its outputs in
+	// outDir, before its final check is written and outDir removed. A
+	// run handed over (it goes on in a successor) or released (a
+	// successor runs its work anew) does not end here: it is not told.
 	Ended(j *job.Job, runID string, res *run.Result, outDir string)
 }
 

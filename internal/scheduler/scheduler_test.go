@@ -308,12 +308,15 @@ func TestCancel(t *testing.T) {
 }
 
 // At the stop wait a run still going is released: its check back to
-// queued, not done, for the successor.
+// queued, not done, for the successor; its live output is not ended
+// (the successor's run of the work replaces it).
 func TestReleaseRunning(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		w := newWorld(t)
 		w.facts.Executor = executor.Capabilities{} // cannot detach
+		tp := &tap{logs: map[string]*bytes.Buffer{}}
+		w.ports.Tap = tp
 		w.s = New(w.cfg, w.facts, w.ports, nil)
 		never := make(chan struct{})
 		w.exec.Script = func(string, string) fakeexec.Step { return fakeexec.Step{Gate: never} }
@@ -339,6 +342,9 @@ func TestReleaseRunning(t *testing.T) {
 		}
 		if w.store.Done(j.Event.Key()) {
 			t.Error("released work is done")
+		}
+		if len(tp.ended) != 0 {
+			t.Errorf("the released run's live output was ended (%+v): a successor runs the work again", tp.ended)
 		}
 	})
 }

@@ -13,7 +13,9 @@ func (s *Scheduler) openLive(t *task) {
 }
 
 // endLive tells the tap how t's run ended, before its final check is
-// written and its outputs directory removed.
+// written and its outputs directory removed (not for a run handed over
+// or released: its stream goes on in a successor, or its work runs
+// again there).
 func (s *Scheduler) endLive(t *task, res *run.Result, outDir string) {
 	if s.p.Tap == nil || t.live == nil {
 		return

@@ -158,7 +158,6 @@ func (s *Scheduler) runJob(ctx context.Context, t *task) {
 
 	dir := s.runDir(t.runID)
 	res := s.execute(ctx, t, dir)
-	s.endLive(t, res, filepath.Join(dir, "outputs"))
 	// Detached before its session started (a pod still Pending): nothing
 	// goes on, so nothing is handed over; the work is released, its
 	// check back to queued, for the successor.
@@ -191,6 +190,9 @@ func (s *Scheduler) runJob(ctx context.Context, t *task) {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
 	outDir := filepath.Join(dir, "outputs")
+	if !released {
+		s.endLive(t, res, outDir)
+	}
 	var final forge.Check
 	switch {
 	case released:
