@@ -28,7 +28,8 @@ type FilesConfig struct {
 	// MaxBytes bounds the files of all runs together (default 1 GiB):
 	// the runs that ended first go first to make room.
 	MaxBytes int64
-	// Retention is how long a run's files are kept (default 24h).
+	// Retention is how long a run's files are kept (default an hour, as
+	// the hub keeps an ended run's output).
 	Retention time.Duration
 }
 
@@ -43,7 +44,7 @@ func (c *FilesConfig) defaults() {
 		c.MaxBytes = 1 << 30
 	}
 	if c.Retention <= 0 {
-		c.Retention = 24 * time.Hour
+		c.Retention = time.Hour
 	}
 }
 
