@@ -1,9 +1,7 @@
 package daemon_test
 
 import (
-	"context"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,46 +15,10 @@ import (
 	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/live"
-	"knotless.dev/run/internal/output"
 	"knotless.dev/run/internal/outputhttp"
-	"knotless.dev/run/internal/outputservice"
 	"knotless.dev/run/internal/scheduler"
 	"knotless.dev/run/tests/livefollow"
 )
-
-// outputServiceDID is the test output service's DID: the audience of
-// the runner's tokens.
-const outputServiceDID = "did:web:output.test"
-
-// outputService runs the real output service on loopback for the
-// world's runner: it verifies the tokens the runner's real PDS mints
-// against the runner's DID document on the test PLC. It returns its URL.
-func (w *world) outputService(t *testing.T) string {
-	t.Helper()
-	store, err := output.OpenStore(output.StoreConfig{Dir: t.TempDir(), Limits: output.Limits{Head: 8 << 20, Tail: 8 << 20},
-		MaxRunsPerRunner: 16, MaxFiles: 10, MaxFileBytes: 1 << 20, Retention: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cat, err := forge.NewCatalog()
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc, err := outputservice.New(outputservice.Config{ServiceDID: outputServiceDID, Runners: []string{w.Runner.DID.String()},
-		Directory: w.Server.Directory(), Store: store, Catalog: cat})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Serve(ctx, ln) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return "http://" + ln.Addr().String()
-}
 
 var listening = regexp.MustCompile(`msg="serving live output" .*listen=(\S+)`)
 
@@ -89,7 +51,7 @@ const liveSecret = "s3cret-live-value"
 func TestLiveOutput(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	service := w.outputService(t)
+	service := livefollow.Service(t, w.Runner.DID.String(), w.Server.Directory())
 	gate := filepath.Join(t.TempDir(), "go")
 	_, commit := w.Push(map[string]string{".knotless/workflows/live.yaml": workflowFile(`
 on: [push]
@@ -110,7 +72,7 @@ steps:
 `)})
 	w.start(w.config(func(c *daemon.Config) {
 		c.Scheduler.Secrets = []scheduler.OperatorSecret{{Name: "LIVE_TOKEN", Value: liveSecret, Repos: []string{w.RepoURI.String()}}}
-		c.Live = live.Config{Listen: "127.0.0.1:0", Service: service, ServiceDID: outputServiceDID}
+		c.Live = live.Config{Listen: "127.0.0.1:0", Service: service, ServiceDID: livefollow.ServiceDID}
 	}))
 	direct := w.listener(t)
 
