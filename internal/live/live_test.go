@@ -46,7 +46,7 @@ func (k keyTokens) ServiceAuth(_ context.Context, aud, lxm string, exp time.Time
 // service runs the real output service for the runner, its key in a
 // directory in memory (the real PDS's tokens are the output service's
 // and the daemon's tests'); it returns its URL and the runner's tokens.
-func service(t *testing.T) (string, keyTokens) {
+func service(t testing.TB) (string, keyTokens) {
 	t.Helper()
 	k, err := atcrypto.GeneratePrivateKeyK256()
 	if err != nil {

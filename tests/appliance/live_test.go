@@ -101,7 +101,7 @@ func TestLiveOutputAcrossStopAndKill(t *testing.T) {
 	k.startOutputService(t, w, svcListen)
 	direct := "http://" + listen
 
-	follow := func(commit string) (string, *livefollow.Follower, *livefollow.Follower) {
+	follow := func(t *testing.T, commit string) (string, *livefollow.Follower, *livefollow.Follower) {
 		t.Helper()
 		w.waitCheck("ticks", commit, 3*time.Minute, running)
 		got := w.checks("ticks", commit)[0]
@@ -117,7 +117,7 @@ func TestLiveOutputAcrossStopAndKill(t *testing.T) {
 		viaService.WaitFor(t, "tick 2 ", 3*time.Minute)
 		return check, viaRunner, viaService
 	}
-	release := func(runID string) {
+	release := func(t *testing.T, runID string) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
@@ -125,7 +125,7 @@ func TestLiveOutputAcrossStopAndKill(t *testing.T) {
 			t.Fatalf("release the step of run %s: %v", runID, err)
 		}
 	}
-	ended := func(commit string, followers map[string]*livefollow.Follower) (forge.Check, string) {
+	ended := func(t *testing.T, commit string, followers map[string]*livefollow.Follower) (forge.Check, string) {
 		t.Helper()
 		final := w.waitCheck("ticks", commit, 5*time.Minute, final)
 		if final.Status != "success" {
@@ -154,7 +154,7 @@ func TestLiveOutputAcrossStopAndKill(t *testing.T) {
 
 	t.Run("a handover at SIGTERM", func(t *testing.T) {
 		commit := w.push(map[string]string{".knotless/workflows/ticks.yaml": tickingWorkflow})
-		_, viaRunner, viaService := follow(commit)
+		_, viaRunner, viaService := follow(t, commit)
 		oldPID := k.show(service, "MainPID")
 		if out, err := k.systemctl("restart", service); err != nil {
 			t.Fatalf("systemctl restart: %v\n%s", err, out)
@@ -168,8 +168,8 @@ func TestLiveOutputAcrossStopAndKill(t *testing.T) {
 		before := len(viaService.Bytes())
 		waitGrown(t, viaService, before)
 		waitGrown(t, viaRunner, len(viaRunner.Bytes()))
-		release(runs[0])
-		_, blob := ended(commit, map[string]*livefollow.Follower{"the runner": viaRunner, "the service": viaService})
+		release(t, runs[0])
+		_, blob := ended(t, commit, map[string]*livefollow.Follower{"the runner": viaRunner, "the service": viaService})
 		if n := len(find(k.journal(service), "adopted 1 runs")); n != 1 {
 			t.Errorf("the new process adopted %d times, want once", n)
 		}
@@ -189,7 +189,7 @@ func TestLiveOutputAcrossStopAndKill(t *testing.T) {
 
 	t.Run("a lost run at SIGKILL", func(t *testing.T) {
 		commit := w.push(map[string]string{".knotless/workflows/ticks.yaml": tickingWorkflow + "\n# again\n"})
-		_, viaRunner, viaService := follow(commit)
+		_, viaRunner, viaService := follow(t, commit)
 		lost := viaService.Runs()[0]
 		oldPID := k.show(service, "MainPID")
 		if out, err := k.systemctl("kill", "--signal=KILL", service); err != nil {
@@ -201,8 +201,8 @@ func TestLiveOutputAcrossStopAndKill(t *testing.T) {
 			f.WaitFor(t, "tick 2 ", 3*time.Minute)
 		}
 		again := viaService.Runs()[1]
-		release(again)
-		_, blob := ended(commit, map[string]*livefollow.Follower{"the runner": viaRunner, "the service": viaService})
+		release(t, again)
+		_, blob := ended(t, commit, map[string]*livefollow.Follower{"the runner": viaRunner, "the service": viaService})
 		for name, f := range map[string]*livefollow.Follower{"the runner": viaRunner, "the service": viaService} {
 			if r := f.Runs(); len(r) != 2 || r[0] != lost || r[1] != again {
 				t.Errorf("through %s: runs %v, want the lost run %s then its new run %s", name, r, lost, again)
