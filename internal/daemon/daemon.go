@@ -44,7 +44,7 @@ type Daemon struct {
 	intake *intake.Intake
 	sched  *scheduler.Scheduler
 	lander *lander.Lander // nil without --queue
-	live   *live.Live
+	live   *live.Live     // live output
 	health health         // the executor's (health.go); its own lock
 }
 

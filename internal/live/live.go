@@ -105,7 +105,6 @@ func httpURL(s string) error {
 	return nil
 }
 
-
 // Tokens mints service-auth tokens (forge.Account): the pushes'.
 type Tokens = outputpush.TokenSource
 
