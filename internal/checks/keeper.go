@@ -31,6 +31,7 @@ type Keeper struct {
 	blobs  Blobs
 	outbox Outbox
 	until  func() time.Time
+	live   Live
 	retry  backoff.Policy
 	log    *slog.Logger
 
@@ -55,6 +56,17 @@ type Outbox interface {
 	IsOwed(key string) bool
 }
 
+// Live is where checks' output is read while they run, and their files
+// after (the live-output part).
+type Live interface {
+	// Where says where the output of check key is read; nil: nowhere
+	// (no stream of it is open).
+	Where(key string) *forge.LiveOutput
+	// Files are the output files of check key's run kept for download
+	// where Where says.
+	Files(key string) []forge.RunFile
+}
+
 // Ports are what a Keeper uses of the outside.
 type Ports struct {
 	Blobs  Blobs
@@ -62,6 +74,9 @@ type Ports struct {
 	// LimitedUntil is until when the runner's PDS said it limits this
 	// runner (RateLimits.Until of its host); nil: it never said.
 	LimitedUntil func() time.Time
+	// Live, when set, says where the running check's output is read
+	// (its live field) and which files the final check lists.
+	Live Live
 }
 
 // NewKeeper returns the checks part writing through rec; retry paces
@@ -74,7 +89,7 @@ func NewKeeper(rec *Recorder, p Ports, retry backoff.Policy, log *slog.Logger) *
 	if until == nil {
 		until = func() time.Time { return time.Time{} }
 	}
-	return &Keeper{rec: rec, blobs: p.Blobs, outbox: p.Outbox, until: until, retry: retry, log: log,
+	return &Keeper{rec: rec, blobs: p.Blobs, outbox: p.Outbox, until: until, live: p.Live, retry: retry, log: log,
 		next: map[string]time.Time{}, wake: make(chan struct{}, 1)}
 }
 
@@ -115,6 +130,9 @@ func (k *Keeper) Queued(ctx context.Context, key string, ev ingest.Event, wf str
 // and returns it. A failed write is logged: the run goes on.
 func (k *Keeper) Running(ctx context.Context, key string, c forge.Check, started time.Time, log *slog.Logger) forge.Check {
 	c.Status, c.StartedAt = string(Running), forge.Datetime(started)
+	if k.live != nil {
+		c.Live = k.live.Where(key)
+	}
 	if err := k.rec.Write(ctx, Start, key, c); err != nil {
 		log.Error("write running check", "err", err)
 	}
@@ -126,6 +144,7 @@ func (k *Keeper) Running(ctx context.Context, key string, c forge.Check, started
 // the PDS does not take now is owed. It returns the check.
 func (k *Keeper) Finished(ctx context.Context, key string, ev ingest.Event, c forge.Check, res *run.Result, outDir string, log *slog.Logger) forge.Check {
 	final := k.Map(ctx, c, res, outDir, log)
+	final.Files = k.files(key)
 	k.putFinal(ctx, Finish, key, ev, final, log)
 	return final
 }
@@ -148,6 +167,7 @@ func (k *Keeper) cancelled(ctx context.Context, t Transition, key string, ev ing
 		c.Status, c.FinishedAt = string(Cancelled), forge.Now()
 	} else {
 		c = k.Map(ctx, c, res, outDir, log)
+		c.Files = k.files(key)
 	}
 	c.Error = why
 	k.putFinal(ctx, t, key, ev, c, log)
@@ -159,7 +179,7 @@ func (k *Keeper) cancelled(ctx context.Context, t Transition, key string, ev ing
 func (k *Keeper) Released(ctx context.Context, key string, c forge.Check, res *run.Result, outDir string, log *slog.Logger) {
 	c = k.Map(ctx, c, res, outDir, log)
 	c.Status, c.Error = string(Queued), "released by a stopping runner: runs again on its successor"
-	c.FinishedAt = ""
+	c.FinishedAt, c.Files = "", nil
 	if err := k.rec.Write(ctx, Release, key, c); err != nil {
 		log.Error("write released check", "err", err)
 	}
@@ -224,6 +244,14 @@ func (k *Keeper) Map(ctx context.Context, c forge.Check, res *run.Result, outDir
 		c.Outputs = append(c.Outputs, forge.Output{Path: rel, Blob: blob})
 	}
 	return c
+}
+
+// files are the output files of key's run live output keeps (Ports.Live).
+func (k *Keeper) files(key string) []forge.RunFile {
+	if k.live == nil {
+		return nil
+	}
+	return k.live.Files(key)
 }
 
 // putFinal writes a final check through the recorder (Recorder.Final):

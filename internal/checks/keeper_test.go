@@ -456,3 +456,61 @@ func TestRateLimits(t *testing.T) {
 		}
 	}
 }
+
+// fakeLive is live output's answers, by check key.
+type fakeLive struct {
+	where map[string]*forge.LiveOutput
+	files map[string][]forge.RunFile
+}
+
+func (f fakeLive) Where(key string) *forge.LiveOutput { return f.where[key] }
+func (f fakeLive) Files(key string) []forge.RunFile   { return f.files[key] }
+
+// With live output the running check says where its output is read, and
+// the final one keeps that and lists the run's files kept there; a
+// released check (queued again) lists none, and a run without a stream
+// says nowhere.
+func TestKeeperLiveOutput(t *testing.T) {
+	t.Parallel()
+	st, err := state.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, other := pushEvent("3k1"), pushEvent("3k2")
+	key, none := forge.CheckKey(ev.Subject(), "ci"), forge.CheckKey(other.Subject(), "ci")
+	where := &forge.LiveOutput{Service: "https://out.example", Page: "https://out.example/runs/did:plc:runner/" + key}
+	files := []forge.RunFile{{Path: "report.txt", Size: 4}}
+	live := fakeLive{where: map[string]*forge.LiveOutput{key: where}, files: map[string][]forge.RunFile{key: files}}
+	k := NewKeeper(NewRecorder(&fakePDS{}, nil), Ports{Blobs: &fakeBlobs{}, Outbox: st, Live: live}, backoff.Policy{First: time.Second, Max: time.Minute}, nil)
+	ctx := t.Context()
+
+	c, err := k.Queued(ctx, key, ev, "ci")
+	if err != nil {
+		t.Fatal(err)
+	}
+	running := k.Running(ctx, key, c, time.Now(), quiet)
+	if diff := cmp.Diff(where, running.Live); diff != "" {
+		t.Errorf("running check's live (-want +got):\n%s", diff)
+	}
+	res := &run.Result{Status: run.Success, Log: []byte("log\n")}
+	k.Released(ctx, key, running, res, t.TempDir(), quiet)
+	if got, _ := k.Get(key); got.Files != nil || got.Status != string(Queued) {
+		t.Errorf("released check: status %s, files %v; want queued, none", got.Status, got.Files)
+	}
+	running = k.Running(ctx, key, c, time.Now(), quiet)
+	final := k.Finished(ctx, key, ev, running, res, t.TempDir(), quiet)
+	if diff := cmp.Diff(where, final.Live); diff != "" {
+		t.Errorf("final check's live (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(files, final.Files); diff != "" {
+		t.Errorf("final check's files (-want +got):\n%s", diff)
+	}
+
+	c, err = k.Queued(ctx, none, other, "ci")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := k.Running(ctx, none, c, time.Now(), quiet); got.Live != nil {
+		t.Errorf("a run with no stream: live %+v, want none", got.Live)
+	}
+}

@@ -59,6 +59,7 @@ type ServeCmd struct {
 
 	LimitFlags `embed:""`
 	FloodFlags `embed:""`
+	LiveFlags  `embed:""`
 }
 
 // Run runs the daemon until SIGTERM or SIGINT, then hands over.

@@ -84,6 +84,7 @@ func (c *ServeCmd) config(in serveInputs) (daemon.Config, error) {
 			Secrets:     in.Secrets,
 		},
 		Lander: lander.Config{Queue: c.Queue, Batch: c.QueueBatch, PushCredentials: in.PushCredentials},
+		Live:   c.live(),
 		Engine: run.Config{
 			Executor:     in.Executor,
 			DefaultImage: c.Image,

@@ -15,6 +15,7 @@ import (
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/intake"
 	"knotless.dev/run/internal/lander"
+	"knotless.dev/run/internal/live"
 	"knotless.dev/run/internal/mirror"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/scheduler"
@@ -38,6 +39,8 @@ type Config struct {
 	// count owners' pushes too), the transfer bounds and the caches.
 	// Its Logger and Runner are the daemon's.
 	Engine run.Config
+	// Live is live output: the listener, the output service, bounds.
+	Live live.Config
 	// Git is what git sources the mirrors may fetch from (https only by
 	// default), git's deadline and the workflow and checkout limits. The
 	// state and cache directories are always forbidden as local sources.
@@ -140,6 +143,9 @@ func (c *Config) Validate() error {
 	}
 	if flags := c.untrustedWork(); len(flags) > 0 && c.Engine.Executor != nil && c.Engine.Executor.Name() == "shell" && !c.UnsafeShellUntrusted {
 		return fmt.Errorf("serve: --executor shell with %s would run strangers' code on this host, beside the runner's sealing key, PDS session and kubeconfig; use --executor kubernetes or docker, or pass --unsafe-shell-untrusted on a throwaway host", strings.Join(flags, " and "))
+	}
+	if err := c.Live.Validate(); err != nil {
+		return err
 	}
 	if c.Lander.Queue && c.Lander.Batch < 1 {
 		return fmt.Errorf("--queue-batch %d: want 1 or more", c.Lander.Batch)

@@ -25,6 +25,7 @@ import (
 	"knotless.dev/run/internal/intake"
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/lander"
+	"knotless.dev/run/internal/live"
 	"knotless.dev/run/internal/mirror"
 	"knotless.dev/run/internal/readiness"
 	"knotless.dev/run/internal/run"
@@ -43,6 +44,7 @@ type Daemon struct {
 	intake *intake.Intake
 	sched  *scheduler.Scheduler
 	lander *lander.Lander // nil without --queue
+	live   *live.Live     // live output
 	health health         // the executor's (health.go); its own lock
 }
 
@@ -57,6 +59,7 @@ type outside struct {
 	key     scheduler.Opener
 	records lander.Records
 	checks  checks.Writer
+	tokens  live.Tokens // the runner's service-auth tokens, for live output's pushes
 	// ownChecks lists the runner's check records (what is final is never
 	// run again).
 	ownChecks func(ctx context.Context) ([]forge.Record[forge.Check], []forge.Invalid, error)
@@ -156,7 +159,7 @@ func open(ctx context.Context, cfg *Config) (*state.Store, outside, error) {
 	out = outside{
 		lister: &ingest.Lister{Reader: reader, Dir: a.Directory, Runner: a.Runner, Targets: s.Targets, Discover: s.Discover,
 			DiscoverHosts: discover, Pulls: s.Pulls, Bounds: s.Listing.Bounds, Logger: cfg.Logger.With("component", "ingest")},
-		mirrors: gitMirrors{ms}, blobs: acct, sealed: secretReader{reader}, key: key, records: queueForge{reader, acct}, checks: acct,
+		mirrors: gitMirrors{ms}, blobs: acct, sealed: secretReader{reader}, key: key, records: queueForge{reader, acct}, checks: acct, tokens: acct,
 		ownChecks: func(ctx context.Context) ([]forge.Record[forge.Check], []forge.Invalid, error) {
 			return forge.ListOwn[forge.Check](ctx, acct, forge.CollectionCheck)
 		},
@@ -184,7 +187,8 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 			cfg.OnCheck(key, c)
 		}
 	})
-	d.keeper = checks.NewKeeper(rec, checks.Ports{Blobs: out.blobs, Outbox: store, LimitedUntil: out.limitedUntil}, retry, d.log)
+	d.live = live.New(cfg.Live, runner, live.FilesDir(cfg.CacheDir), live.Ports{Tokens: out.tokens}, logOf("live"))
+	d.keeper = checks.NewKeeper(rec, checks.Ports{Blobs: out.blobs, Outbox: store, LimitedUntil: out.limitedUntil, Live: d.live}, retry, d.log)
 
 	eng := cfg.Engine
 	eng.Logger, eng.Runner = logOf("run"), runner.String()
@@ -192,7 +196,7 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 		scheduler.Facts{Runner: runner, Executor: d.caps,
 			RunsDir: filepath.Join(cfg.CacheDir, "runs"), LimitsAll: cfg.Engine.Max.All},
 		scheduler.Ports{Engine: run.New(eng), Checks: d.keeper, State: store, Mirrors: out.mirrors, Sealed: out.sealed, Key: out.key,
-			Sweeper: cfg.Engine.Executor, Down: d.executorDown, Wake: func() { d.intake.Wake() }, Changed: d.status},
+			Sweeper: cfg.Engine.Executor, Down: d.executorDown, Wake: func() { d.intake.Wake() }, Changed: d.status, Tap: d.live},
 		d.log)
 
 	var landing intake.Lander
@@ -228,6 +232,9 @@ func (v viaIntake) Prepare(ctx context.Context, ev ingest.Event) (job.Repo, stri
 // health.go), the runner's known checks are listed and the owed ones
 // loaded.
 func (d *Daemon) begin(ctx context.Context) error {
+	if err := d.live.Start(); err != nil {
+		return err
+	}
 	d.sched.Adopt(ctx)
 	if err := d.sched.Sweep(ctx); err != nil {
 		// Not a reason to exit (a crash loop tells no one why): start
@@ -255,6 +262,7 @@ func (d *Daemon) begin(ctx context.Context) error {
 func (d *Daemon) serve(ctx context.Context) error {
 	runCtx, stopRuns := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRuns()
+	stopLive := d.live.Serve()
 	wait := d.sched.Start(ctx, runCtx)
 	var aux sync.WaitGroup
 	auxCtx, stopAux := context.WithCancel(ctx)
@@ -280,6 +288,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	stopAux()
 	aux.Wait()
 	d.handover(wait, stopRuns)
+	stopLive() // after the state is saved: a successor's pushes go on from what the service has
 	return nil
 }
 

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"io"
 
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
@@ -26,6 +27,8 @@ type task struct {
 	// that process's log; nil for a run this process starts.
 	adopt *run.Handover
 	prior []byte
+	// live is the run's live output (Tap.Open); nil: none.
+	live io.Writer
 }
 
 // queue is the work in hand: the tasks waiting for a worker and the

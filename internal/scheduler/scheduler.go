@@ -110,10 +110,20 @@ type Observer interface {
 	Ended(j *job.Job, res *run.Result)
 }
 
-// Tap gives a run a writer of its live, masked log (run.Request.Live):
-// live output. nil, or a nil writer, taps nothing.
+// Tap is live output (tap.go): it gives each run a writer of its live,
+// masked log (run.Request.Live) and is told of the run's end. A nil Tap,
+// or a nil writer, taps nothing.
 type Tap interface {
-	Live(j *job.Job, runID string) io.Writer
+	// Open is asked before a run starts, before its running check is
+	// written (prior and h nil), or before an adopted run goes on: prior
+	// is the log an earlier process handed over, h its handover (the
+	// stream goes on at h.LogSize with no byte twice).
+	Open(j *job.Job, runID string, prior []byte, h *run.Handover) io.Writer
+	// Ended is told the result of a run that ended here, its outputs in
+	// outDir, before its final check is written and outDir removed. A
+	// run handed over (it goes on in a successor) or released (a
+	// successor runs its work anew) does not end here: it is not told.
+	Ended(j *job.Job, runID string, res *run.Result, outDir string)
 }
 
 // Ports are what the scheduler uses of the outside.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -166,14 +167,32 @@ func (o *observer) Ended(j *job.Job, res *run.Result) {
 type tap struct {
 	mu   sync.Mutex
 	logs map[string]*bytes.Buffer
+	// checks, when set, lists the statuses written for a check; opened
+	// records them at each Open.
+	checks func(key string) []string
+	opened []string
+	ended  []*run.Result
 }
 
-func (tp *tap) Live(j *job.Job, runID string) io.Writer {
+func (tp *tap) Open(j *job.Job, runID string, prior []byte, h *run.Handover) io.Writer {
 	tp.mu.Lock()
 	defer tp.mu.Unlock()
 	b := &bytes.Buffer{}
 	tp.logs[j.Key] = b
+	if tp.checks != nil {
+		size := int64(-1)
+		if h != nil {
+			size = h.LogSize
+		}
+		tp.opened = append(tp.opened, fmt.Sprintf("%s after %v, prior %q at %d", runID, tp.checks(j.Key), prior, size))
+	}
 	return b
+}
+
+func (tp *tap) Ended(_ *job.Job, _ string, res *run.Result, _ string) {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	tp.ended = append(tp.ended, res)
 }
 
 // A job from its queued check to its final one: the run on the engine
@@ -289,12 +308,15 @@ func TestCancel(t *testing.T) {
 }
 
 // At the stop wait a run still going is released: its check back to
-// queued, not done, for the successor.
+// queued, not done, for the successor; its live output is not ended
+// (the successor's run of the work replaces it).
 func TestReleaseRunning(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		w := newWorld(t)
 		w.facts.Executor = executor.Capabilities{} // cannot detach
+		tp := &tap{logs: map[string]*bytes.Buffer{}}
+		w.ports.Tap = tp
 		w.s = New(w.cfg, w.facts, w.ports, nil)
 		never := make(chan struct{})
 		w.exec.Script = func(string, string) fakeexec.Step { return fakeexec.Step{Gate: never} }
@@ -320,6 +342,9 @@ func TestReleaseRunning(t *testing.T) {
 		}
 		if w.store.Done(j.Event.Key()) {
 			t.Error("released work is done")
+		}
+		if len(tp.ended) != 0 {
+			t.Errorf("the released run's live output was ended (%+v): a successor runs the work again", tp.ended)
 		}
 	})
 }

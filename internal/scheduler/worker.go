@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -142,6 +143,9 @@ func (s *Scheduler) runJob(ctx context.Context, t *task) {
 	log := s.log.With("check", t.Key, "workflow", t.Workflow.Name, "event", t.Event.URI.String())
 	if t.adopt == nil {
 		t.runID = run.NewID()
+	}
+	s.openLive(t)
+	if t.adopt == nil {
 		if err := s.start(ctx, t, log); err != nil {
 			log.Error("record the run", "err", err)
 		}
@@ -186,6 +190,9 @@ func (s *Scheduler) runJob(ctx context.Context, t *task) {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
 	outDir := filepath.Join(dir, "outputs")
+	if !released {
+		s.endLive(t, res, outDir)
+	}
 	var final forge.Check
 	switch {
 	case released:
@@ -259,8 +266,12 @@ func (s *Scheduler) execute(ctx context.Context, t *task, dir string) *run.Resul
 			s.log.Info("a run failed before its session started while stopping; released", "check", t.Key, "err", err)
 			return &run.Result{RunID: t.runID, Workflow: t.Workflow.Name, Status: run.Detached, StartedAt: now, FinishedAt: now}
 		}
+		line := "knotless-run: error: " + err.Error() + "\n"
+		if t.live != nil {
+			_, _ = io.WriteString(t.live, line) // the stream is the log
+		}
 		return &run.Result{RunID: t.runID, Workflow: t.Workflow.Name, Status: run.Error, Error: err.Error(), StartedAt: now, FinishedAt: now,
-			Log: append(t.prior, "knotless-run: error: "+err.Error()+"\n"...)}
+			Log: append(t.prior, line...)}
 	}
 	if err := s.p.Down(); err != nil {
 		return fail(err)
@@ -294,8 +305,8 @@ func (s *Scheduler) execute(ctx context.Context, t *task, dir string) *run.Resul
 		// A push's record key is a TID: the later push orders higher.
 		Cache: run.CacheScope{Repo: t.Event.Repo.URI.String(), Order: t.Event.URI.RecordKey().String()},
 	}
-	if s.p.Tap != nil {
-		req.Live = s.p.Tap.Live(t.Job, t.runID)
+	if t.live != nil {
+		req.Live = t.live
 	}
 	if t.adopt != nil {
 		return s.p.Engine.Adopt(ctx, req, *t.adopt, t.prior)
