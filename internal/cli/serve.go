@@ -113,13 +113,8 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 	if in.PushCredentials, err = c.pushCredentials(env); err != nil {
 		return err
 	}
-	if in.Caches, err = c.openCaches(c.CacheDir); err != nil {
-		return err
-	}
-	in.Watchdog, _ = sddaemon.SdWatchdogEnabled(false)
-	if in.Notify, err = c.notifier(log); err != nil {
-		return err
-	}
+	// The rules over the files read (secrets' scopes among them) before
+	// anything is made: a refused start leaves no directory behind.
 	if cfg, err = c.config(in); err != nil {
 		return err
 	}
@@ -128,6 +123,16 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 		if errors.As(err, &se) && secretsFile != "" {
 			return fmt.Errorf("--secrets-file %s: %w", secretsFile, err)
 		}
+		return err
+	}
+	if in.Caches, err = c.openCaches(c.CacheDir); err != nil {
+		return err
+	}
+	in.Watchdog, _ = sddaemon.SdWatchdogEnabled(false)
+	if in.Notify, err = c.notifier(log); err != nil {
+		return err
+	}
+	if cfg, err = c.config(in); err != nil {
 		return err
 	}
 	err = daemon.Run(ctx, cfg)
