@@ -250,7 +250,8 @@ func TestWorkWakesForAuthors(t *testing.T) {
 }
 
 // Cancel: a waiting job leaves the queue, a running one is cancelled;
-// both checks end cancelled saying why. A key not in hand is not.
+// both checks end cancelled naming the cancel record. A key not in hand
+// is not.
 func TestCancel(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
@@ -267,7 +268,7 @@ func TestCancel(t *testing.T) {
 		}
 		synctest.Wait()
 		for _, j := range []*job.Job{waiting, running} {
-			if !w.s.Cancel(t.Context(), j.Key, "cancelled by at://did:plc:owner/dev.knotless.cancel/1") {
+			if !w.s.Cancel(t.Context(), j.Key, "at://did:plc:owner/dev.knotless.cancel/1") {
 				t.Errorf("%s not in hand", j.Key)
 			}
 		}
@@ -278,8 +279,9 @@ func TestCancel(t *testing.T) {
 		stop()
 		for _, j := range []*job.Job{running, waiting} {
 			c, _ := w.keeper.Get(j.Key)
-			if c.Status != "cancelled" || c.Error != "cancelled by at://did:plc:owner/dev.knotless.cancel/1" {
-				t.Errorf("%s: %s %q", j.Key, c.Status, c.Error)
+			if c.Status != "cancelled" || c.Error != "cancelled by at://did:plc:owner/dev.knotless.cancel/1" ||
+				c.CancelledBy != "at://did:plc:owner/dev.knotless.cancel/1" {
+				t.Errorf("%s: %s %q by %q", j.Key, c.Status, c.Error, c.CancelledBy)
 			}
 			if !w.store.Done(j.Event.Key()) {
 				t.Errorf("%s: not done", j.Key)
