@@ -110,4 +110,3 @@ func mustGet(t *testing.T, w *world, key string) forge.Check {
 	}
 	return c
 }
-
