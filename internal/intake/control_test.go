@@ -82,7 +82,9 @@ func (w *world) drop(t *testing.T, key string) {
 	w.sched.Cancel(t.Context(), key, "at://did:plc:test/dev.knotless.cancel/x")
 }
 
-func tid(n int) string { return syntax.NewTIDFromInteger(uint64(time.Now().UnixMicro())<<10 + uint64(n)).String() }
+func tid(n int) string {
+	return syntax.NewTIDFromInteger(uint64(time.Now().UnixMicro())<<10 + uint64(n)).String()
+}
 
 // A queued check is cancelled by its repository's owner, and a pull's
 // by its author; a stranger's cancel, a pull author's cancel of a push
