@@ -159,7 +159,7 @@ steps:
 		t.Errorf("the queued check's writes: %v (it must not run)", got)
 	}
 	if m := stoppedIn.FindStringSubmatch(w.logText()); m != nil {
-		t.Logf("cancel: the running step stopped in %s after the record was read (shell executor)", m[1])
+		t.Logf("cancel: the run stopped in %s after the record was read (shell executor)", m[1])
 	} else {
 		t.Error("no figure of the cancel logged")
 	}

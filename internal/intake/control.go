@@ -45,11 +45,18 @@ func (in *Intake) cancels(ctx context.Context, snap *ingest.Snapshot) {
 		case control.Refuse:
 			in.refuseOnce(uri, err)
 		case control.Act:
+			// A run stops, and writes its final check, some time after
+			// its cancel: acted on once in this process.
+			acted := "cancelled\x00" + uri + "\x00" + r.Value.Check
+			if _, done := in.warned.Load(acted); done {
+				continue
+			}
 			log := in.log.With("check", r.Value.Check, "cancel", uri)
 			if !in.p.Scheduler.CancelCheck(ctx, r.Value.Check, uri, eventOf(*check, snap), *check) {
 				log.Debug("cancel: the work is being queued; cancelled at the next reconcile")
 				continue
 			}
+			in.warned.Store(acted, true)
 			log.Info("cancel record: work cancelled", "workflow", check.Workflow, "was", check.Status)
 		}
 	}
