@@ -167,7 +167,11 @@ func (in *Intake) dispatches(ctx context.Context, snap *ingest.Snapshot) {
 			continue
 		}
 		if err := in.dispatch(ctx, snap, r, branch); err != nil {
-			in.log.Warn("dispatch not handled; tried again at the next reconcile", "dispatch", uri, "err", err)
+			// Logged once (a branch the source lacks fails at every
+			// reconcile); tried again at each.
+			if _, seen := in.warned.LoadOrStore("dispatch\x00"+uri+"\x00"+err.Error(), true); !seen {
+				in.log.Warn("dispatch not handled; tried again at each reconcile", "dispatch", uri, "err", err)
+			}
 		}
 	}
 }
