@@ -99,7 +99,7 @@ func (in *Intake) reruns(ctx context.Context, snap *ingest.Snapshot) {
 			continue
 		}
 		in.log.Info("rerun record: running again", "rerun", uri, "check", r.Value.Check, "workflows", len(runs), "trusted", ev.Trusted)
-		if err := in.Consider(ctx, ev); err != nil {
+		if err := in.considerControl(ctx, ev); err != nil {
 			in.log.Error("re-run not handled; tried again at the next reconcile", "rerun", uri, "err", err)
 		}
 	}
@@ -211,7 +211,7 @@ func (in *Intake) dispatch(ctx context.Context, snap *ingest.Snapshot, r forge.R
 	case control.Act:
 		ev.Vars = plan.Vars
 		in.log.Info("dispatch record: running", "dispatch", uri, "workflow", rec.Workflow, "commit", ev.Commit)
-		return in.Consider(ctx, ev)
+		return in.considerControl(ctx, ev)
 	case control.Fail:
 		msg := plan.Err.Error()
 		for _, e := range bad {
@@ -224,6 +224,16 @@ func (in *Intake) dispatch(ctx context.Context, snap *ingest.Snapshot, r forge.R
 		in.refuseOnce(uri, plan.Err)
 	}
 	return nil
+}
+
+// considerControl considers a run-control event (Consider), noting it
+// as work of this reconcile: no listed event stands for it, and a
+// deferral of it is remembered (pruneAfter) so it is logged once.
+func (in *Intake) considerControl(ctx context.Context, ev ingest.Event) error {
+	in.mu.Lock()
+	in.controlled[ev.Key()] = true
+	in.mu.Unlock()
+	return in.Consider(ctx, ev)
 }
 
 // controlError writes the error check of workflow wf of a run-control
@@ -274,7 +284,7 @@ func (in *Intake) resume(ctx context.Context, snap *ingest.Snapshot) {
 			continue
 		}
 		in.log.Info("run-control work of an earlier process queued again", "check", key, "workflow", c.Workflow)
-		if err := in.Consider(ctx, ev); err != nil {
+		if err := in.considerControl(ctx, ev); err != nil {
 			in.log.Error("event not handled; tried again at the next reconcile", "check", key, "err", err)
 		}
 	}

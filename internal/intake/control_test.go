@@ -1,8 +1,10 @@
 package intake
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -252,12 +254,15 @@ func TestRerunOfAPull(t *testing.T) {
 }
 
 // A re-run record counts against its author's caps: over them it waits,
-// without a check, and runs once runs have ended.
+// without a check (logged once however many reconciles see it), and
+// runs once runs have ended.
 func TestRerunWaitsForTheAuthorsCaps(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	w.cfg.Caps.QueuedPerAuthor = 1
 	w.build(t)
+	var logs bytes.Buffer
+	w.in = New(w.cfg, w.facts, w.ports, slog.New(slog.NewTextHandler(&logs, nil)))
 	w.git.SetWorkflows(rig.CI("ci", "make"))
 	var events []ingest.Event
 	var reruns []forge.Record[forge.Rerun]
@@ -278,6 +283,10 @@ func TestRerunWaitsForTheAuthorsCaps(t *testing.T) {
 	}
 	if _, known := w.keeper.Get(second); known {
 		t.Fatal("the second re-run went past the owner's cap of 1")
+	}
+	w.reconcile(t)
+	if n := strings.Count(logs.String(), "deferred"); n != 1 {
+		t.Errorf("the waiting re-run logged %d times, want once:\n%s", n, logs.String())
 	}
 	w.drop(t, first)
 	w.reconcile(t)

@@ -179,6 +179,9 @@ type Intake struct {
 	// schedules are the scheduled workflows known by repository
 	// (schedule.go).
 	schedules map[string]*repoSchedule
+	// controlled are the keys of the run-control events the last
+	// reconcile considered (control.go).
+	controlled map[string]bool
 }
 
 // New returns intake.
@@ -192,7 +195,8 @@ func New(cfg Config, facts Facts, p Ports, log *slog.Logger) *Intake {
 	}
 	return &Intake{cfg: cfg, facts: facts, p: p, log: log, wake: make(chan struct{}, 1),
 		budget:   newWriteBudget(cfg.Caps.CheckWritesPerAuthor, cfg.Caps.Window),
-		deferred: map[string]deferral{}, fetches: map[string]*attempts{}, schedules: map[string]*repoSchedule{}}
+		deferred: map[string]deferral{}, fetches: map[string]*attempts{}, schedules: map[string]*repoSchedule{},
+		controlled: map[string]bool{}}
 }
 
 // keyedMutex is a mutex per key, kept while someone holds or waits for

@@ -131,7 +131,7 @@ func (in *Intake) tick(ctx context.Context, repo forge.Record[forge.Repo], branc
 	ev := ingest.Event{Kind: forge.KindSchedule, URI: repo.URI, Repo: repo, Ref: "refs/heads/" + branch, Commit: head, Trusted: true,
 		Control: ingest.Control{Workflows: map[string]int64{wf.Name: 1}, Tick: control.TickID(t.Run)}}
 	log.Info("schedule: tick due", "tick", ev.Tick, "commit", head, "last", last)
-	if err := in.Consider(ctx, ev); err != nil {
+	if err := in.considerControl(ctx, ev); err != nil {
 		log.Error("scheduled run not queued; tried again at the next reconcile", "tick", ev.Tick, "err", err)
 		return t.Next, false
 	}
