@@ -88,7 +88,7 @@ func SupersededBy(j *Job, ev ingest.Event) bool {
 // apply to all runs: --limits-apply-to all), also the owner of a
 // pushed repository. A re-run or dispatch counts against the account
 // that wrote its record (Cause), whatever its trust. "" for work never
-// capped by author: a trusted push by default, a schedule's tick, and
+// capped by author: a trusted push or a schedule's tick by default, and
 // a merge-queue batch (the owner queued its pulls; --queue-batch bounds
 // it).
 func Author(ev ingest.Event, all bool) string {
@@ -114,7 +114,7 @@ func CheckAuthor(c forge.Check, all bool) string {
 		return syntax.ATURI(c.Cause).Authority().String()
 	case c.Subject.Kind == forge.KindPull:
 		return syntax.ATURI(c.Subject.Event).Authority().String()
-	case c.Subject.Kind == forge.KindPush && all:
+	case (c.Subject.Kind == forge.KindPush || c.Subject.Kind == forge.KindSchedule) && all:
 		return syntax.ATURI(c.Subject.Repo).Authority().String()
 	}
 	return ""

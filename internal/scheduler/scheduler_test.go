@@ -342,6 +342,7 @@ func TestDetachAndAdopt(t *testing.T) {
 			return fakeexec.Step{Output: "after\n"}
 		}
 		j := w.runnable(rig.Push("3k1", "c1"), "ci", "make", "make test")
+		j.Vars = []workflow.EnvVar{{Name: "RERUN_ENV", Value: "1"}} // a re-run's env: the successor's run gets it too
 		w.git.SetWorkflows(j.Workflow)
 		stop := w.work(t, w.s)
 		if _, err := w.s.Enqueue(t.Context(), j); err != nil {
@@ -370,6 +371,9 @@ func TestDetachAndAdopt(t *testing.T) {
 		next := w.again(t)
 		if n := next.Adopt(t.Context()); n != 1 {
 			t.Fatalf("adopted %d runs, want 1", n)
+		}
+		if got := next.adopted[0].Vars; !slices.Equal(got, j.Vars) {
+			t.Errorf("the adopted run's variables %v, want %v", got, j.Vars)
 		}
 		if err := next.Sweep(t.Context()); err != nil {
 			t.Fatal(err)
