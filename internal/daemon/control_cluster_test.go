@@ -10,6 +10,7 @@ import (
 
 	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/executor/kubernetes"
+	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/tests/clustertest"
 )
 
@@ -147,4 +148,58 @@ steps:
 	if len(kinds) != 2 {
 		t.Errorf("checks %v, want one per push", kinds)
 	}
+}
+
+// TestServeDispatchAndScheduleOnKubernetes: a dispatch with an input, a
+// re-run of it with a variable, and a schedule's tick, each run as a Job
+// on the test cluster through serve: the inputs and variables reach the
+// step on the payload, and nothing is left.
+func TestServeDispatchAndScheduleOnKubernetes(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t)
+	w := newWorld(t)
+	_, commit := w.Push(map[string]string{".knotless/workflows/ops.yaml": workflowFile(`
+on:
+  dispatch:
+    inputs:
+      target: {type: choice, options: [staging, production]}
+  schedule:
+    - cron: "* * * * *"
+steps:
+  - name: ops
+    run: echo "ops target=${target:-none} again=${AGAIN:-no}"
+`)})
+	w.start(w.config(controlled, onCluster(t, c, w, kubernetes.PodOptions{Image: c.Image})))
+	d := w.Put(w.Owner, forge.CollectionDispatch, "", forge.Dispatch{Type: forge.CollectionDispatch, Repo: w.RepoURI.String(),
+		Ref: "refs/heads/main", Workflow: "ops", Inputs: []forge.Variable{{Name: "target", Value: "production"}}, CreatedAt: forge.Now()})
+	key := forge.CheckKey(forge.Subject{Kind: forge.KindDispatch, Event: d.String()}, "ops")
+	got := w.waitKey(key, 3*time.Minute)
+	if got.Status != "success" || got.Subject.Commit != commit || !strings.Contains(w.runLog(got), "ops target=production again=no") {
+		t.Errorf("the dispatch: %s (%s)\n%s", got.Status, got.Error, w.runLog(got))
+	}
+	w.rerun(w.Owner, key, forge.Rerun{Env: []forge.Variable{{Name: "AGAIN", Value: "yes"}}})
+	again := w.waitKey(forge.AttemptKey(got.Subject, "ops", 2), 3*time.Minute)
+	if again.Status != "success" || !strings.Contains(w.runLog(again), "ops target=production again=yes") {
+		t.Errorf("the dispatch's re-run: %s (%s)\n%s", again.Status, again.Error, w.runLog(again))
+	}
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		var tick *forge.Check
+		for _, r := range w.Checks() {
+			if r.Value.Subject.Kind == forge.KindSchedule && r.Value.Final() {
+				tick = &r.Value
+			}
+		}
+		if tick != nil {
+			if tick.Status != "success" || !strings.Contains(w.runLog(*tick), "ops target=none again=no") {
+				t.Errorf("the tick: %s (%s)\n%s", tick.Status, tick.Error, w.runLog(*tick))
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no tick ran\n%s", w.logText())
+		}
+		time.Sleep(time.Second)
+	}
+	waitNothingLeft(t, c, w)
 }
