@@ -98,7 +98,9 @@ func (in *Intake) reruns(ctx context.Context, snap *ingest.Snapshot) {
 			in.refuseOnce(uri, err)
 			continue
 		}
-		in.log.Info("rerun record: running again", "rerun", uri, "check", r.Value.Check, "workflows", len(runs), "trusted", ev.Trusted)
+		if _, seen := in.warned.LoadOrStore("rerun\x00"+uri, true); !seen { // a deferred one is planned again at each reconcile
+			in.log.Info("rerun record: running again", "rerun", uri, "check", r.Value.Check, "workflows", len(runs), "trusted", ev.Trusted)
+		}
 		if err := in.considerControl(ctx, ev); err != nil {
 			in.log.Error("re-run not handled; tried again at the next reconcile", "rerun", uri, "err", err)
 		}
@@ -210,7 +212,9 @@ func (in *Intake) dispatch(ctx context.Context, snap *ingest.Snapshot, r forge.R
 	switch plan.Verdict {
 	case control.Act:
 		ev.Vars = plan.Vars
-		in.log.Info("dispatch record: running", "dispatch", uri, "workflow", rec.Workflow, "commit", ev.Commit)
+		if _, seen := in.warned.LoadOrStore("dispatch\x00"+uri, true); !seen { // a deferred one is read again at each reconcile
+			in.log.Info("dispatch record: running", "dispatch", uri, "workflow", rec.Workflow, "commit", ev.Commit)
+		}
 		return in.considerControl(ctx, ev)
 	case control.Fail:
 		msg := plan.Err.Error()
@@ -230,10 +234,14 @@ func (in *Intake) dispatch(ctx context.Context, snap *ingest.Snapshot, r forge.R
 // as work of this reconcile: no listed event stands for it, and a
 // deferral of it is remembered (pruneAfter) so it is logged once.
 func (in *Intake) considerControl(ctx context.Context, ev ingest.Event) error {
+	in.noteControl(ev)
+	return in.Consider(ctx, ev)
+}
+
+func (in *Intake) noteControl(ev ingest.Event) {
 	in.mu.Lock()
 	in.controlled[ev.Key()] = true
 	in.mu.Unlock()
-	return in.Consider(ctx, ev)
 }
 
 // controlError writes the error check of workflow wf of a run-control
@@ -241,6 +249,7 @@ func (in *Intake) considerControl(ctx context.Context, ev ingest.Event) error {
 // waits, as for its runs.
 func (in *Intake) controlError(ctx context.Context, ev ingest.Event, wf, msg string) {
 	log := in.log.With("event", ev.URI.String(), "commit", ev.Commit)
+	in.noteControl(ev)
 	if a := job.Author(ev, in.facts.LimitsAll); a != "" {
 		defer in.admission.lock(a)()
 	}
@@ -283,7 +292,9 @@ func (in *Intake) resume(ctx context.Context, snap *ingest.Snapshot) {
 		if err != nil {
 			continue
 		}
-		in.log.Info("run-control work of an earlier process queued again", "check", key, "workflow", c.Workflow)
+		if _, seen := in.warned.LoadOrStore("resume\x00"+key, true); !seen {
+			in.log.Info("run-control work of an earlier process queued again", "check", key, "workflow", c.Workflow)
+		}
 		if err := in.considerControl(ctx, ev); err != nil {
 			in.log.Error("event not handled; tried again at the next reconcile", "check", key, "err", err)
 		}
