@@ -222,6 +222,15 @@ steps:
 	if got := w.checkLog.statuses("flaky", commit); strings.Join(got, " ") != "queued running failure queued running success" {
 		t.Errorf("flaky's writes: %v", got)
 	}
+	// Variables that may not be: an error check naming the variable,
+	// its step skipped.
+	for i, bad := range []forge.Variable{{Name: "TOKEN", Value: "stolen?"}, {Name: "KNOTLESS_RUN_WORK", Value: "/"}, {Name: "1x", Value: "y"}} {
+		w.rerun(w.Owner, first, forge.Rerun{Workflow: "flaky", Env: []forge.Variable{bad}})
+		c := w.waitKey(forge.AttemptKey(failed.Subject, "flaky", int64(3+i)), time.Minute)
+		if c.Status != "error" || !strings.Contains(c.Error, `run variable "`+bad.Name+`"`) || len(c.Steps) != 1 || c.Steps[0].Status != "skipped" {
+			t.Errorf("a re-run with %s: %s %q, steps %v", bad.Name, c.Status, c.Error, c.Steps)
+		}
+	}
 }
 
 // TestServePullRerunAndCancel: a pull's author re-runs its pull's check:
