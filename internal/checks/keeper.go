@@ -12,6 +12,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/atdata"
 
 	"knotless.dev/run/internal/backoff"
+	"knotless.dev/run/internal/control"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/run"
@@ -113,7 +114,8 @@ func (k *Keeper) Pending(ev ingest.Event) bool { return k.rec.Pending(ev.URI.Str
 // work is in the queue. A check queued already is not written again;
 // one an earlier process left keeps its creation time.
 func (k *Keeper) Queued(ctx context.Context, key string, ev ingest.Event, wf string) (forge.Check, error) {
-	c := forge.Check{Type: forge.CollectionCheck, Subject: ev.Subject(), Workflow: wf, Status: string(Queued), CreatedAt: forge.Now()}
+	c := forge.Check{Type: forge.CollectionCheck, Subject: ev.Subject(), Workflow: wf, Status: string(Queued), CreatedAt: forge.Now(),
+		Attempt: ev.Attempt(wf), Cause: ev.Cause}
 	prev, known := k.rec.Get(key)
 	if known {
 		c.CreatedAt = prev.CreatedAt
@@ -155,11 +157,14 @@ func (k *Keeper) Superseded(ctx context.Context, key string, ev ingest.Event, c 
 	return k.cancelled(ctx, Supersede, key, ev, c, "superseded by "+by, res, outDir, log)
 }
 
-// Cancelled writes the cancelled check of work stopped for why (run
-// control: control.CancelledText): a queued job's (res nil), or a
-// running one's result.
-func (k *Keeper) Cancelled(ctx context.Context, key string, ev ingest.Event, c forge.Check, why string, res *run.Result, outDir string, log *slog.Logger) forge.Check {
-	return k.cancelled(ctx, Finish, key, ev, c, why, res, outDir, log)
+// Cancelled writes the cancelled check of work the cancel record by (an
+// AT-URI) stopped: a queued job's (res nil), or a running one's result.
+// It names the record (CancelledBy) and says so
+// (control.CancelledText). A check that is final already stays as it
+// is: the move is refused (a cancel never changes a result).
+func (k *Keeper) Cancelled(ctx context.Context, key string, ev ingest.Event, c forge.Check, by string, res *run.Result, outDir string, log *slog.Logger) forge.Check {
+	c.CancelledBy = by
+	return k.cancelled(ctx, Finish, key, ev, c, control.CancelledText(by), res, outDir, log)
 }
 
 func (k *Keeper) cancelled(ctx context.Context, t Transition, key string, ev ingest.Event, c forge.Check, why string, res *run.Result, outDir string, log *slog.Logger) forge.Check {
@@ -189,13 +194,13 @@ func (k *Keeper) Released(ctx context.Context, key string, c forge.Check, res *r
 // cannot run (an invalid file, a refused event, a commit that does not
 // fetch, a pull that does not merge), unless its check is final.
 func (k *Keeper) Error(ctx context.Context, ev ingest.Event, wf, msg string) {
-	key := forge.CheckKey(ev.Subject(), wf)
+	key := ev.CheckKey(wf)
 	if k.Final(key) {
 		return
 	}
 	now := forge.Now()
 	c := forge.Check{Type: forge.CollectionCheck, Subject: ev.Subject(), Workflow: wf, Status: string(Error),
-		Error: Truncate(msg, MaxError), CreatedAt: now, FinishedAt: now}
+		Error: Truncate(msg, MaxError), CreatedAt: now, FinishedAt: now, Attempt: ev.Attempt(wf), Cause: ev.Cause}
 	k.putFinal(ctx, Finish, key, ev, c, k.log)
 }
 

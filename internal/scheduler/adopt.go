@@ -113,7 +113,7 @@ func (s *Scheduler) rebuild(ctx context.Context, key string, r state.Run) (*task
 	if err != nil {
 		return nil, fmt.Errorf("read the run's log so far: %w", err)
 	}
-	j := &job.Job{Key: key, Event: saved.Event, Workflow: wf, Repo: repo, Tree: saved.Tree}
+	j := &job.Job{Key: key, Event: saved.Event, Workflow: wf, Repo: repo, Tree: saved.Tree, Vars: saved.Vars}
 	return &task{Job: j, runID: r.RunID, check: saved.Check, adopt: r.Handover, prior: prior}, nil
 }
 

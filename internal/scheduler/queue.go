@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"io"
+	"time"
 
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
@@ -18,8 +19,9 @@ type task struct {
 	check  forge.Check
 	cancel context.CancelFunc
 	// superseded names the newer event that cancelled the run;
-	// cancelled says why a Cancel did.
+	// cancelled the cancel record a Cancel did it for, at cancelledAt.
 	superseded, cancelled string
+	cancelledAt           time.Time
 	// released is set when a stopping daemon cancelled the run: its check
 	// goes back to queued for the successor.
 	released bool

@@ -65,7 +65,7 @@ type Checks interface {
 	Running(ctx context.Context, key string, c forge.Check, started time.Time, log *slog.Logger) forge.Check
 	Finished(ctx context.Context, key string, ev ingest.Event, c forge.Check, res *run.Result, outDir string, log *slog.Logger) forge.Check
 	Superseded(ctx context.Context, key string, ev ingest.Event, c forge.Check, by string, res *run.Result, outDir string, log *slog.Logger) forge.Check
-	Cancelled(ctx context.Context, key string, ev ingest.Event, c forge.Check, why string, res *run.Result, outDir string, log *slog.Logger) forge.Check
+	Cancelled(ctx context.Context, key string, ev ingest.Event, c forge.Check, by string, res *run.Result, outDir string, log *slog.Logger) forge.Check
 	Released(ctx context.Context, key string, c forge.Check, res *run.Result, outDir string, log *slog.Logger)
 	Pending(ev ingest.Event) bool
 }
@@ -189,15 +189,17 @@ func New(cfg Config, facts Facts, p Ports, log *slog.Logger) *Scheduler {
 	return s
 }
 
-// Cancel stops the job of check key: a waiting one leaves the queue, a
-// running one is cancelled; either's check ends cancelled with why as
-// its error (run control: control.CancelledText). It reports whether a
-// job of key was in hand.
-func (s *Scheduler) Cancel(ctx context.Context, key, why string) bool {
+// Cancel stops the job of check key for the cancel record by (its
+// AT-URI): a waiting one leaves the queue, a running one is cancelled;
+// either's check ends cancelled naming the record (Keeper.Cancelled). A
+// run that ends before its cancel takes effect keeps its result: one
+// final check, whichever came first. It reports whether a job of key
+// was in hand (CancelCheck also cancels work not in hand).
+func (s *Scheduler) Cancel(ctx context.Context, key, by string) bool {
 	s.mu.Lock()
 	if t, ok := s.q.running[key]; ok {
 		if t.cancelled == "" && t.superseded == "" {
-			t.cancelled = why
+			t.cancelled, t.cancelledAt = by, time.Now()
 			t.cancel()
 		}
 		s.mu.Unlock()
@@ -208,7 +210,7 @@ func (s *Scheduler) Cancel(ctx context.Context, key, why string) bool {
 	if t == nil {
 		return false
 	}
-	s.p.Checks.Cancelled(ctx, t.Key, t.Event, t.check, why, nil, "", s.log)
+	s.p.Checks.Cancelled(ctx, t.Key, t.Event, t.check, by, nil, "", s.log)
 	s.markDoneIfIdle(t.Event)
 	s.p.Changed()
 	return true

@@ -269,7 +269,8 @@ func TestWorkWakesForAuthors(t *testing.T) {
 }
 
 // Cancel: a waiting job leaves the queue, a running one is cancelled;
-// both checks end cancelled saying why. A key not in hand is not.
+// both checks end cancelled naming the cancel record. A key not in hand
+// is not.
 func TestCancel(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
@@ -286,7 +287,7 @@ func TestCancel(t *testing.T) {
 		}
 		synctest.Wait()
 		for _, j := range []*job.Job{waiting, running} {
-			if !w.s.Cancel(t.Context(), j.Key, "cancelled by at://did:plc:owner/dev.knotless.cancel/1") {
+			if !w.s.Cancel(t.Context(), j.Key, "at://did:plc:owner/dev.knotless.cancel/1") {
 				t.Errorf("%s not in hand", j.Key)
 			}
 		}
@@ -297,8 +298,9 @@ func TestCancel(t *testing.T) {
 		stop()
 		for _, j := range []*job.Job{running, waiting} {
 			c, _ := w.keeper.Get(j.Key)
-			if c.Status != "cancelled" || c.Error != "cancelled by at://did:plc:owner/dev.knotless.cancel/1" {
-				t.Errorf("%s: %s %q", j.Key, c.Status, c.Error)
+			if c.Status != "cancelled" || c.Error != "cancelled by at://did:plc:owner/dev.knotless.cancel/1" ||
+				c.CancelledBy != "at://did:plc:owner/dev.knotless.cancel/1" {
+				t.Errorf("%s: %s %q by %q", j.Key, c.Status, c.Error, c.CancelledBy)
 			}
 			if !w.store.Done(j.Event.Key()) {
 				t.Errorf("%s: not done", j.Key)
@@ -365,6 +367,7 @@ func TestDetachAndAdopt(t *testing.T) {
 			return fakeexec.Step{Output: "after\n"}
 		}
 		j := w.runnable(rig.Push("3k1", "c1"), "ci", "make", "make test")
+		j.Vars = []workflow.EnvVar{{Name: "RERUN_ENV", Value: "1"}} // a re-run's env: the successor's run gets it too
 		w.git.SetWorkflows(j.Workflow)
 		stop := w.work(t, w.s)
 		if _, err := w.s.Enqueue(t.Context(), j); err != nil {
@@ -393,6 +396,9 @@ func TestDetachAndAdopt(t *testing.T) {
 		next := w.again(t)
 		if n := next.Adopt(t.Context()); n != 1 {
 			t.Fatalf("adopted %d runs, want 1", n)
+		}
+		if got := next.adopted[0].Vars; !slices.Equal(got, j.Vars) {
+			t.Errorf("the adopted run's variables %v, want %v", got, j.Vars)
 		}
 		if err := next.Sweep(t.Context()); err != nil {
 			t.Fatal(err)

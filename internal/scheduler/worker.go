@@ -181,7 +181,7 @@ func (s *Scheduler) runJob(ctx context.Context, t *task) {
 	s.mu.Lock()
 	cancelled := res.Status == run.Cancelled
 	released := unstarted || (t.released && cancelled)
-	superseded, why := t.superseded, t.cancelled
+	superseded, why, cancelledAt := t.superseded, t.cancelled, t.cancelledAt
 	s.mu.Unlock()
 	if err := s.p.State.EndRun(t.Key); err != nil {
 		log.Error("save state", "err", err)
@@ -202,6 +202,8 @@ func (s *Scheduler) runJob(ctx context.Context, t *task) {
 	case superseded != "" && cancelled:
 		final = s.p.Checks.Superseded(wctx, t.Key, t.Event, t.check, superseded, res, outDir, log)
 	case why != "" && cancelled:
+		// The cancel's figure: from the record read to the run stopped.
+		log.Info("run stopped by a cancel record", "run", t.runID, "by", why, "stopped_in", time.Since(cancelledAt))
 		final = s.p.Checks.Cancelled(wctx, t.Key, t.Event, t.check, why, res, outDir, log)
 	default:
 		final = s.p.Checks.Finished(wctx, t.Key, t.Event, t.check, res, outDir, log)
@@ -303,7 +305,7 @@ func (s *Scheduler) execute(ctx context.Context, t *task, dir string) *run.Resul
 		},
 		Detach: s.detach,
 		// A push's record key is a TID: the later push orders higher.
-		Cache: run.CacheScope{Repo: t.Event.Repo.URI.String(), Order: t.Event.URI.RecordKey().String()},
+		Cache: run.CacheScope{Repo: t.Event.Repo.URI.String(), Order: t.Event.Order()},
 	}
 	if t.live != nil {
 		req.Live = t.live
