@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"time"
 
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
@@ -26,6 +27,10 @@ type task struct {
 	// that process's log; nil for a run this process starts.
 	adopt *run.Handover
 	prior []byte
+	// queued is when it was queued (zero: adopted), started when its run
+	// started, progress the step it is at: what status shows.
+	queued, started time.Time
+	progress        run.Progress
 }
 
 // queue is the work in hand: the tasks waiting for a worker and the
