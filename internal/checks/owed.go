@@ -41,9 +41,11 @@ func (k *Keeper) owe(key string, ev ingest.Event, c forge.Check, cause error, lo
 // nextTry is when to try the PDS again after tries failures: the
 // backoff, or later when the PDS said when its rate limit resets.
 func (k *Keeper) nextTry(tries int) time.Time {
-	next := time.Now().Add(k.retry.After(tries))
+	now := time.Now()
+	next := now.Add(k.retry.After(tries))
 	if until := k.until(); until.After(next) {
 		next = until
+		k.waited(until.Sub(now))
 	}
 	return next
 }
