@@ -59,6 +59,8 @@ type ServeCmd struct {
 
 	LimitFlags `embed:""`
 	FloodFlags `embed:""`
+
+	MetricsFlags `embed:""`
 }
 
 // Run runs the daemon until SIGTERM or SIGINT, then hands over.
@@ -86,11 +88,15 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 	if err != nil {
 		return err
 	}
-	exec, err := c.newExecutor(env, runner.String(), log)
+	m, observer, err := c.telemetry()
 	if err != nil {
 		return err
 	}
-	in := serveInputs{Executor: exec, Logger: log}
+	exec, err := c.newExecutor(env, runner.String(), log, observer)
+	if err != nil {
+		return err
+	}
+	in := serveInputs{Executor: exec, Logger: log, Metrics: m, Credentials: observer.Credentials}
 	cfg, err := c.config(in)
 	if err != nil {
 		return err

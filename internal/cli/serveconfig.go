@@ -14,9 +14,11 @@ import (
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/intake"
 	"knotless.dev/run/internal/lander"
+	"knotless.dev/run/internal/metrics"
 	"knotless.dev/run/internal/mirror"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/scheduler"
+	"knotless.dev/run/internal/status"
 )
 
 // serveInputs are what serve reads or makes besides the flags: the
@@ -30,6 +32,10 @@ type serveInputs struct {
 	Notify          func(string)
 	Watchdog        time.Duration
 	Logger          *slog.Logger
+	// Metrics (nil without --metrics-listen) observe the engine and the
+	// parts; Credentials are the executor's, for the status.
+	Metrics     *metrics.Metrics
+	Credentials func() []status.Credential
 }
 
 // runner is --did, required.
@@ -70,6 +76,10 @@ func (c *ServeCmd) config(in serveInputs) (daemon.Config, error) {
 		return daemon.Config{}, err
 	}
 	checkout, outputs := c.bounds()
+	var engineObserver run.Observer
+	if in.Metrics != nil {
+		engineObserver = in.Metrics
+	}
 	return daemon.Config{
 		Account: daemon.Account{
 			Runner:    runner,
@@ -91,6 +101,7 @@ func (c *ServeCmd) config(in serveInputs) (daemon.Config, error) {
 			Checkout:     checkout,
 			Outputs:      outputs,
 			Caches:       in.Caches,
+			Observer:     engineObserver,
 		},
 		Git: mirror.Options{
 			Policy:           mirror.Policy{AllowLocal: c.AllowLocalSources, AllowHTTP: c.AllowHTTPSources},
@@ -106,5 +117,8 @@ func (c *ServeCmd) config(in serveInputs) (daemon.Config, error) {
 		Notify:               in.Notify,
 		Watchdog:             in.Watchdog,
 		Logger:               in.Logger,
+		Metrics:              in.Metrics,
+		MetricsListen:        c.MetricsListen,
+		Credentials:          in.Credentials,
 	}, nil
 }
