@@ -86,6 +86,9 @@ let
       # `knotless-run kubeconfig` exists (issue 7): the module's
       # kubeconfigRefresh asserts on this, and the VM test needs it.
       hasKubeconfigCommand = true;
+      # `serve --metrics-listen` exists (issue 33): the module's
+      # metrics.enable asserts on this.
+      hasMetricsListen = true;
     };
 
     meta = {
