@@ -11,7 +11,8 @@ import (
 // Item is a job in hand as `knotless-run status` shows it.
 type Item struct {
 	Job *job.Job
-	// RunID is its run's ("" while it waits).
+	// RunID is its run's ("" while it waits, and until its run has
+	// started).
 	RunID string
 	// Queued is when it was queued (zero for an adopted run); Started
 	// when its run started (zero while it waits, or while its running
@@ -29,7 +30,13 @@ type Item struct {
 // waiting ones in the order they were queued.
 func (s *Scheduler) Work() (running, waiting []Item) {
 	item := func(t *task) Item {
-		it := Item{Job: t.Job, RunID: t.runID, Queued: t.queued, Started: t.started, Progress: t.progress}
+		it := Item{Job: t.Job, Queued: t.queued, Started: t.started, Progress: t.progress}
+		// A worker sets a run's id before it takes the lock to set its
+		// start (start), so the id is read only after the start is; an
+		// adopted run's was set before it was in hand.
+		if !t.started.IsZero() || t.adopt != nil {
+			it.RunID = t.runID
+		}
 		if t.adopt != nil {
 			it.Adopted, it.Session = true, t.adopt.Session.String()
 		}

@@ -141,10 +141,7 @@ func (s *Scheduler) jobEnded(t *task) {
 func (s *Scheduler) runJob(ctx context.Context, t *task) {
 	log := s.log.With("check", t.Key, "workflow", t.Workflow.Name, "event", t.Event.URI.String())
 	if t.adopt == nil {
-		id := run.NewID()
-		s.mu.Lock() // Work reads it
-		t.runID = id
-		s.mu.Unlock()
+		t.runID = run.NewID()
 		if err := s.start(ctx, t, log); err != nil {
 			log.Error("record the run", "err", err)
 		}
