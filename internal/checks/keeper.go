@@ -31,9 +31,9 @@ type Keeper struct {
 	blobs  Blobs
 	outbox Outbox
 	until  func() time.Time
-	waited func(time.Duration)
 	retry  backoff.Policy
 	log    *slog.Logger
+	waited func(time.Duration) // OnWait; nil: no one is told
 
 	mu   sync.Mutex
 	next map[string]time.Time // when each owed check is tried next (in memory: a new process tries at once)
@@ -63,9 +63,6 @@ type Ports struct {
 	// LimitedUntil is until when the runner's PDS said it limits this
 	// runner (RateLimits.Until of its host); nil: it never said.
 	LimitedUntil func() time.Time
-	// Waited, when set, is told each time an owed check's next write is
-	// put off until the PDS's rate limit resets, and for how long.
-	Waited func(time.Duration)
 }
 
 // NewKeeper returns the checks part writing through rec; retry paces
@@ -78,11 +75,7 @@ func NewKeeper(rec *Recorder, p Ports, retry backoff.Policy, log *slog.Logger) *
 	if until == nil {
 		until = func() time.Time { return time.Time{} }
 	}
-	waited := p.Waited
-	if waited == nil {
-		waited = func(time.Duration) {}
-	}
-	return &Keeper{rec: rec, blobs: p.Blobs, outbox: p.Outbox, until: until, waited: waited, retry: retry, log: log,
+	return &Keeper{rec: rec, blobs: p.Blobs, outbox: p.Outbox, until: until, retry: retry, log: log,
 		next: map[string]time.Time{}, wake: make(chan struct{}, 1)}
 }
 

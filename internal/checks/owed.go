@@ -45,10 +45,17 @@ func (k *Keeper) nextTry(tries int) time.Time {
 	next := now.Add(k.retry.After(tries))
 	if until := k.until(); until.After(next) {
 		next = until
-		k.waited(until.Sub(now))
+		if k.waited != nil {
+			k.waited(until.Sub(now))
+		}
 	}
 	return next
 }
+
+// OnWait has f told each time an owed check's next write is put off
+// until the PDS's rate limit resets, and for how long (the metrics).
+// Call it before PayOwed runs.
+func (k *Keeper) OnWait(f func(time.Duration)) { k.waited = f }
 
 // LoadOwed makes the owed checks of an earlier process known as final,
 // so their work is not run again; PayOwed writes them. An owed check

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"knotless.dev/run/internal/executor/shell"
 	"knotless.dev/run/internal/telemetry"
 )
 
@@ -41,15 +42,25 @@ current-context: x
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, obs, err := root.Serve.telemetry()
-		if err != nil || (m != nil) != tc.metrics || obs.M != m {
-			t.Fatalf("%v: metrics %v, observer %+v, %v", tc.args, m, obs, err)
+		tel, obs, err := root.Serve.telemetry()
+		if err != nil || (tel.Metrics != nil) != tc.metrics || obs.M != tel.Metrics {
+			t.Fatalf("%v: metrics %v, observer %+v, %v", tc.args, tel.Metrics, obs, err)
 		}
 		if _, err := root.Serve.newExecutor(env, "did:plc:7u2ld3ffgzqvezmv6wxgxiix", env.Logger, obs); err != nil {
 			t.Fatal(err)
 		}
 		if c := obs.Credentials(); len(c) != 1 || c[0].Name != "kubernetes" || !c[0].Expires.Equal(exp) {
 			t.Errorf("%v: credentials %+v, want kubernetes expiring at %s", tc.args, c, exp)
+		}
+		// What serve hands the daemon: the metrics for the parts and the
+		// engine, the listener, the executor's credentials.
+		cfg, err := root.Serve.config(serveInputs{Executor: shell.New(shell.Config{}), Telemetry: tel})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Telemetry.Metrics != tel.Metrics || cfg.Telemetry.Listen != root.Serve.MetricsListen || cfg.Telemetry.Credentials == nil ||
+			len(cfg.Telemetry.Credentials()) != 1 || (cfg.Engine.Observer != nil) != tc.metrics {
+			t.Errorf("%v: the daemon's telemetry %+v, engine observer %v", tc.args, cfg.Telemetry.Metrics, cfg.Engine.Observer)
 		}
 	}
 

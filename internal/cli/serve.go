@@ -56,11 +56,10 @@ type ServeCmd struct {
 	ExecutorFlags `embed:""`
 	BoundFlags    `embed:""`
 	CacheFlags    `embed:""`
+	MetricsFlags  `embed:""`
 
 	LimitFlags `embed:""`
 	FloodFlags `embed:""`
-
-	MetricsFlags `embed:""`
 }
 
 // Run runs the daemon until SIGTERM or SIGINT, then hands over.
@@ -88,7 +87,7 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 	if err != nil {
 		return err
 	}
-	m, observer, err := c.telemetry()
+	tel, observer, err := c.telemetry()
 	if err != nil {
 		return err
 	}
@@ -96,7 +95,7 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 	if err != nil {
 		return err
 	}
-	in := serveInputs{Executor: exec, Logger: log, Metrics: m, Credentials: observer.Credentials}
+	in := serveInputs{Executor: exec, Logger: log, Telemetry: tel}
 	cfg, err := c.config(in)
 	if err != nil {
 		return err

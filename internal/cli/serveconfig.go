@@ -14,11 +14,10 @@ import (
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/intake"
 	"knotless.dev/run/internal/lander"
-	"knotless.dev/run/internal/metrics"
 	"knotless.dev/run/internal/mirror"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/scheduler"
-	"knotless.dev/run/internal/status"
+	"knotless.dev/run/internal/telemetry"
 )
 
 // serveInputs are what serve reads or makes besides the flags: the
@@ -32,10 +31,9 @@ type serveInputs struct {
 	Notify          func(string)
 	Watchdog        time.Duration
 	Logger          *slog.Logger
-	// Metrics (nil without --metrics-listen) observe the engine and the
-	// parts; Credentials are the executor's, for the status.
-	Metrics     *metrics.Metrics
-	Credentials func() []status.Credential
+	// Telemetry is serve's metrics (nil without --metrics-listen), which
+	// observe the engine and the parts, and the executor's credentials.
+	Telemetry telemetry.Config
 }
 
 // runner is --did, required.
@@ -76,9 +74,11 @@ func (c *ServeCmd) config(in serveInputs) (daemon.Config, error) {
 		return daemon.Config{}, err
 	}
 	checkout, outputs := c.bounds()
+	tel := in.Telemetry
+	tel.Listen = c.MetricsListen
 	var engineObserver run.Observer
-	if in.Metrics != nil {
-		engineObserver = in.Metrics
+	if tel.Metrics != nil {
+		engineObserver = tel.Metrics
 	}
 	return daemon.Config{
 		Account: daemon.Account{
@@ -117,8 +117,6 @@ func (c *ServeCmd) config(in serveInputs) (daemon.Config, error) {
 		Notify:               in.Notify,
 		Watchdog:             in.Watchdog,
 		Logger:               in.Logger,
-		Metrics:              in.Metrics,
-		MetricsListen:        c.MetricsListen,
-		Credentials:          in.Credentials,
+		Telemetry:            tel,
 	}, nil
 }

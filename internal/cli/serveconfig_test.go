@@ -9,18 +9,15 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/executor/shell"
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/intake"
 	"knotless.dev/run/internal/lander"
-	"knotless.dev/run/internal/metrics"
 	"knotless.dev/run/internal/mirror"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/scheduler"
-	"knotless.dev/run/internal/status"
 	"knotless.dev/run/internal/tarstream"
 )
 
@@ -56,6 +53,7 @@ func TestServeConfig(t *testing.T) {
 	}{
 		{"defaults", nil, func(*daemon.Config) {}, ""},
 		{"the account", []string{"--pds", "https://pds.test"}, func(c *daemon.Config) { c.Account.PDS = "https://pds.test" }, ""},
+		{"metrics", []string{"--metrics-listen", "127.0.0.1:9465"}, func(c *daemon.Config) { c.Telemetry.Listen = "127.0.0.1:9465" }, ""},
 		{"the sources", []string{"--discover", "--pulls", "--relay", "https://relay.test"}, func(c *daemon.Config) {
 			c.Sources.Discover, c.Sources.Pulls, c.Sources.Relay = true, true, "https://relay.test"
 		}, ""},
@@ -84,7 +82,6 @@ func TestServeConfig(t *testing.T) {
 		{"directories and the shell override", []string{"--state-dir", "/s", "--cache-dir", "/c", "--unsafe-shell-untrusted"}, func(c *daemon.Config) {
 			c.StateDir, c.CacheDir, c.UnsafeShellUntrusted = "/s", "/c", true
 		}, ""},
-		{"metrics", []string{"--metrics-listen", "127.0.0.1:9465"}, func(c *daemon.Config) { c.MetricsListen = "127.0.0.1:9465" }, ""},
 		{"no did", []string{"--did", ""}, nil, "--did (the runner's DID) is required"},
 		{"a bad did", []string{"--did", "nope"}, nil, `--did "nope"`},
 		{"a bad repository", []string{"--", "nope"}, nil, `repo "nope"`},
@@ -136,14 +133,8 @@ func TestServeConfigInputs(t *testing.T) {
 	log := slog.New(slog.DiscardHandler)
 	secrets := []scheduler.OperatorSecret{{Name: "A", Value: "b", Repos: []string{scheduler.AnyRepo}}}
 	creds := mirror.PushCredentials{{}}
-	m, err := metrics.New(prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	expiry := time.Unix(2e9, 0)
 	got, err := root.Serve.config(serveInputs{Executor: ex, Password: "pw", Secrets: secrets, PushCredentials: creds,
-		Notify: func(s string) { notified = s }, Watchdog: time.Second, Logger: log, Metrics: m,
-		Credentials: func() []status.Credential { return []status.Credential{{Name: "kubernetes", Expires: expiry}} }})
+		Notify: func(s string) { notified = s }, Watchdog: time.Second, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,10 +142,5 @@ func TestServeConfigInputs(t *testing.T) {
 	if got.Engine.Executor != ex || got.Account.Password != "pw" || got.Watchdog != time.Second || got.Logger != log || notified != "READY=1" ||
 		!cmp.Equal(got.Scheduler.Secrets, secrets) || len(got.Lander.PushCredentials) != 1 {
 		t.Errorf("inputs not in place: %+v", got)
-	}
-	// The metrics observe the parts (daemon) and the engine; the
-	// executor's credentials reach the status.
-	if got.Metrics != m || got.Engine.Observer != run.Observer(m) || got.Credentials == nil || !got.Credentials()[0].Expires.Equal(expiry) {
-		t.Errorf("metrics not in place: %v %v, credentials set: %v", got.Metrics, got.Engine.Observer, got.Credentials != nil)
 	}
 }

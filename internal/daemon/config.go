@@ -15,11 +15,10 @@ import (
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/intake"
 	"knotless.dev/run/internal/lander"
-	"knotless.dev/run/internal/metrics"
 	"knotless.dev/run/internal/mirror"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/scheduler"
-	"knotless.dev/run/internal/status"
+	"knotless.dev/run/internal/telemetry"
 )
 
 // Config configures the daemon, one group per part. The cli fills it
@@ -66,14 +65,10 @@ type Config struct {
 	Watchdog time.Duration
 	Logger   *slog.Logger
 
-	// Metrics, when set, is told what the parts observe (the engine's and
-	// the executor's observers are the caller's to set), and served at
-	// MetricsListen (--metrics-listen) with the status document.
-	Metrics       *metrics.Metrics
-	MetricsListen string
-	// Credentials lists the executor's credentials and their expiry for
-	// the status (telemetry.Executor.Credentials); nil: none known.
-	Credentials func() []status.Credential
+	// Telemetry is what the daemon tells of itself besides its journal:
+	// its metrics (nil: none) and where they are served (--metrics-listen),
+	// and the executor's credentials for the status.
+	Telemetry telemetry.Config
 }
 
 // Account is the runner's atproto account.

@@ -84,7 +84,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	d := wire(cfg, store, out)
-	srv, err := telemetry.Listen(cfg.StateDir, cfg.MetricsListen, cfg.Metrics, d.tel, d.log)
+	srv, err := telemetry.Listen(cfg.StateDir, cfg.Telemetry.Listen, cfg.Telemetry.Metrics, d.tel, d.log)
 	if err != nil {
 		return err
 	}
@@ -122,7 +122,7 @@ func open(ctx context.Context, cfg *Config) (*state.Store, outside, error) {
 		return nil, out, err
 	}
 	limits := checks.NewRateLimits()
-	limits.OnBudget(cfg.Metrics.WriteBudget)
+	limits.OnBudget(cfg.Telemetry.Metrics.WriteBudget)
 	cfg.Account.HTTP = limits.Client(cfg.Account.HTTP)
 	a := cfg.Account
 	reader := &forge.Reader{Dir: a.Directory, Catalog: cat, HTTP: a.HTTP, Limits: cfg.Sources.Listing.Limits}
@@ -188,7 +188,7 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 
 	// Every check written is counted against its author's budget, then
 	// told to OnCheck.
-	m := cfg.Metrics
+	m := cfg.Telemetry.Metrics
 	rec := checks.NewRecorder(telemetry.Writer{Writer: out.checks, M: m}, func(key string, c forge.Check) {
 		m.CheckWritten(c.Status)
 		d.intake.NoteCheck(key, c)
@@ -196,8 +196,8 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 			cfg.OnCheck(key, c)
 		}
 	})
-	d.keeper = checks.NewKeeper(rec, checks.Ports{Blobs: out.blobs, Outbox: telemetry.Outbox{Outbox: store, M: m}, LimitedUntil: out.limitedUntil,
-		Waited: m.RateLimitWaited}, retry, d.log)
+	d.keeper = checks.NewKeeper(rec, checks.Ports{Blobs: out.blobs, Outbox: telemetry.Outbox{Outbox: store, M: m}, LimitedUntil: out.limitedUntil}, retry, d.log)
+	d.keeper.OnWait(m.RateLimitWaited)
 	observe := telemetry.Parts{M: m, Executor: cfg.Engine.Executor.Name()}
 
 	eng := cfg.Engine
@@ -223,7 +223,7 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 		d.log)
 	d.tel = &telemetry.Status{Daemon: status.Daemon{PID: os.Getpid(), Version: version.Version, Started: time.Now().UTC(),
 		Executor: observe.Executor, Runner: runner.String()}, Work: d.sched.Work, Counts: d.sched.Counts, Owed: store.Owed, Down: d.executorDown,
-		Credentials: cfg.Credentials}
+		Credentials: cfg.Telemetry.Credentials}
 	return d
 }
 
@@ -317,7 +317,7 @@ func (d *Daemon) watchdog(ctx context.Context) {
 // status tells systemd how many runs are going and waiting.
 func (d *Daemon) status() {
 	going, queued, draining := d.sched.Counts()
-	m := d.cfg.Metrics
+	m := d.cfg.Telemetry.Metrics
 	m.SetQueueDepth(queued)
 	m.SetRunsGoing(going)
 	m.SetDegraded("executor", d.health.err() != nil)

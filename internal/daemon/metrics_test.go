@@ -35,5 +35,5 @@ func withMetrics(t *testing.T) (func(*daemon.Config), func(name string) float64)
 		}
 		return 0
 	}
-	return func(c *daemon.Config) { c.Metrics = m }, value
+	return func(c *daemon.Config) { c.Telemetry.Metrics = m }, value
 }

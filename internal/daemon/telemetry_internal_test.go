@@ -30,7 +30,7 @@ func TestServeTellsTheMetrics(t *testing.T) {
 			t.Fatal(err)
 		}
 		h := newHarness(t, func(c *Config) {
-			c.Metrics = m
+			c.Telemetry.Metrics = m
 			c.Engine.Executor = docker{c.Engine.Executor.(*fakeexec.Executor)}
 		})
 		h.exec.Script = func(_, id string) fakeexec.Step {
@@ -90,7 +90,7 @@ func TestServeGauges(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		h := newHarness(t, func(c *Config) { c.Metrics = m })
+		h := newHarness(t, func(c *Config) { c.Telemetry.Metrics = m })
 		gate := make(chan struct{})
 		h.exec.Script = func(string, string) fakeexec.Step { return fakeexec.Step{Gate: gate} }
 		h.git.SetWorkflows(rig.CI("ci", "make"), rig.CI("lint", "make lint"))
@@ -124,7 +124,7 @@ func TestStatusOfARunningDaemon(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		expires := time.Now().Add(time.Hour)
 		h := newHarness(t, func(c *Config) {
-			c.Credentials = func() []status.Credential { return []status.Credential{{Name: "kubernetes", Expires: expires}} }
+			c.Telemetry.Credentials = func() []status.Credential { return []status.Credential{{Name: "kubernetes", Expires: expires}} }
 		})
 		gate := make(chan struct{})
 		h.exec.Script = func(string, string) fakeexec.Step { return fakeexec.Step{Gate: gate} }

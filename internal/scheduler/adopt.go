@@ -114,7 +114,7 @@ func (s *Scheduler) rebuild(ctx context.Context, key string, r state.Run) (*task
 		return nil, fmt.Errorf("read the run's log so far: %w", err)
 	}
 	j := &job.Job{Key: key, Event: saved.Event, Workflow: wf, Repo: repo, Tree: saved.Tree}
-	return &task{Job: j, runID: r.RunID, check: saved.Check, adopt: r.Handover, prior: prior, started: r.StartedAt}, nil
+	return &task{Job: j, runID: r.RunID, check: saved.Check, adopt: r.Handover, prior: prior, seen: seen{started: r.StartedAt}}, nil
 }
 
 // Sweep removes the sessions no run owns any more: all but those of the

@@ -2,7 +2,6 @@ package scheduler
 
 import (
 	"context"
-	"time"
 
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
@@ -17,6 +16,8 @@ type task struct {
 	runID  string
 	check  forge.Check
 	cancel context.CancelFunc
+	// seen is what status shows of it (status.go).
+	seen seen
 	// superseded names the newer event that cancelled the run;
 	// cancelled says why a Cancel did.
 	superseded, cancelled string
@@ -27,10 +28,6 @@ type task struct {
 	// that process's log; nil for a run this process starts.
 	adopt *run.Handover
 	prior []byte
-	// queued is when it was queued (zero: adopted), started when its run
-	// started, progress the step it is at: what status shows.
-	queued, started time.Time
-	progress        run.Progress
 }
 
 // queue is the work in hand: the tasks waiting for a worker and the

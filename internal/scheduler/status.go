@@ -8,6 +8,14 @@ import (
 	"knotless.dev/run/internal/run"
 )
 
+// seen is what status shows of a task that the scheduler keeps for no
+// other use: when it was queued (zero: adopted), when its run started,
+// and the step it is at. The Scheduler's lock guards it.
+type seen struct {
+	queued, started time.Time
+	progress        run.Progress
+}
+
 // Item is a job in hand as `knotless-run status` shows it.
 type Item struct {
 	Job *job.Job
@@ -30,11 +38,11 @@ type Item struct {
 // waiting ones in the order they were queued.
 func (s *Scheduler) Work() (running, waiting []Item) {
 	item := func(t *task) Item {
-		it := Item{Job: t.Job, Queued: t.queued, Started: t.started, Progress: t.progress}
+		it := Item{Job: t.Job, Queued: t.seen.queued, Started: t.seen.started, Progress: t.seen.progress}
 		// A worker sets a run's id before it takes the lock to set its
 		// start (start), so the id is read only after the start is; an
 		// adopted run's was set before it was in hand.
-		if !t.started.IsZero() || t.adopt != nil {
+		if !t.seen.started.IsZero() || t.adopt != nil {
 			it.RunID = t.runID
 		}
 		if t.adopt != nil {
@@ -60,6 +68,6 @@ func (s *Scheduler) Work() (running, waiting []Item) {
 // setProgress notes the step t's run is at (run.Request.Progress).
 func (s *Scheduler) setProgress(t *task, p run.Progress) {
 	s.mu.Lock()
-	t.progress = p
+	t.seen.progress = p
 	s.mu.Unlock()
 }

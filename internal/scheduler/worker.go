@@ -35,7 +35,7 @@ func (s *Scheduler) Enqueue(ctx context.Context, j *job.Job) (bool, error) {
 		s.mu.Unlock()
 		return false, err
 	}
-	t := &task{Job: j, check: c, queued: time.Now()}
+	t := &task{Job: j, check: c, seen: seen{queued: time.Now()}}
 	cancelQueued, cancelRunning := s.q.add(t)
 	for _, o := range cancelRunning {
 		s.log.Info("superseded: cancelling the older run", "check", o.Key, "by", j.Event.URI.String())
@@ -149,7 +149,7 @@ func (s *Scheduler) runJob(ctx context.Context, t *task) {
 		log.Info("run started", "run", t.runID)
 	}
 	if s.p.Observer != nil {
-		s.p.Observer.Started(t.Job, t.runID, t.queued)
+		s.p.Observer.Started(t.Job, t.runID, t.seen.queued)
 	}
 
 	dir := s.runDir(t.runID)
@@ -206,7 +206,7 @@ func (s *Scheduler) runJob(ctx context.Context, t *task) {
 func (s *Scheduler) start(ctx context.Context, t *task, log *slog.Logger) error {
 	started := time.Now().UTC()
 	s.mu.Lock()
-	t.started = started
+	t.seen.started = started
 	s.mu.Unlock()
 	t.check = s.p.Checks.Running(ctx, t.Key, t.check, started, log)
 	saved, err := job.Encode(t.Job, t.check)

@@ -14,6 +14,20 @@ import (
 	"knotless.dev/run/internal/status"
 )
 
+// Config is what the daemon tells of itself besides its journal.
+type Config struct {
+	// Metrics, when set, is told what the parts observe (the engine's and
+	// the executor's observers are the caller's to set) and served at
+	// Listen.
+	Metrics *metrics.Metrics
+	// Listen is where Metrics and the status document are served over
+	// HTTP ("": nowhere; --metrics-listen).
+	Listen string
+	// Credentials lists the executor's credentials and their expiry for
+	// the status (Executor.Credentials); nil: none known.
+	Credentials func() []status.Credential
+}
+
 // Servers are the daemon's HTTP listeners: the status socket in its
 // state directory, and with a metrics address, the metrics at /metrics
 // and the status document at status.Path there too. Each serves from a
