@@ -182,6 +182,52 @@ type docker struct{ *fakeexec.Executor }
 
 func (docker) Name() string { return "docker" }
 
+// A successor's status shows the run it adopted: its session, its start
+// in the earlier process and the step it goes on with; its wait queued
+// was the earlier process's, so the metrics observe none.
+func TestStatusOfAnAdoptedRun(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		reg := prometheus.NewRegistry()
+		m, err := metrics.New(reg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := newHarness(t, func(c *Config) { c.Telemetry.Metrics = m })
+		gate := make(chan struct{})
+		h.exec.Script = func(string, string) fakeexec.Step { return fakeexec.Step{Gate: gate} }
+		h.git.SetWorkflows(rig.CI("ci", "make"))
+		h.lister.Set(rig.Push("3k1", "c1"))
+		h.serveUntilIdle(t) // handed over at the stop
+		var handed state.Run
+		for _, r := range h.saved(t).Runs {
+			handed = r
+		}
+		if handed.Handover == nil {
+			t.Fatal("no run handed over")
+		}
+		time.Sleep(time.Minute)
+		next := h.successor(t)
+		stop := serve(t, next)
+		synctest.Wait()
+		doc := next.tel.Status(t.Context())
+		if len(doc.Runs) != 1 {
+			t.Fatalf("runs %+v", doc.Runs)
+		}
+		r := doc.Runs[0]
+		if !r.Adopted || r.RunID != handed.RunID || r.Session != handed.Handover.Session.String() || !r.Started.Equal(handed.StartedAt) ||
+			r.Step != 1 || r.StepName != "ci-a" {
+			t.Errorf("the adopted run: %+v, want run %s of session %s started at %s, at step 1", r, handed.RunID, handed.Handover.Session, handed.StartedAt)
+		}
+		close(gate)
+		synctest.Wait()
+		stop()
+		if n := gathered(t, reg, "knotless_run_queue_wait_seconds", nil); n != 1 {
+			t.Errorf("queue waits observed %g, want 1: the first process's", n)
+		}
+	})
+}
+
 // gathered is the value of the series of name with labels (a
 // histogram's count), 0 when there is none.
 func gathered(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {

@@ -37,6 +37,7 @@ func (s *Scheduler) Adopt(ctx context.Context) int {
 			s.log.Warn("cannot adopt a handed-over run; its work runs again", "check", key, "run", r.RunID, "err", err)
 			continue
 		}
+		t.seen.started = r.StartedAt
 		tasks = append(tasks, t)
 		keys = append(keys, key)
 	}
@@ -114,7 +115,7 @@ func (s *Scheduler) rebuild(ctx context.Context, key string, r state.Run) (*task
 		return nil, fmt.Errorf("read the run's log so far: %w", err)
 	}
 	j := &job.Job{Key: key, Event: saved.Event, Workflow: wf, Repo: repo, Tree: saved.Tree}
-	return &task{Job: j, runID: r.RunID, check: saved.Check, adopt: r.Handover, prior: prior, seen: seen{started: r.StartedAt}}, nil
+	return &task{Job: j, runID: r.RunID, check: saved.Check, adopt: r.Handover, prior: prior}, nil
 }
 
 // Sweep removes the sessions no run owns any more: all but those of the
