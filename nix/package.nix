@@ -83,6 +83,9 @@ let
         command = "knotless-run version";
         inherit version;
       };
+      # `serve --metrics-listen` exists (issue 33): the module's
+      # metrics.enable asserts on this.
+      hasMetricsListen = true;
       # `knotless-run kubeconfig` exists (issue 7): the module's
       # kubeconfigRefresh asserts on this, and the VM test needs it.
       hasKubeconfigCommand = true;

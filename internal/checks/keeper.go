@@ -35,6 +35,7 @@ type Keeper struct {
 	live   Live
 	retry  backoff.Policy
 	log    *slog.Logger
+	waited func(time.Duration) // OnWait; nil: no one is told
 
 	mu   sync.Mutex
 	next map[string]time.Time // when each owed check is tried next (in memory: a new process tries at once)

@@ -281,11 +281,17 @@ func TestOwedWaitsForTheRateLimit(t *testing.T) {
 			t.Fatal(err)
 		}
 		reset := time.Now().Add(time.Hour)
+		var waited []time.Duration
 		k := NewKeeper(NewRecorder(&fakePDS{errs: []error{errDown}}, nil), Ports{Blobs: &fakeBlobs{}, Outbox: st,
 			LimitedUntil: func() time.Time { return reset }}, backoff.Policy{First: time.Second, Max: time.Minute}, quiet)
+		k.OnWait(func(d time.Duration) { waited = append(waited, d) })
 		k.Error(t.Context(), pushEvent("3k1"), "ci", "no")
 		if wait := k.PayDue(t.Context()); wait < 59*time.Minute {
 			t.Errorf("next try in %s, want at the reset, in an hour", wait)
+		}
+		// The wait is told (the metrics count it): once, an hour.
+		if diff := cmp.Diff([]time.Duration{time.Hour}, waited); diff != "" {
+			t.Errorf("waits told (-want +got):\n%s", diff)
 		}
 	})
 }

@@ -13,13 +13,28 @@ import (
 // the owed checks wait for it. It is an http.RoundTripper wrapping the
 // client's transport (Client).
 type RateLimits struct {
-	mu    sync.Mutex
-	until map[string]time.Time
-	next  http.RoundTripper
+	mu     sync.Mutex
+	until  map[string]time.Time
+	next   http.RoundTripper
+	budget func(remaining int)
 }
 
 // NewRateLimits returns an empty memory; Client wraps a client with it.
 func NewRateLimits() *RateLimits { return &RateLimits{until: map[string]time.Time{}} }
+
+// OnBudget has f told the write points a host says are left in its
+// window (its ratelimit-remaining header) after each record write
+// (putRecord, createRecord, deleteRecord, applyWrites). Call it before
+// the client is used.
+func (r *RateLimits) OnBudget(f func(remaining int)) { r.budget = f }
+
+// recordWrites are the XRPC methods that spend a PDS's write points.
+var recordWrites = map[string]bool{
+	"/xrpc/com.atproto.repo.putRecord":    true,
+	"/xrpc/com.atproto.repo.createRecord": true,
+	"/xrpc/com.atproto.repo.deleteRecord": true,
+	"/xrpc/com.atproto.repo.applyWrites":  true,
+}
 
 // Client returns a copy of hc whose answers are noted.
 func (r *RateLimits) Client(hc *http.Client) *http.Client {
@@ -42,6 +57,11 @@ func (r *RateLimits) RoundTrip(req *http.Request) (*http.Response, error) {
 		r.mu.Lock()
 		r.until[req.URL.Host] = until
 		r.mu.Unlock()
+	}
+	if r.budget != nil && req.Method == http.MethodPost && recordWrites[req.URL.Path] {
+		if n, err := strconv.Atoi(strings.TrimSpace(resp.Header.Get("ratelimit-remaining"))); err == nil && n >= 0 {
+			r.budget(n)
+		}
 	}
 	return resp, nil
 }

@@ -56,6 +56,7 @@ type ServeCmd struct {
 	ExecutorFlags `embed:""`
 	BoundFlags    `embed:""`
 	CacheFlags    `embed:""`
+	MetricsFlags  `embed:""`
 
 	LimitFlags `embed:""`
 	FloodFlags `embed:""`
@@ -87,11 +88,15 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 	if err != nil {
 		return err
 	}
-	exec, err := c.newExecutor(env, runner.String(), log)
+	tel, observer, err := c.telemetry()
 	if err != nil {
 		return err
 	}
-	in := serveInputs{Executor: exec, Logger: log}
+	exec, err := c.newExecutor(env, runner.String(), log, observer)
+	if err != nil {
+		return err
+	}
+	in := serveInputs{Executor: exec, Logger: log, Telemetry: tel}
 	cfg, err := c.config(in)
 	if err != nil {
 		return err

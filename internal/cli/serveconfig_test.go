@@ -54,6 +54,7 @@ func TestServeConfig(t *testing.T) {
 	}{
 		{"defaults", nil, func(*daemon.Config) {}, ""},
 		{"the account", []string{"--pds", "https://pds.test"}, func(c *daemon.Config) { c.Account.PDS = "https://pds.test" }, ""},
+		{"metrics", []string{"--metrics-listen", "127.0.0.1:9465"}, func(c *daemon.Config) { c.Telemetry.Listen = "127.0.0.1:9465" }, ""},
 		{"the sources", []string{"--discover", "--pulls", "--relay", "https://relay.test"}, func(c *daemon.Config) {
 			c.Sources.Discover, c.Sources.Pulls, c.Sources.Relay = true, true, "https://relay.test"
 		}, ""},

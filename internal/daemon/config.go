@@ -19,6 +19,7 @@ import (
 	"knotless.dev/run/internal/mirror"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/scheduler"
+	"knotless.dev/run/internal/telemetry"
 )
 
 // Config configures the daemon, one group per part. The cli fills it
@@ -66,6 +67,11 @@ type Config struct {
 	// Watchdog is systemd's WatchdogSec (0: off).
 	Watchdog time.Duration
 	Logger   *slog.Logger
+
+	// Telemetry is what the daemon tells of itself besides its journal:
+	// its metrics (nil: none) and where they are served (--metrics-listen),
+	// and the executor's credentials for the status.
+	Telemetry telemetry.Config
 }
 
 // Account is the runner's atproto account.

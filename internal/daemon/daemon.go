@@ -31,6 +31,9 @@ import (
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/scheduler"
 	"knotless.dev/run/internal/state"
+	"knotless.dev/run/internal/status"
+	"knotless.dev/run/internal/telemetry"
+	"knotless.dev/run/internal/version"
 )
 
 // Daemon is one running runner process: its parts, wired.
@@ -46,6 +49,7 @@ type Daemon struct {
 	lander *lander.Lander // nil without --queue
 	live   *live.Live     // live output
 	health health         // the executor's (health.go); its own lock
+	tel    *telemetry.Status
 }
 
 // outside is the part of the world each part reaches through its
@@ -83,6 +87,11 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	d := wire(cfg, store, out)
+	srv, err := telemetry.Listen(cfg.StateDir, cfg.Telemetry.Listen, cfg.Telemetry.Metrics, d.tel, d.log)
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
 	if err := d.begin(ctx); err != nil {
 		return err
 	}
@@ -116,6 +125,7 @@ func open(ctx context.Context, cfg *Config) (*state.Store, outside, error) {
 		return nil, out, err
 	}
 	limits := checks.NewRateLimits()
+	limits.OnBudget(cfg.Telemetry.Metrics.WriteBudget)
 	cfg.Account.HTTP = limits.Client(cfg.Account.HTTP)
 	a := cfg.Account
 	reader := &forge.Reader{Dir: a.Directory, Catalog: cat, HTTP: a.HTTP, Limits: cfg.Sources.Listing.Limits}
@@ -181,14 +191,18 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 
 	// Every check written is counted against its author's budget, then
 	// told to OnCheck.
-	rec := checks.NewRecorder(out.checks, func(key string, c forge.Check) {
+	m := cfg.Telemetry.Metrics
+	rec := checks.NewRecorder(telemetry.Writer{Writer: out.checks, M: m}, func(key string, c forge.Check) {
+		m.CheckWritten(c.Status)
 		d.intake.NoteCheck(key, c)
 		if cfg.OnCheck != nil {
 			cfg.OnCheck(key, c)
 		}
 	})
 	d.live = live.New(cfg.Live, runner, live.FilesDir(cfg.CacheDir), live.Ports{Tokens: out.tokens}, logOf("live"))
-	d.keeper = checks.NewKeeper(rec, checks.Ports{Blobs: out.blobs, Outbox: store, LimitedUntil: out.limitedUntil, Live: d.live}, retry, d.log)
+	d.keeper = checks.NewKeeper(rec, checks.Ports{Blobs: out.blobs, Outbox: telemetry.Outbox{Outbox: store, M: m}, LimitedUntil: out.limitedUntil, Live: d.live}, retry, d.log)
+	d.keeper.OnWait(m.RateLimitWaited)
+	observe := telemetry.Parts{M: m, Executor: cfg.Engine.Executor.Name()}
 
 	eng := cfg.Engine
 	eng.Logger, eng.Runner = logOf("run"), runner.String()
@@ -196,14 +210,14 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 		scheduler.Facts{Runner: runner, Executor: d.caps,
 			RunsDir: filepath.Join(cfg.CacheDir, "runs"), LimitsAll: cfg.Engine.Max.All},
 		scheduler.Ports{Engine: run.New(eng), Checks: d.keeper, State: store, Mirrors: out.mirrors, Sealed: out.sealed, Key: out.key,
-			Sweeper: cfg.Engine.Executor, Down: d.executorDown, Wake: func() { d.intake.Wake() }, Changed: d.status, Tap: d.live},
+			Sweeper: cfg.Engine.Executor, Down: d.executorDown, Wake: func() { d.intake.Wake() }, Changed: d.status, Tap: d.live, Observer: observe},
 		d.log)
 
 	var landing intake.Lander
 	if cfg.Lander.Queue {
 		d.lander = lander.New(cfg.Lander, runner,
 			lander.Ports{Records: out.records, Mirrors: out.mirrors, Intake: viaIntake{d}, Checks: d.keeper, State: store,
-				Wake: func() { d.intake.Wake() }},
+				Wake: func() { d.intake.Wake() }, Observer: observe},
 			logOf("lander"))
 		landing = d.lander
 	}
@@ -211,6 +225,9 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 		intake.Ports{Lister: out.lister, Mirrors: out.mirrors, Scheduler: d.sched, Checks: d.keeper, State: store, Lander: landing,
 			Stream: out.stream, Changed: d.status},
 		d.log)
+	d.tel = &telemetry.Status{Daemon: status.Daemon{PID: os.Getpid(), Version: version.Version, Started: time.Now().UTC(),
+		Executor: observe.Executor, Runner: runner.String()}, Work: d.sched.Work, Counts: d.sched.Counts, Owed: store.Owed, Down: d.executorDown,
+		Credentials: cfg.Telemetry.Credentials}
 	return d
 }
 
@@ -279,6 +296,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	}
 
 	d.cfg.Notify("READY=1")
+	d.tel.SetReady()
 	d.log.Info("ready", "executor", d.cfg.Engine.Executor.Name(), "concurrency", d.cfg.Scheduler.Concurrency, "repos", len(d.cfg.Sources.Targets),
 		"discover", d.cfg.Sources.Discover, "pulls", d.cfg.Sources.Pulls)
 	d.status()
@@ -308,6 +326,10 @@ func (d *Daemon) watchdog(ctx context.Context) {
 // status tells systemd how many runs are going and waiting.
 func (d *Daemon) status() {
 	going, queued, draining := d.sched.Counts()
+	m := d.cfg.Telemetry.Metrics
+	m.SetQueueDepth(queued)
+	m.SetRunsGoing(going)
+	m.SetDegraded("executor", d.health.err() != nil)
 	msg := fmt.Sprintf("STATUS=%d running, %d queued%s", going, queued, d.degradedStatus())
 	if draining {
 		msg = fmt.Sprintf("STATUS=stopping: %d running", going)

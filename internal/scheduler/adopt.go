@@ -37,6 +37,7 @@ func (s *Scheduler) Adopt(ctx context.Context) int {
 			s.log.Warn("cannot adopt a handed-over run; its work runs again", "check", key, "run", r.RunID, "err", err)
 			continue
 		}
+		t.seen.started = r.StartedAt
 		tasks = append(tasks, t)
 		keys = append(keys, key)
 	}

@@ -18,6 +18,8 @@ type task struct {
 	runID  string
 	check  forge.Check
 	cancel context.CancelFunc
+	// seen is what status shows of it (status.go).
+	seen seen
 	// superseded names the newer event that cancelled the run;
 	// cancelled the cancel record a Cancel did it for, at cancelledAt.
 	superseded, cancelled string

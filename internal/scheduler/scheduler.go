@@ -103,10 +103,11 @@ type Sweeper interface {
 // Observer is told what happens to jobs (metrics); every method is
 // optional: a nil Observer is told nothing.
 type Observer interface {
-	// Queued: a job is in the queue; Started: its run started (or an
-	// adopted one goes on); Ended: its run ended, with its result.
+	// Queued: a job is in the queue; Started: its run started, queued
+	// since queued (or an adopted one goes on: queued is zero); Ended:
+	// its run ended, with its result.
 	Queued(j *job.Job)
-	Started(j *job.Job, runID string)
+	Started(j *job.Job, runID string, queued time.Time)
 	Ended(j *job.Job, res *run.Result)
 }
 

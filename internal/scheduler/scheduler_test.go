@@ -13,6 +13,7 @@ import (
 	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/google/go-cmp/cmp"
@@ -156,9 +157,9 @@ type observer struct {
 	events []string
 }
 
-func (o *observer) add(s string)                 { o.mu.Lock(); o.events = append(o.events, s); o.mu.Unlock() }
-func (o *observer) Queued(j *job.Job)            { o.add("queued " + j.Workflow.Name) }
-func (o *observer) Started(j *job.Job, _ string) { o.add("started " + j.Workflow.Name) }
+func (o *observer) add(s string)                              { o.mu.Lock(); o.events = append(o.events, s); o.mu.Unlock() }
+func (o *observer) Queued(j *job.Job)                         { o.add("queued " + j.Workflow.Name) }
+func (o *observer) Started(j *job.Job, _ string, _ time.Time) { o.add("started " + j.Workflow.Name) }
 func (o *observer) Ended(j *job.Job, res *run.Result) {
 	o.add("ended " + j.Workflow.Name + " " + string(res.Status))
 }
@@ -619,4 +620,78 @@ func TestSecretsOfATrustedRun(t *testing.T) {
 	if _, err := s.secrets(t.Context(), &job.Job{Event: rig.Push("3k1", "c1"), Workflow: wf}); err == nil {
 		t.Error("a failed listing of sealed secrets gave no error")
 	}
+}
+
+// Work shows the jobs in hand as status shows them: the running one
+// with its run, its start and the step it is at, the waiting one with
+// when it was queued; the observer is told how long the run waited.
+func TestWorkShowsTheJobsInHand(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t)
+		obs := &waits{}
+		w.ports.Observer = obs
+		w.s = New(w.cfg, w.facts, w.ports, nil)
+		gate := make(chan struct{})
+		w.exec.Script = func(_, id string) fakeexec.Step {
+			if id == "2" {
+				return fakeexec.Step{Gate: gate}
+			}
+			return fakeexec.Step{}
+		}
+		first := w.runnable(rig.Push("3k1", "c1"), "ci", "make", "make test")
+		second := w.runnable(rig.Push("3k2", "c2"), "lint", "make lint")
+		queuedAt := time.Now()
+		for _, j := range []*job.Job{first, second} {
+			if _, err := w.s.Enqueue(t.Context(), j); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(5 * time.Second) // waiting, queued
+		stop := w.work(t, w.s)
+		synctest.Wait()
+		running, waiting := w.s.Work()
+		if len(running) != 1 || len(waiting) != 1 {
+			t.Fatalf("work: %d running, %d waiting; want 1 and 1", len(running), len(waiting))
+		}
+		r, q := running[0], waiting[0]
+		if r.Job != first || r.RunID == "" || !r.Started.Equal(queuedAt.Add(5*time.Second)) || r.Adopted {
+			t.Errorf("running: %+v", r)
+		}
+		if want := (run.Progress{Step: 2, Steps: 2, Name: "ci-b", Started: queuedAt.Add(5 * time.Second)}); r.Progress != want {
+			t.Errorf("progress %+v, want %+v", r.Progress, want)
+		}
+		if q.Job != second || q.RunID != "" || !q.Queued.Equal(queuedAt) || !q.Started.IsZero() {
+			t.Errorf("waiting: %+v", q)
+		}
+		close(gate)
+		synctest.Wait()
+		stop()
+		if diff := cmp.Diff([]time.Duration{5 * time.Second, 5 * time.Second}, obs.get()); diff != "" {
+			t.Errorf("waits observed (-want +got):\n%s", diff)
+		}
+		if running, waiting := w.s.Work(); len(running)+len(waiting) != 0 {
+			t.Errorf("work after the runs: %v %v", running, waiting)
+		}
+	})
+}
+
+// waits records how long each started run waited queued.
+type waits struct {
+	mu sync.Mutex
+	d  []time.Duration
+}
+
+func (o *waits) Queued(*job.Job)             {}
+func (o *waits) Ended(*job.Job, *run.Result) {}
+func (o *waits) Started(_ *job.Job, _ string, queued time.Time) {
+	o.mu.Lock()
+	o.d = append(o.d, time.Since(queued))
+	o.mu.Unlock()
+}
+
+func (o *waits) get() []time.Duration {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.d
 }

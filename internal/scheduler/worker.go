@@ -36,7 +36,7 @@ func (s *Scheduler) Enqueue(ctx context.Context, j *job.Job) (bool, error) {
 		s.mu.Unlock()
 		return false, err
 	}
-	t := &task{Job: j, check: c}
+	t := &task{Job: j, check: c, seen: seen{queued: time.Now()}}
 	cancelQueued, cancelRunning := s.q.add(t)
 	for _, o := range cancelRunning {
 		s.log.Info("superseded: cancelling the older run", "check", o.Key, "by", j.Event.URI.String())
@@ -153,7 +153,7 @@ func (s *Scheduler) runJob(ctx context.Context, t *task) {
 		log.Info("run started", "run", t.runID)
 	}
 	if s.p.Observer != nil {
-		s.p.Observer.Started(t.Job, t.runID)
+		s.p.Observer.Started(t.Job, t.runID, t.seen.queued)
 	}
 
 	dir := s.runDir(t.runID)
@@ -214,6 +214,9 @@ func (s *Scheduler) runJob(ctx context.Context, t *task) {
 // start writes the running check and records the run in state.json.
 func (s *Scheduler) start(ctx context.Context, t *task, log *slog.Logger) error {
 	started := time.Now().UTC()
+	s.mu.Lock()
+	t.seen.started = started
+	s.mu.Unlock()
 	t.check = s.p.Checks.Running(ctx, t.Key, t.check, started, log)
 	saved, err := job.Encode(t.Job, t.check)
 	if err != nil {
@@ -310,6 +313,7 @@ func (s *Scheduler) execute(ctx context.Context, t *task, dir string) *run.Resul
 	if t.live != nil {
 		req.Live = t.live
 	}
+	req.Progress = func(p run.Progress) { s.setProgress(t, p) }
 	if t.adopt != nil {
 		return s.p.Engine.Adopt(ctx, req, *t.adopt, t.prior)
 	}
