@@ -11,6 +11,7 @@ import (
 	"github.com/coreos/go-systemd/v22/journal"
 
 	"knotless.dev/run/internal/daemon"
+	"knotless.dev/run/internal/forge"
 )
 
 // ServeCmd is the runner daemon: `knotless-run serve --config FILE
@@ -130,8 +131,11 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 		return err
 	}
 	err = daemon.Run(ctx, cfg)
-	if errors.Is(err, context.Canceled) {
+	switch {
+	case errors.Is(err, context.Canceled):
 		return nil
+	case errors.Is(err, forge.ErrNoPassword):
+		return c.noPassword(env, err)
 	}
 	return err
 }
