@@ -36,7 +36,7 @@ type ServeCmd struct {
 	Poll        time.Duration `help:"Reconcile by listing records this often." default:"1m"`
 	Retention   time.Duration `help:"Forget final work (done pushes, final checks) older than this; pushes older than this are never run." default:"720h"`
 
-	AllowLocalSources bool          `help:"UNSAFE ON A SHARED RUNNER: also fetch from local paths and file:// URLs, named by repository records and pulls alike, so any tenant reads what this user can read (the runner's own state and cache directories stay refused). For tests and single-tenant machines. Default: https only (and ssh for a repository's own source)."`
+	AllowLocalSources bool          `help:"UNSAFE ON A SHARED RUNNER: also fetch from local paths and file:// URLs, named by repository records and pulls alike, so any tenant reads what this user can read (the runner's own state and cache directories stay refused). For tests and single-tenant machines (default: off: https only, and ssh for a repository's own source)."`
 	AllowHTTPSources  bool          `help:"Also fetch from plaintext http:// sources (nothing protects the code on the wire)."`
 	GitTimeout        time.Duration `help:"Deadline of every git command, fetches included." default:"5m"`
 	MaxWorkflowBytes  int64         `help:"Largest workflow file read, in bytes." default:"262144"`
