@@ -91,7 +91,7 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 	if err != nil {
 		return err
 	}
-	in := serveInputs{Executor: exec, Logger: log}
+	in := serveInputs{Executor: exec, Logger: log, StopForeign: c.stopForeign(env, runner.String(), log)}
 	cfg, err := c.config(in)
 	if err != nil {
 		return err

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -30,6 +31,9 @@ type serveInputs struct {
 	Notify          func(string)
 	Watchdog        time.Duration
 	Logger          *slog.Logger
+	// StopForeign stops what a predecessor on another executor handed
+	// over (ExecutorFlags.stopForeign).
+	StopForeign func(ctx context.Context, ref executor.Ref) error
 }
 
 // runner is --did, required.
@@ -103,6 +107,7 @@ func (c *ServeCmd) config(in serveInputs) (daemon.Config, error) {
 		CacheDir:             c.CacheDir,
 		StopWait:             c.StopWait,
 		UnsafeShellUntrusted: c.UnsafeShellUntrusted,
+		StopForeign:          in.StopForeign,
 		Notify:               in.Notify,
 		Watchdog:             in.Watchdog,
 		Logger:               in.Logger,

@@ -189,10 +189,11 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 	eng := cfg.Engine
 	eng.Logger, eng.Runner = logOf("run"), runner.String()
 	d.sched = scheduler.New(cfg.Scheduler,
-		scheduler.Facts{Runner: runner, Executor: d.caps,
+		scheduler.Facts{Runner: runner, Executor: d.caps, ExecutorName: cfg.Engine.Executor.Name(),
 			RunsDir: filepath.Join(cfg.CacheDir, "runs"), LimitsAll: cfg.Engine.Max.All},
 		scheduler.Ports{Engine: run.New(eng), Checks: d.keeper, State: store, Mirrors: out.mirrors, Sealed: out.sealed, Key: out.key,
-			Sweeper: cfg.Engine.Executor, Down: d.executorDown, Wake: func() { d.intake.Wake() }, Changed: d.status},
+			Sweeper: cfg.Engine.Executor, Down: d.executorDown, Wake: func() { d.intake.Wake() }, Changed: d.status,
+			StopForeign: cfg.StopForeign},
 		d.log)
 
 	var landing intake.Lander

@@ -61,12 +61,21 @@ type GoneChecker interface {
 	Gone(ctx context.Context, ref Ref) (bool, error)
 }
 
+// Stopper is an Executor that can remove a session by its Ref alone,
+// one another process started included, and returns once it is gone:
+// nothing of it runs any more. A runner whose executor changed stops
+// with it what its predecessor handed over (it cannot adopt it).
+type Stopper interface {
+	StopSession(ctx context.Context, ref Ref) error
+}
+
 // Capabilities are the optional capabilities an executor has: nil for
 // each it lacks.
 type Capabilities struct {
 	Resumer Resumer
 	Health  HealthChecker
 	Gone    GoneChecker
+	Stopper Stopper
 }
 
 // CapabilitiesOf asks ex, once, what it can do beyond the core.
@@ -75,6 +84,7 @@ func CapabilitiesOf(ex Executor) Capabilities {
 	c.Resumer, _ = ex.(Resumer)
 	c.Health, _ = ex.(HealthChecker)
 	c.Gone, _ = ex.(GoneChecker)
+	c.Stopper, _ = ex.(Stopper)
 	return c
 }
 

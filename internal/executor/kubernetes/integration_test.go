@@ -60,7 +60,9 @@ func newExecutor(t *testing.T, c *clustertest.Cluster, mod func(*kubernetes.Conf
 func TestConformance(t *testing.T) {
 	conformance.Run(t, conformance.Harness{
 		New: func(t *testing.T) executor.Executor {
-			return newExecutor(t, clustertest.Start(t), nil)
+			// The runner the cases' sessions are labelled with: a second
+			// executor of a case is the same runner in another process.
+			return newExecutor(t, clustertest.Start(t), func(cfg *kubernetes.Config) { cfg.Runner = "did:plc:conformance" })
 		},
 		Image:        os.Getenv(clustertest.EnvImage),
 		SecretSearch: "/work /steps /outputs /knotless /tmp /etc /root /home /var",
