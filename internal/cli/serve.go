@@ -67,6 +67,7 @@ func (c *ServeCmd) Run(ctx context.Context, env *Env) error {
 	log := env.Logger
 	if ok, _ := journal.StderrIsJournalStream(); ok && journal.Enabled() {
 		log = slog.New(newJournalHandler(minLevel(env.Logger)))
+		routeClientGo(log)
 		// What stops the daemon goes to the journal as an error, with
 		// its priority, not as a plain line of the stderr stream.
 		if err := c.serve(ctx, env, log); err != nil {
