@@ -69,7 +69,7 @@ steps:
 	// daemon's socket) and executor = "docker"; the kubeconfig setting
 	// stays, so the successor can reach what its predecessor left.
 	k.sh(`systemctl mask docker.service docker.socket containerd.service`)
-	k.sh(`echo "g docker $(stat -c %g `+dockerSocket+`)" > /etc/sysusers.d/docker.conf && systemd-sysusers && chmod 0660 `+dockerSocket)
+	k.sh(`echo "g docker -" > /etc/sysusers.d/docker.conf && systemd-sysusers && chgrp docker "$1" && chmod 0660 "$1"`, dockerSocket)
 	dockerUnit := strings.ReplaceAll(unit(t, "knotless-run.docker.service"), docsRepo, w.Owner.DID.String()+"/hello")
 	if err := os.WriteFile(filepath.Join(k.UnitsDir(), service), []byte(dockerUnit), 0o644); err != nil {
 		t.Fatal(err)
