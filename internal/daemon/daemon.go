@@ -204,10 +204,13 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 			logOf("lander"))
 		landing = d.lander
 	}
-	d.intake = intake.New(cfg.Intake, intake.Facts{Runner: runner, Relay: cfg.Sources.Relay, LimitsAll: cfg.Engine.Max.All},
-		intake.Ports{Lister: out.lister, Mirrors: out.mirrors, Scheduler: d.sched, Checks: d.keeper, State: store, Lander: landing,
-			Stream: out.stream, Changed: d.status},
-		d.log)
+	ports := intake.Ports{Lister: out.lister, Mirrors: out.mirrors, Scheduler: d.sched, Checks: d.keeper, State: store, Lander: landing,
+		Stream: out.stream, Changed: d.status}
+	if d.caps.Images != nil {
+		ports.CheckImage = d.caps.Images.CheckImage
+	}
+	d.intake = intake.New(cfg.Intake, intake.Facts{Runner: runner, Relay: cfg.Sources.Relay, LimitsAll: cfg.Engine.Max.All,
+		DefaultImage: cfg.Engine.DefaultImage}, ports, d.log)
 	return d
 }
 

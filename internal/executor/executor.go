@@ -69,6 +69,14 @@ type Stopper interface {
 	StopSession(ctx context.Context, ref Ref) error
 }
 
+// ImageChecker is an Executor that can tell, cheaply and without
+// running anything, whether a run of an image could start: nil when it
+// could, else an error naming the image and why not. The daemon asks
+// it of the images the workflows it watches name, and warns.
+type ImageChecker interface {
+	CheckImage(ctx context.Context, image string) error
+}
+
 // Capabilities are the optional capabilities an executor has: nil for
 // each it lacks.
 type Capabilities struct {
@@ -76,6 +84,7 @@ type Capabilities struct {
 	Health  HealthChecker
 	Gone    GoneChecker
 	Stopper Stopper
+	Images  ImageChecker
 }
 
 // CapabilitiesOf asks ex, once, what it can do beyond the core.
@@ -85,6 +94,7 @@ func CapabilitiesOf(ex Executor) Capabilities {
 	c.Health, _ = ex.(HealthChecker)
 	c.Gone, _ = ex.(GoneChecker)
 	c.Stopper, _ = ex.(Stopper)
+	c.Images, _ = ex.(ImageChecker)
 	return c
 }
 

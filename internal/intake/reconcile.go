@@ -70,6 +70,7 @@ func (in *Intake) Reconcile(ctx context.Context) error {
 	if in.p.Lander != nil {
 		in.p.Lander.Offer(snap)
 	}
+	in.warnWatchedImages(ctx, snap)
 	in.pruneAfter(snap)
 	in.p.Changed()
 	return nil
@@ -154,6 +155,7 @@ func (in *Intake) Consider(ctx context.Context, ev ingest.Event) error {
 		return err
 	}
 	in.warnUnacted(log, ev.Repo.URI.String(), wfs)
+	in.warnImages(ctx, ev, wfs)
 	var jobs, todo []*job.Job
 	for _, wf := range wfs {
 		if !job.RunsFor(wf, ev) || !wf.AllowsRunner(in.facts.Runner.String()) {

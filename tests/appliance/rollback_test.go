@@ -24,10 +24,12 @@ const dockerSocket = "/srv/knotless-docker.sock"
 // and starts it: the successor, which cannot adopt a Kubernetes session,
 // stops the old Job before READY=1, and only then runs the work again,
 // on the private dockerd, under the same check. Before issue 35 it ran
-// the work again while the Job went on: two copies at once. The journal
-// of both processes has no error line, and client-go's lines (a debug
-// runner) are journal entries with their fields and priority, not text
-// on stderr.
+// the work again while the Job went on: two copies at once. The
+// successor warns, once, of the workflow whose image the Docker daemon
+// cannot find, and that workflow's run ends error at once naming it.
+// The journal of both processes has no error line, and client-go's
+// lines (a debug runner) are journal entries with their fields and
+// priority, not text on stderr.
 func TestRollbackToDocker(t *testing.T) {
 	t.Parallel()
 	c := clustertest.Start(t)
@@ -38,6 +40,9 @@ func TestRollbackToDocker(t *testing.T) {
 
 	// On Kubernetes the step runs as UID 1000 and waits; on Docker, as
 	// root, it goes straight on.
+	// A second workflow names an image in a registry nobody answers for
+	// (no DNS query): it waits in the queue behind the first.
+	const absent = "127.0.0.1:1/knotless/absent:1"
 	commit := w.push(map[string]string{".knotless/workflows/long.yaml": `
 on: [push]
 steps:
@@ -47,7 +52,7 @@ steps:
       touch "$KNOTLESS_RUN_WORK/step-started"
       if [ "$(id -u)" = 1000 ]; then sleep 600; fi
       echo done
-`})
+`, ".knotless/workflows/absent.yaml": "on: [push]\nimage: " + absent + "\nsteps: [{run: 'echo never'}]\n"})
 	w.waitCheck("long", commit, 3*time.Minute, running)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -104,7 +109,15 @@ steps:
 	if blob := w.blob(t, got); !strings.Contains(blob, "step as 0\n") || !strings.Contains(blob, "\ndone\n") {
 		t.Errorf("the check's log is not the docker run's:\n%s", blob)
 	}
+	if got := w.waitCheck("absent", commit, 3*time.Minute, final); got.Status != "error" ||
+		!strings.Contains(got.Error, "workflow absent") || !strings.Contains(got.Error, "image "+absent) {
+		t.Errorf("the run of an image nobody serves: %s (%s), want error naming the workflow and the image", got.Status, got.Error)
+	}
 	journal := k.journal(service)
+	if e := find(journal, "cannot find the image"); len(e) != 1 || e[0]["IMAGE"] != absent || e[0]["WORKFLOW"] != "absent" ||
+		!strings.HasSuffix(e[0]["REPO"], "/hello") || e[0]["PRIORITY"] != "4" {
+		t.Errorf("want one warning naming the image %s, the workflow absent and the repository; got %v", absent, e)
+	}
 	newPID := k.show(service, "MainPID")
 	stopped, started := -1, -1
 	for i, e := range journal {

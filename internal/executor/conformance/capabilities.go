@@ -32,6 +32,28 @@ func runCapabilities(t *testing.T, h Harness) {
 	if caps.Stopper != nil {
 		t.Run("stop by ref", func(t *testing.T) { t.Parallel(); testStopSession(t, h) })
 	}
+	if caps.Images != nil {
+		t.Run("check image", func(t *testing.T) { t.Parallel(); testCheckImage(t, h) })
+	}
+}
+
+// unreachableImage is in a registry nobody answers for: an address of
+// the loopback where nothing listens (no DNS query, no wait).
+const unreachableImage = "127.0.0.1:1/knotless/absent:1"
+
+// testCheckImage: the harness's image can run; one in a registry that
+// does not answer cannot, and the error names it.
+func testCheckImage(t *testing.T, h Harness) {
+	ctx := context.Background()
+	c := executor.CapabilitiesOf(h.New(t)).Images
+	if err := c.CheckImage(ctx, h.Image); err != nil {
+		t.Errorf("check the harness's image %s: %v", h.Image, err)
+	}
+	err := c.CheckImage(ctx, unreachableImage)
+	if err == nil || !strings.Contains(err.Error(), unreachableImage) {
+		t.Errorf("check %s: %v, want an error naming it", unreachableImage, err)
+	}
+	t.Logf("check %s: %v", unreachableImage, err)
 }
 
 // session starts a session of ex for one case, stopped at the end.
