@@ -88,11 +88,13 @@ func Main(ctx context.Context, args []string, env Env) (code int) {
 		kong.Exit(func(code int) { panic(exitRequest(code)) }),
 		kong.UsageOnError(),
 		executorVars(),
+		kong.ValueFormatter(helpValue),
 	)
 	if err != nil {
 		fmt.Fprintf(env.Stderr, "knotless-run: %v\n", err)
 		return ExitError
 	}
+	placeholders(parser.Model)
 	kctx, err := parser.Parse(args)
 	if err != nil {
 		// An unknown flag or settings key, a bad value, a missing flag:

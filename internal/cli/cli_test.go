@@ -273,3 +273,42 @@ func TestConfigErrorExitCode(t *testing.T) {
 		})
 	}
 }
+
+// A runner with no app password and no saved session is told where the
+// password goes: --app-password-file, and its default under systemd's
+// CREDENTIALS_DIRECTORY (issue 35). Login fails before any request.
+func TestServeNoAppPassword(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	empty := filepath.Join(dir, "empty")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want []string
+	}{
+		{"nothing", nil, nil, []string{"--app-password-file FILE", "$CREDENTIALS_DIRECTORY/app-password", "CREDENTIALS_DIRECTORY is not set"}},
+		{"credentials directory without it", map[string]string{"CREDENTIALS_DIRECTORY": dir}, nil,
+			[]string{"--app-password-file FILE", filepath.Join(dir, "app-password") + " does not exist"}},
+		{"an empty file", nil, []string{"--app-password-file", empty}, []string{"--app-password-file " + empty + " is empty"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			state := t.TempDir()
+			args := append([]string{"serve", "--did", "did:plc:7u2ld3ffgzqvezmv6wxgxiix", "--executor", "shell", "--pds", "http://127.0.0.1:1",
+				"--plc-url", "http://127.0.0.1:1", "--state-dir", state, "--cache-dir", state}, tt.args...)
+			r := runCLI(t, tt.env, append(args, "--", "did:plc:ewvi7nxzyoun6zhxrhs64oiz/hello")...)
+			if r.code != ExitError || !strings.Contains(r.stderr, "no app password and no usable saved session in --state-dir "+state) {
+				t.Fatalf("exit %d, stderr:\n%s\nwant exit %d and no app password", r.code, r.stderr, ExitError)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(r.stderr, w) {
+					t.Errorf("stderr does not say %q:\n%s", w, r.stderr)
+				}
+			}
+		})
+	}
+}

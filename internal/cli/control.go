@@ -77,7 +77,7 @@ func (c *RerunCmd) Run(env *Env) error {
 type DispatchCmd struct {
 	Repo         string   `help:"The repository: at://OWNER-DID/dev.knotless.repo/NAME." required:"" placeholder:"AT-URI"`
 	Ref          string   `help:"The branch to run on: its name or refs/heads/NAME." required:"" placeholder:"REF"`
-	Workflow     string   `help:"The workflow's name (its file stem; default: the stem of --workflow-file)." placeholder:"NAME"`
+	Workflow     string   `help:"The workflow's name, its file stem (default: the stem of --workflow-file)." placeholder:"NAME"`
 	Input        []string `help:"An input's value (repeatable); a boolean's is true or false." placeholder:"NAME=VALUE" sep:"none"`
 	Runner       string   `help:"Only this runner runs it (default: every runner the repository names that runs the workflow)." placeholder:"DID"`
 	WorkflowFile string   `help:"Check the inputs against this workflow file: on: dispatch, its inputs' names, types, options and required ones." placeholder:"FILE"`

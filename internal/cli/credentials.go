@@ -65,6 +65,21 @@ func (c *ServeCmd) readPassword(env *Env) (string, error) {
 	return strings.TrimSpace(string(b)), nil
 }
 
+// noPassword says where serve looked for the app password, for a start
+// that has none and no saved session (forge.ErrNoPassword), and how to
+// give it one.
+func (c *ServeCmd) noPassword(env *Env, err error) error {
+	if c.AppPasswordFile != "" {
+		return fmt.Errorf("%w in --state-dir %s: --app-password-file %s is empty", err, c.StateDir, c.AppPasswordFile)
+	}
+	where := "CREDENTIALS_DIRECTORY is not set"
+	if dir := env.Getenv("CREDENTIALS_DIRECTORY"); dir != "" {
+		where = filepath.Join(dir, "app-password") + " does not exist"
+	}
+	return fmt.Errorf("%w in --state-dir %s: put the runner's app password in a file and name it with --app-password-file FILE "+
+		"(default: $CREDENTIALS_DIRECTORY/app-password, as systemd's LoadCredential=app-password:FILE makes it; %s)", err, c.StateDir, where)
+}
+
 // readSecrets reads the operator secrets file (its format:
 // operatorSecretsFile) and returns its secrets and its name.
 func (c *ServeCmd) readSecrets(env *Env) ([]scheduler.OperatorSecret, string, error) {

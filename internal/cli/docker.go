@@ -14,7 +14,7 @@ type DockerFlags struct {
 	DockerCPU     string `help:"CPU limit of a run container when the workflow sets none." group:"docker"`
 	DockerMemory  string `help:"Memory limit of a run container when the workflow sets none." group:"docker"`
 	DockerPull    string `help:"Image pull policy: missing, never or always." enum:"missing,never,always" default:"missing" group:"docker"`
-	DockerPidsMax int64  `help:"Most processes in a run container (0: 4096)." group:"docker"`
+	DockerPidsMax int64  `help:"Most processes in a run container (default: 4096, as 0 is)." placeholder:"N" group:"docker"`
 }
 
 func (f *DockerFlags) executorDef() executorDef {

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"reflect"
@@ -55,6 +56,10 @@ type executorDef struct {
 	// DryRun, if set, prints what the executor would create for spec
 	// (values in secrets masked) before --dry-run prints the payloads.
 	DryRun func(env *Env, o executorOptions, spec executor.Spec, secrets map[string]string) error
+	// Stopper, if set, builds from the flags what stops a session of
+	// this executor by its Ref (executor.Stopper), for a runner that
+	// moved to another executor: only what reaching it needs.
+	Stopper func(env *Env, o executorOptions) (executor.Stopper, error)
 }
 
 // executorOptions are what every executor is built with, besides its
@@ -103,6 +108,37 @@ func (f *ExecutorFlags) newExecutor(env *Env, runner string, log *slog.Logger, o
 		return nil, err
 	}
 	return d.New(env, executorOptions{Runner: runner, Image: f.Image, Logger: log.With("component", "executor", "executor", d.Name), Observer: obs})
+}
+
+// stopForeign stops the sessions an earlier process handed over on
+// another executor than --executor (the operator moved the runner), by
+// their Ref, with that executor built from its flags as they are now
+// (the flags of the executors not chosen are kept for this): built once,
+// when the first such session is met. It fails when that executor has
+// no Stopper, or cannot be reached with the flags (no kubeconfig).
+func (f *ExecutorFlags) stopForeign(env *Env, runner string, log *slog.Logger) func(ctx context.Context, ref executor.Ref) error {
+	built := map[string]executor.Stopper{}
+	return func(ctx context.Context, ref executor.Ref) error {
+		st, ok := built[ref.Executor]
+		if !ok {
+			var d executorDef
+			for _, e := range f.executors() {
+				if e.Name == ref.Executor {
+					d = e
+				}
+			}
+			if d.Stopper == nil {
+				return fmt.Errorf("this runner cannot stop a session of executor %q", ref.Executor)
+			}
+			var err error
+			st, err = d.Stopper(env, executorOptions{Runner: runner, Image: f.Image, Logger: log.With("component", "executor", "executor", d.Name)})
+			if err != nil {
+				return fmt.Errorf("reach executor %s with its flags: %w", d.Name, err)
+			}
+			built[ref.Executor] = st
+		}
+		return st.StopSession(ctx, ref)
+	}
 }
 
 // executorVars are the kong variables ExecutorFlags' tags use, made from

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"strings"
@@ -46,7 +47,28 @@ func (f *KubeFlags) executorDef() executorDef {
 		DryRun: func(env *Env, o executorOptions, spec executor.Spec, secrets map[string]string) error {
 			return f.printManifests(env, o.Image, spec, secrets)
 		},
+		Stopper: func(env *Env, o executorOptions) (executor.Stopper, error) {
+			return f.stopper(env, o.Runner, o.Logger)
+		},
 	}
+}
+
+// stopper builds the Kubernetes executor from the credential flags
+// alone (--kubeconfig, $KUBECONFIG, the in-cluster service account,
+// ~/.kube/config; --context): stopping a Job by its Ref needs no pod
+// options, and so none of what they need (this host's addresses).
+func (f *KubeFlags) stopper(env *Env, runner string, log *slog.Logger) (*kubernetes.Executor, error) {
+	return kubernetes.New(kubernetes.Config{
+		Credentials: kubernetes.Credentials{
+			Kubeconfig:    f.Kubeconfig,
+			KubeconfigEnv: env.Getenv("KUBECONFIG"),
+			Home:          env.Getenv("HOME"),
+			Context:       f.Context,
+			Namespace:     f.Namespace,
+		},
+		Runner: runner,
+		Logger: log,
+	})
 }
 
 // newKubernetes builds the Kubernetes executor from the flags.

@@ -13,7 +13,7 @@ type ManifestsCmd struct {
 	Namespace         string   `help:"The runner's own namespace (it must exist and hold --app-password-secret)." default:"knotless"`
 	RunsNamespace     string   `help:"Namespace of the runs, created labelled Pod Security restricted." default:"knotless-runs"`
 	Name              string   `help:"Name of the ServiceAccount, Role, RoleBinding and StatefulSet." default:"knotless-runner"`
-	Image             string   `help:"The runner's image (with knotless-run, git and a CA bundle): the flake's packages.image, or deploy/image's, as published to your registry. Default: the name and tag they give, for a node that has it loaded." default:"${image_default}" placeholder:"IMAGE"`
+	Image             string   `help:"The runner's image (with knotless-run, git and a CA bundle): the flake's packages.image, or deploy/image's, as published to your registry; the default is the name and tag they give, for a node that has it loaded." default:"${image_default}" placeholder:"IMAGE"`
 	StorageClass      string   `help:"StorageClass of the state and cache volume (default: the cluster's default)." placeholder:"CLASS"`
 	StorageSize       string   `help:"Size of the state and cache volume." default:"10Gi"`
 	DID               string   `name:"did" help:"The runner's DID." required:"" placeholder:"DID"`

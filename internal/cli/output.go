@@ -90,7 +90,7 @@ func (c *OutputServiceCmd) Run(ctx context.Context, env *Env) error {
 // LogsCmd prints a check's output, and with --follow follows it live.
 type LogsCmd struct {
 	Follow bool   `short:"f" help:"Follow the output while the run goes on, to its end; the exit code is then the run's (0 success, 1 failure, 2 error, 130 cancelled)."`
-	From   string `help:"Read from this runner listener or output service (its base URL). Default: where the check record's live field says." placeholder:"URL"`
+	From   string `help:"Read from this runner listener or output service (its base URL) (default: where the check record's live field says)." placeholder:"URL"`
 	PLCURL string `name:"plc-url" help:"The did:plc directory to find the check record with (without --from). (default ${default})" default:"https://plc.directory" placeholder:"URL"`
 	Check  string `arg:"" help:"The check: at://DID/dev.knotless.check/KEY, or DID/KEY."`
 }

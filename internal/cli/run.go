@@ -30,7 +30,7 @@ type RunCmd struct {
 	Untrusted bool     `help:"Run as untrusted code (a pull): no secret is given to any step."`
 	RunID     string   `help:"The run's id (default: generated)." placeholder:"ID"`
 	Runner    string   `help:"The runner's DID: labels every object a run makes." default:"did:web:localhost"`
-	CacheDir  string   `help:"Keep the workflow's caches in the store under DIR (serve's --cache-dir, to share the daemon's): the checkout directory names the repository. Default: no caches." placeholder:"DIR" group:"caches"`
+	CacheDir  string   `help:"Keep the workflow's caches in the store under DIR (serve's --cache-dir, to share the daemon's): the checkout directory names the repository (default: none, no caches)." placeholder:"DIR" group:"caches"`
 
 	// ExecutorFlags choose and configure the executor.
 	ExecutorFlags `embed:""`

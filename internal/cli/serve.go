@@ -11,6 +11,7 @@ import (
 	"github.com/coreos/go-systemd/v22/journal"
 
 	"knotless.dev/run/internal/daemon"
+	"knotless.dev/run/internal/forge"
 )
 
 // ServeCmd is the runner daemon: `knotless-run serve --config FILE
@@ -35,7 +36,7 @@ type ServeCmd struct {
 	Poll        time.Duration `help:"Reconcile by listing records this often." default:"1m"`
 	Retention   time.Duration `help:"Forget final work (done pushes, final checks) older than this; pushes older than this are never run." default:"720h"`
 
-	AllowLocalSources bool          `help:"UNSAFE ON A SHARED RUNNER: also fetch from local paths and file:// URLs, named by repository records and pulls alike, so any tenant reads what this user can read (the runner's own state and cache directories stay refused). For tests and single-tenant machines. Default: https only (and ssh for a repository's own source)."`
+	AllowLocalSources bool          `help:"UNSAFE ON A SHARED RUNNER: also fetch from local paths and file:// URLs, named by repository records and pulls alike, so any tenant reads what this user can read (the runner's own state and cache directories stay refused). For tests and single-tenant machines (default: off: https only, and ssh for a repository's own source)."`
 	AllowHTTPSources  bool          `help:"Also fetch from plaintext http:// sources (nothing protects the code on the wire)."`
 	GitTimeout        time.Duration `help:"Deadline of every git command, fetches included." default:"5m"`
 	MaxWorkflowBytes  int64         `help:"Largest workflow file read, in bytes." default:"262144"`
@@ -68,6 +69,7 @@ func (c *ServeCmd) Run(ctx context.Context, env *Env) error {
 	log := env.Logger
 	if ok, _ := journal.StderrIsJournalStream(); ok && journal.Enabled() {
 		log = slog.New(newJournalHandler(minLevel(env.Logger)))
+		routeClientGo(log)
 		// What stops the daemon goes to the journal as an error, with
 		// its priority, not as a plain line of the stderr stream.
 		if err := c.serve(ctx, env, log); err != nil {
@@ -96,7 +98,7 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 	if err != nil {
 		return err
 	}
-	in := serveInputs{Executor: exec, Logger: log, Telemetry: tel}
+	in := serveInputs{Executor: exec, Logger: log, Telemetry: tel, StopForeign: c.stopForeign(env, runner.String(), log)}
 	cfg, err := c.config(in)
 	if err != nil {
 		return err
@@ -141,8 +143,11 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 		return err
 	}
 	err = daemon.Run(ctx, cfg)
-	if errors.Is(err, context.Canceled) {
+	switch {
+	case errors.Is(err, context.Canceled):
 		return nil
+	case errors.Is(err, forge.ErrNoPassword):
+		return c.noPassword(env, err)
 	}
 	return err
 }

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -34,6 +35,9 @@ type serveInputs struct {
 	// Telemetry is serve's metrics (nil without --metrics-listen), which
 	// observe the engine and the parts, and the executor's credentials.
 	Telemetry telemetry.Config
+	// StopForeign stops what a predecessor on another executor handed
+	// over (ExecutorFlags.stopForeign).
+	StopForeign func(ctx context.Context, ref executor.Ref) error
 }
 
 // runner is --did, required.
@@ -115,6 +119,7 @@ func (c *ServeCmd) config(in serveInputs) (daemon.Config, error) {
 		CacheDir:             c.CacheDir,
 		StopWait:             c.StopWait,
 		UnsafeShellUntrusted: c.UnsafeShellUntrusted,
+		StopForeign:          in.StopForeign,
 		Notify:               in.Notify,
 		Watchdog:             in.Watchdog,
 		Logger:               in.Logger,

@@ -20,7 +20,7 @@ import (
 // answers, what the last one left in state.json.
 type StatusCmd struct {
 	StateDir string        `help:"The daemon's --state-dir: its status socket is there, and state.json, read when no daemon answers." default:"/var/lib/knotless" placeholder:"DIR"`
-	Socket   string        `help:"The daemon's status socket; default STATE_DIR/status.sock." placeholder:"PATH"`
+	Socket   string        `help:"The daemon's status socket (default: STATE_DIR/status.sock)." placeholder:"PATH"`
 	URL      string        `help:"Ask the daemon over HTTP at URL (its /status on a listener of its own) instead of the socket." placeholder:"URL"`
 	JSON     bool          `help:"Print the status document as JSON (for scripts): its source is daemon or state." name:"json"`
 	Timeout  time.Duration `help:"How long to wait for the daemon's answer." default:"10s"`

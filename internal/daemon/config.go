@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
+	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/intake"
@@ -58,6 +60,10 @@ type Config struct {
 	// UnsafeShellUntrusted lets the shell executor run strangers' work
 	// (pulls, discovery, the merge queue): on the runner's own host.
 	UnsafeShellUntrusted bool
+	// StopForeign stops a session an earlier process handed over on
+	// another executor than Engine.Executor (scheduler.Ports.StopForeign);
+	// nil: this runner cannot reach any other.
+	StopForeign func(ctx context.Context, ref executor.Ref) error
 
 	// Notify sends one sd_notify message (nil: not under systemd).
 	Notify func(state string)

@@ -207,10 +207,11 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 	eng := cfg.Engine
 	eng.Logger, eng.Runner = logOf("run"), runner.String()
 	d.sched = scheduler.New(cfg.Scheduler,
-		scheduler.Facts{Runner: runner, Executor: d.caps,
+		scheduler.Facts{Runner: runner, Executor: d.caps, ExecutorName: cfg.Engine.Executor.Name(),
 			RunsDir: filepath.Join(cfg.CacheDir, "runs"), LimitsAll: cfg.Engine.Max.All},
 		scheduler.Ports{Engine: run.New(eng), Checks: d.keeper, State: store, Mirrors: out.mirrors, Sealed: out.sealed, Key: out.key,
-			Sweeper: cfg.Engine.Executor, Down: d.executorDown, Wake: func() { d.intake.Wake() }, Changed: d.status, Tap: d.live, Observer: observe},
+			Sweeper: cfg.Engine.Executor, Down: d.executorDown, Wake: func() { d.intake.Wake() }, Changed: d.status, Tap: d.live, Observer: observe,
+			StopForeign: cfg.StopForeign},
 		d.log)
 
 	var landing intake.Lander
@@ -221,10 +222,13 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 			logOf("lander"))
 		landing = d.lander
 	}
-	d.intake = intake.New(cfg.Intake, intake.Facts{Runner: runner, Relay: cfg.Sources.Relay, LimitsAll: cfg.Engine.Max.All},
-		intake.Ports{Lister: out.lister, Mirrors: out.mirrors, Scheduler: d.sched, Checks: d.keeper, State: store, Lander: landing,
-			Stream: out.stream, Changed: d.status},
-		d.log)
+	ports := intake.Ports{Lister: out.lister, Mirrors: out.mirrors, Scheduler: d.sched, Checks: d.keeper, State: store, Lander: landing,
+		Stream: out.stream, Changed: d.status}
+	if d.caps.Images != nil {
+		ports.CheckImage = d.caps.Images.CheckImage
+	}
+	d.intake = intake.New(cfg.Intake, intake.Facts{Runner: runner, Relay: cfg.Sources.Relay, LimitsAll: cfg.Engine.Max.All,
+		DefaultImage: cfg.Engine.DefaultImage}, ports, d.log)
 	d.tel = &telemetry.Status{Daemon: status.Daemon{PID: os.Getpid(), Version: version.Version, Started: time.Now().UTC(),
 		Executor: observe.Executor, Runner: runner.String()}, Work: d.sched.Work, Counts: d.sched.Counts, Owed: store.Owed, Down: d.executorDown,
 		Credentials: cfg.Telemetry.Credentials}

@@ -61,12 +61,30 @@ type GoneChecker interface {
 	Gone(ctx context.Context, ref Ref) (bool, error)
 }
 
+// Stopper is an Executor that can remove a session by its Ref alone,
+// one another process started included, and returns once it is gone:
+// nothing of it runs any more. A runner whose executor changed stops
+// with it what its predecessor handed over (it cannot adopt it).
+type Stopper interface {
+	StopSession(ctx context.Context, ref Ref) error
+}
+
+// ImageChecker is an Executor that can tell, cheaply and without
+// running anything, whether a run of an image could start: nil when it
+// could, else an error naming the image and why not. The daemon asks
+// it of the images the workflows it watches name, and warns.
+type ImageChecker interface {
+	CheckImage(ctx context.Context, image string) error
+}
+
 // Capabilities are the optional capabilities an executor has: nil for
 // each it lacks.
 type Capabilities struct {
 	Resumer Resumer
 	Health  HealthChecker
 	Gone    GoneChecker
+	Stopper Stopper
+	Images  ImageChecker
 }
 
 // CapabilitiesOf asks ex, once, what it can do beyond the core.
@@ -75,6 +93,8 @@ func CapabilitiesOf(ex Executor) Capabilities {
 	c.Resumer, _ = ex.(Resumer)
 	c.Health, _ = ex.(HealthChecker)
 	c.Gone, _ = ex.(GoneChecker)
+	c.Stopper, _ = ex.(Stopper)
+	c.Images, _ = ex.(ImageChecker)
 	return c
 }
 

@@ -318,6 +318,10 @@ type LoginConfig struct {
 	HTTP      *http.Client
 }
 
+// ErrNoPassword is Login's error when it has neither an app password
+// nor a saved session that still works.
+var ErrNoPassword = errors.New("log in: no app password and no usable saved session")
+
 // Login logs the runner in, resuming a saved session when it still
 // works.
 func Login(ctx context.Context, cfg LoginConfig, cat *Catalog) (*Account, bool, error) {
@@ -340,7 +344,7 @@ func Login(ctx context.Context, cfg LoginConfig, cat *Catalog) (*Account, bool, 
 		}
 	}
 	if cfg.Password == "" {
-		return nil, false, errors.New("log in: no app password and no usable saved session")
+		return nil, false, ErrNoPassword
 	}
 	c, err := atclient.LoginWithPasswordHost(ctx, cfg.Host, cfg.Identifier, cfg.Password, "", cb)
 	if err != nil {

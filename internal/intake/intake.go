@@ -13,6 +13,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
@@ -70,6 +71,8 @@ type Facts struct {
 	// LimitsAll: the author caps count the repository owners' pushes too
 	// (--limits-apply-to all).
 	LimitsAll bool
+	// DefaultImage is the image of a workflow that names none.
+	DefaultImage string
 }
 
 // Lister lists the work (ingest.Lister) and is told of what the event
@@ -149,8 +152,11 @@ type Ports struct {
 	// (ingest.Firehose).
 	Stream func(host string, cursor int64) ingest.Source
 	// Changed is told when a reconcile ended (STATUS=).
-	Changed  func()
-	Observer Observer
+	Changed func()
+	// CheckImage says whether the executor can find an image
+	// (executor.ImageChecker); nil checks nothing (images.go).
+	CheckImage func(ctx context.Context, image string) error
+	Observer   Observer
 }
 
 // Intake is the intake part.
@@ -162,8 +168,12 @@ type Intake struct {
 	wake  chan struct{} // a hint that records changed: reconcile soon
 
 	budget *writeBudget // the authors' check writes (caps.go); its own lock
-	// warned holds the workflow warnings already logged (warnUnacted).
-	warned sync.Map
+	// warned holds the workflow warnings already logged (warnUnacted),
+	// images the images checked (images.go), imagesAtStart whether the
+	// watched repositories' images were.
+	warned        sync.Map
+	images        sync.Map
+	imagesAtStart atomic.Bool
 	// admission serializes, per author, the caps' decision and the queueing
 	// of an event's jobs: the lander considers its pre-flights beside the
 	// reconcile.

@@ -642,3 +642,109 @@ func TestKeyedMutex(t *testing.T) {
 		t.Errorf("locks %v left", k.locks)
 	}
 }
+
+// imageChecks is an executor that finds some images and records what
+// it was asked.
+type imageChecks struct {
+	mu     sync.Mutex
+	asked  []string
+	absent map[string]bool
+}
+
+func (c *imageChecks) check(_ context.Context, image string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.asked = append(c.asked, image)
+	if c.absent[image] {
+		return fmt.Errorf("image %s is not on the docker daemon and its registry does not serve it", image)
+	}
+	return nil
+}
+
+func (c *imageChecks) got() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.asked)
+}
+
+// TestWarnImages: at start the runner asks the executor about the
+// images of the workflows that run for each watched repository's
+// newest push, done or not, whose commit its mirror holds, and then of
+// each new push's; it warns once per image it cannot find, naming the
+// image, the workflow and the repository. A stranger's pull makes it
+// ask nothing (issue 35: after a move to Docker, a workflow whose image
+// the Docker daemon cannot find said so only when its run failed).
+func TestWarnImages(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	deploy := rig.CI("deploy", "make deploy")
+	deploy.Image = "127.0.0.1:1/team/deploy:1"
+	deploy.On = []workflow.Trigger{workflow.Push}
+	strangers := rig.CI("strangers", "make")
+	strangers.Image = "127.0.0.1:1/stranger/probe:1"
+	strangers.On = []workflow.Trigger{workflow.Pull}
+	w.git.SetWorkflows(rig.CI("ci", "make"), deploy, strangers)
+	checks := &imageChecks{absent: map[string]bool{deploy.Image: true}}
+	var logs syncBuffer
+	w.facts.DefaultImage = "busybox:stable"
+	w.ports.CheckImage = checks.check
+	w.in = New(w.cfg, w.facts, w.ports, slog.New(slog.NewTextHandler(&logs, nil)))
+
+	// The newest push ran already (it is done): no work, but its
+	// workflows are looked at, from the mirror.
+	old, done := rig.Push("3k1", "c1"), rig.Push("3k2", "c2")
+	if err := w.store.MarkDone(done.Key()); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.store.MarkDone(old.Key()); err != nil {
+		t.Fatal(err)
+	}
+	w.git.Hold("c1", "c2")
+	w.lister.Set(old, done, rig.Pull("did:plc:stranger", "3k3", "c3"))
+	w.reconcile(t)
+	if diff := cmp.Diff([]string{"busybox:stable", deploy.Image}, checks.got()); diff != "" {
+		t.Errorf("images asked at start (-want +got):\n%s", diff)
+	}
+	warned := func() []string {
+		var out []string
+		for _, l := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(l, "cannot find the image") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	if got := warned(); len(got) != 1 || !strings.Contains(got[0], "image="+deploy.Image) || !strings.Contains(got[0], "workflow=deploy") ||
+		!strings.Contains(got[0], "repo="+rig.Repo) || !strings.Contains(got[0], "level=WARN") {
+		t.Errorf("warnings %q, want one naming %s, the workflow deploy and the repository", got, deploy.Image)
+	}
+
+	// A new push: its workflows' images were asked about already.
+	w.lister.Set(old, done, rig.Push("3k4", "c4"))
+	w.reconcile(t)
+	w.reconcile(t)
+	if got := checks.got(); len(got) != 2 {
+		t.Errorf("images asked after more pushes: %v, want each once", got)
+	}
+	if got := warned(); len(got) != 1 {
+		t.Errorf("warnings %q, want one", got)
+	}
+}
+
+// syncBuffer is a log written from several goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

@@ -81,6 +81,7 @@ func (in *Intake) Reconcile(ctx context.Context) error {
 	if in.p.Lander != nil {
 		in.p.Lander.Offer(snap)
 	}
+	in.warnWatchedImages(ctx, snap)
 	in.pruneAfter(snap)
 	in.p.Changed()
 	return nil
@@ -165,6 +166,7 @@ func (in *Intake) Consider(ctx context.Context, ev ingest.Event) error {
 		return err
 	}
 	in.warnUnacted(log, ev.Repo.URI.String(), wfs)
+	in.warnImages(ctx, ev, wfs)
 	var jobs, todo []*job.Job
 	// notRun are the workflows a run-control event names that cannot run
 	// (control.go): each gets an error check instead.

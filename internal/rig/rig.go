@@ -309,6 +309,18 @@ func (f *Mirrors) SetPaths(head string, paths ...string) {
 	f.mu.Unlock()
 }
 
+// Hold puts commits in the mirror, as a fetch of them would (Has).
+func (f *Mirrors) Hold(commits ...string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.objects == nil {
+		f.objects, f.parent, f.stack = map[string]bool{}, map[string]string{}, map[string][]string{}
+	}
+	for _, c := range commits {
+		f.objects[c] = true
+	}
+}
+
 // Wipe forgets the squashed commits (a cache wiped), not the source.
 func (f *Mirrors) Wipe() {
 	f.mu.Lock()

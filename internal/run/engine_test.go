@@ -71,7 +71,7 @@ func TestEngineStatuses(t *testing.T) {
 		{"following a step fails", &fakeexec.Executor{Script: func(string, string) fakeexec.Step { return fakeexec.Step{Err: boom} }},
 			run.Error, "build", []string{"build=error", "test=skipped"}, "stream broke"},
 		{"the session does not start", &fakeexec.Executor{StartErr: boom},
-			run.Error, "", []string{"build=skipped", "test=skipped"}, "start session: stream broke"},
+			run.Error, "", []string{"build=skipped", "test=skipped"}, "start session of workflow ci: stream broke"},
 		{"the checkout is not taken", &fakeexec.Executor{PutErr: boom},
 			run.Error, "", []string{"build=skipped", "test=skipped"}, "put checkout"},
 	} {

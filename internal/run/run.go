@@ -266,7 +266,9 @@ func (r *runState) execute(ctx context.Context) {
 			r.releaseUnstarted(err)
 			return
 		}
-		r.fail(r.faultStatus(ctx), "", fmt.Errorf("start session: %w", err))
+		// The workflow named: a check is of one workflow, but `run`'s
+		// error and the daemon's log lines are read without it.
+		r.fail(r.faultStatus(ctx), "", fmt.Errorf("start session of workflow %s: %w", wf.Name, err))
 		return
 	}
 	r.log.Info("session started", "session", sess.Ref().String())

@@ -2,29 +2,38 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
 	"time"
 
 	"knotless.dev/run/internal/job"
+	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/state"
 	"knotless.dev/run/internal/workflow"
 )
 
-// goneProbeTimeout bounds the probe of one handed-over session.
-const goneProbeTimeout = 30 * time.Second
+// goneProbeTimeout bounds the probe of one handed-over session;
+// foreignStopTimeout the stop of one this executor cannot adopt.
+const (
+	goneProbeTimeout   = 30 * time.Second
+	foreignStopTimeout = 3 * time.Minute
+)
 
 // Adopt takes up, before READY=1, the runs an earlier process handed
 // over that this executor can go on with and whose sessions are still
-// there (toAdopt); Start starts them. Their handovers are taken out of
+// there (toAdopt); Start starts them. Those handed over on another
+// executor are stopped first, or end error (stopForeign). Their handovers are taken out of
 // state.json at once (a handover is good once). The other runs the
 // earlier process left (killed mid-run, gone, or on an executor that
 // cannot resume) are not final: Sweep forgets them and the
 // reconciliation runs them again under the same check key. It returns
 // how many runs it adopts.
 func (s *Scheduler) Adopt(ctx context.Context) int {
+	s.stopForeign(ctx)
 	if s.detach == nil {
 		return 0
 	}
@@ -65,7 +74,7 @@ func (s *Scheduler) toAdopt(ctx context.Context) []string {
 	g := s.facts.Executor.Gone
 	var keys []string
 	for key, r := range s.p.State.Runs() {
-		if r.Handover == nil {
+		if r.Handover == nil || s.foreign(r.Handover) {
 			continue
 		}
 		if g != nil {
@@ -84,6 +93,65 @@ func (s *Scheduler) toAdopt(ctx context.Context) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// foreign reports whether a handover is one this executor cannot
+// adopt: its session is another executor's, or this one resumes none.
+func (s *Scheduler) foreign(h *run.Handover) bool {
+	return h.Session.Executor != s.facts.ExecutorName || s.facts.Executor.Resumer == nil
+}
+
+// stopForeign deals with the runs an earlier process handed over on
+// another executor (a runner moved from Kubernetes to Docker): this
+// process cannot adopt them, and their sessions go on without it. So
+// that their work never runs twice at once, each session is stopped
+// (Ports.StopForeign) and only then is the run left to the sweep,
+// which forgets it, so that the reconciliation runs its work again
+// here under the same check key. A session this process cannot stop
+// ends its run's check error, naming the executor change, and the work
+// is not run here while it may still go on there.
+func (s *Scheduler) stopForeign(ctx context.Context) {
+	for key, r := range s.p.State.Runs() {
+		h := r.Handover
+		if h == nil || !s.foreign(h) {
+			continue
+		}
+		log := s.log.With("check", key, "run", r.RunID, "session", h.Session.String(), "from", h.Session.Executor, "executor", s.facts.ExecutorName)
+		err := errors.New("no way to reach it from this runner")
+		if s.p.StopForeign != nil {
+			sctx, cancel := context.WithTimeout(ctx, foreignStopTimeout)
+			err = s.p.StopForeign(sctx, h.Session)
+			cancel()
+		}
+		if err == nil {
+			log.Info("stopped the session of a run handed over on another executor; its work runs again on this one")
+			continue
+		}
+		why := fmt.Sprintf("handed over by a runner on executor %s; this runner's executor %s cannot adopt it and could not stop its session %s (%v): "+
+			"not run again here, so that it never runs twice at once", h.Session.Executor, s.facts.ExecutorName, h.Session, err)
+		log.Warn("a run handed over on another executor cannot be stopped; its check ends error", "err", err)
+		s.endForeign(ctx, key, r, why, log)
+	}
+}
+
+// endForeign writes the final error check of a handed-over run whose
+// session this process can neither adopt nor stop, with the log the
+// earlier process kept.
+func (s *Scheduler) endForeign(ctx context.Context, key string, r state.Run, why string, log *slog.Logger) {
+	saved, err := job.Decode(r.Job)
+	if err != nil {
+		log.Error("a run handed over on another executor has no job to end; its work runs again", "err", err)
+		return
+	}
+	dir := s.runDir(r.RunID)
+	prior, _ := os.ReadFile(filepath.Join(dir, handoverLog))
+	now := time.Now().UTC()
+	res := &run.Result{RunID: r.RunID, Workflow: r.Workflow, Executor: s.facts.ExecutorName, Status: run.Error, Error: why,
+		StartedAt: r.StartedAt, FinishedAt: now, Log: append(prior, "knotless-run: error: "+why+"\n"...)}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	s.p.Checks.Finished(wctx, key, saved.Event, saved.Check, res, "", log)
+	_ = os.RemoveAll(dir)
 }
 
 // rebuild makes the task of a handed-over run from what state.json and

@@ -65,7 +65,7 @@ func newWorld(t *testing.T) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.facts = Facts{Runner: rig.Runner, Executor: executor.CapabilitiesOf(w.exec), RunsDir: t.TempDir()}
+	w.facts = Facts{Runner: rig.Runner, Executor: executor.CapabilitiesOf(w.exec), ExecutorName: w.exec.Name(), RunsDir: t.TempDir()}
 	w.ports = Ports{Engine: run.New(run.Config{Executor: w.exec, Runner: rig.Runner}), Checks: w.keeper, State: store, Mirrors: w.git,
 		Sealed: w.sealed, Key: key, Sweeper: w.exec, Wake: w.wakes.add}
 	w.cfg = Config{Concurrency: 1}

@@ -42,8 +42,10 @@ type Facts struct {
 	// Runner is the runner's DID: sealed secrets are opened for it.
 	Runner syntax.DID
 	// Executor is what the executor can do beyond the core, asked once
-	// (executor.CapabilitiesOf).
-	Executor executor.Capabilities
+	// (executor.CapabilitiesOf); ExecutorName is its name, as a
+	// session's Ref names it.
+	Executor     executor.Capabilities
+	ExecutorName string
 	// RunsDir holds a directory per run: its checkout, its outputs and,
 	// for a detached run, its log so far.
 	RunsDir string
@@ -143,6 +145,11 @@ type Ports struct {
 	Wake func()
 	// Changed is told when the work in hand changed (STATUS=).
 	Changed func()
+	// StopForeign stops a session an earlier process handed over on
+	// another executor than this one (the operator changed --executor),
+	// which this one cannot adopt, and returns once it is gone; nil, or
+	// an error, when this process cannot reach that executor.
+	StopForeign func(ctx context.Context, ref executor.Ref) error
 	// Observer and Tap may be nil.
 	Observer Observer
 	Tap      Tap

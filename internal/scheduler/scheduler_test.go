@@ -501,7 +501,7 @@ func TestAdoptSkipsGoneSessions(t *testing.T) {
 	w := newWorld(t)
 	ex := &goneExecutor{gone: map[string]bool{"job-gone": true}, unsure: map[string]bool{"job-unsure": true}}
 	handed := func(id, name string) state.Run {
-		return state.Run{RunID: id, Handover: &run.Handover{Session: executor.Ref{Executor: "gone", RunID: id, Name: name}}}
+		return state.Run{RunID: id, Handover: &run.Handover{Session: executor.Ref{Executor: "plain", RunID: id, Name: name}}}
 	}
 	for key, r := range map[string]state.Run{"k-going": handed("r1", "job-going"), "k-gone": handed("r2", "job-gone"),
 		"k-unsure": handed("r3", "job-unsure"), "k-killed": {RunID: "r4"}} {
@@ -509,7 +509,7 @@ func TestAdoptSkipsGoneSessions(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	w.facts.Executor = executor.CapabilitiesOf(ex)
+	w.facts.Executor, w.facts.ExecutorName = executor.CapabilitiesOf(ex), ex.Name()
 	s := New(w.cfg, w.facts, w.ports, nil)
 	if diff := cmp.Diff([]string{"k-going", "k-unsure"}, s.toAdopt(t.Context())); diff != "" {
 		t.Errorf("runs to adopt (-want +got):\n%s", diff)
@@ -694,4 +694,104 @@ func (o *waits) get() []time.Duration {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.d
+}
+
+// TestForeignHandover: a run handed over on one executor (here fake),
+// taken up by a process on another (a runner moved from Kubernetes to
+// Docker) that cannot adopt it. Before issue 35 the successor forgot it
+// and ran its work again while its session went on: the work ran twice
+// at once. Now, when the successor can reach the old executor, it stops
+// the session first (the work then runs again here, under the same,
+// not final, check); when it cannot, the check ends error naming the
+// executor change, with the log so far, and the work does not run
+// again here.
+func TestForeignHandover(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name    string
+		stop    func(w *world) func(context.Context, executor.Ref) error
+		stopped bool   // the old session is stopped
+		final   string // the check's last status
+		error   string // what its error says
+	}{
+		{name: "reachable", stop: func(w *world) func(context.Context, executor.Ref) error {
+			return func(ctx context.Context, ref executor.Ref) error {
+				sess, err := w.exec.Resume(ctx, ref)
+				if err != nil {
+					return err
+				}
+				return sess.Stop(ctx)
+			}
+		}, stopped: true, final: "running"},
+		{name: "unreachable", stop: func(*world) func(context.Context, executor.Ref) error { return nil },
+			final: "error", error: "handed over by a runner on executor fake; this runner's executor shell cannot adopt it and could not stop its session fake:"},
+		{name: "stop fails", stop: func(*world) func(context.Context, executor.Ref) error {
+			return func(context.Context, executor.Ref) error { return errors.New("the API server did not answer") }
+		}, final: "error", error: "(the API server did not answer): not run again here, so that it never runs twice at once"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				w := newWorld(t)
+				gate := make(chan struct{})
+				defer close(gate)
+				w.exec.Script = func(string, string) fakeexec.Step {
+					return fakeexec.Step{Output: "before the handover\n", Gate: gate}
+				}
+				j := w.runnable(rig.Push("3k1", "c1"), "ci", "make")
+				w.git.SetWorkflows(j.Workflow)
+				stop := w.work(t, w.s)
+				if _, err := w.s.Enqueue(t.Context(), j); err != nil {
+					t.Fatal(err)
+				}
+				synctest.Wait()
+				stop()
+				handed, ok := w.store.Run(j.Key)
+				if !ok || handed.Handover == nil {
+					t.Fatalf("want the run handed over, state has %+v", handed)
+				}
+
+				// The successor: another executor, which resumes nothing
+				// and sweeps only its own sessions.
+				w.facts.Executor, w.facts.ExecutorName = executor.Capabilities{}, "shell"
+				w.ports.Sweeper = &plainExecutor{}
+				var asked []executor.Ref
+				if stopper := tt.stop(w); stopper != nil {
+					w.ports.StopForeign = func(ctx context.Context, ref executor.Ref) error {
+						asked = append(asked, ref)
+						return stopper(ctx, ref)
+					}
+				}
+				next := w.again(t)
+				if n := next.Adopt(t.Context()); n != 0 {
+					t.Fatalf("adopted %d runs on another executor", n)
+				}
+				if err := next.Sweep(t.Context()); err != nil {
+					t.Fatal(err)
+				}
+				if w.ports.StopForeign != nil && (len(asked) != 1 || asked[0] != handed.Handover.Session) {
+					t.Errorf("asked to stop %v, want the handed-over session %s", asked, handed.Handover.Session)
+				}
+				if stopped := len(w.exec.Running()) == 0; stopped != tt.stopped {
+					t.Errorf("the old session stopped: %v, want %v", stopped, tt.stopped)
+				}
+				if len(w.store.Runs()) != 0 {
+					t.Errorf("state.json still holds %v", w.store.Runs())
+				}
+				got := w.statuses(j)
+				if len(got) == 0 || got[len(got)-1] != tt.final {
+					t.Fatalf("check statuses %v, want the last %s", got, tt.final)
+				}
+				if tt.error != "" {
+					c := w.pds.Checks()[j.Key]
+					if !strings.Contains(c.Error, tt.error) {
+						t.Errorf("the check's error %q, want it to say %q", c.Error, tt.error)
+					}
+					if c.Log == nil {
+						t.Error("the error check has no log: the earlier process's part is lost")
+					}
+				}
+			})
+		})
+	}
 }

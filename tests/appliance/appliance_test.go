@@ -225,10 +225,16 @@ const service = "knotless-run.service"
 
 func boot(t *testing.T, w *world, units map[string]string, settings []byte, password string) *appliance {
 	t.Helper()
+	return bootWith(t, w, units, settings, password, nil)
+}
+
+// bootWith is boot with more systemd-nspawn binds, "HOST:GUEST".
+func bootWith(t *testing.T, w *world, units map[string]string, settings []byte, password string, binds []string) *appliance {
+	t.Helper()
 	m := systemdtest.Boot(t, systemdtest.Options{
 		Units: units,
 		Files: map[string][]byte{"bin/knotless-run": binary, "knotless-run.json": settings},
-		Binds: []string{w.Src.Dir + ":" + srcMount},
+		Binds: append([]string{w.Src.Dir + ":" + srcMount}, binds...),
 	})
 	a := &appliance{Machine: m, t: t}
 	// What NixOS makes of users.users.knotless and of the operator's

@@ -30,6 +30,12 @@ type kubeAppliance struct {
 // settings.
 func bootKube(t *testing.T, c *clustertest.Cluster, w *world, extra map[string]any) *kubeAppliance {
 	t.Helper()
+	return bootKubeWith(t, c, w, extra, nil)
+}
+
+// bootKubeWith is bootKube with more systemd-nspawn binds.
+func bootKubeWith(t *testing.T, c *clustertest.Cluster, w *world, extra map[string]any, binds []string) *kubeAppliance {
+	t.Helper()
 	b := make([]byte, 4)
 	if _, err := rand.Read(b); err != nil {
 		t.Fatal(err)
@@ -61,7 +67,7 @@ func bootKube(t *testing.T, c *clustertest.Cluster, w *world, extra map[string]a
 	for k, v := range extra {
 		settings[k] = v
 	}
-	a := boot(t, w, units, w.settings(settings), w.Password)
+	a := bootWith(t, w, units, w.settings(settings), w.Password, binds)
 	a.writeFile("/etc/rancher/k3s/k3s.yaml", adminKubeconfig(t, c.Kubeconfig), 0o600)
 	a.writeFile("/run/secrets/knotless-run/secrets.json", []byte(`{"DEPLOY_TOKEN": "`+secretValue+`"}`), 0o600)
 	a.writeFile("/run/secrets/knotless-run/env", nil, 0o600)

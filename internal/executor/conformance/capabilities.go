@@ -29,6 +29,31 @@ func runCapabilities(t *testing.T, h Harness) {
 	if caps.Gone != nil {
 		t.Run("gone", func(t *testing.T) { t.Parallel(); testGone(t, h) })
 	}
+	if caps.Stopper != nil {
+		t.Run("stop by ref", func(t *testing.T) { t.Parallel(); testStopSession(t, h) })
+	}
+	if caps.Images != nil {
+		t.Run("check image", func(t *testing.T) { t.Parallel(); testCheckImage(t, h) })
+	}
+}
+
+// unreachableImage is in a registry nobody answers for: an address of
+// the loopback where nothing listens (no DNS query, no wait).
+const unreachableImage = "127.0.0.1:1/knotless/absent:1"
+
+// testCheckImage: the harness's image can run; one in a registry that
+// does not answer cannot, and the error names it.
+func testCheckImage(t *testing.T, h Harness) {
+	ctx := context.Background()
+	c := executor.CapabilitiesOf(h.New(t)).Images
+	if err := c.CheckImage(ctx, h.Image); err != nil {
+		t.Errorf("check the harness's image %s: %v", h.Image, err)
+	}
+	err := c.CheckImage(ctx, unreachableImage)
+	if err == nil || !strings.Contains(err.Error(), unreachableImage) {
+		t.Errorf("check %s: %v, want an error naming it", unreachableImage, err)
+	}
+	t.Logf("check %s: %v", unreachableImage, err)
 }
 
 // session starts a session of ex for one case, stopped at the end.
@@ -163,6 +188,41 @@ func testHealth(t *testing.T, h Harness) {
 	if err := executor.CapabilitiesOf(ex).Health.Health(context.Background()); err != nil {
 		t.Errorf("health of a working %s executor: %v", ex.Name(), err)
 	}
+}
+
+// testStopSession: another process's executor stops a session by its
+// Ref while a step runs in it, and returns once it is gone: the session
+// can no longer be resumed (or is gone, where the executor can tell).
+// Stopping it again is no error.
+func testStopSession(t *testing.T, h Harness) {
+	ctx := context.Background()
+	ex := h.New(t)
+	sess, err := ex.Start(ctx, executor.Spec{RunID: runID(t), Runner: "did:plc:conformance", Image: h.Image, Timeout: 5 * time.Minute})
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	startScript(t, sess, "1", "echo going\nsleep 300\n")
+	executor.Release(sess)
+	other := executor.CapabilitiesOf(h.New(t))
+	if err := other.Stopper.StopSession(ctx, sess.Ref()); err != nil {
+		t.Fatalf("stop %s by its ref: %v", sess.Ref(), err)
+	}
+	if other.Gone != nil {
+		if gone, err := other.Gone.Gone(ctx, sess.Ref()); err != nil || !gone {
+			t.Errorf("a session stopped by its ref: gone %v, err %v; want gone", gone, err)
+		}
+	}
+	if other.Resumer != nil {
+		rctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		if _, err := other.Resumer.Resume(rctx, sess.Ref()); err == nil {
+			t.Error("a session stopped by its ref resumes")
+		}
+	}
+	if err := other.Stopper.StopSession(ctx, sess.Ref()); err != nil {
+		t.Errorf("stop a stopped session again: %v", err)
+	}
+	_ = sess.Stop(ctx)
 }
 
 // testGone: a started session is not gone; a stopped one is.

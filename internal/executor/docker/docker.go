@@ -374,6 +374,33 @@ func (e *Executor) ensureImage(ctx context.Context, image string, log *slog.Logg
 	return nil
 }
 
+// CheckImage implements executor.ImageChecker: a run of image can
+// start when the image is on the daemon, or, unless the pull policy is
+// never, when its registry serves it (the daemon reads its manifest
+// from the registry, without the daemon's credentials, as a pull does;
+// no layer is pulled).
+func (e *Executor) CheckImage(ctx context.Context, image string) error {
+	if image == "" {
+		return errors.New("no image: the workflow names none and the runner has no default image")
+	}
+	if e.cfg.Pull != PullAlways {
+		_, err := e.cli.ImageInspect(ctx, image)
+		if err == nil {
+			return nil
+		}
+		if !cerrdefs.IsNotFound(err) {
+			return e.daemonError(fmt.Errorf("inspect image %s: %w", image, err))
+		}
+		if e.cfg.Pull == PullNever {
+			return fmt.Errorf("image %s is not on the docker daemon and the pull policy is never", image)
+		}
+	}
+	if _, err := e.cli.DistributionInspect(ctx, image, client.DistributionInspectOptions{}); err != nil {
+		return e.daemonError(fmt.Errorf("image %s is not on the docker daemon and its registry does not serve it: %w", image, err))
+	}
+	return nil
+}
+
 // resources turns a run's requests, or the configured defaults, into
 // container limits.
 func (e *Executor) resources(r executor.Resources) (container.Resources, error) {

@@ -693,3 +693,26 @@ func TestOutputOrder(t *testing.T) {
 		t.Errorf("output (exit %d):\n%s\nwant out and err lines alternating", code, out)
 	}
 }
+
+// An image in a registry nobody answers for (the daemon's own loopback,
+// where nothing listens: no DNS query) ends the run at the first pull,
+// with an error naming the image and the workflow (issue 35).
+func TestImagePullFailsAtOnce(t *testing.T) {
+	t.Parallel()
+	d := daemon.Get(t)
+	did := runner(t)
+	const image = "127.0.0.1:1/knotless/unreachable:1"
+	wf, err := workflow.Parse("nightly.yaml", []byte("on: push\nimage: "+image+"\nsteps: [{run: 'echo never'}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := run.New(run.Config{Executor: newExecutor(t, d, did, Config{}), DefaultImage: d.Image(), Runner: did, CleanupTimeout: time.Minute})
+	res := eng.Run(context.Background(), run.Request{RunID: "unreach1", Workflow: wf, Checkout: t.TempDir(), Trusted: true})
+	if res.Status != run.Error || !strings.Contains(res.Error, "workflow nightly") || !strings.Contains(res.Error, "image "+image+" is not on the docker daemon and cannot be pulled") {
+		t.Errorf("status %s (%s), want error naming the workflow nightly and the image %s\nlog:\n%s", res.Status, res.Error, image, res.Log)
+	}
+	t.Logf("an unreachable registry: %s", res.Error)
+	if left := objects(t, d, did); len(left) > 0 {
+		t.Errorf("left after the run:\n%s", strings.Join(left, "\n"))
+	}
+}

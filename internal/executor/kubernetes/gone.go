@@ -36,6 +36,27 @@ func (e *Executor) Gone(ctx context.Context, ref executor.Ref) (bool, error) {
 	return sessionGone(job, pods.Items), nil
 }
 
+// StopSession implements executor.Stopper: it deletes the Job ref
+// names, if it is this runner's, and returns once its pods are gone. A
+// Job that is gone already is no error.
+func (e *Executor) StopSession(ctx context.Context, ref executor.Ref) error {
+	_, cs, _, err := e.clients.get()
+	if err != nil {
+		return err
+	}
+	job, err := cs.BatchV1().Jobs(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		return fmt.Errorf("get job %s/%s: %w", ref.Namespace, ref.Name, err)
+	case job.Labels[LabelRunner] != RunnerLabel(e.cfg.Runner):
+		return fmt.Errorf("job %s/%s is not this runner's (label %s=%q)", ref.Namespace, ref.Name, LabelRunner, job.Labels[LabelRunner])
+	}
+	s := &Session{ex: e, ref: ref, uid: job.UID, log: e.log.With("run", ref.RunID, "job", ref.Name, "namespace", ref.Namespace, "image", jobImage(job))}
+	return s.deleteJob(ctx)
+}
+
 // sessionGone is Gone's rule on what the cluster holds: the Job is
 // being deleted or has a final condition, or it has pods and every one
 // of them has ended or is being deleted. A Job without a pod yet is not

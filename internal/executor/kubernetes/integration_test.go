@@ -64,7 +64,9 @@ func newExecutor(t *testing.T, c *clustertest.Cluster, mod func(*kubernetes.Conf
 func TestConformance(t *testing.T) {
 	conformance.Run(t, conformance.Harness{
 		New: func(t *testing.T) executor.Executor {
-			return newExecutor(t, clustertest.Start(t), nil)
+			// The runner the cases' sessions are labelled with: a second
+			// executor of a case is the same runner in another process.
+			return newExecutor(t, clustertest.Start(t), func(cfg *kubernetes.Config) { cfg.Runner = "did:plc:conformance" })
 		},
 		Image:        os.Getenv(clustertest.EnvImage),
 		SecretSearch: "/work /steps /outputs /knotless /tmp /etc /root /home /var",
@@ -482,7 +484,11 @@ func TestDetachAndAdopt(t *testing.T) {
 		t.Fatalf("status %s (%s), handover %+v; want detached in step 1 after its first line\nlog:\n%s", res.Status, res.Error, h, res.Log)
 	}
 
-	next := newExecutor(t, c, sameRunner)
+	var logs syncBuffer
+	next := newExecutor(t, c, func(cfg *kubernetes.Config) {
+		sameRunner(cfg)
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	})
 	swept, err := next.Sweep(context.Background(), []string{req.RunID})
 	if err != nil || len(swept) != 0 {
 		t.Fatalf("sweep keeping the detached run: swept %v, %v", swept, err)
@@ -505,6 +511,13 @@ func TestDetachAndAdopt(t *testing.T) {
 	}
 	if !adopted.StartedAt.Equal(res.StartedAt) {
 		t.Errorf("adopted run started at %v, want the first start %v", adopted.StartedAt, res.StartedAt)
+	}
+	// A clean adoption is no fault: the new process logs no warning
+	// (it said "step stream dropped; reattaching", issue 35).
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") {
+			t.Errorf("the adopting process logged: %s", line)
+		}
 	}
 	assertNothingLeft(t, c)
 }

@@ -53,7 +53,10 @@ type Config struct {
 	// ScheduleTimeout bounds how long a run waits for a node: Pending
 	// because nothing fits is the cluster's scale-up signal.
 	ScheduleTimeout time.Duration
-	// PullGrace is how long an image pull may fail before the run ends.
+	// PullGrace is how long a pull the registry denies may fail, for
+	// a pod with pull secrets, before the run ends: a busy kubelet
+	// pulls once before it has read them. Every other pull failure ends
+	// the run at once.
 	PullGrace time.Duration
 	Limits    tarstream.Limits
 	Logger    *slog.Logger

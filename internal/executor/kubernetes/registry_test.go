@@ -11,6 +11,7 @@ import (
 
 	"knotless.dev/run/internal/executor/kubernetes"
 	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/workflow"
 	"knotless.dev/run/tests/clustertest"
 	"knotless.dev/run/tests/registry"
 )
@@ -119,4 +120,28 @@ func assertNoRunObjects(t *testing.T, c *clustertest.Cluster) {
 	if len(jobs.Items)+len(pods.Items) != 0 {
 		t.Errorf("left behind: %d jobs, %d pods", len(jobs.Items), len(pods.Items))
 	}
+}
+
+// An image in a registry nobody answers for (an address on the node's
+// loopback where nothing listens: no DNS query, no wait for a timeout)
+// ends the run at the kubelet's first failed pull, with an error naming
+// the image and the workflow. The pull grace is set far past the
+// schedule timeout: before issue 35 the run waited out the grace (20 s
+// by default; 22.5 s measured) and said nothing of the workflow, and
+// here it would end at the schedule timeout instead.
+func TestImagePullFailsAtOnce(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t)
+	const image = "127.0.0.1:1/knotless/unreachable:1"
+	wf, err := workflow.Parse("nightly.yaml", []byte("on: push\nimage: "+image+"\nsteps: [{run: 'echo never'}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex := newExecutor(t, c, func(cfg *kubernetes.Config) { cfg.PullGrace, cfg.ScheduleTimeout = time.Hour, 3*time.Minute })
+	res := engine(ex, c.Image).Run(context.Background(), run.Request{RunID: randomID("unreach"), Workflow: wf, Checkout: t.TempDir(), Trusted: true})
+	if res.Status != run.Error || !strings.Contains(res.Error, "workflow nightly") || !strings.Contains(res.Error, "cannot pull image "+image) {
+		t.Errorf("status %s (%s), want error naming the workflow nightly and the image %s\nlog:\n%s", res.Status, res.Error, image, res.Log)
+	}
+	t.Logf("an unreachable registry: %s", res.Error)
+	assertNoRunObjects(t, c)
 }

@@ -78,3 +78,75 @@ ls -A "$STEP_ROOT"`
 		})
 	}
 }
+
+// TestStepToolSuperseded: a shell streaming a step whose exec was let go
+// (a stopping runner released it) goes on in the pod; once another shell
+// follows the step (the adopting process), the first one leaves without
+// a word when the step ends. Before issue 35 it finished as if it still
+// streamed: it killed the new follower as a leftover of the step (the
+// adopting runner logged "step stream dropped; reattaching"), and could
+// have killed a step started after it.
+func TestStepToolSuperseded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("SKIPPED under -short: needs unshare, dash, bash and busybox from the host (the full suite runs it)")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("SKIPPED: needs root for a PID namespace (unshare); CI runs as root")
+	}
+	for _, shell := range [][]string{{"dash"}, {"bash"}, {"busybox", "sh"}} {
+		t.Run(shell[0], func(t *testing.T) {
+			dir := t.TempDir()
+			root := filepath.Join(dir, "steps")
+			gate := filepath.Join(dir, "go")
+			// The step waits for the test's word, so that it ends while
+			// the second shell follows it.
+			launch := launchInput([]byte("echo before\nwhile [ ! -e " + gate + " ]; do sleep 0.05; done\necho after\n"))
+			if err := os.WriteFile(filepath.Join(dir, "launch"), launch, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "ack"), []byte("ok\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			// The first shell starts the step and never hears back (its
+			// stdin ends: the runner let go); the second follows it from
+			// its first byte and acknowledges.
+			script := `cd "$DIR"
+"$@" start "$DIR/steps" 1 < launch > out1 2> ctl1 &
+first=$!
+until grep -q started ctl1 2>/dev/null; do sleep 0.05; done
+"$@" follow "$DIR/steps" 1 0 < ack > out2 2> ctl2 &
+second=$!
+until [ -e steps/1.watcher ] && [ "$(cat steps/1.watcher)" = "$second" ]; do sleep 0.05; done
+touch "$GATE"
+wait $first; echo "first exit $?"
+wait $second; echo "second exit $?"`
+			args := append([]string{"--pid", "--fork", "--mount-proc", "sh", "-c", script, "check"}, shell...)
+			args = append(args, "-c", stepScript, "knotless-step")
+			cmd := exec.Command("unshare", args...)
+			cmd.Env = append(os.Environ(), "DIR="+dir, "GATE="+gate)
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("unshare: %v\n%s", err, out)
+			}
+			read := func(name string) string {
+				b, _ := os.ReadFile(filepath.Join(dir, name))
+				return string(b)
+			}
+			if got := string(out); got != "first exit 0\nsecond exit 0\n" {
+				t.Errorf("exits: %q", got)
+			}
+			if got := read("ctl1"); got != "knotless: started\n" {
+				t.Errorf("the released shell's control lines %q, want it started and gone without an exit line", got)
+			}
+			if got, want := read("ctl2"), "knotless: exit 0 "+strconv.Itoa(len("before\nafter\n"))+"\n"; got != want {
+				t.Errorf("the follower's control lines %q, want %q", got, want)
+			}
+			if got := read("out2"); got != "before\nafter\n" {
+				t.Errorf("the follower's output %q, want the whole step's", got)
+			}
+			if left, _ := os.ReadDir(root); len(left) != 0 {
+				t.Errorf("the step's files are left: %d", len(left))
+			}
+		})
+	}
+}

@@ -45,6 +45,17 @@ func pullDenied(msg string) bool {
 	return false
 }
 
+// mayPullWithSecrets reports a pull failure that the retry may mend: a
+// denial (or the back-off after one) of a pod with pull secrets, which
+// a busy kubelet whose secret cache has not synced pulls once without
+// them. Every other pull failure is final at once.
+func mayPullWithSecrets(pod *corev1.Pod, wt *corev1.ContainerStateWaiting) bool {
+	if len(pod.Spec.ImagePullSecrets) == 0 {
+		return false
+	}
+	return pullDenied(wt.Message) || wt.Reason == "ImagePullBackOff"
+}
+
 // podWaiter follows a Job's pod through a watch until it is Ready.
 type podWaiter struct {
 	cs      kubernetes.Interface
@@ -198,12 +209,18 @@ func (w *podWaiter) check(pod *corev1.Pod) (*corev1.Pod, bool, error) {
 		switch {
 		case fatalWaiting(wt.Reason):
 			return nil, false, fmt.Errorf("pod %s cannot start: %s: %s", pod.Name, wt.Reason, wt.Message)
-		case wt.Reason == "ErrImagePull" && pullDenied(wt.Message) && len(pod.Spec.ImagePullSecrets) == 0:
+		case (wt.Reason == "ErrImagePull" || wt.Reason == "ImagePullBackOff") && !mayPullWithSecrets(pod, wt):
+			// The kubelet's first failed pull ends the run, whatever the
+			// reason (not found, denied, a registry that does not answer
+			// or is not there): waiting would only hide it.
+			if pullDenied(wt.Message) {
+				return nil, false, fmt.Errorf("pod %s cannot pull image %s: the registry denied access (%s; a registry that needs credentials needs an --image-pull-secret whose pattern matches the image, marked ,untrusted for a pull's run): %s", pod.Name, cs.Image, wt.Reason, wt.Message)
+			}
+			return nil, false, fmt.Errorf("pod %s cannot pull image %s (%s; the node pulls it: the image must be one the cluster's nodes can pull): %s", pod.Name, cs.Image, wt.Reason, wt.Message)
+		case wt.Reason == "ErrImagePull" || wt.Reason == "ImagePullBackOff":
 			// With pull secrets a denial waits out the grace: the kubelet
 			// pulls without them when its secret cache has not synced yet
 			// (a busy node) and with them at the retry.
-			return nil, false, fmt.Errorf("pod %s cannot pull image %s: the registry denied access (%s; a registry that needs credentials needs an --image-pull-secret whose pattern matches the image, marked ,untrusted for a pull's run): %s", pod.Name, cs.Image, wt.Reason, wt.Message)
-		case wt.Reason == "ErrImagePull" || wt.Reason == "ImagePullBackOff":
 			pulling = true
 			if w.pullFailingSince.IsZero() {
 				w.pullFailingSince = time.Now()
@@ -213,7 +230,7 @@ func (w *podWaiter) check(pod *corev1.Pod) (*corev1.Pod, bool, error) {
 				if pullDenied(wt.Message) {
 					return nil, false, fmt.Errorf("pod %s cannot pull image %s: the registry denied access with the pull secrets %s (%s): %s", pod.Name, cs.Image, pullSecretNames(pod), wt.Reason, wt.Message)
 				}
-				return nil, false, fmt.Errorf("pod %s cannot pull image %s: %s: %s", pod.Name, cs.Image, wt.Reason, wt.Message)
+				return nil, false, fmt.Errorf("pod %s cannot pull image %s with the pull secrets %s (%s): %s", pod.Name, cs.Image, pullSecretNames(pod), wt.Reason, wt.Message)
 			}
 		}
 	}

@@ -23,14 +23,16 @@ func pullingPod(reason, msg string) *corev1.Pod {
 	}
 }
 
-// A pull the registry denies ends the wait at once (the grace is an hour
-// here), naming the image and the flag; other pull failures wait out the
-// grace.
-func TestCheckPullDenied(t *testing.T) {
+// Every failed pull of a pod without pull secrets ends the wait at
+// once (the grace is an hour here), naming the image and the kubelet's
+// words; a denial also names --image-pull-secret. Before issue 35 only
+// a denial did: a registry that does not answer, or an image that is
+// not there, waited out the grace.
+func TestCheckPullFails(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		reason, msg string
-		wantErr     bool
+		denied      bool
 	}{
 		// containerd 1.6's words for a registry that wants basic
 		// credentials and got none (tests/registry, TestImagePullDenied).
@@ -44,13 +46,15 @@ func TestCheckPullDenied(t *testing.T) {
 	for _, tt := range tests {
 		w := &podWaiter{job: &batchv1.Job{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), grace: time.Hour, started: time.Now()}
 		_, _, err := w.check(pullingPod(tt.reason, tt.msg))
-		if gotErr := err != nil; gotErr != tt.wantErr {
-			t.Errorf("%s %q: error %v, want one: %v", tt.reason, tt.msg, err, tt.wantErr)
+		if err == nil {
+			t.Errorf("%s %q: the wait goes on, want it ended at once", tt.reason, tt.msg)
 			continue
 		}
-		if err != nil && (!strings.Contains(err.Error(), "cannot pull image 10.0.0.1:5000/ci/img:1: the registry denied access") ||
-			!strings.Contains(err.Error(), "--image-pull-secret") || !strings.Contains(err.Error(), tt.msg)) {
-			t.Errorf("error %q does not name the image, the denial and --image-pull-secret", err)
+		if !strings.Contains(err.Error(), "cannot pull image 10.0.0.1:5000/ci/img:1") || !strings.Contains(err.Error(), tt.reason) || !strings.Contains(err.Error(), tt.msg) {
+			t.Errorf("error %q does not name the image, the reason and the kubelet's words", err)
+		}
+		if got := strings.Contains(err.Error(), "the registry denied access") && strings.Contains(err.Error(), "--image-pull-secret"); got != tt.denied {
+			t.Errorf("error %q: names the denial and --image-pull-secret: %v, want %v", err, got, tt.denied)
 		}
 	}
 }
@@ -62,11 +66,23 @@ func TestCheckPullDenied(t *testing.T) {
 func TestCheckPullDeniedWithSecret(t *testing.T) {
 	t.Parallel()
 	denied := `failed to pull and unpack image "10.0.0.1:5000/ci/img:1": failed to resolve reference "10.0.0.1:5000/ci/img:1": pulling from host 10.0.0.1:5000 failed with status code [manifests 1]: 401 Unauthorized`
-	pod := pullingPod("ErrImagePull", denied)
-	pod.Spec.ImagePullSecrets = []corev1.LocalObjectReference{{Name: "registry-pull"}}
+	withSecret := func(pod *corev1.Pod) *corev1.Pod {
+		pod.Spec.ImagePullSecrets = []corev1.LocalObjectReference{{Name: "registry-pull"}}
+		return pod
+	}
+	pod := withSecret(pullingPod("ErrImagePull", denied))
 	w := &podWaiter{job: &batchv1.Job{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), grace: time.Hour, started: time.Now()}
 	if _, _, err := w.check(pod); err != nil {
 		t.Errorf("a first denial with a pull secret ended the wait: %v", err)
+	}
+	// The kubelet's back-off after it waits too; a registry that does
+	// not answer does not.
+	if _, _, err := w.check(withSecret(pullingPod("ImagePullBackOff", `Back-off pulling image "x"`))); err != nil {
+		t.Errorf("a back-off with a pull secret ended the wait: %v", err)
+	}
+	refused := withSecret(pullingPod("ErrImagePull", `failed to resolve reference "x": dial tcp 10.0.0.1:5000: connect: connection refused`))
+	if _, _, err := (&podWaiter{job: &batchv1.Job{}, log: w.log, grace: time.Hour}).check(refused); err == nil {
+		t.Error("a registry that refuses the connection, with a pull secret: the wait goes on, want it ended at once")
 	}
 	w.pullFailingSince = time.Now().Add(-2 * time.Hour)
 	_, _, err := w.check(pod)

@@ -67,6 +67,17 @@ ended() {
   return 1
 }
 
+# superseded tells whether another shell streams the step now (a runner
+# process that adopted the run, or reattached, started it: ID.watcher
+# names it), or its files are gone (the runner has it all). A shell
+# whose exec was released is left running in the pod; it must then go
+# without a word: its finish would kill the new follower, or a later
+# step, as leftovers of this one.
+superseded() {
+  { IFS= read -r w < "$d.watcher"; } 2>/dev/null && [ "$w" = $$ ] && return 1
+  return 0
+}
+
 # stream writes the output from $off on until the step has ended. The
 # output is read through fd 3, whose offset is the count of bytes sent:
 # cat needs no size first, and /proc tells where it stopped.
@@ -77,6 +88,7 @@ stream() {
   fi
   nap=0.02
   while :; do
+    superseded && exit 0
     ended && return 0
     # A step just started has nothing to send yet, nor one that has
     # printed nothing: no cat then.
@@ -111,6 +123,7 @@ stream() {
 # finish kills what the step left, sends the last bytes and the exit line,
 # and removes the step's files once the runner has everything.
 finish() {
+  superseded && exit 0
   kill_leftovers
   [ ! -s "$d.out" ] || cat <&3 || exit 1
   off=
