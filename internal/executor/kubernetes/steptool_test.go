@@ -110,7 +110,12 @@ func TestStepToolSuperseded(t *testing.T) {
 			// The first shell starts the step and never hears back (its
 			// stdin ends: the runner let go); the second follows it from
 			// its first byte and acknowledges.
+			// PID 1 holds the wake pipe on its fd 3 as the pod's does
+			// (keepAlive). Without it, fd 3 of this shell is whatever it
+			// opened last (a command substitution's pipe), and a step
+			// tool that takes it for the wake pipe holds that pipe open.
 			script := `cd "$DIR"
+f=$DIR/.wake; mkfifo "$f" && exec 3<>"$f" && rm "$f" || exit 1
 "$@" start "$DIR/steps" 1 < launch > out1 2> ctl1 &
 first=$!
 until grep -q started ctl1 2>/dev/null; do sleep 0.05; done
