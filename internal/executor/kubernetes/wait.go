@@ -72,11 +72,14 @@ type podWaiter struct {
 // waitForPod returns the Job's pod once it is Ready, or an error that
 // says why it never will be, with the cluster's own words.
 func (e *Executor) waitForPod(ctx context.Context, cs kubernetes.Interface, job *batchv1.Job, log *slog.Logger) (*corev1.Pod, error) {
-	ctx, cancel := context.WithTimeout(ctx, e.cfg.ScheduleTimeout)
-	defer cancel()
 	w := &podWaiter{cs: cs, job: job, log: log, grace: e.cfg.PullGrace, started: time.Now()}
-	pod, err := w.wait(ctx)
-	if err != nil && errors.Is(err, context.DeadlineExceeded) && time.Since(w.started) >= e.cfg.ScheduleTimeout {
+	waitCtx, cancel := context.WithTimeout(ctx, e.cfg.ScheduleTimeout)
+	defer cancel()
+	pod, err := w.wait(waitCtx)
+	// The wait's own deadline, not the caller's: the caller's context is
+	// still live. (A clock read here could fall short of the timeout by
+	// the time between making the context and reading the clock.)
+	if err != nil && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 		reason := w.lastReason
 		if reason == "" {
 			reason = "no reason given"
