@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"flag"
 	"os"
 	"path/filepath"
@@ -205,6 +206,9 @@ func defaultCell(v *kong.Value) string {
 func TestReferenceDefaults(t *testing.T) {
 	name := filepath.Join("..", "..", "docs", "reference", "cli.md")
 	b, err := os.ReadFile(name)
+	if errors.Is(err, os.ErrNotExist) {
+		t.Skip("no docs directory in this source tree (the package's): the reference is checked from a checkout")
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,6 +251,9 @@ var (
 func TestReferenceProseDefaults(t *testing.T) {
 	t.Parallel()
 	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "reference", "cli.md"))
+	if errors.Is(err, os.ErrNotExist) {
+		t.Skip("no docs directory in this source tree (the package's): the reference is checked from a checkout")
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
