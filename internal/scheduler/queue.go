@@ -26,6 +26,10 @@ type task struct {
 	// that process's log; nil for a run this process starts.
 	adopt *run.Handover
 	prior []byte
+	// unwritten: no queued record was written, as a worker was free when
+	// the task came; it is claimed before any other, and its running
+	// record is its check's first.
+	unwritten bool
 }
 
 // queue is the work in hand: the tasks waiting for a worker and the
@@ -42,6 +46,11 @@ type queue struct {
 	reserved map[string]bool
 	// draining is set when a stopping daemon claims nothing new.
 	draining bool
+	// paused is set while a sweep lists the sessions: nothing is claimed,
+	// so no run starts a session the sweep could take for an orphan.
+	paused bool
+	// idle are the workers waiting for a task.
+	idle int
 	// changed is closed and replaced when the queue changes.
 	changed chan struct{}
 }
@@ -122,10 +131,27 @@ func (q *queue) remove(key string) *task {
 	return nil
 }
 
+// free is how many idle workers no unwritten task waits for: a task
+// that comes now is started at once by one of them (its check needs no
+// queued record). None while the claiming is paused or stopped.
+func (q *queue) free() int {
+	if q.draining || q.paused {
+		return 0
+	}
+	n := q.idle
+	for _, t := range q.waiting {
+		if t.unwritten {
+			n--
+		}
+	}
+	return max(n, 0)
+}
+
 // claim moves the task a worker takes next (claimIndex) from waiting to
-// running; nil when there is none or the daemon is stopping.
+// running; nil when there is none, or the claiming is paused or
+// stopped.
 func (q *queue) claim() *task {
-	if q.draining || len(q.waiting) == 0 {
+	if q.draining || q.paused || len(q.waiting) == 0 {
 		return nil
 	}
 	i := claimIndex(q.waiting)
@@ -192,9 +218,16 @@ func (q *queue) load(a string, all bool, ev ingest.Event) (runs, owing int) {
 	return runs, owing
 }
 
-// claimIndex is the queued task a worker takes next: the first trusted
-// one (the owner's pushes go ahead of strangers' pulls), else the first.
+// claimIndex is the queued task a worker takes next: the first
+// unwritten one (it came while a worker was free, which it was promised:
+// it has no check to show it waits), else the first trusted one (the
+// owner's pushes go ahead of strangers' pulls), else the first.
 func claimIndex(queue []*task) int {
+	for i, t := range queue {
+		if t.unwritten {
+			return i
+		}
+	}
 	for i, t := range queue {
 		if t.Event.Trusted {
 			return i
