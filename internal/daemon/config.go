@@ -11,6 +11,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
+	"knotless.dev/run/internal/checks"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/intake"
@@ -38,6 +39,9 @@ type Config struct {
 	// count owners' pushes too), the transfer bounds and the caches.
 	// Its Logger and Runner are the daemon's.
 	Engine run.Config
+	// LogBlobs is which runs' logs their final check carries as a
+	// blob (--log-blobs; empty: every run's).
+	LogBlobs checks.LogBlobs
 	// Git is what git sources the mirrors may fetch from (https only by
 	// default), git's deadline and the workflow and checkout limits. The
 	// state and cache directories are always forbidden as local sources.
