@@ -613,6 +613,59 @@ let
           };
         };
 
+        liveOutput = {
+          listen = mkOption {
+            type = types.nullOr types.str;
+            default = null;
+            example = "127.0.0.1:8788";
+            description = ''
+              Address (`HOST:PORT`) the runner serves its runs' live output
+              on (`serve --listen`): `dev.knotless.getRunOutput`,
+              `subscribeRunOutput`, `getRunFile` and the page
+              `/runs/DID/KEY`, plain HTTP. Put a TLS proxy in front of it for
+              readers elsewhere and set
+              {option}`${opt "liveOutput.publicUrl"}`. null: none.
+            '';
+          };
+
+          publicUrl = mkOption {
+            type = types.nullOr types.str;
+            default = null;
+            example = "https://ci.example.com";
+            description = ''
+              The base URL readers reach the live output at, written in each
+              running check record (`serve --public-url`). Default:
+              {option}`${opt "liveOutput.service"}` when set, else `http://`
+              and {option}`${opt "liveOutput.listen"}`.
+            '';
+          };
+
+          service = mkOption {
+            type = types.nullOr types.str;
+            default = null;
+            example = "https://output.example.com";
+            description = ''
+              An output service (`knotless-run output-service`, e.g.
+              {option}`services.knotless-run.outputService` on some host) the
+              runner pushes each run's live output and files to, outbound
+              only, with service-auth tokens from its PDS
+              (`serve --output-service`): the way for a runner that takes no
+              connections. null: none.
+            '';
+          };
+
+          serviceDid = mkOption {
+            type = types.nullOr (types.strMatching "did:[a-z]+:.+");
+            default = null;
+            example = "did:web:output.example.com";
+            description = ''
+              The output service's DID, the audience of the runner's tokens
+              (`serve --output-service-did`); required with
+              {option}`${opt "liveOutput.service"}`.
+            '';
+          };
+        };
+
         inCluster = mkOption {
           type = types.bool;
           default = false;
@@ -699,9 +752,17 @@ let
       refresh = icfg.kubeconfigRefresh;
       executor = executorOf icfg;
       calendar = intervalCalendar refresh.interval;
+      live = icfg.liveOutput;
+      liveOn = live.listen != null || live.service != null;
       settings =
         filterAttrs (_: v: v != null) icfg.settings
-        // lib.optionalAttrs icfg.metrics.enable { "metrics-listen" = icfg.metrics.listen; };
+        // lib.optionalAttrs icfg.metrics.enable { "metrics-listen" = icfg.metrics.listen; }
+        // filterAttrs (_: v: v != null) {
+          listen = live.listen;
+          "public-url" = live.publicUrl;
+          "output-service" = live.service;
+          "output-service-did" = live.serviceDid;
+        };
       configFile = settingsFormat.generate "${unit}.json" settings;
       refreshTemp = "${refresh.output}.new";
       # extraArgs can carry what the options leave unset (a DID or
@@ -749,6 +810,18 @@ let
         {
           assertion = icfg.metrics.enable -> (icfg.package.hasMetricsListen or false);
           message = "${p}.metrics.enable needs a knotless-run whose serve has --metrics-listen (issue 33)";
+        }
+        {
+          assertion = liveOn -> (icfg.package.hasLiveOutput or false);
+          message = "${p}.liveOutput needs a knotless-run whose serve has --listen and --output-service (issue 31)";
+        }
+        {
+          assertion = live.service != null -> live.serviceDid != null;
+          message = "${p}.liveOutput.service is set but ${p}.liveOutput.serviceDid is null: the runner's tokens must name the output service's DID.";
+        }
+        {
+          assertion = live.publicUrl != null -> liveOn;
+          message = "${p}.liveOutput.publicUrl is set, but neither ${p}.liveOutput.listen nor ${p}.liveOutput.service: there is no live output to read there.";
         }
         {
           assertion = refresh.enable -> refresh.adminKubeconfigFile != null;
@@ -936,6 +1009,165 @@ let
     };
 
   instances = filterAttrs (_: i: i.enable) cfg.instances;
+
+  # The output service (knotless-run output-service): runners push their
+  # runs' live output to it, readers read it there.
+  outputServiceModule = {
+    options = {
+      enable = mkEnableOption ''
+        the output service (`knotless-run output-service`): it takes the
+        live output and files the runners of
+        {option}`services.knotless-run.outputService.runners` push to it
+        (`serve --output-service`), each put checked against the runner's
+        DID document, keeps each run's on disk (bounded, with retention) and
+        serves it to readers: `dev.knotless.getRunOutput`,
+        `subscribeRunOutput`, `getRunFile` and the page `/runs/DID/KEY`.
+        Unit `knotless-output.service`, user `knotless-output`, data in
+        `/var/lib/knotless-output`. Needs a knotless-run with the
+        `output-service` command'';
+
+      package = mkOption {
+        type = types.package;
+        default = cfg.package;
+        defaultText = literalExpression "config.services.knotless-run.package";
+        description = "The knotless-run package the output service runs.";
+      };
+
+      listen = mkOption {
+        type = types.str;
+        default = "127.0.0.1:8789";
+        example = "[::]:8789";
+        description = ''
+          Address (`HOST:PORT`) the service listens on, plain HTTP: put a
+          TLS proxy in front of it for runners and readers elsewhere.
+        '';
+      };
+
+      serviceDid = mkOption {
+        type = types.nullOr (types.strMatching "did:[a-z]+:.+");
+        default = null;
+        example = "did:web:output.example.com";
+        description = ''
+          The service's own DID: the audience the runners' service-auth
+          tokens must name (their `liveOutput.serviceDid`). Required.
+        '';
+      };
+
+      runners = mkOption {
+        type = types.listOf (types.strMatching "did:[a-z]+:.+");
+        default = [ ];
+        example = [ "did:plc:7u2ld3ffgzqvezmv6wxgxiix" ];
+        description = ''
+          The runner DIDs whose output the service takes; any other is
+          refused. At least one.
+        '';
+      };
+
+      plcUrl = mkOption {
+        type = types.str;
+        default = "https://plc.directory";
+        description = "The did:plc directory the runners' DID documents (their signing keys) are resolved with.";
+      };
+
+      retention = mkOption {
+        type = goDuration;
+        default = "168h";
+        description = "How long a run's output and files are kept after the run ended (or after its last put, when it never ended).";
+      };
+
+      extraArgs = mkOption {
+        type = types.listOf types.str;
+        default = [ ];
+        example = [
+          "--max-run-output=33554432"
+          "--max-subscribers=1000"
+        ];
+        description = ''
+          More arguments of `knotless-run output-service` (its bounds: see
+          `knotless-run output-service --help`), each one word.
+        '';
+      };
+    };
+  };
+
+  os = cfg.outputService;
+  outputServiceConfig = {
+    assertions = [
+      {
+        assertion = os.package.hasLiveOutput or false;
+        message = "services.knotless-run.outputService needs a knotless-run with the output-service command (issue 31)";
+      }
+      {
+        assertion = os.serviceDid != null;
+        message = "services.knotless-run.outputService.serviceDid must be set: the runners' tokens name it.";
+      }
+      {
+        assertion = os.runners != [ ];
+        message = "services.knotless-run.outputService.runners is empty: the service would take no runner's output.";
+      }
+      {
+        # knotless-output is instance `output`'s user and directories.
+        assertion = !(cfg.instances ? output && cfg.instances.output.enable);
+        message = "services.knotless-run.instances.output would share the output service's user and directories (knotless-output): name the instance otherwise.";
+      }
+    ];
+    users.users.knotless-output = {
+      isSystemUser = true;
+      group = "knotless-output";
+      home = "/var/lib/knotless-output";
+      # mkDefault: an instance `output` (refused above) would define it too.
+      description = mkDefault "knotless-run output service";
+    };
+    users.groups.knotless-output = { };
+    systemd.services.knotless-output = {
+      description = "knotless-run output service";
+      wantedBy = [ "multi-user.target" ];
+      wants = [ "network-online.target" ];
+      after = [ "network-online.target" ];
+      serviceConfig = mkMerge [
+        {
+          ExecStart = concatStringsSep " " (
+            [
+              (execLine (
+                [
+                  (getExe os.package)
+                  "output-service"
+                  "--listen"
+                  os.listen
+                  "--data-dir"
+                  "/var/lib/knotless-output"
+                  "--service-did"
+                  (toString os.serviceDid)
+                  "--plc-url"
+                  os.plcUrl
+                  "--retention"
+                  os.retention
+                ]
+                ++ lib.concatMap (r: [
+                  "--runner"
+                  r
+                ]) os.runners
+              ))
+            ]
+            ++ map escapeExecArg os.extraArgs
+          );
+          Restart = "on-failure";
+          RestartSec = "5s";
+          User = "knotless-output";
+          Group = "knotless-output";
+          StateDirectory = "knotless-output";
+          StateDirectoryMode = "0700";
+          WorkingDirectory = "/var/lib/knotless-output";
+          StandardOutput = "journal";
+          StandardError = "journal";
+          SyslogIdentifier = "knotless-output";
+        }
+        # No executor: the hardening of the Kubernetes runner's unit,
+        # without its netlink.
+        (hardening "kubernetes" [ ])
+      ];
+    };
+  };
 in
 {
   options.services.knotless-run = mkOption {
@@ -979,6 +1211,15 @@ in
               )
             );
           };
+          options.outputService = mkOption {
+            default = { };
+            description = ''
+              The output service (`knotless-run output-service`), where
+              runners that take no connections push their runs' live output
+              ({option}`services.knotless-run.liveOutput.service`).
+            '';
+            type = types.submodule outputServiceModule;
+          };
         }
       ];
     };
@@ -1001,7 +1242,7 @@ in
       merged = f: mkMerge (map f runners);
     in
     {
-      assertions = lib.concatMap (r: r.assertions) runners ++ [
+      assertions = lib.concatMap (r: r.assertions) (runners ++ optional os.enable outputServiceConfig) ++ [
         {
           # knotless-run-NAME-kubeconfig must not be another instance's
           # runner unit, nor NAME=kubeconfig the default's refresh unit.
@@ -1017,9 +1258,18 @@ in
           }; give each its own (the default is under its own state directory).";
         }
       ];
-      users.users = merged (r: r.users.users);
-      users.groups = merged (r: r.users.groups);
-      systemd.services = merged (r: r.systemd.services);
+      users.users = mkMerge [
+        (merged (r: r.users.users))
+        (mkIf os.enable outputServiceConfig.users.users)
+      ];
+      users.groups = mkMerge [
+        (merged (r: r.users.groups))
+        (mkIf os.enable outputServiceConfig.users.groups)
+      ];
+      systemd.services = mkMerge [
+        (merged (r: r.systemd.services))
+        (mkIf os.enable outputServiceConfig.systemd.services)
+      ];
       systemd.timers = merged (r: r.systemd.timers);
     };
 }

@@ -83,9 +83,16 @@ let
         command = "knotless-run version";
         inherit version;
       };
+      # `serve --metrics-listen` exists (issue 33): the module's
+      # metrics.enable asserts on this.
+      hasMetricsListen = true;
       # `knotless-run kubeconfig` exists (issue 7): the module's
       # kubeconfigRefresh asserts on this, and the VM test needs it.
       hasKubeconfigCommand = true;
+      # serve's live output (--listen, --output-service) and the
+      # output-service command exist (issue 31): the module's liveOutput
+      # and outputService assert on this.
+      hasLiveOutput = true;
     };
 
     meta = {

@@ -20,8 +20,8 @@ import (
 )
 
 // The daemon's parts (docs/design/daemon.md, "Who owns what"): intake,
-// the scheduler and the lander reach each other, and the outside, only
-// through the ports they declare; the daemon wires them. job, state and
+// the scheduler, the lander and live output reach each other, and the
+// outside, only through the ports they declare; the daemon wires them. job, state and
 // checks are what they all name: job and state import no part, checks
 // only state (the type of its outbox port). Nothing but the CLI imports
 // the daemon, and the rig (the -short tests' outside world) imports no
@@ -35,6 +35,7 @@ var parts = map[string][]string{
 	"internal/job":       nil,
 	"internal/state":     nil,
 	"internal/rig":       {"internal/job"},
+	"internal/live":      {"internal/job"},
 }
 
 func TestPartsImportNoOtherPart(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -127,7 +128,7 @@ func TestWriteFromMoved(t *testing.T) {
 }
 
 // The budget is read from the ratelimit-* headers of record writes
-// only (a read's answer states another limit), and is not low once its
+// only (a read's answer states another limit, even a POST's), and is not low once its
 // window has reset.
 func TestRateLimitsBudget(t *testing.T) {
 	t.Parallel()
@@ -140,30 +141,31 @@ func TestRateLimitsBudget(t *testing.T) {
 	defer srv.Close()
 	limits := NewRateLimits()
 	hc := limits.Client(srv.Client())
-	get := func(path string) {
+	post := func(path string) {
 		t.Helper()
-		resp, err := hc.Get(srv.URL + path)
+		resp, err := hc.Post(srv.URL+path, "application/json", strings.NewReader("{}"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
 	}
 	remaining.Store(100)
-	get("/xrpc/com.atproto.repo.listRecords")
+	post("/xrpc/com.atproto.repo.listRecords")
+	post("/xrpc/com.atproto.repo.uploadBlob")
 	if limits.Low(srv.URL) {
 		t.Error("low after a read's answer")
 	}
-	get("/xrpc/com.atproto.repo.putRecord")
+	post("/xrpc/com.atproto.repo.putRecord")
 	if !limits.Low(srv.URL) {
 		t.Error("not low with 100 of 5000 left")
 	}
 	remaining.Store(4000)
-	get("/xrpc/com.atproto.repo.createRecord")
+	post("/xrpc/com.atproto.repo.createRecord")
 	if limits.Low(srv.URL) {
 		t.Error("low with 4000 of 5000 left")
 	}
 	remaining.Store(10)
-	get("/xrpc/com.atproto.repo.applyWrites")
+	post("/xrpc/com.atproto.repo.applyWrites")
 	limits.now = func() time.Time { return time.Now().Add(2 * time.Hour) }
 	if limits.Low(srv.URL) {
 		t.Error("low after the window reset")

@@ -12,6 +12,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/atdata"
 
 	"knotless.dev/run/internal/backoff"
+	"knotless.dev/run/internal/control"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/run"
@@ -31,8 +32,10 @@ type Keeper struct {
 	blobs  Blobs
 	outbox Outbox
 	until  func() time.Time
+	live   Live
 	retry  backoff.Policy
 	log    *slog.Logger
+	waited func(time.Duration) // OnWait; nil: no one is told
 
 	low    func() bool
 	blobOf LogBlobs
@@ -62,6 +65,17 @@ type Outbox interface {
 	IsOwed(key string) bool
 }
 
+// Live is where checks' output is read while they run, and their files
+// after (the live-output part).
+type Live interface {
+	// Where says where the output of check key is read; nil: nowhere
+	// (no stream of it is open).
+	Where(key string) *forge.LiveOutput
+	// Files are the output files of check key's run kept for download
+	// where Where says.
+	Files(key string) []forge.RunFile
+}
+
 // Ports are what a Keeper uses of the outside.
 type Ports struct {
 	Blobs  Blobs
@@ -76,6 +90,9 @@ type Ports struct {
 	// LogBlobs is which runs' logs the final check carries (the
 	// operator's --log-blobs); empty: every run's.
 	LogBlobs LogBlobs
+	// Live, when set, says where the running check's output is read
+	// (its live field) and which files the final check lists.
+	Live Live
 }
 
 // NewKeeper returns the checks part writing through rec; retry paces
@@ -92,7 +109,8 @@ func NewKeeper(rec *Recorder, p Ports, retry backoff.Policy, log *slog.Logger) *
 	if low == nil {
 		low = func() bool { return false }
 	}
-	return &Keeper{rec: rec, blobs: p.Blobs, outbox: p.Outbox, until: until, retry: retry, log: log, low: low, blobOf: p.LogBlobs,
+	return &Keeper{rec: rec, blobs: p.Blobs, outbox: p.Outbox, until: until, live: p.Live, retry: retry, log: log,
+		low: low, blobOf: p.LogBlobs,
 		next: map[string]time.Time{}, wake: make(chan struct{}, 1), deferred: map[string]deferredWrite{}}
 }
 
@@ -116,7 +134,8 @@ func (k *Keeper) Pending(ev ingest.Event) bool { return k.rec.Pending(ev.URI.Str
 // work is in the queue. A check queued already is not written again;
 // one an earlier process left keeps its creation time.
 func (k *Keeper) Queued(ctx context.Context, key string, ev ingest.Event, wf string) (forge.Check, error) {
-	c := forge.Check{Type: forge.CollectionCheck, Subject: ev.Subject(), Workflow: wf, Status: string(Queued), CreatedAt: forge.Now()}
+	c := forge.Check{Type: forge.CollectionCheck, Subject: ev.Subject(), Workflow: wf, Status: string(Queued), CreatedAt: forge.Now(),
+		Attempt: ev.Attempt(wf), Cause: ev.Cause}
 	prev, known := k.rec.Get(key)
 	if known {
 		c.CreatedAt = prev.CreatedAt
@@ -150,6 +169,9 @@ func (k *Keeper) Unqueued(key string, ev ingest.Event, wf string) (c forge.Check
 // (Unqueued). A failed write is logged: the run goes on.
 func (k *Keeper) Running(ctx context.Context, key string, c forge.Check, started time.Time, log *slog.Logger) forge.Check {
 	c.Status, c.StartedAt = string(Running), forge.Datetime(started)
+	if k.live != nil {
+		c.Live = k.live.Where(key)
+	}
 	if err := k.nonFinal(ctx, Start, key, c, log); err != nil {
 		log.Error("write running check", "err", err)
 	}
@@ -161,6 +183,7 @@ func (k *Keeper) Running(ctx context.Context, key string, c forge.Check, started
 // the PDS does not take now is owed. It returns the check.
 func (k *Keeper) Finished(ctx context.Context, key string, ev ingest.Event, c forge.Check, res *run.Result, outDir string, log *slog.Logger) forge.Check {
 	final := k.Map(ctx, c, res, outDir, log)
+	final.Files = k.files(key)
 	k.putFinal(ctx, Finish, key, ev, final, log)
 	return final
 }
@@ -171,11 +194,14 @@ func (k *Keeper) Superseded(ctx context.Context, key string, ev ingest.Event, c 
 	return k.cancelled(ctx, Supersede, key, ev, c, "superseded by "+by, res, outDir, log)
 }
 
-// Cancelled writes the cancelled check of work stopped for why (run
-// control: control.CancelledText): a queued job's (res nil), or a
-// running one's result.
-func (k *Keeper) Cancelled(ctx context.Context, key string, ev ingest.Event, c forge.Check, why string, res *run.Result, outDir string, log *slog.Logger) forge.Check {
-	return k.cancelled(ctx, Finish, key, ev, c, why, res, outDir, log)
+// Cancelled writes the cancelled check of work the cancel record by (an
+// AT-URI) stopped: a queued job's (res nil), or a running one's result.
+// It names the record (CancelledBy) and says so
+// (control.CancelledText). A check that is final already stays as it
+// is: the move is refused (a cancel never changes a result).
+func (k *Keeper) Cancelled(ctx context.Context, key string, ev ingest.Event, c forge.Check, by string, res *run.Result, outDir string, log *slog.Logger) forge.Check {
+	c.CancelledBy = by
+	return k.cancelled(ctx, Finish, key, ev, c, control.CancelledText(by), res, outDir, log)
 }
 
 func (k *Keeper) cancelled(ctx context.Context, t Transition, key string, ev ingest.Event, c forge.Check, why string, res *run.Result, outDir string, log *slog.Logger) forge.Check {
@@ -183,6 +209,7 @@ func (k *Keeper) cancelled(ctx context.Context, t Transition, key string, ev ing
 		c.Status, c.FinishedAt = string(Cancelled), forge.Now()
 	} else {
 		c = k.Map(ctx, c, res, outDir, log)
+		c.Files = k.files(key)
 	}
 	c.Error = why
 	k.putFinal(ctx, t, key, ev, c, log)
@@ -200,7 +227,7 @@ func (k *Keeper) Released(ctx context.Context, key string, c forge.Check, res *r
 	}
 	c = k.Map(ctx, c, res, outDir, log)
 	c.Status, c.Error = string(Queued), "released by a stopping runner: runs again on its successor"
-	c.FinishedAt = ""
+	c.FinishedAt, c.Files = "", nil
 	if err := k.nonFinal(ctx, Release, key, c, log); err != nil {
 		log.Error("write released check", "err", err)
 	}
@@ -210,13 +237,13 @@ func (k *Keeper) Released(ctx context.Context, key string, c forge.Check, res *r
 // cannot run (an invalid file, a refused event, a commit that does not
 // fetch, a pull that does not merge), unless its check is final.
 func (k *Keeper) Error(ctx context.Context, ev ingest.Event, wf, msg string) {
-	key := forge.CheckKey(ev.Subject(), wf)
+	key := ev.CheckKey(wf)
 	if k.Final(key) {
 		return
 	}
 	now := forge.Now()
 	c := forge.Check{Type: forge.CollectionCheck, Subject: ev.Subject(), Workflow: wf, Status: string(Error),
-		Error: Truncate(msg, MaxError), CreatedAt: now, FinishedAt: now}
+		Error: Truncate(msg, MaxError), CreatedAt: now, FinishedAt: now, Attempt: ev.Attempt(wf), Cause: ev.Cause}
 	k.putFinal(ctx, Finish, key, ev, c, k.log)
 }
 
@@ -265,6 +292,14 @@ func (k *Keeper) Map(ctx context.Context, c forge.Check, res *run.Result, outDir
 		c.Outputs = append(c.Outputs, forge.Output{Path: rel, Blob: blob})
 	}
 	return c
+}
+
+// files are the output files of key's run live output keeps (Ports.Live).
+func (k *Keeper) files(key string) []forge.RunFile {
+	if k.live == nil {
+		return nil
+	}
+	return k.live.Files(key)
 }
 
 // putFinal writes a final check through the recorder (Recorder.Final):

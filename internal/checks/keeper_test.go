@@ -281,11 +281,17 @@ func TestOwedWaitsForTheRateLimit(t *testing.T) {
 			t.Fatal(err)
 		}
 		reset := time.Now().Add(time.Hour)
+		var waited []time.Duration
 		k := NewKeeper(NewRecorder(&fakePDS{errs: []error{errDown}}, nil), Ports{Blobs: &fakeBlobs{}, Outbox: st,
 			LimitedUntil: func() time.Time { return reset }}, backoff.Policy{First: time.Second, Max: time.Minute}, quiet)
+		k.OnWait(func(d time.Duration) { waited = append(waited, d) })
 		k.Error(t.Context(), pushEvent("3k1"), "ci", "no")
 		if wait := k.PayDue(t.Context()); wait < 59*time.Minute {
 			t.Errorf("next try in %s, want at the reset, in an hour", wait)
+		}
+		// The wait is told (the metrics count it): once, an hour.
+		if diff := cmp.Diff([]time.Duration{time.Hour}, waited); diff != "" {
+			t.Errorf("waits told (-want +got):\n%s", diff)
 		}
 	})
 }
@@ -454,5 +460,63 @@ func TestRateLimits(t *testing.T) {
 		if _, ok := limitedUntil(tc.status, tc.h, time.Now()); ok != tc.ok {
 			t.Errorf("%d %v: limited %v, want %v", tc.status, tc.h, ok, tc.ok)
 		}
+	}
+}
+
+// fakeLive is live output's answers, by check key.
+type fakeLive struct {
+	where map[string]*forge.LiveOutput
+	files map[string][]forge.RunFile
+}
+
+func (f fakeLive) Where(key string) *forge.LiveOutput { return f.where[key] }
+func (f fakeLive) Files(key string) []forge.RunFile   { return f.files[key] }
+
+// With live output the running check says where its output is read, and
+// the final one keeps that and lists the run's files kept there; a
+// released check (queued again) lists none, and a run without a stream
+// says nowhere.
+func TestKeeperLiveOutput(t *testing.T) {
+	t.Parallel()
+	st, err := state.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, other := pushEvent("3k1"), pushEvent("3k2")
+	key, none := forge.CheckKey(ev.Subject(), "ci"), forge.CheckKey(other.Subject(), "ci")
+	where := &forge.LiveOutput{Service: "https://out.example", Page: "https://out.example/runs/did:plc:runner/" + key}
+	files := []forge.RunFile{{Path: "report.txt", Size: 4}}
+	live := fakeLive{where: map[string]*forge.LiveOutput{key: where}, files: map[string][]forge.RunFile{key: files}}
+	k := NewKeeper(NewRecorder(&fakePDS{}, nil), Ports{Blobs: &fakeBlobs{}, Outbox: st, Live: live}, backoff.Policy{First: time.Second, Max: time.Minute}, nil)
+	ctx := t.Context()
+
+	c, err := k.Queued(ctx, key, ev, "ci")
+	if err != nil {
+		t.Fatal(err)
+	}
+	running := k.Running(ctx, key, c, time.Now(), quiet)
+	if diff := cmp.Diff(where, running.Live); diff != "" {
+		t.Errorf("running check's live (-want +got):\n%s", diff)
+	}
+	res := &run.Result{Status: run.Success, Log: []byte("log\n")}
+	k.Released(ctx, key, running, res, t.TempDir(), quiet)
+	if got, _ := k.Get(key); got.Files != nil || got.Status != string(Queued) {
+		t.Errorf("released check: status %s, files %v; want queued, none", got.Status, got.Files)
+	}
+	running = k.Running(ctx, key, c, time.Now(), quiet)
+	final := k.Finished(ctx, key, ev, running, res, t.TempDir(), quiet)
+	if diff := cmp.Diff(where, final.Live); diff != "" {
+		t.Errorf("final check's live (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(files, final.Files); diff != "" {
+		t.Errorf("final check's files (-want +got):\n%s", diff)
+	}
+
+	c, err = k.Queued(ctx, none, other, "ci")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := k.Running(ctx, none, c, time.Now(), quiet); got.Live != nil {
+		t.Errorf("a run with no stream: live %+v, want none", got.Live)
 	}
 }

@@ -41,12 +41,21 @@ func (k *Keeper) owe(key string, ev ingest.Event, c forge.Check, cause error, lo
 // nextTry is when to try the PDS again after tries failures: the
 // backoff, or later when the PDS said when its rate limit resets.
 func (k *Keeper) nextTry(tries int) time.Time {
-	next := time.Now().Add(k.retry.After(tries))
+	now := time.Now()
+	next := now.Add(k.retry.After(tries))
 	if until := k.until(); until.After(next) {
 		next = until
+		if k.waited != nil {
+			k.waited(until.Sub(now))
+		}
 	}
 	return next
 }
+
+// OnWait has f told each time an owed check's next write is put off
+// until the PDS's rate limit resets, and for how long (the metrics).
+// Call it before PayOwed runs.
+func (k *Keeper) OnWait(f func(time.Duration)) { k.waited = f }
 
 // LoadOwed makes the owed checks of an earlier process known as final,
 // so their work is not run again; PayOwed writes them. An owed check

@@ -2,7 +2,6 @@ package checks
 
 import (
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,6 +24,9 @@ type RateLimits struct {
 	budget map[string]budget
 	next   http.RoundTripper
 	now    func() time.Time
+	// onBudget, when set, is told the points left after each record
+	// write (OnBudget).
+	onBudget func(remaining int)
 }
 
 // budget is what a host last said of its record-write budget.
@@ -40,6 +42,20 @@ const LowBudget = 0.1
 // NewRateLimits returns an empty memory; Client wraps a client with it.
 func NewRateLimits() *RateLimits {
 	return &RateLimits{until: map[string]time.Time{}, budget: map[string]budget{}, now: time.Now}
+}
+
+// OnBudget has f told the write points a host says are left in its
+// window (its ratelimit-remaining header) after each record write
+// (putRecord, createRecord, deleteRecord, applyWrites). Call it before
+// the client is used.
+func (r *RateLimits) OnBudget(f func(remaining int)) { r.onBudget = f }
+
+// recordWrites are the XRPC methods that spend a PDS's write points.
+var recordWrites = map[string]bool{
+	"/xrpc/com.atproto.repo.putRecord":    true,
+	"/xrpc/com.atproto.repo.createRecord": true,
+	"/xrpc/com.atproto.repo.deleteRecord": true,
+	"/xrpc/com.atproto.repo.applyWrites":  true,
 }
 
 // Client returns a copy of hc whose answers are noted.
@@ -65,25 +81,22 @@ func (r *RateLimits) RoundTrip(req *http.Request) (*http.Response, error) {
 		r.until[req.URL.Host] = until
 		r.mu.Unlock()
 	}
-	if b, ok := writeBudget(req.URL.Path, resp.Header); ok {
-		r.mu.Lock()
-		r.budget[req.URL.Host] = b
-		r.mu.Unlock()
+	if req.Method == http.MethodPost && recordWrites[req.URL.Path] {
+		if b, ok := writeBudget(resp.Header); ok {
+			r.mu.Lock()
+			r.budget[req.URL.Host] = b
+			r.mu.Unlock()
+		}
+		if n, err := strconv.Atoi(strings.TrimSpace(resp.Header.Get("ratelimit-remaining"))); err == nil && n >= 0 && r.onBudget != nil {
+			r.onBudget(n)
+		}
 	}
 	return resp, nil
 }
 
-// recordWrites are the XRPC methods that spend the record-write budget.
-var recordWrites = []string{"com.atproto.repo.putRecord", "com.atproto.repo.createRecord",
-	"com.atproto.repo.applyWrites", "com.atproto.repo.deleteRecord"}
-
 // writeBudget reads the budget an answer to a record write states:
 // ratelimit-limit, -remaining and -reset (Unix seconds).
-func writeBudget(urlPath string, h http.Header) (budget, bool) {
-	method := strings.TrimPrefix(urlPath, "/xrpc/")
-	if !slices.Contains(recordWrites, method) {
-		return budget{}, false
-	}
+func writeBudget(h http.Header) (budget, bool) {
 	limit, err1 := strconv.ParseInt(strings.TrimSpace(h.Get("ratelimit-limit")), 10, 64)
 	remaining, err2 := strconv.ParseInt(strings.TrimSpace(h.Get("ratelimit-remaining")), 10, 64)
 	if err1 != nil || err2 != nil || limit <= 0 {

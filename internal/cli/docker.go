@@ -2,7 +2,6 @@ package cli
 
 import (
 	"fmt"
-	"log/slog"
 
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/docker"
@@ -24,12 +23,12 @@ func (f *DockerFlags) executorDef() executorDef {
 		What: "a container per run",
 		Dirs: executor.PodDirs(),
 		New: func(env *Env, o executorOptions) (executor.Executor, error) {
-			return f.newDocker(env, o.Runner, o.Logger)
+			return f.newDocker(env, o)
 		},
 	}
 }
 
-func (f *DockerFlags) newDocker(env *Env, runner string, log *slog.Logger) (*docker.Executor, error) {
+func (f *DockerFlags) newDocker(env *Env, o executorOptions) (*docker.Executor, error) {
 	host := f.DockerHost
 	if host == "" {
 		host = env.Getenv("DOCKER_HOST")
@@ -41,8 +40,9 @@ func (f *DockerFlags) newDocker(env *Env, runner string, log *slog.Logger) (*doc
 		Memory:    f.DockerMemory,
 		PidsLimit: f.DockerPidsMax,
 		Pull:      docker.PullPolicy(f.DockerPull),
-		Runner:    runner,
-		Logger:    log,
+		Runner:    o.Runner,
+		Logger:    o.Logger,
+		Observer:  o.Observer,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("--executor docker: %w", err)

@@ -63,6 +63,9 @@ type executorOptions struct {
 	Runner string // the runner's DID
 	Image  string // the image for workflows that name none
 	Logger *slog.Logger
+	// Observer is told what the executor does (serve's metrics); nil:
+	// nothing.
+	Observer executor.Observer
 }
 
 // executors lists the registered executors, in the order ExecutorFlags
@@ -91,14 +94,15 @@ func (f *ExecutorFlags) lookup() (executorDef, error) {
 	return executorDef{}, fmt.Errorf("--executor %s: unknown executor", f.Executor)
 }
 
-// newExecutor builds the executor --executor names. No other code path
-// chooses one, and none falls back to another.
-func (f *ExecutorFlags) newExecutor(env *Env, runner string, log *slog.Logger) (executor.Executor, error) {
+// newExecutor builds the executor --executor names, telling obs (nil:
+// nothing) what it does. No other code path chooses one, and none falls
+// back to another.
+func (f *ExecutorFlags) newExecutor(env *Env, runner string, log *slog.Logger, obs executor.Observer) (executor.Executor, error) {
 	d, err := f.lookup()
 	if err != nil {
 		return nil, err
 	}
-	return d.New(env, executorOptions{Runner: runner, Image: f.Image, Logger: log.With("component", "executor", "executor", d.Name)})
+	return d.New(env, executorOptions{Runner: runner, Image: f.Image, Logger: log.With("component", "executor", "executor", d.Name), Observer: obs})
 }
 
 // executorVars are the kong variables ExecutorFlags' tags use, made from

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"fmt"
-	"log/slog"
 	"net"
 	"net/netip"
 	"strings"
@@ -42,7 +41,7 @@ func (f *KubeFlags) executorDef() executorDef {
 		What:    "a Job per run",
 		Dirs:    executor.PodDirs(),
 		New: func(env *Env, o executorOptions) (executor.Executor, error) {
-			return f.newKubernetes(env, o.Runner, o.Image, o.Logger)
+			return f.newKubernetes(env, o)
 		},
 		DryRun: func(env *Env, o executorOptions, spec executor.Spec, secrets map[string]string) error {
 			return f.printManifests(env, o.Image, spec, secrets)
@@ -51,8 +50,8 @@ func (f *KubeFlags) executorDef() executorDef {
 }
 
 // newKubernetes builds the Kubernetes executor from the flags.
-func (f *KubeFlags) newKubernetes(env *Env, runner, image string, log *slog.Logger) (*kubernetes.Executor, error) {
-	pod, err := f.podOptions(image)
+func (f *KubeFlags) newKubernetes(env *Env, o executorOptions) (*kubernetes.Executor, error) {
+	pod, err := f.podOptions(o.Image)
 	if err != nil {
 		return nil, err
 	}
@@ -64,10 +63,11 @@ func (f *KubeFlags) newKubernetes(env *Env, runner, image string, log *slog.Logg
 			Context:       f.Context,
 			Namespace:     f.Namespace,
 		},
-		Runner:          runner,
+		Runner:          o.Runner,
 		Pod:             pod,
 		ScheduleTimeout: f.ScheduleTimeout,
-		Logger:          log,
+		Logger:          o.Logger,
+		Observer:        o.Observer,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("--executor kubernetes: %w", err)

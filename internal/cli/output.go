@@ -197,13 +197,22 @@ func printLogs(ctx context.Context, c *outputhttp.Client, check string, w io.Wri
 // not there yet.
 func followLogs(ctx context.Context, c *outputhttp.Client, check string, w io.Writer, log *slog.Logger) (*output.End, error) {
 	off := int64(0)
+	run := ""
 	backoff := 250 * time.Millisecond
 	waiting := false
 	for {
 		var end *output.End
-		err := c.Subscribe(ctx, check, off, func(ev outputhttp.Event) error {
+		err := c.Resume(ctx, check, run, off, func(ev outputhttp.Event) error {
 			backoff = 250 * time.Millisecond
 			switch {
+			case ev.Run != nil:
+				if run != "" && ev.Run.Run != run {
+					// Its runner lost the run followed and runs the work
+					// again: the new run's output follows from its start.
+					log.Warn("the run followed was replaced by a new run of the check (its runner lost it); its output follows from the start", "run", run, "new_run", ev.Run.Run)
+					off = 0
+				}
+				run = ev.Run.Run
 			case ev.Gap != nil:
 				fmt.Fprint(w, cutLine(ev.Gap.Next-ev.Gap.Offset))
 				off = ev.Gap.Next

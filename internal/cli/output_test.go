@@ -208,3 +208,29 @@ func TestLogsFromTheCheckRecord(t *testing.T) {
 		t.Errorf("logs CHECK: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 }
+
+// logs --follow of a run its runner lost goes on with the new run of the
+// check (the work run again) from its start, and says so on stderr.
+func TestLogsFollowsTheNewRunOfTheCheck(t *testing.T) {
+	t.Parallel()
+	hub, url := outputServer(t)
+	old, _ := hub.Open(logsCheck, "r1")
+	_, _ = old.Write([]byte("the lost run's line\n"))
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for old.Watchers() == 0 {
+			time.Sleep(time.Millisecond) // until logs -f follows
+		}
+		again, _ := hub.Open(logsCheck, "r2")
+		_, _ = again.Write([]byte("the new run's line\n"))
+		again.End("success")
+	}()
+	r := runCLI(t, nil, "logs", "--follow", "--from", url, logsCheck)
+	wg.Wait()
+	if r.code != ExitSuccess || r.stdout != "the lost run's line\nthe new run's line\n" ||
+		!strings.Contains(r.stderr, "replaced by a new run of the check") || !strings.Contains(r.stderr, "r2") {
+		t.Errorf("logs --follow across a new run: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+}

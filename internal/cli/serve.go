@@ -56,9 +56,11 @@ type ServeCmd struct {
 	ExecutorFlags `embed:""`
 	BoundFlags    `embed:""`
 	CacheFlags    `embed:""`
+	MetricsFlags  `embed:""`
 
 	LimitFlags `embed:""`
 	FloodFlags `embed:""`
+	LiveFlags  `embed:""`
 }
 
 // Run runs the daemon until SIGTERM or SIGINT, then hands over.
@@ -86,11 +88,15 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 	if err != nil {
 		return err
 	}
-	exec, err := c.newExecutor(env, runner.String(), log)
+	tel, observer, err := c.telemetry()
 	if err != nil {
 		return err
 	}
-	in := serveInputs{Executor: exec, Logger: log}
+	exec, err := c.newExecutor(env, runner.String(), log, observer)
+	if err != nil {
+		return err
+	}
+	in := serveInputs{Executor: exec, Logger: log, Telemetry: tel}
 	cfg, err := c.config(in)
 	if err != nil {
 		return err
@@ -112,13 +118,8 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 	if in.PushCredentials, err = c.pushCredentials(env); err != nil {
 		return err
 	}
-	if in.Caches, err = c.openCaches(c.CacheDir); err != nil {
-		return err
-	}
-	in.Watchdog, _ = sddaemon.SdWatchdogEnabled(false)
-	if in.Notify, err = c.notifier(log); err != nil {
-		return err
-	}
+	// The rules over the files read (secrets' scopes among them) before
+	// anything is made: a refused start leaves no directory behind.
 	if cfg, err = c.config(in); err != nil {
 		return err
 	}
@@ -127,6 +128,16 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 		if errors.As(err, &se) && secretsFile != "" {
 			return fmt.Errorf("--secrets-file %s: %w", secretsFile, err)
 		}
+		return err
+	}
+	if in.Caches, err = c.openCaches(c.CacheDir); err != nil {
+		return err
+	}
+	in.Watchdog, _ = sddaemon.SdWatchdogEnabled(false)
+	if in.Notify, err = c.notifier(log); err != nil {
+		return err
+	}
+	if cfg, err = c.config(in); err != nil {
 		return err
 	}
 	err = daemon.Run(ctx, cfg)

@@ -17,6 +17,7 @@ import (
 	"knotless.dev/run/internal/mirror"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/scheduler"
+	"knotless.dev/run/internal/telemetry"
 )
 
 // serveInputs are what serve reads or makes besides the flags: the
@@ -30,6 +31,9 @@ type serveInputs struct {
 	Notify          func(string)
 	Watchdog        time.Duration
 	Logger          *slog.Logger
+	// Telemetry is serve's metrics (nil without --metrics-listen), which
+	// observe the engine and the parts, and the executor's credentials.
+	Telemetry telemetry.Config
 }
 
 // runner is --did, required.
@@ -70,6 +74,12 @@ func (c *ServeCmd) config(in serveInputs) (daemon.Config, error) {
 		return daemon.Config{}, err
 	}
 	checkout, outputs := c.bounds()
+	tel := in.Telemetry
+	tel.Listen = c.MetricsListen
+	var engineObserver run.Observer
+	if tel.Metrics != nil {
+		engineObserver = tel.Metrics
+	}
 	return daemon.Config{
 		Account: daemon.Account{
 			Runner:    runner,
@@ -84,6 +94,7 @@ func (c *ServeCmd) config(in serveInputs) (daemon.Config, error) {
 			Secrets:     in.Secrets,
 		},
 		Lander: lander.Config{Queue: c.Queue, Batch: c.QueueBatch, PushCredentials: in.PushCredentials},
+		Live:   c.live(),
 		Engine: run.Config{
 			Executor:     in.Executor,
 			DefaultImage: c.Image,
@@ -91,6 +102,7 @@ func (c *ServeCmd) config(in serveInputs) (daemon.Config, error) {
 			Checkout:     checkout,
 			Outputs:      outputs,
 			Caches:       in.Caches,
+			Observer:     engineObserver,
 		},
 		Git: mirror.Options{
 			Policy:           mirror.Policy{AllowLocal: c.AllowLocalSources, AllowHTTP: c.AllowHTTPSources},
@@ -106,5 +118,6 @@ func (c *ServeCmd) config(in serveInputs) (daemon.Config, error) {
 		Notify:               in.Notify,
 		Watchdog:             in.Watchdog,
 		Logger:               in.Logger,
+		Telemetry:            tel,
 	}, nil
 }

@@ -15,6 +15,7 @@ import (
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/intake"
 	"knotless.dev/run/internal/lander"
+	"knotless.dev/run/internal/live"
 	"knotless.dev/run/internal/mirror"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/scheduler"
@@ -53,6 +54,7 @@ func TestServeConfig(t *testing.T) {
 	}{
 		{"defaults", nil, func(*daemon.Config) {}, ""},
 		{"the account", []string{"--pds", "https://pds.test"}, func(c *daemon.Config) { c.Account.PDS = "https://pds.test" }, ""},
+		{"metrics", []string{"--metrics-listen", "127.0.0.1:9465"}, func(c *daemon.Config) { c.Telemetry.Listen = "127.0.0.1:9465" }, ""},
 		{"the sources", []string{"--discover", "--pulls", "--relay", "https://relay.test"}, func(c *daemon.Config) {
 			c.Sources.Discover, c.Sources.Pulls, c.Sources.Relay = true, true, "https://relay.test"
 		}, ""},
@@ -80,6 +82,10 @@ func TestServeConfig(t *testing.T) {
 			}, ""},
 		{"directories and the shell override", []string{"--state-dir", "/s", "--cache-dir", "/c", "--unsafe-shell-untrusted"}, func(c *daemon.Config) {
 			c.StateDir, c.CacheDir, c.UnsafeShellUntrusted = "/s", "/c", true
+		}, ""},
+		{"live output", []string{"--listen", "127.0.0.1:8788", "--public-url", "https://ci.example", "--output-service", "https://out.example",
+			"--output-service-did", "did:web:out.example"}, func(c *daemon.Config) {
+			c.Live = live.Config{Listen: "127.0.0.1:8788", PublicURL: "https://ci.example", Service: "https://out.example", ServiceDID: "did:web:out.example"}
 		}, ""},
 		{"no did", []string{"--did", ""}, nil, "--did (the runner's DID) is required"},
 		{"a bad did", []string{"--did", "nope"}, nil, `--did "nope"`},

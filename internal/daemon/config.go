@@ -16,9 +16,11 @@ import (
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/intake"
 	"knotless.dev/run/internal/lander"
+	"knotless.dev/run/internal/live"
 	"knotless.dev/run/internal/mirror"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/scheduler"
+	"knotless.dev/run/internal/telemetry"
 )
 
 // Config configures the daemon, one group per part. The cli fills it
@@ -42,6 +44,8 @@ type Config struct {
 	// LogBlobs is which runs' logs their final check carries as a
 	// blob (--log-blobs; empty: every run's).
 	LogBlobs checks.LogBlobs
+	// Live is live output: the listener, the output service, bounds.
+	Live live.Config
 	// Git is what git sources the mirrors may fetch from (https only by
 	// default), git's deadline and the workflow and checkout limits. The
 	// state and cache directories are always forbidden as local sources.
@@ -67,6 +71,11 @@ type Config struct {
 	// Watchdog is systemd's WatchdogSec (0: off).
 	Watchdog time.Duration
 	Logger   *slog.Logger
+
+	// Telemetry is what the daemon tells of itself besides its journal:
+	// its metrics (nil: none) and where they are served (--metrics-listen),
+	// and the executor's credentials for the status.
+	Telemetry telemetry.Config
 }
 
 // Account is the runner's atproto account.
@@ -144,6 +153,9 @@ func (c *Config) Validate() error {
 	}
 	if flags := c.untrustedWork(); len(flags) > 0 && c.Engine.Executor != nil && c.Engine.Executor.Name() == "shell" && !c.UnsafeShellUntrusted {
 		return fmt.Errorf("serve: --executor shell with %s would run strangers' code on this host, beside the runner's sealing key, PDS session and kubeconfig; use --executor kubernetes or docker, or pass --unsafe-shell-untrusted on a throwaway host", strings.Join(flags, " and "))
+	}
+	if err := c.Live.Validate(); err != nil {
+		return err
 	}
 	if c.Lander.Queue && c.Lander.Batch < 1 {
 		return fmt.Errorf("--queue-batch %d: want 1 or more", c.Lander.Batch)

@@ -9,6 +9,7 @@ import (
 	"knotless.dev/run/internal/executor/shell"
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/lander"
+	"knotless.dev/run/internal/live"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/scheduler"
 )
@@ -45,6 +46,8 @@ func TestValidate(t *testing.T) {
 		{"an unscoped secret with discovery", Config{Sources: Sources{Discover: true}, Scheduler: scheduler.Config{Secrets: []scheduler.OperatorSecret{scoped, wide}}},
 			"secret WIDE is for every repository"},
 		{"scoped secrets with discovery", Config{Sources: Sources{Discover: true}, Scheduler: scheduler.Config{Secrets: []scheduler.OperatorSecret{scoped}}}, ""},
+		{"an output service without its DID", Config{Sources: Sources{Targets: repo}, Live: live.Config{Service: "https://out.example"}}, "--output-service-did"},
+		{"a listener on every address", Config{Sources: Sources{Targets: repo}, Live: live.Config{Listen: ":8788"}}, "set --public-url"},
 	} {
 		err := tc.cfg.Validate()
 		switch {

@@ -25,11 +25,15 @@ import (
 	"knotless.dev/run/internal/intake"
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/lander"
+	"knotless.dev/run/internal/live"
 	"knotless.dev/run/internal/mirror"
 	"knotless.dev/run/internal/readiness"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/scheduler"
 	"knotless.dev/run/internal/state"
+	"knotless.dev/run/internal/status"
+	"knotless.dev/run/internal/telemetry"
+	"knotless.dev/run/internal/version"
 )
 
 // Daemon is one running runner process: its parts, wired.
@@ -43,7 +47,9 @@ type Daemon struct {
 	intake *intake.Intake
 	sched  *scheduler.Scheduler
 	lander *lander.Lander // nil without --queue
+	live   *live.Live     // live output
 	health health         // the executor's (health.go); its own lock
+	tel    *telemetry.Status
 	// cleaner removes the runs' sessions after their verdicts; the
 	// handover waits for it.
 	cleaner *run.Cleaner
@@ -60,6 +66,7 @@ type outside struct {
 	key     scheduler.Opener
 	records lander.Records
 	checks  checks.Writer
+	tokens  live.Tokens // the runner's service-auth tokens, for live output's pushes
 	// ownChecks lists the runner's check records (what is final is never
 	// run again).
 	ownChecks func(ctx context.Context) ([]forge.Record[forge.Check], []forge.Invalid, error)
@@ -85,6 +92,11 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	d := wire(cfg, store, out)
+	srv, err := telemetry.Listen(cfg.StateDir, cfg.Telemetry.Listen, cfg.Telemetry.Metrics, d.tel, d.log)
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
 	if err := d.begin(ctx); err != nil {
 		return err
 	}
@@ -118,6 +130,7 @@ func open(ctx context.Context, cfg *Config) (*state.Store, outside, error) {
 		return nil, out, err
 	}
 	limits := checks.NewRateLimits()
+	limits.OnBudget(cfg.Telemetry.Metrics.WriteBudget)
 	cfg.Account.HTTP = limits.Client(cfg.Account.HTTP)
 	a := cfg.Account
 	reader := &forge.Reader{Dir: a.Directory, Catalog: cat, HTTP: a.HTTP, Limits: cfg.Sources.Listing.Limits}
@@ -161,7 +174,7 @@ func open(ctx context.Context, cfg *Config) (*state.Store, outside, error) {
 	out = outside{
 		lister: &ingest.Lister{Reader: reader, Dir: a.Directory, Runner: a.Runner, Targets: s.Targets, Discover: s.Discover,
 			DiscoverHosts: discover, Pulls: s.Pulls, Bounds: s.Listing.Bounds, Logger: cfg.Logger.With("component", "ingest")},
-		mirrors: gitMirrors{ms}, blobs: acct, sealed: secretReader{reader}, key: key, records: queueForge{reader, acct}, checks: acct,
+		mirrors: gitMirrors{ms}, blobs: acct, sealed: secretReader{reader}, key: key, records: queueForge{reader, acct}, checks: acct, tokens: acct,
 		ownChecks: func(ctx context.Context) ([]forge.Record[forge.Check], []forge.Invalid, error) {
 			return forge.ListOwn[forge.Check](ctx, acct, forge.CollectionCheck)
 		},
@@ -184,14 +197,19 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 
 	// Every check written is counted against its author's budget, then
 	// told to OnCheck.
-	rec := checks.NewRecorder(out.checks, func(key string, c forge.Check) {
+	m := cfg.Telemetry.Metrics
+	rec := checks.NewRecorder(telemetry.Writer{Writer: out.checks, M: m}, func(key string, c forge.Check) {
+		m.CheckWritten(c.Status)
 		d.intake.NoteCheck(key, c)
 		if cfg.OnCheck != nil {
 			cfg.OnCheck(key, c)
 		}
 	})
-	d.keeper = checks.NewKeeper(rec, checks.Ports{Blobs: out.blobs, Outbox: store, LimitedUntil: out.limitedUntil,
-		BudgetLow: out.budgetLow, LogBlobs: cfg.LogBlobs}, retry, d.log)
+	d.live = live.New(cfg.Live, runner, live.FilesDir(cfg.CacheDir), live.Ports{Tokens: out.tokens}, logOf("live"))
+	d.keeper = checks.NewKeeper(rec, checks.Ports{Blobs: out.blobs, Outbox: telemetry.Outbox{Outbox: store, M: m}, LimitedUntil: out.limitedUntil,
+		BudgetLow: out.budgetLow, LogBlobs: cfg.LogBlobs, Live: d.live}, retry, d.log)
+	d.keeper.OnWait(m.RateLimitWaited)
+	observe := telemetry.Parts{M: m, Executor: cfg.Engine.Executor.Name()}
 
 	eng := cfg.Engine
 	eng.Logger, eng.Runner = logOf("run"), runner.String()
@@ -205,14 +223,14 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 		scheduler.Facts{Runner: runner, Executor: d.caps,
 			RunsDir: filepath.Join(cfg.CacheDir, "runs"), LimitsAll: cfg.Engine.Max.All},
 		scheduler.Ports{Engine: run.New(eng), Checks: d.keeper, State: store, Mirrors: out.mirrors, Sealed: out.sealed, Key: out.key,
-			Sweeper: cfg.Engine.Executor, Down: d.executorDown, Wake: func() { d.intake.Wake() }, Changed: d.status},
+			Sweeper: cfg.Engine.Executor, Down: d.executorDown, Wake: func() { d.intake.Wake() }, Changed: d.status, Tap: d.live, Observer: observe},
 		d.log)
 
 	var landing intake.Lander
 	if cfg.Lander.Queue {
 		d.lander = lander.New(cfg.Lander, runner,
 			lander.Ports{Records: out.records, Mirrors: out.mirrors, Intake: viaIntake{d}, Checks: d.keeper, State: store,
-				Wake: func() { d.intake.Wake() }},
+				Wake: func() { d.intake.Wake() }, Observer: observe},
 			logOf("lander"))
 		landing = d.lander
 	}
@@ -220,6 +238,9 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 		intake.Ports{Lister: out.lister, Mirrors: out.mirrors, Scheduler: d.sched, Checks: d.keeper, State: store, Lander: landing,
 			Stream: out.stream, Changed: d.status},
 		d.log)
+	d.tel = &telemetry.Status{Daemon: status.Daemon{PID: os.Getpid(), Version: version.Version, Started: time.Now().UTC(),
+		Executor: observe.Executor, Runner: runner.String()}, Work: d.sched.Work, Counts: d.sched.Counts, Owed: store.Owed, Down: d.executorDown,
+		Credentials: cfg.Telemetry.Credentials}
 	return d
 }
 
@@ -241,6 +262,9 @@ func (v viaIntake) Prepare(ctx context.Context, ev ingest.Event) (job.Repo, stri
 // health.go), the runner's known checks are listed and the owed ones
 // loaded.
 func (d *Daemon) begin(ctx context.Context) error {
+	if err := d.live.Start(); err != nil {
+		return err
+	}
 	d.sched.Adopt(ctx)
 	if err := d.sched.Sweep(ctx); err != nil {
 		// Not a reason to exit (a crash loop tells no one why): start
@@ -268,6 +292,7 @@ func (d *Daemon) begin(ctx context.Context) error {
 func (d *Daemon) serve(ctx context.Context) error {
 	runCtx, stopRuns := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRuns()
+	stopLive := d.live.Serve()
 	wait := d.sched.Start(ctx, runCtx)
 	var aux sync.WaitGroup
 	auxCtx, stopAux := context.WithCancel(ctx)
@@ -285,6 +310,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	}
 
 	d.cfg.Notify("READY=1")
+	d.tel.SetReady()
 	d.log.Info("ready", "executor", d.cfg.Engine.Executor.Name(), "concurrency", d.cfg.Scheduler.Concurrency, "repos", len(d.cfg.Sources.Targets),
 		"discover", d.cfg.Sources.Discover, "pulls", d.cfg.Sources.Pulls)
 	d.status()
@@ -294,6 +320,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	stopAux()
 	aux.Wait()
 	d.handover(wait, stopRuns)
+	stopLive() // after the state is saved: a successor's pushes go on from what the service has
 	return nil
 }
 
@@ -313,6 +340,10 @@ func (d *Daemon) watchdog(ctx context.Context) {
 // status tells systemd how many runs are going and waiting.
 func (d *Daemon) status() {
 	going, queued, draining := d.sched.Counts()
+	m := d.cfg.Telemetry.Metrics
+	m.SetQueueDepth(queued)
+	m.SetRunsGoing(going)
+	m.SetDegraded("executor", d.health.err() != nil)
 	msg := fmt.Sprintf("STATUS=%d running, %d queued%s", going, queued, d.degradedStatus())
 	if draining {
 		msg = fmt.Sprintf("STATUS=stopping: %d running", going)

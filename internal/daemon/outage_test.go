@@ -128,7 +128,8 @@ func TestOwedCheck(t *testing.T) {
 		c.Account.PDS = proxy.srv.URL
 		c.Retry = daemon.Retry{Backoff: 200 * time.Millisecond, MaxBackoff: time.Second}
 	}
-	stop := w.start(w.config(fast))
+	observed, value := withMetrics(t)
+	stop := w.start(w.config(fast, observed))
 	waitUntil(t, "the running check", 90*time.Second, func() bool { return len(w.checkLog.statuses("gated", commit)) >= 2 })
 
 	// The PDS goes away across the run's end.
@@ -169,6 +170,10 @@ func TestOwedCheck(t *testing.T) {
 	if n := proxy.count(); n > 2 {
 		t.Errorf("%d requests within the rate limit's window, want the owed check to wait for ratelimit-reset", n)
 	}
+	// The metrics: the owed check, and its write put off until the reset.
+	if owed, waits := value("knotless_run_owed_checks"), value("knotless_run_pds_ratelimit_waits_total"); owed != 1 || waits < 1 {
+		t.Errorf("owed_checks %g, pds_ratelimit_waits_total %g; want 1 and at least 1", owed, waits)
+	}
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -205,10 +210,14 @@ func TestRefusedCheck(t *testing.T) {
 		return 0, nil, ""
 	})
 	_, commit := w.Push(map[string]string{".knotless/workflows/gated.yaml": gatedWorkflow(gate)})
-	w.start(w.config(func(c *daemon.Config) { c.Account.PDS = proxy.srv.URL }))
+	observed, value := withMetrics(t)
+	w.start(w.config(func(c *daemon.Config) { c.Account.PDS = proxy.srv.URL }, observed))
 	_, got := w.waitFinal("gated", commit, 90*time.Second)
 	if got.Status != "error" || !strings.HasPrefix(got.Error, "check record refused: ") {
 		t.Fatalf("final check %s (%q), want error \"check record refused: …\"", got.Status, got.Error)
+	}
+	if n := value("knotless_run_check_refusals_total"); n != 1 {
+		t.Errorf("check_refusals_total %g, want 1", n)
 	}
 	time.Sleep(2 * time.Second)
 	if n := runsIn(t, gate); n != 1 {

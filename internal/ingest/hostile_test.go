@@ -169,8 +169,10 @@ func TestHostilePDSHoldsNoListing(t *testing.T) {
 		if len(repos) != 2 || repos[0] != evil.String() {
 			t.Errorf("repositories %v, want both: the hostile owner's listing is used up to its bound", repos)
 		}
-		if got := h.Listed(); got != forge.DefaultListPages {
-			t.Errorf("the hostile PDS was asked for %d pages, want the bound of %d", got, forge.DefaultListPages)
+		// Its pushes, and its cancel, rerun and dispatch records: each
+		// listing to the bound.
+		if got := h.Listed(); got != 4*forge.DefaultListPages {
+			t.Errorf("the hostile PDS was asked for %d pages, want four listings to the bound of %d", got, forge.DefaultListPages)
 		}
 		for _, want := range []string{"listing stopped at its bound", "host=" + h.URL, hostile.DID.String(), "bound=pages", "limit=100"} {
 			if !strings.Contains(log.String(), want) {

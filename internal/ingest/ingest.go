@@ -79,15 +79,23 @@ type Event struct {
 	// Vars are run variables the event gives its runs from outside the
 	// workflow files (a re-run's env, a dispatch's inputs): intake hands
 	// them to each of its jobs, the scheduler to run.Request.Vars.
-	// Nothing lists any yet.
 	Vars []workflow.EnvVar `json:",omitempty"`
+	// Run control (control.go): the record that made the work, the
+	// workflows it runs, a schedule's tick, a re-run dispatch's inputs.
+	Control
 }
 
 // Key identifies the event's work: the record and its commit (a pull
-// whose head moves is new work).
+// whose head moves is new work); for work a run-control record made,
+// that record and the commit; for a schedule, its workflow and tick.
 func (e Event) Key() string {
-	if e.Preflight {
+	switch {
+	case e.Preflight:
 		return "preflight " + e.URI.String() + "@" + e.Commit
+	case e.Cause != "":
+		return e.Cause + "@" + e.Commit
+	case e.Kind == forge.KindSchedule:
+		return "schedule " + e.URI.String() + " " + strings.Join(slices.Sorted(maps.Keys(e.Workflows)), ",") + " " + e.Tick
 	}
 	return e.URI.String() + "@" + e.Commit
 }
@@ -100,7 +108,7 @@ func (e Event) Owner() syntax.DID {
 
 // Subject is the check subject of the event.
 func (e Event) Subject() forge.Subject {
-	return forge.Subject{Repo: e.Repo.URI.String(), Commit: e.Commit, Ref: e.Ref, Event: e.URI.String(), Kind: e.Kind}
+	return forge.Subject{Repo: e.Repo.URI.String(), Commit: e.Commit, Ref: e.Ref, Event: e.URI.String(), Kind: e.Kind, Tick: e.Tick}
 }
 
 // Branch is the branch a workflow's branches filter matches: the pushed
@@ -141,17 +149,9 @@ type Lister struct {
 // writes a pull is listed for pulls from then on. Without Discover this
 // is how a pull from outside the watched accounts is found; it keeps a
 // poll's cost bound by the accounts that matter, not by the PDS's size.
-func (l *Lister) Changed(c Change) {
-	if c.Collection != forge.CollectionPull || c.DID == "" {
-		return
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.authors == nil {
-		l.authors = map[syntax.DID]bool{}
-	}
-	l.authors[c.DID] = true
-}
+// An account that writes a cancel or a rerun is listed for those too
+// (control.go).
+func (l *Lister) Changed(c Change) { l.noteAuthor(c) }
 
 // Snapshot is everything a reconcile found.
 type Snapshot struct {
@@ -159,6 +159,8 @@ type Snapshot struct {
 	// are left out (not seen, so their pushes are not taken for history).
 	Repos  []forge.Record[forge.Repo]
 	Events []Event
+	// Controls are the run-control records listed (control.go).
+	Controls Controls
 	// Hosts are the PDS hosts of the repositories' owners: the event
 	// sources to follow.
 	Hosts []string
@@ -236,6 +238,13 @@ func (l *Lister) Reconcile(ctx context.Context) (*Snapshot, error) {
 		snap.Hosts = append(snap.Hosts, h)
 	}
 	sort.Strings(snap.Hosts)
+	listed := make([]bool, len(owners))
+	var allPulls []forge.Record[forge.Pull]
+	for i, o := range listings {
+		listed[i] = o.listed
+		allPulls = append(allPulls, o.pulls...)
+	}
+	snap.Controls = l.controls(ctx, p, owners, listed, snap.Repos, append(allPulls, pullsOfAuthors...))
 	sort.SliceStable(snap.Events, func(i, j int) bool {
 		return snap.Events[i].URI.RecordKey().String() < snap.Events[j].URI.RecordKey().String()
 	})

@@ -311,8 +311,12 @@ func (in *Intake) deferEvent(log *slog.Logger, ev ingest.Event, dec decision, fi
 	if in.p.Observer != nil {
 		in.p.Observer.Deferred(ev, dec.flag)
 	}
+	what := ev.Kind
+	if ev.Cause != "" {
+		what = "the work of " + ev.Cause // a re-run or a dispatch
+	}
 	if first {
-		log.Info(ev.Kind+" deferred: "+dec.why+"; it waits, without a check, until its author's runs end or its budget refills",
+		log.Info(what+" deferred: "+dec.why+"; it waits, without a check, until its author's runs end or its budget refills",
 			"author", job.Author(ev, in.facts.LimitsAll), "limit", dec.flag)
 	}
 }

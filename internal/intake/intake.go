@@ -17,6 +17,7 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
+	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
 )
@@ -85,6 +86,9 @@ type Scheduler interface {
 	InHand(evKey string) bool
 	HasCheck(key string) bool
 	Load(author string, ev ingest.Event) (runs, owing int)
+	// CancelCheck stops the work of a check for a cancel record, in hand
+	// or not (false: it is being queued; try again).
+	CancelCheck(ctx context.Context, key, by string, ev ingest.Event, c forge.Check) bool
 }
 
 // Checks is the checks part (checks.Keeper): what is final, the error
@@ -93,6 +97,11 @@ type Checks interface {
 	Final(key string) bool
 	Error(ctx context.Context, ev ingest.Event, wf, msg string)
 	Forget(cutoff time.Time, need func(evKey string) bool) int
+	// Get, Work and Unfinished read the checks known (run control): one
+	// by key, every attempt of some work, the work not final.
+	Get(key string) (forge.Check, bool)
+	Work(s forge.Subject) []forge.Check
+	Unfinished() map[string]forge.Check
 }
 
 // State is intake's part of state.json (state.Store).
@@ -104,6 +113,10 @@ type State interface {
 	Cursor(host string) int64
 	SetCursor(host string, seq int64)
 	SaveCursors() error
+	// ScheduleLast and SetScheduleLast keep the newest tick of each
+	// scheduled workflow run (schedule.go).
+	ScheduleLast(repo, wf string) time.Time
+	SetScheduleLast(repo, wf string, t time.Time) error
 }
 
 // Lander is handed each reconcile's listing (lander.Lander.Offer); it
@@ -163,6 +176,12 @@ type Intake struct {
 	fetches map[string]*attempts
 	// hosts are the PDSes of the watched repositories' owners.
 	hosts []string
+	// schedules are the scheduled workflows known by repository
+	// (schedule.go).
+	schedules map[string]*repoSchedule
+	// controlled are the keys of the run-control events the last
+	// reconcile considered (control.go).
+	controlled map[string]bool
 }
 
 // New returns intake.
@@ -176,7 +195,8 @@ func New(cfg Config, facts Facts, p Ports, log *slog.Logger) *Intake {
 	}
 	return &Intake{cfg: cfg, facts: facts, p: p, log: log, wake: make(chan struct{}, 1),
 		budget:   newWriteBudget(cfg.Caps.CheckWritesPerAuthor, cfg.Caps.Window),
-		deferred: map[string]deferral{}, fetches: map[string]*attempts{}}
+		deferred: map[string]deferral{}, fetches: map[string]*attempts{}, schedules: map[string]*repoSchedule{},
+		controlled: map[string]bool{}}
 }
 
 // keyedMutex is a mutex per key, kept while someone holds or waits for

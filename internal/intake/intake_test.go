@@ -107,6 +107,9 @@ func (s *recordingScheduler) Enqueue(_ context.Context, j *job.Job) (bool, error
 func (s *recordingScheduler) InHand(string) bool                   { return false }
 func (s *recordingScheduler) HasCheck(string) bool                 { return false }
 func (s *recordingScheduler) Load(string, ingest.Event) (int, int) { return 0, 0 }
+func (s *recordingScheduler) CancelCheck(context.Context, string, string, ingest.Event, forge.Check) bool {
+	return false
+}
 
 // What cannot run gets one final error check, and the event is done:
 // a pull that does not merge, a refused source, an unreadable workflow

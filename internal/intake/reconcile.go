@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -24,12 +25,17 @@ func (in *Intake) Run(ctx context.Context) {
 		if err := in.Reconcile(ctx); err != nil && ctx.Err() == nil {
 			in.log.Error("reconcile", "err", err)
 		}
+		// A schedule's next tick wakes it too (schedule.go).
+		due, stop := in.nextTick()
 		select {
 		case <-ctx.Done():
+			stop()
 			return
 		case <-tick.C:
 		case <-in.wake:
+		case <-due:
 		}
+		stop()
 	}
 }
 
@@ -59,6 +65,7 @@ func (in *Intake) Reconcile(ctx context.Context) error {
 	in.mu.Lock()
 	in.hosts = snap.Hosts
 	in.mu.Unlock()
+	in.cancels(ctx, snap)
 	for _, ev := range snap.Events {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -67,6 +74,10 @@ func (in *Intake) Reconcile(ctx context.Context) error {
 			in.log.Error("event not handled; tried again at the next reconcile", "event", ev.URI.String(), "commit", ev.Commit, "err", err)
 		}
 	}
+	in.reruns(ctx, snap)
+	in.dispatches(ctx, snap)
+	in.resume(ctx, snap)
+	in.runSchedules(ctx, snap)
 	if in.p.Lander != nil {
 		in.p.Lander.Offer(snap)
 	}
@@ -155,12 +166,19 @@ func (in *Intake) Consider(ctx context.Context, ev ingest.Event) error {
 	}
 	in.warnUnacted(log, ev.Repo.URI.String(), wfs)
 	var jobs, todo []*job.Job
+	// notRun are the workflows a run-control event names that cannot run
+	// (control.go): each gets an error check instead.
+	var notRun []notRunnable
 	for _, wf := range wfs {
 		if !job.RunsFor(wf, ev) || !wf.AllowsRunner(in.facts.Runner.String()) {
 			continue
 		}
 		j := job.New(ev, wf, repo, tree)
-		j.Vars = ev.Vars
+		var err error
+		if j.Vars, err = runVars(ev, wf); err != nil {
+			notRun = append(notRun, notRunnable{wf.Name, err.Error()})
+			continue
+		}
 		jobs = append(jobs, j)
 		if in.p.Checks.Final(j.Key) {
 			continue
@@ -183,9 +201,15 @@ func (in *Intake) Consider(ctx context.Context, ev ingest.Event) error {
 			log.Warn("workflow file unreadable", "err", e)
 			continue
 		}
+		if _, named := ev.Workflows[name]; ev.Workflows != nil && !named {
+			continue // not the run-control event's to report
+		}
 		invalid = append(invalid, invalidFile{name, e})
 	}
-	n := need{known: true, checks: len(jobs) + len(invalid), runs: len(todo), errors: len(invalid)}
+	notRun = append(notRun, missingWorkflows(ev, jobs, notRun, func(name string) bool {
+		return slices.ContainsFunc(invalid, func(f invalidFile) bool { return f.name == name })
+	})...)
+	n := need{known: true, checks: len(jobs) + len(invalid) + len(notRun), runs: len(todo), errors: len(invalid) + len(notRun)}
 	if conflict != nil {
 		n.runs, n.errors = 0, len(todo)+len(invalid)
 	}
@@ -208,6 +232,9 @@ func (in *Intake) Consider(ctx context.Context, ev ingest.Event) error {
 	}
 	for _, f := range invalid {
 		in.p.Checks.Error(ctx, ev, f.name, "invalid workflow file:\n"+f.err.Error())
+	}
+	for _, f := range notRun {
+		in.p.Checks.Error(ctx, ev, f.name, f.why)
 	}
 	if conflict != nil {
 		for _, j := range todo {

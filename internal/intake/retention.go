@@ -39,12 +39,13 @@ func (in *Intake) pruneAfter(snap *ingest.Snapshot) {
 	in.mu.Lock()
 	// A deferred event no longer listed (a pull closed, or moved on to
 	// a newer commit) is not waiting any more; pre-flights are the
-	// lander's, not listed.
+	// lander's, not listed; run-control events are this reconcile's.
 	for k := range in.deferred {
-		if !need[k] && !strings.HasPrefix(k, "preflight ") {
+		if !need[k] && !strings.HasPrefix(k, "preflight ") && !in.controlled[k] {
 			delete(in.deferred, k)
 		}
 	}
+	clear(in.controlled)
 	in.mu.Unlock()
 	keep := func(k string) bool { return need[k] }
 	done, err := in.p.State.Prune(cutoff, keep)

@@ -33,18 +33,24 @@ type Job struct {
 	Tree string
 	// Vars are run variables given from outside the workflow file (a
 	// re-run's env, a dispatch's inputs), handed to the engine as
-	// run.Request.Vars. Nothing sets them yet.
+	// run.Request.Vars.
 	Vars []workflow.EnvVar
 }
 
-// New is the job of workflow wf for event ev, run from tree of repo.
+// New is the job of workflow wf for event ev, run from tree of repo: its
+// key is the check's of ev's attempt of wf (ingest.Event.CheckKey).
 func New(ev ingest.Event, wf *workflow.Workflow, repo Repo, tree string) *Job {
-	return &Job{Key: forge.CheckKey(ev.Subject(), wf.Name), Event: ev, Workflow: wf, Repo: repo, Tree: tree}
+	return &Job{Key: ev.CheckKey(wf.Name), Event: ev, Workflow: wf, Repo: repo, Tree: tree}
 }
 
 // Group is what supersedes: the same workflow on the same ref (a push)
-// or the same pull.
+// or the same pull. Work a run-control record or a schedule made is a
+// group of its own: an owner's explicit re-run or dispatch, or a tick,
+// neither supersedes nor is superseded.
 func (j *Job) Group() string {
+	if j.Event.Cause != "" || j.Event.Kind == forge.KindSchedule {
+		return "own " + j.Key
+	}
 	if j.Event.Kind == forge.KindPull || j.Event.Kind == forge.KindBatch {
 		return "pull " + j.Event.URI.String() + " " + j.Workflow.Name
 	}
@@ -64,7 +70,7 @@ func Older(a, b *Job) bool {
 // a newer commit of the same pull, or a newer push of the same ref,
 // unless j's workflow lets its older runs finish.
 func SupersededBy(j *Job, ev ingest.Event) bool {
-	if j.Workflow != nil && j.Workflow.Superseded == "finish" {
+	if (j.Workflow != nil && j.Workflow.Superseded == "finish") || j.Event.Cause != "" || ev.Cause != "" {
 		return false
 	}
 	switch ev.Kind {
@@ -80,11 +86,15 @@ func SupersededBy(j *Job, ev ingest.Event) bool {
 // Author is whom the author caps count an event against: the account
 // that wrote an untrusted pull (its record's); with all (the limits
 // apply to all runs: --limits-apply-to all), also the owner of a
-// pushed repository. "" for work never capped by author: a trusted
-// push by default, and a merge-queue batch (the owner queued its
-// pulls; --queue-batch bounds it).
+// pushed repository. A re-run or dispatch counts against the account
+// that wrote its record (Cause), whatever its trust. "" for work never
+// capped by author: a trusted push or a schedule's tick by default, and
+// a merge-queue batch (the owner queued its pulls; --queue-batch bounds
+// it).
 func Author(ev ingest.Event, all bool) string {
 	switch {
+	case ev.Cause != "":
+		return syntax.ATURI(ev.Cause).Authority().String()
 	case ev.Kind == forge.KindBatch:
 		return ""
 	case ev.Trusted && all:
@@ -100,9 +110,11 @@ func Author(ev ingest.Event, all bool) string {
 // a push's against the repository's owner.
 func CheckAuthor(c forge.Check, all bool) string {
 	switch {
+	case c.Cause != "":
+		return syntax.ATURI(c.Cause).Authority().String()
 	case c.Subject.Kind == forge.KindPull:
 		return syntax.ATURI(c.Subject.Event).Authority().String()
-	case c.Subject.Kind == forge.KindPush && all:
+	case (c.Subject.Kind == forge.KindPush || c.Subject.Kind == forge.KindSchedule) && all:
 		return syntax.ATURI(c.Subject.Repo).Authority().String()
 	}
 	return ""
@@ -128,9 +140,13 @@ func BatchMirrorKey(repo string) string { return "batch " + repo }
 
 // RunsFor reports whether wf runs for ev: a pre-flight runs the
 // queue: first workflows, a batch the on: batch ones, a pull the
-// on: pull ones and a push the on: push ones.
+// on: pull ones and a push the on: push ones; run-control work (a
+// re-run, a dispatch, a tick) the workflows it names.
 func RunsFor(wf *workflow.Workflow, ev ingest.Event) bool {
 	switch {
+	case ev.Workflows != nil:
+		_, ok := ev.Workflows[wf.Name]
+		return ok
 	case ev.Preflight:
 		return wf.Queue == "first"
 	case ev.Kind == forge.KindBatch:
@@ -147,11 +163,14 @@ type Saved struct {
 	Event ingest.Event `json:"event"`
 	Tree  string       `json:"tree"`
 	Check forge.Check  `json:"check"`
+	// Vars are the job's run variables (a dispatch's inputs with their
+	// defaults, a re-run's env): a successor's run gets them too.
+	Vars []workflow.EnvVar `json:"vars,omitempty"`
 }
 
 // Encode is what state.json keeps of j, whose check is c.
 func Encode(j *Job, c forge.Check) (json.RawMessage, error) {
-	b, err := json.Marshal(Saved{Event: j.Event, Tree: j.Tree, Check: c})
+	b, err := json.Marshal(Saved{Event: j.Event, Tree: j.Tree, Check: c, Vars: j.Vars})
 	if err != nil {
 		return nil, fmt.Errorf("encode job %s: %w", j.Key, err)
 	}

@@ -16,6 +16,12 @@ func pullEvent(author, rkey, commit string) ingest.Event {
 	return ingest.Event{Kind: forge.KindPull, URI: syntax.ATURI("at://" + author + "/" + forge.CollectionPull + "/" + rkey), Commit: commit}
 }
 
+// rerunOf is ev run again for actor's rerun record.
+func rerunOf(ev ingest.Event, actor string) ingest.Event {
+	ev.Control = ingest.Control{Cause: "at://" + actor + "/" + forge.CollectionRerun + "/3r1", Workflows: map[string]int64{"ci": 2}}
+	return ev
+}
+
 func pushEvent(owner, rkey string) ingest.Event {
 	return ingest.Event{Kind: forge.KindPush, URI: syntax.ATURI("at://" + owner + "/" + forge.CollectionRefUpdate + "/" + rkey), Commit: "c" + rkey, Trusted: true}
 }
@@ -47,11 +53,15 @@ func TestAuthor(t *testing.T) {
 		{"the owner's push, limits on all", push, true, owner},
 		{"a landing, limits on all", landing, true, owner},
 		{"a batch", batch, true, ""},
+		{"a re-run of a push", rerunOf(push, "did:plc:owner"), false, owner},
+		{"a pull's re-run by its author", rerunOf(p, spam), false, spam},
+		{"a schedule's tick", ingest.Event{Kind: forge.KindSchedule, URI: p.Repo.URI, Repo: p.Repo, Trusted: true}, false, ""},
+		{"a schedule's tick, limits on all", ingest.Event{Kind: forge.KindSchedule, URI: p.Repo.URI, Repo: p.Repo, Trusted: true}, true, owner},
 	} {
 		if got := Author(tc.ev, tc.all); got != tc.want {
 			t.Errorf("%s: author %q, want %q", tc.name, got, tc.want)
 		}
-		c := forge.Check{Subject: tc.ev.Subject()}
+		c := forge.Check{Subject: tc.ev.Subject(), Cause: tc.ev.Cause}
 		if got := CheckAuthor(c, tc.all); got != tc.want {
 			t.Errorf("%s: its check's author %q, want %q, as its event's", tc.name, got, tc.want)
 		}
@@ -85,6 +95,8 @@ func TestRunsFor(t *testing.T) {
 		{"batch on main", ingest.Event{Kind: forge.KindBatch, Ref: "refs/heads/main"}, []string{"batch"}},
 		{"batch on dev", ingest.Event{Kind: forge.KindBatch, Ref: "refs/heads/dev"}, nil},
 		{"push", ingest.Event{Kind: forge.KindPush, Ref: "refs/heads/main"}, []string{"pre", "push"}},
+		{"a re-run of one workflow", ingest.Event{Kind: forge.KindPush, Ref: "refs/heads/main",
+			Control: ingest.Control{Cause: "at://did:plc:o/dev.knotless.rerun/3r1", Workflows: map[string]int64{"batch": 2}}}, []string{"batch"}},
 	} {
 		var got []string
 		for _, wf := range []*workflow.Workflow{pre, batch, pull, push} {
@@ -137,6 +149,18 @@ func TestGroupAndOlder(t *testing.T) {
 	if SupersededBy(finish, b.Event) {
 		t.Error("a workflow whose older runs finish is superseded")
 	}
+	// A re-run, a dispatch or a tick is a group of its own.
+	again := New(rerunOf(a.Event, "did:plc:owner"), wf, nil, "c")
+	tick := New(ingest.Event{Kind: forge.KindSchedule, URI: repo.URI, Repo: repo, Ref: "refs/heads/main",
+		Control: ingest.Control{Workflows: map[string]int64{"ci": 1}, Tick: "2026-12-05T03:00:00Z"}}, wf, nil, "c")
+	for _, j := range []*Job{again, tick} {
+		if j.Group() == a.Group() || j.Group() == b.Group() || SupersededBy(j, b.Event) || SupersededBy(a, j.Event) {
+			t.Errorf("%s: group %q supersedes or is superseded", j.Key, j.Group())
+		}
+	}
+	if again.Key != forge.AttemptKey(a.Event.Subject(), "ci", 2) {
+		t.Errorf("a re-run's job key %s, want attempt 2's", again.Key)
+	}
 }
 
 // TestMirrorKey: a push's objects go into its repository's mirror, a
@@ -162,13 +186,16 @@ func TestSavedRoundTrip(t *testing.T) {
 	ev := pushEvent("did:plc:owner", "3k1")
 	ev.Repo = forge.Record[forge.Repo]{URI: "at://did:plc:owner/dev.knotless.repo/r"}
 	ev.Vars = []workflow.EnvVar{{Name: "A", Value: "b"}}
+	ev = rerunOf(ev, "did:plc:owner")
 	j := New(ev, &workflow.Workflow{Name: "ci"}, nil, "tree")
+	j.Vars = []workflow.EnvVar{{Name: "INPUT", Value: "x"}, {Name: "A", Value: "b"}}
 	b, err := Encode(j, forge.Check{Status: "running", Workflow: "ci"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	s, err := Decode(b)
-	if err != nil || s.Tree != "tree" || s.Check.Status != "running" || s.Event.Key() != ev.Key() || !slices.Equal(s.Event.Vars, ev.Vars) {
+	if err != nil || s.Tree != "tree" || s.Check.Status != "running" || s.Event.Key() != ev.Key() || !slices.Equal(s.Event.Vars, ev.Vars) ||
+		!slices.Equal(s.Vars, j.Vars) || s.Event.CheckKey("ci") != j.Key {
 		t.Errorf("decoded %+v, %v", s, err)
 	}
 	if _, err := Decode([]byte("{")); err == nil {

@@ -23,6 +23,7 @@ const (
 	FrameChunk = "#chunk"
 	FrameGap   = "#gap"
 	FrameEnd   = "#end"
+	FrameRun   = "#run"
 )
 
 // Frame header ops (atproto event streams).
@@ -111,6 +112,14 @@ type Gap struct {
 type End struct {
 	Size   int64  `cborgen:"size"`
 	Status string `cborgen:"status,omitempty"`
+}
+
+// RunFrame is dev.knotless.subscribeRunOutput#run: the run whose bytes
+// follow. Every subscription begins with one; one in the middle says a
+// new run of the check (a run again after its runner was lost) replaced
+// the stream, which starts again at offset 0.
+type RunFrame struct {
+	Run string `cborgen:"run"`
 }
 
 // File is a run's output file (dev.knotless.defs#runFile).

@@ -94,6 +94,10 @@ func responseError(resp *http.Response) error {
 
 // Event is one frame of a subscription: exactly one field is set.
 type Event struct {
+	// Run names the run whose bytes follow: first on every connection,
+	// and again when a new run of the check replaced the stream (its
+	// bytes start at offset 0).
+	Run   *output.RunFrame
 	Chunk *output.Chunk
 	Gap   *output.Gap
 	End   *output.End
@@ -103,11 +107,22 @@ type Event struct {
 // frame, until the stream's end (nil), fn's error, an error frame (an
 // *Error), or the connection's end.
 func (c *Client) Subscribe(ctx context.Context, check string, cursor int64, fn func(Event) error) error {
+	return c.Resume(ctx, check, "", cursor, fn)
+}
+
+// Resume is Subscribe from cursor of run: when the check's stream is
+// another run's now, the host sends that run's #run and its bytes from
+// offset 0.
+func (c *Client) Resume(ctx context.Context, check, run string, cursor int64, fn func(Event) error) error {
 	d := c.Dialer
 	if d == nil {
 		d = websocket.DefaultDialer
 	}
-	u := c.url(output.MethodSubscribe, url.Values{"check": {check}, "cursor": {strconv.FormatInt(cursor, 10)}})
+	q := url.Values{"check": {check}, "cursor": {strconv.FormatInt(cursor, 10)}}
+	if run != "" {
+		q.Set("run", run)
+	}
+	u := c.url(output.MethodSubscribe, q)
 	u = "ws" + strings.TrimPrefix(u, "http")
 	conn, resp, err := d.DialContext(ctx, u, nil)
 	if err != nil {
@@ -165,6 +180,9 @@ func DecodeFrame(b []byte) (Event, error) {
 	var ev Event
 	var err error
 	switch h.T {
+	case output.FrameRun:
+		ev.Run = &output.RunFrame{}
+		err = ev.Run.UnmarshalCBOR(r)
 	case output.FrameChunk:
 		ev.Chunk = &output.Chunk{}
 		err = ev.Chunk.UnmarshalCBOR(r)

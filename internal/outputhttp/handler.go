@@ -231,17 +231,22 @@ func (h *Handler) getFile(w http.ResponseWriter, r *http.Request) {
 	http.ServeContent(w, r, "", time.Time{}, f)
 }
 
-// subscribe follows a stream over a WebSocket: from the cursor, a #gap
-// for bytes not kept, #chunk frames, and #end once the stream has ended
-// and the subscriber has all of it. The subscriber's pace is its own:
-// it is told of new bytes by a signal that never waits, and reads them
-// from its offset.
+// subscribe follows a stream over a WebSocket: #run naming the run,
+// from the cursor a #gap for bytes not kept, #chunk frames, and #end
+// once the stream has ended and the subscriber has all of it. The
+// subscriber's pace is its own: it is told of new bytes by a signal that
+// never waits, and reads them from its offset. A stream another run of
+// the check replaced (its runner lost the run and runs the work again)
+// goes on with the new run's #run and its bytes from offset 0, on the
+// same connection or, for a subscriber that comes back naming the run
+// it followed, on the next.
 func (h *Handler) subscribe(w http.ResponseWriter, r *http.Request) {
 	check, cerr := checkParam(r)
 	var cursor int64
 	if cerr == nil {
 		cursor, cerr = intParam(r, "cursor", 0, 1<<62)
 	}
+	followed := r.URL.Query().Get("run")
 	conn, err := h.up.Upgrade(w, r, nil)
 	if err != nil {
 		return // the upgrader answered
@@ -280,9 +285,15 @@ func (h *Handler) subscribe(w http.ResponseWriter, r *http.Request) {
 		fail("TooManySubscribers", err.Error())
 		return
 	}
-	defer stop()
+	defer func() { stop() }()
+	if followed != "" && followed != s.Run() {
+		cursor = 0 // another run's stream: from its start
+	}
 	if size := s.Size(); cursor > size {
 		fail("FutureCursor", fmt.Sprintf("cursor %d is past the stream's %d bytes", cursor, size))
+		return
+	}
+	if h.write(conn, output.FrameRun, &output.RunFrame{Run: s.Run()}) != nil {
 		return
 	}
 	ping := time.NewTicker(h.cfg.PingEvery)
@@ -309,6 +320,21 @@ func (h *Handler) subscribe(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		if rd.Final {
+			// A stream ended without a status was cut short: replaced by
+			// a new run of the check, followed from its start.
+			if next, ok := h.cfg.Source.Stream(check); ok && rd.Status == "" && next != s && next.Run() != s.Run() {
+				nsig, nstop, err := next.Watch()
+				if err != nil {
+					fail("TooManySubscribers", err.Error())
+					return
+				}
+				stop()
+				s, signal, stop, off = next, nsig, nstop, 0
+				if h.write(conn, output.FrameRun, &output.RunFrame{Run: s.Run()}) != nil {
+					return
+				}
+				continue
+			}
 			if h.write(conn, output.FrameEnd, &output.End{Size: rd.Size, Status: rd.Status}) == nil {
 				_ = conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
 			}

@@ -214,7 +214,7 @@ func TestSubscribeFrames(t *testing.T) {
 	}
 	defer conn.Close()
 	cat := catalog(t)
-	for _, want := range []string{"#chunk", "#gap", "#chunk", "#end"} {
+	for _, want := range []string{"#run", "#chunk", "#gap", "#chunk", "#end"} {
 		_, b, err := conn.ReadMessage()
 		if err != nil {
 			t.Fatal(err)
@@ -250,6 +250,67 @@ func TestSubscribeFrames(t *testing.T) {
 	var ef events.ErrorFrame
 	if h.UnmarshalCBOR(r) != nil || ef.UnmarshalCBOR(r) != nil || h.Op != events.EvtKindErrorFrame || ef.Error != "FutureCursor" {
 		t.Errorf("cursor past the end: header %+v, error %+v", h, ef)
+	}
+}
+
+// A stream a new run of the check replaces (its runner lost the run and
+// runs the work again) goes on, on the same connection, with the new
+// run's #run and its bytes from offset 0; a subscriber that comes back
+// naming the run it followed gets the new run from its start, whatever
+// its cursor.
+func TestSubscribeReplaced(t *testing.T) {
+	t.Parallel()
+	hub := output.NewHub(output.HubConfig{})
+	old, _ := hub.Open(check, "r1")
+	_, c := serve(t, hub, nil)
+	_, _ = old.Write([]byte("first attempt\n"))
+	var frames []string
+	firstLine := make(chan struct{})
+	seen := sync.OnceFunc(func() { close(firstLine) })
+	errc := make(chan error, 1)
+	go func() {
+		errc <- c.Subscribe(context.Background(), check, 0, func(ev outputhttp.Event) error {
+			switch {
+			case ev.Run != nil:
+				frames = append(frames, "run "+ev.Run.Run)
+			case ev.Chunk != nil:
+				frames = append(frames, fmt.Sprintf("%d %q", ev.Chunk.Offset, ev.Chunk.Data))
+				seen()
+			case ev.End != nil:
+				frames = append(frames, "end "+ev.End.Status)
+			}
+			return nil
+		})
+	}()
+	<-firstLine
+	again, _ := hub.Open(check, "r2")
+	_, _ = again.Write([]byte("second attempt\n"))
+	again.End("success")
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"run r1", `0 "first attempt\n"`, "run r2", `0 "second attempt\n"`, "end success"}
+	if strings.Join(frames, "|") != strings.Join(want, "|") {
+		t.Errorf("frames %q, want %q", frames, want)
+	}
+
+	frames = nil
+	if err := c.Resume(context.Background(), check, "r1", 14, func(ev outputhttp.Event) error {
+		switch {
+		case ev.Run != nil:
+			frames = append(frames, "run "+ev.Run.Run)
+		case ev.Chunk != nil:
+			frames = append(frames, fmt.Sprintf("%d %q", ev.Chunk.Offset, ev.Chunk.Data))
+		case ev.End != nil:
+			frames = append(frames, "end "+ev.End.Status)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	want = []string{"run r2", `0 "second attempt\n"`, "end success"}
+	if strings.Join(frames, "|") != strings.Join(want, "|") {
+		t.Errorf("resumed naming the replaced run: frames %q, want %q", frames, want)
 	}
 }
 

@@ -88,11 +88,28 @@ func CI(name string, scripts ...string) *workflow.Workflow {
 // Lister answers Reconcile with the events set, and lists their
 // repositories and the repositories set (ingest.Lister).
 type Lister struct {
-	mu      sync.Mutex
-	events  []ingest.Event
-	repos   []forge.Record[forge.Repo]
-	err     error
-	changes []ingest.Change
+	mu       sync.Mutex
+	events   []ingest.Event
+	repos    []forge.Record[forge.Repo]
+	controls ingest.Controls
+	err      error
+	changes  []ingest.Change
+}
+
+// SetControls makes c the run-control records listed.
+func (l *Lister) SetControls(c ingest.Controls) {
+	l.mu.Lock()
+	l.controls = c
+	l.mu.Unlock()
+}
+
+// AddControls lists more run-control records.
+func (l *Lister) AddControls(c ingest.Controls) {
+	l.mu.Lock()
+	l.controls.Cancels = append(l.controls.Cancels, c.Cancels...)
+	l.controls.Reruns = append(l.controls.Reruns, c.Reruns...)
+	l.controls.Dispatches = append(l.controls.Dispatches, c.Dispatches...)
+	l.mu.Unlock()
 }
 
 // Set makes evs the events listed.
@@ -130,7 +147,8 @@ func (l *Lister) Reconcile(context.Context) (*ingest.Snapshot, error) {
 	if l.err != nil {
 		return nil, l.err
 	}
-	snap := &ingest.Snapshot{Events: slices.Clone(l.events), Hosts: []string{"http://127.0.0.1:1"}}
+	snap := &ingest.Snapshot{Events: slices.Clone(l.events), Hosts: []string{"http://127.0.0.1:1"}, Controls: ingest.Controls{
+		Cancels: slices.Clone(l.controls.Cancels), Reruns: slices.Clone(l.controls.Reruns), Dispatches: slices.Clone(l.controls.Dispatches)}}
 	seen := map[syntax.ATURI]bool{}
 	for _, ev := range l.events {
 		if !seen[ev.Repo.URI] {
@@ -807,4 +825,24 @@ func (f *Queue) QueuePullTo(m *Mirrors, repo forge.Record[forge.Repo], base stri
 	f.mu.Unlock()
 	m.SetPaths(head, paths...)
 	return uri, head
+}
+
+// CancelOf is actor's cancel record of the check of key (rkey its
+// record key).
+func CancelOf(actor, rkey, key string) forge.Record[forge.Cancel] {
+	return forge.Record[forge.Cancel]{URI: syntax.ATURI("at://" + actor + "/" + forge.CollectionCancel + "/" + rkey),
+		Value: forge.Cancel{Type: forge.CollectionCancel, Check: key, CreatedAt: forge.Now()}}
+}
+
+// RerunOf is actor's rerun record rec (rkey a TID), its check key set.
+func RerunOf(actor, rkey, key string, rec forge.Rerun) forge.Record[forge.Rerun] {
+	rec.Type, rec.Check, rec.CreatedAt = forge.CollectionRerun, key, forge.Now()
+	return forge.Record[forge.Rerun]{URI: syntax.ATURI("at://" + actor + "/" + forge.CollectionRerun + "/" + rkey), Value: rec}
+}
+
+// DispatchOf is the owner's dispatch record of workflow wf on ref (rkey
+// a TID) of the rig's repository, with inputs.
+func DispatchOf(rkey, ref, wf string, inputs ...forge.Variable) forge.Record[forge.Dispatch] {
+	return forge.Record[forge.Dispatch]{URI: syntax.ATURI("at://" + Owner + "/" + forge.CollectionDispatch + "/" + rkey),
+		Value: forge.Dispatch{Type: forge.CollectionDispatch, Repo: Repo, Ref: ref, Workflow: wf, Inputs: inputs, CreatedAt: forge.Now()}}
 }

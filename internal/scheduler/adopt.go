@@ -37,6 +37,7 @@ func (s *Scheduler) Adopt(ctx context.Context) int {
 			s.log.Warn("cannot adopt a handed-over run; its work runs again", "check", key, "run", r.RunID, "err", err)
 			continue
 		}
+		t.seen.started = r.StartedAt
 		tasks = append(tasks, t)
 		keys = append(keys, key)
 	}
@@ -113,7 +114,7 @@ func (s *Scheduler) rebuild(ctx context.Context, key string, r state.Run) (*task
 	if err != nil {
 		return nil, fmt.Errorf("read the run's log so far: %w", err)
 	}
-	j := &job.Job{Key: key, Event: saved.Event, Workflow: wf, Repo: repo, Tree: saved.Tree}
+	j := &job.Job{Key: key, Event: saved.Event, Workflow: wf, Repo: repo, Tree: saved.Tree, Vars: saved.Vars}
 	return &task{Job: j, runID: r.RunID, check: saved.Check, adopt: r.Handover, prior: prior}, nil
 }
 

@@ -2,6 +2,8 @@ package scheduler
 
 import (
 	"context"
+	"io"
+	"time"
 
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
@@ -16,9 +18,12 @@ type task struct {
 	runID  string
 	check  forge.Check
 	cancel context.CancelFunc
+	// seen is what status shows of it (status.go).
+	seen seen
 	// superseded names the newer event that cancelled the run;
-	// cancelled says why a Cancel did.
+	// cancelled the cancel record a Cancel did it for, at cancelledAt.
 	superseded, cancelled string
+	cancelledAt           time.Time
 	// released is set when a stopping daemon cancelled the run: its check
 	// goes back to queued for the successor.
 	released bool
@@ -30,6 +35,8 @@ type task struct {
 	// the task came; it is claimed before any other, and its running
 	// record is its check's first.
 	unwritten bool
+	// live is the run's live output (Tap.Open); nil: none.
+	live io.Writer
 }
 
 // queue is the work in hand: the tasks waiting for a worker and the

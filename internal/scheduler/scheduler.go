@@ -67,7 +67,7 @@ type Checks interface {
 	Running(ctx context.Context, key string, c forge.Check, started time.Time, log *slog.Logger) forge.Check
 	Finished(ctx context.Context, key string, ev ingest.Event, c forge.Check, res *run.Result, outDir string, log *slog.Logger) forge.Check
 	Superseded(ctx context.Context, key string, ev ingest.Event, c forge.Check, by string, res *run.Result, outDir string, log *slog.Logger) forge.Check
-	Cancelled(ctx context.Context, key string, ev ingest.Event, c forge.Check, why string, res *run.Result, outDir string, log *slog.Logger) forge.Check
+	Cancelled(ctx context.Context, key string, ev ingest.Event, c forge.Check, by string, res *run.Result, outDir string, log *slog.Logger) forge.Check
 	Released(ctx context.Context, key string, c forge.Check, res *run.Result, outDir string, log *slog.Logger)
 	Pending(ev ingest.Event) bool
 }
@@ -105,17 +105,28 @@ type Sweeper interface {
 // Observer is told what happens to jobs (metrics); every method is
 // optional: a nil Observer is told nothing.
 type Observer interface {
-	// Queued: a job is in the queue; Started: its run started (or an
-	// adopted one goes on); Ended: its run ended, with its result.
+	// Queued: a job is in the queue; Started: its run started, queued
+	// since queued (or an adopted one goes on: queued is zero); Ended:
+	// its run ended, with its result.
 	Queued(j *job.Job)
-	Started(j *job.Job, runID string)
+	Started(j *job.Job, runID string, queued time.Time)
 	Ended(j *job.Job, res *run.Result)
 }
 
-// Tap gives a run a writer of its live, masked log (run.Request.Live):
-// live output. nil, or a nil writer, taps nothing.
+// Tap is live output (tap.go): it gives each run a writer of its live,
+// masked log (run.Request.Live) and is told of the run's end. A nil Tap,
+// or a nil writer, taps nothing.
 type Tap interface {
-	Live(j *job.Job, runID string) io.Writer
+	// Open is asked before a run starts, before its running check is
+	// written (prior and h nil), or before an adopted run goes on: prior
+	// is the log an earlier process handed over, h its handover (the
+	// stream goes on at h.LogSize with no byte twice).
+	Open(j *job.Job, runID string, prior []byte, h *run.Handover) io.Writer
+	// Ended is told the result of a run that ended here, its outputs in
+	// outDir, before its final check is written and outDir removed. A
+	// run handed over (it goes on in a successor) or released (a
+	// successor runs its work anew) does not end here: it is not told.
+	Ended(j *job.Job, runID string, res *run.Result, outDir string)
 }
 
 // Ports are what the scheduler uses of the outside.
@@ -181,15 +192,17 @@ func New(cfg Config, facts Facts, p Ports, log *slog.Logger) *Scheduler {
 	return s
 }
 
-// Cancel stops the job of check key: a waiting one leaves the queue, a
-// running one is cancelled; either's check ends cancelled with why as
-// its error (run control: control.CancelledText). It reports whether a
-// job of key was in hand.
-func (s *Scheduler) Cancel(ctx context.Context, key, why string) bool {
+// Cancel stops the job of check key for the cancel record by (its
+// AT-URI): a waiting one leaves the queue, a running one is cancelled;
+// either's check ends cancelled naming the record (Keeper.Cancelled). A
+// run that ends before its cancel takes effect keeps its result: one
+// final check, whichever came first. It reports whether a job of key
+// was in hand (CancelCheck also cancels work not in hand).
+func (s *Scheduler) Cancel(ctx context.Context, key, by string) bool {
 	s.mu.Lock()
 	if t, ok := s.q.running[key]; ok {
 		if t.cancelled == "" && t.superseded == "" {
-			t.cancelled = why
+			t.cancelled, t.cancelledAt = by, time.Now()
 			t.cancel()
 		}
 		s.mu.Unlock()
@@ -200,7 +213,7 @@ func (s *Scheduler) Cancel(ctx context.Context, key, why string) bool {
 	if t == nil {
 		return false
 	}
-	s.p.Checks.Cancelled(ctx, t.Key, t.Event, t.check, why, nil, "", s.log)
+	s.p.Checks.Cancelled(ctx, t.Key, t.Event, t.check, by, nil, "", s.log)
 	s.markDoneIfIdle(t.Event)
 	s.p.Changed()
 	return true

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/google/go-cmp/cmp"
@@ -155,9 +157,9 @@ type observer struct {
 	events []string
 }
 
-func (o *observer) add(s string)                 { o.mu.Lock(); o.events = append(o.events, s); o.mu.Unlock() }
-func (o *observer) Queued(j *job.Job)            { o.add("queued " + j.Workflow.Name) }
-func (o *observer) Started(j *job.Job, _ string) { o.add("started " + j.Workflow.Name) }
+func (o *observer) add(s string)                              { o.mu.Lock(); o.events = append(o.events, s); o.mu.Unlock() }
+func (o *observer) Queued(j *job.Job)                         { o.add("queued " + j.Workflow.Name) }
+func (o *observer) Started(j *job.Job, _ string, _ time.Time) { o.add("started " + j.Workflow.Name) }
 func (o *observer) Ended(j *job.Job, res *run.Result) {
 	o.add("ended " + j.Workflow.Name + " " + string(res.Status))
 }
@@ -166,14 +168,32 @@ func (o *observer) Ended(j *job.Job, res *run.Result) {
 type tap struct {
 	mu   sync.Mutex
 	logs map[string]*bytes.Buffer
+	// checks, when set, lists the statuses written for a check; opened
+	// records them at each Open.
+	checks func(key string) []string
+	opened []string
+	ended  []*run.Result
 }
 
-func (tp *tap) Live(j *job.Job, runID string) io.Writer {
+func (tp *tap) Open(j *job.Job, runID string, prior []byte, h *run.Handover) io.Writer {
 	tp.mu.Lock()
 	defer tp.mu.Unlock()
 	b := &bytes.Buffer{}
 	tp.logs[j.Key] = b
+	if tp.checks != nil {
+		size := int64(-1)
+		if h != nil {
+			size = h.LogSize
+		}
+		tp.opened = append(tp.opened, fmt.Sprintf("%s after %v, prior %q at %d", runID, tp.checks(j.Key), prior, size))
+	}
 	return b
+}
+
+func (tp *tap) Ended(_ *job.Job, _ string, res *run.Result, _ string) {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	tp.ended = append(tp.ended, res)
 }
 
 // A job from its queued check to its final one: the run on the engine
@@ -252,7 +272,8 @@ func TestWorkWakesForAuthors(t *testing.T) {
 }
 
 // Cancel: a waiting job leaves the queue, a running one is cancelled;
-// both checks end cancelled saying why. A key not in hand is not.
+// both checks end cancelled naming the cancel record. A key not in hand
+// is not.
 func TestCancel(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
@@ -269,7 +290,7 @@ func TestCancel(t *testing.T) {
 		}
 		synctest.Wait()
 		for _, j := range []*job.Job{waiting, running} {
-			if !w.s.Cancel(t.Context(), j.Key, "cancelled by at://did:plc:owner/dev.knotless.cancel/1") {
+			if !w.s.Cancel(t.Context(), j.Key, "at://did:plc:owner/dev.knotless.cancel/1") {
 				t.Errorf("%s not in hand", j.Key)
 			}
 		}
@@ -280,8 +301,9 @@ func TestCancel(t *testing.T) {
 		stop()
 		for _, j := range []*job.Job{running, waiting} {
 			c, _ := w.keeper.Get(j.Key)
-			if c.Status != "cancelled" || c.Error != "cancelled by at://did:plc:owner/dev.knotless.cancel/1" {
-				t.Errorf("%s: %s %q", j.Key, c.Status, c.Error)
+			if c.Status != "cancelled" || c.Error != "cancelled by at://did:plc:owner/dev.knotless.cancel/1" ||
+				c.CancelledBy != "at://did:plc:owner/dev.knotless.cancel/1" {
+				t.Errorf("%s: %s %q by %q", j.Key, c.Status, c.Error, c.CancelledBy)
 			}
 			if !w.store.Done(j.Event.Key()) {
 				t.Errorf("%s: not done", j.Key)
@@ -291,12 +313,15 @@ func TestCancel(t *testing.T) {
 }
 
 // At the stop wait a run still going is released: its check back to
-// queued, not done, for the successor.
+// queued, not done, for the successor; its live output is not ended
+// (the successor's run of the work replaces it).
 func TestReleaseRunning(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		w := newWorld(t)
 		w.facts.Executor = executor.Capabilities{} // cannot detach
+		tp := &tap{logs: map[string]*bytes.Buffer{}}
+		w.ports.Tap = tp
 		w.s = New(w.cfg, w.facts, w.ports, nil)
 		never := make(chan struct{})
 		w.exec.Script = func(string, string) fakeexec.Step { return fakeexec.Step{Gate: never} }
@@ -323,6 +348,9 @@ func TestReleaseRunning(t *testing.T) {
 		if w.store.Done(j.Event.Key()) {
 			t.Error("released work is done")
 		}
+		if len(tp.ended) != 0 {
+			t.Errorf("the released run's live output was ended (%+v): a successor runs the work again", tp.ended)
+		}
 	})
 }
 
@@ -342,6 +370,7 @@ func TestDetachAndAdopt(t *testing.T) {
 			return fakeexec.Step{Output: "after\n"}
 		}
 		j := w.runnable(rig.Push("3k1", "c1"), "ci", "make", "make test")
+		j.Vars = []workflow.EnvVar{{Name: "RERUN_ENV", Value: "1"}} // a re-run's env: the successor's run gets it too
 		w.git.SetWorkflows(j.Workflow)
 		stop := w.work(t, w.s)
 		if _, err := w.s.Enqueue(t.Context(), j); err != nil {
@@ -370,6 +399,9 @@ func TestDetachAndAdopt(t *testing.T) {
 		next := w.again(t)
 		if n := next.Adopt(t.Context()); n != 1 {
 			t.Fatalf("adopted %d runs, want 1", n)
+		}
+		if got := next.adopted[0].Vars; !slices.Equal(got, j.Vars) {
+			t.Errorf("the adopted run's variables %v, want %v", got, j.Vars)
 		}
 		if err := next.Sweep(t.Context()); err != nil {
 			t.Fatal(err)
@@ -590,4 +622,78 @@ func TestSecretsOfATrustedRun(t *testing.T) {
 	if _, err := s.secrets(t.Context(), &job.Job{Event: rig.Push("3k1", "c1"), Workflow: wf}); err == nil {
 		t.Error("a failed listing of sealed secrets gave no error")
 	}
+}
+
+// Work shows the jobs in hand as status shows them: the running one
+// with its run, its start and the step it is at, the waiting one with
+// when it was queued; the observer is told how long the run waited.
+func TestWorkShowsTheJobsInHand(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t)
+		obs := &waits{}
+		w.ports.Observer = obs
+		w.s = New(w.cfg, w.facts, w.ports, nil)
+		gate := make(chan struct{})
+		w.exec.Script = func(_, id string) fakeexec.Step {
+			if id == "2" {
+				return fakeexec.Step{Gate: gate}
+			}
+			return fakeexec.Step{}
+		}
+		first := w.runnable(rig.Push("3k1", "c1"), "ci", "make", "make test")
+		second := w.runnable(rig.Push("3k2", "c2"), "lint", "make lint")
+		queuedAt := time.Now()
+		for _, j := range []*job.Job{first, second} {
+			if _, err := w.s.Enqueue(t.Context(), j); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(5 * time.Second) // waiting, queued
+		stop := w.work(t, w.s)
+		synctest.Wait()
+		running, waiting := w.s.Work()
+		if len(running) != 1 || len(waiting) != 1 {
+			t.Fatalf("work: %d running, %d waiting; want 1 and 1", len(running), len(waiting))
+		}
+		r, q := running[0], waiting[0]
+		if r.Job != first || r.RunID == "" || !r.Started.Equal(queuedAt.Add(5*time.Second)) || r.Adopted {
+			t.Errorf("running: %+v", r)
+		}
+		if want := (run.Progress{Step: 2, Steps: 2, Name: "ci-b", Started: queuedAt.Add(5 * time.Second)}); r.Progress != want {
+			t.Errorf("progress %+v, want %+v", r.Progress, want)
+		}
+		if q.Job != second || q.RunID != "" || !q.Queued.Equal(queuedAt) || !q.Started.IsZero() {
+			t.Errorf("waiting: %+v", q)
+		}
+		close(gate)
+		synctest.Wait()
+		stop()
+		if diff := cmp.Diff([]time.Duration{5 * time.Second, 5 * time.Second}, obs.get()); diff != "" {
+			t.Errorf("waits observed (-want +got):\n%s", diff)
+		}
+		if running, waiting := w.s.Work(); len(running)+len(waiting) != 0 {
+			t.Errorf("work after the runs: %v %v", running, waiting)
+		}
+	})
+}
+
+// waits records how long each started run waited queued.
+type waits struct {
+	mu sync.Mutex
+	d  []time.Duration
+}
+
+func (o *waits) Queued(*job.Job)             {}
+func (o *waits) Ended(*job.Job, *run.Result) {}
+func (o *waits) Started(_ *job.Job, _ string, queued time.Time) {
+	o.mu.Lock()
+	o.d = append(o.d, time.Since(queued))
+	o.mu.Unlock()
+}
+
+func (o *waits) get() []time.Duration {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.d
 }

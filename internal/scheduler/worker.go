@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -31,7 +32,7 @@ func (s *Scheduler) Enqueue(ctx context.Context, j *job.Job) (bool, error) {
 	var t *task
 	if s.q.free() > 0 {
 		if c, ok := s.p.Checks.Unqueued(j.Key, j.Event, j.Workflow.Name); ok {
-			t = &task{Job: j, check: c, unwritten: true}
+			t = &task{Job: j, check: c, unwritten: true, seen: seen{queued: time.Now()}}
 		}
 	}
 	if t == nil {
@@ -44,7 +45,7 @@ func (s *Scheduler) Enqueue(ctx context.Context, j *job.Job) (bool, error) {
 			s.mu.Unlock()
 			return false, err
 		}
-		t = &task{Job: j, check: c}
+		t = &task{Job: j, check: c, seen: seen{queued: time.Now()}}
 	}
 	cancelQueued, cancelRunning := s.q.add(t)
 	for _, o := range cancelRunning {
@@ -168,6 +169,7 @@ func (s *Scheduler) jobEnded(t *task) {
 // final check: it is recorded for the successor.
 func (s *Scheduler) runJob(ctx context.Context, t *task) {
 	log := s.log.With("check", t.Key, "workflow", t.Workflow.Name, "event", t.Event.URI.String())
+	s.openLive(t)
 	dir := s.runDir(t.runID)
 	res := s.execute(ctx, t, dir, log)
 	// Detached before its session started (a pod still Pending): nothing
@@ -193,7 +195,7 @@ func (s *Scheduler) runJob(ctx context.Context, t *task) {
 	s.mu.Lock()
 	cancelled := res.Status == run.Cancelled
 	released := unstarted || (t.released && cancelled)
-	superseded, why := t.superseded, t.cancelled
+	superseded, why, cancelledAt := t.superseded, t.cancelled, t.cancelledAt
 	s.mu.Unlock()
 	// The run leaves state.json once its check says how it ended (a
 	// crash before that runs the work again; after it, the check is
@@ -207,6 +209,9 @@ func (s *Scheduler) runJob(ctx context.Context, t *task) {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
 	outDir := filepath.Join(dir, "outputs")
+	if !released {
+		s.endLive(t, res, outDir)
+	}
 	var final forge.Check
 	switch {
 	case released:
@@ -216,6 +221,8 @@ func (s *Scheduler) runJob(ctx context.Context, t *task) {
 	case superseded != "" && cancelled:
 		final = s.p.Checks.Superseded(wctx, t.Key, t.Event, t.check, superseded, res, outDir, log)
 	case why != "" && cancelled:
+		// The cancel's figure: from the record read to the run stopped.
+		log.Info("run stopped by a cancel record", "run", t.runID, "by", why, "stopped_in", time.Since(cancelledAt))
 		final = s.p.Checks.Cancelled(wctx, t.Key, t.Event, t.check, why, res, outDir, log)
 	default:
 		final = s.p.Checks.Finished(wctx, t.Key, t.Event, t.check, res, outDir, log)
@@ -226,6 +233,9 @@ func (s *Scheduler) runJob(ctx context.Context, t *task) {
 // start writes the running check and records the run in state.json.
 func (s *Scheduler) start(ctx context.Context, t *task, log *slog.Logger) error {
 	started := time.Now().UTC()
+	s.mu.Lock()
+	t.seen.started = started
+	s.mu.Unlock()
 	t.check = s.p.Checks.Running(ctx, t.Key, t.check, started, log)
 	saved, err := job.Encode(t.Job, t.check)
 	if err != nil {
@@ -284,8 +294,12 @@ func (s *Scheduler) execute(ctx context.Context, t *task, dir string, log *slog.
 			s.log.Info("a run failed before its session started while stopping; released", "check", t.Key, "err", err)
 			return &run.Result{RunID: t.runID, Workflow: t.Workflow.Name, Status: run.Detached, StartedAt: now, FinishedAt: now}
 		}
+		line := "knotless-run: error: " + err.Error() + "\n"
+		if t.live != nil {
+			_, _ = io.WriteString(t.live, line) // the stream is the log
+		}
 		return &run.Result{RunID: t.runID, Workflow: t.Workflow.Name, Status: run.Error, Error: err.Error(), StartedAt: now, FinishedAt: now,
-			Log: append(t.prior, "knotless-run: error: "+err.Error()+"\n"...)}
+			Log: append(t.prior, line...)}
 	}
 	checkout := filepath.Join(dir, "checkout")
 	req := run.Request{
@@ -301,11 +315,12 @@ func (s *Scheduler) execute(ctx context.Context, t *task, dir string, log *slog.
 		},
 		Detach: s.detach,
 		// A push's record key is a TID: the later push orders higher.
-		Cache: run.CacheScope{Repo: t.Event.Repo.URI.String(), Order: t.Event.URI.RecordKey().String()},
+		Cache: run.CacheScope{Repo: t.Event.Repo.URI.String(), Order: t.Event.Order()},
 	}
-	if s.p.Tap != nil {
-		req.Live = s.p.Tap.Live(t.Job, t.runID)
+	if t.live != nil {
+		req.Live = t.live
 	}
+	req.Progress = func(p run.Progress) { s.setProgress(t, p) }
 	if t.adopt != nil {
 		s.started(t)
 		secrets, err := s.runSecrets(ctx, t)
@@ -357,7 +372,7 @@ func (s *Scheduler) execute(ctx context.Context, t *task, dir string, log *slog.
 // started tells the observer a run started (or an adopted one goes on).
 func (s *Scheduler) started(t *task) {
 	if s.p.Observer != nil {
-		s.p.Observer.Started(t.Job, t.runID)
+		s.p.Observer.Started(t.Job, t.runID, t.seen.queued)
 	}
 }
 

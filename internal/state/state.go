@@ -51,6 +51,10 @@ type State struct {
 	// Lander is the merge queue's memory the records do not hold (a
 	// bisection), by repository AT-URI; opaque here.
 	Lander map[string]json.RawMessage `json:"lander,omitempty"`
+	// Schedules are, by repository AT-URI and workflow, the newest tick
+	// of its schedule run (or when the runner first saw the schedule):
+	// schedule.go.
+	Schedules map[string]map[string]time.Time `json:"schedules,omitempty"`
 }
 
 // Run is one run that was started and has no final check yet.

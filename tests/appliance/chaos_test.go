@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bluesky-social/indigo/atproto/syntax"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"knotless.dev/run/internal/executor/kubernetes"
@@ -112,21 +113,41 @@ steps:
 }
 
 // chaosPush is one push of the loop: its workflow's check must end
-// once, with want.
+// once, with want, or cancelled by the cancel record the loop wrote for
+// it (whichever won: the run's end or the cancel).
 type chaosPush struct {
-	kind   chaosKind
-	commit string
+	kind    chaosKind
+	commit  string
+	subject forge.Subject
+	cancel  string // the cancel record's AT-URI, when one was written
+	rerun   bool
 }
+
+// chaosRerun is a rerun record the loop wrote for a push whose check
+// was final: its new attempt must end once, final, with the push's
+// workflow's status.
+type chaosRerun struct {
+	uri  string
+	push int // in pushed
+}
+
+// key is the check key of the push's first attempt.
+func (p chaosPush) key() string { return forge.CheckKey(p.subject, "chaos") }
 
 // TestChaos pushes workflows (long, failing, with secrets, with a cache) while a
 // driver SIGKILLs or SIGTERMs the daemon of the module's real systemd
 // unit at random moments (`systemctl kill`: every process of the unit,
-// git's too, harsher than a stop), then lets it settle, and asserts: every push
-// has exactly one check and it is final with its workflow's status (0
-// lost), no check is written final twice (0 duplicates), no Job or pod
-// of the runner is left and its NetworkPolicy names no run, and the
-// secret's value is in none of the journal, the check records, their
-// log blobs and the namespace's objects. The figures go to the test log.
+// git's too, harsher than a stop), and before each signal the owner
+// cancels a push's check or re-runs a final one; then it lets it
+// settle, and asserts: every push has exactly one first-attempt check
+// and it is final with its workflow's status (or cancelled by the
+// owner's record, when the cancel won the race with the run's end), and
+// every re-run exactly one new attempt, final with its workflow's
+// status (0 lost), no check is written final twice (0 duplicates), no
+// Job or pod of the runner is left and its NetworkPolicy names no run,
+// and the secret's value is in none of the journal, the check records,
+// their log blobs and the namespace's objects. The figures go to the
+// test log.
 func TestChaos(t *testing.T) {
 	t.Parallel()
 	kills := chaosKillCount(t)
@@ -149,11 +170,45 @@ func TestChaos(t *testing.T) {
 	k := bootKube(t, c, w, map[string]any{"concurrency": 2, "stop-wait": "1m"})
 
 	var pushed []chaosPush
+	var reruns []chaosRerun
 	push := func() {
 		i := len(pushed)
 		kind := chaosKinds[i%len(chaosKinds)]
-		commit := w.pushTo(fmt.Sprintf("chaos-%d", i), map[string]string{".knotless/workflows/chaos.yaml": kind.workflow})
-		pushed = append(pushed, chaosPush{kind: kind, commit: commit})
+		branch := fmt.Sprintf("chaos-%d", i)
+		uri, commit := w.pushRecord(branch, map[string]string{".knotless/workflows/chaos.yaml": kind.workflow})
+		pushed = append(pushed, chaosPush{kind: kind, commit: commit, subject: forge.Subject{Repo: w.RepoURI.String(), Commit: commit,
+			Ref: "refs/heads/" + branch, Event: uri.String(), Kind: forge.KindPush}})
+	}
+	// Run control in the cycle: on even rounds the owner cancels the
+	// newest push's check (queued, running or already final), on odd
+	// ones re-runs the oldest push whose check is final, with a run
+	// variable; each record is written just before a signal, so some
+	// are read by the process the signal ends, some by its successor.
+	control := func(round int) {
+		if round%2 == 0 {
+			p := &pushed[len(pushed)-1]
+			if p.cancel != "" {
+				return
+			}
+			rec := forge.Cancel{Type: forge.CollectionCancel, Check: p.key(), Runner: w.Runner.DID.String(), Repo: w.RepoURI.String(), CreatedAt: forge.Now()}
+			p.cancel = w.Put(w.Owner, forge.CollectionCancel, forge.CancelKey(rec.Runner, rec.Check), rec).String()
+			return
+		}
+		final := map[string]bool{}
+		for _, cs := range w.allChecks() {
+			for _, c := range cs {
+				final[c.URI.RecordKey().String()] = c.Value.Final()
+			}
+		}
+		for i := range pushed {
+			if p := &pushed[i]; !p.rerun && final[p.key()] {
+				p.rerun = true
+				uri := w.Put(w.Owner, forge.CollectionRerun, "", forge.Rerun{Type: forge.CollectionRerun, Check: p.key(), Runner: w.Runner.DID.String(),
+					Repo: w.RepoURI.String(), Env: []forge.Variable{{Name: "CHAOS_RERUN", Value: "1"}}, CreatedAt: forge.Now()})
+				reruns = append(reruns, chaosRerun{uri: uri.String(), push: i})
+				return
+			}
+		}
 	}
 	// Spread the pushes over the signals: some before the first.
 	perRound := func(round int) int {
@@ -168,6 +223,7 @@ func TestChaos(t *testing.T) {
 			push()
 		}
 		time.Sleep(time.Second + time.Duration(rng.Int64N(int64(*chaosGap-time.Second)+1)))
+		control(round)
 		sig := "KILL"
 		if rng.IntN(2) == 1 {
 			sig = "TERM"
@@ -187,18 +243,25 @@ func TestChaos(t *testing.T) {
 	}
 	lastSignal := time.Now()
 
-	// Settle: every push's check final, then the runner's objects gone.
+	// Settle: every push's and every re-run's check final, then the
+	// runner's objects gone.
 	deadline := lastSignal.Add(*chaosSettle)
 	var lost []chaosPush
+	var lostReruns []chaosRerun
 	for {
-		lost = lost[:0]
-		checks := w.allChecks()
+		lost, lostReruns = lost[:0], lostReruns[:0]
+		firsts, caused := w.byAttempt()
 		for _, p := range pushed {
-			if cs := checks[p.commit]; len(cs) != 1 || !cs[0].Value.Final() {
+			if cs := firsts[p.key()]; len(cs) != 1 || !cs[0].Value.Final() {
 				lost = append(lost, p)
 			}
 		}
-		if len(lost) == 0 || time.Now().After(deadline) {
+		for _, r := range reruns {
+			if cs := caused[r.uri]; len(cs) != 1 || !cs[0].Value.Final() {
+				lostReruns = append(lostReruns, r)
+			}
+		}
+		if len(lost)+len(lostReruns) == 0 || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(time.Second)
@@ -234,21 +297,57 @@ func TestChaos(t *testing.T) {
 	gone := len(find(journal, "the session of a handed-over run is gone"))
 	handedOver := fieldSum(find(journal, "handed over "), "GOING_ON")
 	starts := len(find(journal, "logged in"))
-	t.Logf("chaos figures: seed %d; signals %d (SIGKILL %d, SIGTERM %d) over %s; pushes %d; daemon starts %d; runs started %d (rerun %d: %d forgotten after a kill, %d released at a stop before their session started, %d handed-over sessions gone); handed over %d, adopted %d; lost %d; duplicates %d; checks final %s after the last signal, objects gone %s after it",
-		seed, kills, sigKill, sigTerm, lastSignal.Sub(began).Round(time.Second), pushes, starts, runsStarted, runsStarted-pushes, forgotten, released, gone,
-		handedOver, adopted, len(lost), finishedTwice, settledChecks.Round(time.Second), settled.Round(time.Second))
+	firsts, caused := w.byAttempt()
+	var cancels, cancelsWon int
+	for _, p := range pushed {
+		if p.cancel != "" {
+			cancels++
+			if cs := firsts[p.key()]; len(cs) == 1 && cs[0].Value.Status == "cancelled" {
+				cancelsWon++
+			}
+		}
+	}
+	t.Logf("chaos figures: seed %d; signals %d (SIGKILL %d, SIGTERM %d) over %s; pushes %d; cancels %d (%d stopped their check, %d came after its end); re-runs %d; daemon starts %d; runs started %d (again %d: %d forgotten after a kill, %d released at a stop before their session started, %d handed-over sessions gone); handed over %d, adopted %d; lost %d; duplicates %d; checks final %s after the last signal, objects gone %s after it",
+		seed, kills, sigKill, sigTerm, lastSignal.Sub(began).Round(time.Second), pushes, cancels, cancelsWon, cancels-cancelsWon, len(reruns), starts, runsStarted,
+		runsStarted-pushes-len(reruns), forgotten, released, gone,
+		handedOver, adopted, len(lost)+len(lostReruns), finishedTwice, settledChecks.Round(time.Second), settled.Round(time.Second))
 
 	checks := w.allChecks()
 	for _, p := range lost {
 		t.Errorf("lost: push %s (%s) has checks %+v after %s", p.commit, p.kind.name, checks[p.commit], *chaosSettle)
 	}
+	for _, r := range lostReruns {
+		t.Errorf("lost: re-run %s of push %s (%s) has checks %+v after %s", r.uri, pushed[r.push].commit, pushed[r.push].kind.name, caused[r.uri], *chaosSettle)
+	}
 	for _, p := range pushed {
-		cs := checks[p.commit]
+		cs := firsts[p.key()]
 		if len(cs) > 1 {
 			t.Errorf("duplicate: push %s (%s) has %d check records", p.commit, p.kind.name, len(cs))
 		}
-		if len(cs) == 1 && cs[0].Value.Final() && cs[0].Value.Status != p.kind.want {
-			t.Errorf("push %s (%s) ended %s (%s), want %s", p.commit, p.kind.name, cs[0].Value.Status, cs[0].Value.Error, p.kind.want)
+		if len(cs) != 1 || !cs[0].Value.Final() {
+			continue
+		}
+		switch c := cs[0].Value; {
+		case p.cancel != "" && c.Status == "cancelled":
+			if c.CancelledBy != p.cancel {
+				t.Errorf("push %s (%s) cancelled by %q, want %s", p.commit, p.kind.name, c.CancelledBy, p.cancel)
+			}
+		case c.Status != p.kind.want:
+			t.Errorf("push %s (%s) ended %s (%s), want %s", p.commit, p.kind.name, c.Status, c.Error, p.kind.want)
+		}
+	}
+	for _, r := range reruns {
+		p := pushed[r.push]
+		cs := caused[r.uri]
+		if len(cs) > 1 {
+			t.Errorf("duplicate: re-run %s of push %s has %d check records", r.uri, p.commit, len(cs))
+		}
+		if len(cs) != 1 || !cs[0].Value.Final() {
+			continue
+		}
+		if c := cs[0].Value; c.Status != p.kind.want || c.Attempt != 2 || c.Subject != p.subject || cs[0].URI.RecordKey().String() != forge.AttemptKey(p.subject, "chaos", 2) {
+			t.Errorf("re-run %s of push %s (%s): %s attempt %d at %s (%s), want %s, attempt 2", r.uri, p.commit, p.kind.name, c.Status, c.Attempt,
+				cs[0].URI.RecordKey(), c.Error, p.kind.want)
 		}
 	}
 	if !objectsGone {
@@ -289,6 +388,39 @@ func TestChaos(t *testing.T) {
 		}
 	}
 	k.checkNoSecretInObjects(t)
+}
+
+// byAttempt lists the runner's checks of first attempts by key, and
+// the others by the record that caused them.
+func (w *world) byAttempt() (firsts, caused map[string][]forge.Record[forge.Check]) {
+	firsts, caused = map[string][]forge.Record[forge.Check]{}, map[string][]forge.Record[forge.Check]{}
+	for _, cs := range w.allChecks() {
+		for _, c := range cs {
+			if c.Value.Cause != "" {
+				caused[c.Value.Cause] = append(caused[c.Value.Cause], c)
+				continue
+			}
+			firsts[c.URI.RecordKey().String()] = append(firsts[c.URI.RecordKey().String()], c)
+		}
+	}
+	return firsts, caused
+}
+
+// pushRecord commits files on branch and writes the refUpdate; it
+// returns the record's AT-URI and the commit.
+func (w *world) pushRecord(branch string, files map[string]string) (syntax.ATURI, string) {
+	w.t.Helper()
+	ref := "refs/heads/" + branch
+	old := w.Src.Head(ref)
+	trimmed := map[string]string{}
+	for name, content := range files {
+		trimmed[name] = strings.TrimLeft(content, "\n")
+	}
+	commit := w.Src.Commit(branch, trimmed)
+	uri := w.Put(w.Owner, forge.CollectionRefUpdate, "", forge.RefUpdate{
+		Type: forge.CollectionRefUpdate, Repo: w.RepoURI.String(), Ref: ref, Old: old, New: commit, CreatedAt: forge.Now(),
+	})
+	return uri, commit
 }
 
 // allChecks lists the runner's checks by commit.

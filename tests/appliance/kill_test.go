@@ -12,7 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"knotless.dev/run/internal/executor/kubernetes"
-	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/tests/clustertest"
 	systemdtest "knotless.dev/run/tests/systemd"
 )
@@ -126,24 +125,6 @@ func (k *kubeAppliance) restarted(old string, within time.Duration) string {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-}
-
-// pushTo commits files on branch and writes the refUpdate.
-func (w *world) pushTo(branch string, files map[string]string) string {
-	w.t.Helper()
-	ref := "refs/heads/" + branch
-	old := w.Src.Head(ref)
-	trimmed := map[string]string{}
-	for name, content := range files {
-		trimmed[name] = strings.TrimLeft(content, "\n")
-	}
-	commit := w.Src.Commit(branch, trimmed)
-	if _, err := w.Owner.Put(context.Background(), forge.CollectionRefUpdate, "", forge.RefUpdate{
-		Type: forge.CollectionRefUpdate, Repo: w.RepoURI.String(), Ref: ref, Old: old, New: commit, CreatedAt: forge.Now(),
-	}); err != nil {
-		w.t.Fatal(err)
-	}
-	return commit
 }
 
 // fieldSum adds up an integer field of journal entries.

@@ -11,15 +11,20 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/device"
 
+	"knotless.dev/run/internal/executor/shell"
+	"knotless.dev/run/internal/job"
+	"knotless.dev/run/internal/live"
 	"knotless.dev/run/internal/output"
 	"knotless.dev/run/internal/outputhttp"
 	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/workflow"
 )
 
 const (
@@ -156,4 +161,93 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 		t.Fatal(err)
 	}
 	t.Logf("screenshot: %s", p)
+}
+
+// The page on a runner's own listener (serve --listen: the live-output
+// part), following a real run on the shell executor: the line its step
+// prints shows while the step waits for a file the test makes only
+// after, and the run's end shows when the part ends the stream.
+func TestPageOnTheRunnersListener(t *testing.T) {
+	ctx := browser(t)
+	l := live.New(live.Config{Listen: "127.0.0.1:0"}, did, filepath.Join(t.TempDir(), "files"), live.Ports{}, nil)
+	if err := l.Start(); err != nil {
+		t.Fatal(err)
+	}
+	stop := l.Serve()
+	defer stop()
+	j := &job.Job{Key: key}
+	w := l.Open(j, "r1", nil, nil)
+	gate := filepath.Join(t.TempDir(), "go")
+	eng := run.New(run.Config{Executor: shell.New(shell.Config{Root: t.TempDir(), Path: os.Getenv("PATH")})})
+	done := make(chan *run.Result, 1)
+	go func() {
+		done <- eng.Run(context.Background(), run.Request{
+			RunID: "r1",
+			Workflow: &workflow.Workflow{Name: "ci", Steps: []workflow.Step{
+				{Name: "build", Run: `printf 'compiling \033[1;32mline printed by the step\033[0m\n'; while [ ! -e ` + gate + ` ]; do sleep 0.05; done`},
+				{Name: "test", Run: "echo tested"},
+			}},
+			Checkout: t.TempDir(),
+			Live:     w,
+		})
+	}()
+	if err := chromedp.Do(ctx, chromedp.Emulate(device.Pixel5), chromedp.Navigate("http://"+l.Addr().String()+"/runs/"+did+"/"+key)); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(ctx, `document.getElementById("log").innerText.includes("line printed by the step")`); err != nil {
+		t.Fatalf("the line did not show: %v", err)
+	}
+	select {
+	case res := <-done:
+		t.Fatalf("the run ended (%s) before the test let its step go on", res.Status)
+	default:
+	}
+	if got := eval[string](t, ctx, `document.querySelector("details.step summary .name").textContent`); got != "build" {
+		t.Errorf("the step shown: %q, want build", got)
+	}
+	screenshot(t, ctx, "runner-live.png")
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	res := <-done
+	l.Ended(j, "r1", res, t.TempDir())
+	if err := waitFor(ctx, `document.body.dataset.state === "success" && document.querySelectorAll("details.step[data-status=success]").length === 2`); err != nil {
+		t.Fatalf("the end did not show: %v", err)
+	}
+	screenshot(t, ctx, "runner-ended.png")
+}
+
+// A run its runner lost, run again under the same check, replaces it on
+// the page, which says so: the new run's output from its start, with a
+// note naming both runs.
+func TestPageShowsTheNewRunOfTheCheck(t *testing.T) {
+	ctx := browser(t)
+	hub := output.NewHub(output.HubConfig{})
+	check := "at://" + did + "/dev.knotless.check/" + key
+	lost, _ := hub.Open(check, "r1")
+	h, err := outputhttp.New(outputhttp.Config{Source: hub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	_, _ = lost.Write([]byte("the lost run's line\n"))
+	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/runs/"+did+"/"+key)); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(ctx, `document.getElementById("log").innerText.includes("the lost run's line")`); err != nil {
+		t.Fatalf("the line did not show: %v", err)
+	}
+	again, _ := hub.Open(check, "r2")
+	_, _ = again.Write([]byte("the new run's line\n"))
+	again.End("success")
+	if err := waitFor(ctx, `document.body.dataset.state === "success"`); err != nil {
+		t.Fatalf("the end did not show: %v", err)
+	}
+	text := eval[string](t, ctx, `document.getElementById("log").innerText`)
+	note := eval[string](t, ctx, `(document.querySelector(".line.replaced") || {textContent: ""}).textContent`)
+	if strings.Contains(text, "the lost run's line") || !strings.Contains(text, "the new run's line") || !strings.Contains(note, "r2") || !strings.Contains(note, "r1") {
+		t.Errorf("after the new run: note %q, log %q", note, text)
+	}
+	screenshot(t, ctx, "replaced.png")
 }

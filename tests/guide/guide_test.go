@@ -166,6 +166,7 @@ func TestFirstHour(t *testing.T) {
 		"NAMESPACE":          c.Namespace,
 		"IMAGE":              c.Image,
 		"DIR":                dir,
+		"LISTEN":             freeAddr(t),
 	}
 	var asked []string
 	for _, b := range steps {
@@ -304,8 +305,17 @@ func TestFirstHour(t *testing.T) {
 	if l := blob(pull); !strings.Contains(l, "secret DEPLOY_TOKEN withheld: untrusted run") || !strings.Contains(l, "no token: an untrusted run") {
 		t.Errorf("the pull's log does not show an untrusted run:\n%s", l)
 	}
-	// The guide's own commands showed the reader the same.
+	// The running check said where its live output was read: the
+	// runner's listener, which `knotless-run logs` read it from.
+	if push.Live == nil || push.Live.Service != "http://"+settings["LISTEN"] || push.Live.Page != push.Live.Service+"/runs/"+runner.String()+"/"+forge.CheckKey(push.Subject, push.Workflow) {
+		t.Errorf("the push's check says its live output is at %+v, want the runner's listener %s", push.Live, settings["LISTEN"])
+	}
+	// The guide's own commands showed the reader the same: the blob,
+	// and `knotless-run logs`.
 	all := shown.String()
+	if n := strings.Count(all, "deploying with ***"); n < 2 {
+		t.Errorf("the guide's commands showed the push's log %d times, want the blob's and knotless-run logs'", n)
+	}
 	for _, want := range []string{"deploying with ***", "no token: an untrusted run", `"status": "success"`} {
 		if !strings.Contains(all, want) {
 			t.Errorf("the guide's commands never showed %q", want)
@@ -547,4 +557,16 @@ func (s *syncLog) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// freeAddr is a loopback address nothing listens on now: the reader's
+// LISTEN.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }

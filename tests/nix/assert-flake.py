@@ -40,6 +40,11 @@ check(
     mp,
 )
 p = d["package"]
+check(
+    "package: passthru.hasMetricsListen (serve --metrics-listen); metrics.enable with the flake's package is not refused",
+    p["hasMetricsListen"] is True and mp["metricsRefused"] == [],
+    (p["hasMetricsListen"], mp["metricsRefused"]),
+)
 img = d["image"]
 image_meta = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "nix", "image.json")))
 uid = str(image_meta["uid"])

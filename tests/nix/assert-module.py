@@ -331,6 +331,48 @@ check(
     s["metrics"]["rulesFile"],
 )
 
+# Live output: the options reach serve's settings file as its flags; a
+# package without them, an output service without its DID, a public URL
+# with nothing to read there are refused.
+lv = json.loads(s["live"]["settingsJSON"])
+check(
+    "liveOutput: listen, public-url, output-service, output-service-did in the settings, no failed assertion",
+    {k: lv.get(k) for k in ("listen", "public-url", "output-service", "output-service-did")}
+    == {"listen": "127.0.0.1:8788", "public-url": "https://ci.example.com", "output-service": "https://output.example.com",
+        "output-service-did": "did:web:output.example.com"}
+    and s["live"]["failedAssertions"] == [],
+    (lv, s["live"]["failedAssertions"]),
+)
+check("liveOutput: off by default (no listen in the settings)", "listen" not in settings and "output-service" not in settings, settings)
+for name, needle in [
+    ("live-unsupported", "--listen and --output-service (issue 31)"),
+    ("live-no-service-did", "liveOutput.serviceDid is null"),
+    ("live-public-url-alone", "no live output to read there"),
+    ("output-service-incomplete", "outputService.serviceDid must be set"),
+    ("output-service-unsupported", "output-service command (issue 31)"),
+    ("output-service-instance-clash", "instances.output would share"),
+]:
+    check(f"refused: {name}", any(needle in m for m in s[name]["failedAssertions"]), s[name]["failedAssertions"])
+check(
+    "outputService: no failed assertion",
+    s["output-service"]["failedAssertions"] == [] and "knotless-output.service" not in s["docs"]["units"],
+    s["output-service"]["failedAssertions"],
+)
+ou = s["output-service"]["units"]["knotless-output.service"]
+check(
+    "outputService: ExecStart output-service with the listen, data dir, DID, runners, PLC, retention and extraArgs",
+    "ExecStart=@knotless-run@/bin/knotless-run output-service --listen 127.0.0.1:8789 --data-dir /var/lib/knotless-output"
+    " --service-did did:web:output.example.com --plc-url https://plc.example.com --retention 168h"
+    " --runner did:plc:7u2ld3ffgzqvezmv6wxgxiix --runner did:plc:ewvi7nxzyoun6zhxrhs64oiz --max-subscribers=100" in ou,
+    ou,
+)
+check(
+    "outputService: its own user and state directory, hardened",
+    all(x in ou.splitlines() for x in ("User=knotless-output", "StateDirectory=knotless-output", "ProtectSystem=strict",
+                                       "PrivateUsers=true", "MemoryDenyWriteExecute=true", "NoNewPrivileges=true")),
+    ou,
+)
+
 # Option docs: every {option}`X` names an option that exists, by its full
 # name (the NixOS manual links it; a relative name breaks there).
 docs_opts = d["optionDocs"]

@@ -270,7 +270,7 @@ else
       else
         fail "systemd-analyze verify:"; echo "$out" | sed 's/^/          /'
       fi
-      for u in knotless-run knotless-run-docker knotless-run-shell knotless-run-kubeconfig knotless-run-alpha knotless-run-beta; do
+      for u in knotless-run knotless-run-docker knotless-run-shell knotless-run-kubeconfig knotless-run-alpha knotless-run-beta knotless-output; do
         score=$(cd "$work/verify/units" && systemd-analyze security --offline=yes "./$u.service" 2>/dev/null | sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p')
         if [ -n "$score" ] && awk -v s="$score" 'BEGIN { exit !(s <= 2.0) }'; then
           pass "systemd-analyze security: $u.service exposure $score (at most 2.0)"

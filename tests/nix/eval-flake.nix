@@ -128,6 +128,7 @@ in
       subPackages
       ldflags
       hasKubeconfigCommand
+      hasMetricsListen
       goLine
       ;
     mainProgram = pkg.meta.mainProgram;
@@ -178,6 +179,19 @@ in
         ];
       }).config.services.knotless-run.instances.a.package.name;
       userSet = eval { services.knotless-run.package = stubDrv "mine" { }; };
+      # metrics.enable with the flake's package: its assertion about
+      # --metrics-listen holds.
+      metricsRefused = map (a: a.message) (
+        lib.filter (a: !a.assertion && lib.hasInfix "--metrics-listen" a.message)
+          (lib.evalModules {
+            modules = [
+              ./nixos-stubs.nix
+              out.nixosModules.default
+              { _module.args.pkgs = pkgs; }
+              { services.knotless-run = { enable = true; metrics.enable = true; }; }
+            ];
+          }).config.assertions
+      );
     };
   overlay = (out.overlays.default (stubPkgs "x86_64-linux" "1.26.2") { }).knotless-run.pname;
   defaultNix = {

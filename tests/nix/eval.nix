@@ -55,6 +55,10 @@ let
 
   withCommand = stubPackage "knotless-run" { hasKubeconfigCommand = true; };
   withMetrics = stubPackage "knotless-run" { hasMetricsListen = true; };
+  withLive = stubPackage "knotless-run" {
+    hasKubeconfigCommand = true;
+    hasLiveOutput = true;
+  };
   withoutCommand = stubPackage "knotless-run" { };
 
   eval =
@@ -313,6 +317,56 @@ in
       };
     });
     metrics-unsupported = scenario withoutCommand (kube { metrics.enable = true; });
+    # Live output: the runner's listener and an output service.
+    live = scenario withLive (kube {
+      liveOutput = {
+        listen = "127.0.0.1:8788";
+        publicUrl = "https://ci.example.com";
+        service = "https://output.example.com";
+        serviceDid = "did:web:output.example.com";
+      };
+    });
+    live-unsupported = scenario withoutCommand (kube { liveOutput.listen = "127.0.0.1:8788"; });
+    live-no-service-did = scenario withLive (kube { liveOutput.service = "https://output.example.com"; });
+    live-public-url-alone = scenario withLive (kube { liveOutput.publicUrl = "https://ci.example.com"; });
+    # The output service beside a runner (tests/nix/golden/knotless-output.service).
+    output-service = scenario withLive (
+      kube { }
+      // {
+        outputService = {
+          enable = true;
+          serviceDid = "did:web:output.example.com";
+          runners = [
+            "did:plc:7u2ld3ffgzqvezmv6wxgxiix"
+            "did:plc:ewvi7nxzyoun6zhxrhs64oiz"
+          ];
+          plcUrl = "https://plc.example.com";
+          extraArgs = [ "--max-subscribers=100" ];
+        };
+      }
+    );
+    output-service-incomplete = scenario withLive (kube { } // { outputService.enable = true; });
+    output-service-unsupported = scenario withoutCommand (
+      kube { }
+      // {
+        outputService = {
+          enable = true;
+          serviceDid = "did:web:output.example.com";
+          runners = [ "did:plc:7u2ld3ffgzqvezmv6wxgxiix" ];
+        };
+      }
+    );
+    output-service-instance-clash = scenario withLive (
+      kube { }
+      // {
+        instances.output = kube { };
+        outputService = {
+          enable = true;
+          serviceDid = "did:web:output.example.com";
+          runners = [ "did:plc:7u2ld3ffgzqvezmv6wxgxiix" ];
+        };
+      }
+    );
     minutes = scenario withCommand (
       docs // { kubeconfigRefresh = docs.kubeconfigRefresh // { interval = "30m"; }; }
     );

@@ -9,7 +9,8 @@
 # (knotless-run.docker.service, knotless-run.shell.service), and the units
 # of two instances beside the default runner (knotless-run-alpha.service,
 # its -kubeconfig service and timer; knotless-run-beta.service, a shell
-# runner with extraPackages). Store paths are
+# runner with extraPackages), and the output service's
+# (knotless-output.service). Store paths are
 # placeholders: @knotless-run@ (the package), @coreutils@, @config@ (the
 # settings file). The module is evaluated with nixpkgs' lib (see
 # find_nixpkgs_lib in lib.sh).
@@ -36,6 +37,7 @@ files = dict(d["docs"]["units"])
 files["knotless-run.json"] = json.dumps(json.loads(d["docs"]["settingsJSON"]), indent=2, sort_keys=True) + "\n"
 files["knotless-run.docker.service"] = d["docker"]["units"]["knotless-run.service"]
 files["knotless-run.shell.service"] = d["shell"]["units"]["knotless-run.service"]
+files["knotless-output.service"] = d["output-service"]["units"]["knotless-output.service"]
 for name, text in d["instances"]["units"].items():
     if name.startswith(("knotless-run-alpha", "knotless-run-beta")):
         files[name] = text

@@ -91,6 +91,10 @@ type Options struct {
 	// http://localhost:PORT. The PDS still listens on 127.0.0.1 only: the
 	// test forwards PublicHost:PORT to it (see PublicURL).
 	PublicHost string
+	// RateLimits turns the PDS's rate limits on (they are off by
+	// default): its answers then carry ratelimit-* headers, and a client
+	// over a limit gets 429.
+	RateLimits bool
 }
 
 // Start starts a PDS with a fresh data directory under dataDir, in one
@@ -149,6 +153,9 @@ func start(ctx context.Context, dataDir string, o Options, split bool) (*Server,
 		"PDS_BLOB_UPLOAD_LIMIT=5242880",
 		"LOG_ENABLED=false",
 	)
+	if o.RateLimits {
+		env = append(env, "PDS_RATE_LIMITS_ENABLED=true")
+	}
 	publicURL := "http://localhost:" + strconv.Itoa(pdsPort)
 	if o.PublicHost != "" {
 		publicURL = "http://" + net.JoinHostPort(o.PublicHost, strconv.Itoa(pdsPort))

@@ -20,6 +20,7 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -100,6 +101,9 @@ type Config struct {
 	// Logger takes the executor's lines as the caller tagged it
 	// (component, executor); the executor adds only the run.
 	Logger *slog.Logger
+	// Observer is told of sessions ready, transfers, sweeps and cleanup
+	// failures; nil observes nothing.
+	Observer executor.Observer
 }
 
 // Executor runs sessions as containers on one Docker daemon.
@@ -110,6 +114,10 @@ type Executor struct {
 	cpu    int64        // default NanoCPUs
 	memory int64        // default bytes
 	log    *slog.Logger
+	obs    executor.Observer
+
+	swept           atomic.Int64 // runs of earlier processes removed by Sweep
+	cleanupFailures atomic.Int64 // runs whose objects could not all be removed
 }
 
 // New returns a docker executor for the daemon at cfg.Host. It does not
@@ -120,6 +128,9 @@ func New(cfg Config) (*Executor, error) {
 	}
 	if cfg.PidsLimit == 0 {
 		cfg.PidsLimit = DefaultPidsLimit
+	}
+	if cfg.Observer == nil {
+		cfg.Observer = executor.NoObserver{}
 	}
 	if cfg.Capabilities == nil {
 		cfg.Capabilities = DefaultCapabilities
@@ -153,7 +164,7 @@ func New(cfg Config) (*Executor, error) {
 	}}
 	// The caller tags the logger (the command line: component=executor
 	// executor=docker); a second component here would repeat the key.
-	return &Executor{cfg: cfg, cli: cli, raw: raw, cpu: cpu, memory: memory, log: cfg.Logger}, nil
+	return &Executor{cfg: cfg, cli: cli, raw: raw, cpu: cpu, memory: memory, log: cfg.Logger, obs: cfg.Observer}, nil
 }
 
 // Name implements executor.Executor.
@@ -230,8 +241,13 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 	cleanup := func(err error) (executor.Session, error) {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
-		return nil, errors.Join(err, s.remove(cctx))
+		if rerr := s.remove(cctx); rerr != nil {
+			e.cleanupFailed(log, "remove run after failed start", rerr)
+			err = errors.Join(err, rerr)
+		}
+		return nil, err
 	}
+	createdAt := time.Now()
 
 	netMode := container.NetworkMode(e.cfg.Network)
 	if e.cfg.Network == NetworkPerRun {
@@ -320,7 +336,9 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 		}
 		return cleanup(fmt.Errorf("container %s of image %s exited at once with code %d: the image needs a POSIX sh and sleep", n.container, spec.Image, code))
 	}
-	log.Info("container started", "container", n.container, "image", spec.Image)
+	ready := time.Since(createdAt)
+	e.obs.SessionReady(ready)
+	log.Info("container started", "container", n.container, "image", spec.Image, "after", ready.Round(time.Millisecond))
 	return s, nil
 }
 
@@ -412,7 +430,9 @@ func parseMemory(s string) (int64, error) {
 // It finds them by the runner label of this build and by the 16-digit
 // one that builds before the executors shared executor.RunnerLabel
 // wrote, so an upgrade leaves no run of the same runner behind.
-func (e *Executor) Sweep(ctx context.Context, keep []string) ([]executor.Ref, error) {
+func (e *Executor) Sweep(ctx context.Context, keep []string) (swept []executor.Ref, err error) {
+	start := time.Now()
+	defer func() { e.obs.Swept(len(swept), err) }()
 	if e.cfg.Runner == "" {
 		return nil, errors.New("docker sweep: the executor has no runner DID configured")
 	}
@@ -433,19 +453,31 @@ func (e *Executor) Sweep(ctx context.Context, keep []string) ([]executor.Ref, er
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
-	var swept []executor.Ref
 	var errs []error
 	for _, id := range ids {
 		r := runs[id]
 		s := &Session{ex: e, id: r.container, netID: r.network, names: *r}
 		if err := s.remove(ctx); err != nil {
+			e.cleanupFailed(e.log.With("run", id), "orphan not swept", err)
 			errs = append(errs, fmt.Errorf("sweep run %s: %w", id, err))
 			continue
 		}
-		e.log.Info("swept run", "run", id, "container", r.container != "", "network", r.network != "", "volumes", len(r.volumes))
+		e.swept.Add(1)
+		e.log.Info("swept run", "run", id, "container", r.container != "", "network", r.network != "", "volumes", len(r.volumes),
+			"swept_total", e.swept.Load())
 		swept = append(swept, executor.Ref{Executor: Name, RunID: id, Name: runNames(labelOf[id], id).container})
 	}
+	e.log.Info("sweep finished", "swept", len(swept), "failed", len(errs), "kept_runs", len(keep),
+		"duration", time.Since(start).Round(time.Millisecond), "swept_total", e.swept.Load(), "cleanup_failures_total", e.cleanupFailures.Load())
 	return swept, errors.Join(errs...)
+}
+
+// cleanupFailed counts and logs a run whose objects could not all be
+// removed.
+func (e *Executor) cleanupFailed(log *slog.Logger, msg string, err error) {
+	e.cleanupFailures.Add(1)
+	e.obs.CleanupFailed()
+	log.Error(msg, "err", err, "cleanup_failures_total", e.cleanupFailures.Load())
 }
 
 // legacyRunnerLabel is the runner label that builds before

@@ -20,6 +20,7 @@ import (
 
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/spool"
+	"knotless.dev/run/internal/tarstream"
 )
 
 // Session is one run's container, network and volumes.
@@ -72,8 +73,10 @@ func (s *Session) Put(ctx context.Context, dir string, r io.Reader) error {
 	}
 	pr, pw := io.Pipe()
 	relayed := make(chan error, 1)
+	start := time.Now()
+	counted := &tarstream.CountingReader{R: r}
 	go func() {
-		err := relayIn(ctx, r, pw, s.ex.cfg.Limits)
+		err := relayIn(ctx, counted, pw, s.ex.cfg.Limits)
 		pw.CloseWithError(err)
 		relayed <- err
 	}()
@@ -87,6 +90,9 @@ func (s *Session) Put(ctx context.Context, dir string, r io.Reader) error {
 	if err != nil {
 		return s.ex.daemonError(fmt.Errorf("put %s: %w", dir, err))
 	}
+	took := time.Since(start)
+	s.ex.obs.Transferred(executor.DirectionIn, counted.N, took)
+	s.log.Info("transfer in", "dir", dir, "bytes", counted.N, "duration", took.Round(time.Millisecond))
 	return nil
 }
 
@@ -99,6 +105,7 @@ func (s *Session) Get(ctx context.Context, dir string, w io.Writer) error {
 	if err := checkDir(dir); err != nil {
 		return err
 	}
+	start := time.Now()
 	res, err := s.ex.cli.CopyFromContainer(ctx, s.id, client.CopyFromContainerOptions{SourcePath: dir})
 	if err != nil {
 		return s.ex.daemonError(fmt.Errorf("get %s: %w", dir, err))
@@ -107,9 +114,13 @@ func (s *Session) Get(ctx context.Context, dir string, w io.Writer) error {
 	if !res.Stat.Mode.IsDir() {
 		return fmt.Errorf("get %s: not a directory in the container", dir)
 	}
-	if err := relayOut(ctx, res.Content, w, res.Stat.Name, s.ex.cfg.Limits); err != nil {
+	counted := &tarstream.CountingWriter{W: w}
+	if err := relayOut(ctx, res.Content, counted, res.Stat.Name, s.ex.cfg.Limits); err != nil {
 		return fmt.Errorf("get %s: %w", dir, err)
 	}
+	took := time.Since(start)
+	s.ex.obs.Transferred(executor.DirectionOut, counted.N, took)
+	s.log.Info("transfer out", "dir", dir, "bytes", counted.N, "duration", took.Round(time.Millisecond))
 	return nil
 }
 
@@ -364,6 +375,7 @@ func (s *Session) Stop(ctx context.Context) error {
 		return errors.Join(errs...)
 	}
 	if err := s.remove(ctx); err != nil {
+		s.ex.cleanupFailed(s.log, "remove run", err)
 		errs = append(errs, err)
 	}
 	if len(errs) == 0 {

@@ -16,7 +16,7 @@ import (
 func main() {
 	g := cbg.Gen{MaxArrayLength: 16384, MaxByteLength: 1 << 20, MaxStringLength: 8192}
 	if err := g.WriteMapEncodersToFile("cbor_gen.go", "output",
-		output.FrameHeader{}, output.ErrorFrame{}, output.WireMark{}, output.Chunk{}, output.Gap{}, output.End{},
+		output.FrameHeader{}, output.ErrorFrame{}, output.WireMark{}, output.Chunk{}, output.Gap{}, output.End{}, output.RunFrame{},
 	); err != nil {
 		fmt.Fprintf(os.Stderr, "gen: %v\n", err)
 		os.Exit(1)

@@ -1,0 +1,168 @@
+package ingest
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/syntax"
+
+	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/workflow"
+)
+
+// Control is what makes an event run-control work: a re-run, a
+// dispatch or a schedule's tick (docs/design/protocol.md, "Run
+// control"). The zero value is a push's or a pull's.
+type Control struct {
+	// Cause is the rerun or dispatch record that made the work: each of
+	// its checks names it, and the author caps count its runs and check
+	// writes against the record's account (job.Author).
+	Cause string `json:",omitempty"`
+	// Workflows, when set, are the only workflows that run, each at its
+	// attempt: 1 (the first) keeps the check key it always had, n > 1
+	// (a re-run) is keyed by forge.AttemptKey.
+	Workflows map[string]int64 `json:",omitempty"`
+	// Tick is a schedule's tick (kind schedule), as control.TickID
+	// writes it.
+	Tick string `json:",omitempty"`
+	// Inputs are the inputs of the dispatch record a re-run of a
+	// dispatch runs again, as the record gives them (nil for any other
+	// work): intake checks them against the workflow
+	// (workflow.Workflow.DispatchVars) and puts Vars, the re-run's env,
+	// on top.
+	Inputs []workflow.EnvVar `json:",omitempty"`
+}
+
+// CheckKey is the record key of the check of workflow wf of the event:
+// forge.CheckKey of its subject, or, for a re-run's attempt n > 1,
+// forge.AttemptKey.
+func (e Event) CheckKey(wf string) string {
+	return forge.AttemptKey(e.Subject(), wf, e.Workflows[wf])
+}
+
+// Attempt is the attempt workflow wf of the event runs as, for its
+// check's attempt field: 0 (left out) for a first attempt.
+func (e Event) Attempt(wf string) int64 {
+	if n := e.Workflows[wf]; n > 1 {
+		return n
+	}
+	return 0
+}
+
+// Order ranks the event's trusted cache saves (run.CacheScope.Order):
+// its record key, a TID (the later push orders higher); for a schedule,
+// whose event is the repository record, a TID of its tick.
+func (e Event) Order() string {
+	if e.Kind == forge.KindSchedule {
+		if t, err := time.Parse(time.RFC3339, e.Tick); err == nil {
+			return syntax.NewTIDFromTime(t, 0).String()
+		}
+	}
+	return e.URI.RecordKey().String()
+}
+
+// Controls are the run-control records a reconcile listed: cancel and
+// rerun records of the repositories' owners and of the accounts known
+// to write pulls, dispatch records of the owners (those for the
+// repositories served). Whether a record may act is intake's to decide
+// (internal/control): an account's records are listed, not trusted.
+type Controls struct {
+	Cancels    []forge.Record[forge.Cancel]
+	Reruns     []forge.Record[forge.Rerun]
+	Dispatches []forge.Record[forge.Dispatch]
+}
+
+// noteAuthor takes note of an account seen writing a record of one of
+// collections: its pulls, cancels and re-runs are listed from then on.
+func (l *Lister) noteAuthor(c Change) {
+	switch c.Collection {
+	case forge.CollectionPull, forge.CollectionCancel, forge.CollectionRerun:
+	default:
+		return
+	}
+	if c.DID == "" {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.authors == nil {
+		l.authors = map[syntax.DID]bool{}
+	}
+	l.authors[c.DID] = true
+}
+
+// controls lists the run-control records: cancels and re-runs of the
+// owners (listed is false for an owner whose PDS failed), of the
+// accounts seen writing pulls, cancels or re-runs, and of the authors
+// of the pulls listed (with Discover, every account on the owners'
+// PDSes that has a pull); dispatches of the owners, for the
+// repositories in repos. An account whose records do not list is
+// logged and left out of this reconcile: a control record read later
+// acts later, it is never lost.
+func (l *Lister) controls(ctx context.Context, p *pool, owners []syntax.DID, listed []bool, repos []forge.Record[forge.Repo], pulls []forge.Record[forge.Pull]) Controls {
+	acting := map[syntax.DID]bool{}
+	var owning []syntax.DID
+	for i, o := range owners {
+		if listed[i] {
+			acting[o] = true
+			owning = append(owning, o)
+		}
+	}
+	if l.Pulls {
+		l.mu.Lock()
+		for did := range l.authors {
+			acting[did] = true
+		}
+		l.mu.Unlock()
+		for _, pr := range pulls {
+			if did, err := pr.URI.Authority().AsDID(); err == nil {
+				acting[did] = true
+			}
+		}
+	}
+	accounts := slices.Sorted(maps.Keys(acting))
+	cancels := make([][]forge.Record[forge.Cancel], len(accounts))
+	reruns := make([][]forge.Record[forge.Rerun], len(accounts))
+	dispatches := make([][]forge.Record[forge.Dispatch], len(owning))
+	p.each(ctx, 2*len(accounts)+len(owning), func(ctx context.Context, i int) {
+		switch {
+		case i < len(accounts):
+			cancels[i] = listControl[forge.Cancel](ctx, l, accounts[i], forge.CollectionCancel)
+		case i < 2*len(accounts):
+			reruns[i-len(accounts)] = listControl[forge.Rerun](ctx, l, accounts[i-len(accounts)], forge.CollectionRerun)
+		default:
+			dispatches[i-2*len(accounts)] = listControl[forge.Dispatch](ctx, l, owning[i-2*len(accounts)], forge.CollectionDispatch)
+		}
+	})
+	served := map[string]bool{}
+	for _, r := range repos {
+		served[r.URI.String()] = true
+	}
+	var out Controls
+	for i := range accounts {
+		out.Cancels = append(out.Cancels, cancels[i]...)
+		out.Reruns = append(out.Reruns, reruns[i]...)
+	}
+	for _, recs := range dispatches {
+		for _, r := range recs {
+			if served[r.Value.Repo] {
+				out.Dispatches = append(out.Dispatches, r)
+			}
+		}
+	}
+	return out
+}
+
+// listControl lists one account's records of a run-control collection;
+// one that fails is logged and gives none.
+func listControl[T any](ctx context.Context, l *Lister, did syntax.DID, collection string) []forge.Record[T] {
+	recs, bad, err := forge.List[T](ctx, l.Reader, did, collection)
+	if ok, err := l.usable(ctx, err); !ok {
+		l.Logger.Warn("run-control records not listed; read at a later reconcile", "did", did.String(), "collection", collection, "err", err)
+		return nil
+	}
+	l.warnInvalid(bad)
+	return recs
+}

@@ -1,0 +1,176 @@
+// Package telemetry is what the daemon tells of itself: what its parts
+// and its executor observe, turned into the runner's metrics
+// (internal/metrics), and what they hold, turned into the status
+// document `knotless-run status` shows (internal/status); and the
+// listeners that serve both (Listen). The daemon wires it: the parts and
+// the executor only know their own small observer interfaces.
+//
+// Every type here is safe for concurrent use and works with nil
+// metrics (it then tells nothing, and the status still works).
+package telemetry
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/syntax"
+
+	"knotless.dev/run/internal/checks"
+	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/job"
+	"knotless.dev/run/internal/metrics"
+	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/state"
+	"knotless.dev/run/internal/status"
+)
+
+// Parts tells M what the scheduler and the lander observe: it is their
+// Observer (scheduler.Observer, lander.Observer).
+type Parts struct {
+	M *metrics.Metrics
+	// Executor is the executor's name, as its Name() says (never an
+	// alias): the runs' executor label.
+	Executor string
+}
+
+// Queued observes a push's pickup: the time from its record (the
+// refUpdate's createdAt) to its run queued. A pull's record says when
+// the pull was opened, not when its head moved, so pulls (and batches,
+// the lander's own) have no pickup.
+func (p Parts) Queued(j *job.Job) {
+	if at, ok := EventTime(j.Event); ok {
+		if d := time.Since(at); d >= 0 {
+			p.M.EventQueued(d)
+		}
+	}
+}
+
+// Started observes how long a run waited queued; an adopted run
+// (queued zero) waited in another process.
+func (p Parts) Started(_ *job.Job, _ string, queued time.Time) {
+	if !queued.IsZero() {
+		p.M.RunStarted(time.Since(queued))
+	}
+}
+
+// Ended counts a run that ended with a final status; a run released
+// before its session started (detached) has not ended.
+func (p Parts) Ended(j *job.Job, res *run.Result) {
+	switch res.Status {
+	case run.Success, run.Failure, run.Error, run.Cancelled:
+		p.M.RunFinished(string(res.Status), j.Event.Kind, p.Executor, res.FinishedAt.Sub(res.StartedAt))
+	}
+}
+
+// Ejected counts a pull the merge queue ejected, by reason.
+func (p Parts) Ejected(_, reason string) { p.M.Ejected(reason) }
+
+// Landed counts a batch the merge queue landed.
+func (p Parts) Landed(string, int) { p.M.Landed() }
+
+// EventTime is when a push was made, as its record says; false for
+// other events.
+func EventTime(ev ingest.Event) (time.Time, bool) {
+	if ev.Push == nil {
+		return time.Time{}, false
+	}
+	at, err := time.Parse(time.RFC3339Nano, ev.Push.CreatedAt)
+	return at, err == nil
+}
+
+// Executor is the executor's observer (executor.Observer): it tells M
+// all it is told and keeps each credential's expiry for the status.
+type Executor struct {
+	M *metrics.Metrics
+
+	mu      sync.Mutex
+	expires map[string]time.Time
+}
+
+// SessionReady implements executor.Observer.
+func (e *Executor) SessionReady(wait time.Duration) { e.M.SessionReady(wait) }
+
+// Transferred implements executor.Observer.
+func (e *Executor) Transferred(direction string, bytes int64, d time.Duration) {
+	e.M.Transferred(direction, bytes, d)
+}
+
+// Swept implements executor.Observer.
+func (e *Executor) Swept(removed int, err error) { e.M.Swept(removed, err) }
+
+// CleanupFailed implements executor.Observer.
+func (e *Executor) CleanupFailed() { e.M.CleanupFailed() }
+
+// CredentialExpiry implements executor.Observer (zero at: none known).
+func (e *Executor) CredentialExpiry(credential string, at time.Time) {
+	e.mu.Lock()
+	if e.expires == nil {
+		e.expires = map[string]time.Time{}
+	}
+	if at.IsZero() {
+		delete(e.expires, credential)
+	} else {
+		e.expires[credential] = at
+	}
+	e.mu.Unlock()
+	e.M.CredentialExpiry(credential, at)
+}
+
+// Credentials are the credentials whose expiry the executor told, by
+// name.
+func (e *Executor) Credentials() []status.Credential {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make([]status.Credential, 0, len(e.expires))
+	for name, at := range e.expires {
+		out = append(out, status.Credential{Name: name, Expires: at.UTC()})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Outbox is the checks part's outbox (state.Store) with the owed checks
+// counted in M at every change, and whenever they are read.
+type Outbox struct {
+	checks.Outbox
+	M *metrics.Metrics
+}
+
+// Owe implements checks.Outbox.
+func (o Outbox) Owe(key string, v state.Owed) error { return o.count(o.Outbox.Owe(key, v)) }
+
+// Paid implements checks.Outbox.
+func (o Outbox) Paid(key string) error { return o.count(o.Outbox.Paid(key)) }
+
+// Forgive implements checks.Outbox.
+func (o Outbox) Forgive(key string) error { return o.count(o.Outbox.Forgive(key)) }
+
+// Owed implements checks.Outbox.
+func (o Outbox) Owed() map[string]state.Owed {
+	owed := o.Outbox.Owed()
+	o.M.SetOwedChecks(len(owed))
+	return owed
+}
+
+func (o Outbox) count(err error) error {
+	o.Owed()
+	return err
+}
+
+// Writer is the checks part's writer (forge.Account) with the records
+// the PDS (or the lexicon) refuses as invalid counted in M.
+type Writer struct {
+	checks.Writer
+	M *metrics.Metrics
+}
+
+// Put implements checks.Writer.
+func (w Writer) Put(ctx context.Context, collection, rkey string, v any) (syntax.ATURI, error) {
+	uri, err := w.Writer.Put(ctx, collection, rkey, v)
+	if checks.Refused(err) {
+		w.M.CheckRefused()
+	}
+	return uri, err
+}
