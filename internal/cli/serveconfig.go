@@ -8,6 +8,7 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
+	"knotless.dev/run/internal/checks"
 	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/forge"
@@ -111,6 +112,7 @@ func (c *ServeCmd) config(in serveInputs) (daemon.Config, error) {
 			MaxWorkflows:     c.MaxWorkflows,
 			MaxCheckoutBytes: exportBound(c.MaxCheckout),
 		},
+		LogBlobs:             checks.LogBlobs(c.LogBlobs),
 		StateDir:             c.StateDir,
 		CacheDir:             c.CacheDir,
 		StopWait:             c.StopWait,
