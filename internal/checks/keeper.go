@@ -155,7 +155,8 @@ func (k *Keeper) Queued(ctx context.Context, key string, ev ingest.Event, wf str
 // (an earlier process left it running): the work is queued first
 // (Queued).
 func (k *Keeper) Unqueued(key string, ev ingest.Event, wf string) (c forge.Check, ok bool) {
-	c = forge.Check{Type: forge.CollectionCheck, Subject: ev.Subject(), Workflow: wf, CreatedAt: forge.Now()}
+	c = forge.Check{Type: forge.CollectionCheck, Subject: ev.Subject(), Workflow: wf, CreatedAt: forge.Now(),
+		Attempt: ev.Attempt(wf), Cause: ev.Cause}
 	prev, known := k.rec.Get(key)
 	if !known {
 		return c, true
