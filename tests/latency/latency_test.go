@@ -157,7 +157,7 @@ func startServe(tb testing.TB, w *forgeworld.World, c *clustertest.Cluster, extr
 // rest the daemon's records, and visible when the final check was seen
 // on the PDS.
 type pushTimes struct {
-	t0, event, jobCreated, podReady, finalWritten, visible, cleaned time.Time
+	t0, event, jobCreated, podReady, verdict, finalWritten, visible, cleaned time.Time
 }
 
 // push commits a change on main (the workflow file is there from the
@@ -215,6 +215,11 @@ func (d *daemon) push(tb testing.TB, w *forgeworld.World, i int) pushTimes {
 	p.jobCreated = find("job created", ofRun("job created"))
 	p.podReady = find("pod ready", ofRun("pod ready"))
 	p.cleaned = find("job deleted", ofRun("job deleted"))
+	// The engine's verdict: its own "run finished" (the daemon's names
+	// the check, and comes after the final check is written).
+	p.verdict = find("verdict", func(r record) bool {
+		return r.Msg == "run finished" && r.Fields["run"] == run && r.Fields["check"] == nil
+	})
 	return p
 }
 
@@ -234,6 +239,8 @@ func (s *phaseSet) report(b *testing.B) {
 		{"event-to-job-ms", func(p pushTimes) time.Time { return p.event }, func(p pushTimes) time.Time { return p.jobCreated }},
 		{"job-to-ready-ms", func(p pushTimes) time.Time { return p.jobCreated }, func(p pushTimes) time.Time { return p.podReady }},
 		{"ready-to-final-ms", func(p pushTimes) time.Time { return p.podReady }, func(p pushTimes) time.Time { return p.finalWritten }},
+		{"ready-to-verdict-ms", func(p pushTimes) time.Time { return p.podReady }, func(p pushTimes) time.Time { return p.verdict }},
+		{"verdict-to-final-ms", func(p pushTimes) time.Time { return p.verdict }, func(p pushTimes) time.Time { return p.finalWritten }},
 		{"final-to-cleaned-ms", func(p pushTimes) time.Time { return p.finalWritten }, func(p pushTimes) time.Time { return p.cleaned }},
 		{"final-to-visible-ms", func(p pushTimes) time.Time { return p.finalWritten }, func(p pushTimes) time.Time { return p.visible }},
 	}
