@@ -17,6 +17,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -32,8 +34,12 @@ import (
 	"knotless.dev/run/tests/pds"
 )
 
-// envServe makes the test binary the serve process (serveHelper).
-const envServe = "KNOTLESS_LATENCY_SERVE"
+// envServe makes the test binary the serve process (serveHelper);
+// envHeap, when set, is where it writes a heap profile as it exits.
+const (
+	envServe = "KNOTLESS_LATENCY_SERVE"
+	envHeap  = "KNOTLESS_LATENCY_HEAP_PROFILE"
+)
 
 func TestMain(m *testing.M) {
 	if os.Getenv(envServe) == "1" {
@@ -53,7 +59,33 @@ func serveHelper() {
 		}
 	}
 	env := cli.Env{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv}
-	os.Exit(cli.Main(context.Background(), args, env))
+	code := cli.Main(context.Background(), args, env)
+	if name := os.Getenv(envHeap); name != "" {
+		writeHeapProfile(name)
+	}
+	os.Exit(code)
+}
+
+// writeHeapProfile writes the heap in use, after a collection, to name.
+func writeHeapProfile(name string) {
+	f, err := os.Create(name)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "heap profile:", err)
+		return
+	}
+	defer f.Close()
+	runtime.GC()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		fmt.Fprintln(os.Stderr, "heap profile:", err)
+	}
+	// Beside it, where the rest of the process's memory is.
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	stats := fmt.Sprintf("HeapInuse %d\nHeapIdle %d\nHeapReleased %d\nStackInuse %d\nSys %d\nNumGC %d\n",
+		m.HeapInuse, m.HeapIdle, m.HeapReleased, m.StackInuse, m.Sys, m.NumGC)
+	if err := os.WriteFile(name+".memstats", []byte(stats), 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, "heap profile:", err)
+	}
 }
 
 // oneStep is the issue's workflow: one trivial step.
@@ -345,4 +377,49 @@ func mustATURI(tb testing.TB, s string) syntax.ATURI {
 		tb.Fatal(err)
 	}
 	return u
+}
+
+// BenchmarkServeRSS reports the resident memory of a `serve` process on
+// the Kubernetes executor (VmRSS of /proc/PID/status, in MB): idle once
+// it is ready and follows the PDS's event stream, then after 20
+// one-step runs, one after another. The process is this test binary
+// run as knotless-run (serveHelper), so its text is a little larger
+// than the real binary's. With KNOTLESS_LATENCY_HEAP_PROFILE=FILE in
+// the environment the serve process writes its heap in use to FILE as
+// it exits (go tool pprof -top -inuse_space FILE).
+func BenchmarkServeRSS(b *testing.B) {
+	c := clustertest.Start(b)
+	srv := startPDS(b)
+	w := forgeworld.New(b, srv, forgeworld.Options{App: "latency"})
+	d := startServe(b, w, c, nil)
+	idle := rssMB(b, d.cmd.Process.Pid)
+	for i := range 20 {
+		d.push(b, w, i)
+	}
+	after := rssMB(b, d.cmd.Process.Pid)
+	for b.Loop() {
+		// The figures are the process's, not the loop's.
+	}
+	b.ReportMetric(idle, "rss-idle-MB")
+	b.ReportMetric(after, "rss-after-20-runs-MB")
+}
+
+// rssMB reads the resident set size of process pid, in MB.
+func rssMB(tb testing.TB, pid int) float64 {
+	tb.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			var kb float64
+			if _, err := fmt.Sscanf(strings.TrimSpace(rest), "%f kB", &kb); err != nil {
+				tb.Fatal(err)
+			}
+			return kb / 1024
+		}
+	}
+	tb.Fatalf("no VmRSS in /proc/%d/status", pid)
+	return 0
 }
