@@ -392,27 +392,31 @@ func BenchmarkServeRSS(b *testing.B) {
 	srv := startPDS(b)
 	w := forgeworld.New(b, srv, forgeworld.Options{App: "latency"})
 	d := startServe(b, w, c, nil)
-	idle := rssMB(b, d.cmd.Process.Pid)
+	pid := d.cmd.Process.Pid
+	idle, idleAnon := memMB(b, pid, "VmRSS"), memMB(b, pid, "RssAnon")
 	for i := range 20 {
 		d.push(b, w, i)
 	}
-	after := rssMB(b, d.cmd.Process.Pid)
+	after, afterAnon := memMB(b, pid, "VmRSS"), memMB(b, pid, "RssAnon")
 	for b.Loop() {
 		// The figures are the process's, not the loop's.
 	}
 	b.ReportMetric(idle, "rss-idle-MB")
+	b.ReportMetric(idleAnon, "rss-anon-idle-MB")
 	b.ReportMetric(after, "rss-after-20-runs-MB")
+	b.ReportMetric(afterAnon, "rss-anon-after-20-runs-MB")
 }
 
-// rssMB reads the resident set size of process pid, in MB.
-func rssMB(tb testing.TB, pid int) float64 {
+// memMB reads field (VmRSS, RssAnon: its anonymous part, not pages of
+// files such as the binary) of /proc/PID/status, in MB.
+func memMB(tb testing.TB, pid int, field string) float64 {
 	tb.Helper()
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		tb.Fatal(err)
 	}
 	for _, line := range strings.Split(string(data), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+		if rest, ok := strings.CutPrefix(line, field+":"); ok {
 			var kb float64
 			if _, err := fmt.Sscanf(strings.TrimSpace(rest), "%f kB", &kb); err != nil {
 				tb.Fatal(err)
@@ -420,6 +424,6 @@ func rssMB(tb testing.TB, pid int) float64 {
 			return kb / 1024
 		}
 	}
-	tb.Fatalf("no VmRSS in /proc/%d/status", pid)
+	tb.Fatalf("no %s in /proc/%d/status", field, pid)
 	return 0
 }
