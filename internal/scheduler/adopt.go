@@ -150,7 +150,7 @@ func (s *Scheduler) Sweep(ctx context.Context) error {
 // starts a session it could take for an orphan.
 func (s *Scheduler) Resweep(ctx context.Context) error {
 	s.mu.Lock()
-	s.q.paused = true
+	s.q.paused++
 	keep := make([]string, 0, len(s.q.running)+len(s.adopted))
 	for _, t := range s.q.running {
 		keep = append(keep, t.runID)
@@ -161,7 +161,7 @@ func (s *Scheduler) Resweep(ctx context.Context) error {
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
-		s.q.paused = false
+		s.q.paused--
 		s.q.signal()
 		s.mu.Unlock()
 	}()

@@ -76,7 +76,7 @@ func TestQueueFree(t *testing.T) {
 	if got := q.claim(); got != push {
 		t.Errorf("claimed %v, want the push before the pull", got.Key)
 	}
-	q.paused = true
+	q.paused = 1
 	if q.free() != 0 || q.claim() != nil {
 		t.Error("a paused queue has free workers or gives a task")
 	}

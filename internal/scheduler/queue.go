@@ -53,9 +53,9 @@ type queue struct {
 	reserved map[string]bool
 	// draining is set when a stopping daemon claims nothing new.
 	draining bool
-	// paused is set while a sweep lists the sessions: nothing is claimed,
+	// paused counts the sweeps listing the sessions: nothing is claimed,
 	// so no run starts a session the sweep could take for an orphan.
-	paused bool
+	paused int
 	// idle are the workers waiting for a task.
 	idle int
 	// changed is closed and replaced when the queue changes.
@@ -142,7 +142,7 @@ func (q *queue) remove(key string) *task {
 // that comes now is started at once by one of them (its check needs no
 // queued record). None while the claiming is paused or stopped.
 func (q *queue) free() int {
-	if q.draining || q.paused {
+	if q.draining || q.paused > 0 {
 		return 0
 	}
 	n := q.idle
@@ -158,7 +158,7 @@ func (q *queue) free() int {
 // running; nil when there is none, or the claiming is paused or
 // stopped.
 func (q *queue) claim() *task {
-	if q.draining || q.paused || len(q.waiting) == 0 {
+	if q.draining || q.paused > 0 || len(q.waiting) == 0 {
 		return nil
 	}
 	i := claimIndex(q.waiting)
