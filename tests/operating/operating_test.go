@@ -236,6 +236,11 @@ func TestServeObserved(t *testing.T) {
 	// and image, and from the pod's Ready on, pod and node.
 	onCluster := map[string]string{"namespace": c.Namespace, "image": c.Image, "job": "", "run": ""}
 	withPod := map[string]string{"namespace": c.Namespace, "image": c.Image, "job": "", "run": "", "pod": "", "node": c.Info.NodeName}
+	// A run's Job is deleted after its final check is written (the
+	// verdict before the clean-up): the last one may still be going.
+	waitUntil(t, ctx, "each run's Job deleted", func() bool {
+		return d.count("job deleted", merge(withPod, map[string]string{"after": ""})) >= 3
+	}, d.logs)
 	for _, line := range []struct {
 		msg    string
 		fields map[string]string
