@@ -44,7 +44,9 @@ const (
 	// Queue: the work is queued (again: a check an earlier process left
 	// queued or running is queued anew).
 	Queue Transition = "queue"
-	// Start: a worker started the run.
+	// Start: a worker started the run: from its queued check, or, when
+	// a worker took the work at once, as the check's first record (no
+	// queued check was written).
 	Start Transition = "start"
 	// Finish: the run ended (or the work cannot run): its result. A final
 	// check written again unchanged (an owed one) is a Finish too.
@@ -52,7 +54,8 @@ const (
 	// Release: a stopping runner gave the run back; queued again for its
 	// successor.
 	Release Transition = "release"
-	// Supersede: a newer event cancelled the work.
+	// Supersede: a newer event cancelled the work (also work whose check
+	// was not written yet).
 	Supersede Transition = "supersede"
 	// Invalid: the PDS refused the record; a minimal error check replaces
 	// it, whatever it replaces.
@@ -67,13 +70,13 @@ func Allowed(t Transition, from, to Status) error {
 	case Queue:
 		fromOK, toOK = slices.Contains([]Status{None, Queued, Running}, from), to == Queued
 	case Start:
-		fromOK, toOK = from == Queued, to == Running
+		fromOK, toOK = from == None || from == Queued, to == Running
 	case Finish:
 		fromOK, toOK = !from.Final() || from == to, to.Final()
 	case Release:
 		fromOK, toOK = from == Queued || from == Running, to == Queued
 	case Supersede:
-		fromOK, toOK = from == Queued || from == Running, to == Cancelled
+		fromOK, toOK = !from.Final(), to == Cancelled
 	case Invalid:
 		fromOK, toOK = true, to == Error
 	default:

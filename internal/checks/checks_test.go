@@ -26,14 +26,14 @@ func TestAllowed(t *testing.T) {
 	}
 	allowed := []move{
 		{Queue, None, Queued}, {Queue, Queued, Queued}, {Queue, Running, Queued},
-		{Start, Queued, Running},
+		{Start, None, Running}, {Start, Queued, Running},
 		{Release, Running, Queued}, {Release, Queued, Queued},
-		{Supersede, Queued, Cancelled}, {Supersede, Running, Cancelled},
+		{Supersede, None, Cancelled}, {Supersede, Queued, Cancelled}, {Supersede, Running, Cancelled},
 	}
 	refused := []move{
-		{Start, None, Running}, {Start, Running, Running},
+		{Start, Running, Running},
 		{Release, None, Queued}, {Release, Running, Success},
-		{Supersede, None, Cancelled}, {Supersede, Running, Failure},
+		{Supersede, Running, Failure},
 		{Queue, None, Running}, {Finish, None, Queued}, {Finish, Running, Running},
 		{"bogus", None, Queued},
 	}

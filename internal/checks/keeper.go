@@ -37,9 +37,16 @@ type Keeper struct {
 	log    *slog.Logger
 	waited func(time.Duration) // OnWait; nil: no one is told
 
+	low    func() bool
+	blobOf LogBlobs
+
 	mu   sync.Mutex
 	next map[string]time.Time // when each owed check is tried next (in memory: a new process tries at once)
-	wake chan struct{}        // a hint that a check became owed
+	wake chan struct{}        // a hint that a check became owed, or a write was deferred
+	// deferred are the non-final writes the PDS's low budget held back,
+	// by key: the newest of each check (budget.go).
+	deferred map[string]deferredWrite
+	seq      uint64
 }
 
 // Blobs takes a run's log and image outputs (forge.Account).
@@ -76,6 +83,13 @@ type Ports struct {
 	// LimitedUntil is until when the runner's PDS said it limits this
 	// runner (RateLimits.Until of its host); nil: it never said.
 	LimitedUntil func() time.Time
+	// BudgetLow says whether the runner's PDS said little is left of its
+	// record-write budget (RateLimits.Low of its host): the checks'
+	// non-final writes then wait; nil: never.
+	BudgetLow func() bool
+	// LogBlobs is which runs' logs the final check carries (the
+	// operator's --log-blobs); empty: every run's.
+	LogBlobs LogBlobs
 	// Live, when set, says where the running check's output is read
 	// (its live field) and which files the final check lists.
 	Live Live
@@ -91,8 +105,13 @@ func NewKeeper(rec *Recorder, p Ports, retry backoff.Policy, log *slog.Logger) *
 	if until == nil {
 		until = func() time.Time { return time.Time{} }
 	}
+	low := p.BudgetLow
+	if low == nil {
+		low = func() bool { return false }
+	}
 	return &Keeper{rec: rec, blobs: p.Blobs, outbox: p.Outbox, until: until, live: p.Live, retry: retry, log: log,
-		next: map[string]time.Time{}, wake: make(chan struct{}, 1)}
+		low: low, blobOf: p.LogBlobs,
+		next: map[string]time.Time{}, wake: make(chan struct{}, 1), deferred: map[string]deferredWrite{}}
 }
 
 // Know remembers a check listed from the PDS, without writing it.
@@ -122,21 +141,39 @@ func (k *Keeper) Queued(ctx context.Context, key string, ev ingest.Event, wf str
 		c.CreatedAt = prev.CreatedAt
 	}
 	if !known || prev.Status != string(Queued) {
-		if err := k.rec.Write(ctx, Queue, key, c); err != nil {
+		if err := k.nonFinal(ctx, Queue, key, c, k.log); err != nil {
 			return c, err
 		}
 	}
 	return c, nil
 }
 
+// Unqueued is the check of the workflow wf of ev (key) for work a
+// worker starts at once: nothing is written now, and Running writes it
+// as the check's first record (no queued record: a write and its points
+// saved). ok is false when the check has a record a start cannot follow
+// (an earlier process left it running): the work is queued first
+// (Queued).
+func (k *Keeper) Unqueued(key string, ev ingest.Event, wf string) (c forge.Check, ok bool) {
+	c = forge.Check{Type: forge.CollectionCheck, Subject: ev.Subject(), Workflow: wf, CreatedAt: forge.Now(),
+		Attempt: ev.Attempt(wf), Cause: ev.Cause}
+	prev, known := k.rec.Get(key)
+	if !known {
+		return c, true
+	}
+	c.CreatedAt, c.Status = prev.CreatedAt, prev.Status
+	return c, Allowed(Start, Status(prev.Status), Running) == nil
+}
+
 // Running writes the running check of c's work, started at started,
-// and returns it. A failed write is logged: the run goes on.
+// and returns it: c's first record when the work was not queued
+// (Unqueued). A failed write is logged: the run goes on.
 func (k *Keeper) Running(ctx context.Context, key string, c forge.Check, started time.Time, log *slog.Logger) forge.Check {
 	c.Status, c.StartedAt = string(Running), forge.Datetime(started)
 	if k.live != nil {
 		c.Live = k.live.Where(key)
 	}
-	if err := k.rec.Write(ctx, Start, key, c); err != nil {
+	if err := k.nonFinal(ctx, Start, key, c, log); err != nil {
 		log.Error("write running check", "err", err)
 	}
 	return c
@@ -183,10 +220,16 @@ func (k *Keeper) cancelled(ctx context.Context, t Transition, key string, ev ing
 // Released writes a run a stopping runner gave back: its check queued
 // again, not final, for the successor (nothing is owed).
 func (k *Keeper) Released(ctx context.Context, key string, c forge.Check, res *run.Result, outDir string, log *slog.Logger) {
+	if prev, _ := k.rec.Get(key); Status(prev.Status) == None {
+		// Nothing was written of it (its running record waits for the
+		// PDS's budget): nothing to give back.
+		k.forgetDeferred(key)
+		return
+	}
 	c = k.Map(ctx, c, res, outDir, log)
 	c.Status, c.Error = string(Queued), "released by a stopping runner: runs again on its successor"
 	c.FinishedAt, c.Files = "", nil
-	if err := k.rec.Write(ctx, Release, key, c); err != nil {
+	if err := k.nonFinal(ctx, Release, key, c, log); err != nil {
 		log.Error("write released check", "err", err)
 	}
 }
@@ -225,7 +268,7 @@ func (k *Keeper) Map(ctx context.Context, c forge.Check, res *run.Result, outDir
 		}
 		c.Steps = append(c.Steps, cs)
 	}
-	if len(res.Log) > 0 {
+	if len(res.Log) > 0 && k.blobOf.keeps(res.Status) {
 		blob, err := k.blobs.UploadBlob(ctx, "text/plain", res.Log)
 		if err != nil {
 			log.Error("upload run log", "err", err)
@@ -263,6 +306,7 @@ func (k *Keeper) files(key string) []forge.RunFile {
 // putFinal writes a final check through the recorder (Recorder.Final):
 // one the PDS does not take now is owed.
 func (k *Keeper) putFinal(ctx context.Context, t Transition, key string, ev ingest.Event, c forge.Check, log *slog.Logger) {
+	k.forgetDeferred(key)
 	c, err := k.rec.Final(ctx, t, key, c, log)
 	var owed *OwedError
 	switch {

@@ -80,10 +80,11 @@ func (k *Keeper) LoadOwed() {
 	}
 }
 
-// PayOwed writes the owed checks until ctx ends.
+// PayOwed writes the owed checks, and the writes the PDS's low budget
+// held back once it is not low (budget.go), until ctx ends.
 func (k *Keeper) PayOwed(ctx context.Context) {
 	for {
-		wait := k.PayDue(ctx)
+		wait := min(k.PayDue(ctx), k.payDeferred(ctx))
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():

@@ -23,13 +23,51 @@ type Writer interface {
 
 // Recorder writes the runner's check records and remembers the last of
 // each, by record key. It is safe for concurrent use; it holds its lock
-// only to read and remember, never during a write.
+// only to read and remember, never during a write. The writes of one
+// record are made one at a time (a lock per key, held over that
+// record's write only), so each is checked against the one before it.
 type Recorder struct {
 	w       Writer
 	onWrite func(key string, c forge.Check)
+	writing keyLocks
 
 	mu    sync.Mutex
 	known map[string]forge.Check
+}
+
+// keyLocks is a mutex per key, kept while someone holds or waits for it.
+type keyLocks struct {
+	mu    sync.Mutex
+	locks map[string]*keyLock
+}
+
+type keyLock struct {
+	sync.Mutex
+	refs int
+}
+
+// lock locks key's mutex and returns its unlock.
+func (k *keyLocks) lock(key string) (unlock func()) {
+	k.mu.Lock()
+	if k.locks == nil {
+		k.locks = map[string]*keyLock{}
+	}
+	l, ok := k.locks[key]
+	if !ok {
+		l = &keyLock{}
+		k.locks[key] = l
+	}
+	l.refs++
+	k.mu.Unlock()
+	l.Lock()
+	return func() {
+		l.Unlock()
+		k.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(k.locks, key)
+		}
+		k.mu.Unlock()
+	}
 }
 
 // NewRecorder returns a Recorder writing with w; onWrite, when set, is
@@ -85,6 +123,26 @@ func (r *Recorder) Forget(drop func(key string, c forge.Check) bool) int {
 // Write moves the check of key to c by t: it refuses a move the table
 // does not allow (Allowed), then writes the record.
 func (r *Recorder) Write(ctx context.Context, t Transition, key string, c forge.Check) error {
+	defer r.writing.lock(key)()
+	return r.write(ctx, t, key, c)
+}
+
+// ErrMoved is a write WriteFrom did not make: the check is no longer at
+// the status the write was meant to move it from.
+var ErrMoved = errors.New("the check moved on")
+
+// WriteFrom is Write of a move from status from only: when the check of
+// key is at another status by the time its turn comes (a later write
+// went first), it writes nothing and returns ErrMoved.
+func (r *Recorder) WriteFrom(ctx context.Context, t Transition, key string, from Status, c forge.Check) error {
+	defer r.writing.lock(key)()
+	if prev, _ := r.Get(key); Status(prev.Status) != from {
+		return fmt.Errorf("write check %s (%s): %w", key, c.Status, ErrMoved)
+	}
+	return r.write(ctx, t, key, c)
+}
+
+func (r *Recorder) write(ctx context.Context, t Transition, key string, c forge.Check) error {
 	prev, _ := r.Get(key)
 	if err := Allowed(t, Status(prev.Status), Status(c.Status)); err != nil {
 		return fmt.Errorf("write check %s: %w", key, err)

@@ -126,6 +126,11 @@ func exitCode(stderr io.Writer, err error) int {
 	}
 }
 
+// LogTimeFormat is the time of each log record on stderr: RFC 3339 with
+// milliseconds. (Under journald each entry has the journal's own
+// microsecond time: journalctl -o short-precise.)
+const LogTimeFormat = "2006-01-02T15:04:05.000Z07:00"
+
 func newLogger(w io.Writer, format, level string) *slog.Logger {
 	if format == "auto" {
 		format = "logfmt"
@@ -143,6 +148,9 @@ func newLogger(w io.Writer, format, level string) *slog.Logger {
 		Formatter:       formatter,
 		Level:           lvl,
 		ReportTimestamp: true,
+		// Milliseconds: the phases of a run (docs/performance.md) are
+		// read from these records, and seconds hide most of them.
+		TimeFormat: LogTimeFormat,
 	})
 	return slog.New(h)
 }

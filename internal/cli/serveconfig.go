@@ -9,6 +9,7 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
+	"knotless.dev/run/internal/checks"
 	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/forge"
@@ -115,6 +116,7 @@ func (c *ServeCmd) config(in serveInputs) (daemon.Config, error) {
 			MaxWorkflows:     c.MaxWorkflows,
 			MaxCheckoutBytes: exportBound(c.MaxCheckout),
 		},
+		LogBlobs:             checks.LogBlobs(c.LogBlobs),
 		StateDir:             c.StateDir,
 		CacheDir:             c.CacheDir,
 		StopWait:             c.StopWait,

@@ -10,6 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
+	"knotless.dev/run/internal/checks"
 	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/executor/shell"
 	"knotless.dev/run/internal/ingest"
@@ -44,6 +45,7 @@ func TestServeConfig(t *testing.T) {
 			},
 			Git:      mirror.Options{Timeout: 5 * time.Minute, MaxWorkflowBytes: 262144, MaxWorkflows: 100, MaxCheckoutBytes: 2147483648},
 			StateDir: "/var/lib/knotless", CacheDir: "/var/cache/knotless", StopWait: 10 * time.Minute,
+			LogBlobs: checks.LogBlobsAlways,
 		}
 	}
 	for _, tc := range []struct {
@@ -66,6 +68,7 @@ func TestServeConfig(t *testing.T) {
 		{"the scheduler", []string{"--concurrency", "4", "--stop-wait", "1m"}, func(c *daemon.Config) {
 			c.Scheduler.Concurrency, c.StopWait = 4, time.Minute
 		}, ""},
+		{"log blobs", []string{"--log-blobs", "failures"}, func(c *daemon.Config) { c.LogBlobs = checks.LogBlobsFailures }, ""},
 		{"the lander", []string{"--queue", "--queue-batch", "3"}, func(c *daemon.Config) { c.Lander.Queue, c.Lander.Batch = true, 3 }, ""},
 		{"the engine", []string{"--image", "busybox:1", "--max-timeout", "1h", "--max-cpu", "2", "--max-memory", "1Gi",
 			"--allow-image", "busybox:*", "--limits-apply-to", "all", "--max-checkout", "0", "--max-outputs", "5", "--max-files", "7"}, func(c *daemon.Config) {

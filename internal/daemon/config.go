@@ -12,6 +12,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
+	"knotless.dev/run/internal/checks"
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
@@ -42,6 +43,9 @@ type Config struct {
 	// count owners' pushes too), the transfer bounds and the caches.
 	// Its Logger and Runner are the daemon's.
 	Engine run.Config
+	// LogBlobs is which runs' logs their final check carries as a
+	// blob (--log-blobs; empty: every run's).
+	LogBlobs checks.LogBlobs
 	// Live is live output: the listener, the output service, bounds.
 	Live live.Config
 	// Git is what git sources the mirrors may fetch from (https only by

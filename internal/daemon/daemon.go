@@ -50,6 +50,9 @@ type Daemon struct {
 	live   *live.Live     // live output
 	health health         // the executor's (health.go); its own lock
 	tel    *telemetry.Status
+	// cleaner removes the runs' sessions after their verdicts; the
+	// handover waits for it.
+	cleaner *run.Cleaner
 }
 
 // outside is the part of the world each part reaches through its
@@ -69,8 +72,10 @@ type outside struct {
 	ownChecks func(ctx context.Context) ([]forge.Record[forge.Check], []forge.Invalid, error)
 	// stream follows the event stream of a host from a cursor.
 	stream func(host string, cursor int64) ingest.Source
-	// limitedUntil is until when the runner's PDS said it limits it.
+	// limitedUntil is until when the runner's PDS said it limits it;
+	// budgetLow whether it said little is left of its write budget.
 	limitedUntil func() time.Time
+	budgetLow    func() bool
 }
 
 // ErrStateCorrupt wraps a state file that stops the start.
@@ -177,6 +182,7 @@ func open(ctx context.Context, cfg *Config) (*state.Store, outside, error) {
 			return &ingest.Firehose{Host: host, Cursor: cursor, Dir: a.Directory, Logger: cfg.Logger.With("component", "ingest")}
 		},
 		limitedUntil: func() time.Time { return limits.Until(acct.Host()) },
+		budgetLow:    func() bool { return limits.Low(acct.Host()) },
 	}
 	return store, out, nil
 }
@@ -200,12 +206,19 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 		}
 	})
 	d.live = live.New(cfg.Live, runner, live.FilesDir(cfg.CacheDir), live.Ports{Tokens: out.tokens}, logOf("live"))
-	d.keeper = checks.NewKeeper(rec, checks.Ports{Blobs: out.blobs, Outbox: telemetry.Outbox{Outbox: store, M: m}, LimitedUntil: out.limitedUntil, Live: d.live}, retry, d.log)
+	d.keeper = checks.NewKeeper(rec, checks.Ports{Blobs: out.blobs, Outbox: telemetry.Outbox{Outbox: store, M: m}, LimitedUntil: out.limitedUntil,
+		BudgetLow: out.budgetLow, LogBlobs: cfg.LogBlobs, Live: d.live}, retry, d.log)
 	d.keeper.OnWait(m.RateLimitWaited)
 	observe := telemetry.Parts{M: m, Executor: cfg.Engine.Executor.Name()}
 
 	eng := cfg.Engine
 	eng.Logger, eng.Runner = logOf("run"), runner.String()
+	if eng.Cleaner == nil {
+		// The verdict before the clean-up: a run's check is written as
+		// soon as its Result is, and its session removed after.
+		eng.Cleaner = run.NewCleaner(eng.Logger)
+	}
+	d.cleaner = eng.Cleaner
 	d.sched = scheduler.New(cfg.Scheduler,
 		scheduler.Facts{Runner: runner, Executor: d.caps, ExecutorName: cfg.Engine.Executor.Name(),
 			RunsDir: filepath.Join(cfg.CacheDir, "runs"), LimitsAll: cfg.Engine.Max.All},
@@ -295,6 +308,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	}
 	aux.Go(func() { d.keeper.PayOwed(auxCtx) })
 	aux.Go(func() { d.watchExecutor(auxCtx) })
+	aux.Go(func() { d.sched.Sweeps(auxCtx, d.cleaner.Failures) })
 	if d.lander != nil {
 		aux.Go(func() { d.lander.Run(auxCtx) })
 	}
@@ -386,12 +400,23 @@ func (d *Daemon) handover(wait func(), stopRuns context.CancelFunc) {
 	}
 }
 
+// cleanupWait bounds the wait at a stop for the sessions of ended runs
+// to be removed.
+const cleanupWait = 30 * time.Second
+
 func (d *Daemon) extendTimeout() {
 	usec := (d.cfg.StopWait + 30*time.Second).Microseconds()
 	d.cfg.Notify(fmt.Sprintf("EXTEND_TIMEOUT_USEC=%d", usec))
 }
 
 func (d *Daemon) finishHandover(released, cancelled int) {
+	// The runs have ended or been handed over; what their clean-ups did
+	// not finish by the deadline is the next start's sweep's.
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupWait)
+	defer cancel()
+	if err := d.cleaner.Wait(ctx); err != nil {
+		d.log.Warn("stopping before every session was removed", "err", err)
+	}
 	if err := d.store.Save(); err != nil {
 		d.log.Error("save state", "err", err)
 	}

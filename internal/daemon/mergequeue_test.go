@@ -243,7 +243,9 @@ func TestMergeQueueLandsInOrder(t *testing.T) {
 		return len(list[forge.Landing](m, m.Runner.DID, forge.CollectionLanding)) > 0
 	})
 	for _, c := range []string{c1, c2} {
-		if diff := cmp.Diff([]string{"queued", "running", "success"}, m.checkLog.statuses("pre", c)); diff != "" {
+		// Queued only when it waited for the worker.
+		got := m.checkLog.statuses("pre", c)
+		if diff := cmp.Diff([]string{"queued", "running", "success"}, got); diff != "" && !slices.Equal(got, []string{"running", "success"}) {
 			t.Errorf("pre check writes of %s (-want +got):\n%s", c, diff)
 		}
 	}

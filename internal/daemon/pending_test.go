@@ -14,10 +14,12 @@ import (
 
 // TestCheckRunningWhilePending pins what the NixOS VM test's
 // scale-to-zero step asserts (nix/tests/k3s.nix): the daemon writes the
-// `running` check before it creates the Job, so while the run's pod is
-// Pending for want of a node, the check already says running — never
-// queued. A pod that cannot be scheduled (its node selector matches no
-// node) stands in for a cluster scaled to zero.
+// `running` check beside the Job's creation (the two-phase start: the
+// write overlaps the pod's start), so while the run's pod is Pending for
+// want of a node, the check says running — never queued (a worker was
+// free: its running record is its first). A pod that cannot be
+// scheduled (its node selector matches no node) stands in for a cluster
+// scaled to zero.
 func TestCheckRunningWhilePending(t *testing.T) {
 	t.Parallel()
 	c := clustertest.Start(t)
@@ -38,7 +40,11 @@ steps:
 	if _, err := c.WaitForPod(ctx, c.Namespace, selector, pending); err != nil {
 		t.Fatalf("no Pending pod of the run: %v\n%s", err, w.logText())
 	}
-	if got := strings.Join(w.checkLog.statuses("build", commit), " "); got != "queued running" {
-		t.Errorf("checks written while the pod is Pending: %q, want %q", got, "queued running")
+	waitUntil(t, "the running check", 30*time.Second, func() bool { return len(w.checkLog.statuses("build", commit)) > 0 })
+	if got := strings.Join(w.checkLog.statuses("build", commit), " "); got != "running" {
+		t.Errorf("checks written while the pod is Pending: %q, want %q", got, "running")
+	}
+	if _, err := c.WaitForPod(ctx, c.Namespace, selector, pending); err != nil {
+		t.Errorf("the run's pod is no longer Pending: %v", err)
 	}
 }

@@ -66,13 +66,15 @@ func (in *Intake) Reconcile(ctx context.Context) error {
 	in.hosts = snap.Hosts
 	in.mu.Unlock()
 	in.cancels(ctx, snap)
-	for _, ev := range snap.Events {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if err := in.Consider(ctx, ev); err != nil {
+	// A burst of events to many repositories is considered side by side
+	// (burst.go); the events of one repository one after another.
+	eachLane(ctx, snap.Events, ConsiderAtOnce, func(ev ingest.Event) {
+		if err := in.Consider(ctx, ev); err != nil && ctx.Err() == nil {
 			in.log.Error("event not handled; tried again at the next reconcile", "event", ev.URI.String(), "commit", ev.Commit, "err", err)
 		}
+	})
+	if ctx.Err() != nil {
+		return ctx.Err()
 	}
 	in.reruns(ctx, snap)
 	in.dispatches(ctx, snap)

@@ -525,6 +525,15 @@ type PDS struct {
 	fail    []error
 	written []string
 	last    map[string]forge.Check
+	hold    <-chan struct{}
+}
+
+// Hold makes every write wait until gate is closed (or its context
+// ends): a slow PDS.
+func (f *PDS) Hold(gate <-chan struct{}) {
+	f.mu.Lock()
+	f.hold = gate
+	f.mu.Unlock()
 }
 
 // FailNext makes the next writes fail with errs, in order (a nil error:
@@ -536,7 +545,17 @@ func (f *PDS) FailNext(errs ...error) {
 }
 
 // Put takes a check record.
-func (f *PDS) Put(_ context.Context, _, rkey string, v any) (syntax.ATURI, error) {
+func (f *PDS) Put(ctx context.Context, _, rkey string, v any) (syntax.ATURI, error) {
+	f.mu.Lock()
+	hold := f.hold
+	f.mu.Unlock()
+	if hold != nil {
+		select {
+		case <-hold:
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(f.fail) > 0 {

@@ -150,7 +150,7 @@ type StepMarker interface {
 // removal that fails never changes it.
 func (e *Engine) Run(ctx context.Context, req Request) *Result {
 	r := e.newRunState(req)
-	r.execute(ctx)
+	r.execute(ctx, nil)
 	r.finish()
 	e.cleanUp(ctx, r)
 	return r.res
@@ -238,29 +238,49 @@ type runState struct {
 	sess executor.Session
 }
 
-func (r *runState) execute(ctx context.Context) {
+// execute runs the run from its start: the session started here, or by
+// Engine.Begin (st) while the caller got the checkout and the secrets
+// ready.
+func (r *runState) execute(ctx context.Context, st *Start) {
 	wf := r.req.Workflow
+	refuse := func(err error) {
+		if st != nil {
+			st.stop()
+		}
+		r.fail(Error, "", err)
+	}
 	grantErr := r.grantSecrets()
 	r.openLog(true)
 	if grantErr != nil {
-		r.fail(Error, "", grantErr)
+		refuse(grantErr)
 		return
 	}
 	if err := r.eng.cfg.Max.check(r.req); err != nil {
-		r.fail(Error, "", err)
+		refuse(err)
 		return
 	}
 	if err := r.readScripts(); err != nil {
-		r.fail(Error, "", err)
+		refuse(err)
 		return
 	}
 
 	r.logf("knotless-run: workflow %s, run %s, executor %s", wf.Name, r.req.RunID, r.eng.cfg.Executor.Name())
-	// Waiting for a node is bounded by the executor (a scale-up may take
-	// minutes); the workflow's timeout starts once the session is there.
-	startCtx, stopStart := r.startContext(ctx)
-	sess, err := r.eng.cfg.Executor.Start(startCtx, r.spec())
-	stopStart()
+	var sess executor.Session
+	var err error
+	if st == nil {
+		// Waiting for a node is bounded by the executor (a scale-up may
+		// take minutes); the workflow's timeout starts once the session
+		// is there.
+		startCtx, stopStart := r.startContext(ctx)
+		sess, err = r.eng.cfg.Executor.Start(startCtx, r.spec())
+		stopStart()
+		r.sessionStarted = time.Now()
+		if err == nil {
+			r.log.Info("session started", "session", sess.Ref().String())
+		}
+	} else {
+		sess, r.sessionStarted, err = st.wait()
+	}
 	if err != nil {
 		if ctx.Err() == nil && r.detached() {
 			r.releaseUnstarted(err)
@@ -271,8 +291,7 @@ func (r *runState) execute(ctx context.Context) {
 		r.fail(r.faultStatus(ctx), "", fmt.Errorf("start session of workflow %s: %w", wf.Name, err))
 		return
 	}
-	r.log.Info("session started", "session", sess.Ref().String())
-	r.sessionStarted, r.sess = time.Now(), sess
+	r.sess = sess
 
 	r.steps(ctx, sess, nil)
 }

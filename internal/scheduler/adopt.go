@@ -209,11 +209,75 @@ func (s *Scheduler) Sweep(ctx context.Context) error {
 	return err
 }
 
-// Resweep is the start-up sweep tried again later (the executor was
-// degraded): it keeps the sessions of every run this process holds, and
-// leaves state.json alone.
+// Resweep sweeps again: the start-up sweep tried again (the executor
+// was degraded), the periodic sweep, and the one after a clean-up
+// failed (Sweeps). It keeps the sessions of every run this process
+// holds (those it runs, from their claim on, and the adopted ones) and
+// of every run state.json records (handed over, or adopted), and
+// leaves state.json alone. Nothing is claimed while it lists, so no run
+// starts a session it could take for an orphan.
 func (s *Scheduler) Resweep(ctx context.Context) error {
-	return s.sweep(ctx, s.p.State.RunIDs())
+	s.mu.Lock()
+	s.q.paused++
+	keep := make([]string, 0, len(s.q.running)+len(s.adopted))
+	for _, t := range s.q.running {
+		keep = append(keep, t.runID)
+	}
+	for _, t := range s.adopted {
+		keep = append(keep, t.runID)
+	}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.q.paused--
+		s.q.signal()
+		s.mu.Unlock()
+	}()
+	return s.sweep(ctx, append(keep, s.p.State.RunIDs()...))
+}
+
+// Sweep timing: the periodic sweep, how often clean-up failures are
+// looked for, and the bound on one sweep (claims wait for it).
+const (
+	SweepEvery   = 10 * time.Minute
+	failureCheck = 10 * time.Second
+	sweepTimeout = 30 * time.Second
+)
+
+// Sweeps sweeps again every SweepEvery, and soon after a session's
+// clean-up failed (failures, the engine's run.Cleaner.Failures, grew),
+// until ctx ends: what a clean-up after a run's verdict left is removed
+// without waiting for the next start. A sweep that fails is logged and
+// tried at the next turn; none is tried while the executor is down
+// (its health loop sweeps then).
+func (s *Scheduler) Sweeps(ctx context.Context, failures func() int64) {
+	tick := time.NewTicker(failureCheck)
+	defer tick.Stop()
+	next, seen := time.Now().Add(SweepEvery), failures()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		failed := failures()
+		if (failed == seen && time.Now().Before(next)) || s.p.Down() != nil {
+			continue
+		}
+		seen = failed
+		sctx, cancel := context.WithTimeout(ctx, sweepTimeout)
+		err := s.Resweep(sctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			s.log.Warn("sweep after the runs' clean-ups failed; tried again in a minute", "cleanup_failures", failed, "err", err)
+			next = time.Now().Add(time.Minute)
+			continue
+		}
+		next = time.Now().Add(SweepEvery)
+	}
 }
 
 func (s *Scheduler) sweep(ctx context.Context, keep []string) error {

@@ -31,6 +31,10 @@ type task struct {
 	// that process's log; nil for a run this process starts.
 	adopt *run.Handover
 	prior []byte
+	// unwritten: no queued record was written, as a worker was free when
+	// the task came; it is claimed before any other, and its running
+	// record is its check's first.
+	unwritten bool
 	// live is the run's live output (Tap.Open); nil: none.
 	live io.Writer
 }
@@ -49,6 +53,11 @@ type queue struct {
 	reserved map[string]bool
 	// draining is set when a stopping daemon claims nothing new.
 	draining bool
+	// paused counts the sweeps listing the sessions: nothing is claimed,
+	// so no run starts a session the sweep could take for an orphan.
+	paused int
+	// idle are the workers waiting for a task.
+	idle int
 	// changed is closed and replaced when the queue changes.
 	changed chan struct{}
 }
@@ -129,10 +138,27 @@ func (q *queue) remove(key string) *task {
 	return nil
 }
 
+// free is how many idle workers no unwritten task waits for: a task
+// that comes now is started at once by one of them (its check needs no
+// queued record). None while the claiming is paused or stopped.
+func (q *queue) free() int {
+	if q.draining || q.paused > 0 {
+		return 0
+	}
+	n := q.idle
+	for _, t := range q.waiting {
+		if t.unwritten {
+			n--
+		}
+	}
+	return max(n, 0)
+}
+
 // claim moves the task a worker takes next (claimIndex) from waiting to
-// running; nil when there is none or the daemon is stopping.
+// running; nil when there is none, or the claiming is paused or
+// stopped.
 func (q *queue) claim() *task {
-	if q.draining || len(q.waiting) == 0 {
+	if q.draining || q.paused > 0 || len(q.waiting) == 0 {
 		return nil
 	}
 	i := claimIndex(q.waiting)
@@ -199,9 +225,16 @@ func (q *queue) load(a string, all bool, ev ingest.Event) (runs, owing int) {
 	return runs, owing
 }
 
-// claimIndex is the queued task a worker takes next: the first trusted
-// one (the owner's pushes go ahead of strangers' pulls), else the first.
+// claimIndex is the queued task a worker takes next: the first
+// unwritten one (it came while a worker was free, which it was promised:
+// it has no check to show it waits), else the first trusted one (the
+// owner's pushes go ahead of strangers' pulls), else the first.
 func claimIndex(queue []*task) int {
+	for i, t := range queue {
+		if t.unwritten {
+			return i
+		}
+	}
 	for i, t := range queue {
 		if t.Event.Trusted {
 			return i

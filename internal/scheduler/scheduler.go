@@ -54,9 +54,10 @@ type Facts struct {
 	LimitsAll bool
 }
 
-// Engine runs workflows (run.Engine).
+// Engine runs workflows (run.Engine): Begin starts a run's session,
+// and its Start.Run goes on once the checkout and the secrets are there.
 type Engine interface {
-	Run(ctx context.Context, req run.Request) *run.Result
+	Begin(ctx context.Context, req run.Request) *run.Start
 	Adopt(ctx context.Context, req run.Request, h run.Handover, prior []byte) *run.Result
 }
 
@@ -64,6 +65,7 @@ type Engine interface {
 // causes is written there.
 type Checks interface {
 	Queued(ctx context.Context, key string, ev ingest.Event, wf string) (forge.Check, error)
+	Unqueued(key string, ev ingest.Event, wf string) (forge.Check, bool)
 	Running(ctx context.Context, key string, c forge.Check, started time.Time, log *slog.Logger) forge.Check
 	Finished(ctx context.Context, key string, ev ingest.Event, c forge.Check, res *run.Result, outDir string, log *slog.Logger) forge.Check
 	Superseded(ctx context.Context, key string, ev ingest.Event, c forge.Check, by string, res *run.Result, outDir string, log *slog.Logger) forge.Check

@@ -17,26 +17,36 @@ import (
 	"knotless.dev/run/internal/state"
 )
 
-// Enqueue writes j's queued check, supersedes the older runs of its
-// group and puts it in the queue. It queues nothing, and returns false,
-// when a job of the same check key is in hand already (a pre-flight and
-// its pull share a check).
+// Enqueue puts j in the queue and supersedes the older runs of its
+// group. When a worker is free, it starts j at once and j's check gets
+// no queued record (its running record is its first); else Enqueue
+// writes the queued check first: work that really waits shows it. It
+// queues nothing, and returns false, when a job of the same check key
+// is in hand already (a pre-flight and its pull share a check).
 func (s *Scheduler) Enqueue(ctx context.Context, j *job.Job) (bool, error) {
 	s.mu.Lock()
 	if s.q.has(j.Key) {
 		s.mu.Unlock()
 		return false, nil
 	}
-	s.q.reserved[j.Key] = true
-	s.mu.Unlock()
-	c, err := s.p.Checks.Queued(ctx, j.Key, j.Event, j.Workflow.Name)
-	s.mu.Lock()
-	delete(s.q.reserved, j.Key)
-	if err != nil {
-		s.mu.Unlock()
-		return false, err
+	var t *task
+	if s.q.free() > 0 {
+		if c, ok := s.p.Checks.Unqueued(j.Key, j.Event, j.Workflow.Name); ok {
+			t = &task{Job: j, check: c, unwritten: true, seen: seen{queued: time.Now()}}
+		}
 	}
-	t := &task{Job: j, check: c, seen: seen{queued: time.Now()}}
+	if t == nil {
+		s.q.reserved[j.Key] = true
+		s.mu.Unlock()
+		c, err := s.p.Checks.Queued(ctx, j.Key, j.Event, j.Workflow.Name)
+		s.mu.Lock()
+		delete(s.q.reserved, j.Key)
+		if err != nil {
+			s.mu.Unlock()
+			return false, err
+		}
+		t = &task{Job: j, check: c, seen: seen{queued: time.Now()}}
+	}
 	cancelQueued, cancelRunning := s.q.add(t)
 	for _, o := range cancelRunning {
 		s.log.Info("superseded: cancelling the older run", "check", o.Key, "by", j.Event.URI.String())
@@ -50,7 +60,8 @@ func (s *Scheduler) Enqueue(ctx context.Context, j *job.Job) (bool, error) {
 	if s.p.Observer != nil {
 		s.p.Observer.Queued(j)
 	}
-	s.log.Info("queued", "check", j.Key, "workflow", j.Workflow.Name, "event", j.Event.URI.String(), "commit", j.Event.Commit)
+	s.log.Info("queued", "check", j.Key, "workflow", j.Workflow.Name, "event", j.Event.URI.String(), "commit", j.Event.Commit,
+		"at_once", t.unwritten)
 	return true, nil
 }
 
@@ -78,29 +89,44 @@ func (s *Scheduler) Start(ctx, runCtx context.Context) (wait func()) {
 	if len(adopted) > 0 {
 		s.log.Info(fmt.Sprintf("adopted %d runs", len(adopted)), "runs", len(adopted))
 	}
+	// Start returns once every worker waits for a task (or took one): a
+	// job queued after it finds them free.
+	var ready sync.WaitGroup
+	ready.Add(s.cfg.Concurrency)
 	for range s.cfg.Concurrency {
-		workers.Go(func() { s.worker(ctx, runCtx) })
+		workers.Go(func() { s.worker(ctx, runCtx, ready.Done) })
 	}
+	ready.Wait()
 	return workers.Wait
 }
 
 // next waits for a task and gives it a context under runCtx; nil means
 // the daemon is stopping.
-func (s *Scheduler) next(ctx, runCtx context.Context) (*task, context.Context) {
+func (s *Scheduler) next(ctx, runCtx context.Context, ready func()) (*task, context.Context) {
+	waited := false
+	defer ready()
 	for {
 		s.mu.Lock()
+		if waited {
+			s.q.idle--
+			waited = false
+		}
 		if s.q.draining || ctx.Err() != nil {
 			s.mu.Unlock()
 			return nil, nil
 		}
 		if t := s.q.claim(); t != nil {
 			jctx, cancel := context.WithCancel(runCtx)
-			t.cancel = cancel
+			// The run's id from its claim on: a sweep keeps its session.
+			t.cancel, t.runID = cancel, run.NewID()
 			s.mu.Unlock()
 			return t, jctx
 		}
 		wait := s.q.wait()
+		s.q.idle++
+		waited = true
 		s.mu.Unlock()
+		ready()
 		select {
 		case <-ctx.Done():
 		case <-wait:
@@ -108,10 +134,12 @@ func (s *Scheduler) next(ctx, runCtx context.Context) (*task, context.Context) {
 	}
 }
 
-// worker runs tasks until the daemon stops claiming work.
-func (s *Scheduler) worker(ctx, runCtx context.Context) {
+// worker runs tasks until the daemon stops claiming work. ready is
+// called once it first waits for a task or took one.
+func (s *Scheduler) worker(ctx, runCtx context.Context, ready func()) {
+	ready = sync.OnceFunc(ready)
 	for {
-		t, jctx := s.next(ctx, runCtx)
+		t, jctx := s.next(ctx, runCtx, ready)
 		if t == nil {
 			return
 		}
@@ -141,23 +169,9 @@ func (s *Scheduler) jobEnded(t *task) {
 // final check: it is recorded for the successor.
 func (s *Scheduler) runJob(ctx context.Context, t *task) {
 	log := s.log.With("check", t.Key, "workflow", t.Workflow.Name, "event", t.Event.URI.String())
-	if t.adopt == nil {
-		t.runID = run.NewID()
-	}
 	s.openLive(t)
-	if t.adopt == nil {
-		if err := s.start(ctx, t, log); err != nil {
-			log.Error("record the run", "err", err)
-		}
-		s.p.Changed()
-		log.Info("run started", "run", t.runID)
-	}
-	if s.p.Observer != nil {
-		s.p.Observer.Started(t.Job, t.runID, t.seen.queued)
-	}
-
 	dir := s.runDir(t.runID)
-	res := s.execute(ctx, t, dir)
+	res := s.execute(ctx, t, dir, log)
 	// Detached before its session started (a pod still Pending): nothing
 	// goes on, so nothing is handed over; the work is released, its
 	// check back to queued, for the successor.
@@ -183,9 +197,14 @@ func (s *Scheduler) runJob(ctx context.Context, t *task) {
 	released := unstarted || (t.released && cancelled)
 	superseded, why, cancelledAt := t.superseded, t.cancelled, t.cancelledAt
 	s.mu.Unlock()
-	if err := s.p.State.EndRun(t.Key); err != nil {
-		log.Error("save state", "err", err)
-	}
+	// The run leaves state.json once its check says how it ended (a
+	// crash before that runs the work again; after it, the check is
+	// final and the run's record is forgotten at the next start).
+	defer func() {
+		if err := s.p.State.EndRun(t.Key); err != nil {
+			log.Error("save state", "err", err)
+		}
+	}()
 
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
@@ -256,9 +275,13 @@ func writePrivate(name string, data []byte) error {
 	return nil
 }
 
-// execute exports the tree and runs the workflow on the engine, or
-// goes on with an adopted run.
-func (s *Scheduler) execute(ctx context.Context, t *task, dir string) *run.Result {
+// execute runs the workflow on the engine, or goes on with an adopted
+// run. A run's session is begun first (on Kubernetes its Job is created
+// as soon as its spec is known: the workflow, the run's trust), and
+// what needs the checkout or the secrets waits for them; meanwhile, as
+// the session starts, the running check is written, the run recorded
+// in state.json, the tree exported and the secrets gathered.
+func (s *Scheduler) execute(ctx context.Context, t *task, dir string, log *slog.Logger) *run.Result {
 	fail := func(err error) *run.Result {
 		if t.adopt != nil {
 			s.abandon(ctx, t)
@@ -278,28 +301,12 @@ func (s *Scheduler) execute(ctx context.Context, t *task, dir string) *run.Resul
 		return &run.Result{RunID: t.runID, Workflow: t.Workflow.Name, Status: run.Error, Error: err.Error(), StartedAt: now, FinishedAt: now,
 			Log: append(t.prior, line...)}
 	}
-	if err := s.p.Down(); err != nil {
-		return fail(err)
-	}
 	checkout := filepath.Join(dir, "checkout")
-	if t.adopt == nil {
-		if err := t.Repo.Export(ctx, t.Tree, checkout); err != nil {
-			return fail(err)
-		}
-	}
-	secrets := map[string]string{}
-	if t.Event.Trusted {
-		var err error
-		if secrets, err = s.secrets(ctx, t.Job); err != nil {
-			return fail(err)
-		}
-	}
 	req := run.Request{
 		RunID:    t.runID,
 		Workflow: t.Workflow,
 		Checkout: checkout,
 		Outputs:  filepath.Join(dir, "outputs"),
-		Secrets:  secrets,
 		Vars:     t.Vars,
 		Trusted:  t.Event.Trusted,
 		Annotations: map[string]string{
@@ -315,9 +322,67 @@ func (s *Scheduler) execute(ctx context.Context, t *task, dir string) *run.Resul
 	}
 	req.Progress = func(p run.Progress) { s.setProgress(t, p) }
 	if t.adopt != nil {
+		s.started(t)
+		secrets, err := s.runSecrets(ctx, t)
+		if err != nil {
+			return fail(err)
+		}
+		req.Secrets = secrets
 		return s.p.Engine.Adopt(ctx, req, *t.adopt, t.prior)
 	}
-	return s.p.Engine.Run(ctx, req)
+	down := s.p.Down()
+	var st *run.Start
+	if down == nil {
+		st = s.p.Engine.Begin(ctx, req)
+	}
+	// Beside the session's start: the running check and the run's
+	// record (on disk before the run can be handed over).
+	recorded := make(chan struct{})
+	go func() {
+		defer close(recorded)
+		if err := s.start(ctx, t, log); err != nil {
+			log.Error("record the run", "err", err)
+		}
+		s.p.Changed()
+		log.Info("run started", "run", t.runID)
+		s.started(t)
+	}()
+	defer func() { <-recorded }()
+	prepare := func() (map[string]string, error) {
+		if down != nil {
+			return nil, down
+		}
+		if err := t.Repo.Export(ctx, t.Tree, checkout); err != nil {
+			return nil, err
+		}
+		return s.runSecrets(ctx, t)
+	}
+	secrets, err := prepare()
+	if err != nil {
+		if st != nil {
+			st.Discard(ctx)
+		}
+		<-recorded
+		return fail(err)
+	}
+	<-recorded
+	return st.Run(ctx, checkout, secrets)
+}
+
+// started tells the observer a run started (or an adopted one goes on).
+func (s *Scheduler) started(t *task) {
+	if s.p.Observer != nil {
+		s.p.Observer.Started(t.Job, t.runID, t.seen.queued)
+	}
+}
+
+// runSecrets are the secrets a run may be granted: none for an
+// untrusted one.
+func (s *Scheduler) runSecrets(ctx context.Context, t *task) (map[string]string, error) {
+	if !t.Event.Trusted {
+		return map[string]string{}, nil
+	}
+	return s.secrets(ctx, t.Job)
 }
 
 // abandon stops the session of an adopted run that cannot go on here,

@@ -47,6 +47,12 @@ type Executor struct {
 	// StopGate, when set, holds every session's Stop until it is closed
 	// or Stop's context ends (then Stop fails with the context's error).
 	StopGate <-chan struct{}
+	// OnStart, when set, is told of every Start as it is called;
+	// StartGate, when set, holds every Start until it is closed or its
+	// context ends (then Start fails with the context's error, and makes
+	// no session).
+	OnStart   func(executor.Spec)
+	StartGate <-chan struct{}
 
 	mu       sync.Mutex
 	sessions map[string]*Session // by run ID
@@ -63,7 +69,17 @@ var (
 func (e *Executor) Name() string { return Name }
 
 // Start implements executor.Executor.
-func (e *Executor) Start(_ context.Context, spec executor.Spec) (executor.Session, error) {
+func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Session, error) {
+	if e.OnStart != nil {
+		e.OnStart(spec)
+	}
+	if e.StartGate != nil {
+		select {
+		case <-e.StartGate:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("start %s: %w", spec.RunID, ctx.Err())
+		}
+	}
 	if e.StartErr != nil {
 		return nil, e.StartErr
 	}

@@ -1,0 +1,59 @@
+package intake
+
+import (
+	"context"
+	"sync"
+
+	"knotless.dev/run/internal/ingest"
+)
+
+// ConsiderAtOnce is how many repositories' events a reconcile considers
+// at once: a burst of pushes to many repositories is fetched, read and
+// queued side by side, not one after another, and no more than this
+// many fetches and workflow reads go on together.
+const ConsiderAtOnce = 4
+
+// lanes splits events by repository, each lane in the listing's order
+// (oldest first: a newer push supersedes an older one of its ref only
+// after it), the lanes in the order of their first event.
+func lanes(events []ingest.Event) [][]ingest.Event {
+	var out [][]ingest.Event
+	at := map[string]int{}
+	for _, ev := range events {
+		repo := ev.Repo.URI.String()
+		i, ok := at[repo]
+		if !ok {
+			i = len(out)
+			at[repo] = i
+			out = append(out, nil)
+		}
+		out[i] = append(out[i], ev)
+	}
+	return out
+}
+
+// eachLane calls f for every event, the events of one repository one
+// after another, at most limit repositories at once, and returns when
+// every call has returned. It starts no lane once ctx has ended.
+func eachLane(ctx context.Context, events []ingest.Event, limit int, f func(ingest.Event)) {
+	limit = max(limit, 1)
+	slots := make(chan struct{}, limit)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for _, lane := range lanes(events) {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			for _, ev := range lane {
+				if ctx.Err() != nil {
+					return
+				}
+				f(ev)
+			}
+		})
+	}
+}

@@ -1,0 +1,429 @@
+// Package latency measures the runner end to end: `knotless-run serve`
+// as a process of its own, a real PDS (tests/pds) and the test cluster
+// (tests/cluster), the owner's pushes written as a client would write
+// them. Where the time goes is read from the daemon's own log records
+// (JSON, with their sub-second timestamps), not from the outside.
+//
+//	tests/cluster/up && eval "$(tests/cluster/env)"
+//	go test ./tests/latency -run XXX -bench PushToCheck -benchtime 10x
+package latency
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/syntax"
+
+	"knotless.dev/run/internal/cli"
+	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/tests/clustertest"
+	"knotless.dev/run/tests/forgeworld"
+	"knotless.dev/run/tests/pds"
+)
+
+// envServe makes the test binary the serve process (serveHelper);
+// envHeap, when set, is where it writes a heap profile as it exits.
+const (
+	envServe = "KNOTLESS_LATENCY_SERVE"
+	envHeap  = "KNOTLESS_LATENCY_HEAP_PROFILE"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envServe) == "1" {
+		serveHelper()
+		return
+	}
+	clustertest.Main(m)
+}
+
+// serveHelper runs knotless-run with the arguments after "--".
+func serveHelper() {
+	args := os.Args
+	for i, a := range args {
+		if a == "--" {
+			args = args[i+1:]
+			break
+		}
+	}
+	env := cli.Env{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv}
+	code := cli.Main(context.Background(), args, env)
+	if name := os.Getenv(envHeap); name != "" {
+		writeHeapProfile(name)
+	}
+	os.Exit(code)
+}
+
+// writeHeapProfile writes the heap in use, after a collection, to name.
+func writeHeapProfile(name string) {
+	f, err := os.Create(name)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "heap profile:", err)
+		return
+	}
+	defer f.Close()
+	runtime.GC()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		fmt.Fprintln(os.Stderr, "heap profile:", err)
+	}
+	// Beside it, where the rest of the process's memory is.
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	stats := fmt.Sprintf("HeapInuse %d\nHeapIdle %d\nHeapReleased %d\nStackInuse %d\nSys %d\nNumGC %d\n",
+		m.HeapInuse, m.HeapIdle, m.HeapReleased, m.StackInuse, m.Sys, m.NumGC)
+	if err := os.WriteFile(name+".memstats", []byte(stats), 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, "heap profile:", err)
+	}
+}
+
+// oneStep is the issue's workflow: one trivial step.
+const oneStep = "on: [push]\nsteps:\n  - name: hi\n    run: echo hi\n"
+
+// BenchmarkPushToCheck pushes the one-step workflow to a repository a
+// `serve` process on the Kubernetes executor watches, one push at a
+// time, and reports the medians of where the time goes, in
+// milliseconds: from the push record written (what a client such as
+// goat returns after) to the final check visible on the PDS, and
+// within it, from the daemon's own records: the event received (the
+// event stream's hint), the Job created, its pod Ready, the final check
+// written, and the clean-up (the Job deleted and its pod gone; negative
+// when it came before the final check).
+func BenchmarkPushToCheck(b *testing.B) {
+	c := clustertest.Start(b)
+	srv := startPDS(b)
+	w := forgeworld.New(b, srv, forgeworld.Options{App: "latency"})
+	d := startServe(b, w, c, nil)
+
+	d.push(b, w, -1) // the first run: the network policies made, the image warm
+	var phases phaseSet
+	for i := 0; b.Loop(); i++ {
+		p := d.push(b, w, i)
+		phases.add(p)
+	}
+	phases.report(b)
+}
+
+// startPDS starts a PDS of the benchmark's own.
+func startPDS(tb testing.TB) *pds.Server {
+	tb.Helper()
+	if err := pds.Installed(); err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	srv, err := pds.Start(ctx, tb.TempDir())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(srv.Stop)
+	return srv
+}
+
+// daemon is a serve process and its log records.
+type daemon struct {
+	cmd  *exec.Cmd
+	logs *records
+	done chan struct{}
+}
+
+// startServe starts serve on the cluster for w's repository, with
+// extra flags, and waits until it is ready.
+func startServe(tb testing.TB, w *forgeworld.World, c *clustertest.Cluster, extra []string) *daemon {
+	tb.Helper()
+	dir := tb.TempDir()
+	pw := filepath.Join(dir, "app-password")
+	if err := os.WriteFile(pw, []byte(w.Password+"\n"), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	args := []string{"--log-format", "json", "--log-level", "debug", "serve",
+		"--did", w.Runner.DID.String(), "--pds", w.Server.URL, "--plc-url", w.Server.PLCURL,
+		"--app-password-file", pw, "--state-dir", filepath.Join(dir, "state"), "--cache-dir", filepath.Join(dir, "cache"),
+		"--allow-local-sources", "--poll", "10m", "--stop-wait", "1m",
+		"--executor", "kubernetes", "--kubeconfig", c.Kubeconfig, "--namespace", c.Namespace, "--image", c.Image}
+	args = append(append(args, extra...), w.Owner.DID.String()+"/"+forgeworld.RepoName)
+	cmd := exec.Command(os.Args[0], append([]string{"-test.run=^$", "--"}, args...)...)
+	cmd.Env = append(os.Environ(), envServe+"=1")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	d := &daemon{cmd: cmd, logs: &records{}, done: make(chan struct{})}
+	go func() {
+		defer close(d.done)
+		d.logs.read(stderr)
+	}()
+	tb.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		<-d.done
+		_ = cmd.Wait()
+		if tb.Failed() {
+			tb.Logf("serve log:\n%s", d.logs.text())
+		}
+	})
+	// Ready, and following the PDS's event stream (it starts once the
+	// first reconcile has found the repository's host).
+	for _, msg := range []string{"ready", "following events"} {
+		if _, ok := d.logs.wait(time.Time{}, 2*time.Minute, func(r record) bool { return r.Msg == msg }); !ok {
+			tb.Fatalf("serve: no %q\n%s", msg, d.logs.text())
+		}
+	}
+	return d
+}
+
+// pushTimes are one push's moments: t0 the push record written, the
+// rest the daemon's records, and visible when the final check was seen
+// on the PDS.
+type pushTimes struct {
+	t0, event, jobCreated, podReady, verdict, finalWritten, visible, cleaned time.Time
+}
+
+// push commits a change on main (the workflow file is there from the
+// first push) and waits for its final check on the PDS and for the
+// clean-up of its Job.
+func (d *daemon) push(tb testing.TB, w *forgeworld.World, i int) pushTimes {
+	tb.Helper()
+	files := map[string]string{"n.txt": fmt.Sprintf("%d\n", i), ".knotless/workflows/ci.yaml": oneStep}
+	old := w.Src.Head("refs/heads/main")
+	commit := w.Src.Commit("main", files)
+	uri := w.PushCommit(old, commit)
+	p := pushTimes{t0: time.Now()}
+	key := forge.CheckKey(forge.Subject{Repo: w.RepoURI.String(), Commit: commit, Ref: "refs/heads/main", Event: uri.String(), Kind: forge.KindPush}, "ci")
+	checkURI := "at://" + w.Runner.DID.String() + "/" + forge.CollectionCheck + "/" + key
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		var ch forge.Check
+		_, err := w.Reader.Get(context.Background(), mustATURI(tb, checkURI), &ch)
+		if err == nil && ch.Final() {
+			p.visible = time.Now()
+			if ch.Status != "success" {
+				tb.Fatalf("push %d: check %s: %s\n%s", i, ch.Status, ch.Error, d.logs.text())
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("push %d: no final check after 3 min\n%s", i, d.logs.text())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	find := func(what string, match func(record) bool) time.Time {
+		r, ok := d.logs.wait(p.t0, time.Minute, match)
+		if !ok {
+			tb.Fatalf("push %d: no %s in the serve log\n%s", i, what, d.logs.text())
+		}
+		return r.Time
+	}
+	p.event = find("event", func(r record) bool {
+		return r.Msg == "records changed" && r.Fields["collection"] == forge.CollectionRefUpdate
+	})
+	p.finalWritten = find("final check written", func(r record) bool {
+		return r.Msg == "run finished" && r.Fields["check"] == key
+	})
+	run := ""
+	find("run started", func(r record) bool {
+		if r.Msg == "run started" && r.Fields["check"] == key {
+			run, _ = r.Fields["run"].(string)
+			return true
+		}
+		return false
+	})
+	ofRun := func(msg string) func(record) bool {
+		return func(r record) bool { return r.Msg == msg && r.Fields["run"] == run }
+	}
+	p.jobCreated = find("job created", ofRun("job created"))
+	p.podReady = find("pod ready", ofRun("pod ready"))
+	p.cleaned = find("job deleted", ofRun("job deleted"))
+	// The engine's verdict: its own "run finished" (the daemon's names
+	// the check, and comes after the final check is written).
+	p.verdict = find("verdict", func(r record) bool {
+		return r.Msg == "run finished" && r.Fields["run"] == run && r.Fields["check"] == nil
+	})
+	return p
+}
+
+// phaseSet collects each push's phases.
+type phaseSet struct{ pushes []pushTimes }
+
+func (s *phaseSet) add(p pushTimes) { s.pushes = append(s.pushes, p) }
+
+func (s *phaseSet) report(b *testing.B) {
+	phases := []struct {
+		unit     string
+		from, to func(pushTimes) time.Time
+	}{
+		{"push-to-visible-ms", func(p pushTimes) time.Time { return p.t0 }, func(p pushTimes) time.Time { return p.visible }},
+		{"push-to-event-ms", func(p pushTimes) time.Time { return p.t0 }, func(p pushTimes) time.Time { return p.event }},
+		{"event-to-final-ms", func(p pushTimes) time.Time { return p.event }, func(p pushTimes) time.Time { return p.finalWritten }},
+		{"event-to-job-ms", func(p pushTimes) time.Time { return p.event }, func(p pushTimes) time.Time { return p.jobCreated }},
+		{"job-to-ready-ms", func(p pushTimes) time.Time { return p.jobCreated }, func(p pushTimes) time.Time { return p.podReady }},
+		{"ready-to-final-ms", func(p pushTimes) time.Time { return p.podReady }, func(p pushTimes) time.Time { return p.finalWritten }},
+		{"ready-to-verdict-ms", func(p pushTimes) time.Time { return p.podReady }, func(p pushTimes) time.Time { return p.verdict }},
+		{"verdict-to-final-ms", func(p pushTimes) time.Time { return p.verdict }, func(p pushTimes) time.Time { return p.finalWritten }},
+		{"final-to-cleaned-ms", func(p pushTimes) time.Time { return p.finalWritten }, func(p pushTimes) time.Time { return p.cleaned }},
+		{"final-to-visible-ms", func(p pushTimes) time.Time { return p.finalWritten }, func(p pushTimes) time.Time { return p.visible }},
+	}
+	for _, ph := range phases {
+		var ds []time.Duration
+		for _, p := range s.pushes {
+			ds = append(ds, ph.to(p).Sub(ph.from(p)))
+		}
+		b.ReportMetric(ms(median(ds)), ph.unit)
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func median(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// record is one log record of the daemon (--log-format json).
+type record struct {
+	Time   time.Time
+	Msg    string
+	Fields map[string]any
+}
+
+// records keeps the daemon's log records as they come.
+type records struct {
+	mu      sync.Mutex
+	all     []record
+	raw     strings.Builder
+	changed chan struct{}
+}
+
+func (rs *records) read(r io.Reader) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		var f map[string]any
+		rec := record{}
+		if json.Unmarshal([]byte(line), &f) == nil {
+			rec.Fields = f
+			rec.Msg, _ = f["msg"].(string)
+			if ts, ok := f["time"].(string); ok {
+				rec.Time, _ = time.Parse(time.RFC3339Nano, ts)
+			}
+		}
+		rs.mu.Lock()
+		rs.raw.WriteString(line + "\n")
+		if rec.Msg != "" {
+			rs.all = append(rs.all, rec)
+		}
+		if rs.changed != nil {
+			close(rs.changed)
+			rs.changed = nil
+		}
+		rs.mu.Unlock()
+	}
+}
+
+// wait returns the first record at or after since that match says
+// is the one, waiting up to timeout for it.
+func (rs *records) wait(since time.Time, timeout time.Duration, match func(record) bool) (record, bool) {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		rs.mu.Lock()
+		for _, r := range rs.all {
+			if !r.Time.Before(since) && match(r) {
+				rs.mu.Unlock()
+				return r, true
+			}
+		}
+		if rs.changed == nil {
+			rs.changed = make(chan struct{})
+		}
+		ch := rs.changed
+		rs.mu.Unlock()
+		select {
+		case <-ch:
+		case <-deadline.C:
+			return record{}, false
+		}
+	}
+}
+
+func (rs *records) text() string {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	return rs.raw.String()
+}
+
+func mustATURI(tb testing.TB, s string) syntax.ATURI {
+	tb.Helper()
+	u, err := syntax.ParseATURI(s)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return u
+}
+
+// BenchmarkServeRSS reports the resident memory of a `serve` process on
+// the Kubernetes executor (VmRSS of /proc/PID/status, in MB): idle once
+// it is ready and follows the PDS's event stream, then after 20
+// one-step runs, one after another. The process is this test binary
+// run as knotless-run (serveHelper), so its text is a little larger
+// than the real binary's. With KNOTLESS_LATENCY_HEAP_PROFILE=FILE in
+// the environment the serve process writes its heap in use to FILE as
+// it exits (go tool pprof -top -inuse_space FILE).
+func BenchmarkServeRSS(b *testing.B) {
+	c := clustertest.Start(b)
+	srv := startPDS(b)
+	w := forgeworld.New(b, srv, forgeworld.Options{App: "latency"})
+	d := startServe(b, w, c, nil)
+	pid := d.cmd.Process.Pid
+	idle, idleAnon := memMB(b, pid, "VmRSS"), memMB(b, pid, "RssAnon")
+	for i := range 20 {
+		d.push(b, w, i)
+	}
+	after, afterAnon := memMB(b, pid, "VmRSS"), memMB(b, pid, "RssAnon")
+	for b.Loop() {
+		// The figures are the process's, not the loop's.
+	}
+	b.ReportMetric(idle, "rss-idle-MB")
+	b.ReportMetric(idleAnon, "rss-anon-idle-MB")
+	b.ReportMetric(after, "rss-after-20-runs-MB")
+	b.ReportMetric(afterAnon, "rss-anon-after-20-runs-MB")
+}
+
+// memMB reads field (VmRSS, RssAnon: its anonymous part, not pages of
+// files such as the binary) of /proc/PID/status, in MB.
+func memMB(tb testing.TB, pid int, field string) float64 {
+	tb.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, field+":"); ok {
+			var kb float64
+			if _, err := fmt.Sscanf(strings.TrimSpace(rest), "%f kB", &kb); err != nil {
+				tb.Fatal(err)
+			}
+			return kb / 1024
+		}
+	}
+	tb.Fatalf("no %s in /proc/%d/status", field, pid)
+	return 0
+}
