@@ -63,14 +63,21 @@ func runObjects(t *testing.T, c *clustertest.Cluster, w *world) []string {
 // asynchronous: a pod terminates after its Job is deleted).
 func waitNothingLeft(t *testing.T, c *clustertest.Cluster, w *world) {
 	t.Helper()
+	waitGone(t, "in the cluster", func() []string { return runObjects(t, c, w) })
+}
+
+// waitGone waits, up to 2 minutes, until list finds nothing: a run's
+// clean-up goes on after its final check is written.
+func waitGone(t *testing.T, where string, list func() []string) {
+	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		left := runObjects(t, c, w)
+		left := list()
 		if len(left) == 0 {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Errorf("left in the cluster: %s", strings.Join(left, ", "))
+			t.Errorf("left %s: %s", where, strings.Join(left, ", "))
 			return
 		}
 		time.Sleep(time.Second)

@@ -75,9 +75,7 @@ steps:
 	if got.Status != "cancelled" || got.CancelledBy != by.String() {
 		t.Errorf("check: %s by %q (%q)", got.Status, got.CancelledBy, got.Error)
 	}
-	if left := dockerObjects(t, d, w); len(left) != 0 {
-		t.Errorf("left on the daemon after the final check: %v", left)
-	}
+	waitGone(t, "on the docker daemon", func() []string { return dockerObjects(t, d, w) })
 	if m := stoppedIn.FindStringSubmatch(w.logText()); m != nil {
 		t.Logf("cancel: the run stopped in %s after the record was read (docker executor: its container and network removed)", m[1])
 	} else {

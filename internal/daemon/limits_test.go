@@ -156,10 +156,15 @@ steps:
 	if queued := w.checkLog.firstWrite("check", heads[2], ""); queued < firstDone {
 		t.Errorf("the third pull's first check write (%d) came before a slot freed (%d)", queued, firstDone)
 	}
-	// A slot freed, and so a worker: it is taken at once, no queued
-	// record.
-	if diff := cmp.Diff([]string{"running", "success"}, w.checkLog.statuses("check", heads[2])); diff != "" {
-		t.Errorf("the third pull's check writes (-want +got):\n%s", diff)
+	// Its check is created queued only if the one worker was still
+	// busy with the author's other pull when the slot freed (which of
+	// the two comes first is the intake's timing); then it runs.
+	writes := w.checkLog.statuses("check", heads[2])
+	if len(writes) > 0 && writes[0] == "queued" {
+		writes = writes[1:]
+	}
+	if diff := cmp.Diff([]string{"running", "success"}, writes); diff != "" {
+		t.Errorf("the third pull's check writes after an optional queued (-want +got):\n%s", diff)
 	}
 }
 
