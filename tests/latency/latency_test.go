@@ -31,6 +31,7 @@ import (
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/tests/clustertest"
 	"knotless.dev/run/tests/forgeworld"
+	"knotless.dev/run/tests/gitrepo"
 	"knotless.dev/run/tests/pds"
 )
 
@@ -139,7 +140,8 @@ type daemon struct {
 }
 
 // startServe starts serve on the cluster for w's repository, with
-// extra flags, and waits until it is ready.
+// extra arguments (flags, more repositories), and waits until it is
+// ready.
 func startServe(tb testing.TB, w *forgeworld.World, c *clustertest.Cluster, extra []string) *daemon {
 	tb.Helper()
 	dir := tb.TempDir()
@@ -197,12 +199,43 @@ type pushTimes struct {
 // clean-up of its Job.
 func (d *daemon) push(tb testing.TB, w *forgeworld.World, i int) pushTimes {
 	tb.Helper()
-	files := map[string]string{"n.txt": fmt.Sprintf("%d\n", i), ".knotless/workflows/ci.yaml": oneStep}
-	old := w.Src.Head("refs/heads/main")
-	commit := w.Src.Commit("main", files)
+	r := mainRepo(w)
+	old, commit := r.commit(i)
 	uri := w.PushCommit(old, commit)
-	p := pushTimes{t0: time.Now()}
-	key := forge.CheckKey(forge.Subject{Repo: w.RepoURI.String(), Commit: commit, Ref: "refs/heads/main", Event: uri.String(), Kind: forge.KindPush}, "ci")
+	t0 := time.Now()
+	return d.settle(tb, w, r.checkKey(commit, uri), i, t0)
+}
+
+// repo is a repository of w's owner that the runner watches, and its
+// git source.
+type repo struct {
+	uri syntax.ATURI
+	src *gitrepo.Repo
+}
+
+// mainRepo is forgeworld's repository.
+func mainRepo(w *forgeworld.World) repo { return repo{uri: w.RepoURI, src: w.Src} }
+
+// commit commits push i's change on main (with the workflow file) and
+// returns main's commit before it and the new one.
+func (r repo) commit(i int) (old, commit string) {
+	files := map[string]string{"n.txt": fmt.Sprintf("%d\n", i), ".knotless/workflows/ci.yaml": oneStep}
+	old = r.src.Head("refs/heads/main")
+	return old, r.src.Commit("main", files)
+}
+
+// checkKey is the key of the check of the push of commit that the
+// refUpdate event wrote.
+func (r repo) checkKey(commit string, event syntax.ATURI) string {
+	return forge.CheckKey(forge.Subject{Repo: r.uri.String(), Commit: commit, Ref: "refs/heads/main", Event: event.String(), Kind: forge.KindPush}, "ci")
+}
+
+// settle waits for the final check of key (a push written at t0) on
+// the PDS and for the clean-up of its Job, and reads the push's
+// moments from the daemon's records.
+func (d *daemon) settle(tb testing.TB, w *forgeworld.World, key string, i int, t0 time.Time) pushTimes {
+	tb.Helper()
+	p := pushTimes{t0: t0}
 	checkURI := "at://" + w.Runner.DID.String() + "/" + forge.CollectionCheck + "/" + key
 	deadline := time.Now().Add(3 * time.Minute)
 	for {

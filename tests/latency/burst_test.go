@@ -1,0 +1,140 @@
+package latency
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/syntax"
+
+	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/intake"
+	"knotless.dev/run/tests/clustertest"
+	"knotless.dev/run/tests/forgeworld"
+	"knotless.dev/run/tests/gitrepo"
+)
+
+// burstN is how many repositories the burst pushes to at once: as many
+// as the intake considers at once.
+const burstN = intake.ConsiderAtOnce
+
+// BenchmarkBurstToRunning measures the bounded parallel intake through
+// `serve` on the Kubernetes executor: burstN repositories each get one
+// push at the same moment (the refUpdate records written concurrently),
+// and, in the same run, one repository gets one push alone. From the
+// daemon's own records it reports the medians, in milliseconds, of the
+// event received (the first refUpdate's hint) to the last of the
+// pushes' `running` checks written (the daemon logs "run started" once
+// the running check is written, beside the Job's creation), for the
+// burst and for the single push, and the ratio of the two medians
+// (burst-over-one; the goal is ≤ 1.5). serve runs burstN runs at once
+// (--concurrency), so every running check is written although the
+// cluster's one node takes one run at a time (the other pods wait
+// Pending). Each iteration waits for every final check and for every
+// Job deleted before the next.
+//
+//	go test ./tests/latency -run XXX -bench BurstToRunning -benchtime 5x
+func BenchmarkBurstToRunning(b *testing.B) {
+	c := clustertest.Start(b)
+	srv := startPDS(b)
+	w := forgeworld.New(b, srv, forgeworld.Options{App: "latency"})
+	repos := []repo{mainRepo(w)}
+	extra := []string{"--concurrency", strconv.Itoa(burstN)}
+	for i := 1; i < burstN; i++ {
+		r := addRepo(b, w, fmt.Sprintf("%s-%d", forgeworld.RepoName, i+1))
+		repos = append(repos, r)
+		extra = append(extra, w.Owner.DID.String()+"/"+r.uri.RecordKey().String())
+	}
+	d := startServe(b, w, c, extra)
+
+	n := 0
+	// The first burst: every repository's mirror made, the network
+	// policies made, the image warm.
+	d.burst(b, w, repos, &n)
+	var one, many []time.Duration
+	for b.Loop() {
+		one = append(one, d.burst(b, w, repos[:1], &n))
+		many = append(many, d.burst(b, w, repos, &n))
+	}
+	b.ReportMetric(ms(median(one)), "one-event-to-running-ms")
+	b.ReportMetric(ms(median(many)), fmt.Sprintf("burst%d-event-to-last-running-ms", burstN))
+	b.ReportMetric(float64(median(many))/float64(median(one)), "burst-over-one")
+}
+
+// addRepo makes another repository of w's owner, named name, that
+// names w's runner, with a git source of its own.
+func addRepo(tb testing.TB, w *forgeworld.World, name string) repo {
+	tb.Helper()
+	r := repo{uri: forge.RepoURI(w.Owner.DID, name), src: gitrepo.New(tb)}
+	w.Put(w.Owner, forge.CollectionRepo, name, forge.Repo{
+		Type: forge.CollectionRepo, Name: name, Source: "file://" + r.src.Dir, DefaultBranch: "main",
+		Runners: []string{w.Runner.DID.String()}, CreatedAt: forge.Now(),
+	})
+	return r
+}
+
+// burst pushes one commit to each of repos at once (their refUpdate
+// records written concurrently), returns the time from the first event
+// the daemon received to the last of their running checks written, and
+// waits for their final checks and their Jobs' clean-up. n counts the
+// pushes, for distinct commits.
+func (d *daemon) burst(tb testing.TB, w *forgeworld.World, repos []repo, n *int) time.Duration {
+	tb.Helper()
+	type pushed struct {
+		old, commit string
+		rkey        syntax.TID
+		uri         syntax.ATURI
+		err         error
+	}
+	ps := make([]pushed, len(repos))
+	for i, r := range repos {
+		ps[i].old, ps[i].commit = r.commit(*n)
+		*n++
+		// Distinct record keys although written in the same microsecond.
+		ps[i].rkey = syntax.NewTIDNow(uint(i))
+	}
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	for i, r := range repos {
+		wg.Go(func() {
+			p := &ps[i]
+			p.uri, p.err = w.Owner.Put(context.Background(), forge.CollectionRefUpdate, p.rkey.String(), forge.RefUpdate{
+				Type: forge.CollectionRefUpdate, Repo: r.uri.String(), Ref: "refs/heads/main", Old: p.old, New: p.commit, CreatedAt: forge.Now(),
+			})
+		})
+	}
+	wg.Wait()
+	keys := make([]string, len(repos))
+	for i, r := range repos {
+		if ps[i].err != nil {
+			tb.Fatal(ps[i].err)
+		}
+		keys[i] = r.checkKey(ps[i].commit, ps[i].uri)
+	}
+	find := func(what string, match func(record) bool) time.Time {
+		r, ok := d.logs.wait(t0, 3*time.Minute, match)
+		if !ok {
+			tb.Fatalf("burst of %d: no %s in the serve log\n%s", len(repos), what, d.logs.text())
+		}
+		return r.Time
+	}
+	event := find("event", func(r record) bool {
+		return r.Msg == "records changed" && r.Fields["collection"] == forge.CollectionRefUpdate
+	})
+	var last time.Time
+	for _, key := range keys {
+		started := find("running check of "+key, func(r record) bool {
+			return r.Msg == "run started" && r.Fields["check"] == key
+		})
+		if started.After(last) {
+			last = started
+		}
+	}
+	for i, key := range keys {
+		d.settle(tb, w, key, i, t0)
+	}
+	return last.Sub(event)
+}
