@@ -14,6 +14,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/keymu"
 )
 
 // Writer puts a record in the runner's repository (forge.Account).
@@ -29,45 +30,10 @@ type Writer interface {
 type Recorder struct {
 	w       Writer
 	onWrite func(key string, c forge.Check)
-	writing keyLocks
+	writing keymu.Map
 
 	mu    sync.Mutex
 	known map[string]forge.Check
-}
-
-// keyLocks is a mutex per key, kept while someone holds or waits for it.
-type keyLocks struct {
-	mu    sync.Mutex
-	locks map[string]*keyLock
-}
-
-type keyLock struct {
-	sync.Mutex
-	refs int
-}
-
-// lock locks key's mutex and returns its unlock.
-func (k *keyLocks) lock(key string) (unlock func()) {
-	k.mu.Lock()
-	if k.locks == nil {
-		k.locks = map[string]*keyLock{}
-	}
-	l, ok := k.locks[key]
-	if !ok {
-		l = &keyLock{}
-		k.locks[key] = l
-	}
-	l.refs++
-	k.mu.Unlock()
-	l.Lock()
-	return func() {
-		l.Unlock()
-		k.mu.Lock()
-		if l.refs--; l.refs == 0 {
-			delete(k.locks, key)
-		}
-		k.mu.Unlock()
-	}
 }
 
 // NewRecorder returns a Recorder writing with w; onWrite, when set, is
@@ -123,7 +89,7 @@ func (r *Recorder) Forget(drop func(key string, c forge.Check) bool) int {
 // Write moves the check of key to c by t: it refuses a move the table
 // does not allow (Allowed), then writes the record.
 func (r *Recorder) Write(ctx context.Context, t Transition, key string, c forge.Check) error {
-	defer r.writing.lock(key)()
+	defer r.writing.Lock(key)()
 	return r.write(ctx, t, key, c)
 }
 
@@ -135,7 +101,7 @@ var ErrMoved = errors.New("the check moved on")
 // key is at another status by the time its turn comes (a later write
 // went first), it writes nothing and returns ErrMoved.
 func (r *Recorder) WriteFrom(ctx context.Context, t Transition, key string, from Status, c forge.Check) error {
-	defer r.writing.lock(key)()
+	defer r.writing.Lock(key)()
 	if prev, _ := r.Get(key); Status(prev.Status) != from {
 		return fmt.Errorf("write check %s (%s): %w", key, c.Status, ErrMoved)
 	}

@@ -251,7 +251,7 @@ func (in *Intake) controlError(ctx context.Context, ev ingest.Event, wf, msg str
 	log := in.log.With("event", ev.URI.String(), "commit", ev.Commit)
 	in.noteControl(ev)
 	if a := job.Author(ev, in.facts.LimitsAll); a != "" {
-		defer in.admission.lock(a)()
+		defer in.admission.Lock(a)()
 	}
 	if dec, first := in.capsSay(ev, need{known: true, checks: 1, errors: 1}); dec.verdict == wait {
 		in.deferEvent(log, ev, dec, first)

@@ -21,6 +21,7 @@ import (
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
+	"knotless.dev/run/internal/keymu"
 )
 
 // Config is the operator's part of intake.
@@ -177,7 +178,7 @@ type Intake struct {
 	// admission serializes, per author, the caps' decision and the queueing
 	// of an event's jobs: the lander considers its pre-flights beside the
 	// reconcile.
-	admission keyedMutex
+	admission keymu.Map
 
 	mu sync.Mutex
 	// deferred are the events waiting for their author's caps (caps.go).
@@ -207,40 +208,4 @@ func New(cfg Config, facts Facts, p Ports, log *slog.Logger) *Intake {
 		budget:   newWriteBudget(cfg.Caps.CheckWritesPerAuthor, cfg.Caps.Window),
 		deferred: map[string]deferral{}, fetches: map[string]*attempts{}, schedules: map[string]*repoSchedule{},
 		controlled: map[string]bool{}}
-}
-
-// keyedMutex is a mutex per key, kept while someone holds or waits for
-// it.
-type keyedMutex struct {
-	mu    sync.Mutex
-	locks map[string]*keyed
-}
-
-type keyed struct {
-	sync.Mutex
-	refs int
-}
-
-// lock locks key's mutex and returns its unlock.
-func (k *keyedMutex) lock(key string) (unlock func()) {
-	k.mu.Lock()
-	if k.locks == nil {
-		k.locks = map[string]*keyed{}
-	}
-	l, ok := k.locks[key]
-	if !ok {
-		l = &keyed{}
-		k.locks[key] = l
-	}
-	l.refs++
-	k.mu.Unlock()
-	l.Lock()
-	return func() {
-		l.Unlock()
-		k.mu.Lock()
-		if l.refs--; l.refs == 0 {
-			delete(k.locks, key)
-		}
-		k.mu.Unlock()
-	}
 }

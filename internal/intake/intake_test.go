@@ -618,31 +618,6 @@ func TestEventHostsRelay(t *testing.T) {
 	}
 }
 
-// The admission lock is one per author: two holders of one author wait
-// for each other, another author does not; an unused lock is dropped.
-func TestKeyedMutex(t *testing.T) {
-	t.Parallel()
-	var k keyedMutex
-	unlockA := k.lock("a")
-	unlockB := k.lock("b") // another key: no wait
-	got := make(chan struct{})
-	go func() {
-		defer close(got)
-		k.lock("a")()
-	}()
-	select {
-	case <-got:
-		t.Fatal("a second holder of a took it while it was held")
-	default:
-	}
-	unlockA()
-	<-got
-	unlockB()
-	if len(k.locks) != 0 {
-		t.Errorf("locks %v left", k.locks)
-	}
-}
-
 // imageChecks is an executor that finds some images and records what
 // it was asked.
 type imageChecks struct {

@@ -220,7 +220,7 @@ func (in *Intake) Consider(ctx context.Context, ev ingest.Event) error {
 	// From the decision to the last job queued, alone among the author's
 	// events: what the caps counted is still so when the jobs go in.
 	if a := job.Author(ev, in.facts.LimitsAll); a != "" {
-		defer in.admission.lock(a)()
+		defer in.admission.Lock(a)()
 	}
 	switch dec, first := in.capsSay(ev, n); dec.verdict {
 	case refuse:
