@@ -348,20 +348,8 @@ const keepAlive = `trap "exit 0" TERM; while :; do sleep 3600 & wait; done`
 
 // ensureImage makes the image present according to the pull policy.
 func (e *Executor) ensureImage(ctx context.Context, image string, log *slog.Logger) error {
-	if image == "" {
-		return errors.New("no image: the workflow names none and the runner has no default image")
-	}
-	if e.cfg.Pull != PullAlways {
-		_, err := e.cli.ImageInspect(ctx, image)
-		if err == nil {
-			return nil
-		}
-		if !cerrdefs.IsNotFound(err) {
-			return e.daemonError(fmt.Errorf("inspect image %s: %w", image, err))
-		}
-		if e.cfg.Pull == PullNever {
-			return fmt.Errorf("image %s is not on the docker daemon and the pull policy is never", image)
-		}
+	if present, err := e.imagePresent(ctx, image); present || err != nil {
+		return err
 	}
 	log.Info("pulling image", "image", image)
 	resp, err := e.cli.ImagePull(ctx, image, client.ImagePullOptions{})
@@ -380,25 +368,36 @@ func (e *Executor) ensureImage(ctx context.Context, image string, log *slog.Logg
 // from the registry, without the daemon's credentials, as a pull does;
 // no layer is pulled).
 func (e *Executor) CheckImage(ctx context.Context, image string) error {
-	if image == "" {
-		return errors.New("no image: the workflow names none and the runner has no default image")
-	}
-	if e.cfg.Pull != PullAlways {
-		_, err := e.cli.ImageInspect(ctx, image)
-		if err == nil {
-			return nil
-		}
-		if !cerrdefs.IsNotFound(err) {
-			return e.daemonError(fmt.Errorf("inspect image %s: %w", image, err))
-		}
-		if e.cfg.Pull == PullNever {
-			return fmt.Errorf("image %s is not on the docker daemon and the pull policy is never", image)
-		}
+	if present, err := e.imagePresent(ctx, image); present || err != nil {
+		return err
 	}
 	if _, err := e.cli.DistributionInspect(ctx, image, client.DistributionInspectOptions{}); err != nil {
 		return e.daemonError(fmt.Errorf("image %s is not on the docker daemon and its registry does not serve it: %w", image, err))
 	}
 	return nil
+}
+
+// imagePresent says whether a run of image can use the daemon's copy
+// (false under the pull policy always: it pulls each time), and fails
+// when the image is named nowhere or the policy is never and there is
+// no copy.
+func (e *Executor) imagePresent(ctx context.Context, image string) (bool, error) {
+	if image == "" {
+		return false, errors.New("no image: the workflow names none and the runner has no default image")
+	}
+	if e.cfg.Pull == PullAlways {
+		return false, nil
+	}
+	_, err := e.cli.ImageInspect(ctx, image)
+	switch {
+	case err == nil:
+		return true, nil
+	case !cerrdefs.IsNotFound(err):
+		return false, e.daemonError(fmt.Errorf("inspect image %s: %w", image, err))
+	case e.cfg.Pull == PullNever:
+		return false, fmt.Errorf("image %s is not on the docker daemon and the pull policy is never", image)
+	}
+	return false, nil
 }
 
 // resources turns a run's requests, or the configured defaults, into
