@@ -12,6 +12,7 @@ import (
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -189,6 +190,43 @@ func PodWaitingReason(p *corev1.Pod) string {
 	return ""
 }
 
+// waitGranted waits until the API server's authorizer grants service
+// account name every rule just bound to it: it learns of a Role and its
+// RoleBinding through informers, a moment after their creation, and a
+// request in between is refused.
+func (c *Cluster) waitGranted(t testing.TB, ns, name string, rules []rbacv1.PolicyRule) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	user := "system:serviceaccount:" + ns + ":" + name
+	for _, r := range rules {
+		if len(r.Verbs) == 0 || len(r.Resources) == 0 {
+			continue
+		}
+		resource, sub, _ := strings.Cut(r.Resources[0], "/")
+		attrs := &authorizationv1.ResourceAttributes{Namespace: ns, Verb: r.Verbs[0], Resource: resource, Subresource: sub}
+		if len(r.APIGroups) > 0 {
+			attrs.Group = r.APIGroups[0]
+		}
+		for {
+			review, err := c.Clientset.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
+				Spec: authorizationv1.SubjectAccessReviewSpec{User: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns}, ResourceAttributes: attrs},
+			}, metav1.CreateOptions{})
+			if err != nil {
+				t.Fatalf("ask whether %s may %s %s: %v", user, attrs.Verb, attrs.Resource, err)
+			}
+			if review.Status.Allowed {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("%s is still not granted %s %s a minute after its Role was bound: %s", user, attrs.Verb, attrs.Resource, review.Status.Reason)
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+}
+
 // ScopedKubeconfig makes a ServiceAccount name in the test's namespace,
 // binds it to a Role with rules, and writes a kubeconfig with a token for
 // it into a temporary directory of the test.
@@ -209,6 +247,7 @@ func (c *Cluster) ScopedKubeconfig(t testing.TB, name string, rules []rbacv1.Pol
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	c.waitGranted(t, ns, name, rules)
 	cfg, err := c.TokenConfig(ctx, ns, name)
 	if err != nil {
 		t.Fatal(err)
