@@ -16,6 +16,7 @@ import (
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/live"
 	"knotless.dev/run/internal/outputhttp"
+	"knotless.dev/run/internal/outputservice/servicetest"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/workflow"
 )
@@ -43,7 +44,7 @@ func BenchmarkRunLineDelay(b *testing.B) {
 
 func runLineDelay(b *testing.B, direct bool, subscribers int) {
 	cfg := live.Config{Listen: "127.0.0.1:0"}
-	var tokens keyTokens
+	var tokens *servicetest.Tokens
 	base := ""
 	if !direct {
 		var url string

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -13,9 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bluesky-social/indigo/atproto/atcrypto"
-	"github.com/bluesky-social/indigo/atproto/auth"
-	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/google/go-cmp/cmp"
 
@@ -24,7 +20,7 @@ import (
 	"knotless.dev/run/internal/live"
 	"knotless.dev/run/internal/output"
 	"knotless.dev/run/internal/outputhttp"
-	"knotless.dev/run/internal/outputservice"
+	"knotless.dev/run/internal/outputservice/servicetest"
 	"knotless.dev/run/internal/run"
 )
 
@@ -35,52 +31,17 @@ const (
 	check      = "at://" + string(runner) + "/dev.knotless.check/" + key
 )
 
-// keyTokens mints tokens with the runner's key, as its PDS does.
-type keyTokens struct{ key atcrypto.PrivateKey }
-
-func (k keyTokens) ServiceAuth(_ context.Context, aud, lxm string, exp time.Time) (string, error) {
-	nsid := syntax.NSID(lxm)
-	return auth.SignServiceAuth(runner, aud, time.Until(exp), &nsid, k.key)
-}
-
-// service runs the real output service for the runner, its key in a
-// directory in memory (the real PDS's tokens are the output service's
-// and the daemon's tests'); it returns its URL and the runner's tokens.
-func service(t testing.TB) (string, keyTokens) {
+// service runs the real output service for the runner (servicetest);
+// the real PDS's tokens are the output service's and the daemon's tests'.
+func service(t testing.TB) (string, *servicetest.Tokens) {
 	t.Helper()
-	k, err := atcrypto.GeneratePrivateKeyK256()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, _ := k.PublicKey()
-	dir := identity.NewMockDirectory()
-	dir.Insert(identity.Identity{DID: runner, Keys: map[string]identity.VerificationMethod{
-		"atproto": {Type: "Multikey", PublicKeyMultibase: pub.Multibase()},
-	}})
-	store, err := output.OpenStore(output.StoreConfig{Dir: t.TempDir(), Limits: output.Limits{Head: 1 << 20, Tail: 1 << 20},
-		MaxRunsPerRunner: 4, MaxFiles: 10, MaxFileBytes: 1 << 20, Retention: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cat, _ := forge.NewCatalog()
-	svc, err := outputservice.New(outputservice.Config{ServiceDID: serviceDID, Runners: []string{string(runner)}, Directory: dir, Store: store, Catalog: cat})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Serve(ctx, ln) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return "http://" + ln.Addr().String(), keyTokens{key: k}
+	return servicetest.Start(t, servicetest.Config{ServiceDID: serviceDID, Runner: runner,
+		Store: output.StoreConfig{Limits: output.Limits{Head: 1 << 20, Tail: 1 << 20}, MaxRunsPerRunner: 4, MaxFiles: 10, MaxFileBytes: 1 << 20, Retention: time.Hour}})
 }
 
 // start is the live part of a runner process, started and serving until
 // the returned stop (the daemon's stop after its handover).
-func start(t *testing.T, cfg live.Config, tokens keyTokens) (*live.Live, func()) {
+func start(t *testing.T, cfg live.Config, tokens *servicetest.Tokens) (*live.Live, func()) {
 	t.Helper()
 	l := live.New(cfg, runner, filepath.Join(t.TempDir(), "files"), live.Ports{Tokens: tokens}, nil)
 	if err := l.Start(); err != nil {
@@ -277,7 +238,7 @@ func httpGet(u string) (string, error) {
 // The runner's listener serves the run's kept files for download.
 func TestListenerServesFiles(t *testing.T) {
 	t.Parallel()
-	l, _ := start(t, live.Config{Listen: "127.0.0.1:0"}, keyTokens{})
+	l, _ := start(t, live.Config{Listen: "127.0.0.1:0"}, &servicetest.Tokens{})
 	j := &job.Job{Key: key}
 	w := l.Open(j, "r1", nil, nil)
 	_, _ = io.WriteString(w, "made a report\n")

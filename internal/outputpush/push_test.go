@@ -2,22 +2,15 @@ package outputpush_test
 
 import (
 	"context"
-	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/bluesky-social/indigo/atproto/atcrypto"
-	"github.com/bluesky-social/indigo/atproto/auth"
-	"github.com/bluesky-social/indigo/atproto/identity"
-	"github.com/bluesky-social/indigo/atproto/syntax"
-
-	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/output"
 	"knotless.dev/run/internal/outputhttp"
 	"knotless.dev/run/internal/outputpush"
-	"knotless.dev/run/internal/outputservice"
+	"knotless.dev/run/internal/outputservice/servicetest"
 )
 
 const (
@@ -26,61 +19,12 @@ const (
 	check      = "at://" + runnerDID + "/dev.knotless.check/zsvmur6bdrvdcvafwfoo7mmwp4"
 )
 
-// keyTokens mints tokens with the runner's key, as its PDS does, and
-// counts them.
-type keyTokens struct {
-	key atcrypto.PrivateKey
-	mu  sync.Mutex
-	n   int
-}
-
-func (k *keyTokens) ServiceAuth(_ context.Context, aud, lxm string, exp time.Time) (string, error) {
-	k.mu.Lock()
-	k.n++
-	k.mu.Unlock()
-	nsid := syntax.NSID(lxm)
-	return auth.SignServiceAuth(runnerDID, aud, time.Until(exp), &nsid, k.key)
-}
-
-func (k *keyTokens) count() int {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return k.n
-}
-
-// service runs the real output service, taking output from runners,
-// with the runner's key in a directory in memory (the PDS and PLC are
-// the service's tests'); it returns its URL and the runner's tokens.
-func service(t *testing.T, runners ...string) (string, *keyTokens) {
+// service runs the real output service, taking output from runners
+// (servicetest); the PDS and PLC are the service's tests'.
+func service(t *testing.T, runners ...string) (string, *servicetest.Tokens) {
 	t.Helper()
-	key, err := atcrypto.GeneratePrivateKeyK256()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, _ := key.PublicKey()
-	dir := identity.NewMockDirectory()
-	dir.Insert(identity.Identity{DID: runnerDID, Keys: map[string]identity.VerificationMethod{
-		"atproto": {Type: "Multikey", PublicKeyMultibase: pub.Multibase()},
-	}})
-	store, err := output.OpenStore(output.StoreConfig{Dir: t.TempDir(), Limits: output.Limits{Head: 1 << 20, Tail: 1 << 20},
-		MaxRunsPerRunner: 4, MaxFiles: 1, MaxFileBytes: 100, Retention: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cat, _ := forge.NewCatalog()
-	svc, err := outputservice.New(outputservice.Config{ServiceDID: serviceDID, Runners: runners, Directory: dir, Store: store, Catalog: cat})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Serve(ctx, ln) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return "http://" + ln.Addr().String(), &keyTokens{key: key}
+	return servicetest.Start(t, servicetest.Config{ServiceDID: serviceDID, Runner: runnerDID, Runners: runners,
+		Store: output.StoreConfig{Limits: output.Limits{Head: 1 << 20, Tail: 1 << 20}, MaxRunsPerRunner: 4, MaxFiles: 1, MaxFileBytes: 100, Retention: time.Hour}})
 }
 
 // A token is asked of the PDS once per check and run, and again only
@@ -105,7 +49,7 @@ func TestTokensLastUntilNearExpiry(t *testing.T) {
 	if err := p.Push(ctx, s); err != nil { // again: the service has it all
 		t.Fatal(err)
 	}
-	if n := tokens.count(); n != 1 {
+	if n := tokens.Count(); n != 1 {
 		t.Errorf("%d tokens for one run's puts, want 1", n)
 	}
 	mu.Lock()
@@ -114,7 +58,7 @@ func TestTokensLastUntilNearExpiry(t *testing.T) {
 	if err := p.Push(ctx, s); err != nil {
 		t.Fatal(err)
 	}
-	if n := tokens.count(); n != 2 {
+	if n := tokens.Count(); n != 2 {
 		t.Errorf("%d tokens once the first neared its expiry, want 2", n)
 	}
 	if _, err := p.PutFile(ctx, check, "r", "a.txt", strings.NewReader("abc")); err != nil {
@@ -125,7 +69,7 @@ func TestTokensLastUntilNearExpiry(t *testing.T) {
 	if err := p.Push(ctx, s2); err != nil {
 		t.Fatal(err)
 	}
-	if n := tokens.count(); n != 4 {
+	if n := tokens.Count(); n != 4 {
 		t.Errorf("%d tokens after a file and another run, want 4 (one per method and run)", n)
 	}
 	c := &outputhttp.Client{Base: url}

@@ -3,7 +3,6 @@ package outputservice_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http/httptest"
 	"sort"
 	"strings"
@@ -11,16 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bluesky-social/indigo/atproto/atcrypto"
-	"github.com/bluesky-social/indigo/atproto/auth"
-	"github.com/bluesky-social/indigo/atproto/identity"
-	"github.com/bluesky-social/indigo/atproto/syntax"
-
-	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/output"
 	"knotless.dev/run/internal/outputhttp"
 	"knotless.dev/run/internal/outputpush"
-	"knotless.dev/run/internal/outputservice"
+	"knotless.dev/run/internal/outputservice/servicetest"
 )
 
 // delay measures the delay between a line written to s (the engine's
@@ -74,17 +67,6 @@ func delay(b *testing.B, s *output.Stream, base string, subscribers int) {
 	b.ReportMetric(ms(delays[len(delays)*99/100]), "ms-p99")
 }
 
-// keyTokens mints service-auth tokens with a key, as a PDS does.
-type keyTokens struct {
-	did syntax.DID
-	key atcrypto.PrivateKey
-}
-
-func (k keyTokens) ServiceAuth(_ context.Context, aud, lxm string, exp time.Time) (string, error) {
-	nsid := syntax.NSID(lxm)
-	return auth.SignServiceAuth(k.did, aud, time.Until(exp), &nsid, k.key)
-}
-
 // BenchmarkLineDelay: the delay a subscriber sees, from the runner's
 // listener (direct) and through the output service (the runner's pusher,
 // the service's auth and disk store), with 1 and with 100 subscribers,
@@ -106,34 +88,10 @@ func BenchmarkLineDelay(b *testing.B) {
 			delay(b, s, srv.URL, n)
 		})
 		b.Run(fmt.Sprintf("service/subscribers=%d", n), func(b *testing.B) {
-			key, err := atcrypto.GeneratePrivateKeyK256()
-			if err != nil {
-				b.Fatal(err)
-			}
-			pub, _ := key.PublicKey()
-			dir := identity.NewMockDirectory()
-			dir.Insert(identity.Identity{DID: runnerDID, Keys: map[string]identity.VerificationMethod{
-				"atproto": {Type: "Multikey", PublicKeyMultibase: pub.Multibase()},
-			}})
-			store, err := output.OpenStore(output.StoreConfig{Dir: b.TempDir(), Limits: output.Limits{Head: 8 << 20, Tail: 8 << 20},
-				MaxRunsPerRunner: 4, MaxFiles: 1, MaxFileBytes: 1, Retention: time.Hour})
-			if err != nil {
-				b.Fatal(err)
-			}
-			cat, _ := forge.NewCatalog()
-			svc, err := outputservice.New(outputservice.Config{ServiceDID: serviceDID, Runners: []string{runnerDID}, Directory: dir, Store: store, Catalog: cat})
-			if err != nil {
-				b.Fatal(err)
-			}
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				b.Fatal(err)
-			}
+			base, tokens := servicetest.Start(b, servicetest.Config{ServiceDID: serviceDID, Runner: runnerDID,
+				Store: output.StoreConfig{Limits: output.Limits{Head: 8 << 20, Tail: 8 << 20}, MaxRunsPerRunner: 4, MaxFiles: 1, MaxFileBytes: 1, Retention: time.Hour}})
 			ctx, cancel := context.WithCancel(context.Background())
-			served := make(chan error, 1)
-			go func() { served <- svc.Serve(ctx, ln) }()
-			base := "http://" + ln.Addr().String()
-			p, err := outputpush.New(outputpush.Config{Service: base, ServiceDID: serviceDID, Tokens: keyTokens{runnerDID, key}})
+			p, err := outputpush.New(outputpush.Config{Service: base, ServiceDID: serviceDID, Tokens: tokens})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -143,7 +101,6 @@ func BenchmarkLineDelay(b *testing.B) {
 			delay(b, s, base, n)
 			cancel()
 			<-pushed
-			<-served
 		})
 	}
 }
