@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/syncbuf"
 	"knotless.dev/run/tests/forgeworld"
 	"knotless.dev/run/tests/pds"
 )
@@ -77,7 +78,7 @@ type benchDaemon struct {
 	b     *testing.B
 	w     *forgeworld.World
 	cmd   *exec.Cmd
-	logs  *syncLog
+	logs  *syncbuf.Buffer
 	runs  int
 	addr  string // its metrics listener; "" without
 	stop  chan struct{}
@@ -104,7 +105,7 @@ func newBenchDaemon(b *testing.B, srv *pds.Server, bin, app string, runs int, me
 		"--state-dir", filepath.Join(dir, "state"), "--cache-dir", filepath.Join(dir, "cache"), "--app-password-file", filepath.Join(dir, "pw"),
 		"--executor", "shell", "--shell-root", b.TempDir(), "--allow-local-sources", "--poll", "1s",
 		w.Owner.DID.String() + "/" + forgeworld.RepoName}
-	d := &benchDaemon{b: b, w: w, logs: &syncLog{}, runs: runs, stop: make(chan struct{}), scrap: make(chan struct{})}
+	d := &benchDaemon{b: b, w: w, logs: &syncbuf.Buffer{}, runs: runs, stop: make(chan struct{}), scrap: make(chan struct{})}
 	if metrics {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/syncbuf"
 	"knotless.dev/run/tests/forgeworld"
 	"knotless.dev/run/tests/pds"
 )
@@ -101,7 +102,7 @@ func TestServeMakesNoDNSQuery(t *testing.T) {
 		"--state-dir", filepath.Join(dir, "state"), "--cache-dir", filepath.Join(dir, "cache"), "--shell-root", t.TempDir(),
 		"--poll", "300ms", "--allow-local-sources", "--app-password-file", pwFile, owner.DID.String()+"/hello")
 	cmd.Env = append(os.Environ(), "KNOTLESS_SERVE_HELPER=1", "GODEBUG=netdns=go")
-	logs := &syncLog{}
+	logs := &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

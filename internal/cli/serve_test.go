@@ -18,6 +18,7 @@ import (
 
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/state"
+	"knotless.dev/run/internal/syncbuf"
 	"knotless.dev/run/tests/forgeworld"
 	"knotless.dev/run/tests/pds"
 )
@@ -197,10 +198,10 @@ func TestServeHandover(t *testing.T) {
 	notes := &notifications{}
 	go notes.read(sock)
 
-	start := func() (*exec.Cmd, *syncLog) {
+	start := func() (*exec.Cmd, *syncbuf.Buffer) {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestServeHelperProcess$", "--", "--config", cfgFile, owner.DID.String()+"/hello")
 		cmd.Env = append(os.Environ(), "KNOTLESS_SERVE_HELPER=1", "NOTIFY_SOCKET="+sockName)
-		logs := &syncLog{}
+		logs := &syncbuf.Buffer{}
 		cmd.Stderr = logs
 		cmd.Stdout = logs
 		if err := cmd.Start(); err != nil {
@@ -291,23 +292,6 @@ func (n *notifications) all() []string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return append([]string(nil), n.msgs...)
-}
-
-type syncLog struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncLog) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncLog) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func waitFor(t *testing.T, timeout time.Duration, cond func() bool, logs func() string) {

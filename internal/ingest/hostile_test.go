@@ -1,7 +1,6 @@
 package ingest
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"net/http"
@@ -15,6 +14,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/syncbuf"
 	"knotless.dev/run/tests/forgeworld"
 	"knotless.dev/run/tests/hostilepds"
 	"knotless.dev/run/tests/pds"
@@ -66,24 +66,6 @@ func TestPoolBoundsParallelismAndTime(t *testing.T) {
 	})
 }
 
-// lockedBuffer is a log sink for concurrent writers.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // signalTransport closes listed when a listing of the pushes of did
 // goes out.
 type signalTransport struct {
@@ -132,7 +114,7 @@ func TestHostilePDSHoldsNoListing(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	lister := func(t *testing.T, h *hostilepds.Server, hc *http.Client, log *lockedBuffer) *Lister {
+	lister := func(t *testing.T, h *hostilepds.Server, hc *http.Client, log *syncbuf.Buffer) *Lister {
 		dir := hostilepds.Directory(forge.NewDirectory(forge.DirectoryConfig{PLCURL: srv.PLCURL}), map[syntax.DID]string{hostile.DID: h.URL})
 		return &Lister{
 			Reader: &forge.Reader{Dir: dir, Catalog: cat, HTTP: hc},
@@ -157,7 +139,7 @@ func TestHostilePDSHoldsNoListing(t *testing.T) {
 
 	t.Run("pages forever", func(t *testing.T) {
 		h := hostilepds.Start(t, srv.URL, hostilepds.Options{Mode: hostilepds.Endless})
-		log := &lockedBuffer{}
+		log := &syncbuf.Buffer{}
 		snap, err := lister(t, h, &http.Client{}, log).Reconcile(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -191,7 +173,7 @@ func TestHostilePDSHoldsNoListing(t *testing.T) {
 			case <-ctx.Done():
 			}
 		}})
-		log := &lockedBuffer{}
+		log := &syncbuf.Buffer{}
 		l := lister(t, h, &http.Client{Transport: signal}, log)
 		snap, err := l.Reconcile(ctx)
 		if err != nil {

@@ -21,6 +21,7 @@ import (
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/mirror"
 	"knotless.dev/run/internal/rig"
+	"knotless.dev/run/internal/syncbuf"
 	"knotless.dev/run/internal/workflow"
 )
 
@@ -660,7 +661,7 @@ func TestWarnImages(t *testing.T) {
 	strangers.On = []workflow.Trigger{workflow.Pull}
 	w.git.SetWorkflows(rig.CI("ci", "make"), deploy, strangers)
 	checks := &imageChecks{absent: map[string]bool{deploy.Image: true}}
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	w.facts.DefaultImage = "busybox:stable"
 	w.ports.CheckImage = checks.check
 	w.in = New(w.cfg, w.facts, w.ports, slog.New(slog.NewTextHandler(&logs, nil)))
@@ -704,22 +705,4 @@ func TestWarnImages(t *testing.T) {
 	if got := warned(); len(got) != 1 {
 		t.Errorf("warnings %q, want one", got)
 	}
-}
-
-// syncBuffer is a log written from several goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

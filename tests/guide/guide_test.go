@@ -27,6 +27,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/syncbuf"
 	"knotless.dev/run/tests/clustertest"
 	"knotless.dev/run/tests/gitrepo"
 	"knotless.dev/run/tests/pds"
@@ -200,7 +201,7 @@ func TestFirstHour(t *testing.T) {
 	walkCtx, stopWalk := context.WithCancel(ctx)
 	defer stopWalk()
 	var serve *exec.Cmd
-	serveLog := &syncLog{}
+	serveLog := &syncbuf.Buffer{}
 	served := make(chan error, 1)
 	var shown strings.Builder // what the guide's commands printed
 	for _, b := range steps {
@@ -440,7 +441,7 @@ func (w *walk) command(ctx context.Context, script string) *exec.Cmd {
 
 // run runs one block to its end and returns its output; a block that
 // fails fails the test, with the runner's log so far.
-func (w *walk) run(ctx context.Context, b block, serveLog *syncLog) string {
+func (w *walk) run(ctx context.Context, b block, serveLog *syncbuf.Buffer) string {
 	w.t.Helper()
 	cmd := w.command(ctx, b.body+"export -p > "+shellQuote(w.envFile)+"\n")
 	began := time.Now()
@@ -540,23 +541,6 @@ func readFile(t *testing.T, name string) string {
 		t.Fatal(err)
 	}
 	return string(b)
-}
-
-type syncLog struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncLog) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncLog) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // freeAddr is a loopback address nothing listens on now: the reader's

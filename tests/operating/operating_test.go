@@ -18,7 +18,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -31,6 +30,7 @@ import (
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/kubecred"
 	"knotless.dev/run/internal/status"
+	"knotless.dev/run/internal/syncbuf"
 	"knotless.dev/run/tests/clustertest"
 	"knotless.dev/run/tests/forgeworld"
 	"knotless.dev/run/tests/pds"
@@ -285,7 +285,7 @@ type daemon struct {
 	bin  string
 	args []string
 	cmd  *exec.Cmd
-	out  syncBuffer
+	out  syncbuf.Buffer
 	done chan error
 }
 
@@ -473,21 +473,4 @@ func writeFile(t *testing.T, name, content string) {
 	if err := os.WriteFile(name, []byte(content), 0o600); err != nil {
 		t.Fatal(err)
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

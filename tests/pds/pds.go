@@ -22,7 +22,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -33,6 +32,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
+	"knotless.dev/run/internal/syncbuf"
 	"knotless.dev/run/tests/internal/hostclean"
 )
 
@@ -62,7 +62,7 @@ type Server struct {
 type proc struct {
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
-	logs  *syncBuffer
+	logs  *syncbuf.Buffer
 	done  chan struct{}
 }
 
@@ -230,7 +230,7 @@ func startProc(ctx context.Context, env []string, mode string) (*proc, struct{ P
 	// hostclean.Start starts it from a thread no other goroutine can end
 	// (clustertest's netns listeners end theirs on purpose).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	cmd.Stderr = logs
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -435,26 +435,6 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.b.Len() > 1<<20 {
-		return len(p), nil
-	}
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // ErrSkip is the reason integration tests skip under -short.

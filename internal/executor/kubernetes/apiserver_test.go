@@ -10,6 +10,7 @@ import (
 
 	"knotless.dev/run/internal/executor/kubernetes"
 	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/syncbuf"
 	"knotless.dev/run/tests/clustertest"
 )
 
@@ -76,7 +77,7 @@ steps:
       exit 4
 `
 	runID := randomID("down")
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	withLog := func(cfg *kubernetes.Config) {
 		cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 		if mod != nil {

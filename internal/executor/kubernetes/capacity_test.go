@@ -5,32 +5,14 @@ import (
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"knotless.dev/run/internal/executor/kubernetes"
 	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/syncbuf"
 	"knotless.dev/run/tests/clustertest"
 )
-
-// syncBuffer is a bytes.Buffer that goroutines may write and read.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // More runs of one runner at once than the cluster has nodes (serve
 // --concurrency 3 on the one-node test cluster): one run per node, so
@@ -43,7 +25,7 @@ func TestConcurrencyAboveNodes(t *testing.T) {
 	t.Parallel()
 	c := clustertest.Start(t)
 	ctx := context.Background()
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	runner := "did:plc:" + randomID("conc")
 	withLog := func(timeout time.Duration) func(*kubernetes.Config) {
 		return func(cfg *kubernetes.Config) {

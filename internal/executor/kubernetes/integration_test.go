@@ -28,6 +28,7 @@ import (
 	"knotless.dev/run/internal/executor/kubernetes"
 	"knotless.dev/run/internal/kubecred"
 	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/syncbuf"
 	"knotless.dev/run/internal/workflow"
 	"knotless.dev/run/tests/clustertest"
 )
@@ -484,7 +485,7 @@ func TestDetachAndAdopt(t *testing.T) {
 		t.Fatalf("status %s (%s), handover %+v; want detached in step 1 after its first line\nlog:\n%s", res.Status, res.Error, h, res.Log)
 	}
 
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	next := newExecutor(t, c, func(cfg *kubernetes.Config) {
 		sameRunner(cfg)
 		cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))

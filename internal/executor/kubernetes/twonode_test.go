@@ -14,6 +14,7 @@ import (
 	"knotless.dev/run/internal/executor/kubernetes"
 	"knotless.dev/run/internal/kubecred"
 	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/syncbuf"
 	"knotless.dev/run/tests/clustertest"
 )
 
@@ -41,7 +42,7 @@ func TestTwoNodesOneRunPerNode(t *testing.T) {
 	t.Parallel()
 	c, node2 := clustertest.StartTwoNodes(t)
 	ctx := context.Background()
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	runner := "did:plc:" + randomID("spread")
 	mod := func(cfg *kubernetes.Config) {
 		cfg.Runner = runner
@@ -282,7 +283,7 @@ func loseNodeMidRun(t *testing.T, c *clustertest.Cluster, node2 *clustertest.Nod
 	if err := c.AddCapacityOn(ctx, node2.Name); err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	mod := func(cfg *kubernetes.Config) {
 		cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	}
