@@ -24,15 +24,7 @@ import (
 func TestServeTellsTheMetrics(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		reg := prometheus.NewRegistry()
-		m, err := metrics.New(reg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		h := newHarness(t, func(c *Config) {
-			c.Telemetry.Metrics = m
-			c.Engine.Executor = docker{c.Engine.Executor.(*fakeexec.Executor)}
-		})
+		h, reg := metered(t, func(c *Config) { c.Engine.Executor = docker{c.Engine.Executor.(*fakeexec.Executor)} })
 		h.exec.Script = func(_, id string) fakeexec.Step {
 			if id == "1" {
 				return fakeexec.Step{}
@@ -82,17 +74,29 @@ func TestServeTellsTheMetrics(t *testing.T) {
 	})
 }
 
+// metered is the rig's harness with metrics on a registry of its own,
+// and that registry; more, when set, changes the config further.
+func metered(t *testing.T, more func(*Config)) (*harness, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	m, err := metrics.New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newHarness(t, func(c *Config) {
+		c.Telemetry.Metrics = m
+		if more != nil {
+			more(c)
+		}
+	}), reg
+}
+
 // The gauges follow the daemon: the queue and the runs going while a run
 // holds the one worker, an owed check, a degraded executor.
 func TestServeGauges(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		reg := prometheus.NewRegistry()
-		m, err := metrics.New(reg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		h := newHarness(t, func(c *Config) { c.Telemetry.Metrics = m })
+		h, reg := metered(t, nil)
 		gate := make(chan struct{})
 		h.exec.Script = func(string, string) fakeexec.Step { return fakeexec.Step{Gate: gate} }
 		h.git.SetWorkflows(rig.CI("ci", "make"), rig.CI("lint", "make lint"))
@@ -190,12 +194,7 @@ func (docker) Name() string { return "docker" }
 func TestStatusOfAnAdoptedRun(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		reg := prometheus.NewRegistry()
-		m, err := metrics.New(reg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		h := newHarness(t, func(c *Config) { c.Telemetry.Metrics = m })
+		h, reg := metered(t, nil)
 		gate := make(chan struct{})
 		h.exec.Script = func(string, string) fakeexec.Step { return fakeexec.Step{Gate: gate} }
 		h.git.SetWorkflows(rig.CI("ci", "make"))
