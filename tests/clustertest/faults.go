@@ -6,18 +6,23 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -262,4 +267,104 @@ func (c *Cluster) ScopedKubeconfig(t testing.TB, name string, rules []rbacv1.Pol
 		t.Fatal(err)
 	}
 	return path
+}
+
+// WarnOnJobCreate makes the API server answer every Job created in
+// namespace ns with a warning that says message: a binding of a
+// ValidatingAdmissionPolicy whose one validation always fails, with the
+// action Warn. client-go hands such a warning to its logger, so a test
+// can count on one client-go line from a runner that creates a Job. It
+// returns once a dry-run create in ns gets the warning (the API server
+// learns of a policy a moment after its creation); the test's clean-up
+// deletes the policy and its binding.
+func (c *Cluster) WarnOnJobCreate(t testing.TB, ns, message string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	name := "knotless-test-warn-" + ns
+	if len(name) > 63 {
+		name = name[:63]
+	}
+	api := c.Clientset.AdmissionregistrationV1()
+	fail := admissionregistrationv1.Fail
+	if _, err := api.ValidatingAdmissionPolicies().Create(ctx, &admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: &fail,
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+					Rule:       admissionregistrationv1.Rule{APIGroups: []string{"batch"}, APIVersions: []string{"v1"}, Resources: []string{"jobs"}},
+				},
+			}}},
+			Validations: []admissionregistrationv1.Validation{{Expression: "false", Message: message}},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create admission policy %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		if err := api.ValidatingAdmissionPolicies().Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("delete admission policy %s: %v", name, err)
+		}
+	})
+	if _, err := api.ValidatingAdmissionPolicyBindings().Create(ctx, &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
+			PolicyName:        name,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Warn},
+			MatchResources: &admissionregistrationv1.MatchResources{NamespaceSelector: &metav1.LabelSelector{
+				MatchLabels: map[string]string{corev1.LabelMetadataName: ns},
+			}},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create admission policy binding %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		if err := api.ValidatingAdmissionPolicyBindings().Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("delete admission policy binding %s: %v", name, err)
+		}
+	})
+
+	var warnings warningRecorder
+	cfg := rest.CopyConfig(c.Config)
+	cfg.WarningHandlerWithContext = &warnings
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: "knotless-test-warn-probe"},
+		Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever,
+			Containers:    []corev1.Container{{Name: "probe", Image: "probe"}},
+		}}},
+	}
+	for !warnings.saw(message) {
+		if _, err := cs.BatchV1().Jobs(ns).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+			t.Fatalf("dry-run create of a Job in %s: %v", ns, err)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the API server does not warn of a Job created in %s a minute after admission policy %s", ns, name)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// warningRecorder keeps the warnings an API server sent a client.
+type warningRecorder struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (w *warningRecorder) HandleWarningHeaderWithContext(_ context.Context, _ int, _ string, message string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.seen = append(w.seen, message)
+}
+
+func (w *warningRecorder) saw(s string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.ContainsFunc(w.seen, func(m string) bool { return strings.Contains(m, s) })
 }
