@@ -28,7 +28,7 @@ type Writer interface {
 // record are made one at a time (a lock per key, held over that
 // record's write only), so each is checked against the one before it.
 type Recorder struct {
-	w       Writer
+	commit  *groupCommit
 	onWrite func(key string, c forge.Check)
 	writing keymu.Map
 
@@ -37,9 +37,11 @@ type Recorder struct {
 }
 
 // NewRecorder returns a Recorder writing with w; onWrite, when set, is
-// told of every record written, after the write.
+// told of every record written, after the write. When w is a Batcher
+// too, the writes of different records that wait for one another go as
+// one commit (groupCommit).
 func NewRecorder(w Writer, onWrite func(key string, c forge.Check)) *Recorder {
-	return &Recorder{w: w, onWrite: onWrite, known: map[string]forge.Check{}}
+	return &Recorder{commit: newGroupCommit(w), onWrite: onWrite, known: map[string]forge.Check{}}
 }
 
 // Know remembers a check without writing it: one listed from the PDS,
@@ -113,7 +115,9 @@ func (r *Recorder) write(ctx context.Context, t Transition, key string, c forge.
 	if err := Allowed(t, Status(prev.Status), Status(c.Status)); err != nil {
 		return fmt.Errorf("write check %s: %w", key, err)
 	}
-	if _, err := r.w.Put(ctx, forge.CollectionCheck, key, c); err != nil {
+	// A check this runner has not written or listed is a new record.
+	write := forge.Write{Collection: forge.CollectionCheck, Rkey: key, Value: c, New: prev.Status == ""}
+	if err := r.commit.put(ctx, write); err != nil {
 		return fmt.Errorf("write check %s (%s): %w", key, c.Status, err)
 	}
 	r.Know(key, c)

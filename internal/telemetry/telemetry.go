@@ -11,6 +11,8 @@ package telemetry
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sort"
 	"sync"
 	"time"
@@ -18,6 +20,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/checks"
+	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/metrics"
@@ -164,6 +167,17 @@ func (o Outbox) count(err error) error {
 type Writer struct {
 	checks.Writer
 	M *metrics.Metrics
+}
+
+// PutBatch implements checks.Batcher when the writer it wraps does. A
+// refused batch is not counted: its writes are made again one by one,
+// and those are.
+func (w Writer) PutBatch(ctx context.Context, writes []forge.Write) error {
+	b, ok := w.Writer.(checks.Batcher)
+	if !ok {
+		return fmt.Errorf("%T writes one record at a time: %w", w.Writer, errors.ErrUnsupported)
+	}
+	return b.PutBatch(ctx, writes)
 }
 
 // Put implements checks.Writer.

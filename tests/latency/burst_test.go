@@ -3,6 +3,7 @@ package latency
 import (
 	"context"
 	"fmt"
+	"os"
 	"strconv"
 	"sync"
 	"testing"
@@ -132,6 +133,9 @@ func (d *daemon) burst(tb testing.TB, w *forgeworld.World, repos []repo, n *int)
 		if started.After(last) {
 			last = started
 		}
+	}
+	if os.Getenv(envTimeline) != "" {
+		d.logs.timeline(tb, fmt.Sprintf("burst of %d", len(repos)), event, last)
 	}
 	for i, key := range keys {
 		d.settle(tb, w, key, i, t0)

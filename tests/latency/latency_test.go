@@ -40,6 +40,9 @@ import (
 const (
 	envServe = "KNOTLESS_LATENCY_SERVE"
 	envHeap  = "KNOTLESS_LATENCY_HEAP_PROFILE"
+	// envTimeline set: BenchmarkBurstToRunning logs each burst's
+	// daemon records, from the first event to the last running check.
+	envTimeline = "KNOTLESS_LATENCY_TIMELINE"
 )
 
 func TestMain(m *testing.M) {
@@ -395,6 +398,25 @@ func (rs *records) wait(since time.Time, timeout time.Duration, match func(recor
 			return record{}, false
 		}
 	}
+}
+
+// timeline logs the records from..to, each at its time after from in
+// milliseconds (-v shows them).
+func (rs *records) timeline(tb testing.TB, what string, from, to time.Time) {
+	tb.Helper()
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	var b strings.Builder
+	for _, r := range rs.all {
+		if r.Time.Before(from) || r.Time.After(to) {
+			continue
+		}
+		fmt.Fprintf(&b, "\n%7.1f ms  %s", float64(r.Time.Sub(from).Microseconds())/1000, r.Msg)
+		if c, ok := r.Fields["check"].(string); ok {
+			fmt.Fprintf(&b, " check=%s", c)
+		}
+	}
+	tb.Logf("%s, from the first event received:%s", what, b.String())
 }
 
 func (rs *records) text() string {

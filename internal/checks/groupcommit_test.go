@@ -1,0 +1,203 @@
+package checks
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/syntax"
+
+	"knotless.dev/run/internal/forge"
+)
+
+// gatedPDS is a Writer and Batcher that records each call and holds
+// the first Put until gate is closed, so that writes queue behind it.
+type gatedPDS struct {
+	gate     chan struct{}
+	batchErr error
+
+	mu    sync.Mutex
+	calls []string
+	first bool
+}
+
+func (p *gatedPDS) Put(_ context.Context, _, rkey string, _ any) (syntax.ATURI, error) {
+	p.mu.Lock()
+	first := !p.first
+	p.first = true
+	p.calls = append(p.calls, "put "+rkey)
+	p.mu.Unlock()
+	if first {
+		<-p.gate
+	}
+	return "", nil
+}
+
+func (p *gatedPDS) PutBatch(_ context.Context, writes []forge.Write) error {
+	var keys []string
+	for _, w := range writes {
+		keys = append(keys, fmt.Sprintf("%s(new=%v)", w.Rkey, w.New))
+	}
+	slices.Sort(keys)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.calls = append(p.calls, fmt.Sprintf("batch %v", keys))
+	return p.batchErr
+}
+
+func (p *gatedPDS) called() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.calls)
+}
+
+// queued waits until n writes wait in g's queue.
+func queued(t *testing.T, g *groupCommit, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		g.mu.Lock()
+		l := len(g.queue)
+		g.mu.Unlock()
+		if l == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d writes queued, want %d", l, n)
+		}
+	}
+}
+
+// burst writes key a, which the PDS holds, then b, c and d beside it,
+// and returns their errors once all have returned.
+func burst(t *testing.T, p *gatedPDS, g *groupCommit) map[string]error {
+	t.Helper()
+	errs := map[string]error{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	write := func(key string, isNew bool) {
+		defer wg.Done()
+		err := g.put(context.Background(), forge.Write{Collection: forge.CollectionCheck, Rkey: key, Value: check(Running), New: isNew})
+		mu.Lock()
+		errs[key] = err
+		mu.Unlock()
+	}
+	wg.Add(1)
+	go write("a", true)
+	for !slices.Contains(p.called(), "put a") {
+		time.Sleep(time.Millisecond)
+	}
+	for i, key := range []string{"b", "c", "d"} {
+		wg.Add(1)
+		go write(key, i != 1)
+		queued(t, g, i+1)
+	}
+	close(p.gate)
+	wg.Wait()
+	return errs
+}
+
+func TestGroupCommitBatchesTheWritesThatWait(t *testing.T) {
+	t.Parallel()
+	p := &gatedPDS{gate: make(chan struct{})}
+	g := newGroupCommit(p)
+	for key, err := range burst(t, p, g) {
+		if err != nil {
+			t.Errorf("write %s: %v", key, err)
+		}
+	}
+	want := []string{"put a", "batch [b(new=true) c(new=false) d(new=true)]"}
+	if got := p.called(); !slices.Equal(got, want) {
+		t.Errorf("calls %q, want %q: the write in flight alone, the three that waited for it in one commit", got, want)
+	}
+	// Nothing in flight: the next write goes at once, alone.
+	if err := g.put(context.Background(), forge.Write{Rkey: "e"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.called(); got[len(got)-1] != "put e" {
+		t.Errorf("a write with none in flight: %q, want it put alone", got)
+	}
+}
+
+func TestGroupCommitFailedBatchWritesEachAlone(t *testing.T) {
+	t.Parallel()
+	p := &gatedPDS{gate: make(chan struct{}), batchErr: errors.New("InvalidRequest: Could not find a record with key")}
+	g := newGroupCommit(p)
+	for key, err := range burst(t, p, g) {
+		if err != nil {
+			t.Errorf("write %s: %v, want it made alone after the batch failed", key, err)
+		}
+	}
+	got := p.called()
+	if len(got) != 5 || got[0] != "put a" || got[1] != "batch [b(new=true) c(new=false) d(new=true)]" {
+		t.Fatalf("calls %q", got)
+	}
+	alone := slices.Sorted(slices.Values(got[2:]))
+	if want := []string{"put b", "put c", "put d"}; !slices.Equal(alone, want) {
+		t.Errorf("after the failed batch: %q, want each of its writes alone %q", alone, want)
+	}
+}
+
+// onlyPut writes one record at a time; a Batcher in front of it says so.
+type onlyPut struct{ *gatedPDS }
+
+func (o onlyPut) PutBatch(context.Context, []forge.Write) error {
+	return fmt.Errorf("one at a time: %w", errors.ErrUnsupported)
+}
+
+func TestGroupCommitStopsBatchingWhenTheWriterCannot(t *testing.T) {
+	t.Parallel()
+	p := &gatedPDS{gate: make(chan struct{})}
+	g := newGroupCommit(onlyPut{p})
+	for key, err := range burst(t, p, g) {
+		if err != nil {
+			t.Errorf("write %s: %v", key, err)
+		}
+	}
+	if g.b != nil {
+		t.Error("still batching after the writer said it cannot")
+	}
+	if got := p.called(); len(got) != 4 || slices.ContainsFunc(got, func(s string) bool { return s[:4] != "put " }) {
+		t.Errorf("calls %q, want four puts", got)
+	}
+}
+
+func TestGroupCommitQueuedWriteLeavesWithItsContext(t *testing.T) {
+	t.Parallel()
+	p := &gatedPDS{gate: make(chan struct{})}
+	g := newGroupCommit(p)
+	start := func(ctx context.Context, key string) <-chan error {
+		done := make(chan error, 1)
+		go func() { done <- g.put(ctx, forge.Write{Rkey: key, New: true}) }()
+		return done
+	}
+	a := start(context.Background(), "a")
+	for !slices.Contains(p.called(), "put a") {
+		time.Sleep(time.Millisecond)
+	}
+	b := start(context.Background(), "b")
+	queued(t, g, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	c := start(ctx, "c")
+	queued(t, g, 2)
+	d := start(context.Background(), "d")
+	queued(t, g, 3)
+	cancel()
+	if err := <-c; !errors.Is(err, context.Canceled) {
+		t.Errorf("the queued write whose context ended returned %v, want context.Canceled", err)
+	}
+	queued(t, g, 2)
+	close(p.gate)
+	for key, done := range map[string]<-chan error{"a": a, "b": b, "d": d} {
+		if err := <-done; err != nil {
+			t.Errorf("write %s: %v", key, err)
+		}
+	}
+	want := []string{"put a", "batch [b(new=true) d(new=true)]"}
+	if got := p.called(); !slices.Equal(got, want) {
+		t.Errorf("calls %q, want %q: the write whose caller left before its batch went is not made", got, want)
+	}
+}
