@@ -17,10 +17,10 @@ type Batcher interface {
 }
 
 // groupCommit sends the check writes that wait for one another as one
-// commit. A PDS commits a repository's writes one at a time (about as
-// long each as the first: 4 concurrent writes took 4× one, one batch of
-// 4 took 1.4×), so a burst of runs starting at once had its running
-// checks written one after another.
+// commit. A PDS commits a repository's writes one at a time (four
+// concurrent writes take 3.5–4× one, one batch of four 1.4×:
+// tests/pds BenchmarkCommitsOfOneRepository), so a burst of runs
+// starting at once had its running checks written one after another.
 //
 // No write waits for a batch to fill: a write finding none in flight
 // goes at once, alone (Put). The writes arriving meanwhile queue; when
