@@ -521,7 +521,19 @@ func TestControlLines(t *testing.T) {
 	_, _ = c.Write([]byte("knotless: star"))
 	_, _ = c.Write([]byte("ted\nknotless: exit 3 120\n"))
 	code, n, ok := c.result()
-	if !c.hasStarted() || !ok || code != 3 || n != 120 {
-		t.Errorf("control parse: started %v, exit %d %d %v", c.hasStarted(), code, n, ok)
+	if !c.hasStarted() || !ok || code != 3 || n != 120 || c.emptyOutputs() {
+		t.Errorf("control parse: started %v, exit %d %d %v, outputs empty %v", c.hasStarted(), code, n, ok, c.emptyOutputs())
+	}
+	for line, want := range map[string]bool{
+		"knotless: exit 0 5 outputs-empty\n":   true,
+		"knotless: exit 0 5 outputs-full\n":    false,
+		"knotless: exit 0 5 outputs-empty x\n": false,
+	} {
+		c := &control{started: make(chan struct{})}
+		_, _ = c.Write([]byte(line))
+		_, n, ok := c.result()
+		if want && (!ok || n != 5 || !c.emptyOutputs()) || !want && c.emptyOutputs() {
+			t.Errorf("control parse of %q: exit %v, length %d, outputs empty %v", line, ok, n, c.emptyOutputs())
+		}
 	}
 }

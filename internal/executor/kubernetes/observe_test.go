@@ -288,3 +288,55 @@ func TestCleanupFailureCounted(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestOutputsKnownEmpty: when the last step's exit line said the
+// outputs directory was empty, the session gets the outputs without an
+// exec (the journal's transfer out says empty_at_step_end); when the
+// last step leaves a file there, written by it or by an earlier step,
+// it is fetched from the pod as before.
+func TestOutputsKnownEmpty(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t)
+	for _, tt := range []struct {
+		name, steps string
+		want        []string // the outputs' files
+	}{
+		{"none", "  - {name: one, run: 'echo hi'}\n", nil},
+		{"written then removed", "  - {name: one, run: 'echo x > \"$KNOTLESS_RUN_OUTPUTS/x\"'}\n  - {name: two, run: 'rm \"$KNOTLESS_RUN_OUTPUTS/x\"'}\n", nil},
+		{"written before the last step", "  - {name: one, run: 'echo x > \"$KNOTLESS_RUN_OUTPUTS/x\"'}\n  - {name: two, run: 'echo hi'}\n", []string{"x"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			j := newJournal()
+			log := slog.New(j)
+			ex := newExecutor(t, c, func(cfg *kubernetes.Config) { cfg.Logger = log })
+			eng := run.New(run.Config{Executor: ex, DefaultImage: c.Image, CleanupTimeout: time.Minute, Logger: log})
+			out := filepath.Join(t.TempDir(), "out")
+			res := eng.Run(context.Background(), run.Request{
+				RunID: randomID("eo"), Workflow: parse(t, "on: push\nsteps:\n"+tt.steps), Checkout: t.TempDir(), Outputs: out, Trusted: true,
+			})
+			if res.Status != run.Success {
+				t.Fatalf("status %s (%s), log:\n%s", res.Status, res.Error, res.Log)
+			}
+			entries, err := os.ReadDir(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, e := range entries {
+				got = append(got, e.Name())
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("outputs %q, want %q", got, tt.want)
+			}
+			transfers := j.has(t, "transfer out", 1, map[string]string{"dir": "/outputs", "bytes": ""})
+			if len(transfers) != 1 {
+				return
+			}
+			_, known := transfers[0].attrs["empty_at_step_end"]
+			if want := tt.want == nil; known != want {
+				t.Errorf("transfer out without an exec (empty_at_step_end): %v, want %v; journal:\n%s", known, want, j.dump())
+			}
+		})
+	}
+}

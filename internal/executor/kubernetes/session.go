@@ -64,6 +64,12 @@ type Session struct {
 	pumpCtx context.Context //nolint:containedctx // owned by the session's goroutines
 	cancel  context.CancelFunc
 
+	// lastStep is the step this process started last, emptyAfter the
+	// last whose exit line said the outputs directory was empty (under
+	// mu): while they are the same step, Get of the outputs needs no
+	// exec.
+	lastStep, emptyAfter string
+
 	lostNode   string // the node a step found gone (under mu)
 	podVersion string // resource version of the pod last seen (under mu)
 
@@ -224,11 +230,28 @@ func otherLines(text, prefix string) string {
 	return strings.Join(other, "; ")
 }
 
-// Get implements executor.Session.
+// Get implements executor.Session. The outputs directory, when the
+// last step's exit line said it was empty (the step tool looks once it
+// has killed what the step left running), is an empty tar stream
+// without an exec into the pod: most runs write no outputs, and the
+// exec was a round trip between the last step and the verdict.
 func (s *Session) Get(ctx context.Context, dir string, w io.Writer) error {
+	start := time.Now()
+	s.mu.Lock()
+	empty := dir == s.Dirs().Outputs && s.emptyAfter != "" && s.emptyAfter == s.lastStep
+	s.mu.Unlock()
+	if empty {
+		counted := &tarstream.CountingWriter{W: w}
+		if err := tar.NewWriter(counted).Close(); err != nil {
+			return fmt.Errorf("get %s: %w", dir, err)
+		}
+		took := time.Since(start)
+		s.ex.obs.Transferred(executor.DirectionOut, counted.N, took)
+		s.log.Info("transfer out", "dir", dir, "bytes", counted.N, "duration", took.Round(time.Millisecond), "empty_at_step_end", true)
+		return nil
+	}
 	h := md5.New()
 	var stderr bytes.Buffer
-	start := time.Now()
 	counted := &tarstream.CountingWriter{W: io.MultiWriter(w, h)}
 	code, err := s.exec(ctx, []string{"sh", "-c", getScript, "knotless-get", dir}, kubeexec.Streams{Stdout: counted, Stderr: &stderr})
 	if err != nil {
@@ -303,6 +326,7 @@ func (s *Session) newStep(id string, offset int64) (*step, error) {
 		ctx, s.cancel = context.WithCancel(context.Background())
 		s.pumpCtx = ctx
 	}
+	s.lastStep = id
 	st := &step{out: spool.NewAt(offset), done: make(chan struct{}), since: time.Now()}
 	st.ended = func(exit executor.Exit, err error) { s.logStepEnd(id, st, exit, err) }
 	s.steps[id] = st
@@ -341,11 +365,18 @@ func (s *Session) pump(id string, st *step, mode string, payload []byte, started
 	for attempt := 0; ; attempt++ {
 		offset := st.out.Len()
 		ctrl := &control{started: started}
-		in := &stdinFeed{ctrl: ctrl, out: st.out, ctx: ctx, acked: func(code int) { st.settle(executor.Exit{Code: code}, nil) }}
+		in := &stdinFeed{ctrl: ctrl, out: st.out, ctx: ctx, acked: func(code int, outputsEmpty bool) {
+			if outputsEmpty {
+				s.mu.Lock()
+				s.emptyAfter = id
+				s.mu.Unlock()
+			}
+			st.settle(executor.Exit{Code: code}, nil)
+		}}
 		if mode == "start" {
 			in.first = launchInput(payload)
 		}
-		cmd := []string{"sh", "-c", stepScript, "knotless-step", mode, stepStateDir, id, strconv.FormatInt(offset, 10)}
+		cmd := []string{"sh", "-c", stepScript, "knotless-step", mode, stepStateDir, id, strconv.FormatInt(offset, 10), s.Dirs().Outputs}
 		_, err := s.exec(ctx, cmd, kubeexec.Streams{Stdin: in, Stdout: st.out, Stderr: ctrl})
 		if code, final, ok := ctrl.result(); ok && st.out.Len() >= final {
 			exit = executor.Exit{Code: code}
@@ -613,7 +644,10 @@ type control struct {
 	partial []byte
 	start   bool
 	exit    *[2]int64 // code, final length
-	unknown bool
+	// outputsEmpty: the exit line said the outputs directory was empty
+	// at the step's end.
+	outputsEmpty bool
+	unknown      bool
 	ack     chan struct{}
 }
 
@@ -638,11 +672,13 @@ func (c *control) Write(p []byte) (int, error) {
 			c.unknown = true
 		case strings.HasPrefix(line, "knotless: exit "):
 			f := strings.Fields(strings.TrimPrefix(line, "knotless: exit "))
-			if len(f) == 2 {
+			empty := len(f) == 3 && f[2] == "outputs-empty"
+			if len(f) == 2 || empty {
 				code, err1 := strconv.ParseInt(f[0], 10, 32)
 				n, err2 := strconv.ParseInt(f[1], 10, 64)
 				if err1 == nil && err2 == nil {
 					c.exit = &[2]int64{code, n}
+					c.outputsEmpty = empty
 					if c.ack != nil {
 						close(c.ack)
 						c.ack = nil
@@ -660,6 +696,12 @@ func (c *control) result() (int, int64, bool) {
 		return 0, 0, false
 	}
 	return int(c.exit[0]), c.exit[1], true
+}
+
+func (c *control) emptyOutputs() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.outputsEmpty
 }
 
 func (c *control) isUnknown() bool {
@@ -695,7 +737,7 @@ type stdinFeed struct {
 	out   *spool.Spool
 	first []byte
 	sent  bool
-	acked func(code int) // called once the runner holds every byte
+	acked func(code int, outputsEmpty bool) // called once the runner holds every byte
 }
 
 func (f *stdinFeed) Read(p []byte) (int, error) {
@@ -717,7 +759,7 @@ func (f *stdinFeed) Read(p []byte) (int, error) {
 		return 0, io.EOF
 	}
 	f.sent = true
-	f.acked(code)
+	f.acked(code, f.ctrl.emptyOutputs())
 	return copy(p, "ok\n"), nil
 }
 

@@ -155,3 +155,70 @@ wait $second; echo "second exit $?"`
 		})
 	}
 }
+
+// TestStepToolOutputsEmpty: the exit line says outputs-empty when the
+// outputs directory is a directory with no entry once the step ended,
+// and only then (the session then gets the outputs without an exec).
+func TestStepToolOutputsEmpty(t *testing.T) {
+	if testing.Short() {
+		t.Skip("SKIPPED under -short: needs unshare, dash, bash and busybox from the host (the full suite runs it)")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("SKIPPED: needs root for a PID namespace (unshare); CI runs as root")
+	}
+	cases := []struct {
+		name  string
+		setup string // shell, with $OUT the outputs directory
+		step  string
+		empty bool
+	}{
+		{"empty", `mkdir "$OUT"`, "echo hi", true},
+		{"the step writes a file", `mkdir "$OUT"`, `echo image > "$OUT/image.tar"`, false},
+		{"a dot file", `mkdir "$OUT" && touch "$OUT/.hidden"`, "true", false},
+		{"a dot-dot file", `mkdir "$OUT" && touch "$OUT/..odd"`, "true", false},
+		{"a dangling link", `mkdir "$OUT" && ln -s /nowhere "$OUT/link"`, "true", false},
+		{"an empty subdirectory", `mkdir -p "$OUT/sub"`, "true", false},
+		{"a link to an empty directory", `mkdir "$OUT.real" && ln -s "$OUT.real" "$OUT"`, "true", false},
+		{"no directory", `:`, "true", false},
+		{"a file", `touch "$OUT"`, "true", false},
+	}
+	for _, shell := range [][]string{{"dash"}, {"bash"}, {"busybox", "sh"}} {
+		t.Run(shell[0], func(t *testing.T) {
+			if _, err := exec.LookPath(shell[0]); err != nil {
+				t.Fatalf("%s is not installed: %v", shell[0], err)
+			}
+			for _, c := range cases {
+				dir := t.TempDir()
+				out := filepath.Join(dir, "outputs")
+				input := filepath.Join(dir, "input")
+				if err := os.WriteFile(input, append(launchInput([]byte(c.step+"\n")), "ok\n"...), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				script := `set -e; ` + c.setup + `
+f=$DIR/.wake; mkfifo "$f" && exec 3<>"$f" && rm "$f"
+"$@" start "$DIR/steps" 1 0 "$OUT" < "$DIR/input" > /dev/null`
+				args := append([]string{"--pid", "--fork", "--mount-proc", "sh", "-c", script, "check"}, shell...)
+				args = append(args, "-c", stepScript, "knotless-step")
+				cmd := exec.Command("unshare", args...)
+				cmd.Env = append(os.Environ(), "DIR="+dir, "OUT="+out)
+				var stderr bytes.Buffer
+				cmd.Stderr = &stderr
+				if err := cmd.Run(); err != nil {
+					t.Fatalf("%s: unshare: %v\n%s", c.name, err, stderr.String())
+				}
+				exit := ""
+				for _, line := range strings.Split(stderr.String(), "\n") {
+					if strings.HasPrefix(line, "knotless: exit ") {
+						exit = line
+					}
+				}
+				if exit == "" {
+					t.Fatalf("%s: no exit line in %q", c.name, stderr.String())
+				}
+				if got := strings.HasSuffix(exit, " outputs-empty"); got != c.empty {
+					t.Errorf("%s: exit line %q, want outputs-empty %v", c.name, exit, c.empty)
+				}
+			}
+		})
+	}
+}

@@ -1,14 +1,16 @@
 # knotless-run's step tool, run in the run's pod as
-#   sh -c "$(reaper.Sh)$(this file)" knotless-step MODE STATE_DIR ID [OFFSET]
+#   sh -c "$(reaper.Sh)$(this file)" knotless-step MODE STATE_DIR ID [OFFSET [OUTPUTS]]
 # MODE start: read "<lines>\n<payload>" on stdin (the payload is <lines>
 #             whole lines), start the step in the background, then stream
 #             it as follow does.
 # MODE follow: stream the step's output from byte OFFSET to stdout.
 # MODE kill:  kill the step and everything it started.
 # Control lines go to stderr: "knotless: started", "knotless: exit CODE
-# BYTES" (BYTES is the output's final length) or "knotless: unknown". After
-# an exit line the runner answers "ok" on stdin once it holds every byte;
-# only then are the step's files removed.
+# BYTES [outputs-empty]" (BYTES is the output's final length;
+# outputs-empty: the directory OUTPUTS, looked at once the step's
+# leftovers were killed, is a readable directory with no entry) or
+# "knotless: unknown". After an exit line the runner answers "ok" on
+# stdin once it holds every byte; only then are the step's files removed.
 #
 # It needs a POSIX sh and /proc, and it starts few processes: on a busy
 # node each costs milliseconds. A step that prints nothing and ends at
@@ -29,7 +31,7 @@
 # or read has no -t (dash), it naps with sleep and the supervisor's
 # SIGUSR1 cuts the nap short.
 set -u
-mode=$1 root=$2 id=$3
+mode=$1 root=$2 id=$3 outdir=${5:-}
 d=$root/$id
 before=
 
@@ -120,6 +122,17 @@ stream() {
   done
 }
 
+# outputs_empty tells whether $outdir is a directory (not a link) this
+# user can list, with no entry: globs, no process. One it cannot list
+# is not called empty.
+outputs_empty() {
+  [ -n "$outdir" ] && [ ! -L "$outdir" ] && [ -d "$outdir" ] && [ -r "$outdir" ] && [ -x "$outdir" ] || return 1
+  for f in "$outdir"/* "$outdir"/.[!.]* "$outdir"/..?*; do
+    if [ -e "$f" ] || [ -L "$f" ]; then return 1; fi
+  done
+  return 0
+}
+
 # finish kills what the step left, sends the last bytes and the exit line,
 # and removes the step's files once the runner has everything.
 finish() {
@@ -130,7 +143,9 @@ finish() {
   while read -r key value; do
     [ "$key" = pos: ] && off=$value
   done < "/proc/$$/fdinfo/3"
-  echo "knotless: exit $code $off" >&2
+  empty=
+  outputs_empty && empty=" outputs-empty"
+  echo "knotless: exit $code $off$empty" >&2
   if IFS= read -r ack && [ "$ack" = ok ]; then rm -f "$d".*; fi
 }
 
