@@ -36,7 +36,7 @@ func (f CacheFlags) openCaches(cacheDir string) (*cache.Store, error) {
 
 // CacheCmd shows and clears the store of workflow caches.
 type CacheCmd struct {
-	Ls CacheLsCmd `cmd:"" help:"List the caches: repository, workflow, path, size, last use and the runs that made them."`
+	Ls CacheLsCmd `cmd:"" help:"List the caches: repository, workflow, path, size, last use and the runs that made them (tainted: a run granted no secret does not read it)."`
 	Rm CacheRmCmd `cmd:"" help:"Remove caches: those of --repo (and --workflow, --path), or --all."`
 }
 
@@ -80,9 +80,16 @@ func deref(l *cache.Layer) cache.Layer {
 	return *l
 }
 
+// runOf names the run that saved l, and says "tainted" when l is not
+// clean (cache.Clean): saved by a run granted a secret, or from a
+// tainted layer, or by an older store. Runs granted no secret do not
+// read it.
 func runOf(l *cache.Layer) string {
-	if l == nil {
+	switch {
+	case l == nil:
 		return "-"
+	case !l.Clean:
+		return l.Run + " tainted"
 	}
 	return l.Run
 }

@@ -1,10 +1,15 @@
 package cli
 
 import (
+	"archive/tar"
+	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"knotless.dev/run/internal/cache"
 )
 
 // TestRunCacheDir: two runs with --cache-dir share a cache, cache ls
@@ -38,6 +43,29 @@ func TestRunCacheDir(t *testing.T) {
 	r := runCLI(t, nil, "cache", "ls", "--cache-dir", cacheDir)
 	if r.code != ExitSuccess || !strings.Contains(r.stdout, checkout+"  ci        cache  3072") {
 		t.Errorf("cache ls: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if strings.Contains(r.stdout, "tainted") {
+		t.Errorf("cache ls calls the cache of a run granted no secret tainted:\n%s", r.stdout)
+	}
+	// A layer saved by a run granted a secret is tainted, and says so.
+	store, err := CacheFlags{}.openCaches(cacheDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := cache.Key{Repo: "at://did:plc:owner/dev.knotless.repo/hello", Workflow: "ci", Path: "cache"}
+	var tarball bytes.Buffer
+	if err := tar.NewWriter(&tarball).Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Save(context.Background(), key, "with-secret", cache.Layer{Order: "1", Secrets: true, Clean: cache.Clean(true, nil)}, &tarball); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Promote(key, "with-secret"); err != nil {
+		t.Fatal(err)
+	}
+	r = runCLI(t, nil, "cache", "ls", "--cache-dir", cacheDir)
+	if r.code != ExitSuccess || !strings.Contains(r.stdout, "with-secret tainted") {
+		t.Errorf("cache ls does not call the layer of a run granted a secret tainted: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	r = runCLI(t, nil, "cache", "rm", "--cache-dir", cacheDir, "--all")
 	if r.code != ExitSuccess || !strings.Contains(r.stdout, "removed "+checkout+" ci cache") {
