@@ -648,7 +648,7 @@ type control struct {
 	// at the step's end.
 	outputsEmpty bool
 	unknown      bool
-	ack     chan struct{}
+	ack          chan struct{}
 }
 
 func (c *control) Write(p []byte) (int, error) {
