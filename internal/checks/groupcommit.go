@@ -42,9 +42,8 @@ type queuedWrite struct {
 	write forge.Write
 	lead  chan struct{} // closed: this write leads batch
 	batch []*queuedWrite
-	done  chan struct{} // closed: err is the write's outcome, or alone is set
-	err   error
-	alone bool // the batch failed: the caller makes the write itself
+	done  chan struct{} // closed: the batch was written, or alone is set
+	alone bool          // the batch failed: the caller makes the write itself
 }
 
 func newGroupCommit(w Writer) *groupCommit {
@@ -93,7 +92,7 @@ func (g *groupCommit) put(ctx context.Context, write forge.Write) error {
 	if q.alone {
 		return g.alone(ctx, write)
 	}
-	return q.err
+	return nil
 }
 
 // leadBatch sends q's batch (q first) as one commit, tells each of its
@@ -118,7 +117,7 @@ func (g *groupCommit) leadBatch(ctx context.Context, q *queuedWrite) error {
 		}
 	}
 	for _, w := range q.batch[1:] {
-		w.err, w.alone = err, err != nil
+		w.alone = err != nil
 		close(w.done)
 	}
 	g.handOver()
