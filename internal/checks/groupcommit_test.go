@@ -201,3 +201,95 @@ func TestGroupCommitQueuedWriteLeavesWithItsContext(t *testing.T) {
 		t.Errorf("calls %q, want %q: the write whose caller left before its batch went is not made", got, want)
 	}
 }
+
+// openPDS is a gatedPDS that holds no write.
+func openPDS() *gatedPDS {
+	p := &gatedPDS{gate: make(chan struct{})}
+	close(p.gate)
+	return p
+}
+
+func TestGroupCommitWaitsForExpectedWrites(t *testing.T) {
+	t.Parallel()
+	p := openPDS()
+	g := newGroupCommit(p)
+	g.linger = time.Hour // only the expected writes end the wait
+	// A burst: a lane expects its first write (by its context), a worker
+	// the running check of its key, and a write comes first.
+	lane, laneDone := g.expect(context.Background(), "")
+	defer laneDone()
+	_, workerDone := g.expect(context.Background(), "b")
+	defer workerDone()
+	put := func(ctx context.Context, key string) <-chan error {
+		done := make(chan error, 1)
+		go func() { done <- g.put(ctx, forge.Write{Rkey: key, New: true}) }()
+		return done
+	}
+	a := put(context.Background(), "a")
+	queued(t, g, 1)
+	c := put(lane, "c")
+	queued(t, g, 2)
+	if got := p.called(); len(got) != 0 {
+		t.Fatalf("calls %q while a write is expected, want none", got)
+	}
+	b := put(context.Background(), "b")
+	for key, done := range map[string]<-chan error{"a": a, "b": b, "c": c} {
+		if err := <-done; err != nil {
+			t.Errorf("write %s: %v", key, err)
+		}
+	}
+	want := []string{"batch [a(new=true) b(new=true) c(new=true)]"}
+	if got := p.called(); !slices.Equal(got, want) {
+		t.Errorf("calls %q, want %q: the writes that came while others were expected in one commit", got, want)
+	}
+	// Nothing expected any more: the next write goes at once, alone.
+	if err := <-put(lane, "d"); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.called(); got[len(got)-1] != "put d" {
+		t.Errorf("a write with nothing expected: %q, want it put alone", got)
+	}
+}
+
+func TestGroupCommitExpectationEndsWithoutItsWrite(t *testing.T) {
+	t.Parallel()
+	p := openPDS()
+	g := newGroupCommit(p)
+	g.linger = time.Hour
+	_, done := g.expect(context.Background(), "b")
+	a := make(chan error, 1)
+	go func() { a <- g.put(context.Background(), forge.Write{Rkey: "a"}) }()
+	queued(t, g, 1)
+	done()
+	done() // twice is once
+	if err := <-a; err != nil {
+		t.Fatal(err)
+	}
+	if got, want := p.called(), []string{"put a"}; !slices.Equal(got, want) {
+		t.Errorf("calls %q, want %q", got, want)
+	}
+}
+
+func TestGroupCommitLingersNoLongerThanItsBound(t *testing.T) {
+	t.Parallel()
+	p := openPDS()
+	g := newGroupCommit(p)
+	g.linger = 20 * time.Millisecond
+	_, never := g.expect(context.Background(), "never")
+	defer never()
+	// The expected write does not come: the queue goes after the linger,
+	// and the expectation holds no later write.
+	for _, key := range []string{"a", "b"} {
+		if err := g.put(context.Background(), forge.Write{Rkey: key}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, want := p.called(), []string{"put a", "put b"}; !slices.Equal(got, want) {
+		t.Errorf("calls %q, want %q", got, want)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.expected) != 0 || g.lingering != nil {
+		t.Errorf("after the linger: %d writes still expected, timer armed %v", len(g.expected), g.lingering != nil)
+	}
+}

@@ -117,6 +117,10 @@ func NewKeeper(rec *Recorder, p Ports, retry backoff.Policy, log *slog.Logger) *
 // Know remembers a check listed from the PDS, without writing it.
 func (k *Keeper) Know(key string, c forge.Check) { k.rec.Know(key, c) }
 
+// Expect and ExpectWrite: Recorder.Expect and Recorder.ExpectWrite.
+func (k *Keeper) Expect(ctx context.Context) (context.Context, func()) { return k.rec.Expect(ctx) }
+func (k *Keeper) ExpectWrite(key string) func()                        { return k.rec.ExpectWrite(key) }
+
 // Get returns the last check of key, written or known.
 func (k *Keeper) Get(key string) (forge.Check, bool) { return k.rec.Get(key) }
 

@@ -44,6 +44,21 @@ func NewRecorder(w Writer, onWrite func(key string, c forge.Check)) *Recorder {
 	return &Recorder{commit: newGroupCommit(w), onWrite: onWrite, known: map[string]forge.Check{}}
 }
 
+// Expect says a check write is about to come, made with the context
+// returned: until it is (or done is called, or MaxLinger has passed),
+// the writes queued wait for it, to go with it in one commit. done may
+// be called more than once, and after the write.
+func (r *Recorder) Expect(ctx context.Context) (_ context.Context, done func()) {
+	return r.commit.expect(ctx, "")
+}
+
+// ExpectWrite is Expect of the next write of the check of key, made with
+// any context.
+func (r *Recorder) ExpectWrite(key string) (done func()) {
+	_, done = r.commit.expect(context.Background(), key)
+	return done
+}
+
 // Know remembers a check without writing it: one listed from the PDS,
 // or one owed by an earlier process.
 func (r *Recorder) Know(key string, c forge.Check) {

@@ -35,24 +35,37 @@ func lanes(events []ingest.Event) [][]ingest.Event {
 // eachLane calls f for every event, the events of one repository one
 // after another, at most limit repositories at once, and returns when
 // every call has returned. It starts no lane once ctx has ended.
-func eachLane(ctx context.Context, events []ingest.Event, limit int, f func(ingest.Event)) {
+//
+// When there are several lanes, each expects a check write (expect, nil
+// for none): the running records of the burst's runs start a few
+// milliseconds apart, and the expectations of the lanes still being
+// considered hold the first ones back (a little) to go with the others
+// in one commit. A lane's expectation ends at its first check write or
+// when it ends.
+func eachLane(ctx context.Context, events []ingest.Event, limit int, expect func(context.Context) (context.Context, func()), f func(context.Context, ingest.Event)) {
 	limit = max(limit, 1)
 	slots := make(chan struct{}, limit)
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	for _, lane := range lanes(events) {
+	all := lanes(events)
+	for _, lane := range all {
 		select {
 		case slots <- struct{}{}:
 		case <-ctx.Done():
 			return
 		}
+		lctx, done := ctx, func() {}
+		if expect != nil && len(all) > 1 {
+			lctx, done = expect(ctx)
+		}
 		wg.Go(func() {
 			defer func() { <-slots }()
+			defer done()
 			for _, ev := range lane {
-				if ctx.Err() != nil {
+				if lctx.Err() != nil {
 					return
 				}
-				f(ev)
+				f(lctx, ev)
 			}
 		})
 	}

@@ -3,6 +3,8 @@ package intake
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -13,6 +15,8 @@ import (
 
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/rig"
+	"knotless.dev/run/internal/state"
 )
 
 // push is a push numbered n to the repository named repo.
@@ -74,7 +78,7 @@ func TestEachLaneConsidersRepositoriesAtOnce(t *testing.T) {
 				inRepo := map[string]bool{}
 				order := map[string][]string{}
 				all := make(chan struct{})
-				eachLane(t.Context(), evs, ConsiderAtOnce, func(ev ingest.Event) {
+				eachLane(t.Context(), evs, ConsiderAtOnce, nil, func(_ context.Context, ev ingest.Event) {
 					repo := ev.Repo.URI.String()
 					mu.Lock()
 					if inRepo[repo] {
@@ -122,7 +126,7 @@ func TestEachLaneStopsWithItsContext(t *testing.T) {
 	var mu sync.Mutex
 	calls := 0
 	evs := []ingest.Event{burstPush("a", 1), burstPush("b", 1), burstPush("c", 1)}
-	eachLane(ctx, evs, 1, func(ingest.Event) {
+	eachLane(ctx, evs, 1, nil, func(context.Context, ingest.Event) {
 		mu.Lock()
 		calls++
 		mu.Unlock()
@@ -146,8 +150,67 @@ func BenchmarkBurst(b *testing.B) {
 	for _, limit := range []int{1, ConsiderAtOnce} {
 		b.Run(fmt.Sprintf("limit=%d", limit), func(b *testing.B) {
 			for b.Loop() {
-				eachLane(context.Background(), evs, limit, func(ingest.Event) { time.Sleep(time.Millisecond) })
+				eachLane(context.Background(), evs, limit, nil, func(context.Context, ingest.Event) { time.Sleep(time.Millisecond) })
 			}
+		})
+	}
+}
+
+// A burst's check writes go as one commit: the lanes considered side by
+// side expect their first check write, and a run a free worker takes at
+// once its running record, so the first write waits for the others
+// instead of going alone. Under synctest the linger's timer fires only
+// when every goroutine waits: the writes meet because they expected
+// each other, not because they were quick.
+func TestBurstWritesItsChecksInOneCommit(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		workers bool
+		status  string
+	}{
+		{"no worker free: the queued checks", false, "queued"},
+		{"workers free: the running checks", true, "running"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				w := &world{pds: &rig.PDS{}, lister: &rig.Lister{}, git: &rig.Mirrors{}, lander: &offers{}, batches: &batchLog{}}
+				store, err := state.Open(t.TempDir())
+				if err != nil {
+					t.Fatal(err)
+				}
+				w.store, w.facts, w.workers = store, Facts{Runner: rig.Runner}, ConsiderAtOnce
+				w.build(t)
+				w.git.SetWorkflows(rig.CI("ci", "make"))
+				var evs []ingest.Event
+				var want []string
+				for i := range ConsiderAtOnce {
+					ev := rig.Push(fmt.Sprintf("3k%d", i), "c1")
+					ev.Repo = rig.OtherRepo(fmt.Sprintf("r%d", i))
+					evs = append(evs, ev)
+					want = append(want, forge.CheckKey(ev.Subject(), "ci")+" "+tc.status)
+				}
+				slices.Sort(want)
+				w.lister.Set(evs...)
+				ctx, cancel := context.WithCancel(t.Context())
+				defer cancel()
+				if tc.workers {
+					wait := w.sched.Start(ctx, ctx)
+					defer wait()
+				}
+				w.reconcile(t)
+				synctest.Wait()
+				var got [][]string
+				for _, b := range w.batches.all() {
+					if strings.HasSuffix(b[0], " "+tc.status) {
+						got = append(got, b)
+					}
+				}
+				if diff := cmp.Diff([][]string{want}, got); diff != "" {
+					t.Errorf("batches of %s checks (-want +got):\n%s\nall writes: %q", tc.status, diff, w.pds.Writes())
+				}
+				cancel()
+			})
 		})
 	}
 }

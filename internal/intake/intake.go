@@ -106,6 +106,10 @@ type Checks interface {
 	Get(key string) (forge.Check, bool)
 	Work(s forge.Subject) []forge.Check
 	Unfinished() map[string]forge.Check
+	// Expect says a check write made with the context returned is
+	// about to come (checks.Recorder.Expect): a burst's lanes expect
+	// theirs, so that the writes of the burst go as one commit.
+	Expect(ctx context.Context) (_ context.Context, done func())
 }
 
 // State is intake's part of state.json (state.Store).

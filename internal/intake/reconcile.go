@@ -68,7 +68,7 @@ func (in *Intake) Reconcile(ctx context.Context) error {
 	in.cancels(ctx, snap)
 	// A burst of events to many repositories is considered side by side
 	// (burst.go); the events of one repository one after another.
-	eachLane(ctx, snap.Events, ConsiderAtOnce, func(ev ingest.Event) {
+	eachLane(ctx, snap.Events, ConsiderAtOnce, in.p.Checks.Expect, func(ctx context.Context, ev ingest.Event) {
 		if err := in.Consider(ctx, ev); err != nil && ctx.Err() == nil {
 			in.log.Error("event not handled; tried again at the next reconcile", "event", ev.URI.String(), "commit", ev.Commit, "err", err)
 		}

@@ -3,6 +3,7 @@ package intake
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 
@@ -31,9 +32,14 @@ type world struct {
 	lister *rig.Lister
 	git    *rig.Mirrors
 	lander *offers
-	cfg    Config
-	facts  Facts
-	ports  Ports
+	// batches, when set, makes the rig's PDS take batches of check
+	// writes too, and records them.
+	batches *batchLog
+	cfg     Config
+	// workers is the scheduler's concurrency (0: 1).
+	workers int
+	facts   Facts
+	ports   Ports
 }
 
 // offers records the listings handed to the lander.
@@ -65,13 +71,17 @@ func newWorld(t *testing.T) *world {
 // build makes the parts from w's config, facts and fakes.
 func (w *world) build(t *testing.T) {
 	t.Helper()
-	w.keeper = checks.NewKeeper(checks.NewRecorder(w.pds, func(key string, c forge.Check) {
+	var writer checks.Writer = w.pds
+	if w.batches != nil {
+		writer = batchingPDS{w.pds, w.batches}
+	}
+	w.keeper = checks.NewKeeper(checks.NewRecorder(writer, func(key string, c forge.Check) {
 		if w.in != nil {
 			w.in.NoteCheck(key, c)
 		}
 	}), checks.Ports{Blobs: &rig.Blobs{}, Outbox: w.store}, backoff.Policy{First: 2e9, Max: 300e9}, nil)
 	ex := &fakeexec.Executor{}
-	w.sched = scheduler.New(scheduler.Config{}, scheduler.Facts{Runner: rig.Runner, Executor: executor.CapabilitiesOf(ex), RunsDir: t.TempDir(),
+	w.sched = scheduler.New(scheduler.Config{Concurrency: w.workers}, scheduler.Facts{Runner: rig.Runner, Executor: executor.CapabilitiesOf(ex), RunsDir: t.TempDir(),
 		LimitsAll: w.facts.LimitsAll},
 		scheduler.Ports{Engine: run.New(run.Config{Executor: ex}), Checks: w.keeper, State: w.store, Mirrors: w.git, Sweeper: ex}, nil)
 	w.ports = Ports{Lister: w.lister, Mirrors: w.git, Scheduler: w.sched, Checks: w.keeper, State: w.store, Lander: w.lander}
@@ -84,4 +94,37 @@ func (w *world) reconcile(t *testing.T) {
 	if err := w.in.Reconcile(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// batchingPDS is the rig's PDS taking a batch of check writes as one
+// call (checks.Batcher), recorded in log.
+type batchingPDS struct {
+	*rig.PDS
+	log *batchLog
+}
+
+type batchLog struct {
+	mu      sync.Mutex
+	batches [][]string
+}
+
+func (b batchingPDS) PutBatch(ctx context.Context, writes []forge.Write) error {
+	var keys []string
+	for _, wr := range writes {
+		if _, err := b.Put(ctx, wr.Collection, wr.Rkey, wr.Value); err != nil {
+			return err
+		}
+		keys = append(keys, wr.Rkey+" "+wr.Value.(forge.Check).Status)
+	}
+	slices.Sort(keys)
+	b.log.mu.Lock()
+	b.log.batches = append(b.log.batches, keys)
+	b.log.mu.Unlock()
+	return nil
+}
+
+func (l *batchLog) all() [][]string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.batches)
 }

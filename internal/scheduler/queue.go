@@ -35,6 +35,9 @@ type task struct {
 	// the task came; it is claimed before any other, and its running
 	// record is its check's first.
 	unwritten bool
+	// expected ends the expectation of its running record, written
+	// soon after a worker claims it (nil: none).
+	expected func()
 	// live is the run's live output (Tap.Open); nil: none.
 	live io.Writer
 }
@@ -241,4 +244,11 @@ func claimIndex(queue []*task) int {
 		}
 	}
 	return 0
+}
+
+// expectedDone ends the expectation of t's running record, met or not.
+func (t *task) expectedDone() {
+	if t.expected != nil {
+		t.expected()
+	}
 }

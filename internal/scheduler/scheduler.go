@@ -66,6 +66,10 @@ type Engine interface {
 type Checks interface {
 	Queued(ctx context.Context, key string, ev ingest.Event, wf string) (forge.Check, error)
 	Unqueued(key string, ev ingest.Event, wf string) (forge.Check, bool)
+	// ExpectWrite says the check of key is about to be written: the
+	// check writes queued meanwhile wait for it (a little), to go with
+	// it in one commit (checks.Recorder.ExpectWrite).
+	ExpectWrite(key string) (done func())
 	Running(ctx context.Context, key string, c forge.Check, started time.Time, log *slog.Logger) forge.Check
 	Finished(ctx context.Context, key string, ev ingest.Event, c forge.Check, res *run.Result, outDir string, log *slog.Logger) forge.Check
 	Superseded(ctx context.Context, key string, ev ingest.Event, c forge.Check, by string, res *run.Result, outDir string, log *slog.Logger) forge.Check

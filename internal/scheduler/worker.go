@@ -32,7 +32,9 @@ func (s *Scheduler) Enqueue(ctx context.Context, j *job.Job) (bool, error) {
 	var t *task
 	if s.q.free() > 0 {
 		if c, ok := s.p.Checks.Unqueued(j.Key, j.Event, j.Workflow.Name); ok {
-			t = &task{Job: j, check: c, unwritten: true, seen: seen{queued: time.Now()}}
+			// Its running record comes in a moment: a burst's running
+			// records go as one commit.
+			t = &task{Job: j, check: c, unwritten: true, seen: seen{queued: time.Now()}, expected: s.p.Checks.ExpectWrite(j.Key)}
 		}
 	}
 	if t == nil {
@@ -152,6 +154,7 @@ func (s *Scheduler) worker(ctx, runCtx context.Context, ready func()) {
 // running set.
 func (s *Scheduler) jobEnded(t *task) {
 	t.cancel()
+	t.expectedDone()
 	s.mu.Lock()
 	s.q.end(t)
 	s.mu.Unlock()
@@ -237,6 +240,7 @@ func (s *Scheduler) start(ctx context.Context, t *task, log *slog.Logger) error 
 	t.seen.started = started
 	s.mu.Unlock()
 	t.check = s.p.Checks.Running(ctx, t.Key, t.check, started, log)
+	t.expectedDone()
 	saved, err := job.Encode(t.Job, t.check)
 	if err != nil {
 		return err

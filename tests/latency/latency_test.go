@@ -415,6 +415,9 @@ func (rs *records) timeline(tb testing.TB, what string, from, to time.Time) {
 		if c, ok := r.Fields["check"].(string); ok {
 			fmt.Fprintf(&b, " check=%s", c)
 		}
+		if a, ok := r.Fields["at_once"].(bool); ok {
+			fmt.Fprintf(&b, " at_once=%v", a)
+		}
 	}
 	tb.Logf("%s, from the first event received:%s", what, b.String())
 }
