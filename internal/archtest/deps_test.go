@@ -288,3 +288,40 @@ func TestLiveOutputImportsNoExecutorOrDaemon(t *testing.T) {
 		}
 	}
 }
+
+// kubeAPIGroups are the only k8s.io/api packages the binary links:
+// the groups internal/kubeclient's scheme holds, and apps/v1 for the
+// manifests. A process keeps resident the pages its package
+// initialisation touches (docs/performance.md, "serve's memory"), so
+// a group more is a decision, not a side effect of an import.
+var kubeAPIGroups = []string{
+	"k8s.io/api/admissionregistration/v1",
+	"k8s.io/api/apps/v1",
+	"k8s.io/api/authentication/v1",
+	"k8s.io/api/authorization/v1",
+	"k8s.io/api/batch/v1",
+	"k8s.io/api/core/v1",
+	"k8s.io/api/networking/v1",
+	"k8s.io/api/rbac/v1",
+}
+
+// TestBinaryLinksNoClientset keeps client-go's full clientset out of
+// knotless-run: k8s.io/client-go/kubernetes, its scheme and the
+// discovery client (which imports that scheme) register every built-in
+// API group as the process starts. The runner's client is
+// internal/kubeclient; tests may use the clientset.
+func TestBinaryLinksNoClientset(t *testing.T) {
+	t.Parallel()
+	p := module[:len(module)-1] + "/cmd/knotless-run"
+	graph := importGraph(t, p)
+	for _, banned := range []string{"k8s.io/client-go/kubernetes", "k8s.io/client-go/kubernetes/scheme", "k8s.io/client-go/discovery"} {
+		if chain := importChain(graph, p, func(dep string) bool { return dep == banned }); chain != nil {
+			t.Errorf("knotless-run links %s (use internal/kubeclient): %s", banned, strings.Join(chain, " -> "))
+		}
+	}
+	for dep := range graph {
+		if strings.HasPrefix(dep, "k8s.io/api/") && !slices.Contains(kubeAPIGroups, dep) {
+			t.Errorf("knotless-run links %s, not one of the API groups it uses: %s", dep, strings.Join(importChain(graph, p, func(d string) bool { return d == dep }), " -> "))
+		}
+	}
+}

@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"knotless.dev/run/internal/kubeclient"
 	"knotless.dev/run/internal/kubecred"
 )
 
@@ -49,7 +49,7 @@ func (c *KubeconfigCmd) Run(ctx context.Context, env *Env) error {
 	if err != nil {
 		return fmt.Errorf("--admin-kubeconfig %s: %w", c.AdminKubeconfig, err)
 	}
-	cs, err := kubernetes.NewForConfig(admin)
+	cs, err := kubeclient.NewForConfig(admin)
 	if err != nil {
 		return fmt.Errorf("--admin-kubeconfig %s: %w", c.AdminKubeconfig, err)
 	}
@@ -61,7 +61,7 @@ func (c *KubeconfigCmd) Run(ctx context.Context, env *Env) error {
 		if _, _, err := kubecred.AdmissionPolicy(policy); err != nil {
 			return fmt.Errorf("kubeconfig: %w", err)
 		}
-		if err := kubecred.RequireAdmissionPolicy(ctx, cs.Discovery()); err != nil {
+		if err := kubecred.RequireAdmissionPolicy(ctx, cs); err != nil {
 			if errors.Is(err, kubecred.ErrNoAdmissionPolicy) {
 				return fmt.Errorf("%w; the runner's admission policy (which keeps its Jobs from the namespace's Secrets) needs it: upgrade the cluster, or pass --skip-admission-policy to go without it", err)
 			}

@@ -16,9 +16,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"knotless.dev/run/internal/kubeclient"
 )
 
 // The runner's Role lets it create Jobs, and a Job may name any Secret of
@@ -281,8 +281,8 @@ func policyValidations() []admissionregistrationv1.Validation {
 // serves ValidatingAdmissionPolicy and its binding in
 // admissionregistration.k8s.io/v1; when not, the error wraps
 // ErrNoAdmissionPolicy.
-func RequireAdmissionPolicy(ctx context.Context, d discovery.DiscoveryInterface) error {
-	list, err := d.ServerResourcesForGroupVersion(AdmissionGroupVersion)
+func RequireAdmissionPolicy(ctx context.Context, cs *kubeclient.Clientset) error {
+	list, err := kubeclient.ServerResourcesForGroupVersion(ctx, cs.AdmissionregistrationV1().RESTClient(), AdmissionGroupVersion)
 	return admissionPolicyServed(list, err)
 }
 
@@ -317,7 +317,7 @@ const fieldManager = "knotless-run"
 // EnsureAdmissionPolicy creates or updates the policy and its binding by
 // server-side apply: idempotent, safe to run concurrently, and a second
 // run with other options (another pull secret) updates them.
-func EnsureAdmissionPolicy(ctx context.Context, cs kubernetes.Interface, p Policy) error {
+func EnsureAdmissionPolicy(ctx context.Context, cs *kubeclient.Clientset, p Policy) error {
 	policy, binding, err := AdmissionPolicy(p)
 	if err != nil {
 		return err
@@ -406,7 +406,7 @@ func RefusedByPolicy(err error, policy string) bool {
 // refusal. The API server learns of a new policy from a watch, so a
 // dry run admitted is asked again, for up to settle.
 func VerifyAdmission(ctx context.Context, cfg *rest.Config, namespace, policy string, settle time.Duration) error {
-	cs, err := kubernetes.NewForConfig(cfg)
+	cs, err := kubeclient.NewForConfig(cfg)
 	if err != nil {
 		return err
 	}

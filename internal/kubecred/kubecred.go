@@ -22,12 +22,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"knotless.dev/run/internal/atomicfile"
+	"knotless.dev/run/internal/kubeclient"
 )
 
 // Rules are everything the Kubernetes executor does, and nothing else: no
@@ -144,7 +144,7 @@ func Labels() map[string]string {
 // Ensure creates or updates the namespace, ServiceAccount, Role and
 // RoleBinding. It is idempotent and safe to run concurrently: a create
 // that loses a race becomes an update.
-func Ensure(ctx context.Context, cs kubernetes.Interface, o Options) error {
+func Ensure(ctx context.Context, cs *kubeclient.Clientset, o Options) error {
 	// An admin scoped to an existing namespace may not create namespaces:
 	// that only matters when the namespace turns out to be missing.
 	level, err := PodSecurityLevel(o.PodSecurity)
@@ -210,7 +210,7 @@ func Ensure(ctx context.Context, cs kubernetes.Interface, o Options) error {
 // labelNamespace sets the Pod Security labels on an existing namespace
 // (a merge patch: other labels stay). A namespace labelled already needs
 // no right beyond get.
-func labelNamespace(ctx context.Context, cs kubernetes.Interface, name, level string) error {
+func labelNamespace(ctx context.Context, cs *kubeclient.Clientset, name, level string) error {
 	want := podSecurityLabels(level)
 	if have, err := cs.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{}); err == nil {
 		missing := false
@@ -258,7 +258,7 @@ func permission(err error, verb, resource, ns string) error {
 
 // Mint requests a token for the ServiceAccount and returns a kubeconfig
 // that uses it with the admin context's server and CA.
-func Mint(ctx context.Context, cs kubernetes.Interface, admin *rest.Config, o Options) (*clientcmdapi.Config, time.Time, error) {
+func Mint(ctx context.Context, cs *kubeclient.Clientset, admin *rest.Config, o Options) (*clientcmdapi.Config, time.Time, error) {
 	seconds := int64(o.Duration / time.Second)
 	tr, err := cs.CoreV1().ServiceAccounts(o.Namespace).CreateToken(ctx, o.ServiceAccount, &authenticationv1.TokenRequest{
 		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &seconds},
@@ -283,7 +283,7 @@ func Mint(ctx context.Context, cs kubernetes.Interface, admin *rest.Config, o Op
 // Verify asks the API server, as the credential itself, each of Checks.
 // It returns the answers and an error naming every wrong one.
 func Verify(ctx context.Context, cfg *rest.Config, ns string) ([]Check, error) {
-	cs, err := kubernetes.NewForConfig(cfg)
+	cs, err := kubeclient.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -11,11 +11,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/httpstream"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/remotecommand"
 	utilexec "k8s.io/client-go/util/exec"
+
+	"knotless.dev/run/internal/kubeclient"
 )
 
 // Streams are one exec's standard streams; nil ones are not opened.
@@ -35,11 +35,15 @@ type Target struct {
 // code is then -1; a command that ran and exited non-zero is a code, not
 // an error.
 //
+// core is a REST client of the core API group (cs.CoreV1().RESTClient()
+// of internal/kubeclient's Clientset, or of client-go's); cfg is the
+// configuration it was made from.
+//
 // It speaks WebSocket and falls back to SPDY only when the upgrade itself
 // fails, as kubectl does: a fallback on any other error would run the
 // command a second time after it exited non-zero.
-func Run(ctx context.Context, cfg *rest.Config, cs kubernetes.Interface, to Target, command []string, st Streams) (int, error) {
-	req := cs.CoreV1().RESTClient().Post().
+func Run(ctx context.Context, cfg *rest.Config, core rest.Interface, to Target, command []string, st Streams) (int, error) {
+	req := core.Post().
 		Resource("pods").Namespace(to.Namespace).Name(to.Pod).SubResource("exec").
 		VersionedParams(&corev1.PodExecOptions{
 			Container: to.Container,
@@ -47,7 +51,7 @@ func Run(ctx context.Context, cfg *rest.Config, cs kubernetes.Interface, to Targ
 			Stdin:     st.Stdin != nil,
 			Stdout:    st.Stdout != nil,
 			Stderr:    st.Stderr != nil,
-		}, scheme.ParameterCodec)
+		}, kubeclient.ParameterCodec)
 	ws, err := remotecommand.NewWebSocketExecutor(cfg, "GET", req.URL().String())
 	if err != nil {
 		return -1, fmt.Errorf("exec in %s/%s: websocket executor: %w", to.Namespace, to.Pod, err)

@@ -16,7 +16,7 @@ import (
 // is the executor's own exec (internal/kubeexec).
 func (c *Cluster) Exec(ctx context.Context, namespace, pod, container string, cmd []string,
 	stdin io.Reader, stdout, stderr io.Writer) (int, error) {
-	return kubeexec.Run(ctx, c.Config, c.Clientset, kubeexec.Target{Namespace: namespace, Pod: pod, Container: container},
+	return kubeexec.Run(ctx, c.Config, c.Clientset.CoreV1().RESTClient(), kubeexec.Target{Namespace: namespace, Pod: pod, Container: container},
 		cmd, kubeexec.Streams{Stdin: stdin, Stdout: stdout, Stderr: stderr})
 }
 

@@ -49,7 +49,7 @@ func BenchmarkBurstToRunning(b *testing.B) {
 		repos = append(repos, r)
 		extra = append(extra, w.Owner.DID.String()+"/"+r.uri.RecordKey().String())
 	}
-	d := startServe(b, w, c, extra)
+	d := startServe(b, w, c, "", extra)
 
 	n := 0
 	// The first burst: every repository's mirror made, the network

@@ -108,7 +108,7 @@ func BenchmarkPushToCheck(b *testing.B) {
 	c := clustertest.Start(b)
 	srv := startPDS(b)
 	w := forgeworld.New(b, srv, forgeworld.Options{App: "latency"})
-	d := startServe(b, w, c, nil)
+	d := startServe(b, w, c, "", nil)
 
 	d.push(b, w, -1) // the first run: the network policies made, the image warm
 	var phases phaseSet
@@ -144,8 +144,9 @@ type daemon struct {
 
 // startServe starts serve on the cluster for w's repository, with
 // extra arguments (flags, more repositories), and waits until it is
-// ready.
-func startServe(tb testing.TB, w *forgeworld.World, c *clustertest.Cluster, extra []string) *daemon {
+// ready. The process is bin (a knotless-run binary), or with bin ""
+// this test binary run as knotless-run (serveHelper).
+func startServe(tb testing.TB, w *forgeworld.World, c *clustertest.Cluster, bin string, extra []string) *daemon {
 	tb.Helper()
 	dir := tb.TempDir()
 	pw := filepath.Join(dir, "app-password")
@@ -158,8 +159,13 @@ func startServe(tb testing.TB, w *forgeworld.World, c *clustertest.Cluster, extr
 		"--allow-local-sources", "--poll", "10m", "--stop-wait", "1m",
 		"--executor", "kubernetes", "--kubeconfig", c.Kubeconfig, "--namespace", c.Namespace, "--image", c.Image}
 	args = append(append(args, extra...), w.Owner.DID.String()+"/"+forgeworld.RepoName)
-	cmd := exec.Command(os.Args[0], append([]string{"-test.run=^$", "--"}, args...)...)
-	cmd.Env = append(os.Environ(), envServe+"=1")
+	var cmd *exec.Cmd
+	if bin != "" {
+		cmd = exec.Command(bin, args...)
+	} else {
+		cmd = exec.Command(os.Args[0], append([]string{"-test.run=^$", "--"}, args...)...)
+		cmd.Env = append(os.Environ(), envServe+"=1")
+	}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		tb.Fatal(err)
@@ -440,16 +446,23 @@ func mustATURI(tb testing.TB, s string) syntax.ATURI {
 // BenchmarkServeRSS reports the resident memory of a `serve` process on
 // the Kubernetes executor (VmRSS of /proc/PID/status, in MB): idle once
 // it is ready and follows the PDS's event stream, then after 20
-// one-step runs, one after another. The process is this test binary
-// run as knotless-run (serveHelper), so its text is a little larger
-// than the real binary's. With KNOTLESS_LATENCY_HEAP_PROFILE=FILE in
-// the environment the serve process writes its heap in use to FILE as
-// it exits (go tool pprof -top -inuse_space FILE).
+// one-step runs, one after another. The process is knotless-run built
+// as the Nix package builds it (buildBinary): most of its resident
+// memory is pages of its own binary that package initialisation
+// touched, so this test binary (which links and initialises the test
+// harnesses too) would measure them wrong. With
+// KNOTLESS_LATENCY_HEAP_PROFILE=FILE in the environment the process is
+// this test binary instead (serveHelper), and it writes its heap in use
+// to FILE as it exits (go tool pprof -top -inuse_space FILE).
 func BenchmarkServeRSS(b *testing.B) {
+	bin := ""
+	if os.Getenv(envHeap) == "" {
+		bin = buildBinary(b)
+	}
 	c := clustertest.Start(b)
 	srv := startPDS(b)
 	w := forgeworld.New(b, srv, forgeworld.Options{App: "latency"})
-	d := startServe(b, w, c, nil)
+	d := startServe(b, w, c, bin, nil)
 	pid := d.cmd.Process.Pid
 	idle, idleAnon := memMB(b, pid, "VmRSS"), memMB(b, pid, "RssAnon")
 	for i := range 20 {
@@ -463,6 +476,19 @@ func BenchmarkServeRSS(b *testing.B) {
 	b.ReportMetric(idleAnon, "rss-anon-idle-MB")
 	b.ReportMetric(after, "rss-after-20-runs-MB")
 	b.ReportMetric(afterAnon, "rss-anon-after-20-runs-MB")
+}
+
+// buildBinary builds knotless-run from this checkout as nix/package.nix
+// does: no cgo, -trimpath, the symbol table stripped (-s).
+func buildBinary(tb testing.TB) string {
+	tb.Helper()
+	bin := filepath.Join(tb.TempDir(), "knotless-run")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s", "-o", bin, "knotless.dev/run/cmd/knotless-run")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		tb.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
 }
 
 // memMB reads field (VmRSS, RssAnon: its anonymous part, not pages of

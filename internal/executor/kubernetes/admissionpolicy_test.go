@@ -20,6 +20,7 @@ import (
 
 	"knotless.dev/run/internal/executor"
 	knotlesskube "knotless.dev/run/internal/executor/kubernetes"
+	"knotless.dev/run/internal/kubeclient"
 	"knotless.dev/run/internal/kubecred"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/tests/clustertest"
@@ -33,13 +34,14 @@ import (
 func withPolicy(t *testing.T, c *clustertest.Cluster, o kubecred.Options) (string, *kubernetes.Clientset, string) {
 	t.Helper()
 	ctx := t.Context()
-	if err := kubecred.Ensure(ctx, c.Clientset, o); err != nil {
+	admin := adminClient(t, c)
+	if err := kubecred.Ensure(ctx, admin, o); err != nil {
 		t.Fatal(err)
 	}
-	if err := kubecred.EnsureAdmissionPolicy(ctx, c.Clientset, kubecred.PolicyOf(o)); err != nil {
+	if err := kubecred.EnsureAdmissionPolicy(ctx, admin, kubecred.PolicyOf(o)); err != nil {
 		t.Fatal(err)
 	}
-	kc, _, err := kubecred.Mint(ctx, c.Clientset, c.Config, o)
+	kc, _, err := kubecred.Mint(ctx, admin, c.Config, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,6 +65,17 @@ func withPolicy(t *testing.T, c *clustertest.Cluster, o kubecred.Options) (strin
 		t.Fatal(err)
 	}
 	return path, runner, name
+}
+
+// adminClient is the runner's own client (internal/kubeclient) with the
+// cluster's admin credential, for what `knotless-run kubeconfig` does.
+func adminClient(t *testing.T, c *clustertest.Cluster) *kubeclient.Clientset {
+	t.Helper()
+	cs, err := kubeclient.NewForConfig(c.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
 }
 
 // runnerJob is a Job as BuildJob makes it for the runner's executor.
@@ -262,7 +275,7 @@ func TestAdmissionPolicyRefusesStrangeJobs(t *testing.T) {
 		}
 		o2 := o
 		o2.ImagePullSecrets = []string{"ci-pull", "mirror-pull"}
-		if err := kubecred.EnsureAdmissionPolicy(ctx, c.Clientset, kubecred.PolicyOf(o2)); err != nil {
+		if err := kubecred.EnsureAdmissionPolicy(ctx, adminClient(t, c), kubecred.PolicyOf(o2)); err != nil {
 			t.Fatal(err)
 		}
 		err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {

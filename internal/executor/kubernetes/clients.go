@@ -11,11 +11,11 @@ import (
 	"sync"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/kubeclient"
 	"knotless.dev/run/internal/kubecred"
 )
 
@@ -47,7 +47,7 @@ type clients struct {
 	file      string // the kubeconfig in use; "" for in-cluster
 	digest    [32]byte
 	config    *rest.Config
-	clientset *kubernetes.Clientset
+	clientset *kubeclient.Clientset
 	namespace string
 	warned    time.Time
 	observed  time.Time // the expiry last told to obs
@@ -70,7 +70,7 @@ func (c *clients) files() []string {
 // when the kubeconfig file's content changed. An expired token is an
 // error every time until the file is replaced; one close to expiry is
 // logged. The token's expiry goes to the observer whenever it changes.
-func (c *clients) get() (*rest.Config, *kubernetes.Clientset, string, error) {
+func (c *clients) get() (*rest.Config, *kubeclient.Clientset, string, error) {
 	cfg, cs, ns, err := c.load()
 	if err != nil {
 		return nil, nil, "", err
@@ -112,7 +112,7 @@ func (c *clients) warnExpiry(exp time.Time) {
 // expiryWarning is how close to its expiry a token is logged.
 const expiryWarning = time.Hour
 
-func (c *clients) load() (*rest.Config, *kubernetes.Clientset, string, error) {
+func (c *clients) load() (*rest.Config, *kubeclient.Clientset, string, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	files := c.files()
@@ -173,7 +173,7 @@ func (c *clients) load() (*rest.Config, *kubernetes.Clientset, string, error) {
 	return c.build(cfg, files[0], digest, ns)
 }
 
-func (c *clients) build(cfg *rest.Config, file string, digest [32]byte, ns string) (*rest.Config, *kubernetes.Clientset, string, error) {
+func (c *clients) build(cfg *rest.Config, file string, digest [32]byte, ns string) (*rest.Config, *kubeclient.Clientset, string, error) {
 	cfg = rest.CopyConfig(cfg)
 	cfg.UserAgent = "knotless-run"
 	if cfg.BearerTokenFile != "" {
@@ -186,7 +186,7 @@ func (c *clients) build(cfg *rest.Config, file string, digest [32]byte, ns strin
 	}
 	// Exec streams carry whole checkouts: no client-side rate limit on them.
 	cfg.QPS, cfg.Burst = 50, 100
-	cs, err := kubernetes.NewForConfig(cfg)
+	cs, err := kubeclient.NewForConfig(cfg)
 	if err != nil {
 		return nil, nil, "", fmt.Errorf("client for %s: %w", cfg.Host, err)
 	}

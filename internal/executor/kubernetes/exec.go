@@ -15,5 +15,5 @@ func (s *Session) exec(ctx context.Context, command []string, st kubeexec.Stream
 	if err != nil {
 		return -1, err
 	}
-	return kubeexec.Run(ctx, cfg, cs, kubeexec.Target{Namespace: s.ref.Namespace, Pod: s.pod, Container: containerName}, command, st)
+	return kubeexec.Run(ctx, cfg, cs.CoreV1().RESTClient(), kubeexec.Target{Namespace: s.ref.Namespace, Pod: s.pod, Container: containerName}, command, st)
 }

@@ -14,7 +14,7 @@ func (e *Executor) Health(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx); err != nil {
+	if _, err := cs.CoreV1().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx); err != nil {
 		return fmt.Errorf("cluster unreachable: %w", err)
 	}
 	return nil

@@ -20,10 +20,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/kubernetes"
 
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/reaper"
+	"knotless.dev/run/internal/kubeclient"
 	"knotless.dev/run/internal/kubecred"
 	"knotless.dev/run/internal/tarstream"
 )
@@ -207,7 +207,7 @@ func jobImage(job *batchv1.Job) string {
 // policy selects every pod of the runner; the mode's egress policy (none
 // for open) its pods of that mode. The block list (the API server's
 // addresses among it) is read again for each run.
-func (e *Executor) ensureNetworkPolicies(ctx context.Context, apiServer string, cs kubernetes.Interface, ns, runner string, mode EgressMode) error {
+func (e *Executor) ensureNetworkPolicies(ctx context.Context, apiServer string, cs *kubeclient.Clientset, ns, runner string, mode EgressMode) error {
 	policies := []*networkingv1.NetworkPolicy{BuildNetworkPolicy(ns, runner)}
 	if mode.limitsEgress() {
 		var block []netip.Prefix

@@ -12,7 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
+
+	"knotless.dev/run/internal/kubeclient"
 )
 
 // reasonDeletionByPodGC is the reason of the DisruptionTarget condition
@@ -160,7 +161,7 @@ func (s *Session) lastPodVersion() string {
 // that may not get Nodes or delete pods (the scoped credential of
 // kubecred) cannot do it: a pod on the node a step found lost is then
 // left to the collector and put in leftToGC; any other pod is waited for.
-func (s *Session) forceDeleteOnLostNodes(ctx context.Context, cs kubernetes.Interface, pods []corev1.Pod, checked, leftToGC map[string]bool) {
+func (s *Session) forceDeleteOnLostNodes(ctx context.Context, cs *kubeclient.Clientset, pods []corev1.Pod, checked, leftToGC map[string]bool) {
 	lostNode := s.knownLostNode()
 	for i := range pods {
 		p := &pods[i]

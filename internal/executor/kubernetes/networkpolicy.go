@@ -15,8 +15,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
+
+	"knotless.dev/run/internal/kubeclient"
 )
 
 // EgressMode is what a run pod may send out.
@@ -262,7 +263,7 @@ func except(prefixes []netip.Prefix, v4 bool) []string {
 // with the right name but another spec (allow-all, say) is replaced.
 // Runners start concurrently: a create that loses the race compares
 // what won.
-func ensureNetworkPolicy(ctx context.Context, cs kubernetes.Interface, want *networkingv1.NetworkPolicy) (string, error) {
+func ensureNetworkPolicy(ctx context.Context, cs *kubeclient.Clientset, want *networkingv1.NetworkPolicy) (string, error) {
 	ns := want.Namespace
 	nps := cs.NetworkingV1().NetworkPolicies(ns)
 	for attempt := 0; ; attempt++ {

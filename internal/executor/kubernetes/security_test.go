@@ -73,7 +73,7 @@ func TestRunsNamespaceRestricted(t *testing.T) {
 	c := clustertest.Start(t)
 	ctx := context.Background()
 	opts := kubecred.Options{Namespace: c.Namespace, ServiceAccount: "knotless-runner", Duration: time.Hour}
-	if err := kubecred.Ensure(ctx, c.Clientset, opts); err != nil {
+	if err := kubecred.Ensure(ctx, adminClient(t, c), opts); err != nil {
 		t.Fatal(err)
 	}
 	ns, err := c.Clientset.CoreV1().Namespaces().Get(ctx, c.Namespace, metav1.GetOptions{})
@@ -83,7 +83,7 @@ func TestRunsNamespaceRestricted(t *testing.T) {
 	if got := ns.Labels[kubecred.LabelPodSecurityEnforce]; got != "restricted" {
 		t.Errorf("namespace label %s = %q, want restricted", kubecred.LabelPodSecurityEnforce, got)
 	}
-	kc, _, err := kubecred.Mint(ctx, c.Clientset, c.Config, opts)
+	kc, _, err := kubecred.Mint(ctx, adminClient(t, c), c.Config, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

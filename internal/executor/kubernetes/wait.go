@@ -14,7 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
+
+	"knotless.dev/run/internal/kubeclient"
 )
 
 // noPodTimeout is how long a Job may exist without a pod before the run
@@ -58,7 +59,7 @@ func mayPullWithSecrets(pod *corev1.Pod, wt *corev1.ContainerStateWaiting) bool 
 
 // podWaiter follows a Job's pod through a watch until it is Ready.
 type podWaiter struct {
-	cs      kubernetes.Interface
+	cs      *kubeclient.Clientset
 	job     *batchv1.Job
 	log     *slog.Logger
 	grace   time.Duration
@@ -71,7 +72,7 @@ type podWaiter struct {
 
 // waitForPod returns the Job's pod once it is Ready, or an error that
 // says why it never will be, with the cluster's own words.
-func (e *Executor) waitForPod(ctx context.Context, cs kubernetes.Interface, job *batchv1.Job, log *slog.Logger) (*corev1.Pod, error) {
+func (e *Executor) waitForPod(ctx context.Context, cs *kubeclient.Clientset, job *batchv1.Job, log *slog.Logger) (*corev1.Pod, error) {
 	w := &podWaiter{cs: cs, job: job, log: log, grace: e.cfg.PullGrace, started: time.Now()}
 	waitCtx, cancel := context.WithTimeout(ctx, e.cfg.ScheduleTimeout)
 	defer cancel()
