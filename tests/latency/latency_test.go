@@ -20,6 +20,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -476,6 +477,55 @@ func BenchmarkServeRSS(b *testing.B) {
 	b.ReportMetric(idleAnon, "rss-anon-idle-MB")
 	b.ReportMetric(after, "rss-after-20-runs-MB")
 	b.ReportMetric(afterAnon, "rss-anon-after-20-runs-MB")
+}
+
+// BenchmarkServeRSSPerRun reports what a run in hand adds to the
+// resident memory of `serve` (VmRSS and RssAnon, MB per run), built as
+// BenchmarkServeRSS builds it: with --concurrency 8 and 8 repositories
+// watched, it reads the memory idle and after a first burst of 8 pushes
+// (mirrors, network policies and the image warm), pushes to the 8 at
+// once and reads it again once the 8 running checks are written. The cluster's
+// one node takes one run at a time: of the 8 runs in hand, one has its
+// pod running and the others wait for theirs, Pending, each with its
+// Job, its watch and its goroutines in the daemon.
+//
+//	go test ./tests/latency -run XXX -bench ServeRSSPerRun -benchtime 1x
+func BenchmarkServeRSSPerRun(b *testing.B) {
+	const runs = 8
+	bin := buildBinary(b)
+	c := clustertest.Start(b)
+	srv := startPDS(b)
+	w := forgeworld.New(b, srv, forgeworld.Options{App: "latency"})
+	repos := []repo{mainRepo(w)}
+	extra := []string{"--concurrency", strconv.Itoa(runs)}
+	for i := 1; i < runs; i++ {
+		r := addRepo(b, w, fmt.Sprintf("%s-%d", forgeworld.RepoName, i+1))
+		repos = append(repos, r)
+		extra = append(extra, w.Owner.DID.String()+"/"+r.uri.RecordKey().String())
+	}
+	d := startServe(b, w, c, bin, extra)
+	pid := d.cmd.Process.Pid
+	idle, idleAnon := memMB(b, pid, "VmRSS"), memMB(b, pid, "RssAnon")
+	n := 0
+	d.burst(b, w, repos, &n, nil)
+	before, beforeAnon := memMB(b, pid, "VmRSS"), memMB(b, pid, "RssAnon")
+	var inHand, inHandAnon float64
+	d.burst(b, w, repos, &n, func() {
+		inHand, inHandAnon = memMB(b, pid, "VmRSS"), memMB(b, pid, "RssAnon")
+	})
+	for b.Loop() {
+		// The figures are the process's, not the loop's.
+	}
+	b.ReportMetric(idle, "rss-idle-MB")
+	b.ReportMetric(before, "rss-before-MB")
+	// The first burst, from idle: what the process keeps after it,
+	// one-time costs (the code of a run's path, connections, mirrors)
+	// included.
+	b.ReportMetric((before-idle)/runs, "rss-first-burst-per-run-MB")
+	b.ReportMetric((beforeAnon-idleAnon)/runs, "rss-anon-first-burst-per-run-MB")
+	b.ReportMetric(inHand, "rss-8-in-hand-MB")
+	b.ReportMetric((inHand-before)/runs, "rss-per-run-MB")
+	b.ReportMetric((inHandAnon-beforeAnon)/runs, "rss-anon-per-run-MB")
 }
 
 // buildBinary builds knotless-run from this checkout as nix/package.nix
