@@ -282,6 +282,10 @@ func policyValidations() []admissionregistrationv1.Validation {
 // admissionregistration.k8s.io/v1; when not, the error wraps
 // ErrNoAdmissionPolicy.
 func RequireAdmissionPolicy(ctx context.Context, cs *kubeclient.Clientset) error {
+	// client-go's discovery client, which asked before, bounds its
+	// requests so: an API server that does not answer ends the command.
+	ctx, cancel := context.WithTimeout(ctx, 32*time.Second)
+	defer cancel()
 	list, err := kubeclient.ServerResourcesForGroupVersion(ctx, cs.AdmissionregistrationV1().RESTClient(), AdmissionGroupVersion)
 	return admissionPolicyServed(list, err)
 }
