@@ -42,13 +42,7 @@ func BenchmarkBurstToRunning(b *testing.B) {
 	c := clustertest.Start(b)
 	srv := startPDS(b)
 	w := forgeworld.New(b, srv, forgeworld.Options{App: "latency"})
-	repos := []repo{mainRepo(w)}
-	extra := []string{"--concurrency", strconv.Itoa(burstN)}
-	for i := 1; i < burstN; i++ {
-		r := addRepo(b, w, fmt.Sprintf("%s-%d", forgeworld.RepoName, i+1))
-		repos = append(repos, r)
-		extra = append(extra, w.Owner.DID.String()+"/"+r.uri.RecordKey().String())
-	}
+	repos, extra := reposAtOnce(b, w, burstN)
 	d := startServe(b, w, c, "", extra)
 
 	n := 0
@@ -63,6 +57,21 @@ func BenchmarkBurstToRunning(b *testing.B) {
 	b.ReportMetric(ms(median(one)), "one-event-to-running-ms")
 	b.ReportMetric(ms(median(many)), fmt.Sprintf("burst%d-event-to-last-running-ms", burstN))
 	b.ReportMetric(float64(median(many))/float64(median(one)), "burst-over-one")
+}
+
+// reposAtOnce is forgeworld's repository and n-1 more of its owner,
+// and the arguments of a serve that watches them all and runs n at
+// once.
+func reposAtOnce(tb testing.TB, w *forgeworld.World, n int) ([]repo, []string) {
+	tb.Helper()
+	repos := []repo{mainRepo(w)}
+	extra := []string{"--concurrency", strconv.Itoa(n)}
+	for i := 1; i < n; i++ {
+		r := addRepo(tb, w, fmt.Sprintf("%s-%d", forgeworld.RepoName, i+1))
+		repos = append(repos, r)
+		extra = append(extra, w.Owner.DID.String()+"/"+r.uri.RecordKey().String())
+	}
+	return repos, extra
 }
 
 // addRepo makes another repository of w's owner, named name, that

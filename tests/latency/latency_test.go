@@ -20,7 +20,6 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -496,13 +495,7 @@ func BenchmarkServeRSSPerRun(b *testing.B) {
 	c := clustertest.Start(b)
 	srv := startPDS(b)
 	w := forgeworld.New(b, srv, forgeworld.Options{App: "latency"})
-	repos := []repo{mainRepo(w)}
-	extra := []string{"--concurrency", strconv.Itoa(runs)}
-	for i := 1; i < runs; i++ {
-		r := addRepo(b, w, fmt.Sprintf("%s-%d", forgeworld.RepoName, i+1))
-		repos = append(repos, r)
-		extra = append(extra, w.Owner.DID.String()+"/"+r.uri.RecordKey().String())
-	}
+	repos, extra := reposAtOnce(b, w, runs)
 	d := startServe(b, w, c, bin, extra)
 	pid := d.cmd.Process.Pid
 	idle, idleAnon := memMB(b, pid, "VmRSS"), memMB(b, pid, "RssAnon")
