@@ -108,6 +108,11 @@ func (d *daemon) burst(tb testing.TB, w *forgeworld.World, repos []repo, n *int,
 		// Distinct record keys although written in the same microsecond.
 		ps[i].rkey = syntax.NewTIDNow(uint(i))
 	}
+	timeline := os.Getenv(envTimeline) != ""
+	var cpu0 map[string]int64
+	if timeline {
+		cpu0 = cpuTimes()
+	}
 	t0 := time.Now()
 	var wg sync.WaitGroup
 	for i, r := range repos {
@@ -145,11 +150,18 @@ func (d *daemon) burst(tb testing.TB, w *forgeworld.World, repos []repo, n *int,
 			last = started
 		}
 	}
+	var cpu string
+	if timeline {
+		// What the machine's processes used from the refUpdate writes
+		// to the last running check seen.
+		cpu = cpuBetween(cpu0, cpuTimes())
+	}
 	if allRunning != nil {
 		allRunning()
 	}
-	if os.Getenv(envTimeline) != "" {
+	if timeline {
 		d.logs.timeline(tb, fmt.Sprintf("burst of %d", len(repos)), event, last)
+		tb.Logf("burst of %d, processor time from the writes to the last running check: %s", len(repos), cpu)
 	}
 	for i, key := range keys {
 		d.settle(tb, w, key, i, t0)

@@ -41,7 +41,8 @@ const (
 	envServe = "KNOTLESS_LATENCY_SERVE"
 	envHeap  = "KNOTLESS_LATENCY_HEAP_PROFILE"
 	// envTimeline set: BenchmarkBurstToRunning logs each burst's
-	// daemon records, from the first event to the last running check.
+	// daemon records, from the first event to the last running check,
+	// and the processor time each command on the machine used meanwhile.
 	envTimeline = "KNOTLESS_LATENCY_TIMELINE"
 )
 
@@ -480,13 +481,16 @@ func BenchmarkServeRSS(b *testing.B) {
 
 // BenchmarkServeRSSPerRun reports what a run in hand adds to the
 // resident memory of `serve` (VmRSS and RssAnon, MB per run), built as
-// BenchmarkServeRSS builds it: with --concurrency 8 and 8 repositories
-// watched, it reads the memory idle and after a first burst of 8 pushes
-// (mirrors, network policies and the image warm), pushes to the 8 at
-// once and reads it again once the 8 running checks are written. The cluster's
-// one node takes one run at a time: of the 8 runs in hand, one has its
-// pod running and the others wait for theirs, Pending, each with its
-// Job, its watch and its goroutines in the daemon.
+// BenchmarkServeRSS builds it, with --concurrency 8 and 8 repositories
+// watched. It reads the memory idle; after one run (the code of a
+// run's path touched once, the connections to the API server and the
+// PDS made); once the 8 running checks of a first burst of 8 pushes are
+// written (8 runs in hand, 7 repositories new to the process); after
+// that burst; and once the 8 running checks of a second burst are
+// written. The cluster's one node takes one run at a time: of the 8
+// runs in hand, one has its pod running and the others wait for
+// theirs, Pending, each with its Job, its watch and its goroutines in
+// the daemon.
 //
 //	go test ./tests/latency -run XXX -bench ServeRSSPerRun -benchtime 1x
 func BenchmarkServeRSSPerRun(b *testing.B) {
@@ -498,24 +502,29 @@ func BenchmarkServeRSSPerRun(b *testing.B) {
 	repos, extra := reposAtOnce(b, w, runs)
 	d := startServe(b, w, c, bin, extra)
 	pid := d.cmd.Process.Pid
-	idle, idleAnon := memMB(b, pid, "VmRSS"), memMB(b, pid, "RssAnon")
+	rss := func() (float64, float64) { return memMB(b, pid, "VmRSS"), memMB(b, pid, "RssAnon") }
+	idle, idleAnon := rss()
 	n := 0
-	d.burst(b, w, repos, &n, nil)
-	before, beforeAnon := memMB(b, pid, "VmRSS"), memMB(b, pid, "RssAnon")
+	d.burst(b, w, repos[:1], &n, nil)
+	one, oneAnon := rss()
+	var firstInHand, firstInHandAnon float64
+	d.burst(b, w, repos, &n, func() { firstInHand, firstInHandAnon = rss() })
+	before, beforeAnon := rss()
 	var inHand, inHandAnon float64
-	d.burst(b, w, repos, &n, func() {
-		inHand, inHandAnon = memMB(b, pid, "VmRSS"), memMB(b, pid, "RssAnon")
-	})
+	d.burst(b, w, repos, &n, func() { inHand, inHandAnon = rss() })
 	for b.Loop() {
 		// The figures are the process's, not the loop's.
 	}
 	b.ReportMetric(idle, "rss-idle-MB")
-	b.ReportMetric(before, "rss-before-MB")
-	// The first burst, from idle: what the process keeps after it,
-	// one-time costs (the code of a run's path, connections, mirrors)
-	// included.
-	b.ReportMetric((before-idle)/runs, "rss-first-burst-per-run-MB")
-	b.ReportMetric((beforeAnon-idleAnon)/runs, "rss-anon-first-burst-per-run-MB")
+	b.ReportMetric(one, "rss-after-one-run-MB")
+	b.ReportMetric(one-idle, "rss-first-run-MB")
+	b.ReportMetric(oneAnon-idleAnon, "rss-anon-first-run-MB")
+	// The first burst, over a process that has made one run: the
+	// one-time costs of a run's path left out, those of the 7 new
+	// repositories (their mirrors) in.
+	b.ReportMetric((firstInHand-one)/runs, "rss-first-burst-per-run-MB")
+	b.ReportMetric((firstInHandAnon-oneAnon)/runs, "rss-anon-first-burst-per-run-MB")
+	// The second burst, over a process that has had 8 runs in hand.
 	b.ReportMetric(inHand, "rss-8-in-hand-MB")
 	b.ReportMetric((inHand-before)/runs, "rss-per-run-MB")
 	b.ReportMetric((inHandAnon-beforeAnon)/runs, "rss-anon-per-run-MB")
