@@ -40,24 +40,42 @@ func lanes(events []ingest.Event) [][]ingest.Event {
 // for none): the running records of the burst's runs start a few
 // milliseconds apart, and the expectations of the lanes still being
 // considered hold the first ones back (a little) to go with the others
-// in one commit. A lane's expectation ends at its first check write or
-// when it ends.
+// in one commit. The first limit lanes expect theirs before any lane
+// starts, so that a lane quick to its first write does not find the
+// others not expecting yet. A lane's expectation ends at its first
+// check write or when it ends.
 func eachLane(ctx context.Context, events []ingest.Event, limit int, expect func(context.Context) (context.Context, func()), f func(context.Context, ingest.Event)) {
 	limit = max(limit, 1)
 	slots := make(chan struct{}, limit)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	all := lanes(events)
-	for _, lane := range all {
+	ctxs := make([]context.Context, len(all))
+	dones := make([]func(), len(all))
+	prepare := func(i int) {
+		ctxs[i], dones[i] = ctx, func() {}
+		if expect != nil && len(all) > 1 {
+			ctxs[i], dones[i] = expect(ctx)
+		}
+	}
+	for i := range min(limit, len(all)) {
+		prepare(i)
+	}
+	for i, lane := range all {
 		select {
 		case slots <- struct{}{}:
 		case <-ctx.Done():
+			for _, done := range dones[i:] {
+				if done != nil {
+					done()
+				}
+			}
 			return
 		}
-		lctx, done := ctx, func() {}
-		if expect != nil && len(all) > 1 {
-			lctx, done = expect(ctx)
+		if dones[i] == nil {
+			prepare(i)
 		}
+		lctx, done := ctxs[i], dones[i]
 		wg.Go(func() {
 			defer func() { <-slots }()
 			defer done()

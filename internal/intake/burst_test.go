@@ -119,6 +119,68 @@ func TestEachLaneConsidersRepositoriesAtOnce(t *testing.T) {
 	}
 }
 
+// The first lanes (as many as go at once) expect their check writes
+// before any lane starts: a lane whose run's running check is written
+// at once must find the others expecting theirs already, else it goes
+// alone (a flake of TestBurstWritesItsChecksInOneCommit on a loaded
+// machine). Each expectation here takes a (fake) millisecond to make,
+// time in which a lane already started would consider its event. The
+// lanes beyond the bound expect theirs as they start, and every
+// expectation ends.
+func TestEachLaneExpectsBeforeAnyLaneStarts(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const limit = 3
+		var evs []ingest.Event
+		for r := range limit + 2 {
+			evs = append(evs, burstPush(fmt.Sprintf("r%d", r), 1))
+		}
+		var mu sync.Mutex
+		expected, ended := 0, 0
+		var atFirstCall []int
+		expect := func(ctx context.Context) (context.Context, func()) {
+			time.Sleep(time.Millisecond)
+			mu.Lock()
+			defer mu.Unlock()
+			expected++
+			var once sync.Once
+			return ctx, func() { once.Do(func() { mu.Lock(); ended++; mu.Unlock() }) }
+		}
+		eachLane(t.Context(), evs, limit, expect, func(context.Context, ingest.Event) {
+			mu.Lock()
+			atFirstCall = append(atFirstCall, expected)
+			mu.Unlock()
+		})
+		if atFirstCall[0] != limit {
+			t.Errorf("%d lanes expected their writes when the first lane began, want %d", atFirstCall[0], limit)
+		}
+		if expected != len(evs) || ended != len(evs) {
+			t.Errorf("%d expectations made and %d ended, want %d of each", expected, ended, len(evs))
+		}
+	})
+}
+
+// A reconcile whose context ends before its lanes start ends the
+// expectations made for them ahead: none holds the check writes back.
+func TestEachLaneEndsExpectationsOfLanesNotStarted(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	var mu sync.Mutex
+	made, ended := 0, 0
+	expect := func(ctx context.Context) (context.Context, func()) {
+		mu.Lock()
+		defer mu.Unlock()
+		made++
+		return ctx, func() { mu.Lock(); ended++; mu.Unlock() }
+	}
+	evs := []ingest.Event{burstPush("a", 1), burstPush("b", 1), burstPush("c", 1)}
+	eachLane(ctx, evs, 2, expect, func(context.Context, ingest.Event) { t.Error("an event considered after the context ended") })
+	if ended < made {
+		t.Errorf("%d expectations made, %d ended: want every one made ended", made, ended)
+	}
+}
+
 // A reconcile that ends starts no more lanes.
 func TestEachLaneStopsWithItsContext(t *testing.T) {
 	t.Parallel()
