@@ -71,6 +71,9 @@ type Mirrors struct {
 	opts   Options
 	mu     sync.Mutex
 	locks  map[string]*sync.Mutex
+	// fetches counts the fetches into each mirror (by directory) in
+	// this process (maintainNow).
+	fetches map[string]int
 }
 
 // New returns mirrors kept under dir (created when missing). A local
@@ -116,7 +119,7 @@ func New(dir string, opts Options) (*Mirrors, error) {
 	if p == "" {
 		p = "/usr/local/bin:/usr/bin:/bin"
 	}
-	return &Mirrors{dir: abs, home: home, global: global, path: p, opts: opts, locks: map[string]*sync.Mutex{}}, nil
+	return &Mirrors{dir: abs, home: home, global: global, path: p, opts: opts, locks: map[string]*sync.Mutex{}, fetches: map[string]int{}}, nil
 }
 
 // Repo is one bare mirror.
@@ -203,6 +206,7 @@ func (r *Repo) Fetch(ctx context.Context, origin Origin, source, ref, commit str
 	}
 	errByID := r.fetch(ctx, src, origin, commit)
 	if r.has(ctx, commit) {
+		r.maintainNow(ctx)
 		return nil
 	}
 	if ref != "" {
@@ -210,6 +214,7 @@ func (r *Repo) Fetch(ctx context.Context, origin Origin, source, ref, commit str
 			return fmt.Errorf("fetch %s from %s: %w", ref, source, err)
 		}
 		if r.has(ctx, commit) {
+			r.maintainNow(ctx)
 			return nil
 		}
 	}
@@ -220,16 +225,37 @@ func (r *Repo) Fetch(ctx context.Context, origin Origin, source, ref, commit str
 }
 
 // fetch runs git fetch of one refspec from a checked source, allowing
-// that source's transport only. A pull's fetch follows no redirect.
+// that source's transport only. A pull's fetch follows no redirect. It
+// runs no maintenance (maintainNow does).
 func (r *Repo) fetch(ctx context.Context, src Source, origin Origin, refspec string) error {
 	redirects := "initial"
 	if origin == Pull {
 		redirects = "false"
 	}
 	_, err := r.m.git(ctx, []string{"GIT_ALLOW_PROTOCOL=" + src.Protocol},
-		"-c", "http.followRedirects="+redirects, "--git-dir", r.Dir,
+		"-c", "http.followRedirects="+redirects, "-c", "maintenance.auto=false", "--git-dir", r.Dir,
 		"fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--no-recurse-submodules", "--", src.URL, refspec)
 	return err
+}
+
+// maintainEvery is how many fetches into one mirror go between two of
+// its maintenance runs.
+const maintainEvery = 16
+
+// maintainNow runs git's automatic maintenance (gc --auto: packing loose
+// objects once there are many) after the first fetch into the mirror in
+// this process and after every maintainEvery-th one, instead of after
+// every fetch as git fetch would: a process the fetch of a push waits
+// for, and that finds nothing to do on almost every run. r.mu is held.
+// A failure leaves the mirror as it was and is not the fetch's.
+func (r *Repo) maintainNow(ctx context.Context) {
+	r.m.mu.Lock()
+	n := r.m.fetches[r.Dir]
+	r.m.fetches[r.Dir] = n + 1
+	r.m.mu.Unlock()
+	if n%maintainEvery == 0 {
+		_, _ = r.git(ctx, "maintenance", "run", "--auto", "--quiet")
+	}
 }
 
 // Branch fetches branch from source (a repository's own) and returns the
@@ -249,6 +275,7 @@ func (r *Repo) Branch(ctx context.Context, source, branch string) (string, error
 	if err := r.fetch(ctx, src, Owner, "+"+ref+":"+local); err != nil {
 		return "", fmt.Errorf("fetch branch %s from %s: %w", branch, source, err)
 	}
+	r.maintainNow(ctx)
 	out, err := r.git(ctx, "rev-parse", "--verify", local+"^{commit}")
 	if err != nil {
 		return "", fmt.Errorf("fetch branch %s: %w", branch, err)
@@ -333,47 +360,47 @@ func (r *Repo) lsTree(ctx context.Context, recursive bool, treeish string) ([]en
 // Workflows reads .knotless/workflows/*.yaml at treeish (an object id).
 // Files that do not parse are returned as errors beside the ones that
 // do. More files than MaxWorkflows, or one larger than MaxWorkflowBytes,
-// is an error wrapping ErrRefused, found from the listing before any
-// file is read.
+// is an error wrapping ErrRefused, found from the listing and the
+// files' sizes before any file is read. One git process reads it all
+// (cat-file --batch-command), not one for the listing and one a file.
 func (r *Repo) Workflows(ctx context.Context, treeish string) ([]*workflow.Workflow, []error, error) {
 	if !ValidCommit(treeish) {
 		return nil, nil, fmt.Errorf("%w: workflows at %q: not an object id", ErrRefused, treeish)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	entries, err := r.lsTree(ctx, false, treeish+":"+workflow.Dir)
+	b, err := r.batch(ctx)
 	if err != nil {
-		if r.missingPath(ctx, treeish, workflow.Dir) {
-			return nil, nil, nil
-		}
 		return nil, nil, fmt.Errorf("list workflows: %w", err)
 	}
-	var files []entry
-	for _, e := range entries {
-		if e.typ == "blob" && (strings.HasSuffix(e.name, ".yaml") || strings.HasSuffix(e.name, ".yml")) {
-			files = append(files, e)
-		}
+	defer b.close()
+	files, err := workflowFiles(b, treeish)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list workflows: %w", err)
 	}
 	lim := r.m.opts
 	if len(files) > lim.MaxWorkflows {
 		return nil, nil, fmt.Errorf("%w: %d workflow files in %s, more than the limit of %d (--max-workflows)", ErrRefused, len(files), workflow.Dir, lim.MaxWorkflows)
 	}
 	for _, e := range files {
-		if e.size > lim.MaxWorkflowBytes {
+		_, _, size, err := b.info(e.id)
+		if err != nil {
+			return nil, nil, fmt.Errorf("list workflows: %w", err)
+		}
+		if size > lim.MaxWorkflowBytes {
 			return nil, nil, fmt.Errorf("%w: workflow file %s is %d bytes, more than the limit of %d (--max-workflow-bytes)",
-				ErrRefused, path.Join(workflow.Dir, e.name), e.size, lim.MaxWorkflowBytes)
+				ErrRefused, path.Join(workflow.Dir, e.name), size, lim.MaxWorkflowBytes)
 		}
 	}
 	var wfs []*workflow.Workflow
 	var bad []error
 	for _, e := range files {
 		file := path.Join(workflow.Dir, e.name)
-		data, err := r.git(ctx, "cat-file", "blob", e.id)
+		_, _, data, err := b.contents(e.id, lim.MaxWorkflowBytes)
 		if err != nil {
-			bad = append(bad, fmt.Errorf("read %s: %w", file, err))
-			continue
+			return nil, nil, fmt.Errorf("read %s: %w", file, err)
 		}
-		wf, err := workflow.Parse(file, []byte(data))
+		wf, err := workflow.Parse(file, data)
 		if err != nil {
 			bad = append(bad, err)
 			continue
@@ -383,12 +410,34 @@ func (r *Repo) Workflows(ctx context.Context, treeish string) ([]*workflow.Workf
 	return wfs, bad, nil
 }
 
-func (r *Repo) missingPath(ctx context.Context, treeish, p string) bool {
-	if _, err := r.git(ctx, "rev-parse", "--verify", "--quiet", treeish+"^{tree}"); err != nil {
-		return false
+// workflowFiles lists the workflow files (*.yaml, *.yml) of treeish's
+// workflow directory: none when it has no such directory; an error when
+// treeish is no tree or commit of the mirror, or the directory is a file.
+func workflowFiles(b *batch, treeish string) ([]treeEntry, error) {
+	if _, _, _, err := b.info(treeish + "^{tree}"); err != nil {
+		return nil, err
 	}
-	_, err := r.git(ctx, "cat-file", "-e", treeish+":"+p)
-	return err != nil
+	id, typ, data, err := b.contents(treeish+":"+workflow.Dir, maxOutput)
+	if errors.Is(err, errObjectMissing) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if typ != "tree" {
+		return nil, fmt.Errorf("%s at %s is a %s, not a directory", workflow.Dir, treeish, typ)
+	}
+	entries, err := parseTree(data, len(id)/2)
+	if err != nil {
+		return nil, fmt.Errorf("%s at %s: %w", workflow.Dir, treeish, err)
+	}
+	var files []treeEntry
+	for _, e := range entries {
+		if e.blob() && (strings.HasSuffix(e.name, ".yaml") || strings.HasSuffix(e.name, ".yml")) {
+			files = append(files, e)
+		}
+	}
+	return files, nil
 }
 
 // Export writes the tree at treeish (an object id) into dir (which must
