@@ -166,6 +166,7 @@ func open(ctx context.Context, cfg *Config) (*state.Store, outside, error) {
 	if err != nil {
 		return nil, out, err
 	}
+	log.Info("git mirrors ready", "dir", filepath.Join(cfg.CacheDir, "mirrors"), "git", ms.GitVersion())
 	discover := []string{acct.Host()}
 	if cfg.Sources.Relay != "" {
 		discover = []string{cfg.Sources.Relay}

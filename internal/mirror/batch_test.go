@@ -233,3 +233,35 @@ func TestGitProcesses(t *testing.T) {
 		t.Error("the trace shows no child of git: the wrapper did not trace")
 	}
 }
+
+// TestNewRefusesAnOldGit: a git older than the mirrors need is refused
+// at start, naming it and the version needed, not at the first pull it
+// cannot merge. A fake git first in PATH answers `git version`.
+func TestNewRefusesAnOldGit(t *testing.T) {
+	bin := t.TempDir()
+	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
+	for _, tc := range []struct {
+		says, wantErr string
+	}{
+		{"git version 2.34.1", "git 2.34.1; knotless-run needs git 2.38 or later"},
+		{"git version 1.9.0", "needs git 2.38 or later"},
+		{"git version 2.38.0", ""},
+		{"git version 2.48.1.windows.1", ""},
+		{"git version 3.0.0", ""},
+		{"hello", "not a git version"},
+	} {
+		script := fmt.Sprintf("#!/bin/sh\necho '%s'\n", tc.says)
+		if err := os.WriteFile(filepath.Join(bin, "git"), []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		m, err := New(t.TempDir(), Options{})
+		switch {
+		case tc.wantErr == "" && err != nil:
+			t.Errorf("%q: %v", tc.says, err)
+		case tc.wantErr == "" && m.GitVersion() != strings.TrimPrefix(tc.says, "git version "):
+			t.Errorf("%q: version %q", tc.says, m.GitVersion())
+		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), filepath.Join(bin, "git"))):
+			t.Errorf("%q: %v, want an error naming %s and saying %q", tc.says, err, filepath.Join(bin, "git"), tc.wantErr)
+		}
+	}
+}

@@ -73,7 +73,8 @@ type Mirrors struct {
 	locks  map[string]*sync.Mutex
 	// fetches counts the fetches into each mirror (by directory) in
 	// this process (maintainNow).
-	fetches map[string]int
+	fetches    map[string]int
+	gitVersion string
 }
 
 // New returns mirrors kept under dir (created when missing). A local
@@ -119,8 +120,43 @@ func New(dir string, opts Options) (*Mirrors, error) {
 	if p == "" {
 		p = "/usr/local/bin:/usr/bin:/bin"
 	}
-	return &Mirrors{dir: abs, home: home, global: global, path: p, opts: opts, locks: map[string]*sync.Mutex{}, fetches: map[string]int{}}, nil
+	m := &Mirrors{dir: abs, home: home, global: global, path: p, opts: opts, locks: map[string]*sync.Mutex{}, fetches: map[string]int{}}
+	if m.gitVersion, err = m.checkGit(); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
+
+// minGitVersion is the oldest git the mirrors work with: merge-tree
+// --write-tree (a pull merged onto its base) came in 2.38, cat-file
+// --batch-command (a commit's workflows read) in 2.36.
+var minGitVersion = [2]int{2, 38}
+
+// checkGit runs `git version` and refuses a git older than
+// minGitVersion, naming it; its answer is GitVersion.
+func (m *Mirrors) checkGit() (string, error) {
+	where, err := exec.LookPath("git")
+	if err != nil {
+		return "", fmt.Errorf("mirrors: no git in PATH: %w", err)
+	}
+	out, err := m.git(context.Background(), nil, "version")
+	if err != nil {
+		return "", fmt.Errorf("mirrors: %s: %w", where, err)
+	}
+	version := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(out), "git version "))
+	var major, minor int
+	if _, err := fmt.Sscanf(version, "%d.%d", &major, &minor); err != nil {
+		return "", fmt.Errorf("mirrors: %s says %q: not a git version", where, strings.TrimSpace(out))
+	}
+	if major < minGitVersion[0] || major == minGitVersion[0] && minor < minGitVersion[1] {
+		return "", fmt.Errorf("mirrors: %s is git %s; knotless-run needs git %d.%d or later (merge-tree --write-tree, cat-file --batch-command)",
+			where, version, minGitVersion[0], minGitVersion[1])
+	}
+	return version, nil
+}
+
+// GitVersion is the version of the git the mirrors run.
+func (m *Mirrors) GitVersion() string { return m.gitVersion }
 
 // Repo is one bare mirror.
 type Repo struct {
