@@ -174,7 +174,8 @@ func open(ctx context.Context, cfg *Config) (*state.Store, outside, error) {
 	s := cfg.Sources
 	out = outside{
 		lister: &ingest.Lister{Reader: reader, Dir: a.Directory, Runner: a.Runner, Targets: s.Targets, Discover: s.Discover,
-			DiscoverHosts: discover, Pulls: s.Pulls, Bounds: s.Listing.Bounds, Logger: cfg.Logger.With("component", "ingest")},
+			DiscoverHosts: discover, Pulls: s.Pulls, Bounds: s.Listing.Bounds, Retention: cfg.Intake.WithDefaults().Retention,
+			Logger: cfg.Logger.With("component", "ingest")},
 		mirrors: gitMirrors{ms}, blobs: acct, sealed: secretReader{reader}, key: key, records: queueForge{reader, acct}, checks: acct, tokens: acct,
 		ownChecks: func(ctx context.Context) ([]forge.Record[forge.Check], []forge.Invalid, error) {
 			return forge.ListOwn[forge.Check](ctx, acct, forge.CollectionCheck)

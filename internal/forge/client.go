@@ -128,7 +128,21 @@ func List[T any](ctx context.Context, r *Reader, did syntax.DID, collection stri
 	if err != nil {
 		return nil, nil, err
 	}
-	return list[T](ctx, c, r.Catalog, did, collection, r.Limits.orDefaults())
+	return list[T](ctx, c, r.Catalog, did, collection, r.Limits.orDefaults(), "")
+}
+
+// ListSince is List of a collection whose record keys are TIDs (the
+// time of the record's writing), read only as far back as since: a PDS
+// lists records by descending key, and the listing stops after the
+// first page that reaches a key older than since, so the account's
+// history before it costs no page. Older records on that page are
+// returned too.
+func ListSince[T any](ctx context.Context, r *Reader, did syntax.DID, collection string, since time.Time) ([]Record[T], []Invalid, error) {
+	c, err := r.client(ctx, did)
+	if err != nil {
+		return nil, nil, err
+	}
+	return list[T](ctx, c, r.Catalog, did, collection, r.Limits.orDefaults(), syntax.NewTID(since.UnixMicro(), 0).String())
 }
 
 // ListLimits bound one listing: all the pages of one collection of one
@@ -189,7 +203,9 @@ func (e *BoundError) Error() string {
 	return fmt.Sprintf("list %s on %s: stopped at the bound of %d %s; the rest is not read", e.What, e.Host, e.Limit, e.Bound)
 }
 
-func list[T any](ctx context.Context, c *atclient.APIClient, cat *Catalog, did syntax.DID, collection string, lim ListLimits) ([]Record[T], []Invalid, error) {
+// A listing with stopBelow (a record key) ends after the page whose last
+// key sorts below it.
+func list[T any](ctx context.Context, c *atclient.APIClient, cat *Catalog, did syntax.DID, collection string, lim ListLimits, stopBelow string) ([]Record[T], []Invalid, error) {
 	var recs []Record[T]
 	var bad []Invalid
 	what := collection + " of " + did.String()
@@ -221,6 +237,11 @@ func list[T any](ctx context.Context, c *atclient.APIClient, cat *Catalog, did s
 		}
 		if out.Cursor == nil || *out.Cursor == "" || len(out.Records) == 0 {
 			return recs, bad, nil
+		}
+		if stopBelow != "" {
+			if last, err := syntax.ParseATURI(out.Records[len(out.Records)-1].Uri); err == nil && last.RecordKey().String() < stopBelow {
+				return recs, bad, nil
+			}
 		}
 		if err := lim.bound(c.Host, what, pages, len(recs)+len(bad)); err != nil {
 			return recs, bad, err
@@ -451,7 +472,7 @@ func (a *Account) Delete(ctx context.Context, collection, rkey string) error {
 
 // ListOwn lists the account's own records of collection.
 func ListOwn[T any](ctx context.Context, a *Account, collection string) ([]Record[T], []Invalid, error) {
-	return list[T](ctx, a.api, a.catalog, a.did, collection, unbounded)
+	return list[T](ctx, a.api, a.catalog, a.did, collection, unbounded, "")
 }
 
 // UploadBlob uploads data with an explicit content type and returns the

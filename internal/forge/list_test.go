@@ -63,7 +63,7 @@ func TestListDropsOtherAuthorities(t *testing.T) {
 		repoEntry("at://" + asked.String() + "/" + CollectionPull + "/hello"),
 		repoEntry(own),
 	})
-	recs, bad, err := list[Repo](context.Background(), c, cat, asked, CollectionRepo, ListLimits{}.orDefaults())
+	recs, bad, err := list[Repo](context.Background(), c, cat, asked, CollectionRepo, ListLimits{}.orDefaults(), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +161,7 @@ func TestListBounds(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			url, asked := endlessPDS(t, did.String(), tc.perPage, 1000)
-			recs, bad, err := list[Repo](t.Context(), atclient.NewAPIClient(url), cat, did, CollectionRepo, tc.lim.orDefaults())
+			recs, bad, err := list[Repo](t.Context(), atclient.NewAPIClient(url), cat, did, CollectionRepo, tc.lim.orDefaults(), "")
 			var be *BoundError
 			if !errors.As(err, &be) {
 				t.Fatalf("list: got %v after %d pages, want a BoundError", err, asked.Load())
@@ -198,7 +198,7 @@ func TestListBounds(t *testing.T) {
 	t.Run("a listing that ends", func(t *testing.T) {
 		t.Parallel()
 		c := hostilePDS(t, []map[string]any{repoEntry("at://" + did.String() + "/" + CollectionRepo + "/hello")})
-		recs, _, err := list[Repo](t.Context(), c, cat, did, CollectionRepo, ListLimits{Pages: 1, Records: 1}.orDefaults())
+		recs, _, err := list[Repo](t.Context(), c, cat, did, CollectionRepo, ListLimits{Pages: 1, Records: 1}.orDefaults(), "")
 		if err != nil || len(recs) != 1 {
 			t.Errorf("got %d records, %v; want the one record and no error", len(recs), err)
 		}
@@ -206,7 +206,7 @@ func TestListBounds(t *testing.T) {
 	t.Run("own records", func(t *testing.T) {
 		t.Parallel()
 		url, asked := endlessPDS(t, did.String(), 1, 2*DefaultListPages)
-		_, _, err := list[Repo](t.Context(), atclient.NewAPIClient(url), cat, did, CollectionRepo, unbounded)
+		_, _, err := list[Repo](t.Context(), atclient.NewAPIClient(url), cat, did, CollectionRepo, unbounded, "")
 		if err == nil || asked.Load() <= 2*DefaultListPages {
 			t.Errorf("got %v after %d pages; want the unbounded listing to go on until the server gave up", err, asked.Load())
 		}

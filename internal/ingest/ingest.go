@@ -134,7 +134,11 @@ type Lister struct {
 	// Bounds run the listings in parallel, each under a deadline, so
 	// that one slow or hostile PDS does not hold the others (bounds.go).
 	Bounds Bounds
-	Logger *slog.Logger
+	// Retention is the age past which a push is never work (the
+	// intake's): the listing of an owner's pushes, newest first, stops
+	// at it, so a long history costs no pages. 0 lists every push.
+	Retention time.Duration
+	Logger    *slog.Logger
 
 	// hosts are the failing owners' PDSes, accounts the accounts whose
 	// pulls failed to list: both backed off (hosts.go).
@@ -284,7 +288,13 @@ func (l *Lister) listOwners(ctx context.Context, p *pool, owners []syntax.DID, n
 		if l.hosts.skip(host, now) {
 			return
 		}
-		ups, bad, err := forge.List[forge.RefUpdate](ctx, l.Reader, owner, forge.CollectionRefUpdate)
+		var ups []forge.Record[forge.RefUpdate]
+		var bad []forge.Invalid
+		if l.Retention > 0 {
+			ups, bad, err = forge.ListSince[forge.RefUpdate](ctx, l.Reader, owner, forge.CollectionRefUpdate, now.Add(-l.Retention))
+		} else {
+			ups, bad, err = forge.List[forge.RefUpdate](ctx, l.Reader, owner, forge.CollectionRefUpdate)
+		}
 		if ok, err := l.usable(ctx, err); !ok {
 			l.hostFailed(host, err, now)
 			return

@@ -135,3 +135,95 @@ func TestPollCostFollowsWatchedRepos(t *testing.T) {
 		t.Errorf("events %v, want the push and the pull %s", got, pull)
 	}
 }
+
+// collectionCounter counts the listRecords requests of one collection.
+type collectionCounter struct {
+	collection string
+	mu         sync.Mutex
+	n          int
+}
+
+func (c *collectionCounter) RoundTrip(r *http.Request) (*http.Response, error) {
+	if strings.HasSuffix(r.URL.Path, "/com.atproto.repo.listRecords") && r.URL.Query().Get("collection") == c.collection {
+		c.mu.Lock()
+		c.n++
+		c.mu.Unlock()
+	}
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+func (c *collectionCounter) take() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.n
+	c.n = 0
+	return n
+}
+
+// TestPushListingStopsAtTheRetention: an owner's long history of pushes
+// past the retention (never work) costs a reconcile no pages: the
+// listing, newest first, stops at the first page that reaches one. The
+// same listing without a retention reads them all.
+func TestPushListingStopsAtTheRetention(t *testing.T) {
+	if testing.Short() {
+		t.Skip(pds.ErrSkip)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	srv, err := pds.Start(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	defer http.DefaultClient.CloseIdleConnections()
+	w := forgeworld.New(t, srv, forgeworld.Options{App: "history", Source: "file:///nowhere"})
+	const old = 220 // with the new ones, three pages of 100
+	start := time.Now().Add(-60 * 24 * time.Hour)
+	for i := range old {
+		rkey := syntax.NewTID(start.Add(time.Duration(i)*time.Minute).UnixMicro(), 0).String()
+		w.Put(w.Owner, forge.CollectionRefUpdate, rkey, forge.RefUpdate{Type: forge.CollectionRefUpdate, Repo: w.RepoURI.String(),
+			Ref: "refs/heads/main", Old: strings.Repeat("0", 40), New: strings.Repeat("c", 40), CreatedAt: forge.Now()})
+	}
+	recent := []syntax.ATURI{w.PushCommit("", strings.Repeat("a", 40)), w.PushCommit(strings.Repeat("a", 40), strings.Repeat("b", 40))}
+
+	counter := &collectionCounter{collection: forge.CollectionRefUpdate}
+	hc := &http.Client{Transport: counter}
+	defer hc.CloseIdleConnections()
+	cat, err := forge.NewCatalog()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := forge.NewDirectory(forge.DirectoryConfig{PLCURL: srv.PLCURL, HTTP: hc})
+	for _, tc := range []struct {
+		retention time.Duration
+		pages     int
+	}{
+		{30 * 24 * time.Hour, 1},
+		{0, 4}, // the last page empty
+	} {
+		l := &Lister{
+			Reader:    &forge.Reader{Dir: dir, Catalog: cat, HTTP: hc},
+			Dir:       dir,
+			Runner:    w.Runner.DID,
+			Targets:   []Target{{Owner: syntax.AtIdentifier(w.Owner.DID), Name: forgeworld.RepoName}},
+			Retention: tc.retention,
+			Logger:    slog.New(slog.DiscardHandler),
+		}
+		snap, err := l.Reconcile(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := counter.take(); n != tc.pages {
+			t.Errorf("retention %s: %d pages of pushes read, want %d", tc.retention, n, tc.pages)
+		}
+		var got []syntax.ATURI
+		for _, ev := range snap.Events {
+			got = append(got, ev.URI)
+		}
+		for _, u := range recent {
+			if !slices.Contains(got, u) {
+				t.Errorf("retention %s: the recent push %s is not among the %d events", tc.retention, u, len(got))
+			}
+		}
+	}
+}

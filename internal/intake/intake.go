@@ -46,6 +46,13 @@ type Config struct {
 // DefaultRetention is how long final work is remembered by default.
 const DefaultRetention = 30 * 24 * time.Hour
 
+// WithDefaults is c with the defaults in its zero fields, as New takes
+// it.
+func (c Config) WithDefaults() Config {
+	c.defaults()
+	return c
+}
+
 func (c *Config) defaults() {
 	if c.Poll <= 0 {
 		c.Poll = 5 * time.Minute
