@@ -34,7 +34,7 @@ type ServeCmd struct {
 	Queue       bool          `help:"Land the merge queue of the repositories whose lander this runner is: pre-flights and batches (untrusted: no secrets), and the push of each batch that passed to the repository's source."`
 	Relay       string        `help:"Take events and discovery from this relay instead of the owners' PDSes." placeholder:"URL"`
 	Poll        time.Duration `help:"Reconcile by listing records this often." default:"1m"`
-	Retention   time.Duration `help:"Forget final work (done pushes, final checks) older than this; pushes older than this are never run, and not listed past." default:"720h"`
+	Retention   time.Duration `help:"Forget final work (done pushes, final checks) older than this; pushes, reruns and dispatches older than this are never acted on, and not listed past." default:"720h"`
 	LogBlobs    string        `name:"log-blobs" help:"Which runs' logs the final check carries as a blob: always, failures (runs that did not succeed) or never (a hosted PDS takes 1,000 blobs a day)." enum:"always,failures,never" default:"always"`
 
 	AllowLocalSources bool          `help:"UNSAFE ON A SHARED RUNNER: also fetch from local paths and file:// URLs, named by repository records and pulls alike, so any tenant reads what this user can read (the runner's own state and cache directories stay refused). For tests and single-tenant machines (default: off: https only, and ssh for a repository's own source)."`

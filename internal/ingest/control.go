@@ -126,14 +126,17 @@ func (l *Lister) controls(ctx context.Context, p *pool, owners []syntax.DID, lis
 	cancels := make([][]forge.Record[forge.Cancel], len(accounts))
 	reruns := make([][]forge.Record[forge.Rerun], len(accounts))
 	dispatches := make([][]forge.Record[forge.Dispatch], len(owning))
+	// A cancel is acted on whatever its age (its check may still be
+	// going); a rerun or a dispatch older than the retention never is.
+	now := time.Now()
 	p.each(ctx, 2*len(accounts)+len(owning), func(ctx context.Context, i int) {
 		switch {
 		case i < len(accounts):
-			cancels[i] = listControl[forge.Cancel](ctx, l, accounts[i], forge.CollectionCancel)
+			cancels[i] = listControl[forge.Cancel](ctx, l, accounts[i], forge.CollectionCancel, time.Time{})
 		case i < 2*len(accounts):
-			reruns[i-len(accounts)] = listControl[forge.Rerun](ctx, l, accounts[i-len(accounts)], forge.CollectionRerun)
+			reruns[i-len(accounts)] = listControl[forge.Rerun](ctx, l, accounts[i-len(accounts)], forge.CollectionRerun, now)
 		default:
-			dispatches[i-2*len(accounts)] = listControl[forge.Dispatch](ctx, l, owning[i-2*len(accounts)], forge.CollectionDispatch)
+			dispatches[i-2*len(accounts)] = listControl[forge.Dispatch](ctx, l, owning[i-2*len(accounts)], forge.CollectionDispatch, now)
 		}
 	})
 	served := map[string]bool{}
@@ -155,10 +158,18 @@ func (l *Lister) controls(ctx context.Context, p *pool, owners []syntax.DID, lis
 	return out
 }
 
-// listControl lists one account's records of a run-control collection;
+// listControl lists one account's records of a run-control collection,
+// all of them with a zero now, else back to the retention (listRecent);
 // one that fails is logged and gives none.
-func listControl[T any](ctx context.Context, l *Lister, did syntax.DID, collection string) []forge.Record[T] {
-	recs, bad, err := forge.List[T](ctx, l.Reader, did, collection)
+func listControl[T any](ctx context.Context, l *Lister, did syntax.DID, collection string, now time.Time) []forge.Record[T] {
+	var recs []forge.Record[T]
+	var bad []forge.Invalid
+	var err error
+	if now.IsZero() {
+		recs, bad, err = forge.List[T](ctx, l.Reader, did, collection)
+	} else {
+		recs, bad, err = listRecent[T](ctx, l, did, collection, now)
+	}
 	if ok, err := l.usable(ctx, err); !ok {
 		l.Logger.Warn("run-control records not listed; read at a later reconcile", "did", did.String(), "collection", collection, "err", err)
 		return nil

@@ -134,9 +134,9 @@ type Lister struct {
 	// Bounds run the listings in parallel, each under a deadline, so
 	// that one slow or hostile PDS does not hold the others (bounds.go).
 	Bounds Bounds
-	// Retention is the age past which a push is never work (the
-	// intake's): the listing of an owner's pushes, newest first, stops
-	// at it, so a long history costs no pages. 0 lists every push.
+	// Retention is the age past which a push, a rerun or a dispatch is
+	// never acted on (the intake's): their listings, newest first, stop
+	// at it, so a long history costs no pages. 0 lists them all.
 	Retention time.Duration
 	Logger    *slog.Logger
 
@@ -288,13 +288,7 @@ func (l *Lister) listOwners(ctx context.Context, p *pool, owners []syntax.DID, n
 		if l.hosts.skip(host, now) {
 			return
 		}
-		var ups []forge.Record[forge.RefUpdate]
-		var bad []forge.Invalid
-		if l.Retention > 0 {
-			ups, bad, err = forge.ListSince[forge.RefUpdate](ctx, l.Reader, owner, forge.CollectionRefUpdate, now.Add(-l.Retention))
-		} else {
-			ups, bad, err = forge.List[forge.RefUpdate](ctx, l.Reader, owner, forge.CollectionRefUpdate)
-		}
+		ups, bad, err := listRecent[forge.RefUpdate](ctx, l, owner, forge.CollectionRefUpdate, now)
 		if ok, err := l.usable(ctx, err); !ok {
 			l.hostFailed(host, err, now)
 			return
@@ -315,6 +309,16 @@ func (l *Lister) listOwners(ctx context.Context, p *pool, owners []syntax.DID, n
 		}
 	}
 	return out
+}
+
+// listRecent lists a collection of did whose records (keyed by TID)
+// are never acted on once older than the retention: only back to the
+// retention when one is set (Lister.Retention).
+func listRecent[T any](ctx context.Context, l *Lister, did syntax.DID, collection string, now time.Time) ([]forge.Record[T], []forge.Invalid, error) {
+	if l.Retention > 0 {
+		return forge.ListSince[T](ctx, l.Reader, did, collection, now.Add(-l.Retention))
+	}
+	return forge.List[T](ctx, l.Reader, did, collection)
 }
 
 func (l *Lister) hostFailed(host string, err error, now time.Time) {

@@ -136,35 +136,35 @@ func TestPollCostFollowsWatchedRepos(t *testing.T) {
 	}
 }
 
-// collectionCounter counts the listRecords requests of one collection.
+// collectionCounter counts the listRecords requests by collection.
 type collectionCounter struct {
-	collection string
-	mu         sync.Mutex
-	n          int
+	mu sync.Mutex
+	n  map[string]int
 }
 
 func (c *collectionCounter) RoundTrip(r *http.Request) (*http.Response, error) {
-	if strings.HasSuffix(r.URL.Path, "/com.atproto.repo.listRecords") && r.URL.Query().Get("collection") == c.collection {
+	if strings.HasSuffix(r.URL.Path, "/com.atproto.repo.listRecords") {
 		c.mu.Lock()
-		c.n++
+		c.n[r.URL.Query().Get("collection")]++
 		c.mu.Unlock()
 	}
 	return http.DefaultTransport.RoundTrip(r)
 }
 
-func (c *collectionCounter) take() int {
+func (c *collectionCounter) take() map[string]int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := c.n
-	c.n = 0
+	c.n = map[string]int{}
 	return n
 }
 
-// TestPushListingStopsAtTheRetention: an owner's long history of pushes
-// past the retention (never work) costs a reconcile no pages: the
-// listing, newest first, stops at the first page that reaches one. The
-// same listing without a retention reads them all.
-func TestPushListingStopsAtTheRetention(t *testing.T) {
+// TestListingsStopAtTheRetention: an owner's long history of pushes,
+// reruns and dispatches past the retention (never acted on) costs a
+// reconcile no pages: each listing, newest first, stops at the first
+// page that reaches one. The same listings without a retention read
+// them all. Cancels are read whatever their age.
+func TestListingsStopAtTheRetention(t *testing.T) {
 	if testing.Short() {
 		t.Skip(pds.ErrSkip)
 	}
@@ -177,16 +177,25 @@ func TestPushListingStopsAtTheRetention(t *testing.T) {
 	defer srv.Stop()
 	defer http.DefaultClient.CloseIdleConnections()
 	w := forgeworld.New(t, srv, forgeworld.Options{App: "history", Source: "file:///nowhere"})
-	const old = 220 // with the new ones, three pages of 100
 	start := time.Now().Add(-60 * 24 * time.Hour)
-	for i := range old {
-		rkey := syntax.NewTID(start.Add(time.Duration(i)*time.Minute).UnixMicro(), 0).String()
-		w.Put(w.Owner, forge.CollectionRefUpdate, rkey, forge.RefUpdate{Type: forge.CollectionRefUpdate, Repo: w.RepoURI.String(),
+	oldKey := func(i int) string {
+		return syntax.NewTID(start.Add(time.Duration(i)*time.Minute).UnixMicro(), 0).String()
+	}
+	// Each in two pages of 100 and an empty third.
+	const oldPushes, oldControls = 101, 101
+	for i := range oldPushes {
+		w.Put(w.Owner, forge.CollectionRefUpdate, oldKey(i), forge.RefUpdate{Type: forge.CollectionRefUpdate, Repo: w.RepoURI.String(),
 			Ref: "refs/heads/main", Old: strings.Repeat("0", 40), New: strings.Repeat("c", 40), CreatedAt: forge.Now()})
+	}
+	for i := range oldControls {
+		w.Put(w.Owner, forge.CollectionRerun, oldKey(i), forge.Rerun{Type: forge.CollectionRerun, Check: "old", CreatedAt: forge.Now()})
+		w.Put(w.Owner, forge.CollectionDispatch, oldKey(i), forge.Dispatch{Type: forge.CollectionDispatch, Repo: w.RepoURI.String(),
+			Ref: "refs/heads/main", Workflow: "ci", CreatedAt: forge.Now()})
+		w.Put(w.Owner, forge.CollectionCancel, oldKey(i), forge.Cancel{Type: forge.CollectionCancel, Check: "old", CreatedAt: forge.Now()})
 	}
 	recent := []syntax.ATURI{w.PushCommit("", strings.Repeat("a", 40)), w.PushCommit(strings.Repeat("a", 40), strings.Repeat("b", 40))}
 
-	counter := &collectionCounter{collection: forge.CollectionRefUpdate}
+	counter := &collectionCounter{n: map[string]int{}}
 	hc := &http.Client{Transport: counter}
 	defer hc.CloseIdleConnections()
 	cat, err := forge.NewCatalog()
@@ -196,10 +205,10 @@ func TestPushListingStopsAtTheRetention(t *testing.T) {
 	dir := forge.NewDirectory(forge.DirectoryConfig{PLCURL: srv.PLCURL, HTTP: hc})
 	for _, tc := range []struct {
 		retention time.Duration
-		pages     int
+		pages     map[string]int
 	}{
-		{30 * 24 * time.Hour, 1},
-		{0, 4}, // the last page empty
+		{30 * 24 * time.Hour, map[string]int{forge.CollectionRefUpdate: 1, forge.CollectionRerun: 1, forge.CollectionDispatch: 1, forge.CollectionCancel: 3}},
+		{0, map[string]int{forge.CollectionRefUpdate: 3, forge.CollectionRerun: 3, forge.CollectionDispatch: 3, forge.CollectionCancel: 3}},
 	} {
 		l := &Lister{
 			Reader:    &forge.Reader{Dir: dir, Catalog: cat, HTTP: hc},
@@ -213,16 +222,19 @@ func TestPushListingStopsAtTheRetention(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n := counter.take(); n != tc.pages {
-			t.Errorf("retention %s: %d pages of pushes read, want %d", tc.retention, n, tc.pages)
+		got := counter.take()
+		for collection, want := range tc.pages {
+			if got[collection] != want {
+				t.Errorf("retention %s: %d pages of %s read, want %d", tc.retention, got[collection], collection, want)
+			}
 		}
-		var got []syntax.ATURI
+		var events []syntax.ATURI
 		for _, ev := range snap.Events {
-			got = append(got, ev.URI)
+			events = append(events, ev.URI)
 		}
 		for _, u := range recent {
-			if !slices.Contains(got, u) {
-				t.Errorf("retention %s: the recent push %s is not among the %d events", tc.retention, u, len(got))
+			if !slices.Contains(events, u) {
+				t.Errorf("retention %s: the recent push %s is not among the %d events", tc.retention, u, len(events))
 			}
 		}
 	}
