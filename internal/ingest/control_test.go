@@ -1,18 +1,14 @@
 package ingest
 
 import (
-	"context"
 	"log/slog"
-	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/tests/forgeworld"
-	"knotless.dev/run/tests/pds"
 )
 
 // A run-control event's key, check keys, attempts and cache order.
@@ -57,17 +53,7 @@ func TestControlEvent(t *testing.T) {
 // cancels or re-runs: a stranger's cancel once a stream showed it
 // writing one. Dispatches of other accounts are never listed.
 func TestListsControlRecords(t *testing.T) {
-	if testing.Short() {
-		t.Skip(pds.ErrSkip)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	srv, err := pds.Start(ctx, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Stop()
-	defer http.DefaultClient.CloseIdleConnections()
+	ctx, srv := startPDS(t)
 	w := forgeworld.New(t, srv, forgeworld.Options{App: "controls", Source: "file:///nowhere"})
 	stranger, err := srv.CreateAccount(ctx, "stranger")
 	if err != nil {

@@ -17,7 +17,6 @@ import (
 	"knotless.dev/run/internal/syncbuf"
 	"knotless.dev/run/tests/forgeworld"
 	"knotless.dev/run/tests/hostilepds"
-	"knotless.dev/run/tests/pds"
 )
 
 // TestPoolBoundsParallelismAndTime: a reconcile's listings run at most
@@ -90,17 +89,7 @@ func (s *signalTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // deadline, is logged and backed off, and is held while the real
 // owner is listed beside it.
 func TestHostilePDSHoldsNoListing(t *testing.T) {
-	if testing.Short() {
-		t.Skip(pds.ErrSkip)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	srv, err := pds.Start(ctx, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Stop()
-	defer http.DefaultClient.CloseIdleConnections()
+	ctx, srv := startPDS(t)
 	w := forgeworld.New(t, srv, forgeworld.Options{App: "hostile", Source: "file:///nowhere"})
 	push := w.PushCommit("", strings.Repeat("a", 40))
 	hostile, err := srv.CreateAccount(ctx, "hostile")

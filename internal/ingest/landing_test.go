@@ -1,12 +1,9 @@
 package ingest
 
 import (
-	"context"
 	"log/slog"
-	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/google/go-cmp/cmp"
@@ -20,17 +17,7 @@ import (
 // landing in another runner's repo, for another repository, or by a
 // fallback lander the owner's landers do not name, is not work.
 func TestLandingsAreTrustedPushes(t *testing.T) {
-	if testing.Short() {
-		t.Skip(pds.ErrSkip)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	srv, err := pds.Start(ctx, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Stop()
-	defer http.DefaultClient.CloseIdleConnections()
+	ctx, srv := startPDS(t)
 	owner, lander, _, err := srv.OwnerAndRunner(ctx, "landing")
 	if err != nil {
 		t.Fatal(err)

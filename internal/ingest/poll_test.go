@@ -1,7 +1,6 @@
 package ingest
 
 import (
-	"context"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -18,8 +17,9 @@ import (
 	"knotless.dev/run/tests/pds"
 )
 
-// countingTransport counts requests by XRPC method (or "plc" for the
-// PLC directory).
+// countingTransport counts requests by XRPC method and, for a method
+// of one collection, that collection ("com.atproto.repo.listRecords
+// dev.knotless.refUpdate"), or "plc" for the PLC directory.
 type countingTransport struct {
 	plc string
 	mu  sync.Mutex
@@ -28,6 +28,9 @@ type countingTransport struct {
 
 func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	key := strings.TrimPrefix(r.URL.Path, "/xrpc/")
+	if collection := r.URL.Query().Get("collection"); collection != "" {
+		key += " " + collection
+	}
 	if strings.HasPrefix(r.URL.String(), c.plc) {
 		key = "plc"
 	}
@@ -35,6 +38,21 @@ func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	c.n[key]++
 	c.mu.Unlock()
 	return http.DefaultTransport.RoundTrip(r)
+}
+
+// countedReader is a forge.Reader of srv (and its PLC directory) whose
+// requests counter counts.
+func countedReader(t *testing.T, srv *pds.Server) (*countingTransport, *forge.Reader) {
+	t.Helper()
+	counter := &countingTransport{plc: srv.PLCURL, n: map[string]int{}}
+	hc := &http.Client{Transport: counter}
+	t.Cleanup(hc.CloseIdleConnections)
+	cat, err := forge.NewCatalog()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := forge.NewDirectory(forge.DirectoryConfig{PLCURL: srv.PLCURL, HTTP: hc})
+	return counter, &forge.Reader{Dir: dir, Catalog: cat, HTTP: hc}
 }
 
 func (c *countingTransport) take() map[string]int {
@@ -51,17 +69,7 @@ func (c *countingTransport) take() map[string]int {
 // it resolved within the identity TTL. A pull of an account outside the
 // watched ones is found once an event stream shows it writing pulls.
 func TestPollCostFollowsWatchedRepos(t *testing.T) {
-	if testing.Short() {
-		t.Skip(pds.ErrSkip)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	srv, err := pds.Start(ctx, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Stop()
-	defer http.DefaultClient.CloseIdleConnections()
+	ctx, srv := startPDS(t)
 	w := forgeworld.New(t, srv, forgeworld.Options{App: "poll", Source: "file:///nowhere"})
 	owner, runner, repoURI := w.Owner, w.Runner, w.RepoURI
 	put := func(a *pds.Account, collection string, v any) syntax.ATURI {
@@ -70,17 +78,10 @@ func TestPollCostFollowsWatchedRepos(t *testing.T) {
 	}
 	w.PushCommit("", strings.Repeat("a", 40))
 
-	counter := &countingTransport{plc: srv.PLCURL, n: map[string]int{}}
-	hc := &http.Client{Transport: counter}
-	defer hc.CloseIdleConnections()
-	cat, err := forge.NewCatalog()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := forge.NewDirectory(forge.DirectoryConfig{PLCURL: srv.PLCURL, HTTP: hc})
+	counter, reader := countedReader(t, srv)
 	l := &Lister{
-		Reader:  &forge.Reader{Dir: dir, Catalog: cat, HTTP: hc},
-		Dir:     dir,
+		Reader:  reader,
+		Dir:     reader.Dir,
 		Runner:  runner.DID,
 		Targets: []Target{{Owner: syntax.AtIdentifier(owner.DID), Name: "hello"}},
 		Pulls:   true,
@@ -136,46 +137,13 @@ func TestPollCostFollowsWatchedRepos(t *testing.T) {
 	}
 }
 
-// collectionCounter counts the listRecords requests by collection.
-type collectionCounter struct {
-	mu sync.Mutex
-	n  map[string]int
-}
-
-func (c *collectionCounter) RoundTrip(r *http.Request) (*http.Response, error) {
-	if strings.HasSuffix(r.URL.Path, "/com.atproto.repo.listRecords") {
-		c.mu.Lock()
-		c.n[r.URL.Query().Get("collection")]++
-		c.mu.Unlock()
-	}
-	return http.DefaultTransport.RoundTrip(r)
-}
-
-func (c *collectionCounter) take() map[string]int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := c.n
-	c.n = map[string]int{}
-	return n
-}
-
 // TestListingsStopAtTheRetention: an owner's long history of pushes,
 // reruns and dispatches past the retention (never acted on) costs a
 // reconcile no pages: each listing, newest first, stops at the first
 // page that reaches one. The same listings without a retention read
 // them all. Cancels are read whatever their age.
 func TestListingsStopAtTheRetention(t *testing.T) {
-	if testing.Short() {
-		t.Skip(pds.ErrSkip)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	srv, err := pds.Start(ctx, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Stop()
-	defer http.DefaultClient.CloseIdleConnections()
+	ctx, srv := startPDS(t)
 	w := forgeworld.New(t, srv, forgeworld.Options{App: "history", Source: "file:///nowhere"})
 	start := time.Now().Add(-60 * 24 * time.Hour)
 	oldKey := func(i int) string {
@@ -195,14 +163,7 @@ func TestListingsStopAtTheRetention(t *testing.T) {
 	}
 	recent := []syntax.ATURI{w.PushCommit("", strings.Repeat("a", 40)), w.PushCommit(strings.Repeat("a", 40), strings.Repeat("b", 40))}
 
-	counter := &collectionCounter{n: map[string]int{}}
-	hc := &http.Client{Transport: counter}
-	defer hc.CloseIdleConnections()
-	cat, err := forge.NewCatalog()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := forge.NewDirectory(forge.DirectoryConfig{PLCURL: srv.PLCURL, HTTP: hc})
+	counter, reader := countedReader(t, srv)
 	for _, tc := range []struct {
 		retention time.Duration
 		pages     map[string]int
@@ -211,8 +172,8 @@ func TestListingsStopAtTheRetention(t *testing.T) {
 		{0, map[string]int{forge.CollectionRefUpdate: 3, forge.CollectionRerun: 3, forge.CollectionDispatch: 3, forge.CollectionCancel: 3}},
 	} {
 		l := &Lister{
-			Reader:    &forge.Reader{Dir: dir, Catalog: cat, HTTP: hc},
-			Dir:       dir,
+			Reader:    reader,
+			Dir:       reader.Dir,
 			Runner:    w.Runner.DID,
 			Targets:   []Target{{Owner: syntax.AtIdentifier(w.Owner.DID), Name: forgeworld.RepoName}},
 			Retention: tc.retention,
@@ -224,8 +185,8 @@ func TestListingsStopAtTheRetention(t *testing.T) {
 		}
 		got := counter.take()
 		for collection, want := range tc.pages {
-			if got[collection] != want {
-				t.Errorf("retention %s: %d pages of %s read, want %d", tc.retention, got[collection], collection, want)
+			if n := got["com.atproto.repo.listRecords "+collection]; n != want {
+				t.Errorf("retention %s: %d pages of %s read, want %d", tc.retention, n, collection, want)
 			}
 		}
 		var events []syntax.ATURI
