@@ -11,8 +11,6 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
-	"time"
 )
 
 // batch is one `git cat-file --batch-command` of a mirror: several
@@ -38,14 +36,8 @@ var errObjectMissing = errors.New("object missing")
 
 // batch starts git cat-file --batch-command in r. close must be called.
 func (r *Repo) batch(ctx context.Context) (*batch, error) {
-	m := r.m
-	ctx, cancel := context.WithTimeoutCause(ctx, m.opts.Timeout, errGitTimeout)
-	cmd := exec.CommandContext(ctx, "git", "--git-dir", r.Dir, "cat-file", "--batch-command")
-	cmd.Env = m.env()
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 2 * time.Second
-	b := &batch{cmd: cmd, stderr: &capped{max: 64 << 10}, cancel: cancel, ctx: ctx, m: m}
+	cmd, ctx, cancel := r.m.command(ctx, nil, nil, "--git-dir", r.Dir, "cat-file", "--batch-command")
+	b := &batch{cmd: cmd, stderr: &capped{max: 64 << 10}, cancel: cancel, ctx: ctx, m: r.m}
 	cmd.Stderr = b.stderr
 	var err error
 	if b.in, err = cmd.StdinPipe(); err != nil {
@@ -144,11 +136,8 @@ func (b *batch) contents(obj string, limit int64) (id, typ string, data []byte, 
 
 // failed says why the process stopped answering.
 func (b *batch) failed(err error) error {
-	switch {
-	case context.Cause(b.ctx) == errGitTimeout:
-		return fmt.Errorf("git cat-file: no end within %s (--git-timeout)", b.m.opts.Timeout)
-	case b.ctx.Err() != nil:
-		return fmt.Errorf("git cat-file: %w", b.ctx.Err())
+	if err := b.m.stopped(b.ctx, "git cat-file"); err != nil {
+		return err
 	}
 	if msg := strings.TrimSpace(b.stderr.String()); msg != "" {
 		return fmt.Errorf("git cat-file: %w: %s", err, msg)

@@ -543,14 +543,9 @@ func (m *Mirrors) gitIn(ctx context.Context, extra []string, stdin io.Reader, ar
 }
 
 func (m *Mirrors) gitCfg(ctx context.Context, extra []string, cfg [][2]string, stdin io.Reader, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeoutCause(ctx, m.opts.Timeout, errGitTimeout)
+	cmd, ctx, cancel := m.command(ctx, extra, cfg, args...)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "git", args...)
-	cmd.Env = append(m.env(cfg...), extra...)
 	cmd.Stdin = stdin
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 2 * time.Second
 	stdout := &capped{max: maxOutput}
 	stderr := &capped{max: 64 << 10}
 	cmd.Stdout, cmd.Stderr = stdout, stderr
@@ -561,16 +556,44 @@ func (m *Mirrors) gitCfg(ctx context.Context, extra []string, cfg [][2]string, s
 		return "", fmt.Errorf("%s: output over %d bytes", what, maxOutput)
 	case err == nil:
 		return stdout.String(), nil
-	case context.Cause(ctx) == errGitTimeout:
-		return stdout.String(), fmt.Errorf("%s: no end within %s (--git-timeout)", what, m.opts.Timeout)
-	case ctx.Err() != nil:
-		return stdout.String(), fmt.Errorf("%s: %w", what, ctx.Err())
+	}
+	if err := m.stopped(ctx, what); err != nil {
+		return stdout.String(), err
 	}
 	msg := strings.TrimSpace(stderr.String())
 	if len(msg) > 2000 {
 		msg = msg[:2000] + "…"
 	}
 	return stdout.String(), fmt.Errorf("%s: %w: %s", what, err, msg)
+}
+
+// command is git with args as every git command of the mirrors runs:
+// the clean environment plus cfg and extra, in its own process group
+// (killed whole on cancel or timeout, and waited for no longer than 2 s
+// after, even if a transport child still holds its pipes), under the
+// git timeout. The context returned is the command's; cancel releases
+// it.
+func (m *Mirrors) command(ctx context.Context, extra []string, cfg [][2]string, args ...string) (*exec.Cmd, context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeoutCause(ctx, m.opts.Timeout, errGitTimeout)
+	cmd := exec.CommandContext(ctx, "git", args...)
+	cmd.Env = append(m.env(cfg...), extra...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 2 * time.Second
+	return cmd, ctx, cancel
+}
+
+// stopped says why the git command what, of the context ctx that
+// command returned, was stopped: the git timeout or the caller's
+// context; nil when it was not.
+func (m *Mirrors) stopped(ctx context.Context, what string) error {
+	switch {
+	case context.Cause(ctx) == errGitTimeout:
+		return fmt.Errorf("%s: no end within %s (--git-timeout)", what, m.opts.Timeout)
+	case ctx.Err() != nil:
+		return fmt.Errorf("%s: %w", what, ctx.Err())
+	}
+	return nil
 }
 
 // gitVerb names a git command by its subcommand, skipping global options.
