@@ -35,6 +35,7 @@ type ServeCmd struct {
 	Relay       string        `help:"Take events and discovery from this relay instead of the owners' PDSes." placeholder:"URL"`
 	Poll        time.Duration `help:"Reconcile by listing records this often." default:"1m"`
 	Retention   time.Duration `help:"Forget final work (done pushes, final checks) older than this; pushes, reruns and dispatches older than this are never acted on, and not listed past." default:"720h"`
+	WarmPods    int           `name:"warm-pods" help:"With --executor kubernetes: keep N pods started ahead of runs, each the pod a trusted run of the default --image gets (no cache directories, no requests of its own); a run whose pod would be the same takes one, which serves that run only and is replaced. Each holds a node (one run per node); a run that waits for a node takes one back." default:"0" placeholder:"N"`
 	LogBlobs    string        `name:"log-blobs" help:"Which runs' logs the final check carries as a blob: always, failures (runs that did not succeed) or never (a hosted PDS takes 1,000 blobs a day)." enum:"always,failures,never" default:"always"`
 
 	AllowLocalSources bool          `help:"UNSAFE ON A SHARED RUNNER: also fetch from local paths and file:// URLs, named by repository records and pulls alike, so any tenant reads what this user can read (the runner's own state and cache directories stay refused). For tests and single-tenant machines (default: off: https only, and ssh for a repository's own source)."`

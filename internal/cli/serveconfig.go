@@ -120,6 +120,7 @@ func (c *ServeCmd) config(in serveInputs) (daemon.Config, error) {
 		StateDir:             c.StateDir,
 		CacheDir:             c.CacheDir,
 		StopWait:             c.StopWait,
+		WarmPods:             c.WarmPods,
 		UnsafeShellUntrusted: c.UnsafeShellUntrusted,
 		StopForeign:          in.StopForeign,
 		Notify:               in.Notify,

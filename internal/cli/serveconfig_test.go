@@ -68,6 +68,7 @@ func TestServeConfig(t *testing.T) {
 		{"the scheduler", []string{"--concurrency", "4", "--stop-wait", "1m"}, func(c *daemon.Config) {
 			c.Scheduler.Concurrency, c.StopWait = 4, time.Minute
 		}, ""},
+		{"warm pods", []string{"--warm-pods", "2"}, func(c *daemon.Config) { c.WarmPods = 2 }, ""},
 		{"log blobs", []string{"--log-blobs", "failures"}, func(c *daemon.Config) { c.LogBlobs = checks.LogBlobsFailures }, ""},
 		{"the lander", []string{"--queue", "--queue-batch", "3"}, func(c *daemon.Config) { c.Lander.Queue, c.Lander.Batch = true, 3 }, ""},
 		{"the engine", []string{"--image", "busybox:1", "--max-timeout", "1h", "--max-cpu", "2", "--max-memory", "1Gi",

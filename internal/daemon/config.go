@@ -61,6 +61,9 @@ type Config struct {
 	// Retry paces what is tried again after a failure that is not the
 	// work's: an owed check, the executor's sweep and health.
 	Retry Retry
+	// WarmPods is how many sessions the executor keeps started ahead of
+	// runs (executor.Warmer; serve --warm-pods); 0 keeps none.
+	WarmPods int
 	// UnsafeShellUntrusted lets the shell executor run strangers' work
 	// (pulls, discovery, the merge queue): on the runner's own host.
 	UnsafeShellUntrusted bool
@@ -162,6 +165,12 @@ func (c *Config) Validate() error {
 	}
 	if err := c.Live.Validate(); err != nil {
 		return err
+	}
+	if c.WarmPods < 0 {
+		return fmt.Errorf("--warm-pods %d: want 0 or more", c.WarmPods)
+	}
+	if _, ok := c.Engine.Executor.(executor.Warmer); c.WarmPods > 0 && !ok {
+		return fmt.Errorf("--warm-pods %d: only --executor kubernetes keeps warm pods", c.WarmPods)
 	}
 	if c.Lander.Queue && c.Lander.Batch < 1 {
 		return fmt.Errorf("--queue-batch %d: want 1 or more", c.Lander.Batch)

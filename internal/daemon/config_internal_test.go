@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -13,6 +14,12 @@ import (
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/scheduler"
 )
+
+// warmer is an executor that keeps warm sessions, as far as Validate
+// can tell.
+type warmer struct{ *fakeexec.Executor }
+
+func (warmer) KeepWarm(context.Context, int) {}
 
 // TestValidate: every rule between settings, each refusal naming the
 // flags (or the secret) involved.
@@ -48,6 +55,12 @@ func TestValidate(t *testing.T) {
 		{"scoped secrets with discovery", Config{Sources: Sources{Discover: true}, Scheduler: scheduler.Config{Secrets: []scheduler.OperatorSecret{scoped}}}, ""},
 		{"an output service without its DID", Config{Sources: Sources{Targets: repo}, Live: live.Config{Service: "https://out.example"}}, "--output-service-did"},
 		{"a listener on every address", Config{Sources: Sources{Targets: repo}, Live: live.Config{Listen: ":8788"}}, "set --public-url"},
+		{"warm pods on shell", Config{Sources: Sources{Targets: repo}, Engine: run.Config{Executor: sh}, WarmPods: 1},
+			"--warm-pods 1: only --executor kubernetes keeps warm pods"},
+		{"warm pods on an executor that keeps them", Config{Sources: Sources{Targets: repo}, Engine: run.Config{Executor: warmer{&fakeexec.Executor{}}}, WarmPods: 2}, ""},
+		{"no warm pods on shell", Config{Sources: Sources{Targets: repo}, Engine: run.Config{Executor: sh}}, ""},
+		{"fewer than no warm pods", Config{Sources: Sources{Targets: repo}, Engine: run.Config{Executor: warmer{&fakeexec.Executor{}}}, WarmPods: -1},
+			"--warm-pods -1: want 0 or more"},
 	} {
 		err := tc.cfg.Validate()
 		switch {

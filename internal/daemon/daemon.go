@@ -311,6 +311,11 @@ func (d *Daemon) serve(ctx context.Context) error {
 	aux.Go(func() { d.keeper.PayOwed(auxCtx) })
 	aux.Go(func() { d.watchExecutor(auxCtx) })
 	aux.Go(func() { d.sched.Sweeps(auxCtx, d.cleaner.Failures) })
+	if w, ok := d.cfg.Engine.Executor.(executor.Warmer); ok && d.cfg.WarmPods > 0 {
+		// After the first sweep (begin), which deletes an earlier
+		// process's warm pods; they go when this process stops.
+		aux.Go(func() { w.KeepWarm(auxCtx, d.cfg.WarmPods) })
+	}
 	if d.lander != nil {
 		aux.Go(func() { d.lander.Run(auxCtx) })
 	}

@@ -39,6 +39,15 @@ type Resumer interface {
 	Resume(ctx context.Context, ref Ref) (Session, error)
 }
 
+// Warmer is an Executor that can start sessions ahead of runs (serve
+// --warm-pods): a run whose session would be the same takes one, and
+// each serves one run.
+type Warmer interface {
+	// KeepWarm keeps n sessions ready until ctx ends, then removes the
+	// ones no run took.
+	KeepWarm(ctx context.Context, n int)
+}
+
 // Releaser is a Session that can let go of its steps' streams: they end
 // at once (the steps are not told, no output is acknowledged), the steps
 // and the session go on, and another process can Resume the session and

@@ -120,6 +120,40 @@ func BenchmarkPushToCheck(b *testing.B) {
 	phases.report(b)
 }
 
+// BenchmarkPushToCheckWarm is BenchmarkPushToCheck with `--warm-pods 1`:
+// each push waits until the pool's pod is Ready (on the one-node test
+// cluster the replacement starts once the last run's pod is gone), so
+// that every run takes a warm pod. The job created and pod Ready moments
+// are then both the warm pod taken.
+func BenchmarkPushToCheckWarm(b *testing.B) {
+	c := clustertest.Start(b)
+	srv := startPDS(b)
+	w := forgeworld.New(b, srv, forgeworld.Options{App: "latency"})
+	d := startServe(b, w, c, "", []string{"--warm-pods", "1"})
+
+	since := time.Time{}
+	warmPush := func(i int) pushTimes {
+		if _, ok := d.logs.wait(since, 2*time.Minute, func(r record) bool {
+			job, _ := r.Fields["job"].(string)
+			return r.Msg == "pod ready" && strings.HasPrefix(job, "knotless-warm-") && r.Fields["run"] == nil
+		}); !ok {
+			b.Fatalf("push %d: no warm pod ready\n%s", i, d.logs.text())
+		}
+		p := d.push(b, w, i)
+		if !p.warm {
+			b.Fatalf("push %d: the run did not take the warm pod\n%s", i, d.logs.text())
+		}
+		since = p.jobCreated
+		return p
+	}
+	warmPush(-1)
+	var phases phaseSet
+	for i := 0; b.Loop(); i++ {
+		phases.add(warmPush(i))
+	}
+	phases.report(b)
+}
+
 // startPDS starts a PDS of the benchmark's own.
 func startPDS(tb testing.TB) *pds.Server {
 	tb.Helper()
@@ -201,7 +235,8 @@ func startServe(tb testing.TB, w *forgeworld.World, c *clustertest.Cluster, bin 
 // rest the daemon's records, and visible when the final check was seen
 // on the PDS.
 type pushTimes struct {
-	t0, event, jobCreated, podReady, verdict, finalWritten, visible, cleaned time.Time
+	t0, event, jobCreated, podReady, firstStep, verdict, finalWritten, visible, cleaned time.Time
+	warm                                                                                bool // the run took a warm pod: jobCreated and podReady are when
 }
 
 // push commits a change on main (the workflow file is there from the
@@ -287,8 +322,15 @@ func (d *daemon) settle(tb testing.TB, w *forgeworld.World, key string, i int, t
 	ofRun := func(msg string) func(record) bool {
 		return func(r record) bool { return r.Msg == msg && r.Fields["run"] == run }
 	}
-	p.jobCreated = find("job created", ofRun("job created"))
-	p.podReady = find("pod ready", ofRun("pod ready"))
+	p.jobCreated = find("job created or warm pod taken", func(r record) bool {
+		return (r.Msg == "job created" || r.Msg == "warm pod taken") && r.Fields["run"] == run
+	})
+	if r, ok := d.logs.wait(p.t0, 0, ofRun("warm pod taken")); ok {
+		p.warm, p.podReady = true, r.Time
+	} else {
+		p.podReady = find("pod ready", ofRun("pod ready"))
+	}
+	p.firstStep = find("first step started", ofRun("step started in pod"))
 	p.cleaned = find("job deleted", ofRun("job deleted"))
 	// The engine's verdict: its own "run finished" (the daemon's names
 	// the check, and comes after the final check is written).
@@ -313,6 +355,7 @@ func (s *phaseSet) report(b *testing.B) {
 		{"event-to-final-ms", func(p pushTimes) time.Time { return p.event }, func(p pushTimes) time.Time { return p.finalWritten }},
 		{"event-to-job-ms", func(p pushTimes) time.Time { return p.event }, func(p pushTimes) time.Time { return p.jobCreated }},
 		{"job-to-ready-ms", func(p pushTimes) time.Time { return p.jobCreated }, func(p pushTimes) time.Time { return p.podReady }},
+		{"event-to-first-step-ms", func(p pushTimes) time.Time { return p.event }, func(p pushTimes) time.Time { return p.firstStep }},
 		{"ready-to-final-ms", func(p pushTimes) time.Time { return p.podReady }, func(p pushTimes) time.Time { return p.finalWritten }},
 		{"ready-to-verdict-ms", func(p pushTimes) time.Time { return p.podReady }, func(p pushTimes) time.Time { return p.verdict }},
 		{"verdict-to-final-ms", func(p pushTimes) time.Time { return p.verdict }, func(p pushTimes) time.Time { return p.finalWritten }},

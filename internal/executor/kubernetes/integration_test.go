@@ -365,7 +365,7 @@ func waitGone(t *testing.T, c *clustertest.Cluster) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for time.Now().Before(deadline) {
-		pods, err := c.Clientset.CoreV1().Pods(c.Namespace).List(context.Background(), metav1.ListOptions{LabelSelector: kubernetes.LabelRun})
+		pods, err := c.Clientset.CoreV1().Pods(c.Namespace).List(context.Background(), metav1.ListOptions{LabelSelector: kubernetes.LabelRunner})
 		if err == nil && len(pods.Items) == 0 {
 			return
 		}

@@ -72,19 +72,23 @@ type Executor struct {
 	log     *slog.Logger
 	obs     executor.Observer
 
+	warm *warmPool
+
 	swept           atomic.Int64
 	cleanupFailures atomic.Int64
+	warmStarts      atomic.Int64
 }
 
 // Counters are the executor's running totals since it was made.
 type Counters struct {
 	Swept           int64 // Jobs of earlier processes deleted by Sweep
-	CleanupFailures int64 // Jobs a run could not delete
+	CleanupFailures int64 // Jobs a run (or the warm pool) could not delete
+	WarmStarts      int64 // runs started on a warm pod
 }
 
 // Counters returns the running totals.
 func (e *Executor) Counters() Counters {
-	return Counters{Swept: e.swept.Load(), CleanupFailures: e.cleanupFailures.Load()}
+	return Counters{Swept: e.swept.Load(), CleanupFailures: e.cleanupFailures.Load(), WarmStarts: e.warmStarts.Load()}
 }
 
 // New returns a Kubernetes executor. It checks that credentials can be
@@ -102,7 +106,7 @@ func New(cfg Config) (*Executor, error) {
 	if cfg.Observer == nil {
 		cfg.Observer = executor.NoObserver{}
 	}
-	e := &Executor{cfg: cfg, clients: &clients{creds: cfg.Credentials, log: cfg.Logger, obs: cfg.Observer}, log: cfg.Logger, obs: cfg.Observer}
+	e := &Executor{cfg: cfg, clients: &clients{creds: cfg.Credentials, log: cfg.Logger, obs: cfg.Observer}, log: cfg.Logger, obs: cfg.Observer, warm: newWarmPool()}
 	// An expired token is not a start failure: each run reports it until
 	// the refresh replaces the file.
 	cc, _, ns, err := e.clients.load()
@@ -146,6 +150,9 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 	if err != nil {
 		return nil, fmt.Errorf("build job: %w", err)
 	}
+	if s := e.startWarm(ctx, spec, job); s != nil {
+		return s, nil
+	}
 	log := e.log.With("run", spec.RunID, "job", job.Name, "namespace", ns, "image", jobImage(job))
 	created, err := cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})
 	if err != nil {
@@ -153,14 +160,17 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 	}
 	createdAt := time.Now()
 	log.Info("job created")
-	s := &Session{
-		ex:   e,
-		ref:  executor.Ref{Executor: Name, RunID: spec.RunID, Namespace: ns, Name: job.Name},
-		keep: spec.Keep,
-		uid:  created.UID,
-		log:  log,
+	s := e.newSession(spec, created, log)
+	// A run that waits for a node takes one back from the warm pods.
+	var yielded func()
+	pod, err := e.waitForPod(ctx, cs, created, log, func() {
+		if yielded == nil {
+			yielded = e.yieldToRun()
+		}
+	})
+	if yielded != nil {
+		yielded()
 	}
-	pod, err := e.waitForPod(ctx, cs, created, log)
 	if err != nil {
 		s.cleanupAfterFailedStart(ctx)
 		return nil, err
@@ -168,6 +178,18 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 	e.obs.SessionReady(time.Since(createdAt))
 	s.setPod(pod)
 	return s, nil
+}
+
+// newSession is spec's run's session in its Job job, as created or
+// taken.
+func (e *Executor) newSession(spec executor.Spec, job *batchv1.Job, log *slog.Logger) *Session {
+	return &Session{
+		ex:   e,
+		ref:  executor.Ref{Executor: Name, RunID: spec.RunID, Namespace: job.Namespace, Name: job.Name},
+		keep: spec.Keep,
+		uid:  job.UID,
+		log:  log,
+	}
 }
 
 // Resume takes over a session from its Ref: the Job and pod must still
@@ -183,7 +205,7 @@ func (e *Executor) Resume(ctx context.Context, ref executor.Ref) (executor.Sessi
 	}
 	log := e.log.With("run", ref.RunID, "job", ref.Name, "namespace", ref.Namespace, "image", jobImage(job))
 	s := &Session{ex: e, ref: ref, uid: job.UID, log: log}
-	pod, err := e.waitForPod(ctx, cs, job, log)
+	pod, err := e.waitForPod(ctx, cs, job, log, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -234,7 +256,8 @@ func (e *Executor) ensureNetworkPolicies(ctx context.Context, apiServer string, 
 	return nil
 }
 
-// Sweep deletes this runner's Jobs whose run is not in keep. It logs
+// Sweep deletes this runner's Jobs whose run is not in keep, and its
+// warm Jobs that this process did not make. It logs
 // each Job it deletes (run, Job, namespace, image) and what it did in
 // all, with the running totals of this process.
 func (e *Executor) Sweep(ctx context.Context, keep []string) (swept []executor.Ref, err error) {
@@ -257,7 +280,7 @@ func (e *Executor) Sweep(ctx context.Context, keep []string) (swept []executor.R
 	for i := range jobs.Items {
 		job := &jobs.Items[i]
 		run := job.Labels[LabelRun]
-		if going[run] {
+		if going[run] || (run == "" && e.warm.owns(job.Name)) {
 			continue
 		}
 		ref := executor.Ref{Executor: Name, RunID: run, Namespace: ns, Name: job.Name}

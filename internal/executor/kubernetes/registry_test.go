@@ -108,7 +108,8 @@ func TestImagePullDenied(t *testing.T) {
 func assertNoRunObjects(t *testing.T, c *clustertest.Cluster) {
 	t.Helper()
 	ctx := context.Background()
-	sel := metav1.ListOptions{LabelSelector: kubernetes.LabelRun}
+	// Every object of a runner, warm Jobs (no run yet) among them.
+	sel := metav1.ListOptions{LabelSelector: kubernetes.LabelRunner}
 	jobs, err := c.Clientset.BatchV1().Jobs(c.Namespace).List(ctx, sel)
 	if err != nil {
 		t.Fatal(err)

@@ -571,6 +571,7 @@ func (s *Session) deleteJob(ctx context.Context) error {
 	if err := deleteJob(ctx, cs.BatchV1().Jobs(s.ref.Namespace), s.ref.Name); err != nil {
 		return err
 	}
+	s.ex.warm.forget(s.ref.Name) // a Job taken from the warm pods
 	ctx, cancel := context.WithTimeout(ctx, deleteWait)
 	defer cancel()
 	sel := metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=" + s.ref.Name}

@@ -65,16 +65,26 @@ type podWaiter struct {
 	grace   time.Duration
 	started time.Time
 
+	// unschedulable, if set, is called when no node takes the pod.
+	unschedulable func()
+
 	pullFailingSince time.Time
 	lastReason       string
 	refused          map[string]bool // pods a node refused at admission
 }
 
 // waitForPod returns the Job's pod once it is Ready, or an error that
-// says why it never will be, with the cluster's own words.
-func (e *Executor) waitForPod(ctx context.Context, cs *kubeclient.Clientset, job *batchv1.Job, log *slog.Logger) (*corev1.Pod, error) {
-	w := &podWaiter{cs: cs, job: job, log: log, grace: e.cfg.PullGrace, started: time.Now()}
-	waitCtx, cancel := context.WithTimeout(ctx, e.cfg.ScheduleTimeout)
+// says why it never will be, with the cluster's own words. unschedulable,
+// if set, is called each time the scheduler finds no node for the pod.
+func (e *Executor) waitForPod(ctx context.Context, cs *kubeclient.Clientset, job *batchv1.Job, log *slog.Logger, unschedulable func()) (*corev1.Pod, error) {
+	return e.waitForPodWithin(ctx, cs, job, log, unschedulable, e.cfg.ScheduleTimeout, "--schedule-timeout")
+}
+
+// waitForPodWithin is waitForPod with its own timeout, which the error
+// at the timeout names as what.
+func (e *Executor) waitForPodWithin(ctx context.Context, cs *kubeclient.Clientset, job *batchv1.Job, log *slog.Logger, unschedulable func(), timeout time.Duration, what string) (*corev1.Pod, error) {
+	w := &podWaiter{cs: cs, job: job, log: log, grace: e.cfg.PullGrace, started: time.Now(), unschedulable: unschedulable}
+	waitCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	pod, err := w.wait(waitCtx)
 	// The wait's own deadline, not the caller's: the caller's context is
@@ -85,7 +95,7 @@ func (e *Executor) waitForPod(ctx context.Context, cs *kubeclient.Clientset, job
 		if reason == "" {
 			reason = "no reason given"
 		}
-		return nil, fmt.Errorf("pod of job %s not ready after --schedule-timeout %s: %s", job.Name, e.cfg.ScheduleTimeout, reason)
+		return nil, fmt.Errorf("pod of job %s not ready after %s %s: %s", job.Name, what, timeout, reason)
 	}
 	return pod, err
 }
@@ -199,6 +209,9 @@ func (w *podWaiter) check(pod *corev1.Pod) (*corev1.Pod, bool, error) {
 				reason += "a node holds another run of this runner (one run per node; more runs at once than nodes): "
 			}
 			w.note(pod, reason+c.Message)
+			if w.unschedulable != nil {
+				w.unschedulable()
+			}
 		}
 	}
 	pulling := false

@@ -1,0 +1,117 @@
+package kubernetes_test
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"knotless.dev/run/internal/executor/kubernetes"
+	"knotless.dev/run/internal/run"
+	"knotless.dev/run/tests/clustertest"
+)
+
+// Warm pods on the one-node test cluster: a trusted run takes the Ready
+// warm pod and its step runs there; the pool makes another, which the
+// next run gets (a pod never serves two runs); an untrusted run (another
+// egress) makes its own Job, and the warm pod gives up the node it
+// needs; a sweep of this process leaves the pool's Jobs, another
+// process's sweep deletes them; when the pool stops, nothing is left.
+func TestWarmPods(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t)
+	j := newJournal()
+	runner := "did:plc:" + randomID("warm")
+	ex := newExecutor(t, c, func(cfg *kubernetes.Config) { cfg.Runner, cfg.Logger = runner, slog.New(j) })
+	ctx, stop := context.WithCancel(context.Background())
+	kept := make(chan struct{})
+	go func() { defer close(kept); ex.KeepWarm(ctx, 1) }()
+	t.Cleanup(func() { stop(); <-kept })
+	eng, cleaner := engineCleaning(t, ex, c.Image)
+	wf := parse(t, "on: push\nsteps:\n  - name: where\n    run: echo \"pod=$HOSTNAME\"\n")
+	runOn := func(trusted bool) *run.Result {
+		t.Helper()
+		res := eng.Run(context.Background(), run.Request{RunID: randomID("w"), Workflow: wf, Checkout: t.TempDir(), Trusted: trusted})
+		if res.Status != run.Success {
+			t.Fatalf("status %s (%s), log:\n%s", res.Status, res.Error, res.Log)
+		}
+		if err := cleaner.Wait(context.Background()); err != nil || cleaner.Failures() != 0 {
+			t.Fatalf("clean-up: %v, %d failed", err, cleaner.Failures())
+		}
+		return res
+	}
+
+	first := readyWarmPod(t, c, ex)
+	if res := runOn(true); !strings.Contains(string(res.Log), "pod="+first.Name) {
+		t.Fatalf("the run did not run in the warm pod %s; log:\n%s", first.Name, res.Log)
+	}
+	second := readyWarmPod(t, c, ex)
+	if second.UID == first.UID {
+		t.Fatalf("the pool offered the pod %s again", first.Name)
+	}
+	if res := runOn(true); !strings.Contains(string(res.Log), "pod="+second.Name) {
+		t.Fatalf("the second run did not run in the new warm pod %s; log:\n%s", second.Name, res.Log)
+	}
+	if got := ex.Counters().WarmStarts; got != 2 {
+		t.Errorf("WarmStarts = %d after two runs on warm pods", got)
+	}
+	j.has(t, "warm pod taken", 2, map[string]string{"run": "", "job": "", "pod": "", "warm_for": ""})
+
+	third := readyWarmPod(t, c, ex)
+	res := runOn(false)
+	if strings.Contains(string(res.Log), "pod="+third.Name) || ex.Counters().WarmStarts != 2 {
+		t.Fatalf("an untrusted run ran in a trusted run's warm pod; log:\n%s", res.Log)
+	}
+	given := j.find("warm pod deleted")
+	if len(given) != 1 || given[0].attrs["why"].String() != "a run waits for a node" || given[0].attrs["job"].String() != third.Labels["batch.kubernetes.io/job-name"] {
+		t.Errorf("the warm pod did not give up its node once to the run; journal:\n%s", j.dump())
+	}
+
+	// The pool goes on after the run; a sweep of this process leaves its
+	// Jobs, another process's deletes them.
+	fourth := readyWarmPod(t, c, ex)
+	if swept, err := ex.Sweep(context.Background(), nil); err != nil || len(swept) != 0 {
+		t.Fatalf("this process's sweep = %v, %v; want the warm Job left", swept, err)
+	}
+	other := newExecutor(t, c, func(cfg *kubernetes.Config) { cfg.Runner = runner })
+	swept, err := other.Sweep(context.Background(), nil)
+	if err != nil || len(swept) != 1 || swept[0].Name != fourth.Labels["batch.kubernetes.io/job-name"] {
+		t.Fatalf("another process's sweep = %v, %v; want the warm Job of %s", swept, err, fourth.Name)
+	}
+
+	stop()
+	<-kept
+	waitGone(t, c)
+	assertNothingLeft(t, c)
+}
+
+// readyWarmPod waits until the pool has one Ready warm pod and returns it.
+func readyWarmPod(t *testing.T, c *clustertest.Cluster, ex *kubernetes.Executor) corev1.Pod {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) {
+		if ex.Warm().Ready == 1 {
+			pods, err := c.Clientset.CoreV1().Pods(c.Namespace).List(context.Background(), metav1.ListOptions{LabelSelector: kubernetes.LabelWarm})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ready []corev1.Pod
+			for _, p := range pods.Items {
+				if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
+					ready = append(ready, p)
+				}
+			}
+			if len(ready) != 1 {
+				t.Fatalf("%d warm pods running, want 1", len(ready))
+			}
+			return ready[0]
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("no warm pod ready in 2m: %+v", ex.Warm())
+	return corev1.Pod{}
+}
