@@ -19,6 +19,11 @@ type Observer interface {
 	Swept(removed int, err error)
 	// CleanupFailed: a session's objects could not be removed.
 	CleanupFailed()
+	// WarmPods: the sessions kept started ahead of runs (serve
+	// --warm-pods) are now ready Ready and starting starting.
+	WarmPods(ready, starting int)
+	// WarmTaken: a run started on a session kept warm.
+	WarmTaken()
 	// CredentialExpiry: the credential the executor reaches its backend
 	// with (named by the executor, e.g. "kubernetes") expires at at.
 	CredentialExpiry(credential string, at time.Time)
@@ -44,6 +49,12 @@ func (NoObserver) Swept(int, error) {}
 
 // CleanupFailed implements Observer.
 func (NoObserver) CleanupFailed() {}
+
+// WarmPods implements Observer.
+func (NoObserver) WarmPods(int, int) {}
+
+// WarmTaken implements Observer.
+func (NoObserver) WarmTaken() {}
 
 // CredentialExpiry implements Observer.
 func (NoObserver) CredentialExpiry(string, time.Time) {}

@@ -34,7 +34,9 @@ import (
 // secrets, no nodes, nothing cluster-wide.
 func Rules() []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
-		{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: []string{"create", "get", "list", "watch", "delete"}},
+		// patch: a run takes a warm Job (serve --warm-pods) by labelling
+		// it; the admission policy checks the Job's shape on update too.
+		{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: []string{"create", "get", "list", "watch", "delete", "patch"}},
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
 		// get is what the API server checks for a WebSocket exec upgrade.
 		{APIGroups: []string{""}, Resources: []string{"pods/exec"}, Verbs: []string{"create", "get"}},

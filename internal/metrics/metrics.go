@@ -83,6 +83,7 @@ type Metrics struct {
 	sweepErrors     prometheus.Counter
 	swept           prometheus.Counter
 	cleanupFailures prometheus.Counter
+	warmTaken       prometheus.Counter
 	checkWrites     *prometheus.CounterVec
 	checkRefusals   prometheus.Counter
 	rateWaits       prometheus.Counter
@@ -96,6 +97,7 @@ type Metrics struct {
 	queueDepth  prometheus.Gauge
 	runsGoing   prometheus.Gauge
 	owedChecks  prometheus.Gauge
+	warmPods    *prometheus.GaugeVec
 	writeBudget *prometheus.GaugeVec // no labels: absent until the PDS reports it
 	degraded    *prometheus.GaugeVec
 	expiry      *expiryCollector
@@ -135,6 +137,7 @@ func New(reg *prometheus.Registry) (*Metrics, error) {
 	m.sweepErrors = counter("sweep_errors_total", "Sweeps that did not finish (the backend unreachable, a deletion refused).")
 	m.swept = counter("swept_objects_total", "Sessions of earlier processes removed by sweeps.")
 	m.cleanupFailures = counter("cleanup_failures_total", "Sessions whose objects could not be removed (a Job not deleted, or its pods not gone).")
+	m.warmTaken = counter("warm_starts_total", "Runs started on a pod kept warm (serve --warm-pods).")
 	m.checkWrites = counterVec("check_writes_total", "Check records written, by the status written.", "status")
 	m.checkRefusals = counter("check_refusals_total", "Check records the PDS refused as invalid (replaced by a minimal error check).")
 	m.rateWaits = counter("pds_ratelimit_waits_total", "Waits for the PDS's rate limit to reset before writing.")
@@ -148,6 +151,8 @@ func New(reg *prometheus.Registry) (*Metrics, error) {
 	m.queueDepth = gauge("queue_depth", "Runs queued, waiting for a worker.")
 	m.runsGoing = gauge("runs_going", "Runs going (started, not final).")
 	m.owedChecks = gauge("owed_checks", "Final checks the PDS has not taken yet (kept in state.json, written later).")
+	m.warmPods = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "warm_pods",
+		Help: "Pods kept warm for runs (serve --warm-pods), by state: ready, or starting."}, []string{"state"})
 	m.writeBudget = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "pds_write_budget_remaining",
 		Help: "Write points left in the PDS's rate-limit window, as its ratelimit-remaining header last said; absent until it says."}, nil)
 	m.degraded = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "degraded",
@@ -166,14 +171,17 @@ func New(reg *prometheus.Registry) (*Metrics, error) {
 	for _, d := range []string{"restore", "save"} {
 		m.cacheBytes.WithLabelValues(d)
 	}
+	for _, s := range []string{"ready", "starting"} {
+		m.warmPods.WithLabelValues(s)
+	}
 
 	for _, c := range []prometheus.Collector{
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.pickup, m.queueWait, m.sessionReady, m.stepDuration, m.runDuration, m.xferBytes, m.xferSeconds,
-		m.runs, m.sweeps, m.sweepErrors, m.swept, m.cleanupFailures, m.checkWrites, m.checkRefusals,
+		m.runs, m.sweeps, m.sweepErrors, m.swept, m.cleanupFailures, m.warmTaken, m.checkWrites, m.checkRefusals,
 		m.rateWaits, m.rateWaitSeconds, m.cacheHits, m.cacheMisses, m.cacheBytes, m.landings, m.ejections,
-		m.queueDepth, m.runsGoing, m.owedChecks, m.writeBudget, m.degraded, m.expiry,
+		m.queueDepth, m.runsGoing, m.owedChecks, m.warmPods, m.writeBudget, m.degraded, m.expiry,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register metrics: %w", err)
@@ -289,6 +297,23 @@ func (m *Metrics) CleanupFailed() {
 		return
 	}
 	m.cleanupFailures.Inc()
+}
+
+// WarmPods implements executor.Observer.
+func (m *Metrics) WarmPods(ready, starting int) {
+	if m == nil {
+		return
+	}
+	m.warmPods.WithLabelValues("ready").Set(float64(ready))
+	m.warmPods.WithLabelValues("starting").Set(float64(starting))
+}
+
+// WarmTaken implements executor.Observer.
+func (m *Metrics) WarmTaken() {
+	if m == nil {
+		return
+	}
+	m.warmTaken.Inc()
 }
 
 // CredentialExpiry implements executor.Observer: the scrape exports the

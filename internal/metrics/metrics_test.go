@@ -127,6 +127,9 @@ func TestEveryMetric(t *testing.T) {
 	m.Swept(3, nil)
 	m.Swept(1, errors.New("refused"))
 	m.CleanupFailed()
+	m.WarmPods(2, 1)
+	m.WarmTaken()
+	m.WarmTaken()
 	m.CheckWritten("queued")
 	m.CheckWritten("running")
 	m.CheckWritten("success")
@@ -174,6 +177,9 @@ func TestEveryMetric(t *testing.T) {
 		{"knotless_run_sweep_errors_total", none, 1},
 		{"knotless_run_swept_objects_total", none, 4},
 		{"knotless_run_cleanup_failures_total", none, 1},
+		{"knotless_run_warm_starts_total", none, 2},
+		{"knotless_run_warm_pods", map[string]string{"state": "ready"}, 2},
+		{"knotless_run_warm_pods", map[string]string{"state": "starting"}, 1},
 		{"knotless_run_check_writes_total", map[string]string{"status": "queued"}, 1},
 		{"knotless_run_check_writes_total", map[string]string{"status": "success"}, 1},
 		{"knotless_run_check_writes_total", map[string]string{"status": "error"}, 0},

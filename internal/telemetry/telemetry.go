@@ -106,6 +106,12 @@ func (e *Executor) Swept(removed int, err error) { e.M.Swept(removed, err) }
 // CleanupFailed implements executor.Observer.
 func (e *Executor) CleanupFailed() { e.M.CleanupFailed() }
 
+// WarmPods implements executor.Observer.
+func (e *Executor) WarmPods(ready, starting int) { e.M.WarmPods(ready, starting) }
+
+// WarmTaken implements executor.Observer.
+func (e *Executor) WarmTaken() { e.M.WarmTaken() }
+
 // CredentialExpiry implements executor.Observer (zero at: none known).
 func (e *Executor) CredentialExpiry(credential string, at time.Time) {
 	e.mu.Lock()

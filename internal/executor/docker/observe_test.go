@@ -48,6 +48,8 @@ func (o *observed) Swept(n int, err error) {
 }
 func (o *observed) CleanupFailed()                     { o.mu.Lock(); o.cleanups++; o.mu.Unlock() }
 func (o *observed) CredentialExpiry(string, time.Time) {}
+func (o *observed) WarmPods(int, int)                  {}
+func (o *observed) WarmTaken()                         {}
 
 func (o *observed) snapshot() observed {
 	o.mu.Lock()

@@ -658,6 +658,18 @@ steps:
 	}
 }
 
+// rulesWithoutJobVerb is the runner's Role without verb on jobs.
+func rulesWithoutJobVerb(verb string) []rbacv1.PolicyRule {
+	var rules []rbacv1.PolicyRule
+	for _, r := range kubecred.Rules() {
+		if slices.Contains(r.Resources, "jobs") {
+			r.Verbs = slices.DeleteFunc(slices.Clone(r.Verbs), func(v string) bool { return v == verb })
+		}
+		rules = append(rules, r)
+	}
+	return rules
+}
+
 // A runner whose Job delete is refused still reports the work's verdict:
 // the run ends success, the refused clean-up is logged and counted, and
 // the Job it left is removed by the next sweep (here of an executor that
@@ -665,14 +677,7 @@ steps:
 func TestCleanupFailureKeepsVerdict(t *testing.T) {
 	t.Parallel()
 	c := clustertest.Start(t)
-	var rules []rbacv1.PolicyRule
-	for _, r := range kubecred.Rules() {
-		if slices.Contains(r.Resources, "jobs") {
-			r.Verbs = slices.DeleteFunc(slices.Clone(r.Verbs), func(v string) bool { return v == "delete" })
-		}
-		rules = append(rules, r)
-	}
-	kubeconfig := c.ScopedKubeconfig(t, "nodelete", rules)
+	kubeconfig := c.ScopedKubeconfig(t, "nodelete", rulesWithoutJobVerb("delete"))
 	runner := "did:plc:" + randomID("nodelete")
 	ex := newExecutor(t, c, func(cfg *kubernetes.Config) { cfg.Credentials.Kubeconfig = kubeconfig; cfg.Runner = runner })
 	eng, cleaner := engineCleaning(t, ex, c.Image)

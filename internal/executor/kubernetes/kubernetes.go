@@ -161,15 +161,16 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 	createdAt := time.Now()
 	log.Info("job created")
 	s := e.newSession(spec, created, log)
-	// A run that waits for a node takes one back from the warm pods.
-	var yielded func()
+	// A run that waits for a node takes it back from the warm pods.
+	var held func()
 	pod, err := e.waitForPod(ctx, cs, created, log, func() {
-		if yielded == nil {
-			yielded = e.yieldToRun()
+		if held == nil {
+			held = e.holdForRun()
 		}
+		e.yieldToRun()
 	})
-	if yielded != nil {
-		yielded()
+	if held != nil {
+		held()
 	}
 	if err != nil {
 		s.cleanupAfterFailedStart(ctx)

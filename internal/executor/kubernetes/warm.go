@@ -5,13 +5,14 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
-	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -55,6 +56,7 @@ type warmPool struct {
 	// waiting counts runs waiting for a node: the pool makes no warm pod
 	// while one does.
 	waiting  int
+	stopped  string    // why the pool keeps no more warm pods ("" while it does)
 	failures int       // warm pods in a row that did not start
 	retryAt  time.Time // no warm pod is made before then
 	wake     chan struct{}
@@ -64,7 +66,6 @@ type warmPool struct {
 type warmJob struct {
 	built   *batchv1.Job // as BuildJob made it: what a run's Job is compared with
 	created *batchv1.Job // as the API server returned it
-	pod     *corev1.Pod  // Ready
 	readyAt time.Time
 	cancel  context.CancelFunc // ends the wait of a pending one
 }
@@ -153,6 +154,8 @@ func (e *Executor) KeepWarm(ctx context.Context, n int) {
 	for {
 		e.retireOld(ctx)
 		e.refill(ctx, n, &waits)
+		now := e.Warm()
+		e.obs.WarmPods(now.Ready, now.Starting)
 		var retry <-chan time.Time
 		p.mu.Lock()
 		if d := time.Until(p.retryAt); d > 0 {
@@ -163,6 +166,7 @@ func (e *Executor) KeepWarm(ctx context.Context, n int) {
 		case <-ctx.Done():
 			waits.Wait() // each pending one deletes its own Job
 			e.deleteAllWarm()
+			e.obs.WarmPods(0, 0)
 			return
 		case <-p.wake:
 		case <-tick.C:
@@ -177,7 +181,7 @@ func (e *Executor) refill(ctx context.Context, n int, waits *sync.WaitGroup) {
 	p := e.warm
 	for ctx.Err() == nil {
 		p.mu.Lock()
-		short := len(p.ready)+len(p.pending) < n && p.waiting == 0 && !time.Now().Before(p.retryAt)
+		short := len(p.ready)+len(p.pending) < n && p.waiting == 0 && !time.Now().Before(p.retryAt) && p.stopped == ""
 		p.mu.Unlock()
 		if !short {
 			return
@@ -227,17 +231,20 @@ func (e *Executor) makeWarm(ctx context.Context, waits *sync.WaitGroup) error {
 	waits.Go(func() {
 		defer cancel()
 		// A warm pod may wait long for a node that runs hold.
-		pod, err := e.waitForPodWithin(wctx, cs, created, log, nil, warmMaxAge, "a warm pod's wait of")
+		_, err := e.waitForPodWithin(wctx, cs, created, log, nil, warmMaxAge, "a warm pod's wait of")
 		p.mu.Lock()
 		delete(p.pending, created.Name)
+		if err == nil && p.stopped != "" {
+			err = errors.New("the pool stopped")
+		}
 		if err == nil {
-			w.pod, w.readyAt = pod, time.Now()
+			w.readyAt = time.Now()
 			p.ready = append(p.ready, w)
 			p.failures = 0
 		}
 		p.mu.Unlock()
 		if err != nil {
-			if wctx.Err() == nil {
+			if wctx.Err() == nil && p.stopped == "" {
 				e.warmFailed(fmt.Errorf("warm pod of job %s: %w", created.Name, err))
 			}
 			e.deleteWarm(created, "not ready")
@@ -311,13 +318,43 @@ func (e *Executor) deleteWarm(job *batchv1.Job, why string) {
 	e.log.Info("warm pod deleted", "job", job.Name, "namespace", job.Namespace, "why", why)
 }
 
-// yieldToRun is called once for a run whose pod waits for a node: the
-// pool deletes the warm pods not Ready yet and one Ready one, and makes
-// none until the run's wait ends (the returned func).
-func (e *Executor) yieldToRun() (done func()) {
+// stopWarm stops the pool for good, for why: the warm pods not Ready
+// yet and the Ready ones are deleted, and no more are made.
+func (e *Executor) stopWarm(why string) {
+	p := e.warm
+	p.mu.Lock()
+	first := p.stopped == ""
+	p.stopped = why
+	for _, w := range p.pending {
+		w.cancel() // its wait deletes it
+	}
+	p.mu.Unlock()
+	if first {
+		e.log.Error("warm pods stopped", "why", why)
+	}
+	e.deleteAllWarm()
+}
+
+// holdForRun is called when a run's pod first waits for a node: the
+// pool makes no warm pod until the returned func says the wait ended.
+func (e *Executor) holdForRun() (done func()) {
 	p := e.warm
 	p.mu.Lock()
 	p.waiting++
+	p.mu.Unlock()
+	return func() {
+		p.mu.Lock()
+		p.waiting--
+		p.mu.Unlock()
+		p.poke()
+	}
+}
+
+// yieldToRun is called each time a run's pod waits for a node: the
+// pool deletes its warm pods not Ready yet and one Ready one.
+func (e *Executor) yieldToRun() {
+	p := e.warm
+	p.mu.Lock()
 	for _, w := range p.pending {
 		w.cancel() // its wait deletes it
 	}
@@ -329,12 +366,6 @@ func (e *Executor) yieldToRun() (done func()) {
 	p.mu.Unlock()
 	if give != nil {
 		e.deleteWarm(give.created, "a run waits for a node")
-	}
-	return func() {
-		p.mu.Lock()
-		p.waiting--
-		p.mu.Unlock()
-		p.poke()
 	}
 }
 
@@ -356,22 +387,26 @@ func (e *Executor) startWarm(ctx context.Context, spec executor.Spec, want *batc
 	}
 	log := e.log.With("run", spec.RunID, "job", w.created.Name, "namespace", ns, "image", jobImage(w.created))
 	deadline := int64(time.Since(w.created.CreationTimestamp.Time)/time.Second) + 1 + *want.Spec.ActiveDeadlineSeconds
-	meta := map[string]any{
-		"labels":      map[string]any{LabelRun: spec.RunID, LabelWarm: nil},
-		"annotations": want.Annotations,
-	}
-	jobPatch, _ := json.Marshal(map[string]any{"metadata": meta, "spec": map[string]any{"activeDeadlineSeconds": deadline}})
+	// The pod keeps its warm label (the runner may not patch pods):
+	// nothing selects on it; its Job is the run's.
+	jobPatch, _ := json.Marshal(map[string]any{
+		"metadata": map[string]any{
+			"labels":      map[string]any{LabelRun: spec.RunID, LabelWarm: nil},
+			"annotations": want.Annotations,
+		},
+		"spec": map[string]any{"activeDeadlineSeconds": deadline},
+	})
 	taken, err := cs.BatchV1().Jobs(ns).Patch(ctx, w.created.Name, types.MergePatchType, jobPatch, metav1.PatchOptions{})
+	if apierrors.IsForbidden(err) {
+		// A Role minted before warm pods: no run could take one.
+		e.stopWarm(fmt.Sprintf("the runner may not patch Jobs (%v): warm pods need the verb patch on jobs; mint the kubeconfig again with knotless-run kubeconfig (the refresh timer does) and restart serve", err))
+		e.deleteWarm(w.created, "not taken")
+		return nil
+	}
 	if err != nil {
 		log.Warn("warm pod not taken; the run makes its own", "err", err)
 		e.deleteWarm(w.created, "not taken")
 		return nil
-	}
-	// The pod's labels and annotations say whose it is, for operators;
-	// nothing of the runner selects on them.
-	podPatch, _ := json.Marshal(map[string]any{"metadata": meta})
-	if _, err := cs.CoreV1().Pods(ns).Patch(ctx, w.pod.Name, types.MergePatchType, podPatch, metav1.PatchOptions{}); err != nil {
-		log.Warn("warm pod not relabelled", "pod", w.pod.Name, "err", err)
 	}
 	s := e.newSession(spec, taken, log)
 	// Its pod is listed Ready at once, unless it ended since.
@@ -382,6 +417,7 @@ func (e *Executor) startWarm(ctx context.Context, spec executor.Spec, want *batc
 		return nil
 	}
 	e.warmStarts.Add(1)
+	e.obs.WarmTaken()
 	e.obs.SessionReady(time.Since(start))
 	s.setPod(pod)
 	s.log.Info("warm pod taken", "warm_for", time.Since(w.readyAt).Round(time.Millisecond), "warm_starts_total", e.warmStarts.Load())

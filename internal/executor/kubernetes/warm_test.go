@@ -11,11 +11,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"knotless.dev/run/internal/executor/kubernetes"
+	"knotless.dev/run/internal/kubecred"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/tests/clustertest"
 )
 
-// Warm pods on the one-node test cluster: a trusted run takes the Ready
+// Warm pods on the one-node test cluster, with the runner's own
+// credential and admission policy: a trusted run takes the Ready
 // warm pod and its step runs there; the pool makes another, which the
 // next run gets (a pod never serves two runs); an untrusted run (another
 // egress) makes its own Job, and the warm pod gives up the node it
@@ -26,7 +28,11 @@ func TestWarmPods(t *testing.T) {
 	c := clustertest.Start(t)
 	j := newJournal()
 	runner := "did:plc:" + randomID("warm")
-	ex := newExecutor(t, c, func(cfg *kubernetes.Config) { cfg.Runner, cfg.Logger = runner, slog.New(j) })
+	kubeconfig, _, _ := withPolicy(t, c, kubecred.Options{Namespace: c.Namespace, ServiceAccount: "knotless-runner", Duration: time.Hour})
+	m, reg := observed(t)
+	ex := newExecutor(t, c, func(cfg *kubernetes.Config) {
+		cfg.Runner, cfg.Logger, cfg.Credentials.Kubeconfig, cfg.Observer = runner, slog.New(j), kubeconfig, m
+	})
 	ctx, stop := context.WithCancel(context.Background())
 	kept := make(chan struct{})
 	go func() { defer close(kept); ex.KeepWarm(ctx, 1) }()
@@ -56,8 +62,8 @@ func TestWarmPods(t *testing.T) {
 	if res := runOn(true); !strings.Contains(string(res.Log), "pod="+second.Name) {
 		t.Fatalf("the second run did not run in the new warm pod %s; log:\n%s", second.Name, res.Log)
 	}
-	if got := ex.Counters().WarmStarts; got != 2 {
-		t.Errorf("WarmStarts = %d after two runs on warm pods", got)
+	if got, metric := ex.Counters().WarmStarts, counterValue(t, reg, "knotless_run_warm_starts_total"); got != 2 || metric != 2 {
+		t.Errorf("WarmStarts = %d, knotless_run_warm_starts_total = %g after two runs on warm pods", got, metric)
 	}
 	j.has(t, "warm pod taken", 2, map[string]string{"run": "", "job": "", "pod": "", "warm_for": ""})
 
@@ -77,12 +83,50 @@ func TestWarmPods(t *testing.T) {
 	if swept, err := ex.Sweep(context.Background(), nil); err != nil || len(swept) != 0 {
 		t.Fatalf("this process's sweep = %v, %v; want the warm Job left", swept, err)
 	}
-	other := newExecutor(t, c, func(cfg *kubernetes.Config) { cfg.Runner = runner })
+	other := newExecutor(t, c, func(cfg *kubernetes.Config) { cfg.Runner, cfg.Credentials.Kubeconfig = runner, kubeconfig })
 	swept, err := other.Sweep(context.Background(), nil)
 	if err != nil || len(swept) != 1 || swept[0].Name != fourth.Labels["batch.kubernetes.io/job-name"] {
 		t.Fatalf("another process's sweep = %v, %v; want the warm Job of %s", swept, err, fourth.Name)
 	}
 
+	stop()
+	<-kept
+	waitGone(t, c)
+	assertNothingLeft(t, c)
+}
+
+// A runner whose Role predates warm pods (no patch on jobs) cannot take
+// one: the run makes its own Job and succeeds, the pool stops for good
+// with an error that says what to do, and nothing is left.
+func TestWarmPodsWithoutPatch(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t)
+	kubeconfig := c.ScopedKubeconfig(t, "nopatch", rulesWithoutJobVerb("patch"))
+	j := newJournal()
+	ex := newExecutor(t, c, func(cfg *kubernetes.Config) { cfg.Credentials.Kubeconfig, cfg.Logger = kubeconfig, slog.New(j) })
+	ctx, stop := context.WithCancel(context.Background())
+	kept := make(chan struct{})
+	go func() { defer close(kept); ex.KeepWarm(ctx, 1) }()
+	t.Cleanup(func() { stop(); <-kept })
+	eng, cleaner := engineCleaning(t, ex, c.Image)
+
+	warm := readyWarmPod(t, c, ex)
+	res := eng.Run(context.Background(), run.Request{RunID: randomID("np"), Checkout: t.TempDir(), Trusted: true,
+		Workflow: parse(t, "on: push\nsteps:\n  - name: where\n    run: echo \"pod=$HOSTNAME\"\n")})
+	if res.Status != run.Success || strings.Contains(string(res.Log), "pod="+warm.Name) {
+		t.Fatalf("status %s (%s), want success in a pod of its own; log:\n%s", res.Status, res.Error, res.Log)
+	}
+	if err := cleaner.Wait(context.Background()); err != nil || cleaner.Failures() != 0 {
+		t.Fatalf("clean-up: %v, %d failed", err, cleaner.Failures())
+	}
+	for _, e := range j.has(t, "warm pods stopped", 1, map[string]string{"why": ""}) {
+		if why := e.attrs["why"].String(); !strings.Contains(why, "patch on jobs") || !strings.Contains(why, "knotless-run kubeconfig") {
+			t.Errorf("the pool stopped saying %q; want what the Role lacks and how to mint it again", why)
+		}
+	}
+	if got := ex.Warm(); got != (kubernetes.WarmPods{}) {
+		t.Errorf("warm pods after the pool stopped: %+v", got)
+	}
 	stop()
 	<-kept
 	waitGone(t, c)
