@@ -61,17 +61,9 @@ var workflows = map[string]string{
 func TestServeObserved(t *testing.T) {
 	t.Parallel()
 	c := clustertest.Start(t)
-	if err := pds.Installed(); err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(t.Context(), 12*time.Minute)
 	defer cancel()
-	srv, err := pds.StartWith(ctx, t.TempDir(), pds.Options{RateLimits: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Stop)
-	w := forgeworld.New(t, srv, forgeworld.Options{App: "operating"})
+	srv, w := startWorld(t, ctx, pds.Options{RateLimits: true}, "operating")
 	runner := w.Runner.DID.String()
 	bin := buildBinary(t)
 	// The runner's credential: a bound token of a few minutes' life, made
@@ -439,6 +431,21 @@ func merge(a, b map[string]string) map[string]string {
 		out[k] = v
 	}
 	return out
+}
+
+// startWorld starts a PDS of the test's own with opts, and the forge's
+// accounts and repository on it for app.
+func startWorld(t *testing.T, ctx context.Context, opts pds.Options, app string) (*pds.Server, *forgeworld.World) {
+	t.Helper()
+	if err := pds.Installed(); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := pds.StartWith(ctx, t.TempDir(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	return srv, forgeworld.New(t, srv, forgeworld.Options{App: app})
 }
 
 // buildBinary builds knotless-run from this checkout.

@@ -215,9 +215,17 @@ func (e *Executor) makeWarm(ctx context.Context, waits *sync.WaitGroup) error {
 	// BuildJob gives the Job and its pod one label map.
 	delete(built.Labels, LabelRun)
 	built.Labels[LabelWarm] = "true"
-	created, err := cs.BatchV1().Jobs(ns).Create(ctx, built, metav1.CreateOptions{})
+	// Not cut short by the runner stopping: a Job the API server made
+	// after the caller gave up would be left behind.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), warmDeleteTimeout)
+	created, err := cs.BatchV1().Jobs(ns).Create(cctx, built, metav1.CreateOptions{})
+	cancel()
 	if err != nil {
 		return fmt.Errorf("create warm job %s/%s: %w", ns, built.Name, err)
+	}
+	if ctx.Err() != nil {
+		e.deleteWarm(created, "the runner stops")
+		return ctx.Err()
 	}
 	log := e.log.With("job", created.Name, "namespace", ns, "image", jobImage(created))
 	log.Info("warm pod made")
