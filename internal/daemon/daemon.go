@@ -53,6 +53,8 @@ type Daemon struct {
 	// cleaner removes the runs' sessions after their verdicts; the
 	// handover waits for it.
 	cleaner *run.Cleaner
+	// memory returns what the runs freed once the daemon is idle.
+	memory *idleRelease
 }
 
 // outside is the part of the world each part reaches through its
@@ -221,6 +223,10 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 		eng.Cleaner = run.NewCleaner(eng.Logger)
 	}
 	d.cleaner = eng.Cleaner
+	d.memory = newIdleRelease(func() bool {
+		going, queued, _ := d.sched.Counts()
+		return going == 0 && queued == 0
+	}, d.log)
 	d.sched = scheduler.New(cfg.Scheduler,
 		scheduler.Facts{Runner: runner, Executor: d.caps, ExecutorName: cfg.Engine.Executor.Name(),
 			RunsDir: filepath.Join(cfg.CacheDir, "runs"), LimitsAll: cfg.Engine.Max.All},
@@ -311,6 +317,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	aux.Go(func() { d.keeper.PayOwed(auxCtx) })
 	aux.Go(func() { d.watchExecutor(auxCtx) })
 	aux.Go(func() { d.sched.Sweeps(auxCtx, d.cleaner.Failures) })
+	aux.Go(func() { d.memory.run(auxCtx) })
 	if w, ok := d.cfg.Engine.Executor.(executor.Warmer); ok && d.cfg.WarmPods > 0 {
 		// After the first sweep (begin), which deletes an earlier
 		// process's warm pods; they go when this process stops.
@@ -351,6 +358,7 @@ func (d *Daemon) watchdog(ctx context.Context) {
 // status tells systemd how many runs are going and waiting.
 func (d *Daemon) status() {
 	going, queued, draining := d.sched.Counts()
+	d.memory.changedCounts()
 	m := d.cfg.Telemetry.Metrics
 	m.SetQueueDepth(queued)
 	m.SetRunsGoing(going)

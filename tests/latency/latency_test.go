@@ -513,6 +513,10 @@ func BenchmarkServeRSS(b *testing.B) {
 		d.push(b, w, i)
 	}
 	after, afterAnon := memMB(b, pid, "VmRSS"), memMB(b, pid, "RssAnon")
+	// Idle again: the runtime returns freed heap to the system in the
+	// background, over tens of seconds.
+	time.Sleep(idleAgain)
+	rested, restedAnon := memMB(b, pid, "VmRSS"), memMB(b, pid, "RssAnon")
 	for b.Loop() {
 		// The figures are the process's, not the loop's.
 	}
@@ -520,7 +524,13 @@ func BenchmarkServeRSS(b *testing.B) {
 	b.ReportMetric(idleAnon, "rss-anon-idle-MB")
 	b.ReportMetric(after, "rss-after-20-runs-MB")
 	b.ReportMetric(afterAnon, "rss-anon-after-20-runs-MB")
+	b.ReportMetric(rested, "rss-idle-after-20-runs-MB")
+	b.ReportMetric(restedAnon, "rss-anon-idle-after-20-runs-MB")
 }
+
+// idleAgain is how long BenchmarkServeRSS leaves the daemon idle after
+// its runs before it reads its memory again.
+const idleAgain = 30 * time.Second
 
 // BenchmarkServeRSSPerRun reports what a run in hand adds to the
 // resident memory of `serve` (VmRSS and RssAnon, MB per run), built as
