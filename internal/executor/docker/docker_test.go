@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -355,6 +356,27 @@ func TestNetworkIsolation(t *testing.T) {
 	}
 	defer cli.NetworkRemove(context.Background(), shared, client.NetworkRemoveOptions{})
 
+	// netState is what the daemon's network namespace says of its
+	// bridges, routes and filter rules, and where a and b are: what a
+	// probe that got through is to be read against.
+	netState := func(a, b *Session) string {
+		var out strings.Builder
+		for _, s := range []*Session{a, b} {
+			in, err := cli.ContainerInspect(context.Background(), s.id, client.ContainerInspectOptions{})
+			if err != nil {
+				fmt.Fprintf(&out, "inspect %s: %v\n", s.id, err)
+				continue
+			}
+			for name, n := range in.Container.NetworkSettings.Networks {
+				fmt.Fprintf(&out, "container %s: network %s (%s) address %s gateway %s\n", s.id[:12], name, n.NetworkID, n.IPAddress, n.Gateway)
+			}
+		}
+		for _, args := range [][]string{{"ip", "-br", "addr"}, {"ip", "route"}, {"iptables", "-w", "-S"}} {
+			b, err := exec.Command("ip", append([]string{"netns", "exec", d.Netns()}, args...)...).CombinedOutput()
+			fmt.Fprintf(&out, "$ %s (%v)\n%s", strings.Join(args, " "), err, b)
+		}
+		return out.String()
+	}
 	probe := func(t *testing.T, ex *Executor, suffix string) string {
 		a := startSession(t, ex, d.Image(), "neta"+suffix, executor.Resources{})
 		b := startSession(t, ex, d.Image(), "netb"+suffix, executor.Resources{})
@@ -376,6 +398,9 @@ func TestNetworkIsolation(t *testing.T) {
 		}
 		// stderr and stdout are two streams: nc's complaint may come after.
 		out, _ := runStep(t, a, "probe", "if nc -w 3 "+ip+" 8080 </dev/null 2>/dev/null; then echo CONNECTED; else echo BLOCKED; fi\n")
+		if strings.Contains(out, "CONNECTED") && suffix == "1" {
+			t.Logf("a probe between runs got through; the daemon's network namespace:\n%s", netState(a, b))
+		}
 		return strings.TrimSpace(out)
 	}
 	t.Run("per-run networks", func(t *testing.T) {
