@@ -132,9 +132,10 @@ func (e *Executor) Namespace() (string, error) {
 	return ns, err
 }
 
-// Start creates the run's Job and waits until its pod is Ready. Its log
-// lines, and the session's, name the run, the Job, its namespace and
-// image, and once it is Ready its pod and node.
+// Start takes a warm Job whose pod is the run's (warm.go), else creates
+// the run's Job and waits until its pod is Ready. Its log lines, and the
+// session's, name the run, the Job, its namespace and image, and once it
+// is Ready its pod and node.
 func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Session, error) {
 	cc, cs, ns, err := e.clients.get()
 	if err != nil {
