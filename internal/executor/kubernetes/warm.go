@@ -88,6 +88,14 @@ func (p *warmPool) owns(name string) bool {
 	return p.made[name]
 }
 
+// cancelPending ends the waits of the warm Jobs not Ready yet; each
+// wait then deletes its Job. Under mu.
+func (p *warmPool) cancelPending() {
+	for _, w := range p.pending {
+		w.cancel()
+	}
+}
+
 // forget is told that a Job of the pool is deleted.
 func (p *warmPool) forget(name string) {
 	p.mu.Lock()
@@ -333,9 +341,7 @@ func (e *Executor) stopWarm(why string) {
 	p.mu.Lock()
 	first := p.stopped == ""
 	p.stopped = why
-	for _, w := range p.pending {
-		w.cancel() // its wait deletes it
-	}
+	p.cancelPending()
 	p.mu.Unlock()
 	if first {
 		e.log.Error("warm pods stopped", "why", why)
@@ -363,9 +369,7 @@ func (e *Executor) holdForRun() (done func()) {
 func (e *Executor) yieldToRun() {
 	p := e.warm
 	p.mu.Lock()
-	for _, w := range p.pending {
-		w.cancel() // its wait deletes it
-	}
+	p.cancelPending()
 	var give *warmJob
 	if len(p.ready) > 0 {
 		give = p.ready[0]
@@ -406,8 +410,8 @@ func (e *Executor) startWarm(ctx context.Context, spec executor.Spec, want *batc
 	})
 	taken, err := cs.BatchV1().Jobs(ns).Patch(ctx, w.created.Name, types.MergePatchType, jobPatch, metav1.PatchOptions{})
 	if apierrors.IsForbidden(err) {
-		// A Role minted before warm pods: no run could take one.
-		e.stopWarm(fmt.Sprintf("the runner may not patch Jobs (%v): warm pods need the verb patch on jobs; mint the kubeconfig again with knotless-run kubeconfig (the refresh timer does) and restart serve", err))
+		// Mostly a Role minted before warm pods: no run could take one.
+		e.stopWarm(fmt.Sprintf("taking a warm Job was forbidden (%v): warm pods need the verb patch on jobs in the runner's Role; mint the kubeconfig again with knotless-run kubeconfig (the refresh timer does) and restart serve", err))
 		e.deleteWarm(w.created, "not taken")
 		return nil
 	}
