@@ -231,12 +231,12 @@ func startServe(tb testing.TB, w *forgeworld.World, c *clustertest.Cluster, bin 
 	return d
 }
 
-// pushTimes are one push's moments: t0 the push record written, the
-// rest the daemon's records, and visible when the final check was seen
-// on the PDS.
+// pushTimes are one push's moments: sent as the push record's write
+// began, t0 as it returned, the rest the daemon's records, and visible
+// when the final check was seen on the PDS.
 type pushTimes struct {
-	t0, event, jobCreated, podReady, firstStep, verdict, finalWritten, visible, cleaned time.Time
-	warm                                                                                bool // the run took a warm pod: jobCreated and podReady are when
+	sent, t0, event, jobCreated, podReady, firstStep, verdict, finalWritten, visible, cleaned time.Time
+	warm                                                                                      bool // the run took a warm pod: jobCreated and podReady are when
 }
 
 // push commits a change on main (the workflow file is there from the
@@ -246,9 +246,10 @@ func (d *daemon) push(tb testing.TB, w *forgeworld.World, i int) pushTimes {
 	tb.Helper()
 	r := mainRepo(w)
 	old, commit := r.commit(i)
+	sent := time.Now()
 	uri := w.PushCommit(old, commit)
 	t0 := time.Now()
-	return d.settle(tb, w, r.checkKey(commit, uri), i, t0)
+	return d.settle(tb, w, r.checkKey(commit, uri), i, sent, t0)
 }
 
 // repo is a repository of w's owner that the runner watches, and its
@@ -275,12 +276,13 @@ func (r repo) checkKey(commit string, event syntax.ATURI) string {
 	return forge.CheckKey(forge.Subject{Repo: r.uri.String(), Commit: commit, Ref: "refs/heads/main", Event: event.String(), Kind: forge.KindPush}, "ci")
 }
 
-// settle waits for the final check of key (a push written at t0) on
+// settle waits for the final check of key (a push sent at sent and
+// written at t0) on
 // the PDS and for the clean-up of its Job, and reads the push's
 // moments from the daemon's records.
-func (d *daemon) settle(tb testing.TB, w *forgeworld.World, key string, i int, t0 time.Time) pushTimes {
+func (d *daemon) settle(tb testing.TB, w *forgeworld.World, key string, i int, sent, t0 time.Time) pushTimes {
 	tb.Helper()
-	p := pushTimes{t0: t0}
+	p := pushTimes{sent: sent, t0: t0}
 	checkURI := "at://" + w.Runner.DID.String() + "/" + forge.CollectionCheck + "/" + key
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
@@ -299,7 +301,7 @@ func (d *daemon) settle(tb testing.TB, w *forgeworld.World, key string, i int, t
 		time.Sleep(20 * time.Millisecond)
 	}
 	find := func(what string, match func(record) bool) time.Time {
-		r, ok := d.logs.wait(p.t0, time.Minute, match)
+		r, ok := d.logs.wait(p.sent.Truncate(time.Millisecond), time.Minute, match)
 		if !ok {
 			tb.Fatalf("push %d: no %s in the serve log\n%s", i, what, d.logs.text())
 		}
@@ -325,7 +327,7 @@ func (d *daemon) settle(tb testing.TB, w *forgeworld.World, key string, i int, t
 	p.jobCreated = find("job created or warm pod taken", func(r record) bool {
 		return (r.Msg == "job created" || r.Msg == "warm pod taken") && r.Fields["run"] == run
 	})
-	if r, ok := d.logs.wait(p.t0, 0, ofRun("warm pod taken")); ok {
+	if r, ok := d.logs.wait(p.sent.Truncate(time.Millisecond), 0, ofRun("warm pod taken")); ok {
 		p.warm, p.podReady = true, r.Time
 	} else {
 		p.podReady = find("pod ready", ofRun("pod ready"))
