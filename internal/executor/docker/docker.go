@@ -20,6 +20,7 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -27,6 +28,7 @@ import (
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/api/types/mount"
 	"github.com/moby/moby/client"
+	"github.com/moby/moby/client/pkg/versions"
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"knotless.dev/run/internal/executor"
@@ -118,6 +120,8 @@ type Executor struct {
 
 	swept           atomic.Int64 // runs of earlier processes removed by Sweep
 	cleanupFailures atomic.Int64 // runs whose objects could not all be removed
+
+	isolationChecked sync.Once // the engine's network isolation judged, at the first Start
 }
 
 // New returns a docker executor for the daemon at cfg.Host. It does not
@@ -203,6 +207,39 @@ func (e *Executor) daemonError(err error) error {
 	return err
 }
 
+// isolatedFromAPI is the Engine API version of Docker 28.0, the first
+// engine whose bridge driver sets the FORWARD chain's jumps to its
+// isolation chains once, as the daemon starts, rather than again for
+// each network it creates.
+const isolatedFromAPI = "1.48"
+
+// isolationGap reports whether an engine of Engine API version
+// apiVersion leaves its bridge networks open to each other for a moment
+// each time it creates a network. Before Docker 28 every network create
+// deletes the FORWARD chain's jump to DOCKER-ISOLATION-STAGE-1 and
+// inserts it again, and in between the per-network "from this bridge
+// to anywhere" rule accepts a connection from one run's container to
+// another's, and what the two send before the jump is back.
+func isolationGap(apiVersion string) bool {
+	return versions.LessThan(apiVersion, isolatedFromAPI)
+}
+
+// checkIsolation warns once, at the first Start, when runs get networks
+// of their own from an engine with the isolation gap.
+func (e *Executor) checkIsolation(apiVersion string) {
+	if e.cfg.Network != NetworkPerRun {
+		return
+	}
+	e.isolationChecked.Do(func() {
+		if isolationGap(apiVersion) {
+			e.log.Warn("runs' networks are open to each other whenever this docker engine creates a network",
+				"engine_api", apiVersion,
+				"why", "engines before Docker 28 (API "+isolatedFromAPI+") delete and re-insert the jump to DOCKER-ISOLATION-STAGE-1 at each network create; a run can connect to another run's container in that moment",
+				"fix", "Docker 28 or later, --concurrency 1, or --network none")
+		}
+	})
+}
+
 // Start creates the run's network, volumes and container, starts the
 // container, and returns when steps can run in it. Whatever it made is
 // removed again when it fails.
@@ -213,9 +250,11 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 	runner := executor.RunnerLabel(spec.Runner)
 	n := runNames(runner, spec.RunID)
 	log := e.log.With("run", spec.RunID)
-	if _, err := e.cli.Ping(ctx, client.PingOptions{NegotiateAPIVersion: true}); err != nil {
+	ping, err := e.cli.Ping(ctx, client.PingOptions{NegotiateAPIVersion: true})
+	if err != nil {
 		return nil, e.daemonError(fmt.Errorf("ping docker daemon: %w", err))
 	}
+	e.checkIsolation(ping.APIVersion)
 	if err := e.ensureImage(ctx, spec.Image, log); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,79 @@
+package docker
+
+import (
+	"bytes"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+
+	"knotless.dev/run/internal/executor"
+)
+
+// TestIsolationGap is the rule: engines before Docker 28 (Engine API
+// 1.48) re-insert their isolation jump at each network create.
+func TestIsolationGap(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		api string
+		gap bool
+	}{
+		{"1.41", true}, // Docker 20.10, Debian 12's
+		{"1.47", true}, // Docker 27
+		{"1.48", false},
+		{"1.51", false},
+	} {
+		if got := isolationGap(c.api); got != c.gap {
+			t.Errorf("isolationGap(%q) = %v, want %v", c.api, got, c.gap)
+		}
+	}
+}
+
+// syncBuffer is a log destination that several sessions' goroutines
+// write to.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestIsolationGapWarning starts runs on the test daemon (Debian's
+// Docker 20.10): with networks of their own, the first Start warns once
+// that they are open to each other while the engine creates a network,
+// naming the engine's API version and what to do; on no network it
+// says nothing.
+func TestIsolationGapWarning(t *testing.T) {
+	t.Parallel()
+	d := daemon.Get(t)
+	for _, c := range []struct {
+		network string
+		want    int
+	}{
+		{NetworkPerRun, 1},
+		{NetworkNone, 0},
+	} {
+		var logs syncBuffer
+		ex := newExecutor(t, d, runner(t), Config{Network: c.network, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		for _, id := range []string{"gap1", "gap2"} {
+			startSession(t, ex, d.Image(), id+c.network, executor.Resources{})
+		}
+		text := logs.String()
+		if n := strings.Count(text, "open to each other"); n != c.want {
+			t.Errorf("network %q: %d warnings, want %d:\n%s", c.network, n, c.want, text)
+		}
+		if c.want > 0 && (!strings.Contains(text, "engine_api=1.41") || !strings.Contains(text, "--concurrency 1")) {
+			t.Errorf("the warning names neither the engine's API version nor what to do:\n%s", text)
+		}
+	}
+}
