@@ -10,9 +10,11 @@
 // initialisation and their code, which a long-running daemon keeps
 // resident for nothing (docs/performance.md, "serve's memory"). The
 // clients here are built as client-gen builds the clientset's — the
-// same REST paths, the same protobuf preference, the same parameter
-// codec, one HTTP client and one rate limiter shared by every group —
-// so requests are the ones the clientset would send. Tests may use the
+// same REST paths, the same parameter codec, one HTTP client and one
+// rate limiter shared by every group — so requests are the ones the
+// clientset would send given the same configuration, but for the
+// content type: JSON unless the configuration names one
+// (ContentTypeJSON says why). Tests may use the
 // full clientset; internal/archtest keeps it out of the binary.
 package kubeclient
 
@@ -63,6 +65,16 @@ func init() {
 	utilruntime.Must(groups.AddToScheme(Scheme))
 }
 
+// ContentTypeJSON is what the runner's requests and answers are encoded
+// as. The clientset prefers protobuf, whose generated code is per type:
+// decoding the core group's Pods, Jobs and Events and encoding a Job
+// made 1.25 MB of k8s.io/api/core/v1's code and about as much of its
+// function table resident for good after a daemon's first runs (read
+// from /proc/PID/pagemap; docs/performance.md). JSON decodes every type
+// through the same reflection code, a little more processor time per
+// object for the few objects a run reads.
+const ContentTypeJSON = runtime.ContentTypeJSON
+
 // Clientset has a REST client per API group version the runner uses.
 type Clientset struct {
 	core, batch, networking, rbac, authorization, admissionregistration rest.Interface
@@ -71,11 +83,15 @@ type Clientset struct {
 // NewForConfig is kubernetes.NewForConfig for these groups: the
 // default user agent when c names none, one HTTP client for every
 // group, and one token-bucket rate limiter from c's QPS and Burst when
-// c has no RateLimiter.
+// c has no RateLimiter. Unlike the clientset it speaks JSON when c
+// names no content type (ContentTypeJSON).
 func NewForConfig(c *rest.Config) (*Clientset, error) {
 	cfg := *c
 	if cfg.UserAgent == "" {
 		cfg.UserAgent = rest.DefaultKubernetesUserAgent()
+	}
+	if cfg.ContentType == "" {
+		cfg.ContentType = ContentTypeJSON
 	}
 	httpClient, err := rest.HTTPClientFor(&cfg)
 	if err != nil {

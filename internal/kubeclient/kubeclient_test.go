@@ -80,7 +80,9 @@ func (f roundTripper) RoundTrip(req *http.Request) (*http.Response, error) { ret
 // client-go's clientset and once through kubeclient, against the test
 // cluster, and wants the same requests on the wire — method, URL with
 // its query, Accept, Content-Type, User-Agent, body — and the same
-// answer: what the API server sees cannot tell the two apart.
+// answer: what the API server sees cannot tell the two apart. The
+// clientset is told to speak JSON, as kubeclient does unasked; no
+// request of kubeclient's asks for protobuf.
 func TestSameRequestsAsClientset(t *testing.T) {
 	t.Parallel()
 	c := clustertest.Start(t)
@@ -95,6 +97,7 @@ func TestSameRequestsAsClientset(t *testing.T) {
 		cfg.UserAgent = "knotless-run"
 		cfg.QPS, cfg.Burst = 50, 100
 	}
+	fullCfg.ContentType = kubeclient.ContentTypeJSON // narrowCfg names none
 	full, err := kubernetes.NewForConfig(fullCfg)
 	if err != nil {
 		t.Fatal(err)
@@ -304,6 +307,11 @@ func TestSameRequestsAsClientset(t *testing.T) {
 		narrowReqs := narrowRec.take()
 		if len(fullReqs) == 0 {
 			t.Errorf("%s: the clientset sent nothing", cl.name)
+		}
+		for _, r := range narrowReqs {
+			if strings.Contains(r.Accept, "protobuf") || strings.Contains(r.ContentType, "protobuf") {
+				t.Errorf("%s: kubeclient asked for protobuf: %s", cl.name, show([]request{r}))
+			}
 		}
 		if !slices.EqualFunc(fullReqs, narrowReqs, func(a, b request) bool { return reflect.DeepEqual(a, b) }) {
 			t.Errorf("%s: requests differ:\nclientset  %s\nkubeclient %s", cl.name, show(fullReqs), show(narrowReqs))
