@@ -1,13 +1,12 @@
 package docker
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
 	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/syncbuf"
 )
 
 // TestIsolationGap is the rule: engines before Docker 28 (Engine API
@@ -29,25 +28,6 @@ func TestIsolationGap(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log destination that several sessions' goroutines
-// write to.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestIsolationGapWarning starts runs on the test daemon (Debian's
 // Docker 20.10): with networks of their own, the first Start warns once
 // that they are open to each other while the engine creates a network,
@@ -63,7 +43,7 @@ func TestIsolationGapWarning(t *testing.T) {
 		{NetworkPerRun, 1},
 		{NetworkNone, 0},
 	} {
-		var logs syncBuffer
+		var logs syncbuf.Buffer
 		ex := newExecutor(t, d, runner(t), Config{Network: c.network, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 		for _, id := range []string{"gap1", "gap2"} {
 			startSession(t, ex, d.Image(), id+c.network, executor.Resources{})
