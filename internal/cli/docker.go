@@ -10,7 +10,7 @@ import (
 // DockerFlags configure the docker executor.
 type DockerFlags struct {
 	DockerHost    string `help:"Docker daemon address (default: $$DOCKER_HOST, else unix:///var/run/docker.sock)." placeholder:"URL" group:"docker"`
-	Network       string `help:"Network of run containers: empty for one network per run (runs cannot reach each other, except for a moment at each network create on Docker before 28), none, or the name of an existing network." group:"docker"`
+	Network       string `help:"Network of run containers: empty for one network per run (runs cannot reach each other, except for a moment at each network create on Docker before 28 with --concurrency above 1), none, or the name of an existing network." group:"docker"`
 	DockerCPU     string `help:"CPU limit of a run container when the workflow sets none." group:"docker"`
 	DockerMemory  string `help:"Memory limit of a run container when the workflow sets none." group:"docker"`
 	DockerPull    string `help:"Image pull policy: missing, never or always." enum:"missing,never,always" default:"missing" group:"docker"`
@@ -34,15 +34,16 @@ func (f *DockerFlags) newDocker(env *Env, o executorOptions) (*docker.Executor, 
 		host = env.Getenv("DOCKER_HOST")
 	}
 	ex, err := docker.New(docker.Config{
-		Host:      host,
-		Network:   f.Network,
-		CPU:       f.DockerCPU,
-		Memory:    f.DockerMemory,
-		PidsLimit: f.DockerPidsMax,
-		Pull:      docker.PullPolicy(f.DockerPull),
-		Runner:    o.Runner,
-		Logger:    o.Logger,
-		Observer:  o.Observer,
+		Host:        host,
+		Network:     f.Network,
+		CPU:         f.DockerCPU,
+		Memory:      f.DockerMemory,
+		PidsLimit:   f.DockerPidsMax,
+		Pull:        docker.PullPolicy(f.DockerPull),
+		Runner:      o.Runner,
+		Concurrency: o.Concurrency,
+		Logger:      o.Logger,
+		Observer:    o.Observer,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("--executor docker: %w", err)

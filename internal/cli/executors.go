@@ -67,7 +67,10 @@ type executorDef struct {
 type executorOptions struct {
 	Runner string // the runner's DID
 	Image  string // the image for workflows that name none
-	Logger *slog.Logger
+	// Concurrency is how many runs may go at once (serve's
+	// --concurrency; one for run).
+	Concurrency int
+	Logger      *slog.Logger
 	// Observer is told what the executor does (serve's metrics); nil:
 	// nothing.
 	Observer executor.Observer
@@ -99,15 +102,16 @@ func (f *ExecutorFlags) lookup() (executorDef, error) {
 	return executorDef{}, fmt.Errorf("--executor %s: unknown executor", f.Executor)
 }
 
-// newExecutor builds the executor --executor names, telling obs (nil:
-// nothing) what it does. No other code path chooses one, and none falls
-// back to another.
-func (f *ExecutorFlags) newExecutor(env *Env, runner string, log *slog.Logger, obs executor.Observer) (executor.Executor, error) {
+// newExecutor builds the executor --executor names for concurrency runs
+// at once, telling obs (nil: nothing) what it does. No other code path
+// chooses one, and none falls back to another.
+func (f *ExecutorFlags) newExecutor(env *Env, runner string, concurrency int, log *slog.Logger, obs executor.Observer) (executor.Executor, error) {
 	d, err := f.lookup()
 	if err != nil {
 		return nil, err
 	}
-	return d.New(env, executorOptions{Runner: runner, Image: f.Image, Logger: log.With("component", "executor", "executor", d.Name), Observer: obs})
+	return d.New(env, executorOptions{Runner: runner, Image: f.Image, Concurrency: concurrency,
+		Logger: log.With("component", "executor", "executor", d.Name), Observer: obs})
 }
 
 // stopForeign stops the sessions an earlier process handed over on

@@ -98,6 +98,10 @@ type Config struct {
 	Pull PullPolicy
 	// Runner is the runner's DID: Sweep removes only its runs.
 	Runner string
+	// Concurrency is how many runs may go at once (0 as 1). Above one,
+	// a run's container may be there while another run's network is
+	// made: on an engine with isolationGap the first Start warns.
+	Concurrency int
 	// Limits bound every transfer in and out of a container.
 	Limits tarstream.Limits
 	// Logger takes the executor's lines as the caller tagged it
@@ -224,16 +228,18 @@ func isolationGap(apiVersion string) bool {
 	return versions.LessThan(apiVersion, isolatedFromAPI)
 }
 
-// checkIsolation warns once, at the first Start, when runs get networks
-// of their own from an engine with the isolation gap.
+// checkIsolation warns once, at the first Start, when runs that may go
+// at once get networks of their own from an engine with the isolation
+// gap. One run at a time is safe: a run's network is made before its
+// container, and no other run's container is there.
 func (e *Executor) checkIsolation(apiVersion string) {
-	if e.cfg.Network != NetworkPerRun {
+	if e.cfg.Network != NetworkPerRun || e.cfg.Concurrency < 2 {
 		return
 	}
 	e.isolationChecked.Do(func() {
 		if isolationGap(apiVersion) {
 			e.log.Warn("runs' networks are open to each other whenever this docker engine creates a network",
-				"engine_api", apiVersion,
+				"engine_api", apiVersion, "concurrency", e.cfg.Concurrency,
 				"why", "engines before Docker 28 (API "+isolatedFromAPI+") delete and re-insert the jump to DOCKER-ISOLATION-STAGE-1 at each network create; a run can connect to another run's container in that moment",
 				"fix", "Docker 28 or later, --concurrency 1, or --network none")
 		}

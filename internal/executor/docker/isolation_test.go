@@ -1,6 +1,7 @@
 package docker
 
 import (
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -29,28 +30,30 @@ func TestIsolationGap(t *testing.T) {
 }
 
 // TestIsolationGapWarning starts runs on the test daemon (Debian's
-// Docker 20.10): with networks of their own, the first Start warns once
-// that they are open to each other while the engine creates a network,
-// naming the engine's API version and what to do; on no network it
-// says nothing.
+// Docker 20.10): with networks of their own and two runs allowed at
+// once, the first Start warns once that they are open to each other
+// while the engine creates a network, naming the engine's API version
+// and what to do; one run at a time, or no network, says nothing.
 func TestIsolationGapWarning(t *testing.T) {
 	t.Parallel()
 	d := daemon.Get(t)
 	for _, c := range []struct {
-		network string
-		want    int
+		network     string
+		concurrency int
+		want        int
 	}{
-		{NetworkPerRun, 1},
-		{NetworkNone, 0},
+		{NetworkPerRun, 2, 1},
+		{NetworkPerRun, 1, 0},
+		{NetworkNone, 2, 0},
 	} {
 		var logs syncbuf.Buffer
-		ex := newExecutor(t, d, runner(t), Config{Network: c.network, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		ex := newExecutor(t, d, runner(t), Config{Network: c.network, Concurrency: c.concurrency, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 		for _, id := range []string{"gap1", "gap2"} {
-			startSession(t, ex, d.Image(), id+c.network, executor.Resources{})
+			startSession(t, ex, d.Image(), fmt.Sprintf("%s%s%d", id, c.network, c.concurrency), executor.Resources{})
 		}
 		text := logs.String()
 		if n := strings.Count(text, "open to each other"); n != c.want {
-			t.Errorf("network %q: %d warnings, want %d:\n%s", c.network, n, c.want, text)
+			t.Errorf("network %q, concurrency %d: %d warnings, want %d:\n%s", c.network, c.concurrency, n, c.want, text)
 		}
 		if c.want > 0 && (!strings.Contains(text, "engine_api=1.41") || !strings.Contains(text, "--concurrency 1")) {
 			t.Errorf("the warning names neither the engine's API version nor what to do:\n%s", text)
