@@ -230,8 +230,9 @@ func isolationGap(apiVersion string) bool {
 
 // checkIsolation warns once, at the first Start, when runs that may go
 // at once get networks of their own from an engine with the isolation
-// gap. One run at a time is safe: a run's network is made before its
-// container, and no other run's container is there.
+// gap. One run at a time is not exposed: a run's network is made before
+// its container, and no other run's container is there (unless one
+// outlived its run: a clean-up that failed leaves it to the sweep).
 func (e *Executor) checkIsolation(apiVersion string) {
 	if e.cfg.Network != NetworkPerRun || e.cfg.Concurrency < 2 {
 		return
