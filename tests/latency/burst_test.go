@@ -132,7 +132,7 @@ func (d *daemon) burst(tb testing.TB, w *forgeworld.World, repos []repo, n *int,
 		keys[i] = r.checkKey(ps[i].commit, ps[i].uri)
 	}
 	find := func(what string, match func(record) bool) time.Time {
-		r, ok := d.logs.wait(t0.Truncate(time.Millisecond), 3*time.Minute, match)
+		r, ok := d.logs.wait(t0, 3*time.Minute, match)
 		if !ok {
 			tb.Fatalf("burst of %d: no %s in the serve log\n%s", len(repos), what, d.logs.text())
 		}

@@ -277,9 +277,10 @@ func (r repo) checkKey(commit string, event syntax.ATURI) string {
 }
 
 // settle waits for the final check of key (a push sent at sent and
-// written at t0) on
-// the PDS and for the clean-up of its Job, and reads the push's
-// moments from the daemon's records.
+// written at t0) on the PDS and for the clean-up of its Job, and reads
+// the push's moments from the daemon's records, from sent on: the
+// event stream may tell the daemon of the push before its write
+// returns.
 func (d *daemon) settle(tb testing.TB, w *forgeworld.World, key string, i int, sent, t0 time.Time) pushTimes {
 	tb.Helper()
 	p := pushTimes{sent: sent, t0: t0}
@@ -301,7 +302,7 @@ func (d *daemon) settle(tb testing.TB, w *forgeworld.World, key string, i int, s
 		time.Sleep(20 * time.Millisecond)
 	}
 	find := func(what string, match func(record) bool) time.Time {
-		r, ok := d.logs.wait(p.sent.Truncate(time.Millisecond), time.Minute, match)
+		r, ok := d.logs.wait(p.sent, time.Minute, match)
 		if !ok {
 			tb.Fatalf("push %d: no %s in the serve log\n%s", i, what, d.logs.text())
 		}
@@ -327,7 +328,7 @@ func (d *daemon) settle(tb testing.TB, w *forgeworld.World, key string, i int, s
 	p.jobCreated = find("job created or warm pod taken", func(r record) bool {
 		return (r.Msg == "job created" || r.Msg == "warm pod taken") && r.Fields["run"] == run
 	})
-	if r, ok := d.logs.wait(p.sent.Truncate(time.Millisecond), 0, ofRun("warm pod taken")); ok {
+	if r, ok := d.logs.wait(p.sent, 0, ofRun("warm pod taken")); ok {
 		p.warm, p.podReady = true, r.Time
 	} else {
 		p.podReady = find("pod ready", ofRun("pod ready"))
@@ -427,8 +428,10 @@ func (rs *records) read(r io.Reader) {
 }
 
 // wait returns the first record at or after since that match says
-// is the one, waiting up to timeout for it.
+// is the one, waiting up to timeout for it. The daemon's records carry
+// milliseconds only, so since counts from its millisecond.
 func (rs *records) wait(since time.Time, timeout time.Duration, match func(record) bool) (record, bool) {
+	since = since.Truncate(time.Millisecond)
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	for {
