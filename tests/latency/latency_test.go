@@ -235,8 +235,8 @@ func startServe(tb testing.TB, w *forgeworld.World, c *clustertest.Cluster, bin 
 // began, t0 as it returned, the rest the daemon's records, and visible
 // when the final check was seen on the PDS.
 type pushTimes struct {
-	sent, t0, event, jobCreated, podReady, firstStep, verdict, finalWritten, visible, cleaned time.Time
-	warm                                                                                      bool // the run took a warm pod: jobCreated and podReady are when
+	sent, t0, event, listed, jobCreated, podReady, firstStep, verdict, finalWritten, visible, cleaned time.Time
+	warm                                                                                              bool // the run took a warm pod: jobCreated and podReady are when
 }
 
 // push commits a change on main (the workflow file is there from the
@@ -311,6 +311,12 @@ func (d *daemon) settle(tb testing.TB, w *forgeworld.World, key string, i int, s
 	p.event = find("event", func(r record) bool {
 		return r.Msg == "records changed" && r.Fields["collection"] == forge.CollectionRefUpdate
 	})
+	// The reconcile the event woke: its listing done.
+	r, ok := d.logs.wait(p.event, time.Minute, func(r record) bool { return r.Msg == "listed" })
+	if !ok {
+		tb.Fatalf("push %d: no listing after the event in the serve log\n%s", i, d.logs.text())
+	}
+	p.listed = r.Time
 	p.finalWritten = find("final check written", func(r record) bool {
 		return r.Msg == "run finished" && r.Fields["check"] == key
 	})
@@ -356,6 +362,7 @@ func (s *phaseSet) report(b *testing.B) {
 		{"push-to-visible-ms", func(p pushTimes) time.Time { return p.t0 }, func(p pushTimes) time.Time { return p.visible }},
 		{"push-to-event-ms", func(p pushTimes) time.Time { return p.t0 }, func(p pushTimes) time.Time { return p.event }},
 		{"event-to-final-ms", func(p pushTimes) time.Time { return p.event }, func(p pushTimes) time.Time { return p.finalWritten }},
+		{"event-to-listed-ms", func(p pushTimes) time.Time { return p.event }, func(p pushTimes) time.Time { return p.listed }},
 		{"event-to-job-ms", func(p pushTimes) time.Time { return p.event }, func(p pushTimes) time.Time { return p.jobCreated }},
 		{"job-to-ready-ms", func(p pushTimes) time.Time { return p.jobCreated }, func(p pushTimes) time.Time { return p.podReady }},
 		{"event-to-first-step-ms", func(p pushTimes) time.Time { return p.event }, func(p pushTimes) time.Time { return p.firstStep }},
