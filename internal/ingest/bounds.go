@@ -30,7 +30,7 @@ type Bounds struct {
 
 // Default bounds of a reconcile's listings.
 const (
-	DefaultParallel = 8
+	DefaultParallel = 16
 	DefaultDeadline = time.Minute
 )
 

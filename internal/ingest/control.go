@@ -93,29 +93,26 @@ func (l *Lister) noteAuthor(c Change) {
 	l.authors[c.DID] = true
 }
 
-// controls lists the run-control records: cancels and re-runs of the
-// owners (listed is false for an owner whose PDS failed), of the
-// accounts seen writing pulls, cancels or re-runs, and of the authors
-// of the pulls listed (with Discover, every account on the owners'
-// PDSes that has a pull); dispatches of the owners, for the
-// repositories in repos. An account whose records do not list is
-// logged and left out of this reconcile: a control record read later
-// acts later, it is never lost.
-func (l *Lister) controls(ctx context.Context, p *pool, owners []syntax.DID, listed []bool, repos []forge.Record[forge.Repo], pulls []forge.Record[forge.Pull]) Controls {
+// controls are the run-control records: cancels and re-runs of the
+// owners (those whose PDS listed), of the accounts seen writing pulls,
+// cancels or re-runs (authors), and of the authors of the pulls listed
+// (with Discover, every account on the owners' PDSes that has a pull);
+// dispatches of the owners, for the repositories in repos. Most were
+// listed in got's rounds; the accounts they did not cover (a pull's
+// author new to the runner) are listed now. An account whose records
+// do not list is logged and left out of this reconcile: a control
+// record read later acts later, it is never lost.
+func (l *Lister) controls(ctx context.Context, p *pool, got *listing, owners []syntax.DID, authors map[syntax.DID]bool, repos []forge.Record[forge.Repo], pulls []forge.Record[forge.Pull], now time.Time) Controls {
 	acting := map[syntax.DID]bool{}
 	var owning []syntax.DID
-	for i, o := range owners {
-		if listed[i] {
+	for _, o := range owners {
+		if got.owners[o].listed {
 			acting[o] = true
 			owning = append(owning, o)
 		}
 	}
 	if l.Pulls {
-		l.mu.Lock()
-		for did := range l.authors {
-			acting[did] = true
-		}
-		l.mu.Unlock()
+		maps.Copy(acting, authors)
 		for _, pr := range pulls {
 			if did, err := pr.URI.Authority().AsDID(); err == nil {
 				acting[did] = true
@@ -123,39 +120,71 @@ func (l *Lister) controls(ctx context.Context, p *pool, owners []syntax.DID, lis
 		}
 	}
 	accounts := slices.Sorted(maps.Keys(acting))
-	cancels := make([][]forge.Record[forge.Cancel], len(accounts))
-	reruns := make([][]forge.Record[forge.Rerun], len(accounts))
-	dispatches := make([][]forge.Record[forge.Dispatch], len(owning))
-	// A cancel is acted on whatever its age (its check may still be
-	// going); a rerun or a dispatch older than the retention never is.
-	now := time.Now()
-	p.each(ctx, 2*len(accounts)+len(owning), func(ctx context.Context, i int) {
-		switch {
-		case i < len(accounts):
-			cancels[i] = listControl[forge.Cancel](ctx, l, accounts[i], forge.CollectionCancel, time.Time{})
-		case i < 2*len(accounts):
-			reruns[i-len(accounts)] = listControl[forge.Rerun](ctx, l, accounts[i-len(accounts)], forge.CollectionRerun, now)
-		default:
-			dispatches[i-2*len(accounts)] = listControl[forge.Dispatch](ctx, l, owning[i-2*len(accounts)], forge.CollectionDispatch, now)
-		}
-	})
+	*got = l.listRound(ctx, p, *got, round{actors: accounts, dispatchers: owning}, now)
 	served := map[string]bool{}
 	for _, r := range repos {
 		served[r.URI.String()] = true
 	}
 	var out Controls
-	for i := range accounts {
-		out.Cancels = append(out.Cancels, cancels[i]...)
-		out.Reruns = append(out.Reruns, reruns[i]...)
+	for _, a := range accounts {
+		out.Cancels = append(out.Cancels, got.actions[a].cancels...)
+		out.Reruns = append(out.Reruns, got.actions[a].reruns...)
 	}
-	for _, recs := range dispatches {
-		for _, r := range recs {
+	for _, o := range owning {
+		for _, r := range got.dispatches[o] {
 			if served[r.Value.Repo] {
 				out.Dispatches = append(out.Dispatches, r)
 			}
 		}
 	}
 	return out
+}
+
+// listControls lists the cancels and re-runs of actors and the
+// dispatches of dispatchers, at each one's index. An account whose PDS
+// is backing off (it failed to list an owner's pushes) is not asked:
+// its entry is nil. A cancel is acted on whatever its age (its check
+// may still be going); a rerun or a dispatch older than the retention
+// never is.
+func (l *Lister) listControls(ctx context.Context, p *pool, actors, dispatchers []syntax.DID, now time.Time) ([]*accountActions, []*[]forge.Record[forge.Dispatch]) {
+	cancels := make([][]forge.Record[forge.Cancel], len(actors))
+	reruns := make([][]forge.Record[forge.Rerun], len(actors))
+	dispatches := make([][]forge.Record[forge.Dispatch], len(dispatchers))
+	// asked[i]: task i's account was asked (its PDS not backing off).
+	asked := make([]bool, 2*len(actors)+len(dispatchers))
+	p.each(ctx, len(asked), func(ctx context.Context, i int) {
+		var did syntax.DID
+		if i < 2*len(actors) {
+			did = actors[i%len(actors)]
+		} else {
+			did = dispatchers[i-2*len(actors)]
+		}
+		if host, err := l.Reader.PDS(ctx, did); err == nil && l.hosts.skip(host, now) {
+			return
+		}
+		asked[i] = true
+		switch {
+		case i < len(actors):
+			cancels[i] = listControl[forge.Cancel](ctx, l, did, forge.CollectionCancel, time.Time{})
+		case i < 2*len(actors):
+			reruns[i-len(actors)] = listControl[forge.Rerun](ctx, l, did, forge.CollectionRerun, now)
+		default:
+			dispatches[i-2*len(actors)] = listControl[forge.Dispatch](ctx, l, did, forge.CollectionDispatch, now)
+		}
+	})
+	outActions := make([]*accountActions, len(actors))
+	for i := range actors {
+		if asked[i] && asked[len(actors)+i] {
+			outActions[i] = &accountActions{cancels: cancels[i], reruns: reruns[i]}
+		}
+	}
+	outDispatches := make([]*[]forge.Record[forge.Dispatch], len(dispatchers))
+	for i := range dispatchers {
+		if asked[2*len(actors)+i] {
+			outDispatches[i] = &dispatches[i]
+		}
+	}
+	return outActions, outDispatches
 }
 
 // listControl lists one account's records of a run-control collection,

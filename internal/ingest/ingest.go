@@ -183,33 +183,47 @@ type ownerListing struct {
 // parallel and under a deadline (Bounds): one that is slow, fails or
 // pages forever leaves its own repositories (or pulls) out, not the
 // others'.
+//
+// A reconcile is on the path of every push, so its listings go in as
+// few rounds as what each needs allows (rounds.go): the owners of the
+// repositories named by DID are known before their records are read,
+// so their pushes, pulls and run-control records are listed beside
+// those reads. Only what a read tells (a discovered or handle-named
+// owner, a lander, a pull's author) waits for it.
 func (l *Lister) Reconcile(ctx context.Context) (*Snapshot, error) {
 	start := time.Now()
 	p := l.Bounds.pool()
-	repos, err := l.repos(ctx, p)
-	if err != nil {
-		return nil, err
-	}
 	now := time.Now()
-	owners, byOwner := ownersOf(repos)
-	var listings []ownerListing
-	var pullsOfAuthors []forge.Record[forge.Pull]
-	var landings map[syntax.ATURI][]Event
+	authors := l.knownAuthors()
+	var got listing
+	var repos []forge.Record[forge.Repo]
+	var reposErr error
 	var wg sync.WaitGroup
-	wg.Go(func() { listings = l.listOwners(ctx, p, owners, now) })
-	if l.Pulls && !l.Discover {
-		wg.Go(func() { pullsOfAuthors = l.pullsOfAuthors(ctx, p, owners, now) })
+	wg.Go(func() { repos, reposErr = l.repos(ctx, p) })
+	named := l.namedOwners()
+	wg.Go(func() { got = l.listRound(ctx, p, listing{}, l.roundOf(named, authors), now) })
+	wg.Wait()
+	if reposErr != nil {
+		return nil, reposErr
 	}
+	owners := ownersOf(repos)
+	var landings map[syntax.ATURI][]Event
 	wg.Go(func() { landings = l.landings(ctx, p, repos) })
+	got = l.listRound(ctx, p, got, l.roundOf(owners, authors), now)
 	wg.Wait()
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 
+	var pullsOfAuthors []forge.Record[forge.Pull]
+	if l.Pulls && !l.Discover {
+		pullsOfAuthors = got.pullsOf(slices.Sorted(maps.Keys(union(owners, authors))))
+	}
 	snap := &Snapshot{}
 	hosts := map[string]bool{}
 	for _, repo := range repos {
-		o := listings[byOwner[repo.URI.Authority().String()]]
+		owner, _ := repo.URI.Authority().AsDID()
+		o := got.owners[owner]
 		if o.host == "" {
 			continue
 		}
@@ -242,13 +256,11 @@ func (l *Lister) Reconcile(ctx context.Context) (*Snapshot, error) {
 		snap.Hosts = append(snap.Hosts, h)
 	}
 	sort.Strings(snap.Hosts)
-	listed := make([]bool, len(owners))
 	var allPulls []forge.Record[forge.Pull]
-	for i, o := range listings {
-		listed[i] = o.listed
-		allPulls = append(allPulls, o.pulls...)
+	for _, o := range owners {
+		allPulls = append(allPulls, got.owners[o].pulls...)
 	}
-	snap.Controls = l.controls(ctx, p, owners, listed, snap.Repos, append(allPulls, pullsOfAuthors...))
+	snap.Controls = l.controls(ctx, p, &got, owners, authors, snap.Repos, append(allPulls, pullsOfAuthors...), now)
 	sort.SliceStable(snap.Events, func(i, j int) bool {
 		return snap.Events[i].URI.RecordKey().String() < snap.Events[j].URI.RecordKey().String()
 	})
@@ -256,26 +268,28 @@ func (l *Lister) Reconcile(ctx context.Context) (*Snapshot, error) {
 	return snap, nil
 }
 
-// ownersOf lists the repositories' owners, each once, and the index of
-// each in that list.
-func ownersOf(repos []forge.Record[forge.Repo]) ([]syntax.DID, map[string]int) {
+// ownersOf lists the repositories' owners, each once, in the order of
+// the repositories.
+func ownersOf(repos []forge.Record[forge.Repo]) []syntax.DID {
 	var owners []syntax.DID
-	index := map[string]int{}
+	seen := map[syntax.DID]bool{}
 	for _, repo := range repos {
 		owner, _ := repo.URI.Authority().AsDID()
-		if _, ok := index[owner.String()]; !ok {
-			index[owner.String()] = len(owners)
+		if !seen[owner] {
+			seen[owner] = true
 			owners = append(owners, owner)
 		}
 	}
-	return owners, index
+	return owners
 }
 
 // listOwners reads each owner's pushes from its PDS and, with Discover
-// and Pulls, the pulls of every account on that PDS. A PDS that fails,
-// or passes the deadline, is logged and backed off, and its owners'
-// repositories are left out meanwhile; the others go on.
-func (l *Lister) listOwners(ctx context.Context, p *pool, owners []syntax.DID, now time.Time) []ownerListing {
+// and Pulls, the pulls of every account on that PDS (those of a host in
+// done, listed in an earlier round, are not listed again; the hosts
+// listed now are returned). A PDS that fails, or passes the deadline,
+// is logged and backed off, and its owners' repositories are left out
+// meanwhile; the others go on.
+func (l *Lister) listOwners(ctx context.Context, p *pool, owners []syntax.DID, done map[string]hostPulls, now time.Time) ([]ownerListing, map[string]hostPulls) {
 	out := make([]ownerListing, len(owners))
 	p.each(ctx, len(owners), func(ctx context.Context, i int) {
 		owner := owners[i]
@@ -296,8 +310,9 @@ func (l *Lister) listOwners(ctx context.Context, p *pool, owners []syntax.DID, n
 		l.warnInvalid(bad)
 		out[i].pushes, out[i].listed = ups, true
 	})
+	var onHosts map[string]hostPulls
 	if l.Pulls && l.Discover {
-		l.pullsOnHosts(ctx, p, out, now)
+		onHosts = l.pullsOnHosts(ctx, p, out, done, now)
 	}
 	for _, o := range out {
 		// A host that failed in this reconcile (for another of its
@@ -308,7 +323,7 @@ func (l *Lister) listOwners(ctx context.Context, p *pool, owners []syntax.DID, n
 			}
 		}
 	}
-	return out
+	return out, onHosts
 }
 
 // listRecent lists a collection of did whose records (keyed by TID)
@@ -326,14 +341,22 @@ func (l *Lister) hostFailed(host string, err error, now time.Time) {
 	l.Logger.Warn("owner's PDS failed; its repositories are left out until it answers, the others go on", "host", host, "failures", n, "retry_in", wait, "err", err)
 }
 
+// hostPulls are the pulls of every account on one host (Discover with
+// Pulls); ok is false when the host's accounts could not be listed.
+type hostPulls struct {
+	pulls []forge.Record[forge.Pull]
+	ok    bool
+}
+
 // pullsOnHosts lists the pulls of every account on each listed owner's
-// PDS (discovery: its cost grows with the hosts' accounts, by choice).
-// A host whose accounts cannot be listed fails like its owners' pushes.
-func (l *Lister) pullsOnHosts(ctx context.Context, p *pool, owners []ownerListing, now time.Time) {
+// PDS (discovery: its cost grows with the hosts' accounts, by choice),
+// but for the hosts in done. A host whose accounts cannot be listed
+// fails like its owners' pushes. It returns the hosts it listed.
+func (l *Lister) pullsOnHosts(ctx context.Context, p *pool, owners []ownerListing, done map[string]hostPulls, now time.Time) map[string]hostPulls {
 	var hosts []string
 	seen := map[string]bool{}
 	for _, o := range owners {
-		if o.listed && !seen[o.host] {
+		if _, before := done[o.host]; o.listed && !seen[o.host] && !before {
 			seen[o.host] = true
 			hosts = append(hosts, o.host)
 		}
@@ -348,19 +371,25 @@ func (l *Lister) pullsOnHosts(ctx context.Context, p *pool, owners []ownerListin
 			failed[i] = true
 		}
 	})
-	pulls := map[string][]forge.Record[forge.Pull]{}
+	found := map[string]hostPulls{}
 	for i, h := range hosts {
-		if !failed[i] {
-			pulls[h] = l.pullsOf(ctx, p, dids[i], now)
+		if failed[i] {
+			found[h] = hostPulls{}
+			continue
 		}
+		found[h] = hostPulls{pulls: slices.Concat(l.pullsOf(ctx, p, dids[i], now)...), ok: true}
 	}
 	for i := range owners {
 		if !owners[i].listed {
 			continue
 		}
-		on, ok := pulls[owners[i].host]
-		owners[i].pulls, owners[i].listed = on, ok
+		on, ok := found[owners[i].host]
+		if !ok {
+			on = done[owners[i].host]
+		}
+		owners[i].pulls, owners[i].listed = on.pulls, on.ok
 	}
+	return found
 }
 
 // landings lists, per repository, the pushes its lander made from its
@@ -492,28 +521,11 @@ func (l *Lister) repos(ctx context.Context, p *pool) ([]forge.Record[forge.Repo]
 	return out, nil
 }
 
-// pullsOfAuthors lists the pulls of the repositories' owners and of the
-// accounts seen writing pulls.
-func (l *Lister) pullsOfAuthors(ctx context.Context, p *pool, owners []syntax.DID, now time.Time) []forge.Record[forge.Pull] {
-	dids := map[syntax.DID]bool{}
-	for _, owner := range owners {
-		dids[owner] = true
-	}
-	l.mu.Lock()
-	for did := range l.authors {
-		dids[did] = true
-	}
-	l.mu.Unlock()
-	list := slices.Collect(maps.Keys(dids))
-	slices.Sort(list)
-	return l.pullsOf(ctx, p, list, now)
-}
-
-// pullsOf lists the pulls of the accounts dids, each under the Bounds;
-// an account whose pulls cannot be listed (or not within the deadline)
-// is logged, passed over and backed off (by account: its PDS may serve
-// others), while the others go on.
-func (l *Lister) pullsOf(ctx context.Context, p *pool, dids []syntax.DID, now time.Time) []forge.Record[forge.Pull] {
+// pullsOf lists the pulls of the accounts dids, each under the Bounds,
+// at each one's index; an account whose pulls cannot be listed (or not
+// within the deadline) is logged, passed over and backed off (by
+// account: its PDS may serve others), while the others go on.
+func (l *Lister) pullsOf(ctx context.Context, p *pool, dids []syntax.DID, now time.Time) [][]forge.Record[forge.Pull] {
 	found := make([][]forge.Record[forge.Pull], len(dids))
 	p.each(ctx, len(dids), func(ctx context.Context, i int) {
 		did := dids[i].String()
@@ -530,11 +542,7 @@ func (l *Lister) pullsOf(ctx context.Context, p *pool, dids []syntax.DID, now ti
 		l.warnInvalid(bad)
 		found[i] = recs
 	})
-	var out []forge.Record[forge.Pull]
-	for _, recs := range found {
-		out = append(out, recs...)
-	}
-	return out
+	return found
 }
 
 func (l *Lister) resolve(ctx context.Context, id syntax.AtIdentifier) (syntax.DID, error) {
