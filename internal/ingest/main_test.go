@@ -26,7 +26,7 @@ var knownGoroutines = []goleak.Option{
 
 // startPDS starts a real PDS for the test, skipped under -short; ctx
 // ends with the test, or after 5 minutes.
-func startPDS(t *testing.T) (context.Context, *pds.Server) {
+func startPDS(t testing.TB) (context.Context, *pds.Server) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip(pds.ErrSkip)

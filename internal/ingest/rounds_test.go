@@ -1,7 +1,6 @@
 package ingest
 
 import (
-	"context"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -37,6 +36,21 @@ func (rt *roundsTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	rt.spans = append(rt.spans, span{start, time.Now()})
 	rt.mu.Unlock()
 	return resp, err
+}
+
+// heldReader is a forge.Reader of srv (and its PLC directory) whose
+// requests are each held hold.
+func heldReader(tb testing.TB, srv *pds.Server, hold time.Duration) (*roundsTransport, *forge.Reader) {
+	tb.Helper()
+	rt := &roundsTransport{hold: hold}
+	hc := &http.Client{Transport: rt}
+	tb.Cleanup(hc.CloseIdleConnections)
+	cat, err := forge.NewCatalog()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	dir := forge.NewDirectory(forge.DirectoryConfig{PLCURL: srv.PLCURL, HTTP: hc})
+	return rt, &forge.Reader{Dir: dir, Catalog: cat, HTTP: hc}
 }
 
 // rounds is the longest chain of requests each begun after the one
@@ -102,21 +116,14 @@ func TestReconcileRounds(t *testing.T) {
 		}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rt := &roundsTransport{}
+			var hold time.Duration
 			if tc.rounds != 0 {
 				// Far longer than the requests of one round take to be
 				// sent one after another, on a loaded machine too.
-				rt.hold = 300 * time.Millisecond
+				hold = 300 * time.Millisecond
 			}
-			hc := &http.Client{Transport: rt}
-			t.Cleanup(hc.CloseIdleConnections)
-			cat, err := forge.NewCatalog()
-			if err != nil {
-				t.Fatal(err)
-			}
-			dir := forge.NewDirectory(forge.DirectoryConfig{PLCURL: srv.PLCURL, HTTP: hc})
-			reader := &forge.Reader{Dir: dir, Catalog: cat, HTTP: hc}
-			l := &Lister{Reader: reader, Dir: dir, Runner: w.Runner.DID, Pulls: true, Logger: slog.New(slog.DiscardHandler)}
+			rt, reader := heldReader(t, srv, hold)
+			l := &Lister{Reader: reader, Dir: reader.Dir, Runner: w.Runner.DID, Pulls: true, Logger: slog.New(slog.DiscardHandler)}
 			tc.set(l)
 			if _, err := l.Reconcile(ctx); err != nil { // resolves the DIDs, kept for the identity TTL
 				t.Fatal(err)
@@ -147,32 +154,15 @@ func TestReconcileRounds(t *testing.T) {
 // is the rounds' (TestReconcileRounds), as for a runner whose owners'
 // PDSes are hosted far from it.
 func BenchmarkReconcileFarPDS(b *testing.B) {
-	if testing.Short() {
-		b.Skip(pds.ErrSkip)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	srv, err := pds.Start(ctx, b.TempDir())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer srv.Stop()
+	ctx, srv := startPDS(b)
 	w := forgeworld.New(b, srv, forgeworld.Options{App: "far", Source: "file:///nowhere"})
 	w.PushCommit("", strings.Repeat("a", 40))
 	author, err := srv.CreateAccount(ctx, "author")
 	if err != nil {
 		b.Fatal(err)
 	}
-	rt := &roundsTransport{hold: 50 * time.Millisecond}
-	hc := &http.Client{Transport: rt}
-	defer hc.CloseIdleConnections()
-	cat, err := forge.NewCatalog()
-	if err != nil {
-		b.Fatal(err)
-	}
-	dir := forge.NewDirectory(forge.DirectoryConfig{PLCURL: srv.PLCURL, HTTP: hc})
-	reader := &forge.Reader{Dir: dir, Catalog: cat, HTTP: hc}
-	l := &Lister{Reader: reader, Dir: dir, Runner: w.Runner.DID, Pulls: true, Logger: slog.New(slog.DiscardHandler),
+	rt, reader := heldReader(b, srv, 50*time.Millisecond)
+	l := &Lister{Reader: reader, Dir: reader.Dir, Runner: w.Runner.DID, Pulls: true, Logger: slog.New(slog.DiscardHandler),
 		Targets: []Target{{Owner: syntax.AtIdentifier(w.Owner.DID), Name: forgeworld.RepoName}}}
 	l.Changed(Change{Host: srv.URL, DID: author.DID, Collection: forge.CollectionPull})
 	if _, err := l.Reconcile(ctx); err != nil { // resolves the DIDs
