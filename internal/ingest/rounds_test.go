@@ -120,7 +120,7 @@ func TestReconcileRounds(t *testing.T) {
 			if tc.rounds != 0 {
 				// Far longer than the requests of one round take to be
 				// sent one after another, on a loaded machine too.
-				hold = 300 * time.Millisecond
+				hold = 500 * time.Millisecond
 			}
 			rt, reader := heldReader(t, srv, hold)
 			l := &Lister{Reader: reader, Dir: reader.Dir, Runner: w.Runner.DID, Pulls: true, Logger: slog.New(slog.DiscardHandler)}
