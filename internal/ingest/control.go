@@ -142,11 +142,14 @@ func (l *Lister) controls(ctx context.Context, p *pool, got *listing, owners []s
 
 // listControls lists the cancels and re-runs of actors and the
 // dispatches of dispatchers, at each one's index. An account whose PDS
-// is backing off (it failed to list an owner's pushes) is not asked:
-// its entry is nil. A cancel is acted on whatever its age (its check
-// may still be going); a rerun or a dispatch older than the retention
-// never is.
-func (l *Lister) listControls(ctx context.Context, p *pool, actors, dispatchers []syntax.DID, now time.Time) ([]*accountActions, []*[]forge.Record[forge.Dispatch]) {
+// is backing off (it failed to list an owner's pushes) is not asked, nor
+// an owner (in owners) whose PDS has not answered its last listing: a
+// failing PDS is asked once, for the owner's pushes, not once for each
+// listing (controls lists the owner's records once its pushes listed).
+// Such an entry is nil. A cancel is acted on whatever its age (its
+// check may still be going); a rerun or a dispatch older than the
+// retention never is.
+func (l *Lister) listControls(ctx context.Context, p *pool, actors, dispatchers []syntax.DID, owners map[syntax.DID]bool, now time.Time) ([]*accountActions, []*[]forge.Record[forge.Dispatch]) {
 	cancels := make([][]forge.Record[forge.Cancel], len(actors))
 	reruns := make([][]forge.Record[forge.Rerun], len(actors))
 	dispatches := make([][]forge.Record[forge.Dispatch], len(dispatchers))
@@ -159,7 +162,11 @@ func (l *Lister) listControls(ctx context.Context, p *pool, actors, dispatchers 
 		} else {
 			did = dispatchers[i-2*len(actors)]
 		}
-		if host, err := l.Reader.PDS(ctx, did); err == nil && l.hosts.skip(host, now) {
+		host, err := l.Reader.PDS(ctx, did)
+		if owners[did] && (err != nil || !l.hosts.hasAnswered(host)) {
+			return
+		}
+		if err == nil && l.hosts.skip(host, now) {
 			return
 		}
 		asked[i] = true

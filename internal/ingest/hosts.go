@@ -12,6 +12,8 @@ import (
 type backoffs struct {
 	mu   sync.Mutex
 	keys map[string]*backoffState
+	// answered are the keys whose last try succeeded.
+	answered map[string]bool
 }
 
 type backoffState struct {
@@ -41,6 +43,7 @@ func (b *backoffs) failed(key string, now time.Time) (failures int, wait time.Du
 	if b.keys == nil {
 		b.keys = map[string]*backoffState{}
 	}
+	delete(b.answered, key)
 	s, ok := b.keys[key]
 	if !ok {
 		s = &backoffState{}
@@ -61,9 +64,21 @@ func (b *backoffs) failed(key string, now time.Time) (failures int, wait time.Du
 func (b *backoffs) ok(key string) (failures int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.answered == nil {
+		b.answered = map[string]bool{}
+	}
+	b.answered[key] = true
 	if s, found := b.keys[key]; found {
 		delete(b.keys, key)
 		return s.failures
 	}
 	return 0
+}
+
+// hasAnswered reports whether key's last try succeeded (ok, and no
+// failure since).
+func (b *backoffs) hasAnswered(key string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.answered[key]
 }

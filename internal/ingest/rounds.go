@@ -78,7 +78,8 @@ func (l *Lister) listRound(ctx context.Context, p *pool, got listing, r round, n
 	)
 	wg.Go(func() { listed, onHosts = l.listOwners(ctx, p, owners, got.hosts, now) })
 	wg.Go(func() { pulls = l.pullsOf(ctx, p, pullers, now) })
-	wg.Go(func() { actions, dispatches = l.listControls(ctx, p, actors, dispatchers, now) })
+	owning := union(r.owners, nil)
+	wg.Go(func() { actions, dispatches = l.listControls(ctx, p, actors, dispatchers, owning, now) })
 	wg.Wait()
 	for i, o := range owners {
 		got.owners[o] = listed[i]

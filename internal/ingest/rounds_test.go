@@ -125,7 +125,9 @@ func TestReconcileRounds(t *testing.T) {
 			rt, reader := heldReader(t, srv, hold)
 			l := &Lister{Reader: reader, Dir: reader.Dir, Runner: w.Runner.DID, Pulls: true, Logger: slog.New(slog.DiscardHandler)}
 			tc.set(l)
-			if _, err := l.Reconcile(ctx); err != nil { // resolves the DIDs, kept for the identity TTL
+			// The first reconcile resolves the DIDs (kept for the identity
+			// TTL) and finds the owner's PDS answering.
+			if _, err := l.Reconcile(ctx); err != nil {
 				t.Fatal(err)
 			}
 			rt.rounds()
