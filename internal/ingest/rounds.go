@@ -78,8 +78,8 @@ func (l *Lister) listRound(ctx context.Context, p *pool, got listing, r round, n
 	)
 	wg.Go(func() { listed, onHosts = l.listOwners(ctx, p, owners, got.hosts, now) })
 	wg.Go(func() { pulls = l.pullsOf(ctx, p, pullers, now) })
-	owning := union(r.owners, nil)
-	wg.Go(func() { actions, dispatches = l.listControls(ctx, p, actors, dispatchers, owning, now) })
+	isOwner := union(r.owners, nil)
+	wg.Go(func() { actions, dispatches = l.listControls(ctx, p, actors, dispatchers, isOwner, now) })
 	wg.Wait()
 	for i, o := range owners {
 		got.owners[o] = listed[i]
