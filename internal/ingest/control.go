@@ -141,19 +141,19 @@ func (l *Lister) controls(ctx context.Context, p *pool, got *listing, owners []s
 }
 
 // listControls lists the cancels and re-runs of actors and the
-// dispatches of dispatchers, at each one's index. An account whose PDS
-// is backing off (it failed to list an owner's pushes) is not asked, nor
-// an owner (in owners) whose PDS has not answered its last listing: a
-// failing PDS is asked once, for the owner's pushes, not once for each
-// listing (controls lists the owner's records once its pushes listed).
-// Such an entry is nil. A cancel is acted on whatever its age (its
-// check may still be going); a rerun or a dispatch older than the
-// retention never is.
-func (l *Lister) listControls(ctx context.Context, p *pool, actors, dispatchers []syntax.DID, owners map[syntax.DID]bool, now time.Time) ([]*accountActions, []*[]forge.Record[forge.Dispatch]) {
+// dispatches of dispatchers, and returns what it asked, by account. An
+// account whose PDS is backing off (it failed to list an owner's
+// pushes) is not asked, nor an owner (in owners) whose PDS has not
+// answered its last listing: a failing PDS is asked once, for the
+// owner's pushes, not once for each listing (controls lists the owner's
+// records once its pushes listed). A cancel is acted on whatever its
+// age (its check may still be going); a rerun or a dispatch older than
+// the retention never is.
+func (l *Lister) listControls(ctx context.Context, p *pool, actors, dispatchers []syntax.DID, owners map[syntax.DID]bool, now time.Time) (map[syntax.DID]accountActions, map[syntax.DID][]forge.Record[forge.Dispatch]) {
 	cancels := make([][]forge.Record[forge.Cancel], len(actors))
 	reruns := make([][]forge.Record[forge.Rerun], len(actors))
 	dispatches := make([][]forge.Record[forge.Dispatch], len(dispatchers))
-	// asked[i]: task i's account was asked (its PDS not backing off).
+	// asked[i]: task i's account was asked.
 	asked := make([]bool, 2*len(actors)+len(dispatchers))
 	p.each(ctx, len(asked), func(ctx context.Context, i int) {
 		var did syntax.DID
@@ -179,19 +179,19 @@ func (l *Lister) listControls(ctx context.Context, p *pool, actors, dispatchers 
 			dispatches[i-2*len(actors)] = listControl[forge.Dispatch](ctx, l, did, forge.CollectionDispatch, now)
 		}
 	})
-	outActions := make([]*accountActions, len(actors))
-	for i := range actors {
+	gotActions := map[syntax.DID]accountActions{}
+	for i, did := range actors {
 		if asked[i] && asked[len(actors)+i] {
-			outActions[i] = &accountActions{cancels: cancels[i], reruns: reruns[i]}
+			gotActions[did] = accountActions{cancels: cancels[i], reruns: reruns[i]}
 		}
 	}
-	outDispatches := make([]*[]forge.Record[forge.Dispatch], len(dispatchers))
-	for i := range dispatchers {
+	gotDispatches := map[syntax.DID][]forge.Record[forge.Dispatch]{}
+	for i, did := range dispatchers {
 		if asked[2*len(actors)+i] {
-			outDispatches[i] = &dispatches[i]
+			gotDispatches[did] = dispatches[i]
 		}
 	}
-	return outActions, outDispatches
+	return gotActions, gotDispatches
 }
 
 // listControl lists one account's records of a run-control collection,

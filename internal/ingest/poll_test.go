@@ -45,14 +45,21 @@ func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 func countedReader(t *testing.T, srv *pds.Server) (*countingTransport, *forge.Reader) {
 	t.Helper()
 	counter := &countingTransport{plc: srv.PLCURL, n: map[string]int{}}
-	hc := &http.Client{Transport: counter}
-	t.Cleanup(hc.CloseIdleConnections)
+	return counter, readerVia(t, srv, counter)
+}
+
+// readerVia is a forge.Reader of srv (and its PLC directory) whose
+// requests go through rt.
+func readerVia(tb testing.TB, srv *pds.Server, rt http.RoundTripper) *forge.Reader {
+	tb.Helper()
+	hc := &http.Client{Transport: rt}
+	tb.Cleanup(hc.CloseIdleConnections)
 	cat, err := forge.NewCatalog()
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	dir := forge.NewDirectory(forge.DirectoryConfig{PLCURL: srv.PLCURL, HTTP: hc})
-	return counter, &forge.Reader{Dir: dir, Catalog: cat, HTTP: hc}
+	return &forge.Reader{Dir: dir, Catalog: cat, HTTP: hc}
 }
 
 func (c *countingTransport) take() map[string]int {

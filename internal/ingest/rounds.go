@@ -72,8 +72,8 @@ func (l *Lister) listRound(ctx context.Context, p *pool, got listing, r round, n
 		listed     []ownerListing
 		onHosts    map[string]hostPulls
 		pulls      [][]forge.Record[forge.Pull]
-		actions    []*accountActions
-		dispatches []*[]forge.Record[forge.Dispatch]
+		actions    map[syntax.DID]accountActions
+		dispatches map[syntax.DID][]forge.Record[forge.Dispatch]
 		wg         sync.WaitGroup
 	)
 	wg.Go(func() { listed, onHosts = l.listOwners(ctx, p, owners, got.hosts, now) })
@@ -88,16 +88,8 @@ func (l *Lister) listRound(ctx context.Context, p *pool, got listing, r round, n
 	for i, did := range pullers {
 		got.pulls[did] = pulls[i]
 	}
-	for i, did := range actors {
-		if actions[i] != nil {
-			got.actions[did] = *actions[i]
-		}
-	}
-	for i, did := range dispatchers {
-		if dispatches[i] != nil {
-			got.dispatches[did] = *dispatches[i]
-		}
-	}
+	maps.Copy(got.actions, actions)
+	maps.Copy(got.dispatches, dispatches)
 	return got
 }
 

@@ -41,16 +41,8 @@ func (rt *roundsTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // heldReader is a forge.Reader of srv (and its PLC directory) whose
 // requests are each held hold.
 func heldReader(tb testing.TB, srv *pds.Server, hold time.Duration) (*roundsTransport, *forge.Reader) {
-	tb.Helper()
 	rt := &roundsTransport{hold: hold}
-	hc := &http.Client{Transport: rt}
-	tb.Cleanup(hc.CloseIdleConnections)
-	cat, err := forge.NewCatalog()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	dir := forge.NewDirectory(forge.DirectoryConfig{PLCURL: srv.PLCURL, HTTP: hc})
-	return rt, &forge.Reader{Dir: dir, Catalog: cat, HTTP: hc}
+	return rt, readerVia(tb, srv, rt)
 }
 
 // rounds is the longest chain of requests each begun after the one
