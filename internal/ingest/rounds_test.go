@@ -172,3 +172,43 @@ func BenchmarkReconcileFarPDS(b *testing.B) {
 	_, requests := rt.rounds()
 	b.ReportMetric(float64(requests)/float64(b.N), "requests/op")
 }
+
+// TestReconcileListsAHostOnce: with --discover and --pulls, a named
+// owner's host has its accounts' pulls listed in the first round; a
+// discovered owner on the same host, listed in the next, takes those
+// pulls, and the host's accounts are not listed again.
+func TestReconcileListsAHostOnce(t *testing.T) {
+	ctx, srv := startPDS(t)
+	w := forgeworld.New(t, srv, forgeworld.Options{App: "hostonce", Source: "file:///nowhere"})
+	other, err := srv.CreateAccount(ctx, "other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Put(other, forge.CollectionRepo, "theirs", forge.Repo{Type: forge.CollectionRepo, Name: "theirs", Source: "file:///nowhere",
+		Runners: []string{w.Runner.DID.String()}, CreatedAt: forge.Now()})
+	pull := w.Put(other, forge.CollectionPull, "", forge.Pull{Type: forge.CollectionPull, Repo: forge.RepoURI(other.DID, "theirs").String(), Base: "main",
+		Head:  forge.PullHead{Source: "file:///fork", Ref: "refs/heads/feature", Commit: strings.Repeat("b", 40)},
+		Title: "a feature", State: forge.PullOpen, CreatedAt: forge.Now()})
+
+	const listRepos = "com.atproto.sync.listRepos"
+	counter, reader := countedReader(t, srv)
+	reconcile := func(pulls bool) (*Snapshot, int) {
+		t.Helper()
+		l := &Lister{Reader: reader, Dir: reader.Dir, Runner: w.Runner.DID, Discover: true, DiscoverHosts: []string{srv.URL}, Pulls: pulls,
+			Targets: []Target{{Owner: syntax.AtIdentifier(w.Owner.DID), Name: forgeworld.RepoName}}, Logger: slog.New(slog.DiscardHandler)}
+		counter.take()
+		snap, err := l.Reconcile(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return snap, counter.take()[listRepos]
+	}
+	_, discovery := reconcile(false) // the host's accounts listed once, for discovery
+	snap, withPulls := reconcile(true)
+	if want := 2 * discovery; withPulls != want {
+		t.Errorf("%s asked %d times with pulls, want %d (discovery, then the pulls of the host's accounts once)", listRepos, withPulls, want)
+	}
+	if !slices.ContainsFunc(snap.Events, func(e Event) bool { return e.URI == pull }) {
+		t.Errorf("events %+v, want the pull %s on the discovered owner's repository", snap.Events, pull)
+	}
+}
