@@ -16,6 +16,7 @@ import (
 	"knotless.dev/run/tests/clustertest"
 	"knotless.dev/run/tests/forgeworld"
 	"knotless.dev/run/tests/gitrepo"
+	"knotless.dev/run/tests/pds"
 )
 
 // burstN is how many repositories the burst pushes to at once: as many
@@ -37,10 +38,32 @@ const burstN = intake.ConsiderAtOnce
 // Pending). Each iteration waits for every final check and for every
 // Job deleted before the next.
 //
+// It runs twice: with the PDS on the loopback (pds=loopback), where the
+// PDS, the cluster and the daemon share the machine's processors, and
+// with the daemon reaching the PDS over a link of 50 ms round trip
+// (pds=50ms, farLink), as a runner reaches a hosted PDS: its event
+// stream, its reads and its writes.
+//
 //	go test ./tests/latency -run XXX -bench BurstToRunning -benchtime 5x
 func BenchmarkBurstToRunning(b *testing.B) {
+	for _, link := range []struct {
+		name string
+		rtt  time.Duration
+	}{{"pds=loopback", 0}, {"pds=50ms", 50 * time.Millisecond}} {
+		b.Run(link.name, func(b *testing.B) { benchBurst(b, link.rtt) })
+	}
+}
+
+// benchBurst is BenchmarkBurstToRunning with the PDS rtt away (on the
+// loopback when 0).
+func benchBurst(b *testing.B, rtt time.Duration) {
 	c := clustertest.Start(b)
-	srv := startPDS(b)
+	var srv *pds.Server
+	if rtt > 0 {
+		srv = startFarPDS(b, rtt)
+	} else {
+		srv = startPDS(b)
+	}
 	w := forgeworld.New(b, srv, forgeworld.Options{App: "latency"})
 	repos, extra := reposAtOnce(b, w, burstN)
 	d := startServe(b, w, c, "", extra)

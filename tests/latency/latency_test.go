@@ -157,12 +157,17 @@ func BenchmarkPushToCheckWarm(b *testing.B) {
 // startPDS starts a PDS of the benchmark's own.
 func startPDS(tb testing.TB) *pds.Server {
 	tb.Helper()
+	return startPDSWith(tb, pds.Options{})
+}
+
+func startPDSWith(tb testing.TB, o pds.Options) *pds.Server {
+	tb.Helper()
 	if err := pds.Installed(); err != nil {
 		tb.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	srv, err := pds.Start(ctx, tb.TempDir())
+	srv, err := pds.StartWith(ctx, tb.TempDir(), o)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -189,7 +194,7 @@ func startServe(tb testing.TB, w *forgeworld.World, c *clustertest.Cluster, bin 
 		tb.Fatal(err)
 	}
 	args := []string{"--log-format", "json", "--log-level", "debug", "serve",
-		"--did", w.Runner.DID.String(), "--pds", w.Server.URL, "--plc-url", w.Server.PLCURL,
+		"--did", w.Runner.DID.String(), "--pds", w.Server.PublicURL, "--plc-url", w.Server.PLCURL,
 		"--app-password-file", pw, "--state-dir", filepath.Join(dir, "state"), "--cache-dir", filepath.Join(dir, "cache"),
 		"--allow-local-sources", "--poll", "10m", "--stop-wait", "1m",
 		"--executor", "kubernetes", "--kubeconfig", c.Kubeconfig, "--namespace", c.Namespace, "--image", c.Image}
