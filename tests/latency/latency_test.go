@@ -160,6 +160,7 @@ func startPDS(tb testing.TB) *pds.Server {
 	return startPDSWith(tb, pds.Options{})
 }
 
+// startPDSWith is startPDS with options.
 func startPDSWith(tb testing.TB, o pds.Options) *pds.Server {
 	tb.Helper()
 	if err := pds.Installed(); err != nil {
