@@ -33,9 +33,21 @@ cd "$root"
 start=$SECONDS
 failures=0
 passes=0
+skipped=0
 pass() { printf '  ok    %s\n' "$1"; passes=$((passes + 1)); }
 fail() { printf '  FAIL  %s\n' "$1"; failures=$((failures + 1)); }
-skip() { printf '  SKIP  %s\n' "$1"; }
+skip() { printf '  SKIP  %s\n' "$1"; skipped=$((skipped + 1)); }
+# no_lib_banner says, so that nobody misses it, that a check needing
+# nixpkgs' lib was skipped and how to give it one.
+no_lib_banner() {
+  echo
+  echo "  !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
+  echo "  !! SKIPPED: no nixpkgs lib (NIXPKGS_LIB, <nixpkgs/lib>, ../shared/nixpkgs-lib)"
+  echo "  !! $1."
+  echo "  !! Give it one: NIXPKGS_LIB=/path/to/nixpkgs (or its lib/) make test"
+  echo "  !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
+  skipped=$((skipped + 1))
+}
 step() { printf '\n== %s\n' "$1"; }
 
 work=$(mktemp -d)
@@ -193,8 +205,13 @@ fi
 # tests/nix/sandbox.sh (unprivileged build user, no network, PATH of
 # stdenv's tools plus Go plus the package's nativeCheckInputs, read-only
 # source, checkFlags from nix/package.nix).
+# The check phase's flags and inputs are read from nix/package.nix with
+# nixpkgs' lib: a clone without one (no ../shared, no NIXPKGS_LIB) skips
+# it loudly, as the module's evaluation below does.
 if [ "$(id -u)" -ne 0 ] || ! command -v unshare >/dev/null || ! command -v setpriv >/dev/null; then
   skip "unit tests in an emulated sandbox: needs root, unshare and setpriv"
+elif ! find_nixpkgs_lib >/dev/null 2>&1; then
+  no_lib_banner "the check phase was NOT run as in the Nix sandbox (its checkFlags and nativeCheckInputs come from nix/package.nix)"
 else
   if bash "$root/tests/nix/sandbox.sh" >"$work/test.out" 2>&1; then
     pass "check phase as in the Nix sandbox ($(sed -n 's/^checkFlags: //p' "$work/test.out"); inputs: $(sed -n 's/^nativeCheckInputs: //p' "$work/test.out"); nixbld1, unshare -n, stdenv PATH): $(grep -c '^ok' "$work/test.out") packages ok"
@@ -212,11 +229,7 @@ rm -rf "$sb/src"
 step "NixOS module evaluated with the module system"
 libdir=$(find_nixpkgs_lib) || libdir=""
 if [ -z "$libdir" ]; then
-  echo
-  echo "  !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
-  echo "  !! SKIPPED: no nixpkgs lib (NIXPKGS_LIB, <nixpkgs/lib>, ../shared/nixpkgs-lib)"
-  echo "  !! The module was NOT evaluated; only the golden files are checked."
-  echo "  !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
+  no_lib_banner "the module was NOT evaluated; only the golden files are checked"
   for g in knotless-run.service knotless-run-kubeconfig.service knotless-run-kubeconfig.timer knotless-run.json; do
     if [ -s "tests/nix/golden/$g" ] && grep -q '^\(\[Service\]\|\[Timer\]\|{\)' "tests/nix/golden/$g"; then
       pass "golden $g exists"
@@ -319,5 +332,5 @@ fi
 # ---------------------------------------------------------------- summary
 echo
 echo "took $((SECONDS - start)) s"
-echo "nix: $passes passed, $failures failed"
+echo "nix: $passes passed, $failures failed, $skipped skipped"
 [ "$failures" -eq 0 ]
