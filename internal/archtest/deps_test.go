@@ -23,6 +23,7 @@ var core = []string{
 	"internal/tarstream",
 	"internal/caplog",
 	"internal/quantity",
+	"internal/termsafe",
 }
 
 // outside are import path prefixes of the clients the core must not
@@ -131,6 +132,28 @@ func TestConformanceImportsNothingAbove(t *testing.T) {
 		}
 		if chain := importChain(graph, p, isOutside); chain != nil {
 			t.Errorf("%s imports %s, but the table uses no %s: %s", p, chain[len(chain)-1], o.what, strings.Join(chain, " -> "))
+		}
+	}
+}
+
+// standardOnly are small pure packages that import the standard library
+// alone: what shows strangers' text on the operator's terminal has no
+// dependency to trust besides it.
+var standardOnly = []string{
+	module + "internal/termsafe",
+}
+
+func TestStandardOnlyImportsNothingElse(t *testing.T) {
+	t.Parallel()
+	graph := importGraph(t, standardOnly...)
+	// A standard library package's path has no dot in its first element.
+	notStandard := func(dep string) bool {
+		first, _, _ := strings.Cut(dep, "/")
+		return strings.Contains(first, ".")
+	}
+	for _, p := range standardOnly {
+		if chain := importChain(graph, p, notStandard); chain != nil {
+			t.Errorf("%s imports %s, but it uses the standard library alone: %s", p, chain[len(chain)-1], strings.Join(chain, " -> "))
 		}
 	}
 }
