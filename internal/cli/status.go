@@ -14,6 +14,7 @@ import (
 
 	"knotless.dev/run/internal/state"
 	"knotless.dev/run/internal/status"
+	"knotless.dev/run/internal/termsafe"
 )
 
 // StatusCmd shows what the running daemon is doing, or, when none
@@ -55,16 +56,23 @@ func (c *StatusCmd) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	if c.JSON {
-		enc := json.NewEncoder(env.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(doc)
+		b, err := json.MarshalIndent(doc, "", "  ")
+		if err != nil {
+			return fmt.Errorf("encode the status: %w", err)
+		}
+		_, err = fmt.Fprintf(env.Stdout, "%s\n", termsafe.JSON(b))
+		return err
 	}
 	printStatus(env.Stdout, doc, where, filepath.Join(c.StateDir, state.StateFile))
 	return nil
 }
 
-// printStatus writes doc for a human.
+// printStatus writes doc for a human. Its strings are the daemon's and
+// strangers' (workflow and step names, events, errors of their PDS): each
+// is shown escaped (termsafe.Line), so that none acts on the terminal or
+// breaks the columns.
 func printStatus(w io.Writer, doc status.Doc, where, stateFile string) {
+	q := termsafe.Line
 	now := doc.At
 	age := func(t time.Time) string {
 		if t.IsZero() {
@@ -81,19 +89,19 @@ func printStatus(w io.Writer, doc status.Doc, where, stateFile string) {
 			phase = "starting"
 		}
 		fmt.Fprintf(w, "daemon: %s, pid %d, knotless-run %s, up %s, executor %s, runner %s\n",
-			phase, d.PID, d.Version, age(d.Started), d.Executor, d.Runner)
+			phase, d.PID, q(d.Version), age(d.Started), q(d.Executor), q(d.Runner))
 	} else {
-		fmt.Fprintf(w, "daemon: not running (no answer at %s); what the last one left in %s:\n", where, stateFile)
+		fmt.Fprintf(w, "daemon: not running (no answer at %s); what the last one left in %s:\n", q(where), q(stateFile))
 	}
 	for _, r := range doc.Degraded {
-		fmt.Fprintf(w, "degraded: %s\n", r)
+		fmt.Fprintf(w, "degraded: %s\n", q(r))
 	}
 	for _, c := range doc.Credentials {
 		left := c.Expires.Sub(now).Round(time.Second)
 		if left > 0 {
-			fmt.Fprintf(w, "credential %s: expires %s (in %s)\n", c.Name, c.Expires.UTC().Format(time.RFC3339), left)
+			fmt.Fprintf(w, "credential %s: expires %s (in %s)\n", q(c.Name), c.Expires.UTC().Format(time.RFC3339), left)
 		} else {
-			fmt.Fprintf(w, "credential %s: EXPIRED at %s (%s ago)\n", c.Name, c.Expires.UTC().Format(time.RFC3339), -left)
+			fmt.Fprintf(w, "credential %s: EXPIRED at %s (%s ago)\n", q(c.Name), c.Expires.UTC().Format(time.RFC3339), -left)
 		}
 	}
 
@@ -114,7 +122,7 @@ func printStatus(w io.Writer, doc status.Doc, where, stateFile string) {
 		for _, r := range doc.Runs {
 			step := "-"
 			if r.Step > 0 {
-				step = fmt.Sprintf("%d/%d %s", r.Step, r.Steps, r.StepName)
+				step = fmt.Sprintf("%d/%d %s", r.Step, r.Steps, q(r.StepName))
 			}
 			var marks []string
 			if r.Adopted {
@@ -126,7 +134,7 @@ func printStatus(w io.Writer, doc status.Doc, where, stateFile string) {
 			if len(marks) > 0 {
 				step += " (" + strings.Join(marks, ", ") + ")"
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s@%s\n", r.RunID, r.Workflow, orDash(r.Kind), step, age(r.StepStarted), age(r.Started), r.Event, short(r.Commit))
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s@%s\n", q(r.RunID), q(r.Workflow), q(orDash(r.Kind)), step, age(r.StepStarted), age(r.Started), q(r.Event), q(short(r.Commit)))
 		}
 		_ = tw.Flush()
 	}
@@ -138,8 +146,8 @@ func printStatus(w io.Writer, doc status.Doc, where, stateFile string) {
 		if len(doc.Queued) > 0 {
 			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "  WORKFLOW\tKIND\tWAITING\tEVENT")
-			for _, q := range doc.Queued {
-				fmt.Fprintf(tw, "  %s\t%s\t%s\t%s@%s\n", q.Workflow, orDash(q.Kind), age(q.Since), q.Event, short(q.Commit))
+			for _, j := range doc.Queued {
+				fmt.Fprintf(tw, "  %s\t%s\t%s\t%s@%s\n", q(j.Workflow), q(orDash(j.Kind)), age(j.Since), q(j.Event), q(short(j.Commit)))
 			}
 			_ = tw.Flush()
 		}
@@ -150,7 +158,7 @@ func printStatus(w io.Writer, doc status.Doc, where, stateFile string) {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "  CHECK\tTRIES\tOWED FOR\tLAST ERROR")
 		for _, o := range doc.Owed {
-			fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\n", o.Check, o.Tries, age(o.Since), orDash(o.LastError))
+			fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\n", q(o.Check), o.Tries, age(o.Since), q(orDash(o.LastError)))
 		}
 		_ = tw.Flush()
 	}

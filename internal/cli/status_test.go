@@ -190,3 +190,50 @@ func TestStatusWithACorruptStateFile(t *testing.T) {
 		t.Errorf("exit %d, stderr %q; want an error naming state.json", r.code, r.stderr)
 	}
 }
+
+// TestStatusEscapesStrangersStrings: workflow and step names, events and
+// errors are strangers'; an escape sequence in one (OSC 52 sets the
+// clipboard, CSI 2J clears the screen) is shown, not acted on, in the
+// table and in --json.
+func TestStatusEscapesStrangersStrings(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	now := time.Now().UTC().Truncate(time.Second)
+	doc := daemonDoc(now)
+	doc.Runs[0].Workflow = "build\x1b]52;c;cm0gLXJmIH4K\x07"
+	doc.Runs[0].StepName = "test\x1b[2J\x1b[H"
+	doc.Runs[0].Event = "at://did:plc:o/dev.knotless.refUpdate/\u202e3k"
+	doc.Queued[0].Workflow = "lint\r\x1b[31mfake\x1b[0m\tcolumn"
+	doc.Owed[0].LastError = "429\x1b]0;title\x07 \u009b2J"
+	doc.Degraded = []string{"degraded\x1bc"}
+	serveStatus(t, dir, doc)
+
+	r := runCLI(t, nil, "status", "--state-dir", dir)
+	if r.code != 0 {
+		t.Fatalf("status: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if strings.ContainsAny(r.stdout, "\x1b\x07\r\u202e\u009b") {
+		t.Errorf("status prints a control a terminal acts on:\n%q", r.stdout)
+	}
+	for _, want := range []string{
+		`build\x1b]52;c;cm0gLXJmIH4K\x07`, `2/3 test\x1b[2J\x1b[H (adopted)`, `refUpdate/\u202e3k`,
+		`lint\x0d\x1b[31mfake\x1b[0m\x09column`, `429\x1b]0;title\x07 \u009b2J`, `degraded: degraded\x1bc`,
+	} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("status output lacks %q:\n%s", want, r.stdout)
+		}
+	}
+
+	r = runCLI(t, nil, "status", "--state-dir", dir, "--json")
+	if r.code != 0 || strings.ContainsAny(r.stdout, "\x1b\x07\r\u202e\u009b") {
+		t.Errorf("status --json: exit %d, prints a control a terminal acts on:\n%q", r.code, r.stdout)
+	}
+	var got status.Doc
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
+		t.Fatal(err)
+	}
+	doc.Version, doc.Source = status.Version, status.FromDaemon
+	if diff := cmp.Diff(doc, got); diff != "" {
+		t.Errorf("status --json is not the document (-want +got):\n%s", diff)
+	}
+}
