@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"knotless.dev/run/internal/cache"
+	"knotless.dev/run/internal/termsafe"
 )
 
 // CacheFlags bound the store of workflow caches; run and serve share
@@ -68,7 +69,7 @@ func (c *CacheLsCmd) Run(env *Env) error {
 		if !used.IsZero() {
 			lastUse = used.UTC().Format(time.RFC3339)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d\n", e.Key.Repo, e.Key.Workflow, e.Key.Path, e.Bytes, lastUse, runOf(e.Base), runOf(e.Apart), len(e.Uppers))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d\n", termsafe.Line(e.Key.Repo), termsafe.Line(e.Key.Workflow), termsafe.Line(e.Key.Path), e.Bytes, lastUse, runOf(e.Base), runOf(e.Apart), len(e.Uppers))
 	}
 	return tw.Flush()
 }
@@ -114,7 +115,7 @@ func (c *CacheRmCmd) Run(env *Env) error {
 	}
 	removed, err := s.Remove(cache.Key{Repo: c.Repo, Workflow: c.Workflow, Path: c.Path})
 	for _, k := range removed {
-		fmt.Fprintf(env.Stdout, "removed %s %s %s\n", k.Repo, k.Workflow, k.Path)
+		fmt.Fprintf(env.Stdout, "removed %s %s %s\n", termsafe.Line(k.Repo), termsafe.Line(k.Workflow), termsafe.Line(k.Path))
 	}
 	if err != nil {
 		return fmt.Errorf("cache rm: %w", err)

@@ -17,6 +17,7 @@ import (
 	charmlog "github.com/charmbracelet/log"
 	"golang.org/x/term"
 
+	"knotless.dev/run/internal/termsafe"
 	"knotless.dev/run/internal/version"
 )
 
@@ -112,7 +113,10 @@ func Main(ctx context.Context, args []string, env Env) (code int) {
 	return exitCode(env.Stderr, err)
 }
 
-// exitCode is the one place a failure is formatted for a human.
+// exitCode is the one place a failure is formatted for a human. An
+// error may carry what strangers wrote (a workflow's name, a repository
+// record's field, a server's answer): it is shown escaped
+// (termsafe.Text), its own lines kept.
 func exitCode(stderr io.Writer, err error) int {
 	var ee exitError
 	switch {
@@ -121,7 +125,7 @@ func exitCode(stderr io.Writer, err error) int {
 	case errors.As(err, &ee):
 		return ee.code
 	default:
-		fmt.Fprintf(stderr, "knotless-run: %v\n", err)
+		fmt.Fprintf(stderr, "knotless-run: %s\n", termsafe.Text(err.Error()))
 		return ExitError
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/termsafe"
 	"knotless.dev/run/internal/workflow"
 )
 
@@ -231,7 +232,10 @@ func printRecord(env *Env, collection, rkey string, rec any) error {
 	if err != nil {
 		return fmt.Errorf("encode %s record: %w", collection, err)
 	}
-	fmt.Fprintf(env.Stdout, "%s\n", b)
+	// The record may name a workflow from a file someone else wrote:
+	// what a terminal would act on is shown as JSON escapes, the same
+	// record.
+	fmt.Fprintf(env.Stdout, "%s\n", termsafe.JSON(b))
 	call := fmt.Sprintf(`com.atproto.repo.createRecord {"repo": "YOUR-DID", "collection": %q, "validate": false, "record": RECORD}`, collection)
 	if rkey != "" {
 		call = fmt.Sprintf(`com.atproto.repo.putRecord {"repo": "YOUR-DID", "collection": %q, "rkey": %q, "validate": false, "record": RECORD}`, collection, rkey)

@@ -18,6 +18,7 @@ import (
 	"knotless.dev/run/internal/outputhttp"
 	"knotless.dev/run/internal/outputservice"
 	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/termsafe"
 )
 
 // OutputServiceCmd is the output service: it takes runs' output pushed
@@ -95,7 +96,15 @@ type LogsCmd struct {
 	Check  string `arg:"" help:"The check: at://DID/dev.knotless.check/KEY, or DID/KEY."`
 }
 
-// Run prints the output to stdout.
+// Help is logs --help's text below its usage line.
+func (LogsCmd) Help() string {
+	return "The output is the run's, written by whoever wrote its workflow: on a terminal it is shown as text and colours " +
+		"only (other escape sequences and controls, which could set the clipboard or rewrite the screen, are dropped, " +
+		"and a carriage return alone starts a new line); to a pipe or a file its bytes are written as they are."
+}
+
+// Run prints the output to stdout: filtered for a terminal
+// (termsafe.Writer), as it is to anything else.
 func (c *LogsCmd) Run(ctx context.Context, env *Env) error {
 	check, err := parseCheck(c.Check)
 	if err != nil {
@@ -108,17 +117,23 @@ func (c *LogsCmd) Run(ctx context.Context, env *Env) error {
 		}
 	}
 	client := &outputhttp.Client{Base: base}
+	out := env.Stdout
+	if terminal(env.Stdout) {
+		filter := termsafe.NewWriter(env.Stdout)
+		defer filter.Flush()
+		out = filter
+	}
 	var end *output.End
 	if c.Follow {
-		end, err = followLogs(ctx, client, check.String(), env.Stdout, env.Logger)
+		end, err = followLogs(ctx, client, check.String(), out, env.Logger)
 	} else {
-		end, err = printLogs(ctx, client, check.String(), env.Stdout)
+		end, err = printLogs(ctx, client, check.String(), out)
 	}
 	if err != nil {
 		return err
 	}
 	if end != nil && c.Follow {
-		fmt.Fprintf(env.Stderr, "knotless-run: run ended: %s\n", end.Status)
+		fmt.Fprintf(env.Stderr, "knotless-run: run ended: %s\n", termsafe.Line(end.Status))
 		if code := statusCode(run.Status(end.Status)); code != ExitSuccess {
 			return exitError{code: code}
 		}

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"knotless.dev/run/internal/termsafe"
 	"knotless.dev/run/internal/workflow"
 )
 
@@ -16,7 +17,8 @@ type ValidateCmd struct {
 
 // Run validates every file and prints each error on a line of its own,
 // then each warning: a field that is not acted on yet. A workflow that
-// never runs (on: []) fails validation.
+// never runs (on: []) fails validation. What a file says is shown
+// escaped (termsafe): the workflow may be a stranger's.
 func (c *ValidateCmd) Run(env *Env) error {
 	paths := c.Paths
 	if len(paths) == 0 {
@@ -45,17 +47,17 @@ func (c *ValidateCmd) Run(env *Env) error {
 		wf, err := workflow.Load(f)
 		if err != nil {
 			bad++
-			fmt.Fprintln(env.Stdout, err)
+			fmt.Fprintln(env.Stdout, termsafe.Text(err.Error()))
 			continue
 		}
 		for _, w := range wf.Warnings {
-			fmt.Fprintln(env.Stdout, w)
+			fmt.Fprintln(env.Stdout, termsafe.Text(w.String()))
 		}
 		if wf.NeverRuns() {
 			bad++
 			continue
 		}
-		fmt.Fprintf(env.Stdout, "%s: ok\n", f)
+		fmt.Fprintf(env.Stdout, "%s: ok\n", termsafe.Line(f))
 	}
 	if bad > 0 {
 		fmt.Fprintf(env.Stderr, "knotless-run: %d of %d workflow files have errors\n", bad, len(files))
