@@ -292,10 +292,38 @@ func (cs PushCredentials) For(src Source) (*PushCredential, error) {
 		if t.path != "" {
 			where += "/" + t.path
 		}
-		return nil, fmt.Errorf("%w: %s %s (--push-credential binds %s); nothing is offered to it. "+
-			"If the lander may push there, add --push-credential %s=FILE", ErrNoCredential, t.scheme, where, strings.Join(bound, ", "), where)
+		hint := fmt.Sprintf("No --push-credential can name its host %q.", t.host)
+		if b, ok := t.binding(); ok {
+			file := "TOKEN or USER:TOKEN on its first line"
+			if t.scheme == "ssh" {
+				file = "an SSH private key"
+			}
+			hint = fmt.Sprintf("If the lander may push there, add --push-credential %s=FILE (FILE: %s)", b, file)
+		}
+		return nil, fmt.Errorf("%w: %s %s (--push-credential binds %s); nothing is offered to it. %s",
+			ErrNoCredential, t.scheme, where, strings.Join(bound, ", "), hint)
 	}
 	return best, nil
+}
+
+// binding is the --push-credential binding (without =FILE) that is
+// offered to t and to nothing outside t's path, as LoadPushCredential
+// reads it: its scheme named (without one a token is for https and a
+// key for ssh, and http only ever when named), its port when it is not
+// the scheme's default. ok is false when no binding can name t's host
+// (an IPv6 address, a name with an underscore).
+func (t pushTarget) binding() (b string, ok bool) {
+	if !hostRE.MatchString(t.host) || t.port != "" && !portRE.MatchString(t.port) {
+		return "", false
+	}
+	b = t.scheme + "://" + t.host
+	if t.port != "" {
+		b += ":" + t.port
+	}
+	if t.path != "" {
+		b += "/" + t.path
+	}
+	return b, true
 }
 
 // gitAuth returns the environment and configuration that let git (and

@@ -3,9 +3,11 @@ package mirror
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -335,5 +337,67 @@ func TestPushOffersTheSSHKeyOnlyToItsHost(t *testing.T) {
 	}
 	if got := read(); len(got) == 0 || strings.Contains(got[0], key) {
 		t.Errorf("ssh without a credential ran as %q; want no key", got)
+	}
+}
+
+// TestNoCredentialSuggestsABindingThatMatches: the binding the error of
+// a source no credential is bound to suggests is read back by
+// LoadPushCredential (with the kind of file it asks for) and is the one
+// For then picks for that source.
+func TestNoCredentialSuggestsABindingThatMatches(t *testing.T) {
+	t.Parallel()
+	token, key := credentialFiles(t)
+	other, err := LoadPushCredential("other.example.org=" + token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	suggested := regexp.MustCompile(`add --push-credential (\S+)=FILE`)
+	for _, source := range []string{
+		"https://git.example.org/org/x.git",
+		"https://Git.Example.org:443/org/x.git",
+		"https://git.example.org:8443/x.git",
+		"https://git.example.org",
+		"http://127.0.0.1:8080/x.git",
+		"http://git.example.org/org/x.git",
+		"ssh://git@git.example.org/org/x.git",
+		"ssh://git@git.example.org:2222/org/x.git",
+		"git@git.example.org:org/x.git",
+		"git.example.org:x.git",
+	} {
+		src, err := CheckSource(source, Owner, Policy{AllowHTTP: true})
+		if err != nil {
+			t.Fatalf("%s: %v", source, err)
+		}
+		_, err = PushCredentials{other}.For(src)
+		m := suggested.FindStringSubmatch(fmt.Sprint(err))
+		if !errors.Is(err, ErrNoCredential) || m == nil {
+			t.Errorf("%s: %v; want ErrNoCredential suggesting a binding", source, err)
+			continue
+		}
+		file, kind := token, "(FILE: TOKEN or USER:TOKEN on its first line)"
+		if src.Protocol == "ssh" {
+			file, kind = key, "(FILE: an SSH private key)"
+		}
+		if !strings.Contains(err.Error(), kind) {
+			t.Errorf("%s: %v; want it to say %q", source, err, kind)
+		}
+		c, err := LoadPushCredential(m[1] + "=" + file)
+		if err != nil {
+			t.Errorf("%s: the suggested binding %s: %v", source, m[1], err)
+			continue
+		}
+		got, err := PushCredentials{other, c}.For(src)
+		if err != nil || got == nil || *got != c {
+			t.Errorf("%s: the suggested binding %s is not picked: %+v, %v", source, m[1], got, err)
+		}
+	}
+
+	// A host no binding can name: the error says so, and suggests none.
+	src, err := CheckSource("https://[::1]:8443/x.git", Owner, Policy{AllowHTTP: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (PushCredentials{other}).For(src); !errors.Is(err, ErrNoCredential) || !strings.Contains(err.Error(), `No --push-credential can name its host "::1".`) || suggested.MatchString(err.Error()) {
+		t.Errorf("an IPv6 host: %v", err)
 	}
 }
