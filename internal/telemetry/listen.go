@@ -30,8 +30,12 @@ type Config struct {
 
 // Servers are the daemon's HTTP listeners: the status socket in its
 // state directory, and with a metrics address, the metrics at /metrics
-// and the status document at status.Path there too. Each serves from a
-// goroutine of its own until Close, which waits for them.
+// and the status document at status.Path there too. The metrics name no
+// repository; the document does (runs' events, workflows, steps,
+// commits, the PDS's errors), so the address, which has no
+// authentication, is for the Prometheus host only (the operating
+// guide). Each serves from a goroutine of its own until Close, which
+// waits for them.
 type Servers struct {
 	servers []*http.Server
 	wg      sync.WaitGroup

@@ -205,13 +205,21 @@ func TestOutboxAndWriter(t *testing.T) {
 // TestListen: the status socket answers the provider's document, the
 // metrics listener serves the metrics and the document, Close stops both
 // and removes the socket; an address that cannot be listened on is an
-// error naming --metrics-listen, and leaves no socket.
+// error naming --metrics-listen, and leaves no socket. As the operating
+// guide says, /metrics there names no repository and /status does: the
+// address is for the Prometheus host, not the public.
 func TestListen(t *testing.T) {
 	t.Parallel()
 	m, _ := newMetrics(t)
 	m.SetQueueDepth(3)
+	// A run of the rig's repository, observed to its end.
+	push := &job.Job{Event: rig.Push("3k1", "c1"), Workflow: &workflow.Workflow{Name: "ci"}}
+	parts := telemetry.Parts{M: m, Executor: "kubernetes"}
+	parts.Started(push, "r1", time.Now().Add(-time.Minute))
+	parts.Ended(push, &run.Result{Status: run.Success, StartedAt: time.Now().Add(-time.Second), FinishedAt: time.Now()})
+	event := push.Event.URI.String()
 	dir := t.TempDir()
-	p := provider{status.Doc{Runs: []status.Run{{Check: "k1", Workflow: "ci"}}}}
+	p := provider{status.Doc{Runs: []status.Run{{Check: "k1", Workflow: "ci", Event: event}}}}
 	srv, err := telemetry.Listen(dir, "127.0.0.1:0", m, p, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
@@ -252,8 +260,11 @@ func TestListen(t *testing.T) {
 	if !strings.Contains(string(body), "knotless_run_queue_depth 3") || !strings.Contains(string(body), "go_goroutines") {
 		t.Errorf("/metrics:\n%.2000s", body)
 	}
-	if doc, err := status.FetchURL(t.Context(), http.DefaultClient, "http://"+addr+status.Path); err != nil || len(doc.Runs) != 1 {
-		t.Errorf("/status: %+v %v", doc, err)
+	if !strings.Contains(string(body), "knotless_run_runs_total") || strings.Contains(string(body), rig.Owner) || strings.Contains(string(body), "3k1") {
+		t.Errorf("/metrics names the run's repository, or not the run:\n%.2000s", body)
+	}
+	if doc, err := status.FetchURL(t.Context(), http.DefaultClient, "http://"+addr+status.Path); err != nil || len(doc.Runs) != 1 || doc.Runs[0].Event != event {
+		t.Errorf("/status: %+v %v; want the whole document, the run's event too", doc, err)
 	}
 	// A second daemon on the same address (and state directory).
 	other := t.TempDir()
