@@ -10,15 +10,19 @@ import (
 
 // HubConfig bounds a runner's streams.
 type HubConfig struct {
-	// Limits bound each stream (RunnerLimits when zero).
+	// Limits bound each stream (RunnerLimits when zero, its readers
+	// at most a quarter of MaxSubscribers).
 	Limits Limits
 	// MaxRuns is how many streams are kept at once, live and ended; an
 	// ended one goes first when a new one needs the room (default 64).
 	MaxRuns int
 	// Retention is how long an ended stream is kept (default an hour).
 	Retention time.Duration
-	// MaxSubscribers bounds the watchers of all streams together
-	// (default 4096).
+	// MaxSubscribers bounds the readers of all streams together
+	// (default 4096): each run's own bound (Limits.Subscribers, 1000 by
+	// default) is well below it, so one run's readers never take every
+	// place. The runner's pusher is not one of them
+	// (Stream.WatchReserved).
 	MaxSubscribers int
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
@@ -38,7 +42,8 @@ type Hub struct {
 
 // NewHub returns an empty Hub.
 func NewHub(cfg HubConfig) *Hub {
-	if cfg.Limits == (Limits{}) {
+	def := cfg.Limits == (Limits{})
+	if def {
 		cfg.Limits = RunnerLimits()
 	}
 	if cfg.MaxRuns <= 0 {
@@ -50,6 +55,9 @@ func NewHub(cfg HubConfig) *Hub {
 	if cfg.MaxSubscribers <= 0 {
 		cfg.MaxSubscribers = 4096
 	}
+	if def || cfg.Limits.Subscribers <= 0 {
+		cfg.Limits.Subscribers = min(RunnerLimits().Subscribers, runShare(cfg.MaxSubscribers))
+	}
 	custom := cfg.Now != nil // a test's clock: read at every write
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -60,6 +68,11 @@ func NewHub(cfg HubConfig) *Hub {
 	}
 	return h
 }
+
+// runShare is the default bound on one run's readers out of max
+// readers in all: a quarter, so that one run's readers leave room for
+// the others'.
+func runShare(max int) int { return (max + 3) / 4 }
 
 // Run keeps the hub's coarse clock until ctx ends. While it runs, a
 // stream's write reads the wall clock only when a second has passed

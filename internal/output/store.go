@@ -27,7 +27,9 @@ type StoreConfig struct {
 	// Dir holds the runs, one directory each under runs/.
 	Dir string
 	// Limits bound each run's stream: the bytes kept of it (its first
-	// Head and last Tail), its marks, its watchers.
+	// Head and last Tail), its marks, its readers (Subscribers: a
+	// quarter of MaxSubscribers when zero, so that one run's readers
+	// leave room for the others').
 	Limits Limits
 	// MaxRunsPerRunner is how many runs of one runner are kept; an
 	// ended one goes first when a new one needs the room, and a new run
@@ -39,7 +41,8 @@ type StoreConfig struct {
 	// Retention is how long a run is kept after it ended, or after its
 	// last put when it never ended (its runner went away).
 	Retention time.Duration
-	// MaxSubscribers bounds the watchers of all runs together.
+	// MaxSubscribers bounds the readers of all runs together (default
+	// 4096).
 	MaxSubscribers int
 	Logger         *slog.Logger
 	// Now is the clock (time.Now when nil).
@@ -118,7 +121,7 @@ func OpenStore(cfg StoreConfig) (*Store, error) {
 		cfg.MaxSubscribers = 4096
 	}
 	if cfg.Limits.Subscribers <= 0 {
-		cfg.Limits.Subscribers = cfg.MaxSubscribers
+		cfg.Limits.Subscribers = runShare(cfg.MaxSubscribers)
 	}
 	if cfg.Limits.Marks <= 0 {
 		cfg.Limits.Marks = 8192

@@ -38,6 +38,7 @@ type Stream struct {
 	updated   time.Time
 	ended     time.Time
 	watchers  map[chan struct{}]struct{}
+	reserved  int // of watchers, those of WatchReserved
 }
 
 var _ run.StepMarker = (*Stream)(nil)
@@ -297,6 +298,23 @@ func (s *Stream) marksIn(from, to int64) []Mark {
 	return append([]Mark(nil), s.marks[i:j]...)
 }
 
+// Marks returns at most max of the marks in [from, to), less the first
+// skip of them, in offset order: a reader that wrote the bytes of
+// [from, to) already reads their marks in small batches (the marks
+// below the stream's size never change).
+func (s *Stream) Marks(from, to int64, skip, max int) []Mark {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	i := sort.Search(len(s.marks), func(i int) bool { return s.marks[i].Offset >= from })
+	j := sort.Search(len(s.marks), func(i int) bool { return s.marks[i].Offset >= to })
+	i += skip
+	j = min(j, i+max)
+	if i >= j {
+		return nil
+	}
+	return append([]Mark(nil), s.marks[i:j]...)
+}
+
 // Log is the log blob a run whose output this is would have: the kept
 // head and tail joined as caplog joins them. With RunnerLimits it is
 // run.Result.Log byte for byte.
@@ -332,28 +350,70 @@ func (s *Stream) Final() (bool, string) {
 // changes (bytes, marks, its end) after the call, and the function that
 // stops the watch. Signals do not queue up: one waits while the watcher
 // is busy, and it reads from its offset all that came meanwhile. It
-// fails past the stream's bound on watchers, or its store's.
+// fails past the stream's bound on watchers (Limits.Subscribers), or
+// its hub's or store's on all streams together.
 func (s *Stream) Watch() (<-chan struct{}, func(), error) {
 	if !s.gate.acquire() {
-		return nil, nil, ErrTooManySubscribers
+		return nil, nil, fmt.Errorf("%w: at most %d readers in all", ErrTooManySubscribers, s.gate.max)
 	}
-	s.mu.Lock()
-	if len(s.watchers) >= s.lim.Subscribers {
-		s.mu.Unlock()
+	ch, stop, err := s.watch(false)
+	if err != nil {
 		s.gate.release()
-		return nil, nil, ErrTooManySubscribers
+		return nil, nil, err
+	}
+	return ch, func() {
+		if stop() {
+			s.gate.release()
+		}
+	}, nil
+}
+
+// ReservedWatchers is how many reserved watches (WatchReserved) a
+// stream takes at once.
+const ReservedWatchers = 4
+
+// WatchReserved is Watch for the runner's own pusher: it takes none of
+// the room kept for readers (Limits.Subscribers, the hub's or store's
+// bound), so that readers, however many, never stop a run's push to an
+// output service. A stream takes at most ReservedWatchers of them.
+func (s *Stream) WatchReserved() (<-chan struct{}, func(), error) {
+	ch, stop, err := s.watch(true)
+	if err != nil {
+		return nil, nil, err
+	}
+	return ch, func() { stop() }, nil
+}
+
+// watch adds a watcher, a reserved one or a reader's, within the
+// stream's own bound; its stop reports whether it stopped the watch
+// (the first call).
+func (s *Stream) watch(reserved bool) (<-chan struct{}, func() bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case reserved && s.reserved >= ReservedWatchers:
+		return nil, nil, fmt.Errorf("%w: at most %d reserved watches of %s", ErrTooManySubscribers, ReservedWatchers, s.check)
+	case !reserved && len(s.watchers)-s.reserved >= s.lim.Subscribers:
+		return nil, nil, fmt.Errorf("%w: at most %d readers of %s", ErrTooManySubscribers, s.lim.Subscribers, s.check)
 	}
 	ch := make(chan struct{}, 1)
 	s.watchers[ch] = struct{}{}
-	s.mu.Unlock()
+	if reserved {
+		s.reserved++
+	}
 	var once sync.Once
-	return ch, func() {
+	return ch, func() bool {
+		stopped := false
 		once.Do(func() {
 			s.mu.Lock()
 			delete(s.watchers, ch)
+			if reserved {
+				s.reserved--
+			}
 			s.mu.Unlock()
-			s.gate.release()
+			stopped = true
 		})
+		return stopped
 	}, nil
 }
 

@@ -205,6 +205,81 @@ func TestWatchBounds(t *testing.T) {
 	}
 }
 
+// The runner's pusher watches with room readers cannot take: with every
+// reader's place taken, of the stream and of the hub, a reserved watch
+// is still had (up to ReservedWatchers), and it takes no reader's place.
+func TestWatchReserved(t *testing.T) {
+	t.Parallel()
+	h := NewHub(HubConfig{Limits: Limits{Head: 10, Tail: 10, Marks: 10, Subscribers: 1}, MaxSubscribers: 1})
+	s, _ := h.Open("a", "r")
+	_, stopReader, err := s.Watch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Watch(); !errors.Is(err, ErrTooManySubscribers) {
+		t.Fatalf("a second reader of a stream and a hub of 1: %v", err)
+	}
+	var stops []func()
+	for i := range ReservedWatchers {
+		signal, stop, err := s.WatchReserved()
+		if err != nil {
+			t.Fatalf("reserved watch %d with every reader's place taken: %v", i+1, err)
+		}
+		stops = append(stops, stop)
+		if i == 0 {
+			_, _ = s.Write([]byte("x"))
+			select {
+			case <-signal:
+			default:
+				t.Error("a reserved watch was not told of a write")
+			}
+		}
+	}
+	if _, _, err := s.WatchReserved(); !errors.Is(err, ErrTooManySubscribers) {
+		t.Errorf("reserved watch %d: %v", ReservedWatchers+1, err)
+	}
+	stopReader()
+	if _, _, err := s.Watch(); err != nil {
+		t.Errorf("a reader once the other stopped, reserved watches going on: %v", err)
+	}
+	stops[0]()
+	stops[0]()
+	if _, _, err := s.WatchReserved(); err != nil {
+		t.Errorf("a reserved watch once one stopped: %v", err)
+	}
+}
+
+// By default one run's readers take at most a quarter of the readers'
+// places of a hub or a store: the others' runs keep room.
+func TestOneRunsReadersLeaveRoom(t *testing.T) {
+	t.Parallel()
+	h := NewHub(HubConfig{MaxSubscribers: 8})
+	st := testStore(t, t.TempDir(), &fakeClock{t: time.Unix(1e9, 0)}, func(c *StoreConfig) {
+		c.Limits.Subscribers = 0
+		c.MaxSubscribers = 8
+	})
+	put(t, st, "did:plc:a", PutInput{Check: checkOf("did:plc:a", "k1"), Run: "r"})
+	put(t, st, "did:plc:a", PutInput{Check: checkOf("did:plc:a", "k2"), Run: "r"})
+	hubA, _ := h.Open("a", "r")
+	hubB, _ := h.Open("b", "r")
+	storeA, _ := st.Stream(checkOf("did:plc:a", "k1"))
+	storeB, _ := st.Stream(checkOf("did:plc:a", "k2"))
+	for name, pair := range map[string][2]*Stream{"hub": {hubA, hubB}, "store": {storeA, storeB}} {
+		n := 0
+		for ; n < 8; n++ {
+			if _, _, err := pair[0].Watch(); err != nil {
+				break
+			}
+		}
+		if n != 2 {
+			t.Errorf("%s of 8 readers: one run took %d, want 2", name, n)
+		}
+		if _, _, err := pair[1].Watch(); err != nil {
+			t.Errorf("%s: another run's reader: %v", name, err)
+		}
+	}
+}
+
 // fakeClock is a clock a test moves.
 type fakeClock struct {
 	mu sync.Mutex

@@ -3,6 +3,7 @@ package output
 import (
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/bluesky-social/indigo/atproto/atdata"
 )
@@ -46,14 +47,31 @@ type WireMark struct {
 // datetime is the atproto datetime form the marks' times are written in.
 const datetime = "2006-01-02T15:04:05.000Z"
 
-// ToWire converts marks for the wire.
+// MaxMarkName is the most bytes of a mark's step name on the wire (the
+// lexicon's maxLength); a longer name is cut, so that a frame's marks
+// stay small.
+const MaxMarkName = 255
+
+// clip cuts s to at most n bytes, not inside a UTF-8 character.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// ToWire converts marks for the wire, their strings cut to the
+// lexicon's lengths.
 func ToWire(ms []Mark) []WireMark {
 	if len(ms) == 0 {
 		return nil
 	}
 	out := make([]WireMark, len(ms))
 	for i, m := range ms {
-		out[i] = WireMark{Offset: m.Offset, Time: m.Time.UTC().Format(datetime), Kind: m.Kind, Name: m.Name, Status: m.Status}
+		out[i] = WireMark{Offset: m.Offset, Time: m.Time.UTC().Format(datetime), Kind: clip(m.Kind, 32), Name: clip(m.Name, MaxMarkName), Status: clip(m.Status, 32)}
 		if m.Step > 0 {
 			step := int64(m.Step)
 			out[i].Step = &step

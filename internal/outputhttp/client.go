@@ -92,6 +92,11 @@ func responseError(resp *http.Response) error {
 	return &Error{Status: resp.StatusCode, Name: body.Error, Message: body.Message}
 }
 
+// MaxFrame is the most bytes of one subscription frame a Client reads:
+// a #chunk of at most MaxChunkMax bytes with at most MaxFrameMarks
+// marks is well within it.
+const MaxFrame = 4 << 20
+
 // Event is one frame of a subscription: exactly one field is set.
 type Event struct {
 	// Run names the run whose bytes follow: first on every connection,
@@ -133,6 +138,10 @@ func (c *Client) Resume(ctx context.Context, check, run string, cursor int64, fn
 		return fmt.Errorf("subscribe to %s: %w", check, err)
 	}
 	defer conn.Close()
+	// A host is whoever a check's live.service names: a frame larger
+	// than any a host of ours sends ends the subscription before it is
+	// read.
+	conn.SetReadLimit(MaxFrame)
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
 	for {

@@ -9,7 +9,9 @@ package outputhttp
 
 import (
 	"bytes"
+	"cmp"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,10 +20,11 @@ import (
 	"mime"
 	"net/http"
 	"path"
+	"sort"
 	"strconv"
+	"sync"
 	"time"
 
-	"github.com/bluesky-social/indigo/atproto/atdata"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/gorilla/websocket"
 	cbg "github.com/whyrusleeping/cbor-gen"
@@ -57,10 +60,36 @@ type Config struct {
 	// PingEvery is how often an idle subscription is pinged (default
 	// 30s).
 	PingEvery time.Duration
+	// MaxAnswers bounds the getRunOutput and getRunFile answers being
+	// written at once, all readers together (default 256); past it a
+	// request is refused at once (503 Busy), never queued. An answer is
+	// written in small pieces, each within WriteTimeout, so one holds
+	// little memory however slowly it is read.
+	MaxAnswers int
+	// MaxPerClient bounds what one client address has at once: answers
+	// being written and subscriptions together (default 64); past it a
+	// request is refused (429 TooManyRequests).
+	MaxPerClient int
+	// ClientAddr names a request's client for MaxPerClient (default
+	// ClientAddr).
+	ClientAddr func(*http.Request) string
 }
 
 // MaxGetLimit is the most bytes one getRunOutput returns.
 const MaxGetLimit = 1 << 20
+
+// MaxChunkMax is the most Config.ChunkMax may be: with MaxFrameMarks
+// marks of at most output.MaxMarkName bytes each, a frame stays well
+// within what a Client reads (MaxFrame).
+const MaxChunkMax = 1 << 20
+
+// MaxFrameMarks is the most marks one #chunk frame or getRunOutput
+// answer carries: its bytes end before the next mark.
+const MaxFrameMarks = 1024
+
+// getPiece is how many bytes of the stream a getRunOutput answer reads
+// and writes at a time.
+const getPiece = 16 << 10
 
 // Handler serves the output routes: /xrpc/dev.knotless.getRunOutput,
 // /xrpc/dev.knotless.subscribeRunOutput, /xrpc/dev.knotless.getRunFile
@@ -70,6 +99,7 @@ type Handler struct {
 	page *page
 	up   websocket.Upgrader
 	mux  *http.ServeMux
+	lim  *limiter
 }
 
 // New returns the handlers of cfg.
@@ -83,6 +113,16 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.ChunkMax <= 0 {
 		cfg.ChunkMax = 64 << 10
 	}
+	cfg.ChunkMax = min(cfg.ChunkMax, MaxChunkMax)
+	if cfg.MaxAnswers <= 0 {
+		cfg.MaxAnswers = 256
+	}
+	if cfg.MaxPerClient <= 0 {
+		cfg.MaxPerClient = 64
+	}
+	if cfg.ClientAddr == nil {
+		cfg.ClientAddr = ClientAddr
+	}
 	if cfg.WriteTimeout <= 0 {
 		cfg.WriteTimeout = 30 * time.Second
 	}
@@ -93,9 +133,11 @@ func New(cfg Config) (*Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &Handler{cfg: cfg, page: p, up: websocket.Upgrader{
+	h := &Handler{cfg: cfg, page: p, lim: newLimiter(cfg.MaxAnswers, cfg.MaxPerClient), up: websocket.Upgrader{
 		ReadBufferSize:  1024,
 		WriteBufferSize: 16 << 10,
+		// A subscription waiting for bytes holds no write buffer.
+		WriteBufferPool: &sync.Pool{},
 		// The output is public and the stream takes no credentials: a
 		// page of any origin may follow it.
 		CheckOrigin: func(*http.Request) bool { return true },
@@ -170,34 +212,161 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request) {
 		XRPCError(w, http.StatusBadRequest, "InvalidRequest", err.Error())
 		return
 	}
+	release, ok := h.admit(w, r, true)
+	if !ok {
+		return
+	}
+	defer release()
 	s, ok := h.cfg.Source.Stream(check)
 	if !ok {
 		XRPCError(w, http.StatusNotFound, "RunNotFound", "no output of "+check+" is kept here")
 		return
 	}
-	rd, err := s.Read(off, int(limit))
+	h.writeOutput(w, check, s, off, int(limit))
+}
+
+// writeOutput writes the getRunOutput answer (output.GetOutput, as
+// encoding/json writes it) of at most limit bytes of s from off, a
+// piece at a time: the JSON around the bytes by hand, the bytes read
+// getPiece at a time and written as base64 straight to w, the marks a
+// batch at a time. A reader that does not read holds one piece, and is
+// dropped when a write takes longer than WriteTimeout. The answer is
+// the stream as its first read saw it (its size and end); a piece the
+// run overwrote meanwhile (a stream keeps its last bytes in a ring) ends
+// the bytes early, and the reader's next read hears of the cut.
+func (h *Handler) writeOutput(w http.ResponseWriter, check string, s *output.Stream, off int64, limit int) {
+	rd, err := s.Read(off, min(limit, getPiece))
 	if err != nil {
 		h.cfg.Logger.Error("read run output", "check", check, "err", err)
 		XRPCError(w, http.StatusInternalServerError, "InternalServerError", "reading the output failed")
 		return
 	}
-	out := output.GetOutput{
-		Check: check, Run: s.Run(), Offset: rd.Offset, Data: atdata.Bytes(rd.Data),
-		Size: rd.Size, Final: rd.Final, Status: rd.Status, Marks: output.ToWire(rd.Marks),
-	}
-	if out.Data == nil {
-		out.Data = atdata.Bytes{}
-	}
+	var files []output.File
 	if h.cfg.Files != nil {
-		out.Files = h.cfg.Files.Files(check)
+		files = h.cfg.Files.Files(check)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	// Public, without credentials: a page of any origin may read it.
 	w.Header().Set("Access-Control-Allow-Origin", "*")
-	if err := json.NewEncoder(w).Encode(out); err != nil {
-		h.cfg.Logger.Debug("write run output", "check", check, "err", err)
+	out := &jsonWriter{w: h.progress(w)}
+	start, size, final, status := rd.Offset, rd.Size, rd.Final, rd.Status
+	end := start + max(0, min(int64(limit), size-start))
+	out.put(`{"check":`, check, `,"run":`, s.Run(), `,"offset":`, start, `,"data":{"$bytes":"`)
+	b64 := base64.NewEncoder(base64.RawStdEncoding, out)
+	pos, marks := start, 0
+	for pos < end && out.err == nil {
+		data := rd.Data[:min(int64(len(rd.Data)), end-pos)]
+		n := 0
+		for _, m := range rd.Marks {
+			if m.Offset < pos+int64(len(data)) {
+				n++
+			}
+		}
+		// At most MaxFrameMarks marks: the bytes end before the next.
+		if marks+n > MaxFrameMarks {
+			if cut := rd.Marks[MaxFrameMarks-marks].Offset; cut > start {
+				end = cut
+				data = data[:cut-pos]
+				n = sort.Search(len(rd.Marks), func(i int) bool { return rd.Marks[i].Offset >= cut })
+			}
+		}
+		marks = min(marks+n, MaxFrameMarks)
+		_, _ = b64.Write(data)
+		pos += int64(len(data))
+		if pos >= end {
+			break
+		}
+		rd, err = s.Read(pos, int(min(getPiece, end-pos)))
+		if err != nil {
+			h.cfg.Logger.Error("read run output", "check", check, "err", err)
+		}
+		if err != nil || rd.Offset != pos || len(rd.Data) == 0 {
+			end = pos // overwritten meanwhile: the answer ends here
+		}
 	}
+	_ = b64.Close()
+	out.put(`"},"size":`, size, `,"final":`, final)
+	if status != "" {
+		out.put(`,"status":`, status)
+	}
+	sep := `,"marks":[`
+	for done := 0; done < marks && out.err == nil; {
+		ms := s.Marks(start, pos, done, min(marks-done, 64))
+		if len(ms) == 0 {
+			break
+		}
+		for _, m := range output.ToWire(ms) {
+			out.put(sep, m)
+			sep = ","
+		}
+		done += len(ms)
+	}
+	if sep == "," {
+		out.put("]")
+	}
+	if len(files) > 0 {
+		out.put(`,"files":`, files)
+	}
+	out.put("}\n")
+	if out.err == nil {
+		// The answer leaves while it is counted (MaxAnswers).
+		out.err = http.NewResponseController(w).Flush()
+	}
+	if out.err != nil {
+		h.cfg.Logger.Debug("write run output", "check", check, "err", out.err)
+	}
+}
+
+// jsonWriter writes an answer, keeping the first error: once a write
+// failed, the others write nothing.
+type jsonWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (j *jsonWriter) Write(p []byte) (int, error) {
+	if j.err != nil {
+		return 0, j.err
+	}
+	n, err := j.w.Write(p)
+	j.err = err
+	return n, err
+}
+
+// put writes each part: the JSON between values (the string parts at
+// even places) as it is, and each value as JSON.
+func (j *jsonWriter) put(parts ...any) {
+	for i, p := range parts {
+		if lit, ok := p.(string); ok && i%2 == 0 {
+			_, _ = io.WriteString(j, lit)
+			continue
+		}
+		b, err := json.Marshal(p)
+		if err != nil {
+			j.err = cmp.Or(j.err, err)
+			return
+		}
+		_, _ = j.Write(b)
+	}
+}
+
+// progress is w whose every write must go out within WriteTimeout: a
+// reader that stops reading is dropped, one that reads slowly is not
+// (a large file takes its time).
+func (h *Handler) progress(w http.ResponseWriter) io.Writer {
+	return &progressWriter{w: w, rc: http.NewResponseController(w), timeout: h.cfg.WriteTimeout}
+}
+
+type progressWriter struct {
+	w       io.Writer
+	rc      *http.ResponseController
+	timeout time.Duration
+}
+
+func (p *progressWriter) Write(b []byte) (int, error) {
+	_ = p.rc.SetWriteDeadline(time.Now().Add(p.timeout))
+	return p.w.Write(b)
 }
 
 func (h *Handler) getFile(w http.ResponseWriter, r *http.Request) {
@@ -211,6 +380,11 @@ func (h *Handler) getFile(w http.ResponseWriter, r *http.Request) {
 		XRPCError(w, http.StatusNotFound, "FileNotFound", "no files are kept here")
 		return
 	}
+	release, ok := h.admit(w, r, true)
+	if !ok {
+		return
+	}
+	defer release()
 	f, info, err := h.cfg.Files.OpenFile(check, p)
 	switch {
 	case errors.Is(err, output.ErrNotFound):
@@ -228,8 +402,20 @@ func (h *Handler) getFile(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": path.Base(info.Path)}))
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("Content-Security-Policy", "default-src 'none'; sandbox")
-	http.ServeContent(w, r, "", time.Time{}, f)
+	http.ServeContent(progressResponse{w, h.progress(w)}, r, "", time.Time{}, f)
 }
+
+// progressResponse is a ResponseWriter whose body writes are those of
+// progress.
+type progressResponse struct {
+	http.ResponseWriter
+	body io.Writer
+}
+
+func (p progressResponse) Write(b []byte) (int, error) { return p.body.Write(b) }
+
+// Unwrap is for http.ResponseController.
+func (p progressResponse) Unwrap() http.ResponseWriter { return p.ResponseWriter }
 
 // subscribe follows a stream over a WebSocket: #run naming the run,
 // from the cursor a #gap for bytes not kept, #chunk frames, and #end
@@ -247,6 +433,11 @@ func (h *Handler) subscribe(w http.ResponseWriter, r *http.Request) {
 		cursor, cerr = intParam(r, "cursor", 0, 1<<62)
 	}
 	followed := r.URL.Query().Get("run")
+	release, ok := h.admit(w, r, false)
+	if !ok {
+		return
+	}
+	defer release()
 	conn, err := h.up.Upgrade(w, r, nil)
 	if err != nil {
 		return // the upgrader answered
@@ -313,6 +504,7 @@ func (h *Handler) subscribe(w http.ResponseWriter, r *http.Request) {
 			off = rd.Offset
 		}
 		if len(rd.Data) > 0 {
+			capMarks(&rd)
 			if h.write(conn, output.FrameChunk, &output.Chunk{Offset: rd.Offset, Data: rd.Data, Marks: output.ToWire(rd.Marks)}) != nil {
 				return
 			}
@@ -350,6 +542,20 @@ func (h *Handler) subscribe(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+}
+
+// capMarks keeps at most MaxFrameMarks of rd's marks: its bytes end
+// before the next one (unless they all are at its first byte).
+func capMarks(rd *output.Read) {
+	if len(rd.Marks) <= MaxFrameMarks {
+		return
+	}
+	if cut := rd.Marks[MaxFrameMarks].Offset; cut > rd.Offset {
+		rd.Data = rd.Data[:cut-rd.Offset]
+		rd.Marks = rd.Marks[:sort.Search(len(rd.Marks), func(i int) bool { return rd.Marks[i].Offset >= cut })]
+		return
+	}
+	rd.Marks = rd.Marks[:MaxFrameMarks]
 }
 
 // write sends one frame: the header {op: 1, t} and the body.

@@ -110,9 +110,12 @@ func New(cfg Config) (*Pusher, error) {
 // service has of the run (a successor's pusher after a handover goes on
 // where its predecessor's stopped) and sends at most MaxChunk bytes a
 // put; when it fell behind past what the stream keeps, it says so
-// (cutFrom) and goes on from the kept tail.
+// (cutFrom) and goes on from the kept tail. Its watch of the stream is
+// one readers cannot take (output.Stream.WatchReserved).
 func (p *Pusher) Push(ctx context.Context, s *output.Stream) error {
-	signal, stop, err := s.Watch()
+	// The pusher's watch is not a reader's: readers, however many, never
+	// stop the push.
+	signal, stop, err := s.WatchReserved()
 	if err != nil {
 		return fmt.Errorf("push output of %s: %w", s.Check(), err)
 	}

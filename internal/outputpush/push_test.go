@@ -2,6 +2,7 @@ package outputpush_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -91,5 +92,44 @@ func TestPushEndsOnARefusal(t *testing.T) {
 	defer cancel()
 	if err := p.Push(ctx, s); !outputhttp.IsError(err, "RunnerNotAllowed") {
 		t.Errorf("push of a runner the service does not take: %v", err)
+	}
+}
+
+// Readers cannot stop a run's push: with every reader's place of the
+// runner's hub taken, of the run and in all, the run's output still
+// reaches the service.
+func TestPushWithEveryReadersPlaceTaken(t *testing.T) {
+	t.Parallel()
+	url, tokens := service(t, runnerDID)
+	p, err := outputpush.New(outputpush.Config{Service: url, ServiceDID: serviceDID, Tokens: tokens})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hub := output.NewHub(output.HubConfig{MaxSubscribers: 1})
+	s, err := hub.Open(check, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, stop, err := s.Watch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	if _, _, err := s.Watch(); !errors.Is(err, output.ErrTooManySubscribers) {
+		t.Fatalf("a second reader of a hub of 1: %v", err)
+	}
+	_, _ = s.Write([]byte("pushed all the same\n"))
+	s.End("success")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := p.Push(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	out, err := (&outputhttp.Client{Base: url}).Get(ctx, check, 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(out.Data) != "pushed all the same\n" || !out.Final {
+		t.Errorf("the service has %q, final %v", out.Data, out.Final)
 	}
 }
