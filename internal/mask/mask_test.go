@@ -2,6 +2,7 @@ package mask
 
 import (
 	"bytes"
+	"encoding/base64"
 	"strings"
 	"testing"
 
@@ -97,8 +98,67 @@ func TestWriterDiscardAtHandover(t *testing.T) {
 	}
 }
 
+func b64(s string) string    { return base64.StdEncoding.EncodeToString([]byte(s)) }
+func b64url(s string) string { return base64.URLEncoding.EncodeToString([]byte(s)) }
+
+// A value's base64 forms are masked, those of each line of a multi-line
+// value too: alone, inside a longer encoded text at each offset, in the
+// URL alphabet. Forms of values shorter than minEncoded are not.
+func TestWriterMasksBase64(t *testing.T) {
+	t.Parallel()
+	key := "-----BEGIN KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END KEY-----\n"
+	line := "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC"
+	tests := []struct {
+		name   string
+		values []string
+		in     string
+		leaked []string // none of these may be in the output
+		want   string   // when not empty, the whole output
+	}{
+		{"a value's encoding", []string{"hunter22"}, "x=" + b64("hunter22") + ".", nil, "x=***."},
+		{"a value's URL encoding", []string{"\xfb\xff\xfe-secret"}, b64url("\xfb\xff\xfe-secret"), []string{b64url("\xfb\xff\xfe-secret")}, "***"},
+		{"a multi-line value's encoding", []string{key}, b64(key), []string{b64(key)}, "***"},
+		{"a multi-line value's encoding, with crlf", []string{key}, b64(strings.ReplaceAll(key, "\n", "\r\n")), nil, "***"},
+		{"one line's encoding", []string{key}, "line=" + b64(line) + "\n", nil, "line=***\n"},
+		{"one line inside a longer encoding, offset 0", []string{key}, b64("abc" + line + "xyz"), []string{b64(line)[:8]}, ""},
+		{"one line inside a longer encoding, offset 1", []string{key}, b64("a" + line + "xyz"), []string{b64("a" + line)[4:12]}, ""},
+		{"one line inside a longer encoding, offset 2", []string{key}, b64("ab" + line + "xyz"), []string{b64("ab" + line)[4:12]}, ""},
+		{"a short value's encoding is kept", []string{"pw1"}, b64("pw1") + " pw1", nil, b64("pw1") + " ***"},
+		{"a short line's encoding is kept", []string{"user\nlonger-line"}, b64("user") + " " + b64("longer-line"), nil, b64("user") + " ***"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var b bytes.Buffer
+			w := NewWriter(&b, tt.values)
+			// Byte by byte: the forms are held back like the values.
+			for i := range len(tt.in) {
+				_, _ = w.Write([]byte{tt.in[i]})
+			}
+			if err := w.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			got := b.String()
+			if tt.want != "" {
+				if diff := cmp.Diff(tt.want, got); diff != "" {
+					t.Errorf("masked output (-want +got):\n%s", diff)
+				}
+			}
+			for _, l := range tt.leaked {
+				if strings.Contains(got, l) {
+					t.Errorf("%q leaked in %q", l, got)
+				}
+			}
+			if !strings.Contains(got, Replacement) {
+				t.Errorf("nothing masked in %q", got)
+			}
+		})
+	}
+}
+
 func FuzzWriterNeverLeaks(f *testing.F) {
 	f.Add("secret", "xxsecretyy", 3)
+	f.Add("secret-value", "x="+b64("ab secret-value yz"), 5)
 	f.Fuzz(func(t *testing.T, value, in string, split int) {
 		if len(value) < 2 || strings.Contains(Replacement, value) || strings.Contains(value, "*") {
 			return
@@ -113,6 +173,13 @@ func FuzzWriterNeverLeaks(f *testing.F) {
 		_ = w.Flush()
 		if strings.Contains(b.String(), value) {
 			t.Fatalf("value %q leaked in %q", value, b.String())
+		}
+		if len(value) >= minEncoded {
+			for _, e := range encodings(value) {
+				if strings.Contains(b.String(), e) {
+					t.Fatalf("value %q leaked as %q in %q", value, e, b.String())
+				}
+			}
 		}
 	})
 }
