@@ -17,7 +17,10 @@ import (
 	"time"
 )
 
-// Limits bound a transfer. A zero field means no bound.
+// Limits bound a transfer. A field zero or less means its default
+// (DefaultMaxBytes, DefaultMaxFiles), never no bound: a caller that
+// forgets the limits still cannot be made to fill the disk. A caller
+// that means a bound no stream reaches says math.MaxInt64.
 type Limits struct {
 	// MaxBytes is the most tar bytes read or written.
 	MaxBytes int64
@@ -26,16 +29,37 @@ type Limits struct {
 	MaxFiles int64
 }
 
+// The bounds of a Limits field left zero: the runner's largest default
+// transfer bounds (--max-checkout, --max-files), so an executor left
+// without limits of its own still takes every checkout the engine lets
+// through by default.
+const (
+	DefaultMaxBytes int64 = 2 << 30
+	DefaultMaxFiles int64 = 200_000
+)
+
+// Effective are the bounds lim applies: its fields, the defaults in
+// place of those zero or less.
+func (lim Limits) Effective() Limits {
+	if lim.MaxBytes <= 0 {
+		lim.MaxBytes = DefaultMaxBytes
+	}
+	if lim.MaxFiles <= 0 {
+		lim.MaxFiles = DefaultMaxFiles
+	}
+	return lim
+}
+
 // ErrTooLarge is returned when a stream passes Limits.MaxBytes.
 var ErrTooLarge = errors.New("tar stream exceeds the size limit")
 
 // ErrTooManyFiles is returned when a stream passes Limits.MaxFiles.
 var ErrTooManyFiles = errors.New("tar stream exceeds the file count limit")
 
-// countEntry counts one more entry against lim.MaxFiles.
+// countEntry counts one more entry against lim.MaxFiles (effective).
 func countEntry(n *int64, lim Limits) error {
 	*n++
-	if lim.MaxFiles > 0 && *n > lim.MaxFiles {
+	if *n > lim.MaxFiles {
 		return fmt.Errorf("%w (%d files)", ErrTooManyFiles, lim.MaxFiles)
 	}
 	return nil
@@ -64,6 +88,7 @@ type Packer struct {
 // NewPacker returns a Packer writing to w. The context bounds the time
 // it takes; lim bounds the whole stream.
 func NewPacker(ctx context.Context, w io.Writer, lim Limits) *Packer {
+	lim = lim.Effective()
 	cw := &limitWriter{ctx: ctx, w: w, max: lim.MaxBytes}
 	return &Packer{cw: cw, tw: tar.NewWriter(cw), lim: lim}
 }
@@ -188,6 +213,7 @@ func Unpack(ctx context.Context, r io.Reader, dir string, lim Limits) error {
 		return fmt.Errorf("unpack into %s: %w", dir, err)
 	}
 	defer root.Close()
+	lim = lim.Effective()
 	tr := tar.NewReader(LimitReader(ctx, r, lim))
 	type dirMode struct {
 		name  string
@@ -391,10 +417,10 @@ func removeExisting(root *os.Root, name string) error {
 	return root.Remove(name)
 }
 
-// LimitReader bounds r by lim.MaxBytes and stops at ctx's end: the
-// reading side of every transfer.
+// LimitReader bounds r by lim.MaxBytes (DefaultMaxBytes when zero) and
+// stops at ctx's end: the reading side of every transfer.
 func LimitReader(ctx context.Context, r io.Reader, lim Limits) io.Reader {
-	return &limitReader{ctx: ctx, r: r, max: lim.MaxBytes}
+	return &limitReader{ctx: ctx, r: r, max: lim.Effective().MaxBytes}
 }
 
 type limitReader struct {
@@ -408,17 +434,18 @@ func (l *limitReader) Read(p []byte) (int, error) {
 	if err := l.ctx.Err(); err != nil {
 		return 0, err
 	}
-	if l.max > 0 && l.n > l.max {
+	if l.n > l.max {
 		return 0, fmt.Errorf("%w (%d bytes)", ErrTooLarge, l.max)
 	}
-	if l.max > 0 && int64(len(p)) > l.max-l.n+1 {
+	if room := l.max - l.n; int64(len(p)) > room {
 		// Read at most one byte past the bound: enough to see it passed,
-		// and nothing past it reaches the consumer.
-		p = p[:l.max-l.n+1]
+		// and nothing past it reaches the consumer. (room+1, not
+		// max-n+1: a bound of math.MaxInt64 would overflow.)
+		p = p[:room+1]
 	}
 	n, err := l.r.Read(p)
 	l.n += int64(n)
-	if l.max > 0 && l.n > l.max {
+	if l.n > l.max {
 		return n - int(l.n-l.max), fmt.Errorf("%w (%d bytes)", ErrTooLarge, l.max)
 	}
 	return n, err
@@ -435,7 +462,7 @@ func (l *limitWriter) Write(p []byte) (int, error) {
 	if err := l.ctx.Err(); err != nil {
 		return 0, err
 	}
-	if l.max > 0 && l.n+int64(len(p)) > l.max {
+	if int64(len(p)) > l.max-l.n {
 		return 0, fmt.Errorf("%w (%d bytes)", ErrTooLarge, l.max)
 	}
 	n, err := l.w.Write(p)

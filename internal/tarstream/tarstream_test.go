@@ -7,12 +7,14 @@ import (
 	"errors"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -444,5 +446,64 @@ func TestPackerPutsTreesUnderPrefixes(t *testing.T) {
 	must(t, p.Tree(src, "work"))
 	if err := p.File("steps/1", 0o755, nil); !errors.Is(err, ErrTooManyFiles) {
 		t.Errorf("a fourth entry past MaxFiles 3: %v, want ErrTooManyFiles", err)
+	}
+}
+
+// repeatReader reads block over and over.
+type repeatReader struct {
+	block []byte
+	off   int
+}
+
+func (r *repeatReader) Read(p []byte) (int, error) {
+	n := 0
+	for n < len(p) {
+		c := copy(p[n:], r.block[r.off:])
+		n += c
+		r.off = (r.off + c) % len(r.block)
+	}
+	return n, nil
+}
+
+// Zero limits are the defaults, never no bound: an unpack with Limits{}
+// refuses a stream of more entries than DefaultMaxFiles (the same
+// directory entry again and again, so nothing piles up on disk), and a
+// LimitReader with Limits{} a stream past DefaultMaxBytes.
+func TestZeroLimitsAreTheDefaults(t *testing.T) {
+	t.Parallel()
+	if diff := cmp.Diff(Limits{MaxBytes: DefaultMaxBytes, MaxFiles: DefaultMaxFiles}, Limits{}.Effective()); diff != "" {
+		t.Errorf("Limits{}.Effective() (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(Limits{MaxBytes: 5, MaxFiles: DefaultMaxFiles}, Limits{MaxBytes: 5, MaxFiles: -1}.Effective()); diff != "" {
+		t.Errorf("a negative field (-want +got):\n%s", diff)
+	}
+
+	// Without a bound these streams never end: the context ends them
+	// then, and the test fails.
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	dir := archive(t, entry{name: "d/", typ: tar.TypeDir})
+	err := Unpack(ctx, &repeatReader{block: dir[:512]}, t.TempDir(), Limits{})
+	if !errors.Is(err, ErrTooManyFiles) || !strings.Contains(err.Error(), "(200000 files)") {
+		t.Errorf("an endless stream of entries with zero limits: %v, want ErrTooManyFiles at the default", err)
+	}
+
+	n, err := io.Copy(io.Discard, LimitReader(ctx, &repeatReader{block: make([]byte, 1<<16)}, Limits{}))
+	if !errors.Is(err, ErrTooLarge) || n != DefaultMaxBytes {
+		t.Errorf("an endless stream with zero limits: read %d bytes, err %v; want %d and ErrTooLarge", n, err, DefaultMaxBytes)
+	}
+}
+
+// A bound of math.MaxInt64 (no stream reaches it) reads on: no overflow
+// at the room left.
+func TestLimitReaderAtMaxInt64(t *testing.T) {
+	t.Parallel()
+	got, err := io.ReadAll(LimitReader(context.Background(), strings.NewReader("abc"), Limits{MaxBytes: math.MaxInt64}))
+	if string(got) != "abc" || err != nil {
+		t.Errorf("read %q, %v", got, err)
+	}
+	var buf bytes.Buffer
+	if err := NewPacker(context.Background(), &buf, Limits{MaxBytes: math.MaxInt64}).File("f", 0o644, []byte("x")); err != nil {
+		t.Errorf("pack: %v", err)
 	}
 }
