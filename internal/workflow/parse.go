@@ -163,6 +163,20 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 				w.Cache = append(w.Cache, s.value)
 			}
 		},
+		"artifacts": func(k string, v ast.Node) {
+			before := len(d.errs)
+			entries := d.strings(k, v)
+			typeErrs := len(d.errs) > before
+			for _, s := range entries {
+				if s.value == "" && typeErrs {
+					continue // not a string, said already
+				}
+				if err := CheckArtifact(s.value); err != nil {
+					d.errorAt(s.tk, "artifacts: %q: %v", s.value, err)
+				}
+				w.Artifacts = append(w.Artifacts, s.value)
+			}
+		},
 		"queue": func(k string, v ast.Node) {
 			s := d.str(k, v)
 			if s.value != "first" {

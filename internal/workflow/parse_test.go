@@ -22,6 +22,7 @@ env:
   N: 3
 secrets: [TOKEN, KEY]
 cache: [.cache/go, /root/.npm]
+artifacts: [report.txt, "coverage/**/*.html"]
 queue: first
 superseded: finish
 resources: {cpu: 500m, memory: 1Gi}
@@ -47,12 +48,13 @@ steps:
 		Env:        []EnvVar{{"GOFLAGS", "-mod=mod"}, {"N", "3"}},
 		Secrets:    []string{"TOKEN", "KEY"},
 		Cache:      []string{".cache/go", "/root/.npm"},
+		Artifacts:  []string{"report.txt", "coverage/**/*.html"},
 		Queue:      "first",
 		Superseded: "finish",
 		Resources:  Resources{CPU: "500m", Memory: "1Gi"},
 		Steps: []Step{
-			{Name: "build", Run: "go build ./...\n", Timeout: 2 * time.Minute, Secrets: []string{"TOKEN"}, Line: 15},
-			{Name: "lint", Uses: "lint", Line: 20},
+			{Name: "build", Run: "go build ./...\n", Timeout: 2 * time.Minute, Secrets: []string{"TOKEN"}, Line: 16},
+			{Name: "lint", Uses: "lint", Line: 21},
 		},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
@@ -68,7 +70,7 @@ func TestParseErrorsHavePositions(t *testing.T) {
 		want []string
 	}{
 		{"unknown field", "on: push\nstep:\n  - run: x\n", []string{
-			`w.yaml:2:1: workflow: unknown field "step" (known: branches, cache, env, image, on, queue, resources, runners, secrets, steps, superseded, timeout)`,
+			`w.yaml:2:1: workflow: unknown field "step" (known: artifacts, branches, cache, env, image, on, queue, resources, runners, secrets, steps, superseded, timeout)`,
 			`w.yaml:1:1: workflow: missing field "steps"`,
 		}},
 		{"wrong types", "on: push\ntimeout: [1]\nsteps:\n  - run: x\n    timeout: 5\n", []string{
@@ -84,6 +86,19 @@ func TestParseErrorsHavePositions(t *testing.T) {
 		}},
 		{"outputs explained", "on: push\noutputs: [a]\nsteps: [{run: x}]\n", []string{
 			`w.yaml:2:1: unknown field "outputs": a step writes its outputs to the directory $KNOTLESS_RUN_OUTPUTS`,
+		}},
+		{"artifacts", "on: push\nartifacts:\n  - /etc/passwd\n  - ../x\n  - ''\n  - a//b\n  - ./a\n  - 'a/**b'\n  - '[x'\n  - \"a\\u202etxt\"\n  - ok/**/*.txt\nsteps: [{run: x}]\n", []string{
+			`w.yaml:3:5: artifacts: "/etc/passwd": absolute path: want a path relative to the outputs directory`,
+			`w.yaml:4:5: artifacts: "../x": ".." not allowed`,
+			`w.yaml:5:5: artifacts: "": empty path`,
+			`w.yaml:6:5: artifacts: "a//b": empty or "." part: write the path clean`,
+			`w.yaml:7:5: artifacts: "./a": empty or "." part: write the path clean`,
+			`w.yaml:8:5: artifacts: "a/**b": "**b": ** must be a whole part (a/**/b), elsewhere * does`,
+			`w.yaml:9:5: artifacts: "[x": bad pattern "[x": syntax error in pattern`,
+			`w.yaml:10:5: artifacts: "a\u202etxt": character U+202E not allowed`,
+		}},
+		{"artifacts of the wrong type", "on: push\nartifacts: {a: b}\nsteps: [{run: x}]\n", []string{
+			`w.yaml:2:12: artifacts: want a string, got a mapping`,
 		}},
 		{"syntax", "on: push\nsteps:\n  - run: 'x\n", []string{
 			`w.yaml:3:10: could not find end character of single-quoted text`,
@@ -145,6 +160,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("a: &x {b: 1}\nc: *x\n"))
 	f.Add([]byte("on:\n  push:\n  dispatch:\n    inputs:\n      target: {type: choice, options: [a, b], default: a}\n      dry: {type: boolean, required: true}\n      note:\n  schedule:\n    - cron: '0 3 * * 1-5'\n    - cron: '@daily'\nsteps: [{run: x}]\n"))
 	f.Add([]byte("on: {schedule: [{cron: '61 * * * *'}, {cron: '@every 1h'}], dispatch: {inputs: {KNOTLESS_X: {type: number}}}}\nsteps: [{run: x}]\n"))
+	f.Add([]byte("on: push\nartifacts: [report.txt, 'site/**/*.html', '**']\nsteps: [{run: x}]\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		w, err := Parse("f.yaml", data)
 		if err == nil && (w == nil || len(w.Steps) == 0 || (len(w.On) == 0 && len(w.Warnings) == 0)) {
@@ -163,6 +179,13 @@ func FuzzParse(f *testing.F) {
 			}
 			if len(w.Inputs) > 0 && !slices.Contains(w.On, Dispatch) {
 				t.Fatalf("inputs %v without on: dispatch", w.Inputs)
+			}
+			// Every artifacts entry is a clean relative pattern, which
+			// names nothing outside the outputs directory.
+			for _, a := range w.Artifacts {
+				if err := CheckArtifact(a); err != nil || MatchArtifact(a, "../x") || MatchArtifact(a, "/x") {
+					t.Fatalf("valid workflow with artifacts entry %q: %v", a, err)
+				}
 			}
 		}
 		var errs Errors
@@ -355,5 +378,61 @@ steps: [{run: x}]
 				t.Errorf("errors (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestMatchArtifact: each part of a pattern matches one part of the
+// name as path.Match does; a part ** matches any number of parts.
+func TestMatchArtifact(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		pattern, name string
+		want          bool
+	}{
+		{"report.txt", "report.txt", true},
+		{"report.txt", "dir/report.txt", false},
+		{"*.txt", "report.txt", true},
+		{"*.txt", ".hidden.txt", true},
+		{"*.txt", "dir/report.txt", false},
+		{"*", "dir/report.txt", false},
+		{"dir/*", "dir/report.txt", true},
+		{"**", "report.txt", true},
+		{"**", "a/b/c", true},
+		{"**/*.txt", "report.txt", true},
+		{"**/*.txt", "a/b/report.txt", true},
+		{"**/*.txt", "a/b/report.html", false},
+		{"a/**/b", "a/b", true},
+		{"a/**/b", "a/x/y/b", true},
+		{"a/**/b", "a/x/y/c", false},
+		{"a/**", "a", true},
+		{"a/**", "a/x", true},
+		{"**/**/**/**/**/**/**/**/**/**/z", strings.Repeat("a/", 200) + "y", false},
+		{"r[0-9].log", "r7.log", true},
+		{`\*`, "*", true},
+		{`\*`, "x", false},
+	} {
+		if got := MatchArtifact(tt.pattern, tt.name); got != tt.want {
+			t.Errorf("MatchArtifact(%q, %q) = %v, want %v", tt.pattern, tt.name, got, tt.want)
+		}
+	}
+}
+
+// A workflow publishes only the outputs its artifacts name: none
+// without artifacts.
+func TestPublished(t *testing.T) {
+	t.Parallel()
+	outputs := []string{"deploy.env", "report.txt", "site/a/index.html", "site/b.css"}
+	for _, tt := range []struct {
+		artifacts, want []string
+	}{
+		{nil, nil},
+		{[]string{"report.txt"}, []string{"report.txt"}},
+		{[]string{"site/**", "report.txt"}, []string{"report.txt", "site/a/index.html", "site/b.css"}},
+		{[]string{"**/*.html"}, []string{"site/a/index.html"}},
+	} {
+		w := &Workflow{Artifacts: tt.artifacts}
+		if diff := cmp.Diff(tt.want, w.Published(outputs)); diff != "" {
+			t.Errorf("artifacts %v: published (-want +got):\n%s", tt.artifacts, diff)
+		}
 	}
 }

@@ -53,6 +53,10 @@ type Workflow struct {
 	Inputs []Input
 	// Schedule are the cron expressions of on: schedule, in file order.
 	Schedule []Cron
+	// Artifacts are the patterns of the outputs a run publishes (kept
+	// for download with its log, see MatchArtifact), in file order.
+	// None: a run publishes no file.
+	Artifacts []string
 	// Warnings are fields that parse but are not acted on yet, in file
 	// order: validate prints them and the daemon logs them.
 	Warnings []Warning
