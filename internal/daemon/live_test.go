@@ -56,6 +56,7 @@ func TestLiveOutput(t *testing.T) {
 	_, commit := w.Push(map[string]string{".knotless/workflows/live.yaml": workflowFile(`
 on: [push]
 secrets: [LIVE_TOKEN]
+artifacts: [report.txt]
 steps:
   - name: build
     secrets: [LIVE_TOKEN]
@@ -66,7 +67,8 @@ steps:
       printf '%s\n' "-${LIVE_TOKEN#*-}"
       while [ ! -e ` + gate + ` ]; do sleep 0.1; done
       echo "the line after the gate"
-      echo "a report" > "$KNOTLESS_RUN_OUTPUTS/report.txt"
+      printf 'a report %s\n' "$LIVE_TOKEN" > "$KNOTLESS_RUN_OUTPUTS/report.txt"
+      printf 'TOKEN=%s\n' "$LIVE_TOKEN" > "$KNOTLESS_RUN_OUTPUTS/deploy.env"
   - name: test
     run: echo "the second step"
 `)})
@@ -128,7 +130,7 @@ steps:
 	if diff := cmp.Diff(wantLive, final.Live); diff != "" {
 		t.Errorf("the final check's live (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff([]forge.RunFile{{Path: "report.txt", Size: 9}}, final.Files); diff != "" {
+	if diff := cmp.Diff([]forge.RunFile{{Path: "report.txt", Size: 13}}, final.Files); diff != "" {
 		t.Errorf("the final check's files (-want +got):\n%s", diff)
 	}
 	for _, base := range []string{direct, service} {
@@ -139,8 +141,11 @@ steps:
 			body = get(t, base+"/xrpc/dev.knotless.getRunFile?check="+check+"&path=report.txt")
 			return body != ""
 		})
-		if body != "a report\n" {
+		if body != "a report ***\n" {
 			t.Errorf("%s: the run's file is %q", base, body)
+		}
+		if body := get(t, base+"/xrpc/dev.knotless.getRunFile?check="+check+"&path=deploy.env"); body != "" {
+			t.Errorf("%s: deploy.env, which artifacts do not name, is served: %q", base, body)
 		}
 	}
 	if page := get(t, direct+"/runs/"+w.Runner.DID.String()+"/"+key); !strings.Contains(page, "<html") {

@@ -15,7 +15,9 @@ import (
 	"sync"
 	"time"
 
+	"knotless.dev/run/internal/mask"
 	"knotless.dev/run/internal/output"
+	"knotless.dev/run/internal/workflow"
 )
 
 // FilesConfig bounds the output files a runner keeps for download: per
@@ -48,10 +50,12 @@ func (c *FilesConfig) defaults() {
 	}
 }
 
-// files keeps runs' output files on disk, by check, bounded: the files
-// of a check's latest run, copied out of its outputs directory (which is
-// removed at the run's end) into dir. It is the listener's
-// outputhttp.FileSource and what the pusher sends the output service.
+// files keeps runs' published output files on disk, by check, bounded:
+// the files of a check's latest run that its workflow's artifacts name,
+// copied masked out of its outputs directory (which is removed at the
+// run's end) into dir. It is the one gate of publication: the
+// listener's outputhttp.FileSource and what the pusher sends the output
+// service are what it kept.
 type files struct {
 	cfg FilesConfig
 	dir string
@@ -88,11 +92,14 @@ func newFiles(cfg FilesConfig, dir string, log *slog.Logger) (*files, error) {
 }
 
 // keep copies the files of check's run out of outDir (paths relative to
-// it, as run.Result.Outputs lists them), within the bounds, in place of
-// the files kept of an earlier run of check, and returns those kept. A
-// path that leads out of outDir (a symbolic link) or is not a regular
-// file is not kept.
-func (f *files) keep(check, run, outDir string, paths []string) []output.File {
+// it: the run's run.Result.Artifacts, the outputs its workflow
+// publishes), within the bounds, in place of the files kept of an
+// earlier run of check, and returns those kept. Each file's bytes are
+// copied through m (run.Result.Mask), so a granted secret a step wrote
+// into one is masked as in the log. A path that leads out of outDir (a
+// symbolic link), is not a regular file, or whose name has a control
+// or bidirectional formatting character is not kept (logged).
+func (f *files) keep(check, run, outDir string, paths []string, m *mask.Set) []output.File {
 	f.mu.Lock()
 	f.dropLocked(check)
 	f.sweepLocked()
@@ -119,7 +126,7 @@ func (f *files) keep(check, run, outDir string, paths []string) []output.File {
 			f.log.Warn("more output files than a run keeps; the rest are not kept", "check", check, "max", f.cfg.MaxFiles)
 			break
 		}
-		size, err := f.copy(root, p, r)
+		size, err := f.copy(root, p, r, m)
 		if err != nil {
 			f.log.Warn("output file not kept", "check", check, "path", p, "err", err)
 			continue
@@ -136,11 +143,14 @@ func (f *files) keep(check, run, outDir string, paths []string) []output.File {
 // errBounds refuses a file past the bounds.
 var errBounds = errors.New("past the bounds on kept output files")
 
-// copy copies path of root into r, within the bounds, and returns its
-// size.
-func (f *files) copy(root *os.Root, p string, r *keptRun) (int64, error) {
+// copy copies path of root into r through m, within the bounds, and
+// returns the size of the copy.
+func (f *files) copy(root *os.Root, p string, r *keptRun, m *mask.Set) (int64, error) {
 	if err := output.CleanPath(p); err != nil {
 		return 0, err
+	}
+	if c, ok := workflow.UnsafeRune(p); ok {
+		return 0, fmt.Errorf("name with character %U, which could make it read as another", c)
 	}
 	in, err := root.Open(filepath.FromSlash(p))
 	if err != nil {
@@ -158,25 +168,55 @@ func (f *files) copy(root *os.Root, p string, r *keptRun) (int64, error) {
 	if r.bytes+size > f.cfg.MaxRunBytes {
 		return 0, fmt.Errorf("%w: %d bytes, the run's files may have %d more", errBounds, size, f.cfg.MaxRunBytes-r.bytes)
 	}
-	if !f.reserve(size) {
-		return 0, fmt.Errorf("%w: %d bytes, more than all runs' files may have", errBounds, size)
-	}
 	name := strconv.Itoa(len(r.files))
 	out, err := os.OpenFile(filepath.Join(r.dir, name), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return 0, err
+	}
+	// The copy reserves its bytes as they are written: masking changes
+	// the size (*** for each value).
+	w := &reserving{f: f, out: out, room: f.cfg.MaxRunBytes - r.bytes}
+	mw := m.Writer(w)
+	_, err = io.Copy(mw, io.LimitReader(in, size))
 	if err == nil {
-		_, err = io.CopyN(out, in, size)
-		if cerr := out.Close(); err == nil {
-			err = cerr
-		}
+		err = mw.Flush()
+	}
+	if cerr := out.Close(); err == nil {
+		err = cerr
 	}
 	if err != nil {
-		f.release(size)
+		f.release(w.n)
 		_ = os.Remove(filepath.Join(r.dir, name))
 		return 0, err
 	}
 	r.names[p] = name
-	r.bytes += size
-	return size, nil
+	r.bytes += w.n
+	return w.n, nil
+}
+
+// reserving writes a kept file, taking each write's bytes of the bound
+// on all files first and refusing to pass room, the run's.
+type reserving struct {
+	f    *files
+	out  io.Writer
+	room int64
+	n    int64
+}
+
+func (w *reserving) Write(p []byte) (int, error) {
+	n := int64(len(p))
+	if w.n+n > w.room {
+		return 0, fmt.Errorf("%w: more than the run's files may have", errBounds)
+	}
+	if !w.f.reserve(n) {
+		return 0, fmt.Errorf("%w: more than all runs' files may have", errBounds)
+	}
+	w.n += n
+	k, err := w.out.Write(p)
+	if err == nil && k < len(p) {
+		err = io.ErrShortWrite
+	}
+	return k, err
 }
 
 // reserve takes n bytes of the bound on all files, dropping the runs

@@ -56,6 +56,10 @@ type Config struct {
 	// PushGrace is how long a stopping runner waits for the output of
 	// its ended runs to reach the service (default 30s).
 	PushGrace time.Duration
+	// WriteTimeout drops a reader of the listener that takes longer
+	// than this to take a write: a piece of an answer, a subscription's
+	// frame, a whole page or error (default 30s).
+	WriteTimeout time.Duration
 }
 
 // Enabled reports whether live output is on: a listener, an output
@@ -154,6 +158,9 @@ func New(cfg Config, runner syntax.DID, filesDir string, p Ports, log *slog.Logg
 	if cfg.PushGrace <= 0 {
 		cfg.PushGrace = 30 * time.Second
 	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = 30 * time.Second
+	}
 	return &Live{cfg: cfg, runner: runner, filesDir: filesDir, p: p, log: log, hub: output.NewHub(cfg.Hub),
 		runs: map[string]*liveRun{}, pushing: map[*liveRun]bool{}}
 }
@@ -207,11 +214,26 @@ func (l *Live) Serve() (stop func()) {
 	wg.Go(func() { l.hub.Run(ctx) })
 	var srv *http.Server
 	if l.ln != nil {
-		h, err := outputhttp.New(outputhttp.Config{Source: l.hub, Files: l.files, Logger: l.log})
+		h, err := outputhttp.New(outputhttp.Config{Source: l.hub, Files: l.files, Logger: l.log, WriteTimeout: l.cfg.WriteTimeout})
 		if err != nil {
 			l.log.Error("live output: the listener serves nothing", "err", err)
 		} else {
-			srv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
+			srv = &http.Server{
+				Handler:           h,
+				ReadHeaderTimeout: 10 * time.Second,
+				// Every request is a GET without a body. A subscription's
+				// hijacked connection keeps none of the server's
+				// deadlines: its frames have their own.
+				ReadTimeout: 30 * time.Second,
+				// For a page, an error: getRunOutput and getRunFile move
+				// the deadline on at each write (outputhttp), so a slow
+				// reader is not dropped, a stalled one is; the answers in
+				// flight and each address's are bounded there too.
+				WriteTimeout:   l.cfg.WriteTimeout,
+				IdleTimeout:    2 * time.Minute,
+				MaxHeaderBytes: 64 << 10,
+				BaseContext:    func(net.Listener) context.Context { return ctx },
+			}
 			l.log.Info("serving live output", "listen", l.ln.Addr().String(), "public_url", l.public())
 			wg.Go(func() {
 				if err := srv.Serve(l.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -327,7 +349,7 @@ func (l *Live) Ended(j *job.Job, runID string, res *run.Result, outDir string) {
 	if !ok || r.s.Run() != runID || l.files == nil {
 		return
 	}
-	l.files.keep(r.s.Check(), runID, outDir, res.Outputs)
+	l.files.keep(r.s.Check(), runID, outDir, res.Artifacts, res.Mask)
 	r.s.End(string(res.Status))
 	l.mu.Lock()
 	r.ended = true

@@ -1,14 +1,20 @@
 package live_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -179,7 +185,8 @@ func TestRunThroughTheListenerAndTheService(t *testing.T) {
 	if err := os.Symlink(secret, filepath.Join(out, "link")); err != nil {
 		t.Fatal(err)
 	}
-	l.Ended(j, "r1", &run.Result{Status: run.Success, Outputs: []string{"big.bin", "dir/b.txt", "link", "report.txt"}}, out)
+	l.Ended(j, "r1", &run.Result{Status: run.Success, Outputs: []string{"big.bin", "dir/b.txt", "link", "report.txt"},
+		Artifacts: []string{"big.bin", "dir/b.txt", "link", "report.txt"}}, out)
 	want := "==> step 1/1: build\ncompiling\n<== step build: success\n"
 	for name, f := range map[string]*follower{"the listener": fd, "the service": fs} {
 		got, frames := f.end(t)
@@ -246,7 +253,7 @@ func TestListenerServesFiles(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(out, "report.txt"), []byte("all good"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	l.Ended(j, "r1", &run.Result{Status: run.Success, Outputs: []string{"report.txt"}}, out)
+	l.Ended(j, "r1", &run.Result{Status: run.Success, Outputs: []string{"report.txt"}, Artifacts: []string{"report.txt"}}, out)
 	if err := os.RemoveAll(out); err != nil { // as the scheduler does after the final check
 		t.Fatal(err)
 	}
@@ -341,5 +348,111 @@ func TestConfigValidate(t *testing.T) {
 		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
 			t.Errorf("%+v: %v, want %q", tc.cfg, err, tc.want)
 		}
+	}
+}
+
+// Readers cannot stop a run's push: with every reader's place of the
+// runner's hub taken through its listener, a run's output still
+// reaches the output service.
+func TestPushGoesOnWithEveryReadersPlaceTaken(t *testing.T) {
+	t.Parallel()
+	url, tokens := service(t)
+	l, stop := start(t, live.Config{Listen: "127.0.0.1:0", Service: url, ServiceDID: serviceDID,
+		Hub: output.HubConfig{Limits: output.RunnerLimits(), MaxSubscribers: 2}}, tokens)
+	direct := &outputhttp.Client{Base: "http://" + l.Addr().String()}
+	w := l.Open(&job.Job{Key: key}, "r1", nil, nil)
+	_, _ = io.WriteString(w, "first\n")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for i := range 2 {
+		following := make(chan error, 1)
+		go func() {
+			err := direct.Subscribe(ctx, check, 0, func(ev outputhttp.Event) error {
+				if ev.Run != nil {
+					following <- nil
+				}
+				return nil
+			})
+			following <- err
+		}()
+		if err := <-following; err != nil {
+			t.Fatalf("reader %d: %v", i+1, err)
+		}
+	}
+	if err := direct.Subscribe(ctx, check, 0, func(outputhttp.Event) error { return nil }); !outputhttp.IsError(err, "TooManySubscribers") {
+		t.Fatalf("a third reader of a hub of 2: %v", err)
+	}
+	const other = "zsvmur6bdrvdcvafwfoo7mmwp5"
+	w2 := l.Open(&job.Job{Key: other}, "r2", nil, nil)
+	_, _ = io.WriteString(w2, "pushed all the same\n")
+	l.Ended(&job.Job{Key: other}, "r2", &run.Result{Status: run.Success}, t.TempDir())
+	stop() // waits for the ended run's push
+	got, err := (&outputhttp.Client{Base: url}).Get(context.Background(), "at://"+string(runner)+"/dev.knotless.check/"+other, 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got.Data) != "pushed all the same\n" || !got.Final {
+		t.Errorf("the service has %q, final %v", got.Data, got.Final)
+	}
+}
+
+// dropped is a slog handler that tells when an answer's write failed.
+type dropped chan error
+
+func (d dropped) Enabled(context.Context, slog.Level) bool { return true }
+func (d dropped) WithAttrs([]slog.Attr) slog.Handler       { return d }
+func (d dropped) WithGroup(string) slog.Handler            { return d }
+func (d dropped) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "write run output" {
+		return nil
+	}
+	var err error
+	r.Attrs(func(a slog.Attr) bool {
+		if e, ok := a.Value.Any().(error); ok {
+			err = e
+		}
+		return true
+	})
+	select {
+	case d <- err:
+	default:
+	}
+	return nil
+}
+
+// A reader of the listener that stops reading is dropped once a write
+// has waited WriteTimeout.
+func TestListenerDropsAStalledReader(t *testing.T) {
+	t.Parallel()
+	log := make(dropped, 1)
+	l := live.New(live.Config{Listen: "127.0.0.1:0", WriteTimeout: 200 * time.Millisecond}, runner, filepath.Join(t.TempDir(), "files"), live.Ports{}, slog.New(log))
+	if err := l.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Serve())
+	w := l.Open(&job.Job{Key: key}, "r1", nil, nil)
+	_, _ = w.Write(bytes.Repeat([]byte(strings.Repeat("x", 1023)+"\n"), 1024))
+	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		return c.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+	}}
+	conn, err := d.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// Answers asked for one after the other on the connection: more
+	// than the kernel's buffers of a loopback connection hold.
+	get := "GET /xrpc/dev.knotless.getRunOutput?limit=1048576&check=" + url.QueryEscape(check) + " HTTP/1.1\r\nHost: runner.test\r\n\r\n"
+	if _, err := io.WriteString(conn, strings.Repeat(get, 16)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-log:
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			t.Errorf("the stalled answer ended with %v, want a timeout", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the stalled reader was not dropped in a minute")
 	}
 }

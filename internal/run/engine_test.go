@@ -227,6 +227,53 @@ func TestEngineOutputs(t *testing.T) {
 	}
 }
 
+// Every output reaches the outputs directory; only those the
+// workflow's artifacts name are the run's Artifacts (none without
+// artifacts), and the result's Mask masks what the log masks: a trusted
+// run's granted values, nothing of an untrusted one.
+func TestEngineArtifactsAndMask(t *testing.T) {
+	t.Parallel()
+	const secret = "tok-3e1f9a"
+	ex := &fakeexec.Executor{Outputs: map[string]string{"report.txt": "token " + secret, "deploy.env": "TOKEN=" + secret, "site/a/index.html": "<p>"}}
+	for _, tc := range []struct {
+		name      string
+		artifacts []string
+		trusted   bool
+		want      []string
+		masked    string
+	}{
+		{"no artifacts", nil, true, nil, "token ***"},
+		{"one file", []string{"report.txt"}, true, []string{"report.txt"}, "token ***"},
+		{"a pattern", []string{"site/**", "*.txt"}, true, []string{"report.txt", "site/a/index.html"}, "token ***"},
+		{"untrusted", []string{"report.txt"}, false, []string{"report.txt"}, "token " + secret},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			wf := twoSteps()
+			wf.Secrets, wf.Artifacts = []string{"TOKEN"}, tc.artifacts
+			out := filepath.Join(t.TempDir(), "outputs")
+			res := run.New(run.Config{Executor: ex}).Run(t.Context(), run.Request{RunID: "r", Workflow: wf, Checkout: t.TempDir(), Outputs: out,
+				Trusted: tc.trusted, Secrets: map[string]string{"TOKEN": secret}})
+			if res.Status != run.Success {
+				t.Fatalf("status %s: %s", res.Status, res.Error)
+			}
+			if diff := cmp.Diff([]string{"deploy.env", "report.txt", "site/a/index.html"}, res.Outputs); diff != "" {
+				t.Errorf("outputs (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.want, res.Artifacts); diff != "" {
+				t.Errorf("artifacts (-want +got):\n%s", diff)
+			}
+			var b strings.Builder
+			w := res.Mask.Writer(&b)
+			_, _ = w.Write([]byte("token " + secret))
+			_ = w.Flush()
+			if b.String() != tc.masked {
+				t.Errorf("through the result's Mask: %q, want %q", b.String(), tc.masked)
+			}
+		})
+	}
+}
+
 // A step past its timeout is killed and fails as timed out; a cancelled
 // run is Cancelled and its step killed.
 func TestEngineTimeoutAndCancel(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/mask"
 )
 
 // Status is how a run or a step ended.
@@ -35,8 +36,11 @@ type Result struct {
 	Error      string       `json:"error,omitempty"`
 	Steps      []StepResult `json:"steps"`
 	Outputs    []string     `json:"outputs,omitempty"`
-	StartedAt  time.Time    `json:"startedAt"`
-	FinishedAt time.Time    `json:"finishedAt"`
+	// Artifacts are the Outputs an artifacts entry of the workflow
+	// names: the only files of the run that may be published.
+	Artifacts  []string  `json:"artifacts,omitempty"`
+	StartedAt  time.Time `json:"startedAt"`
+	FinishedAt time.Time `json:"finishedAt"`
 	// Handover is where a Detached run stopped.
 	Handover *Handover `json:"handover,omitempty"`
 	// Log is the masked run log, capped; it is written on its own.
@@ -44,6 +48,10 @@ type Result struct {
 	// LogSize is how many bytes were written to the log, kept or cut:
 	// the length of the run's output stream (Request.Live).
 	LogSize int64 `json:"logSize,omitempty"`
+	// Mask masks what the log masks (the granted secrets' values and
+	// their forms): a published file is copied through it. Nil when the
+	// log was never opened.
+	Mask *mask.Set `json:"-"`
 }
 
 // Handover is what a successor process needs to Adopt a detached run:

@@ -36,7 +36,8 @@ type Config struct {
 	// DefaultImage is used when a workflow names none.
 	DefaultImage string
 	// Checkout bounds the checkout put into a session, Outputs the
-	// outputs brought back from it. A zero field means no bound.
+	// outputs brought back from it. A zero field is tarstream's default
+	// (tarstream.Limits), never no bound.
 	Checkout, Outputs Bound
 	// CleanupTimeout bounds stopping a session after the run (and
 	// killing a step, saving caches, collecting outputs), also after the
@@ -221,6 +222,7 @@ type runState struct {
 	log     *slog.Logger
 	res     *Result
 	buf     *caplog.Buffer
+	mask    *mask.Set    // the granted values: the log's, and the published files'
 	out     *mask.Writer // everything written to the run log goes through it
 	lines   lineTracker
 	granted map[string]string
@@ -423,7 +425,8 @@ func (r *runState) openLog(first bool) {
 	if r.req.Live != nil {
 		sink = io.MultiWriter(r.buf, r.req.Live)
 	}
-	r.out = mask.NewWriter(&r.lines, r.grantedValues())
+	r.mask = mask.NewSet(r.grantedValues())
+	r.out = r.mask.Writer(&r.lines)
 	r.lines.w = sink
 	if !r.req.Trusted && first {
 		for _, name := range r.req.Workflow.Secrets {
@@ -818,6 +821,7 @@ func (r *runState) collectOutputs(ctx context.Context, sess executor.Session, di
 	r.log.Info("outputs collected", "bytes", n)
 	files, err := listFiles(r.req.Outputs)
 	r.res.Outputs = files
+	r.res.Artifacts = r.req.Workflow.Published(files)
 	return err
 }
 
@@ -911,6 +915,7 @@ func (r *runState) finish() {
 		r.res.Error = mask.String(r.res.Error, r.grantedValues())
 	}
 	r.res.FinishedAt = time.Now().UTC()
+	r.res.Mask = r.mask
 	r.res.Log = r.buf.Bytes()
 	r.res.LogSize = r.buf.Total()
 	r.log.Info("run finished", "status", r.res.Status, "failed_step", r.res.FailedStep, "duration", r.res.FinishedAt.Sub(r.res.StartedAt).Round(time.Millisecond))
@@ -959,7 +964,8 @@ func transfer(ctx context.Context, produce func(io.Writer) error, consume func(i
 }
 
 // Bound limits one kind of transfer, and names the limits in the error a
-// run ends with when a transfer passes one (the flags that set them).
+// run ends with when a transfer passes one (the flags that set them). A
+// zero limit is tarstream's default, not no bound.
 type Bound struct {
 	tarstream.Limits
 	BytesName, FilesName string
@@ -978,11 +984,12 @@ func (b Bound) explain(what string, err error) error {
 		}
 		return n
 	}
+	lim := b.Effective() // a zero field is tarstream's default
 	switch {
 	case errors.Is(err, tarstream.ErrTooLarge):
-		return fmt.Errorf("%s exceed %s (%d bytes): %w", what, name(b.BytesName, "the size bound"), b.MaxBytes, err)
+		return fmt.Errorf("%s exceed %s (%d bytes): %w", what, name(b.BytesName, "the size bound"), lim.MaxBytes, err)
 	case errors.Is(err, tarstream.ErrTooManyFiles):
-		return fmt.Errorf("%s exceed %s (%d files): %w", what, name(b.FilesName, "the file count bound"), b.MaxFiles, err)
+		return fmt.Errorf("%s exceed %s (%d files): %w", what, name(b.FilesName, "the file count bound"), lim.MaxFiles, err)
 	}
 	return err
 }
