@@ -88,7 +88,9 @@ type Layer struct {
 	Used time.Time `json:"-"`
 }
 
-// Config configures a Store. A zero bound means none.
+// Config configures a Store. A zero MaxBytes or MaxFiles is tarstream's
+// default (a layer is never unbounded); a zero MaxTotal or DiskFloor
+// means none.
 type Config struct {
 	// Dir is the store's directory (--cache-dir's caches).
 	Dir string
@@ -140,6 +142,8 @@ func Open(cfg Config) (*Store, error) {
 	if cfg.now == nil {
 		cfg.now = time.Now
 	}
+	lim := tarstream.Limits{MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles}.Effective()
+	cfg.MaxBytes, cfg.MaxFiles = lim.MaxBytes, lim.MaxFiles
 	return &Store{cfg: cfg}, nil
 }
 
@@ -294,7 +298,7 @@ func (s *Store) Save(ctx context.Context, k Key, run string, meta Layer, r io.Re
 		if room <= 0 {
 			return Layer{}, fmt.Errorf("cache %s: %w (%d bytes free)", k, ErrDiskFloor, free)
 		}
-		if limit == 0 || room < limit {
+		if room < limit {
 			limit = room
 		}
 	}
@@ -320,7 +324,7 @@ func (s *Store) Save(ctx context.Context, k Key, run string, meta Layer, r io.Re
 	n, err := s.write(ctx, filepath.Join(stage, dataFile), r, limit)
 	if err != nil {
 		if errors.Is(err, tarstream.ErrTooLarge) || errors.Is(err, errUnpackedTooLarge) {
-			if limit < s.cfg.MaxBytes || s.cfg.MaxBytes == 0 {
+			if limit < s.cfg.MaxBytes {
 				return Layer{}, fmt.Errorf("cache %s: %w (it would take the disk below it)", k, ErrDiskFloor)
 			}
 			return Layer{}, fmt.Errorf("cache %s: %w (%d bytes)", k, ErrTooLarge, s.cfg.MaxBytes)
@@ -384,7 +388,7 @@ func check(tr *tar.Reader, limit, maxFiles int64) error {
 			return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
 		}
 		files++
-		if maxFiles > 0 && files > maxFiles {
+		if files > maxFiles {
 			return fmt.Errorf("%w (%d files)", tarstream.ErrTooManyFiles, maxFiles)
 		}
 		switch hdr.Typeflag {
@@ -394,7 +398,7 @@ func check(tr *tar.Reader, limit, maxFiles int64) error {
 				return fmt.Errorf("tar entry %q: sparse files are not kept", hdr.Name)
 			}
 			size += hdr.Size
-			if limit > 0 && size > limit {
+			if size > limit {
 				return fmt.Errorf("tar entry %q: %w", hdr.Name, errUnpackedTooLarge)
 			}
 		case tar.TypeSymlink:

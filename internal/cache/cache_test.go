@@ -434,3 +434,18 @@ func TestRunIDIsAFileName(t *testing.T) {
 		}
 	}
 }
+
+// TestZeroBoundsAreTheDefaults: a store opened with no per-layer bounds
+// (--cache-max 0) bounds each layer by tarstream's defaults, never by
+// nothing.
+func TestZeroBoundsAreTheDefaults(t *testing.T) {
+	t.Parallel()
+	s, err := Open(Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := tarstream.Limits{MaxBytes: s.cfg.MaxBytes, MaxFiles: s.cfg.MaxFiles}
+	if want := (tarstream.Limits{}).Effective(); got != want {
+		t.Errorf("bounds of a zero config = %+v, want %+v", got, want)
+	}
+}

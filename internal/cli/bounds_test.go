@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"knotless.dev/run/internal/tarstream"
 )
 
 // TestRunBoundFlags: the bound flags reach the engine, and the run's
@@ -46,5 +48,32 @@ func mustDo(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestTransferBound: the executor's own bound on a transfer is the
+// largest the flags allow (it never cuts what the engine or the cache
+// store lets through), and a flag at 0 counts as its default, never as
+// no bound.
+func TestTransferBound(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		flags    BoundFlags
+		cacheMax int64
+		want     tarstream.Limits
+	}{
+		{"checkout largest", BoundFlags{MaxCheckout: 5 << 30, MaxOutputs: 1 << 30, MaxFiles: 10}, 1 << 20, tarstream.Limits{MaxBytes: 5 << 30, MaxFiles: 10}},
+		{"cache largest", BoundFlags{MaxCheckout: 1 << 20, MaxOutputs: 1 << 20, MaxFiles: 10}, 3 << 30, tarstream.Limits{MaxBytes: 3 << 30, MaxFiles: 10}},
+		{"zeros are the defaults", BoundFlags{}, 0, tarstream.Limits{MaxBytes: tarstream.DefaultMaxBytes, MaxFiles: tarstream.DefaultMaxFiles}},
+		{"a zero flag is its default, not the others' bound", BoundFlags{MaxCheckout: 0, MaxOutputs: 1 << 20, MaxFiles: 10}, 1 << 20, tarstream.Limits{MaxBytes: tarstream.DefaultMaxBytes, MaxFiles: 10}},
+	}
+	for _, tt := range tests {
+		if got := tt.flags.transfer(tt.cacheMax); got != tt.want {
+			t.Errorf("%s: transfer = %+v, want %+v", tt.name, got, tt.want)
+		}
+	}
+	if got := exportBound(0); got != tarstream.DefaultMaxBytes {
+		t.Errorf("exportBound(0) = %d, want the default %d", got, tarstream.DefaultMaxBytes)
 	}
 }

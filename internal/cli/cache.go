@@ -13,7 +13,7 @@ import (
 // CacheFlags bound the store of workflow caches; run and serve share
 // them. Sizes are in bytes; 0 means no bound.
 type CacheFlags struct {
-	CacheMax      int64 `help:"Most bytes of one cache as one run saves it (its tar stream, and its files' sizes summed); past it the run's cache is not saved, with a warning. 0: no bound." default:"2147483648" placeholder:"BYTES" group:"caches"`
+	CacheMax      int64 `help:"Most bytes of one cache as one run saves it (its tar stream, and its files' sizes summed); past it the run's cache is not saved, with a warning. 0: 2 GiB." default:"2147483648" placeholder:"BYTES" group:"caches"`
 	CacheMaxTotal int64 `help:"Most bytes of all caches together; past it layers of the repository holding the most are removed, least recently used first, so a repository within its fair share keeps its caches. 0: no bound." default:"21474836480" placeholder:"BYTES" group:"caches"`
 	DiskFloor     int64 `help:"Free bytes the cache directory's file system keeps: below it no cache is saved, with a warning (the run goes on). 0: none." default:"1073741824" placeholder:"BYTES" group:"caches"`
 }

@@ -42,6 +42,7 @@ func (f *DockerFlags) newDocker(env *Env, o executorOptions) (*docker.Executor, 
 		Pull:        docker.PullPolicy(f.DockerPull),
 		Runner:      o.Runner,
 		Concurrency: o.Concurrency,
+		Limits:      o.Limits,
 		Logger:      o.Logger,
 		Observer:    o.Observer,
 	})

@@ -11,6 +11,7 @@ import (
 	"github.com/alecthomas/kong"
 
 	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/tarstream"
 	"knotless.dev/run/internal/version"
 )
 
@@ -70,7 +71,9 @@ type executorOptions struct {
 	// Concurrency is how many runs may go at once (serve's
 	// --concurrency; one for run).
 	Concurrency int
-	Logger      *slog.Logger
+	// Limits bound every transfer the executor makes (BoundFlags.transfer).
+	Limits tarstream.Limits
+	Logger *slog.Logger
 	// Observer is told what the executor does (serve's metrics); nil:
 	// nothing.
 	Observer executor.Observer
@@ -103,14 +106,14 @@ func (f *ExecutorFlags) lookup() (executorDef, error) {
 }
 
 // newExecutor builds the executor --executor names for concurrency runs
-// at once, telling obs (nil: nothing) what it does. No other code path
-// chooses one, and none falls back to another.
-func (f *ExecutorFlags) newExecutor(env *Env, runner string, concurrency int, log *slog.Logger, obs executor.Observer) (executor.Executor, error) {
+// at once, each transfer within lim, telling obs (nil: nothing) what it
+// does. No other code path chooses one, and none falls back to another.
+func (f *ExecutorFlags) newExecutor(env *Env, runner string, concurrency int, lim tarstream.Limits, log *slog.Logger, obs executor.Observer) (executor.Executor, error) {
 	d, err := f.lookup()
 	if err != nil {
 		return nil, err
 	}
-	return d.New(env, executorOptions{Runner: runner, Image: f.Image, Concurrency: concurrency,
+	return d.New(env, executorOptions{Runner: runner, Image: f.Image, Concurrency: concurrency, Limits: lim,
 		Logger: log.With("component", "executor", "executor", d.Name), Observer: obs})
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"knotless.dev/run/internal/executor/shell"
+	"knotless.dev/run/internal/tarstream"
 	"knotless.dev/run/internal/telemetry"
 )
 
@@ -46,7 +47,7 @@ current-context: x
 		if err != nil || (tel.Metrics != nil) != tc.metrics || obs.M != tel.Metrics {
 			t.Fatalf("%v: metrics %v, observer %+v, %v", tc.args, tel.Metrics, obs, err)
 		}
-		if _, err := root.Serve.newExecutor(env, "did:plc:7u2ld3ffgzqvezmv6wxgxiix", 1, env.Logger, obs); err != nil {
+		if _, err := root.Serve.newExecutor(env, "did:plc:7u2ld3ffgzqvezmv6wxgxiix", 1, tarstream.Limits{}, env.Logger, obs); err != nil {
 			t.Fatal(err)
 		}
 		if c := obs.Credentials(); len(c) != 1 || c[0].Name != "kubernetes" || !c[0].Expires.Equal(exp) {
@@ -70,7 +71,7 @@ current-context: x
 		t.Fatal(err)
 	}
 	sweeps := &sweepCount{}
-	ex, err := root.Serve.newExecutor(env, "did:plc:7u2ld3ffgzqvezmv6wxgxiix", 1, env.Logger, sweeps)
+	ex, err := root.Serve.newExecutor(env, "did:plc:7u2ld3ffgzqvezmv6wxgxiix", 1, tarstream.Limits{}, env.Logger, sweeps)
 	if err != nil {
 		t.Fatal(err)
 	}

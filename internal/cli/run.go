@@ -64,7 +64,7 @@ func (c *RunCmd) Run(ctx context.Context, env *Env) error {
 	// cluster credentials).
 	var exec executor.Executor
 	if !c.DryRun {
-		if exec, err = c.newExecutor(env, c.Runner, 1, env.Logger, nil); err != nil {
+		if exec, err = c.newExecutor(env, c.Runner, 1, c.transfer(c.CacheMax), env.Logger, nil); err != nil {
 			return err
 		}
 	}

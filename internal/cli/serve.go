@@ -96,7 +96,7 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 	if err != nil {
 		return err
 	}
-	exec, err := c.newExecutor(env, runner.String(), c.Concurrency, log, observer)
+	exec, err := c.newExecutor(env, runner.String(), c.Concurrency, c.transfer(c.CacheMax), log, observer)
 	if err != nil {
 		return err
 	}

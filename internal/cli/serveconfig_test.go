@@ -2,7 +2,6 @@ package cli
 
 import (
 	"log/slog"
-	"math"
 	"strings"
 	"testing"
 	"time"
@@ -77,7 +76,7 @@ func TestServeConfig(t *testing.T) {
 			c.Engine.Max = run.Maximums{Timeout: time.Hour, MilliCPU: 2000, MemoryBytes: 1 << 30, Images: []string{"busybox:*"}, All: true}
 			c.Engine.Checkout.Limits = tarstream.Limits{MaxBytes: 0, MaxFiles: 7}
 			c.Engine.Outputs.Limits = tarstream.Limits{MaxBytes: 5, MaxFiles: 7}
-			c.Git.MaxCheckoutBytes = math.MaxInt64
+			c.Git.MaxCheckoutBytes = tarstream.DefaultMaxBytes // 0 is the default, never no bound
 		}, ""},
 		{"git", []string{"--allow-local-sources", "--allow-http-sources", "--git-timeout", "1m", "--max-workflow-bytes", "10", "--max-workflows", "2"},
 			func(c *daemon.Config) {

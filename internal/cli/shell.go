@@ -16,7 +16,7 @@ func (f *ShellFlags) executorDef() executorDef {
 		What: "processes of this host, for trusted code only",
 		Dirs: executor.Dirs{Work: "<run dir>/work", Steps: "<run dir>/steps", Outputs: "<run dir>/outputs"},
 		New: func(env *Env, o executorOptions) (executor.Executor, error) {
-			return shell.New(shell.Config{Root: f.ShellRoot, Path: env.Getenv("PATH"), Runner: o.Runner, Logger: o.Logger}), nil
+			return shell.New(shell.Config{Root: f.ShellRoot, Path: env.Getenv("PATH"), Runner: o.Runner, Limits: o.Limits, Logger: o.Logger}), nil
 		},
 	}
 }
