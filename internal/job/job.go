@@ -87,9 +87,11 @@ func SupersededBy(j *Job, ev ingest.Event) bool {
 // that wrote an untrusted pull (its record's); with all (the limits
 // apply to all runs: --limits-apply-to all), also the owner of a
 // pushed repository. A re-run or dispatch counts against the account
-// that wrote its record (Cause), whatever its trust. "" for work never
-// capped by author: a trusted push or a schedule's tick by default, and
-// a merge-queue batch (the owner queued its pulls; --queue-batch bounds
+// that wrote its record (Cause), whatever its trust, and a schedule's
+// tick against the repository's owner, whatever all says: nothing
+// bounds ticks but the workflow files, which may tick every minute. ""
+// for work never capped by author: a trusted push by default, and a
+// merge-queue batch (the owner queued its pulls; --queue-batch bounds
 // it).
 func Author(ev ingest.Event, all bool) string {
 	switch {
@@ -97,6 +99,8 @@ func Author(ev ingest.Event, all bool) string {
 		return syntax.ATURI(ev.Cause).Authority().String()
 	case ev.Kind == forge.KindBatch:
 		return ""
+	case ev.Kind == forge.KindSchedule:
+		return ev.Repo.URI.Authority().String()
 	case ev.Trusted && all:
 		return ev.Repo.URI.Authority().String()
 	case ev.Trusted:
@@ -106,15 +110,17 @@ func Author(ev ingest.Event, all bool) string {
 }
 
 // CheckAuthor is whom a check write is counted against, as Author
-// counts its event: a pull's check against the pull's author, with all
-// a push's against the repository's owner.
+// counts its event: a pull's check against the pull's author, a tick's
+// against the repository's owner, with all a push's too.
 func CheckAuthor(c forge.Check, all bool) string {
 	switch {
 	case c.Cause != "":
 		return syntax.ATURI(c.Cause).Authority().String()
 	case c.Subject.Kind == forge.KindPull:
 		return syntax.ATURI(c.Subject.Event).Authority().String()
-	case (c.Subject.Kind == forge.KindPush || c.Subject.Kind == forge.KindSchedule) && all:
+	case c.Subject.Kind == forge.KindSchedule:
+		return syntax.ATURI(c.Subject.Repo).Authority().String()
+	case c.Subject.Kind == forge.KindPush && all:
 		return syntax.ATURI(c.Subject.Repo).Authority().String()
 	}
 	return ""

@@ -27,8 +27,8 @@ func pushEvent(owner, rkey string) ingest.Event {
 }
 
 // TestAuthor: whom the author caps count an event, and a check write,
-// against: a pull's author; a push's owner only when the limits apply
-// to all runs; a batch never.
+// against: a pull's author; a tick's owner always; a push's owner only
+// when the limits apply to all runs; a batch never.
 func TestAuthor(t *testing.T) {
 	t.Parallel()
 	const spam, owner = "did:plc:spam", "did:plc:owner"
@@ -55,7 +55,7 @@ func TestAuthor(t *testing.T) {
 		{"a batch", batch, true, ""},
 		{"a re-run of a push", rerunOf(push, "did:plc:owner"), false, owner},
 		{"a pull's re-run by its author", rerunOf(p, spam), false, spam},
-		{"a schedule's tick", ingest.Event{Kind: forge.KindSchedule, URI: p.Repo.URI, Repo: p.Repo, Trusted: true}, false, ""},
+		{"a schedule's tick", ingest.Event{Kind: forge.KindSchedule, URI: p.Repo.URI, Repo: p.Repo, Trusted: true}, false, owner},
 		{"a schedule's tick, limits on all", ingest.Event{Kind: forge.KindSchedule, URI: p.Repo.URI, Repo: p.Repo, Trusted: true}, true, owner},
 	} {
 		if got := Author(tc.ev, tc.all); got != tc.want {
