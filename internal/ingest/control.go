@@ -87,10 +87,8 @@ func (l *Lister) noteAuthor(c Change) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.authors == nil {
-		l.authors = map[syntax.DID]bool{}
-	}
-	l.authors[c.DID] = true
+	l.authors.init(l.MaxAuthors)
+	l.authors.note(c.DID)
 }
 
 // controls are the run-control records: cancels and re-runs of the

@@ -140,6 +140,9 @@ func TestHostilePDSHoldsNoListing(t *testing.T) {
 		if len(repos) != 2 || repos[0] != evil.String() {
 			t.Errorf("repositories %v, want both: the hostile owner's listing is used up to its bound", repos)
 		}
+		if !snap.Complete {
+			t.Error("a listing used up to its bound makes the snapshot incomplete")
+		}
 		// Its pushes, and its cancel, rerun and dispatch records: each
 		// listing to the bound.
 		if got := h.Listed(); got != 4*forge.DefaultListPages {
@@ -172,6 +175,9 @@ func TestHostilePDSHoldsNoListing(t *testing.T) {
 		if len(evs) != 1 || evs[0] != push.String() || len(repos) != 1 {
 			t.Errorf("repositories %v, events %v; want the real owner's repository and push only", repos, evs)
 		}
+		if snap.Complete {
+			t.Error("the snapshot is complete without the hostile owner's repository: what is kept of it would be forgotten")
+		}
 		if !sawOther.Load() {
 			t.Error("the real owner was not listed while the hostile PDS held its listing")
 		}
@@ -187,6 +193,9 @@ func TestHostilePDSHoldsNoListing(t *testing.T) {
 		}
 		if _, evs := events(snap); len(evs) != 1 {
 			t.Errorf("second reconcile: events %v, want the real owner's push", evs)
+		}
+		if snap.Complete {
+			t.Error("second reconcile: complete while the hostile PDS backs off")
 		}
 		if h.Listed() != asked {
 			t.Errorf("the hostile PDS was asked again (%d, then %d) while it backs off", asked, h.Listed())

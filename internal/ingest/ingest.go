@@ -7,6 +7,7 @@ package ingest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -138,15 +139,19 @@ type Lister struct {
 	// never acted on (the intake's): their listings, newest first, stop
 	// at it, so a long history costs no pages. 0 lists them all.
 	Retention time.Duration
-	Logger    *slog.Logger
+	// MaxAuthors bounds the accounts seen writing pulls, cancels or
+	// re-runs that are listed for them (Changed; 0: DefaultMaxAuthors).
+	MaxAuthors int
+	Logger     *slog.Logger
 
 	// hosts are the failing owners' PDSes, accounts the accounts whose
 	// pulls failed to list: both backed off (hosts.go).
 	hosts, accounts backoffs
 
 	mu sync.Mutex
-	// authors are the accounts seen writing pulls.
-	authors map[syntax.DID]bool
+	// authors are the accounts seen writing pulls, cancels or re-runs
+	// (authors.go).
+	authors authorSet
 }
 
 // Changed takes note of what an event stream saw: an account that
@@ -161,8 +166,14 @@ func (l *Lister) Changed(c Change) { l.noteAuthor(c) }
 type Snapshot struct {
 	// Repos are the repositories listed; those whose owner's PDS failed
 	// are left out (not seen, so their pushes are not taken for history).
-	Repos  []forge.Record[forge.Repo]
-	Events []Event
+	Repos []forge.Record[forge.Repo]
+	// Complete is true when no listing of the repositories failed: every
+	// watched record read (or found gone), every discovery host and
+	// account listed, every owner's PDS answered. Then a repository not
+	// in Repos is not served, and what is kept of it may be forgotten;
+	// never after a listing that failed in part.
+	Complete bool
+	Events   []Event
 	// Controls are the run-control records listed (control.go).
 	Controls Controls
 	// Hosts are the PDS hosts of the repositories' owners: the event
@@ -197,9 +208,10 @@ func (l *Lister) Reconcile(ctx context.Context) (*Snapshot, error) {
 	authors := l.knownAuthors()
 	var got listing
 	var repos []forge.Record[forge.Repo]
+	var reposComplete bool
 	var reposErr error
 	var wg sync.WaitGroup
-	wg.Go(func() { repos, reposErr = l.repos(ctx, p) })
+	wg.Go(func() { repos, reposComplete, reposErr = l.repos(ctx, p) })
 	named := l.namedOwners()
 	wg.Go(func() { got = l.listRound(ctx, p, listing{}, l.roundOf(named, authors), now) })
 	wg.Wait()
@@ -219,16 +231,18 @@ func (l *Lister) Reconcile(ctx context.Context) (*Snapshot, error) {
 	if l.Pulls && !l.Discover {
 		pullsOfAuthors = got.pullsOf(slices.Sorted(maps.Keys(union(owners, authors))))
 	}
-	snap := &Snapshot{}
+	snap := &Snapshot{Complete: reposComplete}
 	hosts := map[string]bool{}
 	for _, repo := range repos {
 		owner, _ := repo.URI.Authority().AsDID()
 		o := got.owners[owner]
 		if o.host == "" {
+			snap.Complete = false
 			continue
 		}
 		hosts[o.host] = true
 		if !o.listed {
+			snap.Complete = false
 			continue
 		}
 		pulls := o.pulls
@@ -264,6 +278,7 @@ func (l *Lister) Reconcile(ctx context.Context) (*Snapshot, error) {
 	sort.SliceStable(snap.Events, func(i, j int) bool {
 		return snap.Events[i].URI.RecordKey().String() < snap.Events[j].URI.RecordKey().String()
 	})
+	l.confirmAuthors(snap)
 	l.Logger.Debug("listed", "repos", len(snap.Repos), "of", len(repos), "events", len(snap.Events), "took", time.Since(start))
 	return snap, nil
 }
@@ -447,12 +462,15 @@ func (l *Lister) landings(ctx context.Context, p *pool, repos []forge.Record[for
 
 // repos reads the watched repositories' records and, with Discover, the
 // repositories of every account on the discovery hosts that name the
-// runner; each account's PDS is read apart, under the Bounds.
-func (l *Lister) repos(ctx context.Context, p *pool) ([]forge.Record[forge.Repo], error) {
+// runner; each account's PDS is read apart, under the Bounds. complete
+// is false when a read or a listing failed (a watched record that is
+// gone is no failure: it is not served).
+func (l *Lister) repos(ctx context.Context, p *pool) (_ []forge.Record[forge.Repo], complete bool, _ error) {
 	type read struct {
-		rec  forge.Record[forge.Repo]
-		ok   bool
-		fail error // the target's owner does not resolve: the reconcile fails
+		rec    forge.Record[forge.Repo]
+		ok     bool
+		unread bool  // the record did not read (but for one that is gone)
+		fail   error // the target's owner does not resolve: the reconcile fails
 	}
 	reads := make([]read, len(l.Targets))
 	p.each(ctx, len(l.Targets), func(ctx context.Context, i int) {
@@ -467,6 +485,7 @@ func (l *Lister) repos(ctx context.Context, p *pool) ([]forge.Record[forge.Repo]
 		cid, err := l.Reader.Get(ctx, uri, &repo)
 		if _, err := l.usable(ctx, err); err != nil {
 			l.Logger.Warn("watched repository unreadable", "repo", uri.String(), "err", err)
+			reads[i].unread = !errors.Is(err, forge.ErrNotFound)
 			return
 		}
 		if len(repo.Runners) > 0 && !repo.NamesRunner(l.Runner.String()) {
@@ -477,9 +496,10 @@ func (l *Lister) repos(ctx context.Context, p *pool) ([]forge.Record[forge.Repo]
 	})
 	seen := map[syntax.ATURI]bool{}
 	var out []forge.Record[forge.Repo]
+	complete = !slices.ContainsFunc(reads, func(r read) bool { return r.unread })
 	for _, r := range reads {
 		if r.fail != nil {
-			return nil, r.fail
+			return nil, false, r.fail
 		}
 		if r.ok && !seen[r.rec.URI] {
 			seen[r.rec.URI] = true
@@ -487,7 +507,7 @@ func (l *Lister) repos(ctx context.Context, p *pool) ([]forge.Record[forge.Repo]
 		}
 	}
 	if !l.Discover {
-		return out, nil
+		return out, complete, nil
 	}
 	for _, host := range l.DiscoverHosts {
 		var dids []syntax.DID
@@ -496,18 +516,24 @@ func (l *Lister) repos(ctx context.Context, p *pool) ([]forge.Record[forge.Repo]
 			dids, err = forge.ListRepos(ctx, l.Reader.HTTP, host, l.Reader.Limits)
 			if ok, err := l.usable(ctx, err); !ok {
 				l.Logger.Warn("discover repositories: host failed; the named ones go on", "host", host, "err", err)
+				complete = false
 			}
 		})
 		found := make([][]forge.Record[forge.Repo], len(dids))
+		failed := make([]bool, len(dids))
 		p.each(ctx, len(dids), func(ctx context.Context, i int) {
 			recs, bad, err := forge.List[forge.Repo](ctx, l.Reader, dids[i], forge.CollectionRepo)
 			if ok, err := l.usable(ctx, err); !ok {
 				l.Logger.Warn("list repositories", "did", dids[i].String(), "err", err)
+				failed[i] = true
 				return
 			}
 			l.warnInvalid(bad)
 			found[i] = recs
 		})
+		if slices.Contains(failed, true) {
+			complete = false
+		}
 		for _, recs := range found {
 			for _, r := range recs {
 				if seen[r.URI] || !r.Value.NamesRunner(l.Runner.String()) {
@@ -518,7 +544,7 @@ func (l *Lister) repos(ctx context.Context, p *pool) ([]forge.Record[forge.Repo]
 			}
 		}
 	}
-	return out, nil
+	return out, complete, nil
 }
 
 // pullsOf lists the pulls of the accounts dids, each under the Bounds,

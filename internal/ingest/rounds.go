@@ -116,11 +116,30 @@ func (l *Lister) namedOwners() []syntax.DID {
 }
 
 // knownAuthors are the accounts an event stream showed writing pulls,
-// cancels or re-runs (Changed).
+// cancels or re-runs (Changed), at most MaxAuthors.
 func (l *Lister) knownAuthors() map[syntax.DID]bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return maps.Clone(l.authors)
+	l.authors.init(l.MaxAuthors)
+	return l.authors.all()
+}
+
+// confirmAuthors keeps the authors of the open pulls for the
+// repositories served (snap's) longer than the other accounts noted.
+func (l *Lister) confirmAuthors(snap *Snapshot) {
+	var dids []syntax.DID
+	for _, ev := range snap.Events {
+		if ev.Kind != forge.KindPull {
+			continue
+		}
+		if did, err := ev.URI.Authority().AsDID(); err == nil {
+			dids = append(dids, did)
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.authors.init(l.MaxAuthors)
+	l.authors.confirm(dids)
 }
 
 // missing are the dids that m has no entry for.
