@@ -48,7 +48,7 @@ func (in *Intake) cancels(ctx context.Context, snap *ingest.Snapshot) {
 			// A run stops, and writes its final check, some time after
 			// its cancel: acted on once in this process.
 			acted := "cancelled\x00" + uri + "\x00" + r.Value.Check
-			if _, done := in.warned.Load(acted); done {
+			if in.once.seen(acted) {
 				continue
 			}
 			log := in.log.With("check", r.Value.Check, "cancel", uri)
@@ -56,7 +56,7 @@ func (in *Intake) cancels(ctx context.Context, snap *ingest.Snapshot) {
 				log.Debug("cancel: the work is being queued; cancelled at the next reconcile")
 				continue
 			}
-			in.warned.Store(acted, true)
+			in.once.first(acted)
 			log.Info("cancel record: work cancelled", "workflow", check.Workflow, "was", check.Status)
 		}
 	}
@@ -98,7 +98,7 @@ func (in *Intake) reruns(ctx context.Context, snap *ingest.Snapshot) {
 			in.refuseOnce(uri, err)
 			continue
 		}
-		if _, seen := in.warned.LoadOrStore("rerun\x00"+uri, true); !seen { // a deferred one is planned again at each reconcile
+		if in.once.first("rerun\x00" + uri) { // a deferred one is planned again at each reconcile
 			in.log.Info("rerun record: running again", "rerun", uri, "check", r.Value.Check, "workflows", len(runs), "trusted", ev.Trusted)
 		}
 		if err := in.considerControl(ctx, ev); err != nil {
@@ -171,7 +171,7 @@ func (in *Intake) dispatches(ctx context.Context, snap *ingest.Snapshot) {
 		if err := in.dispatch(ctx, snap, r, branch); err != nil {
 			// Logged once (a branch the source lacks fails at every
 			// reconcile); tried again at each.
-			if _, seen := in.warned.LoadOrStore("dispatch\x00"+uri+"\x00"+err.Error(), true); !seen {
+			if in.once.first("dispatch\x00" + uri + "\x00" + err.Error()) {
 				in.log.Warn("dispatch not handled; tried again at each reconcile", "dispatch", uri, "err", err)
 			}
 		}
@@ -212,7 +212,7 @@ func (in *Intake) dispatch(ctx context.Context, snap *ingest.Snapshot, r forge.R
 	switch plan.Verdict {
 	case control.Act:
 		ev.Vars = plan.Vars
-		if _, seen := in.warned.LoadOrStore("dispatch\x00"+uri, true); !seen { // a deferred one is read again at each reconcile
+		if in.once.first("dispatch\x00" + uri) { // a deferred one is read again at each reconcile
 			in.log.Info("dispatch record: running", "dispatch", uri, "workflow", rec.Workflow, "commit", ev.Commit)
 		}
 		return in.considerControl(ctx, ev)
@@ -292,11 +292,15 @@ func (in *Intake) resume(ctx context.Context, snap *ingest.Snapshot) {
 		if err != nil {
 			continue
 		}
-		if _, seen := in.warned.LoadOrStore("resume\x00"+key, true); !seen {
+		if in.once.first("resume\x00" + key) {
 			in.log.Info("run-control work of an earlier process queued again", "check", key, "workflow", c.Workflow)
 		}
 		if err := in.considerControl(ctx, ev); err != nil {
 			in.log.Error("event not handled; tried again at the next reconcile", "check", key, "err", err)
+			continue
+		}
+		if c.Subject.Kind == forge.KindSchedule && in.p.Scheduler.HasCheck(key) {
+			in.noteQueuedTick(c.Subject.Repo, c.Workflow, queuedTick{key: key, tick: c.Subject.Tick})
 		}
 	}
 }
@@ -316,12 +320,28 @@ func eventOf(c forge.Check, snap *ingest.Snapshot) ingest.Event {
 
 // refuseOnce logs a run-control record that may not act (or cannot act
 // here), once per record and reason: it is listed again at every
-// reconcile.
+// reconcile. The memory of it is bounded (onceSet): a stranger's flood
+// of records costs no more than DefaultRemembered of them.
 func (in *Intake) refuseOnce(uri string, err error) {
-	if _, seen := in.warned.LoadOrStore("control\x00"+uri+"\x00"+err.Error(), true); seen {
+	if !in.once.first("control\x00" + uri + "\x00" + err.Error()) {
 		return
 	}
+	if in.refusals.Add(1) > maxRefusalsLogged {
+		return // counted, said at the reconcile's end (sayRefusals)
+	}
 	in.log.Warn("run-control record refused; nothing written", "record", uri, "reason", err)
+}
+
+// maxRefusalsLogged is how many run-control records refused a reconcile
+// logs one by one; the others are counted in one line (sayRefusals).
+const maxRefusalsLogged = 100
+
+// sayRefusals logs how many refused records the reconcile did not log
+// one by one, and starts the count again.
+func (in *Intake) sayRefusals() {
+	if n := in.refusals.Swap(0) - maxRefusalsLogged; n > 0 {
+		in.log.Warn("more run-control records refused; nothing written, not logged one by one", "more", n)
+	}
 }
 
 // olderThan reports whether a record whose key is a TID was made before

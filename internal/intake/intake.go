@@ -41,6 +41,9 @@ type Config struct {
 	// all, so a source that is briefly down is not mistaken).
 	FetchTries   int
 	FetchBackoff time.Duration
+	// Remembered bounds what intake remembers having logged or done once
+	// (0: DefaultRemembered; once.go).
+	Remembered int
 }
 
 // DefaultRetention is how long final work is remembered by default.
@@ -97,6 +100,9 @@ type Scheduler interface {
 	InHand(evKey string) bool
 	HasCheck(key string) bool
 	Load(author string, ev ingest.Event) (runs, owing int)
+	// Waiting says whether the job of check key is queued and not
+	// started yet (a schedule's tick waits for its previous one).
+	Waiting(key string) bool
 	// CancelCheck stops the work of a check for a cancel record, in hand
 	// or not (false: it is being queued; try again).
 	CancelCheck(ctx context.Context, key, by string, ev ingest.Event, c forge.Check) bool
@@ -132,6 +138,10 @@ type State interface {
 	// scheduled workflow run (schedule.go).
 	ScheduleLast(repo, wf string) time.Time
 	SetScheduleLast(repo, wf string, t time.Time) error
+	// KeepSchedules and KeepScheduleRepos forget the schedules no
+	// longer scheduled, and those of repositories no longer served.
+	KeepSchedules(repo string, scheduled []string) (int, error)
+	KeepScheduleRepos(served []string) (int, error)
 }
 
 // Lander is handed each reconcile's listing (lander.Lander.Offer); it
@@ -149,6 +159,9 @@ type Observer interface {
 	// (reason: the limit's flag, or "source").
 	Deferred(ev ingest.Event, flag string)
 	Refused(ev ingest.Event, reason string)
+	// TickSkipped: a schedule's tick is not run (reason, one of a few
+	// words: SkipQueued).
+	TickSkipped(reason string)
 }
 
 // Ports are what intake uses of the outside.
@@ -180,10 +193,14 @@ type Intake struct {
 	wake  chan struct{} // a hint that records changed: reconcile soon
 
 	budget *writeBudget // the authors' check writes (caps.go); its own lock
-	// warned holds the workflow warnings already logged (warnUnacted),
-	// images the images checked (images.go), imagesAtStart whether the
-	// watched repositories' images were.
-	warned        sync.Map
+	// once holds what was logged or done once: the workflow warnings
+	// (warnUnacted), the run-control records refused or acted on
+	// (control.go); bounded, its own lock (once.go). images are the
+	// images checked (images.go), imagesAtStart whether the watched
+	// repositories' images were.
+	once *onceSet
+	// refusals counts the records refused this reconcile (refuseOnce).
+	refusals      atomic.Int64
 	images        sync.Map
 	imagesAtStart atomic.Bool
 	// admission serializes, per author, the caps' decision and the queueing
@@ -198,9 +215,11 @@ type Intake struct {
 	fetches map[string]*attempts
 	// hosts are the PDSes of the watched repositories' owners.
 	hosts []string
-	// schedules are the scheduled workflows known by repository
-	// (schedule.go).
-	schedules map[string]*repoSchedule
+	// schedules are the scheduled workflows known by repository, and
+	// queuedTicks the newest tick queued of each, by repository and
+	// workflow (schedule.go).
+	schedules   map[string]*repoSchedule
+	queuedTicks map[string]map[string]queuedTick
 	// controlled are the keys of the run-control events the last
 	// reconcile considered (control.go).
 	controlled map[string]bool
@@ -216,7 +235,8 @@ func New(cfg Config, facts Facts, p Ports, log *slog.Logger) *Intake {
 		p.Changed = func() {}
 	}
 	return &Intake{cfg: cfg, facts: facts, p: p, log: log, wake: make(chan struct{}, 1),
-		budget:   newWriteBudget(cfg.Caps.CheckWritesPerAuthor, cfg.Caps.Window),
+		budget: newWriteBudget(cfg.Caps.CheckWritesPerAuthor, cfg.Caps.Window), once: newOnceSet(cfg.Remembered),
 		deferred: map[string]deferral{}, fetches: map[string]*attempts{}, schedules: map[string]*repoSchedule{},
-		controlled: map[string]bool{}}
+		queuedTicks: map[string]map[string]queuedTick{},
+		controlled:  map[string]bool{}}
 }

@@ -108,6 +108,7 @@ func (s *recordingScheduler) Enqueue(_ context.Context, j *job.Job) (bool, error
 func (s *recordingScheduler) InHand(string) bool                   { return false }
 func (s *recordingScheduler) HasCheck(string) bool                 { return false }
 func (s *recordingScheduler) Load(string, ingest.Event) (int, int) { return 0, 0 }
+func (s *recordingScheduler) Waiting(string) bool                  { return false }
 func (s *recordingScheduler) CancelCheck(context.Context, string, string, ingest.Event, forge.Check) bool {
 	return false
 }
@@ -323,6 +324,7 @@ func (o *observed) get() []string {
 func (o *observed) Reconciled(n int, err error)           { o.add(fmt.Sprintf("reconciled %d", n)) }
 func (o *observed) Deferred(_ ingest.Event, flag string)  { o.add("deferred " + flag) }
 func (o *observed) Refused(_ ingest.Event, reason string) { o.add("refused " + reason) }
+func (o *observed) TickSkipped(reason string)             { o.add("tick skipped " + reason) }
 
 // TestDeferral: an event waiting for its author's caps is logged once
 // per limit it waits for, and what it needs, once known, is kept for

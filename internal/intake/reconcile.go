@@ -84,6 +84,7 @@ func (in *Intake) Reconcile(ctx context.Context) error {
 		in.p.Lander.Offer(snap)
 	}
 	in.warnWatchedImages(ctx, snap)
+	in.sayRefusals()
 	in.pruneAfter(snap)
 	in.p.Changed()
 	return nil
@@ -358,7 +359,7 @@ func (in *Intake) warnUnacted(log *slog.Logger, repo string, wfs []*workflow.Wor
 			texts[i] = w.String()
 		}
 		key := repo + "\x00" + wf.File + "\x00" + strings.Join(texts, "\n")
-		if _, seen := in.warned.LoadOrStore(key, true); seen {
+		if !in.once.first(key) {
 			continue
 		}
 		for _, w := range wf.Warnings {

@@ -2,6 +2,9 @@ package intake
 
 import (
 	"context"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"knotless.dev/run/internal/control"
@@ -21,14 +24,32 @@ import (
 // between finds the same tick due again, or, when a newer one is due,
 // the check it left not final (resume), so each tick runs once.
 //
+// Nothing but the workflow files bounds ticks, and the owner may write
+// a hundred that tick every minute, so they are floods like any other
+// work: a repository's ticks of one minute are one event (the caps'
+// --max-workflows-per-event refuses more, with one error check), its
+// runs and check writes count against the repository's owner whatever
+// --limits-apply-to says (job.Author; over a cap the tick waits, not
+// recorded as run, and the newest one due runs once the owner's runs
+// end), and a tick whose workflow's previous tick is still queued is
+// skipped (logged, counted: Observer.TickSkipped), so a slow workflow
+// holds at most one tick queued.
+//
 // Reading the schedules costs a fetch of the default branch, so intake
 // keeps what it read per repository and reads again only when a tick is
 // due, the newest push to that branch changed, or the process is new.
-// The reconcile loop wakes at the next tick (nextTick).
+// The reconcile loop wakes at the next tick (nextTick). What is kept of
+// a workflow no longer scheduled at that head, or of a repository no
+// longer served (by a listing that failed nowhere), is forgotten, in
+// memory and in state.json.
 
 // DefaultBranch is the branch a repository's schedules run on when its
 // record names none.
 const DefaultBranch = "main"
+
+// SkipQueued is why a tick is skipped (Observer.TickSkipped): its
+// workflow's previous tick is still queued.
+const SkipQueued = "queued"
 
 // repoSchedule is what intake knows of a repository's schedules.
 type repoSchedule struct {
@@ -39,13 +60,24 @@ type repoSchedule struct {
 	head      string
 	workflows []*workflow.Workflow
 	// next is the earliest next tick of any of them (zero: none);
-	// retry is set when a due tick could not be queued.
-	next  time.Time
-	retry bool
+	// retry is set when a due tick could not be queued (read again at
+	// the next reconcile), waiting when a due tick waits for the
+	// owner's caps (looked at again at each reconcile, from what was
+	// read).
+	next    time.Time
+	retry   bool
+	waiting bool
+}
+
+// queuedTick is the newest tick of a workflow intake queued: its check
+// and its tick.
+type queuedTick struct {
+	key, tick string
 }
 
 // runSchedules runs the ticks due of the repositories' scheduled
-// workflows.
+// workflows, and forgets the schedules of the repositories no longer
+// served.
 func (in *Intake) runSchedules(ctx context.Context, snap *ingest.Snapshot) {
 	for _, repo := range snap.Repos {
 		if ctx.Err() != nil {
@@ -61,24 +93,26 @@ func (in *Intake) runSchedules(ctx context.Context, snap *ingest.Snapshot) {
 		in.mu.Lock()
 		mem := in.schedules[uri]
 		in.mu.Unlock()
-		if mem != nil && mem.push == push && !mem.retry && (mem.next.IsZero() || now.Before(mem.next)) {
-			continue
-		}
-		mem, err := in.readSchedules(ctx, repo, branch, push)
-		if err != nil {
-			in.log.Warn("schedules not read; tried again at the next reconcile", "repo", uri, "branch", branch, "err", err)
-			continue
-		}
-		for _, wf := range mem.workflows {
-			next, ok := in.tick(ctx, repo, branch, mem.head, wf, now)
-			mem.retry = mem.retry || !ok
-			if !next.IsZero() && (mem.next.IsZero() || next.Before(mem.next)) {
-				mem.next = next
+		if mem == nil || mem.push != push || mem.retry || (!mem.next.IsZero() && !now.Before(mem.next)) {
+			read, err := in.readSchedules(ctx, repo, branch, push)
+			if err != nil {
+				in.log.Warn("schedules not read; tried again at the next reconcile", "repo", uri, "branch", branch, "err", err)
+				continue
 			}
+			mem = read
+			in.forgetUnscheduled(uri, mem.workflows)
+		} else if !mem.waiting {
+			continue
+		} else {
+			mem = &repoSchedule{push: mem.push, head: mem.head, workflows: mem.workflows}
 		}
+		in.ticks(ctx, repo, branch, mem, now)
 		in.mu.Lock()
 		in.schedules[uri] = mem
 		in.mu.Unlock()
+	}
+	if snap.Complete && ctx.Err() == nil {
+		in.forgetUnserved(snap)
 	}
 }
 
@@ -106,39 +140,170 @@ func (in *Intake) readSchedules(ctx context.Context, repo forge.Record[forge.Rep
 	return mem, nil
 }
 
-// tick runs wf's tick due now, if one is, and returns its next tick;
-// ok is false when a due tick could not be queued (it is due again at
-// the next reconcile).
-func (in *Intake) tick(ctx context.Context, repo forge.Record[forge.Repo], branch, head string, wf *workflow.Workflow, now time.Time) (next time.Time, ok bool) {
+// ticks runs the ticks due now of mem's workflows and sets mem's next
+// tick and whether a due one could not be queued (retry) or waits for
+// the owner's caps (waiting). The ticks of one minute are one event;
+// a workflow whose previous tick is still queued is skipped.
+func (in *Intake) ticks(ctx context.Context, repo forge.Record[forge.Repo], branch string, mem *repoSchedule, now time.Time) {
 	uri := repo.URI.String()
-	log := in.log.With("repo", uri, "workflow", wf.Name)
-	last := in.p.State.ScheduleLast(uri, wf.Name)
-	if last.IsZero() {
-		// First seen now: its first tick is the next one.
-		if err := in.p.State.SetScheduleLast(uri, wf.Name, now); err != nil {
-			log.Error("save state", "err", err)
+	due := map[time.Time][]string{}
+	for _, wf := range mem.workflows {
+		log := in.log.With("repo", uri, "workflow", wf.Name)
+		last := in.p.State.ScheduleLast(uri, wf.Name)
+		if last.IsZero() {
+			// First seen now: its first tick is the next one.
+			if err := in.p.State.SetScheduleLast(uri, wf.Name, now); err != nil {
+				log.Error("save state", "err", err)
+			}
+			last = now
 		}
-		last = now
+		t, err := control.Due(wf.Schedule, last, now)
+		if err != nil {
+			log.Warn("schedule unreadable", "err", err)
+			continue
+		}
+		if !t.Next.IsZero() && (mem.next.IsZero() || t.Next.Before(mem.next)) {
+			mem.next = t.Next
+		}
+		if t.Run.IsZero() {
+			continue
+		}
+		if q, ok := in.stillQueued(uri, wf.Name); ok {
+			// A slow workflow holds one tick queued, not one per tick.
+			log.Warn("schedule: tick skipped: the workflow's previous tick is still queued", "tick", control.TickID(t.Run),
+				"queued_tick", q.tick, "queued_check", q.key)
+			if in.p.Observer != nil {
+				in.p.Observer.TickSkipped(SkipQueued)
+			}
+			if err := in.p.State.SetScheduleLast(uri, wf.Name, t.Run); err != nil {
+				log.Error("save state", "err", err)
+			}
+			continue
+		}
+		due[t.Run] = append(due[t.Run], wf.Name)
 	}
-	t, err := control.Due(wf.Schedule, last, now)
+	for _, run := range slices.SortedFunc(maps.Keys(due), time.Time.Compare) {
+		names := due[run]
+		ev := ingest.Event{Kind: forge.KindSchedule, URI: repo.URI, Repo: repo, Ref: "refs/heads/" + branch, Commit: mem.head, Trusted: true,
+			Control: ingest.Control{Workflows: map[string]int64{}, Tick: control.TickID(run)}}
+		for _, name := range names {
+			ev.Workflows[name] = 1
+		}
+		log := in.log.With("repo", uri, "tick", ev.Tick)
+		if in.once.first("tick\x00" + ev.Key()) { // a waiting one is looked at again at each reconcile
+			log.Info("schedule: tick due", "workflows", strings.Join(names, ","), "commit", mem.head)
+		}
+		if err := in.considerControl(ctx, ev); err != nil {
+			log.Error("scheduled run not queued; tried again at the next reconcile", "err", err)
+			mem.retry = true
+			continue
+		}
+		if !in.handled(ev) {
+			// Over the owner's caps (or its commit's fetch backing
+			// off): not run yet, and not recorded as run; the newest
+			// tick due runs once the owner's runs end.
+			mem.waiting = true
+			continue
+		}
+		for _, name := range names {
+			if err := in.p.State.SetScheduleLast(uri, name, run); err != nil {
+				log.Error("save state", "workflow", name, "err", err)
+			}
+			in.noteQueuedTick(uri, name, queuedTick{key: ev.CheckKey(name), tick: ev.Tick})
+		}
+	}
+}
+
+// stillQueued is the newest tick queued of workflow wf of repo, when
+// it is queued and not started yet.
+func (in *Intake) stillQueued(repo, wf string) (queuedTick, bool) {
+	in.mu.Lock()
+	q, ok := in.queuedTicks[repo][wf]
+	in.mu.Unlock()
+	if !ok || !in.p.Scheduler.Waiting(q.key) {
+		return queuedTick{}, false
+	}
+	return q, true
+}
+
+// noteQueuedTick remembers q as the newest tick queued of workflow wf
+// of repo.
+func (in *Intake) noteQueuedTick(repo, wf string, q queuedTick) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.queuedTicks[repo] == nil {
+		in.queuedTicks[repo] = map[string]queuedTick{}
+	}
+	in.queuedTicks[repo][wf] = q
+}
+
+// handled reports whether a tick's event was taken: done (refused, or
+// its checks final) or a job of it in hand. One that was not waits for
+// the owner's caps, or for its commit's fetch to be tried again.
+func (in *Intake) handled(ev ingest.Event) bool {
+	if in.p.State.Done(ev.Key()) {
+		return true
+	}
+	for name := range ev.Workflows {
+		if key := ev.CheckKey(name); in.p.Scheduler.HasCheck(key) || in.p.Checks.Final(key) {
+			return true
+		}
+	}
+	return false
+}
+
+// forgetUnscheduled forgets what is kept of repo's workflows but those
+// scheduled (read at the head of its default branch).
+func (in *Intake) forgetUnscheduled(repo string, scheduled []*workflow.Workflow) {
+	names := make([]string, len(scheduled))
+	for i, wf := range scheduled {
+		names[i] = wf.Name
+	}
+	in.mu.Lock()
+	for wf := range in.queuedTicks[repo] {
+		if !slices.Contains(names, wf) {
+			delete(in.queuedTicks[repo], wf)
+		}
+	}
+	if len(in.queuedTicks[repo]) == 0 {
+		delete(in.queuedTicks, repo)
+	}
+	in.mu.Unlock()
+	n, err := in.p.State.KeepSchedules(repo, names)
 	if err != nil {
-		log.Warn("schedule unreadable", "err", err)
-		return time.Time{}, true
+		in.log.Error("save state", "err", err)
 	}
-	if t.Run.IsZero() {
-		return t.Next, true
+	if n > 0 {
+		in.log.Info("schedules no longer at the default branch's head forgotten", "repo", repo, "workflows", n)
 	}
-	ev := ingest.Event{Kind: forge.KindSchedule, URI: repo.URI, Repo: repo, Ref: "refs/heads/" + branch, Commit: head, Trusted: true,
-		Control: ingest.Control{Workflows: map[string]int64{wf.Name: 1}, Tick: control.TickID(t.Run)}}
-	log.Info("schedule: tick due", "tick", ev.Tick, "commit", head, "last", last)
-	if err := in.considerControl(ctx, ev); err != nil {
-		log.Error("scheduled run not queued; tried again at the next reconcile", "tick", ev.Tick, "err", err)
-		return t.Next, false
+}
+
+// forgetUnserved forgets the schedules of the repositories snap does
+// not list; snap is complete (no listing of it failed).
+func (in *Intake) forgetUnserved(snap *ingest.Snapshot) {
+	served := make([]string, len(snap.Repos))
+	for i, r := range snap.Repos {
+		served[i] = r.URI.String()
 	}
-	if err := in.p.State.SetScheduleLast(uri, wf.Name, t.Run); err != nil {
-		log.Error("save state", "err", err)
+	in.mu.Lock()
+	for repo := range in.schedules {
+		if !slices.Contains(served, repo) {
+			delete(in.schedules, repo)
+		}
 	}
-	return t.Next, true
+	for repo := range in.queuedTicks {
+		if !slices.Contains(served, repo) {
+			delete(in.queuedTicks, repo)
+		}
+	}
+	in.mu.Unlock()
+	n, err := in.p.State.KeepScheduleRepos(served)
+	if err != nil {
+		in.log.Error("save state", "err", err)
+	}
+	if n > 0 {
+		in.log.Info("schedules of repositories no longer served forgotten", "repos", n)
+	}
 }
 
 // newestPush is the key of the newest push to ref of repository repo

@@ -1,0 +1,70 @@
+package intake
+
+import (
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"testing"
+
+	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/rig"
+	"knotless.dev/run/internal/syncbuf"
+)
+
+// A flood of 100,000 strangers' cancel records, each from a new
+// account, refused at every reconcile: what intake remembers of them
+// stays within its bound, the log says at most maxRefusalsLogged of
+// them one by one and counts the rest, and the owner's check is left
+// as it is.
+func TestRefusedRecordsAreBounded(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.git.SetWorkflows(rig.CI("ci", "make"))
+	push := rig.Push("3k1", "c1")
+	w.lister.Set(push)
+	w.reconcile(t)
+	key := forge.CheckKey(push.Subject(), "ci")
+	var flood []forge.Record[forge.Cancel]
+	for i := range 100_000 {
+		flood = append(flood, rig.CancelOf(fmt.Sprintf("did:plc:stranger%07d", i), "c1", key))
+	}
+	w.lister.SetControls(ingest.Controls{Cancels: flood})
+	log := &syncbuf.Buffer{}
+	w.in = New(w.cfg, w.facts, w.ports, slog.New(slog.NewTextHandler(log, nil)))
+	w.reconcile(t)
+	if n := w.in.once.len(); n > DefaultRemembered {
+		t.Errorf("intake remembers %d things after the flood, more than its bound, %d", n, DefaultRemembered)
+	}
+	if n := strings.Count(log.String(), "run-control record refused"); n > maxRefusalsLogged {
+		t.Errorf("%d refusals logged one by one in a reconcile, want at most %d", n, maxRefusalsLogged)
+	}
+	if !strings.Contains(log.String(), "more=99900") {
+		t.Errorf("the log does not count the refusals it did not say one by one")
+	}
+	if got := w.pds.Statuses(key); !slices.Equal(got, []string{"queued"}) {
+		t.Errorf("the owner's check after the flood: %v", got)
+	}
+}
+
+// A record listed again is said once while it is remembered; past the
+// bound, the one least recently looked at goes first.
+func TestOnceSet(t *testing.T) {
+	t.Parallel()
+	s := newOnceSet(3)
+	for _, k := range []string{"a", "b", "c"} {
+		if !s.first(k) {
+			t.Fatalf("%s is not new", k)
+		}
+	}
+	if s.first("a") || !s.seen("b") {
+		t.Fatal("a or b forgotten within the bound")
+	}
+	if !s.first("d") { // c, looked at least recently, goes
+		t.Fatal("d is not new")
+	}
+	if s.seen("c") || !s.seen("a") || !s.seen("b") || s.len() != 3 {
+		t.Errorf("after d: c %v, a %v, b %v, %d kept", s.seen("c"), s.seen("a"), s.seen("b"), s.len())
+	}
+}
