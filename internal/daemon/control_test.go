@@ -2,6 +2,7 @@ package daemon_test
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"knotless.dev/run/internal/control"
 	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/intake"
 	"knotless.dev/run/internal/scheduler"
 	"knotless.dev/run/tests/pds"
 )
@@ -427,5 +429,63 @@ steps:
 	}
 	if n := strings.Count(w.logText(), "schedule: tick due"); n != len(got) {
 		t.Errorf("%d ticks run for %d checks (a tick run twice?): %v", n, len(got), got)
+	}
+}
+
+// TestServeScheduleFlood: thirty workflows that tick every minute are
+// one event a minute, over --max-workflows-per-event (20): each tick
+// writes one error check naming the flag, and runs nothing. (Each tick
+// its own event, counted against no one, they queued thirty runs and
+// ninety check writes a minute.)
+func TestServeScheduleFlood(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	files := map[string]string{}
+	for i := range 30 {
+		files[fmt.Sprintf(".knotless/workflows/tick%02d.yaml", i)] = workflowFile(`
+on:
+  schedule:
+    - cron: "* * * * *"
+steps:
+  - name: tick
+    run: echo tick
+`)
+	}
+	w.Push(files)
+	scheduled := func() []forge.Check {
+		var out []forge.Check
+		for _, r := range w.Checks() {
+			if r.Value.Subject.Kind == forge.KindSchedule {
+				out = append(out, r.Value)
+			}
+		}
+		return out
+	}
+	stop := w.start(w.config())
+	defer stop()
+	deadline := time.Now().Add(3 * time.Minute)
+	for len(scheduled()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no tick in 3 minutes:\n%s", w.logText())
+		}
+		time.Sleep(time.Second)
+	}
+	time.Sleep(3 * time.Second) // what else the tick would write
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	got := scheduled()
+	ticks := map[string]bool{}
+	for _, c := range got {
+		ticks[c.Subject.Tick] = true
+		if c.Workflow != intake.RefusedCheck || c.Status != "error" || !strings.Contains(c.Error, "30 workflows match this event, more than --max-workflows-per-event allows (20)") {
+			t.Errorf("a tick's check: %s %s %q, want the one refusal", c.Workflow, c.Status, c.Error)
+		}
+	}
+	if len(got) != len(ticks) {
+		t.Errorf("%d checks for %d ticks, want one each", len(got), len(ticks))
+	}
+	if strings.Contains(w.logText(), "msg=queued") {
+		t.Errorf("a tick queued a run:\n%s", w.logText())
 	}
 }
