@@ -244,7 +244,7 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 		landing = d.lander
 	}
 	ports := intake.Ports{Lister: out.lister, Mirrors: out.mirrors, Scheduler: d.sched, Checks: d.keeper, State: store, Lander: landing,
-		Stream: out.stream, Changed: d.status}
+		Stream: out.stream, Changed: d.status, Observer: observe}
 	if d.caps.Images != nil {
 		ports.CheckImage = d.caps.Images.CheckImage
 	}

@@ -42,6 +42,14 @@ var (
 	Executors = []string{"kubernetes", "docker", "shell"}
 	// EjectionReasons are the merge queue's reasons (forge.Eject*).
 	EjectionReasons = []string{"conflictBase", "conflictPull", "preflight", "batch", "headMoved", "closed"}
+	// Limits are the flags of the caps an event may wait for or be
+	// refused by (intake's decisions).
+	Limits = []string{"--max-workflows-per-event", "--max-queued-per-author", "--max-check-writes-per-author"}
+	// RefusalReasons are why an event is refused: a limit, or its
+	// source (an unusable git source).
+	RefusalReasons = append([]string{"source"}, Limits...)
+	// TickSkipReasons are why a schedule's tick is skipped.
+	TickSkipReasons = []string{"queued"}
 	// DegradedReasons are why the runner may be degraded: "executor",
 	// its executor cannot take runs (cluster unreachable, credentials
 	// expired).
@@ -93,6 +101,9 @@ type Metrics struct {
 	cacheBytes      *prometheus.CounterVec
 	landings        prometheus.Counter
 	ejections       *prometheus.CounterVec
+	deferred        *prometheus.CounterVec
+	refused         *prometheus.CounterVec
+	ticksSkipped    *prometheus.CounterVec
 
 	queueDepth  prometheus.Gauge
 	runsGoing   prometheus.Gauge
@@ -147,6 +158,9 @@ func New(reg *prometheus.Registry) (*Metrics, error) {
 	m.cacheBytes = counterVec("cache_bytes_total", "Bytes of cache layers restored (restore) and saved (save).", "direction")
 	m.landings = counter("mergequeue_landings_total", "Merge-queue batches landed.")
 	m.ejections = counterVec("mergequeue_ejections_total", "Pulls ejected from the merge queue, by reason.", "reason")
+	m.deferred = counterVec("events_deferred_total", "Times an event waited for its author's caps, by the limit's flag.", "limit")
+	m.refused = counterVec("events_refused_total", "Events given one error check instead of runs, by the limit's flag or source.", "reason")
+	m.ticksSkipped = counterVec("schedule_ticks_skipped_total", "Schedule ticks not run, by reason (queued: the workflow's previous tick was still queued).", "reason")
 
 	m.queueDepth = gauge("queue_depth", "Runs queued, waiting for a worker.")
 	m.runsGoing = gauge("runs_going", "Runs going (started, not final).")
@@ -181,6 +195,7 @@ func New(reg *prometheus.Registry) (*Metrics, error) {
 		m.pickup, m.queueWait, m.sessionReady, m.stepDuration, m.runDuration, m.xferBytes, m.xferSeconds,
 		m.runs, m.sweeps, m.sweepErrors, m.swept, m.cleanupFailures, m.warmTaken, m.checkWrites, m.checkRefusals,
 		m.rateWaits, m.rateWaitSeconds, m.cacheHits, m.cacheMisses, m.cacheBytes, m.landings, m.ejections,
+		m.deferred, m.refused, m.ticksSkipped,
 		m.queueDepth, m.runsGoing, m.owedChecks, m.warmPods, m.writeBudget, m.degraded, m.expiry,
 	} {
 		if err := reg.Register(c); err != nil {
@@ -401,6 +416,30 @@ func (m *Metrics) Landed() {
 		return
 	}
 	m.landings.Inc()
+}
+
+// Deferred: an event waits for its author's caps (limit: the flag).
+func (m *Metrics) Deferred(limit string) {
+	if m == nil {
+		return
+	}
+	m.deferred.WithLabelValues(known(Limits, limit)).Inc()
+}
+
+// Refused: an event got one error check instead of runs.
+func (m *Metrics) Refused(reason string) {
+	if m == nil {
+		return
+	}
+	m.refused.WithLabelValues(known(RefusalReasons, reason)).Inc()
+}
+
+// TickSkipped: a schedule's tick was not run, for reason.
+func (m *Metrics) TickSkipped(reason string) {
+	if m == nil {
+		return
+	}
+	m.ticksSkipped.WithLabelValues(known(TickSkipReasons, reason)).Inc()
 }
 
 // Ejected: the merge queue ejected a pull for reason.

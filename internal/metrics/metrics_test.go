@@ -143,6 +143,11 @@ func TestEveryMetric(t *testing.T) {
 	m.Landed()
 	m.Ejected("conflictBase")
 	m.Ejected("conflictBase")
+	m.Deferred("--max-queued-per-author")
+	m.Refused("--max-workflows-per-event")
+	m.Refused("source")
+	m.TickSkipped("queued")
+	m.TickSkipped("queued")
 
 	for _, h := range []struct {
 		name   string
@@ -197,6 +202,10 @@ func TestEveryMetric(t *testing.T) {
 		{"knotless_run_degraded", map[string]string{"reason": "executor"}, 1},
 		{"knotless_run_mergequeue_landings_total", none, 1},
 		{"knotless_run_mergequeue_ejections_total", map[string]string{"reason": "conflictBase"}, 2},
+		{"knotless_run_events_deferred_total", map[string]string{"limit": "--max-queued-per-author"}, 1},
+		{"knotless_run_events_refused_total", map[string]string{"reason": "--max-workflows-per-event"}, 1},
+		{"knotless_run_events_refused_total", map[string]string{"reason": "source"}, 1},
+		{"knotless_run_schedule_ticks_skipped_total", map[string]string{"reason": "queued"}, 2},
 	} {
 		if got := value(t, reg, c.name, c.labels); got != c.want {
 			t.Errorf("%s%v = %g, want %g", c.name, c.labels, got, c.want)
@@ -251,6 +260,9 @@ func TestUnknownLabelValuesAreOther(t *testing.T) {
 	m.StepEnded("skipped", time.Second)
 	m.CheckWritten("lost")
 	m.Ejected("because")
+	m.Deferred("--max-everything")
+	m.Refused("whim")
+	m.TickSkipped("moon")
 	m.Transferred("sideways", 1, time.Second)
 	m.SetDegraded("moon", true)
 	m.CredentialExpiry("did:plc:abc", time.Now().Add(time.Hour))
@@ -267,9 +279,12 @@ func TestUnknownLabelValuesAreOther(t *testing.T) {
 		}
 	}
 	for name, labels := range map[string]map[string]string{
-		"knotless_run_check_writes_total":         {"status": "other"},
-		"knotless_run_mergequeue_ejections_total": {"reason": "other"},
-		"knotless_run_degraded":                   {"reason": "other"},
+		"knotless_run_check_writes_total":           {"status": "other"},
+		"knotless_run_mergequeue_ejections_total":   {"reason": "other"},
+		"knotless_run_degraded":                     {"reason": "other"},
+		"knotless_run_events_deferred_total":        {"limit": "other"},
+		"knotless_run_events_refused_total":         {"reason": "other"},
+		"knotless_run_schedule_ticks_skipped_total": {"reason": "other"},
 	} {
 		if got := value(t, reg, name, labels); got != 1 {
 			t.Errorf("%s%v = %g, want 1", name, labels, got)
@@ -288,11 +303,17 @@ func TestSeriesAreBounded(t *testing.T) {
 		m.RunFinished(v, v, v, time.Second)
 		m.CheckWritten(v)
 		m.Ejected(v)
+		m.Deferred(v)
+		m.Refused(v)
+		m.TickSkipped(v)
 	}
 	for name, max := range map[string]int{
-		"knotless_run_runs_total":                 (len(metrics.RunStatuses) + 1) * (len(metrics.Kinds) + 1) * (len(metrics.Executors) + 1),
-		"knotless_run_check_writes_total":         len(metrics.CheckStatuses) + 1,
-		"knotless_run_mergequeue_ejections_total": len(metrics.EjectionReasons) + 1,
+		"knotless_run_runs_total":                   (len(metrics.RunStatuses) + 1) * (len(metrics.Kinds) + 1) * (len(metrics.Executors) + 1),
+		"knotless_run_check_writes_total":           len(metrics.CheckStatuses) + 1,
+		"knotless_run_mergequeue_ejections_total":   len(metrics.EjectionReasons) + 1,
+		"knotless_run_events_deferred_total":        len(metrics.Limits) + 1,
+		"knotless_run_events_refused_total":         len(metrics.RefusalReasons) + 1,
+		"knotless_run_schedule_ticks_skipped_total": len(metrics.TickSkipReasons) + 1,
 	} {
 		n, err := testutil.GatherAndCount(reg, name)
 		if err != nil {
@@ -432,6 +453,15 @@ func touchAll(m *metrics.Metrics, runs int) {
 	}
 	for _, r := range with(metrics.EjectionReasons) {
 		m.Ejected(r)
+	}
+	for _, l := range with(metrics.Limits) {
+		m.Deferred(l)
+	}
+	for _, r := range with(metrics.RefusalReasons) {
+		m.Refused(r)
+	}
+	for _, r := range with(metrics.TickSkipReasons) {
+		m.TickSkipped(r)
 	}
 	for _, r := range with(metrics.DegradedReasons) {
 		m.SetDegraded(r, true)

@@ -29,8 +29,8 @@ import (
 	"knotless.dev/run/internal/status"
 )
 
-// Parts tells M what the scheduler and the lander observe: it is their
-// Observer (scheduler.Observer, lander.Observer).
+// Parts tells M what the scheduler, the lander and intake observe: it is
+// their Observer (scheduler.Observer, lander.Observer, intake.Observer).
 type Parts struct {
 	M *metrics.Metrics
 	// Executor is the executor's name, as its Name() says (never an
@@ -72,6 +72,19 @@ func (p Parts) Ejected(_, reason string) { p.M.Ejected(reason) }
 
 // Landed counts a batch the merge queue landed.
 func (p Parts) Landed(string, int) { p.M.Landed() }
+
+// Reconciled: a reconcile ended. It has no series: a failing one is in
+// the log and the status document.
+func (p Parts) Reconciled(int, error) {}
+
+// Deferred: an event waits for its author's caps, flag naming the limit.
+func (p Parts) Deferred(_ ingest.Event, flag string) { p.M.Deferred(flag) }
+
+// Refused: an event got one error check instead of runs.
+func (p Parts) Refused(_ ingest.Event, reason string) { p.M.Refused(reason) }
+
+// TickSkipped: a schedule's tick was not run.
+func (p Parts) TickSkipped(reason string) { p.M.TickSkipped(reason) }
 
 // EventTime is when a push was made, as its record says; false for
 // other events.
