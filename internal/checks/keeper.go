@@ -280,7 +280,9 @@ func (k *Keeper) Map(ctx context.Context, c forge.Check, res *run.Result, outDir
 			c.Log = &blob
 		}
 	}
-	for _, rel := range res.Outputs {
+	// Only what the workflow's artifacts name is published: an image is
+	// a public blob, and no masker reads pixels.
+	for _, rel := range res.Artifacts {
 		if len(c.Outputs) == maxOutputs {
 			log.Warn("more image outputs than a check holds; the rest are not uploaded", "max", maxOutputs)
 			break

@@ -95,8 +95,14 @@ func TestKeeperLifecycle(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "notes.txt"), []byte("text"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// An image among the outputs that artifacts does not name is not
+	// published.
+	if err := os.WriteFile(filepath.Join(dir, "private.png"), []byte("\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	code := 0
-	res := &run.Result{Status: run.Success, Log: []byte("log\n"), Outputs: []string{"plot.png", "notes.txt", "draw.svg", "missing.png"},
+	res := &run.Result{Status: run.Success, Log: []byte("log\n"), Outputs: []string{"plot.png", "notes.txt", "draw.svg", "missing.png", "private.png"},
+		Artifacts: []string{"plot.png", "notes.txt", "draw.svg", "missing.png"},
 		Steps: []run.StepResult{{Name: "build", Status: run.Success, ExitCode: &code, Duration: time.Second}}}
 	final := k.Finished(ctx, key, ev, c, res, dir, quiet)
 	if diff := cmp.Diff([]string{key + " queued", key + " running", key + " success"}, pds.written); diff != "" {
@@ -129,7 +135,7 @@ func TestKeeperMapWithoutBlobs(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "plot.png"), []byte("\x89PNG\r\n\x1a\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c := k.Map(t.Context(), forge.Check{}, &run.Result{Status: run.Failure, Log: []byte("x"), Outputs: []string{"plot.png"},
+	c := k.Map(t.Context(), forge.Check{}, &run.Result{Status: run.Failure, Log: []byte("x"), Outputs: []string{"plot.png"}, Artifacts: []string{"plot.png"},
 		FailedStep: strings.Repeat("é", 200), Error: "boom"}, dir, quiet)
 	if c.Log != nil || len(c.Outputs) != 0 || c.Status != "failure" || len(c.FailedStep) > MaxName {
 		t.Errorf("check %+v", c)
@@ -153,7 +159,7 @@ func TestKeeperMapBoundsOutputs(t *testing.T) {
 	if err := os.WriteFile(big, make([]byte, maxOutputSize+1), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c := k.Map(t.Context(), forge.Check{}, &run.Result{Status: run.Success, Outputs: append([]string{"big.png"}, outs...)}, dir, quiet)
+	c := k.Map(t.Context(), forge.Check{}, &run.Result{Status: run.Success, Artifacts: append([]string{"big.png"}, outs...)}, dir, quiet)
 	if len(c.Outputs) != maxOutputs || c.Outputs[0].Path != "x.png" {
 		t.Errorf("%d outputs, first %v", len(c.Outputs), c.Outputs[0].Path)
 	}

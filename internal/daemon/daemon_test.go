@@ -19,12 +19,14 @@ func TestPushRuns(t *testing.T) {
 		".knotless/workflows/build.yaml": workflowFile(`
 on: [push]
 branches: [main]
+artifacts: [pixel.png]
 steps:
   - name: greet
     run: cat greeting.txt
   - name: picture
     run: |
 ` + "      " + imageStep + `
+      cp "$KNOTLESS_RUN_OUTPUTS/pixel.png" "$KNOTLESS_RUN_OUTPUTS/private.png"
 `),
 	})
 	w.start(w.config())
@@ -48,7 +50,7 @@ steps:
 		t.Errorf("log blob lacks the step output:\n%s", log)
 	}
 	if len(got.Outputs) != 1 || got.Outputs[0].Path != "pixel.png" || got.Outputs[0].Blob.MimeType != "image/png" {
-		t.Fatalf("outputs %+v, want pixel.png as image/png", got.Outputs)
+		t.Fatalf("outputs %+v, want pixel.png as image/png alone (private.png is not among the artifacts)", got.Outputs)
 	}
 	if b := w.Blob(got.Outputs[0].Blob.Ref.String()); len(b) == 0 || string(b[1:4]) != "PNG" {
 		t.Errorf("output blob is not the PNG: %q", b)

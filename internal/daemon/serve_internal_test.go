@@ -31,10 +31,13 @@ func TestServeRunsAPush(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t)
 		h.exec.Script = func(_, id string) fakeexec.Step { return fakeexec.Step{Output: "step " + id + "\n"} }
-		h.exec.Outputs = map[string]string{"plot.png": "\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "notes.txt": "text"}
+		h.exec.Outputs = map[string]string{"plot.png": "\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "notes.txt": "text",
+			"private.png": "\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR"}
 		pullsOnly := rig.CI("pulls-only")
 		pullsOnly.On = []workflow.Trigger{workflow.Pull}
-		h.git.SetWorkflows(rig.CI("ci", "make", "make test"), pullsOnly)
+		ci := rig.CI("ci", "make", "make test")
+		ci.Artifacts = []string{"plot.png", "notes.txt"} // private.png is not published
+		h.git.SetWorkflows(ci, pullsOnly)
 		ev := rig.Push("3k1", "c1")
 		h.lister.Set(ev)
 		stop := h.serve(t)
