@@ -9,6 +9,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -36,13 +38,17 @@ type world struct {
 	runner   *forge.Account
 	stranger *forge.Account
 	dataDir  string
+	pdsDir   string
 	stop     func()
 	addr     string
 	url      string
 	cat      *forge.Catalog
+
+	// configure, when set, changes the service's config.
+	configure func(*world, *outputservice.Config)
 }
 
-func newWorld(t *testing.T, ctx context.Context) *world {
+func newWorld(t *testing.T, ctx context.Context, configure func(*world, *outputservice.Config)) *world {
 	t.Helper()
 	if testing.Short() {
 		t.Skip(pds.ErrSkip)
@@ -50,7 +56,8 @@ func newWorld(t *testing.T, ctx context.Context) *world {
 	if err := pds.Installed(); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := pds.Start(ctx, t.TempDir())
+	pdsDir := t.TempDir()
+	srv, err := pds.Start(ctx, pdsDir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +81,7 @@ func newWorld(t *testing.T, ctx context.Context) *world {
 		}
 		return a
 	}
-	w := &world{pds: srv, runner: login(runnerAcct.DID, password), stranger: login(strangerAcct.DID, strangerAcct.Password), dataDir: t.TempDir(), cat: cat}
+	w := &world{pds: srv, runner: login(runnerAcct.DID, password), stranger: login(strangerAcct.DID, strangerAcct.Password), dataDir: t.TempDir(), pdsDir: pdsDir, configure: configure, cat: cat}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -96,11 +103,15 @@ func (w *world) serve(t *testing.T, ctx context.Context, ln net.Listener) func()
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := outputservice.New(outputservice.Config{
+	cfg := outputservice.Config{
 		ServiceDID: serviceDID, Runners: []string{w.runner.DID().String()},
 		Directory: forge.NewDirectory(forge.DirectoryConfig{PLCURL: w.pds.PLCURL}),
 		Store:     store, Catalog: w.cat, Leeway: time.Millisecond,
-	})
+	}
+	if w.configure != nil {
+		w.configure(w, &cfg)
+	}
+	svc, err := outputservice.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +182,7 @@ func follow(ctx context.Context, base, check string) (string, error) {
 func TestPushThroughTheService(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	w := newWorld(t, ctx)
+	w := newWorld(t, ctx, nil)
 	check := w.check("3kpushpushpushpushpushpush")
 	s := output.NewStream(check, "r1", output.RunnerLimits())
 	p := w.pusher(t)
@@ -350,7 +361,7 @@ func call(t *testing.T, ctx context.Context, url, method, token string, in any) 
 func TestServiceAuth(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	w := newWorld(t, ctx)
+	w := newWorld(t, ctx, nil)
 	mint := func(a *forge.Account, aud, lxm string, exp time.Duration) string {
 		t.Helper()
 		tok, err := a.ServiceAuth(ctx, aud, lxm, time.Now().Add(exp))
@@ -415,5 +426,95 @@ func TestServiceAuth(t *testing.T) {
 	}
 	if out, err := c.Get(ctx, w.check("3kdddddddddddddddddddddddd"), 0, 100); err != nil || string(out.Data) != "hello\n" {
 		t.Errorf("the put before expiry: %v %+v; the put after it was kept, or the first lost", err, out)
+	}
+}
+
+// pdsKey is the signing key the real PDS keeps for did: what a runner
+// running its own PDS holds.
+func (w *world) pdsKey(t *testing.T, did syntax.DID) atcrypto.PrivateKey {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(w.pdsDir, "pds-*", "actors", "*", did.String(), "key"))
+	if err != nil || len(files) != 1 {
+		t.Fatalf("the PDS's key of %s: %v %v", did, files, err)
+	}
+	b, err := os.ReadFile(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := atcrypto.ParsePrivateBytesK256(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key
+}
+
+// A token is remembered against replay until it expires, in its
+// runner's share of the table. So a token good for more than an hour
+// is refused: the reference PDS grants no longer, but a runner's own
+// PDS signs what it is asked. And a runner that filled its share has
+// its own new tokens refused until some expire, never another runner's.
+func TestTokenBounds(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	const share = 3
+	w := newWorld(t, ctx, func(w *world, c *outputservice.Config) {
+		c.Runners = append(c.Runners, w.stranger.DID().String())
+		c.MaxTokensPerRunner = share
+	})
+	mint := func(a *forge.Account, exp time.Duration) string {
+		t.Helper()
+		tok, err := a.ServiceAuth(ctx, serviceDID, output.MethodPut, time.Now().Add(exp))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+	check := w.check("3ktokentokentokentokentoke")
+	in := output.PutInput{Check: check, Run: "r1", Data: []byte("hello\n")}
+	put := func(tok string, in output.PutInput) string {
+		return call(t, ctx, w.url, output.MethodPut, tok, in)
+	}
+
+	// Signed with the runner's key by its PDS's rules, but for a day.
+	key := w.pdsKey(t, w.runner.DID())
+	lxm := syntax.NSID(output.MethodPut)
+	sign := func(life time.Duration) string {
+		t.Helper()
+		tok, err := auth.SignServiceAuth(w.runner.DID(), serviceDID, life, &lxm, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+	if got := put(sign(24*time.Hour), in); got != "BadExpiration" {
+		t.Errorf("a token good for a day: error %q, want BadExpiration", got)
+	}
+	if got := put(sign(50*time.Minute), in); got != "" {
+		t.Errorf("the same key's token good for 50 minutes: error %q", got)
+	}
+	// The longest the PDS grants.
+	kept := mint(w.runner, 59*time.Minute)
+	if got := put(kept, in); got != "" {
+		t.Errorf("the PDS's token good for 59 minutes: error %q", got)
+	}
+
+	// The runner fills its share with fresh tokens.
+	used := 2
+	for ; used < share; used++ {
+		if got := put(mint(w.runner, 10*time.Minute), in); got != "" {
+			t.Fatalf("token %d of the runner: error %q", used+1, got)
+		}
+	}
+	if got := put(mint(w.runner, 10*time.Minute), in); got != "TooManyTokens" {
+		t.Errorf("token %d of a runner whose share is %d: error %q, want TooManyTokens", used+1, share, got)
+	}
+	// A token it used is still good for its put's retry.
+	if got := put(kept, in); got != "" {
+		t.Errorf("a retry with a remembered token: error %q", got)
+	}
+	// Another runner is not locked out.
+	theirs := output.PutInput{Check: "at://" + w.stranger.DID().String() + "/dev.knotless.check/3ktheirstheirstheirstheirs", Run: "r1", Data: []byte("hello\n")}
+	if got := put(mint(w.stranger, 10*time.Minute), theirs); got != "" {
+		t.Errorf("another runner's token while the first's share is full: error %q", got)
 	}
 }

@@ -56,38 +56,58 @@ type Config struct {
 	Runner     syntax.DID
 	Runners    []string
 	Store      output.StoreConfig
+	// Service, when set, changes the service's config before it starts
+	// (its bounds, timeouts, logger, clock).
+	Service func(*outputservice.Config)
 }
 
 // Start runs the service until the test ends and returns its URL and
 // the runner's tokens.
 func Start(tb testing.TB, cfg Config) (string, *Tokens) {
 	tb.Helper()
-	key, err := atcrypto.GeneratePrivateKeyK256()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	pub, err := key.PublicKey()
-	if err != nil {
-		tb.Fatal(err)
-	}
+	url, tokens := StartRunners(tb, cfg, cfg.Runner)
+	return url, tokens[0]
+}
+
+// StartRunners is Start with a key in the directory for each of
+// runners (cfg.Runner is not used), all of them taken when cfg.Runners
+// is nil; it returns their tokens in the same order.
+func StartRunners(tb testing.TB, cfg Config, runners ...syntax.DID) (string, []*Tokens) {
+	tb.Helper()
 	dir := identity.NewMockDirectory()
-	dir.Insert(identity.Identity{DID: cfg.Runner, Keys: map[string]identity.VerificationMethod{
-		"atproto": {Type: "Multikey", PublicKeyMultibase: pub.Multibase()},
-	}})
+	var tokens []*Tokens
+	taken := cfg.Runners
+	for _, did := range runners {
+		key, err := atcrypto.GeneratePrivateKeyK256()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		pub, err := key.PublicKey()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		dir.Insert(identity.Identity{DID: did, Keys: map[string]identity.VerificationMethod{
+			"atproto": {Type: "Multikey", PublicKeyMultibase: pub.Multibase()},
+		}})
+		tokens = append(tokens, &Tokens{DID: did, Key: key})
+		if cfg.Runners == nil {
+			taken = append(taken, did.String())
+		}
+	}
 	cfg.Store.Dir = tb.TempDir()
 	store, err := output.OpenStore(cfg.Store)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	runners := cfg.Runners
-	if runners == nil {
-		runners = []string{cfg.Runner.String()}
-	}
 	cat, err := forge.NewCatalog()
 	if err != nil {
 		tb.Fatal(err)
 	}
-	svc, err := outputservice.New(outputservice.Config{ServiceDID: cfg.ServiceDID, Runners: runners, Directory: dir, Store: store, Catalog: cat})
+	scfg := outputservice.Config{ServiceDID: cfg.ServiceDID, Runners: taken, Directory: dir, Store: store, Catalog: cat}
+	if cfg.Service != nil {
+		cfg.Service(&scfg)
+	}
+	svc, err := outputservice.New(scfg)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -99,5 +119,5 @@ func Start(tb testing.TB, cfg Config) (string, *Tokens) {
 	done := make(chan error, 1)
 	go func() { done <- svc.Serve(ctx, ln) }()
 	tb.Cleanup(func() { cancel(); <-done })
-	return "http://" + ln.Addr().String(), &Tokens{DID: cfg.Runner, Key: key}
+	return "http://" + ln.Addr().String(), tokens
 }
