@@ -103,7 +103,7 @@ func TestKeeperLifecycle(t *testing.T) {
 	code := 0
 	res := &run.Result{Status: run.Success, Log: []byte("log\n"), Outputs: []string{"plot.png", "notes.txt", "draw.svg", "missing.png", "private.png"},
 		Artifacts: []string{"plot.png", "notes.txt", "draw.svg", "missing.png"},
-		Steps: []run.StepResult{{Name: "build", Status: run.Success, ExitCode: &code, Duration: time.Second}}}
+		Steps:     []run.StepResult{{Name: "build", Status: run.Success, ExitCode: &code, Duration: time.Second}}}
 	final := k.Finished(ctx, key, ev, c, res, dir, quiet)
 	if diff := cmp.Diff([]string{key + " queued", key + " running", key + " success"}, pds.written); diff != "" {
 		t.Errorf("writes (-want +got):\n%s", diff)

@@ -17,7 +17,6 @@ import (
 
 	"knotless.dev/run/internal/mask"
 	"knotless.dev/run/internal/output"
-	"knotless.dev/run/internal/workflow"
 )
 
 // FilesConfig bounds the output files a runner keeps for download: per
@@ -148,9 +147,6 @@ var errBounds = errors.New("past the bounds on kept output files")
 func (f *files) copy(root *os.Root, p string, r *keptRun, m *mask.Set) (int64, error) {
 	if err := output.CleanPath(p); err != nil {
 		return 0, err
-	}
-	if c, ok := workflow.UnsafeRune(p); ok {
-		return 0, fmt.Errorf("name with character %U, which could make it read as another", c)
 	}
 	in, err := root.Open(filepath.FromSlash(p))
 	if err != nil {

@@ -20,6 +20,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"knotless.dev/run/internal/termsafe"
 )
 
 // StoreConfig bounds an output service's store.
@@ -517,8 +519,9 @@ func (r *diskRun) persist(now time.Time) error {
 }
 
 // CleanPath checks a run file's path: relative, slash-separated, no
-// empty, . or .. part, valid UTF-8 without control characters, at most
-// 1024 bytes.
+// empty, . or .. part, valid UTF-8 without control or bidi characters
+// (termsafe.UnsafeRune: a name that reads as another), at most 1024
+// bytes. The runner keeps and the service takes only such paths.
 func CleanPath(p string) error {
 	bad := func(why string) error { return fmt.Errorf("%w %q: %s", ErrBadPath, p, why) }
 	switch {
@@ -528,11 +531,15 @@ func CleanPath(p string) error {
 		return bad("not UTF-8")
 	case strings.IndexFunc(p, unicode.IsControl) >= 0:
 		return bad("a control character")
+	case hasUnsafe(p):
+		return bad("a bidi control character")
 	case strings.HasPrefix(p, "/") || path.Clean(p) != p || p == "." || strings.HasPrefix(p, "../") || p == "..":
 		return bad("not a clean relative path")
 	}
 	return nil
 }
+
+func hasUnsafe(p string) bool { _, bad := termsafe.UnsafeRune(p); return bad }
 
 // PutFile keeps one of a run's files, read from body: the run must be
 // the check's current one, and its files stay within MaxFiles and

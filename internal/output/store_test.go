@@ -214,7 +214,7 @@ func TestStoreBounds(t *testing.T) {
 	if _, err := st.PutFile(runnerA, a3, "other", "d", strings.NewReader("")); !errors.Is(err, ErrNotFound) {
 		t.Errorf("a file of another run: %v", err)
 	}
-	for _, p := range []string{"", "/etc/passwd", "../x", "a/../../x", "a//b", "./a", "a/", "a\nb", ".."} {
+	for _, p := range []string{"", "/etc/passwd", "../x", "a/../../x", "a//b", "./a", "a/", "a\nb", "..", "report\u202etxt.exe", "a\u2066b", "x\xffy"} {
 		if _, err := st.PutFile(runnerA, a3, "r", p, strings.NewReader("")); !errors.Is(err, ErrBadPath) {
 			t.Errorf("path %q: %v", p, err)
 		}

@@ -68,6 +68,21 @@ func escaped(s string, lines bool) string {
 
 // unsafe reports whether a rune of size bytes must be escaped; lines
 // keeps newlines and tabs.
+// UnsafeRune returns the first rune of s that a name shown to people may
+// not hold: a control (C0, DEL, C1), a bidi control, which can make a
+// name read as another (report\u202Etxt.exe), or a byte that is not
+// UTF-8 (utf8.RuneError).
+func UnsafeRune(s string) (rune, bool) {
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if unsafe(r, size, false) {
+			return r, true
+		}
+		i += size
+	}
+	return 0, false
+}
+
 func unsafe(r rune, size int, lines bool) bool {
 	switch {
 	case r == utf8.RuneError && size == 1:

@@ -246,3 +246,24 @@ func FuzzLine(f *testing.F) {
 		}
 	})
 }
+
+func TestUnsafeRune(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		in   string
+		want rune
+		bad  bool
+	}{
+		{"report.txt", 0, false},
+		{"日本/ü.txt", 0, false},
+		{"report\u202etxt.exe", 0x202e, true},
+		{"a\tb", '\t', true},
+		{"a\u009bb", 0x9b, true},
+		{"a\x7f", 0x7f, true},
+		{"x\xffy", utf8.RuneError, true},
+	} {
+		if got, bad := UnsafeRune(tt.in); got != tt.want || bad != tt.bad {
+			t.Errorf("UnsafeRune(%q) = %U, %v; want %U, %v", tt.in, got, bad, tt.want, tt.bad)
+		}
+	}
+}

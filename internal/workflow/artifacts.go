@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"path"
 	"strings"
+
+	"knotless.dev/run/internal/termsafe"
 )
 
 // CheckArtifact refuses an artifacts entry that is not a pattern of
@@ -19,7 +21,7 @@ func CheckArtifact(pattern string) error {
 	case strings.HasPrefix(pattern, "/"):
 		return errors.New("absolute path: want a path relative to the outputs directory")
 	}
-	if r, ok := UnsafeRune(pattern); ok {
+	if r, ok := termsafe.UnsafeRune(pattern); ok {
 		return fmt.Errorf("character %U not allowed", r)
 	}
 	for _, part := range strings.Split(pattern, "/") {
@@ -38,22 +40,6 @@ func CheckArtifact(pattern string) error {
 		}
 	}
 	return nil
-}
-
-// UnsafeRune returns the first rune of s that a published name may not
-// hold: a C0 or C1 control, DEL, or a bidirectional formatting
-// character (U+061C, U+200E, U+200F, U+202A–U+202E, U+2066–U+2069),
-// which can make a name read as another (report\u202Etxt.exe).
-func UnsafeRune(s string) (rune, bool) {
-	for _, r := range s {
-		switch {
-		case r < 0x20, r >= 0x7f && r <= 0x9f,
-			r == 0x061c, r == 0x200e, r == 0x200f,
-			r >= 0x202a && r <= 0x202e, r >= 0x2066 && r <= 0x2069:
-			return r, true
-		}
-	}
-	return 0, false
 }
 
 // MatchArtifact reports whether name, a slash-separated path relative
