@@ -44,7 +44,7 @@ func TestUnqueuedIsCreatedRunning(t *testing.T) {
 		t.Fatalf("unqueued %+v %v, want an unwritten check with its creation time", c, ok)
 	}
 	c = k.Running(t.Context(), key, c, time.Now(), quiet)
-	k.Finished(t.Context(), key, ev, c, &run.Result{Status: run.Success}, t.TempDir(), quiet)
+	k.Finished(t.Context(), End{Key: key, Event: ev, Check: c, Result: &run.Result{Status: run.Success}, OutDir: t.TempDir(), Log: quiet})
 	if diff := cmp.Diff([]string{key + " running", key + " success"}, pds.written); diff != "" {
 		t.Errorf("writes (-want +got):\n%s", diff)
 	}
@@ -79,7 +79,7 @@ func TestLowBudgetHoldsBackNonFinalWrites(t *testing.T) {
 	if len(pds.written) != 0 || k.Deferred() != 1 {
 		t.Fatalf("written %v, %d held back; want nothing written, one held back", pds.written, k.Deferred())
 	}
-	k.Finished(ctx, key, ev, c, &run.Result{Status: run.Failure}, t.TempDir(), quiet)
+	k.Finished(ctx, End{Key: key, Event: ev, Check: c, Result: &run.Result{Status: run.Failure}, OutDir: t.TempDir(), Log: quiet})
 	low.Store(false)
 	k.payDeferred(ctx)
 	if diff := cmp.Diff([]string{key + " failure"}, pds.written); diff != "" {
@@ -102,7 +102,7 @@ func TestLowBudgetHoldsBackNonFinalWrites(t *testing.T) {
 	low.Store(false)
 	k.payDeferred(ctx)
 	k.payDeferred(ctx)
-	k.Finished(ctx, key2, ev2, c2, &run.Result{Status: run.Success}, t.TempDir(), quiet)
+	k.Finished(ctx, End{Key: key2, Event: ev2, Check: c2, Result: &run.Result{Status: run.Success}, OutDir: t.TempDir(), Log: quiet})
 	if diff := cmp.Diff([]string{key + " failure", key2 + " running", key2 + " success"}, pds.written); diff != "" {
 		t.Errorf("writes (-want +got):\n%s", diff)
 	}

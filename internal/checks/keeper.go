@@ -183,58 +183,74 @@ func (k *Keeper) Running(ctx context.Context, key string, c forge.Check, started
 	return c
 }
 
+// End is how some work ended, as the one who ran it tells: the check
+// of Key (of Event, as last written: Check), the run's Result with its
+// outputs under OutDir (no Result: the work never ran, a queued job),
+// and, for a cancel, By: the newer event that superseded it or the
+// cancel record that stopped it. Log tells what goes wrong writing it.
+type End struct {
+	Key    string
+	Event  ingest.Event
+	Check  forge.Check
+	By     string
+	Result *run.Result
+	OutDir string
+	Log    *slog.Logger
+}
+
 // Finished writes the final check of a run that ended: its Result
-// (Map), the log and the image outputs under outDir uploaded. A check
+// (Map), the log and the image outputs under OutDir uploaded. A check
 // the PDS does not take now is owed. It returns the check.
-func (k *Keeper) Finished(ctx context.Context, key string, ev ingest.Event, c forge.Check, res *run.Result, outDir string, log *slog.Logger) forge.Check {
-	final := k.Map(ctx, c, res, outDir, log)
-	final.Files = k.files(key)
-	k.putFinal(ctx, Finish, key, ev, final, log)
+func (k *Keeper) Finished(ctx context.Context, e End) forge.Check {
+	final := k.Map(ctx, e.Check, e.Result, e.OutDir, e.Log)
+	final.Files = k.files(e.Key)
+	k.putFinal(ctx, Finish, e.Key, e.Event, final, e.Log)
 	return final
 }
 
-// Superseded writes the cancelled check of work a newer event (by)
-// superseded: a queued job's (res nil), or a running one's result.
-func (k *Keeper) Superseded(ctx context.Context, key string, ev ingest.Event, c forge.Check, by string, res *run.Result, outDir string, log *slog.Logger) forge.Check {
-	return k.cancelled(ctx, Supersede, key, ev, c, "superseded by "+by, res, outDir, log)
+// Superseded writes the cancelled check of work a newer event (e.By)
+// superseded: a queued job's (no Result), or a running one's result.
+func (k *Keeper) Superseded(ctx context.Context, e End) forge.Check {
+	return k.cancelled(ctx, Supersede, e, "superseded by "+e.By)
 }
 
-// Cancelled writes the cancelled check of work the cancel record by (an
-// AT-URI) stopped: a queued job's (res nil), or a running one's result.
-// It names the record (CancelledBy) and says so
+// Cancelled writes the cancelled check of work the cancel record e.By
+// (an AT-URI) stopped: a queued job's (no Result), or a running one's
+// result. It names the record (CancelledBy) and says so
 // (control.CancelledText). A check that is final already stays as it
 // is: the move is refused (a cancel never changes a result).
-func (k *Keeper) Cancelled(ctx context.Context, key string, ev ingest.Event, c forge.Check, by string, res *run.Result, outDir string, log *slog.Logger) forge.Check {
-	c.CancelledBy = by
-	return k.cancelled(ctx, Finish, key, ev, c, control.CancelledText(by), res, outDir, log)
+func (k *Keeper) Cancelled(ctx context.Context, e End) forge.Check {
+	e.Check.CancelledBy = e.By
+	return k.cancelled(ctx, Finish, e, control.CancelledText(e.By))
 }
 
-func (k *Keeper) cancelled(ctx context.Context, t Transition, key string, ev ingest.Event, c forge.Check, why string, res *run.Result, outDir string, log *slog.Logger) forge.Check {
-	if res == nil {
+func (k *Keeper) cancelled(ctx context.Context, t Transition, e End, why string) forge.Check {
+	c := e.Check
+	if e.Result == nil {
 		c.Status, c.FinishedAt = string(Cancelled), forge.Now()
 	} else {
-		c = k.Map(ctx, c, res, outDir, log)
-		c.Files = k.files(key)
+		c = k.Map(ctx, c, e.Result, e.OutDir, e.Log)
+		c.Files = k.files(e.Key)
 	}
 	c.Error = why
-	k.putFinal(ctx, t, key, ev, c, log)
+	k.putFinal(ctx, t, e.Key, e.Event, c, e.Log)
 	return c
 }
 
 // Released writes a run a stopping runner gave back: its check queued
 // again, not final, for the successor (nothing is owed).
-func (k *Keeper) Released(ctx context.Context, key string, c forge.Check, res *run.Result, outDir string, log *slog.Logger) {
-	if prev, _ := k.rec.Get(key); Status(prev.Status) == None {
+func (k *Keeper) Released(ctx context.Context, e End) {
+	if prev, _ := k.rec.Get(e.Key); Status(prev.Status) == None {
 		// Nothing was written of it (its running record waits for the
 		// PDS's budget): nothing to give back.
-		k.forgetDeferred(key)
+		k.forgetDeferred(e.Key)
 		return
 	}
-	c = k.Map(ctx, c, res, outDir, log)
+	c := k.Map(ctx, e.Check, e.Result, e.OutDir, e.Log)
 	c.Status, c.Error = string(Queued), "released by a stopping runner: runs again on its successor"
 	c.FinishedAt, c.Files = "", nil
-	if err := k.nonFinal(ctx, Release, key, c, log); err != nil {
-		log.Error("write released check", "err", err)
+	if err := k.nonFinal(ctx, Release, e.Key, c, e.Log); err != nil {
+		e.Log.Error("write released check", "err", err)
 	}
 }
 

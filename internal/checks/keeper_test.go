@@ -104,7 +104,7 @@ func TestKeeperLifecycle(t *testing.T) {
 	res := &run.Result{Status: run.Success, Log: []byte("log\n"), Outputs: []string{"plot.png", "notes.txt", "draw.svg", "missing.png", "private.png"},
 		Artifacts: []string{"plot.png", "notes.txt", "draw.svg", "missing.png"},
 		Steps:     []run.StepResult{{Name: "build", Status: run.Success, ExitCode: &code, Duration: time.Second}}}
-	final := k.Finished(ctx, key, ev, c, res, dir, quiet)
+	final := k.Finished(ctx, End{Key: key, Event: ev, Check: c, Result: res, OutDir: dir, Log: quiet})
 	if diff := cmp.Diff([]string{key + " queued", key + " running", key + " success"}, pds.written); diff != "" {
 		t.Errorf("writes (-want +got):\n%s", diff)
 	}
@@ -181,13 +181,13 @@ func TestKeeperSupersededAndReleased(t *testing.T) {
 		}
 		switch wf {
 		case "queued":
-			k.Superseded(ctx, key, ev, c, "at://newer", nil, "", quiet)
+			k.Superseded(ctx, End{Key: key, Event: ev, Check: c, By: "at://newer", Log: quiet})
 		case "running":
 			c = k.Running(ctx, key, c, time.Now(), quiet)
-			k.Superseded(ctx, key, ev, c, "at://newer", &run.Result{Status: run.Cancelled}, "", quiet)
+			k.Superseded(ctx, End{Key: key, Event: ev, Check: c, By: "at://newer", Result: &run.Result{Status: run.Cancelled}, Log: quiet})
 		case "released":
 			c = k.Running(ctx, key, c, time.Now(), quiet)
-			k.Released(ctx, key, c, &run.Result{Status: run.Cancelled, Log: []byte("so far")}, "", quiet)
+			k.Released(ctx, End{Key: key, Check: c, Result: &run.Result{Status: run.Cancelled, Log: []byte("so far")}, Log: quiet})
 		}
 	}
 	for wf, want := range map[string]string{"queued": "cancelled superseded by at://newer", "running": "cancelled superseded by at://newer",
@@ -365,7 +365,7 @@ func TestKeeperRefusedMoveIsNotOwed(t *testing.T) {
 	ev := pushEvent("3k1")
 	key := forge.CheckKey(ev.Subject(), "ci")
 	k.Know(key, forge.Check{Status: "success"})
-	k.Superseded(t.Context(), key, ev, forge.Check{}, "at://newer", nil, "", quiet)
+	k.Superseded(t.Context(), End{Key: key, Event: ev, By: "at://newer", Log: quiet})
 	if len(pds.written) != 0 || len(st.Owed()) != 0 {
 		t.Errorf("written %v, owed %v", pds.written, st.Owed())
 	}
@@ -505,12 +505,12 @@ func TestKeeperLiveOutput(t *testing.T) {
 		t.Errorf("running check's live (-want +got):\n%s", diff)
 	}
 	res := &run.Result{Status: run.Success, Log: []byte("log\n")}
-	k.Released(ctx, key, running, res, t.TempDir(), quiet)
+	k.Released(ctx, End{Key: key, Check: running, Result: res, OutDir: t.TempDir(), Log: quiet})
 	if got, _ := k.Get(key); got.Files != nil || got.Status != string(Queued) {
 		t.Errorf("released check: status %s, files %v; want queued, none", got.Status, got.Files)
 	}
 	running = k.Running(ctx, key, c, time.Now(), quiet)
-	final := k.Finished(ctx, key, ev, running, res, t.TempDir(), quiet)
+	final := k.Finished(ctx, End{Key: key, Event: ev, Check: running, Result: res, OutDir: t.TempDir(), Log: quiet})
 	if diff := cmp.Diff(where, final.Live); diff != "" {
 		t.Errorf("final check's live (-want +got):\n%s", diff)
 	}

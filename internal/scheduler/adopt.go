@@ -10,6 +10,7 @@ import (
 	"sort"
 	"time"
 
+	"knotless.dev/run/internal/checks"
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/state"
@@ -150,7 +151,7 @@ func (s *Scheduler) endForeign(ctx context.Context, key string, r state.Run, why
 		StartedAt: r.StartedAt, FinishedAt: now, Log: append(prior, "knotless-run: error: "+why+"\n"...)}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
-	s.p.Checks.Finished(wctx, key, saved.Event, saved.Check, res, "", log)
+	s.p.Checks.Finished(wctx, checks.End{Key: key, Event: saved.Event, Check: saved.Check, Result: res, Log: log})
 	_ = os.RemoveAll(dir)
 }
 

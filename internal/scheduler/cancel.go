@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 
+	"knotless.dev/run/internal/checks"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
 )
@@ -29,7 +30,7 @@ func (s *Scheduler) CancelCheck(ctx context.Context, key, by string, ev ingest.E
 		delete(s.q.reserved, key)
 		s.mu.Unlock()
 	}()
-	s.p.Checks.Cancelled(ctx, key, ev, c, by, nil, "", s.log)
+	s.p.Checks.Cancelled(ctx, checks.End{Key: key, Event: ev, Check: c, By: by, Log: s.log})
 	s.markDoneIfIdle(ev)
 	return true
 }

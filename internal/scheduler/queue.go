@@ -3,8 +3,10 @@ package scheduler
 import (
 	"context"
 	"io"
+	"log/slog"
 	"time"
 
+	"knotless.dev/run/internal/checks"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
@@ -40,6 +42,12 @@ type task struct {
 	expected func()
 	// live is the run's live output (Tap.Open); nil: none.
 	live io.Writer
+}
+
+// end is how t's work ended, to write its check with (checks.End): by
+// names a cancel's cause; the caller adds the run's result.
+func (t *task) end(by string, log *slog.Logger) checks.End {
+	return checks.End{Key: t.Key, Event: t.Event, Check: t.check, By: by, Log: log}
 }
 
 // queue is the work in hand: the tasks waiting for a worker and the

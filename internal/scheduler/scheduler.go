@@ -18,6 +18,7 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
+	"knotless.dev/run/internal/checks"
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
@@ -71,10 +72,13 @@ type Checks interface {
 	// it in one commit (checks.Recorder.ExpectWrite).
 	ExpectWrite(key string) (done func())
 	Running(ctx context.Context, key string, c forge.Check, started time.Time, log *slog.Logger) forge.Check
-	Finished(ctx context.Context, key string, ev ingest.Event, c forge.Check, res *run.Result, outDir string, log *slog.Logger) forge.Check
-	Superseded(ctx context.Context, key string, ev ingest.Event, c forge.Check, by string, res *run.Result, outDir string, log *slog.Logger) forge.Check
-	Cancelled(ctx context.Context, key string, ev ingest.Event, c forge.Check, by string, res *run.Result, outDir string, log *slog.Logger) forge.Check
-	Released(ctx context.Context, key string, c forge.Check, res *run.Result, outDir string, log *slog.Logger)
+	// Finished, Superseded, Cancelled and Released write how some work
+	// ended (checks.End): its final check, or (Released) its check
+	// queued again for a successor.
+	Finished(ctx context.Context, e checks.End) forge.Check
+	Superseded(ctx context.Context, e checks.End) forge.Check
+	Cancelled(ctx context.Context, e checks.End) forge.Check
+	Released(ctx context.Context, e checks.End)
 	Pending(ev ingest.Event) bool
 }
 
@@ -224,7 +228,7 @@ func (s *Scheduler) Cancel(ctx context.Context, key, by string) bool {
 	if t == nil {
 		return false
 	}
-	s.p.Checks.Cancelled(ctx, t.Key, t.Event, t.check, by, nil, "", s.log)
+	s.p.Checks.Cancelled(ctx, t.end(by, s.log))
 	s.markDoneIfIdle(t.Event)
 	s.p.Changed()
 	return true

@@ -56,7 +56,7 @@ func (s *Scheduler) Enqueue(ctx context.Context, j *job.Job) (bool, error) {
 	}
 	s.mu.Unlock()
 	for _, o := range cancelQueued {
-		s.p.Checks.Superseded(ctx, o.Key, o.Event, o.check, j.Event.URI.String(), nil, "", s.log)
+		s.p.Checks.Superseded(ctx, o.end(j.Event.URI.String(), s.log))
 		s.markDoneIfIdle(o.Event)
 	}
 	if s.p.Observer != nil {
@@ -215,20 +215,24 @@ func (s *Scheduler) runJob(ctx context.Context, t *task) {
 	if !released {
 		s.endLive(t, res, outDir)
 	}
+	end := t.end("", log)
+	end.Result, end.OutDir = res, outDir
 	var final forge.Check
 	switch {
 	case released:
 		// Not final: the successor runs the work; nothing is owed.
-		s.p.Checks.Released(wctx, t.Key, t.check, res, outDir, log)
+		s.p.Checks.Released(wctx, end)
 		return
 	case superseded != "" && cancelled:
-		final = s.p.Checks.Superseded(wctx, t.Key, t.Event, t.check, superseded, res, outDir, log)
+		end.By = superseded
+		final = s.p.Checks.Superseded(wctx, end)
 	case why != "" && cancelled:
 		// The cancel's figure: from the record read to the run stopped.
 		log.Info("run stopped by a cancel record", "run", t.runID, "by", why, "stopped_in", time.Since(cancelledAt))
-		final = s.p.Checks.Cancelled(wctx, t.Key, t.Event, t.check, why, res, outDir, log)
+		end.By = why
+		final = s.p.Checks.Cancelled(wctx, end)
 	default:
-		final = s.p.Checks.Finished(wctx, t.Key, t.Event, t.check, res, outDir, log)
+		final = s.p.Checks.Finished(wctx, end)
 	}
 	log.Info("run finished", "run", t.runID, "status", final.Status, "failed_step", res.FailedStep)
 }
