@@ -169,7 +169,7 @@ func (c *Config) Validate() error {
 	if c.WarmPods < 0 {
 		return fmt.Errorf("--warm-pods %d: want 0 or more", c.WarmPods)
 	}
-	if _, ok := c.Engine.Executor.(executor.Warmer); c.WarmPods > 0 && !ok {
+	if c.WarmPods > 0 && executor.CapabilitiesOf(c.Engine.Executor).Warmer == nil {
 		return fmt.Errorf("--warm-pods %d: only --executor kubernetes keeps warm pods", c.WarmPods)
 	}
 	if c.Lander.Queue && c.Lander.Batch < 1 {

@@ -318,7 +318,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	aux.Go(func() { d.watchExecutor(auxCtx) })
 	aux.Go(func() { d.sched.Sweeps(auxCtx, d.cleaner.Failures) })
 	aux.Go(func() { d.memory.run(auxCtx) })
-	if w, ok := d.cfg.Engine.Executor.(executor.Warmer); ok && d.cfg.WarmPods > 0 {
+	if w := d.caps.Warmer; w != nil && d.cfg.WarmPods > 0 {
 		// After the first sweep (begin), which deletes an earlier
 		// process's warm pods; they go when this process stops.
 		aux.Go(func() { w.KeepWarm(auxCtx, d.cfg.WarmPods) })

@@ -90,6 +90,7 @@ type ImageChecker interface {
 // each it lacks.
 type Capabilities struct {
 	Resumer Resumer
+	Warmer  Warmer
 	Health  HealthChecker
 	Gone    GoneChecker
 	Stopper Stopper
@@ -100,6 +101,7 @@ type Capabilities struct {
 func CapabilitiesOf(ex Executor) Capabilities {
 	var c Capabilities
 	c.Resumer, _ = ex.(Resumer)
+	c.Warmer, _ = ex.(Warmer)
 	c.Health, _ = ex.(HealthChecker)
 	c.Gone, _ = ex.(GoneChecker)
 	c.Stopper, _ = ex.(Stopper)
