@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"reflect"
 	"slices"
 	"strings"
 
@@ -18,12 +17,12 @@ import (
 // ExecutorFlags choose the executor and configure each one. run and serve
 // both embed them, so every executor flag works with both commands.
 //
-// This struct is also the registry of executors: each embedded struct is
-// one executor's flags and implements [executorFlags], which names the
-// executor and builds it. --executor's choices, the constructor that
-// flag picks and --dry-run's directories all come from here. To add an
-// executor, add its file (flags struct and executorDef) and embed its
-// flags here: one line.
+// Each embedded struct is one executor's flags, and its executorDef
+// names the executor and builds it; executors lists them. --executor's
+// choices, the constructor that flag picks and --dry-run's directories
+// all come from that list. To add an executor, add its file (flags
+// struct and executorDef), embed its flags here and list it in
+// executors: two lines.
 type ExecutorFlags struct {
 	Executor string `help:"Where runs execute: ${executor_help}. Never chosen implicitly, never a fallback." enum:"${executor_enum}" default:"${executor_default}"`
 	Image    string `help:"Image for workflows that name none (pod executors)." default:"busybox:stable"`
@@ -35,12 +34,6 @@ type ExecutorFlags struct {
 
 // defaultExecutor is the executor when --executor is not given.
 const defaultExecutor = "kubernetes"
-
-// executorFlags is what an executor's flags struct implements to be
-// registered: the executor it configures.
-type executorFlags interface {
-	executorDef() executorDef
-}
 
 // executorDef is one executor as the command line knows it.
 type executorDef struct {
@@ -81,18 +74,13 @@ type executorOptions struct {
 
 // executors lists the registered executors, in the order ExecutorFlags
 // embeds them; each one's New and DryRun read f's flags.
+// TestExecutorsAreRegistered fails when an embedded struct is missing.
 func (f *ExecutorFlags) executors() []executorDef {
-	v := reflect.ValueOf(f).Elem()
-	var defs []executorDef
-	for i := range v.NumField() {
-		if !v.Type().Field(i).Anonymous {
-			continue
-		}
-		if ef, ok := v.Field(i).Addr().Interface().(executorFlags); ok {
-			defs = append(defs, ef.executorDef())
-		}
+	return []executorDef{
+		f.KubeFlags.executorDef(),
+		f.DockerFlags.executorDef(),
+		f.ShellFlags.executorDef(),
 	}
-	return defs
 }
 
 // lookup finds the executor --executor names, by name or alias.

@@ -14,9 +14,15 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
+// executorFlags is what an executor's flags struct implements: the
+// executor it configures.
+type executorFlags interface {
+	executorDef() executorDef
+}
+
 // TestExecutorsAreRegistered: every struct ExecutorFlags embeds is an
-// executor's flags and registers it, names are unique, and each
-// executor can be built and shown by --dry-run.
+// executor's flags and is listed (executors), names are unique, and
+// each executor can be built and shown by --dry-run.
 func TestExecutorsAreRegistered(t *testing.T) {
 	t.Parallel()
 	var f ExecutorFlags
