@@ -7,46 +7,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/tests/hostilepds"
 )
-
-// movedDirectory resolves DIDs through the real PLC, except that the
-// DIDs in moved have their PDS at another URL, as if their DID documents
-// said so.
-type movedDirectory struct {
-	identity.Directory
-	moved map[syntax.DID]string
-}
-
-func (m movedDirectory) LookupDID(ctx context.Context, did syntax.DID) (*identity.Identity, error) {
-	ident, err := m.Directory.LookupDID(ctx, did)
-	if err != nil {
-		return nil, err
-	}
-	url, ok := m.moved[did]
-	if !ok {
-		return ident, nil
-	}
-	c := *ident
-	c.Services = map[string]identity.ServiceEndpoint{}
-	for k, v := range ident.Services {
-		c.Services[k] = v
-	}
-	c.Services["atproto_pds"] = identity.ServiceEndpoint{Type: "AtprotoPersonalDataServer", URL: url}
-	return &c, nil
-}
-
-func (m movedDirectory) Lookup(ctx context.Context, id syntax.AtIdentifier) (*identity.Identity, error) {
-	if did, err := id.AsDID(); err == nil {
-		return m.LookupDID(ctx, did)
-	}
-	return m.Directory.Lookup(ctx, id)
-}
 
 // TestFailingOwnerPDS: one owner's PDS fails (its records list with 502)
 // while another owner's is fine; the healthy owner's push still runs,
@@ -80,7 +47,7 @@ steps:
 	w.start(w.config(func(c *daemon.Config) {
 		// The sick owner first, so its failure comes before the healthy one.
 		c.Sources.Targets = []ingest.Target{{Owner: syntax.AtIdentifier(sick.DID), Name: "other"}, {Owner: syntax.AtIdentifier(w.Owner.DID), Name: "hello"}}
-		c.Account.Directory = movedDirectory{Directory: srv.Directory(), moved: map[syntax.DID]string{sick.DID: proxy.srv.URL}}
+		c.Account.Directory = hostilepds.Directory(srv.Directory(), map[syntax.DID]string{sick.DID: proxy.srv.URL})
 	}))
 	_, got := w.waitFinal("test", commit, 90*time.Second)
 	if got.Status != "success" {
