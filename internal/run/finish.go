@@ -18,7 +18,7 @@ func (r *runState) faultStatus(ctx context.Context) Status {
 }
 
 // classify turns a step's error into a status.
-func (r *runState) classify(ctx, runCtx context.Context, err error) Status {
+func (r *runState) classify(ctx context.Context, err error) Status {
 	var se *StepError
 	switch {
 	case ctx.Err() != nil:

@@ -223,45 +223,15 @@ type runState struct {
 // Engine.Begin (st) while the caller got the checkout and the secrets
 // ready.
 func (r *runState) execute(ctx context.Context, st *Start) {
-	wf := r.req.Workflow
-	refuse := func(err error) {
+	if err := r.prepare(); err != nil {
 		if st != nil {
 			st.stop()
 		}
 		r.fail(Error, "", err)
-	}
-	grantErr := r.grantSecrets()
-	r.openLog(true)
-	if grantErr != nil {
-		refuse(grantErr)
 		return
 	}
-	if err := r.eng.cfg.Max.check(r.req); err != nil {
-		refuse(err)
-		return
-	}
-	if err := r.readScripts(); err != nil {
-		refuse(err)
-		return
-	}
-
-	r.logf("knotless-run: workflow %s, run %s, executor %s", wf.Name, r.req.RunID, r.eng.cfg.Executor.Name())
-	var sess executor.Session
-	var err error
-	if st == nil {
-		// Waiting for a node is bounded by the executor (a scale-up may
-		// take minutes); the workflow's timeout starts once the session
-		// is there.
-		startCtx, stopStart := r.startContext(ctx)
-		sess, err = r.eng.cfg.Executor.Start(startCtx, r.spec())
-		stopStart()
-		r.sessionStarted = time.Now()
-		if err == nil {
-			r.log.Info("session started", "session", sess.Ref().String())
-		}
-	} else {
-		sess, r.sessionStarted, err = st.wait()
-	}
+	r.logf("knotless-run: workflow %s, run %s, executor %s", r.req.Workflow.Name, r.req.RunID, r.eng.cfg.Executor.Name())
+	sess, err := r.startSession(ctx, st)
 	if err != nil {
 		if ctx.Err() == nil && r.detached() {
 			r.releaseUnstarted(err)
@@ -269,12 +239,46 @@ func (r *runState) execute(ctx context.Context, st *Start) {
 		}
 		// The workflow named: a check is of one workflow, but `run`'s
 		// error and the daemon's log lines are read without it.
-		r.fail(r.faultStatus(ctx), "", fmt.Errorf("start session of workflow %s: %w", wf.Name, err))
+		r.fail(r.faultStatus(ctx), "", fmt.Errorf("start session of workflow %s: %w", r.req.Workflow.Name, err))
 		return
 	}
 	r.sess = sess
-
 	r.steps(ctx, sess, nil)
+}
+
+// prepare does what a run needs before its session: the run variables
+// checked and the secrets granted, the log opened (whatever else
+// fails), the operator's maximums checked and the step scripts read.
+func (r *runState) prepare() error {
+	grantErr := r.grantSecrets()
+	r.openLog(true)
+	if grantErr != nil {
+		return grantErr
+	}
+	if err := r.eng.cfg.Max.check(r.req); err != nil {
+		return err
+	}
+	return r.readScripts()
+}
+
+// startSession starts the run's session on the executor, or (st) waits
+// for the one Engine.Begin is starting, and notes when it was there.
+func (r *runState) startSession(ctx context.Context, st *Start) (executor.Session, error) {
+	if st != nil {
+		sess, started, err := st.wait()
+		r.sessionStarted = started
+		return sess, err
+	}
+	// Waiting for a node is bounded by the executor (a scale-up may take
+	// minutes); the workflow's timeout starts once the session is there.
+	startCtx, stopStart := r.startContext(ctx)
+	sess, err := r.eng.cfg.Executor.Start(startCtx, r.spec())
+	stopStart()
+	r.sessionStarted = time.Now()
+	if err == nil {
+		r.log.Info("session started", "session", sess.Ref().String())
+	}
+	return sess, err
 }
 
 // startContext is ctx, also ended when the run is detached: a session

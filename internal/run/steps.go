@@ -93,7 +93,7 @@ func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, 
 			if errors.As(err, &se) {
 				sr.TimedOut = se.TimedOut
 			}
-			sr.Status = r.classify(ctx, runCtx, err)
+			sr.Status = r.classify(ctx, err)
 			r.fail(sr.Status, s.Name, err)
 		}
 		code := "none"
