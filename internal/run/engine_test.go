@@ -3,6 +3,7 @@ package run_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -485,6 +486,56 @@ func TestEngineRunVars(t *testing.T) {
 		}
 		if _, err := eng.DryRun(run.Request{RunID: "r", Workflow: wf, Vars: []workflow.EnvVar{{Name: "TOKEN"}}}, executor.PodDirs()); err == nil {
 			t.Error("a dry run with a refused variable did not fail")
+		}
+	})
+}
+
+// TestStepErrorCarriesTheTail: a step that fails, by its exit code or
+// its timeout, ends the run with a StepError naming the step, its exit
+// code or timeout and the last lines of its output, masked and without
+// the runner's own lines; a run whose steps pass has none.
+func TestStepErrorCarriesTheTail(t *testing.T) {
+	t.Parallel()
+	var out strings.Builder
+	for i := 1; i <= 14; i++ {
+		fmt.Fprintf(&out, "line %d\n", i)
+	}
+	out.WriteString("token hunter2\nno rule to make target\n")
+	wf := &workflow.Workflow{Name: "ci", Secrets: []string{"TOKEN"},
+		Steps: []workflow.Step{{Name: "build", Run: "make", Secrets: []string{"TOKEN"}}, {Name: "test", Run: "make test"}}}
+	ex := &fakeexec.Executor{Script: func(_, id string) fakeexec.Step {
+		if id == "1" {
+			return fakeexec.Step{Output: out.String(), Code: 2}
+		}
+		return fakeexec.Step{}
+	}}
+	res := run.New(run.Config{Executor: ex}).Run(t.Context(), run.Request{RunID: "r", Workflow: wf, Checkout: t.TempDir(),
+		Trusted: true, Secrets: map[string]string{"TOKEN": "hunter2"}})
+	code := 2
+	want := &run.StepError{Step: "build", ExitCode: &code,
+		Tail: "line 7\nline 8\nline 9\nline 10\nline 11\nline 12\nline 13\nline 14\ntoken ***\nno rule to make target"}
+	if diff := cmp.Diff(want, res.StepError); diff != "" {
+		t.Errorf("step error (-want +got):\n%s", diff)
+	}
+	if res.Error != want.Error() {
+		t.Errorf("error %q, want the step error's text %q", res.Error, want.Error())
+	}
+
+	ok := run.New(run.Config{Executor: &fakeexec.Executor{}}).Run(t.Context(), run.Request{RunID: "r", Workflow: twoSteps(), Checkout: t.TempDir()})
+	if ok.Status != run.Success || ok.StepError != nil {
+		t.Errorf("a passing run: status %s, step error %+v", ok.Status, ok.StepError)
+	}
+
+	synctest.Test(t, func(t *testing.T) {
+		never := make(chan struct{})
+		ex := &fakeexec.Executor{Script: func(string, string) fakeexec.Step {
+			return fakeexec.Step{Output: "waiting\nstill waiting", Gate: never}
+		}}
+		wf := &workflow.Workflow{Name: "ci", Steps: []workflow.Step{{Name: "slow", Run: "sleep", Timeout: time.Minute}}}
+		res := run.New(run.Config{Executor: ex}).Run(t.Context(), run.Request{RunID: "r", Workflow: wf, Checkout: t.TempDir()})
+		want := &run.StepError{Step: "slow", TimedOut: true, Timeout: time.Minute, Tail: "waiting\nstill waiting"}
+		if diff := cmp.Diff(want, res.StepError); diff != "" {
+			t.Errorf("timed-out step's error (-want +got):\n%s", diff)
 		}
 	})
 }

@@ -36,6 +36,9 @@ func (r *runState) fail(status Status, step string, err error) {
 		return
 	}
 	r.res.Status, r.res.FailedStep, r.res.Error = status, step, err.Error()
+	if se := (*StepError)(nil); errors.As(err, &se) {
+		r.res.StepError = se
+	}
 	if r.out != nil {
 		r.logf("knotless-run: %s: %s", status, err)
 	}

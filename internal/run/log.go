@@ -1,8 +1,10 @@
 package run
 
 import (
+	"bytes"
 	"fmt"
 	"io"
+	"strings"
 
 	"knotless.dev/run/internal/caplog"
 	"knotless.dev/run/internal/mask"
@@ -28,9 +30,9 @@ func (r *runState) resumeLog(prior []byte, size int64) {
 // first process of a run also logs each secret an untrusted run is not
 // granted.
 func (r *runState) openLog(first bool) {
-	sink := io.Writer(r.buf)
+	sink := io.MultiWriter(&r.tail, r.buf)
 	if r.req.Live != nil {
-		sink = io.MultiWriter(r.buf, r.req.Live)
+		sink = io.MultiWriter(&r.tail, r.buf, r.req.Live)
 	}
 	r.mask = mask.NewSet(r.grantedValues())
 	r.out = r.mask.Writer(&r.lines)
@@ -80,4 +82,50 @@ func (l *lineTracker) endLine() {
 	if l.midLine {
 		_, _ = l.Write([]byte("\n"))
 	}
+}
+
+// The tail of a step's output a StepError carries: its last tailLines
+// lines, of at most tailBytes bytes.
+const (
+	tailLines = 10
+	tailBytes = 2048
+)
+
+// tailBuffer keeps the last bytes of the masked log since its reset (a
+// step's start): what a failing step's StepError says it printed last.
+type tailBuffer struct {
+	b   []byte
+	cut bool // bytes before b were dropped
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.b = append(t.b, p...)
+	if over := len(t.b) - tailBytes; over > tailBytes {
+		t.b = append(t.b[:0], t.b[over:]...)
+		t.cut = true
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) reset() { t.b, t.cut = t.b[:0], false }
+
+// String is the last lines kept, without a line cut at their front.
+func (t *tailBuffer) String() string {
+	b, cut := t.b, t.cut
+	if len(b) > tailBytes {
+		b, cut = b[len(b)-tailBytes:], true
+	}
+	if i := bytes.IndexByte(b, '\n'); cut && i >= 0 && i < len(b)-1 {
+		b = b[i+1:]
+	}
+	b = bytes.TrimRight(b, "\n")
+	for i, n := len(b)-1, 0; i >= 0; i-- {
+		if b[i] == '\n' {
+			if n++; n == tailLines {
+				b = b[i+1:]
+				break
+			}
+		}
+	}
+	return strings.ToValidUTF8(string(b), "\uFFFD")
 }

@@ -28,14 +28,19 @@ const (
 // Result is the outcome of a run; it maps one-to-one onto a
 // dev.knotless.check record.
 type Result struct {
-	RunID      string       `json:"run"`
-	Workflow   string       `json:"workflow"`
-	Executor   string       `json:"executor"`
-	Status     Status       `json:"status"`
-	FailedStep string       `json:"failedStep,omitempty"`
-	Error      string       `json:"error,omitempty"`
-	Steps      []StepResult `json:"steps"`
-	Outputs    []string     `json:"outputs,omitempty"`
+	RunID      string `json:"run"`
+	Workflow   string `json:"workflow"`
+	Executor   string `json:"executor"`
+	Status     Status `json:"status"`
+	FailedStep string `json:"failedStep,omitempty"`
+	Error      string `json:"error,omitempty"`
+	// StepError is the failure of the step that ended the run (status
+	// failure): the step, its exit code or timeout and the tail of its
+	// output, for whoever prints the run's end; Error is its text. Nil
+	// when no step failed.
+	StepError *StepError   `json:"-"`
+	Steps     []StepResult `json:"steps"`
+	Outputs   []string     `json:"outputs,omitempty"`
 	// Artifacts are the Outputs an artifacts entry of the workflow
 	// names: the only files of the run that may be published.
 	Artifacts  []string  `json:"artifacts,omitempty"`
@@ -100,7 +105,9 @@ type StepError struct {
 	ExitCode *int
 	TimedOut bool
 	Timeout  time.Duration
-	Tail     string // the last lines of the step's masked output
+	// Tail is the last lines of the step's masked output (at most 10
+	// lines, 2 KiB), as this process followed it; not in Error's text.
+	Tail string
 }
 
 func (e *StepError) Error() string {

@@ -204,6 +204,7 @@ type runState struct {
 	mask    *mask.Set    // the granted values: the log's, and the published files'
 	out     *mask.Writer // everything written to the run log goes through it
 	lines   lineTracker
+	tail    tailBuffer // the current step's output, masked
 	granted map[string]string
 	scripts [][]byte
 	// restored are the cache layers the run restored; their taint

@@ -87,11 +87,12 @@ func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, 
 		case err == nil:
 			sr.Status = Failure
 			sr.ExitCode = &exit.Code
-			r.fail(Failure, s.Name, &StepError{Step: s.Name, ExitCode: &exit.Code})
+			r.fail(Failure, s.Name, &StepError{Step: s.Name, ExitCode: &exit.Code, Tail: r.tail.String()})
 		default:
 			var se *StepError
 			if errors.As(err, &se) {
 				sr.TimedOut = se.TimedOut
+				se.Tail = r.tail.String()
 			}
 			sr.Status = r.classify(ctx, err)
 			r.fail(sr.Status, s.Name, err)
@@ -171,6 +172,7 @@ func (r *runState) runStep(ctx, runCtx context.Context, sess executor.Session, d
 	}
 	exit := executor.Exit{}
 	if err == nil {
+		r.tail.reset()
 		followCtx, stopFollow := r.followContext(stepCtx, sess)
 		out := &tarstream.CountingWriter{W: r.out}
 		exit, err = sess.FollowStep(followCtx, id, at.offset, out)
