@@ -149,90 +149,19 @@ type PodOptions struct {
 // BuildJob returns the Job for one run. It is pure: everything it needs
 // is in its arguments.
 func BuildJob(namespace string, spec executor.Spec, opts PodOptions) (*batchv1.Job, error) {
-	runner := RunnerLabel(spec.Runner)
-	labels := map[string]string{LabelRunner: runner, LabelRun: spec.RunID, LabelManagedBy: managedByValue,
+	pod, err := buildPod(spec, opts)
+	if err != nil {
+		return nil, err
+	}
+	labels := map[string]string{LabelRunner: RunnerLabel(spec.Runner), LabelRun: spec.RunID, LabelManagedBy: managedByValue,
 		LabelEgress: string(opts.Egress.For(spec.Trusted))}
 	annotations := map[string]string{AnnotationDID: spec.Runner}
 	for k, v := range spec.Annotations {
 		annotations[k] = v
 	}
-	image := spec.Image
-	if image == "" {
-		image = opts.Image
-	}
-	res, err := resources(spec.Resources, opts)
-	if err != nil {
-		return nil, err
-	}
 	deadline := defaultDeadline
 	if spec.Timeout > 0 {
 		deadline = spec.Timeout + deadlineMargin
-	}
-	stateLimit := resource.MustParse("256Mi")
-	if opts.StateSizeLimit != "" {
-		if stateLimit, err = resource.ParseQuantity(opts.StateSizeLimit); err != nil {
-			return nil, fmt.Errorf("state size limit %q: %w", opts.StateSizeLimit, err)
-		}
-	}
-	volumes := []corev1.Volume{
-		{Name: "work", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
-		{Name: "steps", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
-		{Name: "outputs", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
-		// Step output spools: memory, never the node's disk.
-		{Name: "state", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: &stateLimit}}},
-		{Name: "transfer", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
-	}
-	dirs := executor.PodDirs()
-	mounts := []corev1.VolumeMount{
-		{Name: "work", MountPath: dirs.Work},
-		{Name: "steps", MountPath: dirs.Steps},
-		{Name: "outputs", MountPath: dirs.Outputs},
-		{Name: "state", MountPath: stateDir},
-		{Name: "transfer", MountPath: transferDir},
-	}
-	// An emptyDir per absolute cache directory: a non-root step cannot
-	// make one in the image's file system.
-	for i, dir := range spec.Caches {
-		name := "cache-" + strconv.Itoa(i)
-		volumes = append(volumes, corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
-		mounts = append(mounts, corev1.VolumeMount{Name: name, MountPath: dir})
-	}
-	pullSecrets, pullPolicy := pullCredentials(opts.ImagePullSecrets, image, spec.Trusted)
-	podSC, containerSC := podSecurity(opts.AllowRoot)
-	pod := corev1.PodSpec{
-		RestartPolicy:                 corev1.RestartPolicyNever,
-		AutomountServiceAccountToken:  ptr.To(false),
-		EnableServiceLinks:            ptr.To(false),
-		TerminationGracePeriodSeconds: ptr.To[int64](5),
-		ServiceAccountName:            opts.ServiceAccount,
-		NodeSelector:                  opts.NodeSelector,
-		Tolerations:                   opts.Tolerations,
-		SecurityContext:               podSC,
-		// One run per node: a run never shares a node with another run of
-		// this runner.
-		Affinity: &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
-			RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
-				LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{LabelRunner: runner}},
-				TopologyKey:   corev1.LabelHostname,
-			}},
-		}},
-		Volumes: volumes,
-		Containers: []corev1.Container{{
-			Name:            containerName,
-			Image:           image,
-			ImagePullPolicy: pullPolicy,
-			Command:         []string{"sh", "-c", keepAlive},
-			WorkingDir:      dirs.Work,
-			Resources:       res,
-			VolumeMounts:    mounts,
-			SecurityContext: containerSC,
-		}},
-	}
-	for _, name := range pullSecrets {
-		pod.ImagePullSecrets = append(pod.ImagePullSecrets, corev1.LocalObjectReference{Name: name})
-	}
-	if opts.RuntimeClass != "" {
-		pod.RuntimeClassName = ptr.To(opts.RuntimeClass)
 	}
 	job := &batchv1.Job{
 		ObjectMeta: metav1.ObjectMeta{Name: JobName(spec.RunID), Namespace: namespace, Labels: labels, Annotations: annotations},
@@ -263,6 +192,101 @@ func BuildJob(namespace string, spec executor.Spec, opts PodOptions) (*batchv1.J
 		job.Spec.TTLSecondsAfterFinished = ptr.To(int32(ttlAfterFinished / time.Second))
 	}
 	return job, nil
+}
+
+// buildPod is the pod of a run's Job: one container that keeps the pod
+// alive for the steps' execs, in the run's image with its resources,
+// the run's directories mounted, the pull credentials its trust allows,
+// locked down, and alone on its node among this runner's runs.
+func buildPod(spec executor.Spec, opts PodOptions) (corev1.PodSpec, error) {
+	image := spec.Image
+	if image == "" {
+		image = opts.Image
+	}
+	res, err := resources(spec.Resources, opts)
+	if err != nil {
+		return corev1.PodSpec{}, err
+	}
+	volumes, mounts, err := runVolumes(spec.Caches, opts.StateSizeLimit)
+	if err != nil {
+		return corev1.PodSpec{}, err
+	}
+	pullSecrets, pullPolicy := pullCredentials(opts.ImagePullSecrets, image, spec.Trusted)
+	podSC, containerSC := podSecurity(opts.AllowRoot)
+	pod := corev1.PodSpec{
+		RestartPolicy:                 corev1.RestartPolicyNever,
+		AutomountServiceAccountToken:  ptr.To(false),
+		EnableServiceLinks:            ptr.To(false),
+		TerminationGracePeriodSeconds: ptr.To[int64](5),
+		ServiceAccountName:            opts.ServiceAccount,
+		NodeSelector:                  opts.NodeSelector,
+		Tolerations:                   opts.Tolerations,
+		SecurityContext:               podSC,
+		// One run per node: a run never shares a node with another run of
+		// this runner.
+		Affinity: &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+			RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
+				LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{LabelRunner: RunnerLabel(spec.Runner)}},
+				TopologyKey:   corev1.LabelHostname,
+			}},
+		}},
+		Volumes: volumes,
+		Containers: []corev1.Container{{
+			Name:            containerName,
+			Image:           image,
+			ImagePullPolicy: pullPolicy,
+			Command:         []string{"sh", "-c", keepAlive},
+			WorkingDir:      executor.PodDirs().Work,
+			Resources:       res,
+			VolumeMounts:    mounts,
+			SecurityContext: containerSC,
+		}},
+	}
+	for _, name := range pullSecrets {
+		pod.ImagePullSecrets = append(pod.ImagePullSecrets, corev1.LocalObjectReference{Name: name})
+	}
+	if opts.RuntimeClass != "" {
+		pod.RuntimeClassName = ptr.To(opts.RuntimeClass)
+	}
+	return pod, nil
+}
+
+// runVolumes are the run's directories as the pod's volumes and their
+// mounts: the work, steps and outputs directories, the step spools'
+// state (in memory, at most stateSizeLimit, default 256Mi), the
+// transfer directory, and an emptyDir per absolute cache directory.
+func runVolumes(caches []string, stateSizeLimit string) ([]corev1.Volume, []corev1.VolumeMount, error) {
+	stateLimit := resource.MustParse("256Mi")
+	if stateSizeLimit != "" {
+		var err error
+		if stateLimit, err = resource.ParseQuantity(stateSizeLimit); err != nil {
+			return nil, nil, fmt.Errorf("state size limit %q: %w", stateSizeLimit, err)
+		}
+	}
+	volumes := []corev1.Volume{
+		{Name: "work", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		{Name: "steps", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		{Name: "outputs", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		// Step output spools: memory, never the node's disk.
+		{Name: "state", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: &stateLimit}}},
+		{Name: "transfer", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+	}
+	dirs := executor.PodDirs()
+	mounts := []corev1.VolumeMount{
+		{Name: "work", MountPath: dirs.Work},
+		{Name: "steps", MountPath: dirs.Steps},
+		{Name: "outputs", MountPath: dirs.Outputs},
+		{Name: "state", MountPath: stateDir},
+		{Name: "transfer", MountPath: transferDir},
+	}
+	// An emptyDir per absolute cache directory: a non-root step cannot
+	// make one in the image's file system.
+	for i, dir := range caches {
+		name := "cache-" + strconv.Itoa(i)
+		volumes = append(volumes, corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
+		mounts = append(mounts, corev1.VolumeMount{Name: name, MountPath: dir})
+	}
+	return volumes, mounts, nil
 }
 
 // resources merges the workflow's requests over the operator's defaults.
