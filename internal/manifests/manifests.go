@@ -74,34 +74,13 @@ const (
 
 // Objects returns the objects in the order they are applied.
 func Objects(o Options) ([]runtime.Object, error) {
-	if o.Name == "" {
-		o.Name = defaultName
-	}
-	if o.StorageSize == "" {
-		o.StorageSize = defaultSize
-	}
-	size, err := resource.ParseQuantity(o.StorageSize)
+	o, size, err := complete(o)
 	if err != nil {
-		return nil, fmt.Errorf("storage size %q: %w", o.StorageSize, err)
-	}
-	if err := checkServeFlags(o.ServeFlags); err != nil {
 		return nil, err
-	}
-	if o.EgressUntrusted == "" {
-		o.EgressUntrusted = string(kubernetes.EgressPublic)
-	}
-	if _, err := kubernetes.ParseEgressMode(o.EgressUntrusted); err != nil {
-		return nil, fmt.Errorf("--egress-untrusted: %w", err)
-	}
-	for _, req := range [][2]string{{"namespace", o.Namespace}, {"runs namespace", o.RunsNamespace}, {"image", o.Image}, {"app password secret", o.AppPasswordSecret}, {"did", o.DID}} {
-		if req[1] == "" {
-			return nil, fmt.Errorf("the %s is required", req[0])
-		}
 	}
 	labels := kubecred.Labels()
 	labels[appLabel] = appLabelValue
 	labels[instanceLabel] = o.Name
-	selector := map[string]string{appLabel: appLabelValue, instanceLabel: o.Name}
 	meta := func(kind, apiVersion, ns string) (metav1.TypeMeta, metav1.ObjectMeta) {
 		return metav1.TypeMeta{Kind: kind, APIVersion: apiVersion}, metav1.ObjectMeta{Name: o.Name, Namespace: ns, Labels: clone(labels)}
 	}
@@ -119,7 +98,52 @@ func Objects(o Options) ([]runtime.Object, error) {
 		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: o.Name},
 	}
 	binding.TypeMeta, binding.ObjectMeta = meta("RoleBinding", "rbac.authorization.k8s.io/v1", o.RunsNamespace)
+	sts := statefulSet(o, size, labels)
+	sts.TypeMeta, sts.ObjectMeta = meta("StatefulSet", "apps/v1", o.Namespace)
+	// The admission policy before the runner that it holds.
+	policy, err := admissionObjects(o)
+	if err != nil {
+		return nil, err
+	}
+	return slices.Concat([]runtime.Object{ns, sa, role, binding}, policy, []runtime.Object{sts}), nil
+}
 
+// complete fills in o's defaults and checks it: the storage size (also
+// returned, parsed), the serve flags, the egress of untrusted runs and
+// the options every runner needs.
+func complete(o Options) (Options, resource.Quantity, error) {
+	if o.Name == "" {
+		o.Name = defaultName
+	}
+	if o.StorageSize == "" {
+		o.StorageSize = defaultSize
+	}
+	size, err := resource.ParseQuantity(o.StorageSize)
+	if err != nil {
+		return o, size, fmt.Errorf("storage size %q: %w", o.StorageSize, err)
+	}
+	if err := checkServeFlags(o.ServeFlags); err != nil {
+		return o, size, err
+	}
+	if o.EgressUntrusted == "" {
+		o.EgressUntrusted = string(kubernetes.EgressPublic)
+	}
+	if _, err := kubernetes.ParseEgressMode(o.EgressUntrusted); err != nil {
+		return o, size, fmt.Errorf("--egress-untrusted: %w", err)
+	}
+	for _, req := range [][2]string{{"namespace", o.Namespace}, {"runs namespace", o.RunsNamespace}, {"image", o.Image}, {"app password secret", o.AppPasswordSecret}, {"did", o.DID}} {
+		if req[1] == "" {
+			return o, size, fmt.Errorf("the %s is required", req[0])
+		}
+	}
+	return o, size, nil
+}
+
+// serveArgs are the runner container's arguments: knotless-run serve
+// on the Kubernetes executor in the runs namespace, with the state,
+// cache and secret paths the pod mounts, then the operator's flags and
+// repositories.
+func serveArgs(o Options) []string {
 	// No --kubeconfig and no KUBECONFIG: the executor loads the pod's
 	// projected service-account token, re-read as the kubelet rotates it.
 	args := []string{"serve", "--executor", "kubernetes", "--namespace", o.RunsNamespace,
@@ -137,7 +161,16 @@ func Objects(o Options) ([]runtime.Object, error) {
 		"--egress-untrusted", o.EgressUntrusted)
 	args = append(args, o.ServeFlags...)
 	args = append(args, o.Repos...)
+	return args
+}
 
+// statefulSet is the runner: one replica of serveArgs, locked down,
+// with a volume claim of size for its state and caches, and the app
+// password mounted from its Secret. Its own type and object metadata
+// are the caller's.
+func statefulSet(o Options, size resource.Quantity, labels map[string]string) *appsv1.StatefulSet {
+	selector := map[string]string{appLabel: appLabelValue, instanceLabel: o.Name}
+	args := serveArgs(o)
 	pvc := corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: dataVolume, Labels: clone(labels)},
 		Spec: corev1.PersistentVolumeClaimSpec{
@@ -207,13 +240,7 @@ func Objects(o Options) ([]runtime.Object, error) {
 			},
 		},
 	}
-	sts.TypeMeta, sts.ObjectMeta = meta("StatefulSet", "apps/v1", o.Namespace)
-	// The admission policy before the runner that it holds.
-	policy, err := admissionObjects(o)
-	if err != nil {
-		return nil, err
-	}
-	return slices.Concat([]runtime.Object{ns, sa, role, binding}, policy, []runtime.Object{sts}), nil
+	return sts
 }
 
 // ownFlags are the serve flags the manifests set themselves, and
