@@ -284,7 +284,9 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 		steps: map[string]*step{},
 		quit:  make(chan struct{}),
 	}
-	cleanup := func(err error) (executor.Session, error) {
+	createdAt := time.Now()
+	if err := s.create(ctx, spec, labels, res); err != nil {
+		// What was made of the run goes.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
 		if rerr := s.remove(cctx); rerr != nil {
@@ -293,8 +295,32 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 		}
 		return nil, err
 	}
-	createdAt := time.Now()
+	ready := time.Since(createdAt)
+	e.obs.SessionReady(ready)
+	log.Info("container started", "container", n.container, "image", spec.Image, "after", ready.Round(time.Millisecond))
+	return s, nil
+}
 
+// create makes the run's objects, each labelled with labels: its
+// network (with --docker-network per-run), its volumes and its
+// container, started. What it made is the caller's to remove when it
+// fails.
+func (s *Session) create(ctx context.Context, spec executor.Spec, labels map[string]string, res container.Resources) error {
+	netMode, err := s.createNetwork(ctx, labels)
+	if err != nil {
+		return err
+	}
+	mounts, err := s.createVolumes(ctx, spec.Caches, labels)
+	if err != nil {
+		return err
+	}
+	return s.startContainer(ctx, spec.Image, netMode, mounts, labels, res)
+}
+
+// createNetwork makes the run's own network when the executor gives
+// each run one, and returns the network mode of its container.
+func (s *Session) createNetwork(ctx context.Context, labels map[string]string) (container.NetworkMode, error) {
+	e, n := s.ex, s.names
 	netMode := container.NetworkMode(e.cfg.Network)
 	if e.cfg.Network == NetworkPerRun {
 		nw, err := e.cli.NetworkCreate(ctx, n.network, client.NetworkCreateOptions{
@@ -302,49 +328,51 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 			Labels: labels,
 		})
 		if err != nil {
-			return cleanup(e.daemonError(fmt.Errorf("create network %s: %w", n.network, err)))
+			return "", e.daemonError(fmt.Errorf("create network %s: %w", n.network, err))
 		}
 		s.netID = nw.ID
 		netMode = container.NetworkMode(nw.ID)
 	}
+	return netMode, nil
+}
+
+// createVolumes makes the run's volumes, its directories' and one per
+// cache directory, and returns their mounts.
+func (s *Session) createVolumes(ctx context.Context, caches []string, labels map[string]string) ([]mount.Mount, error) {
+	n := s.names
 	var mounts []mount.Mount
 	for _, dir := range []string{"work", "steps", "outputs"} {
-		vl := map[string]string{LabelDir: dir}
-		for k, v := range labels {
-			vl[k] = v
+		m, err := s.createVolume(ctx, dir, "/"+dir, labels)
+		if err != nil {
+			return nil, err
 		}
-		if _, err := e.cli.VolumeCreate(ctx, client.VolumeCreateOptions{Name: n.volumes[dir], Driver: "local", Labels: vl}); err != nil {
-			return cleanup(e.daemonError(fmt.Errorf("create volume %s: %w", n.volumes[dir], err)))
-		}
-		mounts = append(mounts, mount.Mount{
-			Type: mount.TypeVolume, Source: n.volumes[dir], Target: "/" + dir,
-			VolumeOptions: &mount.VolumeOptions{NoCopy: true},
-		})
+		mounts = append(mounts, m)
 	}
 	// A volume per cache directory: the image may not have the path, and
 	// its file system stays the image's.
-	for i, dir := range spec.Caches {
+	for i, dir := range caches {
 		key := "cache-" + strconv.Itoa(i)
 		n.volumes[key] = n.container + "-" + key
-		vl := map[string]string{LabelDir: key}
-		for k, v := range labels {
-			vl[k] = v
+		m, err := s.createVolume(ctx, key, dir, labels)
+		if err != nil {
+			return nil, err
 		}
-		if _, err := e.cli.VolumeCreate(ctx, client.VolumeCreateOptions{Name: n.volumes[key], Driver: "local", Labels: vl}); err != nil {
-			return cleanup(e.daemonError(fmt.Errorf("create volume %s: %w", n.volumes[key], err)))
-		}
-		mounts = append(mounts, mount.Mount{
-			Type: mount.TypeVolume, Source: n.volumes[key], Target: dir,
-			VolumeOptions: &mount.VolumeOptions{NoCopy: true},
-		})
+		mounts = append(mounts, m)
 	}
+	return mounts, nil
+}
+
+// startContainer creates the run's container of image and starts it,
+// and sees it running: an image without sh and sleep exits at once.
+func (s *Session) startContainer(ctx context.Context, image string, netMode container.NetworkMode, mounts []mount.Mount, labels map[string]string, res container.Resources) error {
+	e, n := s.ex, s.names
 	yes := true
 	pids := e.cfg.PidsLimit
 	res.PidsLimit = &pids
 	created, err := e.cli.ContainerCreate(ctx, client.ContainerCreateOptions{
 		Name: n.container,
 		Config: &container.Config{
-			Image:      spec.Image,
+			Image:      image,
 			Entrypoint: []string{"sh", "-c", keepAlive},
 			Cmd:        []string{},
 			WorkingDir: "/work",
@@ -365,27 +393,42 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 		},
 	})
 	if err != nil {
-		return cleanup(e.daemonError(fmt.Errorf("create container %s: %w", n.container, err)))
+		return e.daemonError(fmt.Errorf("create container %s: %w", n.container, err))
 	}
 	s.id = created.ID
 	if _, err := e.cli.ContainerStart(ctx, s.id, client.ContainerStartOptions{}); err != nil {
-		return cleanup(e.daemonError(fmt.Errorf("start container %s: %w", n.container, err)))
+		return e.daemonError(fmt.Errorf("start container %s: %w", n.container, err))
 	}
 	in, err := e.cli.ContainerInspect(ctx, s.id, client.ContainerInspectOptions{})
 	if err != nil {
-		return cleanup(e.daemonError(fmt.Errorf("inspect container %s: %w", n.container, err)))
+		return e.daemonError(fmt.Errorf("inspect container %s: %w", n.container, err))
 	}
 	if st := in.Container.State; st == nil || !st.Running {
 		code := -1
 		if st != nil {
 			code = st.ExitCode
 		}
-		return cleanup(fmt.Errorf("container %s of image %s exited at once with code %d: the image needs a POSIX sh and sleep", n.container, spec.Image, code))
+		return fmt.Errorf("container %s of image %s exited at once with code %d: the image needs a POSIX sh and sleep", n.container, image, code)
 	}
-	ready := time.Since(createdAt)
-	e.obs.SessionReady(ready)
-	log.Info("container started", "container", n.container, "image", spec.Image, "after", ready.Round(time.Millisecond))
-	return s, nil
+	return nil
+}
+
+// createVolume creates the run's volume of key (a directory: work,
+// steps, outputs, cache-N), labelled with labels and the key, and
+// returns its mount at target.
+func (s *Session) createVolume(ctx context.Context, key, target string, labels map[string]string) (mount.Mount, error) {
+	name := s.names.volumes[key]
+	vl := map[string]string{LabelDir: key}
+	for k, v := range labels {
+		vl[k] = v
+	}
+	if _, err := s.ex.cli.VolumeCreate(ctx, client.VolumeCreateOptions{Name: name, Driver: "local", Labels: vl}); err != nil {
+		return mount.Mount{}, s.ex.daemonError(fmt.Errorf("create volume %s: %w", name, err))
+	}
+	return mount.Mount{
+		Type: mount.TypeVolume, Source: name, Target: target,
+		VolumeOptions: &mount.VolumeOptions{NoCopy: true},
+	}, nil
 }
 
 // keepAlive is the container's main process: it idles until stopped, in
