@@ -442,8 +442,28 @@ func (h *Handler) subscribe(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return // the upgrader answered
 	}
-	ctx, cancel := context.WithCancel(r.Context())
-	// The reader: control frames, and the end of the connection.
+	ctx, hangUp := readControl(r.Context(), conn)
+	defer hangUp()
+	if cerr != nil {
+		h.writeError(conn, "InvalidRequest", cerr.Error())
+		return
+	}
+	wt, cursor, ok := h.watch(conn, check, cursor, followed)
+	if !ok {
+		return
+	}
+	defer func() { wt.stop() }()
+	if h.write(conn, output.FrameRun, &output.RunFrame{Run: wt.s.Run()}) != nil {
+		return
+	}
+	h.follow(ctx, conn, check, wt, cursor)
+}
+
+// readControl reads the subscriber's frames (control frames only) until
+// the connection ends, which ends the returned context. hangUp closes
+// the connection and waits for the reader.
+func readControl(ctx context.Context, conn *websocket.Conn) (_ context.Context, hangUp func()) {
+	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -454,47 +474,59 @@ func (h *Handler) subscribe(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}()
-	defer func() {
+	return ctx, func() {
 		cancel()
 		conn.Close()
 		<-done
-	}()
-	fail := func(name, msg string) {
-		h.writeError(conn, name, msg)
 	}
-	if cerr != nil {
-		fail("InvalidRequest", cerr.Error())
-		return
-	}
+}
+
+// watched is the stream a subscriber follows, what signals that it
+// grew, and the stop of that watch.
+type watched struct {
+	s      *output.Stream
+	signal <-chan struct{}
+	stop   func()
+}
+
+// watch finds the stream of check and watches it, and returns the
+// cursor to follow it from: the one asked for, or 0 when the stream is
+// of another run than the subscriber followed. It writes the error
+// frame of what it refuses.
+func (h *Handler) watch(conn *websocket.Conn, check string, cursor int64, followed string) (*watched, int64, bool) {
 	s, ok := h.cfg.Source.Stream(check)
 	if !ok {
-		fail("RunNotFound", "no output of "+check+" is kept here")
-		return
+		h.writeError(conn, "RunNotFound", "no output of "+check+" is kept here")
+		return nil, 0, false
 	}
 	signal, stop, err := s.Watch()
 	if err != nil {
-		fail("TooManySubscribers", err.Error())
-		return
+		h.writeError(conn, "TooManySubscribers", err.Error())
+		return nil, 0, false
 	}
-	defer func() { stop() }()
 	if followed != "" && followed != s.Run() {
 		cursor = 0 // another run's stream: from its start
 	}
 	if size := s.Size(); cursor > size {
-		fail("FutureCursor", fmt.Sprintf("cursor %d is past the stream's %d bytes", cursor, size))
-		return
+		h.writeError(conn, "FutureCursor", fmt.Sprintf("cursor %d is past the stream's %d bytes", cursor, size))
+		stop()
+		return nil, 0, false
 	}
-	if h.write(conn, output.FrameRun, &output.RunFrame{Run: s.Run()}) != nil {
-		return
-	}
+	return &watched{s: s, signal: signal, stop: stop}, cursor, true
+}
+
+// follow sends the stream from off as #gap and #chunk frames, as it
+// grows, until its #end (or the subscriber leaves), going on with a new
+// run of the check that replaced it (nextRun); a ping keeps a quiet
+// connection open.
+func (h *Handler) follow(ctx context.Context, conn *websocket.Conn, check string, wt *watched, off int64) {
 	ping := time.NewTicker(h.cfg.PingEvery)
 	defer ping.Stop()
-	off := cursor
 	for {
-		rd, err := s.Read(off, h.cfg.ChunkMax)
+		rd, err := wt.s.Read(off, h.cfg.ChunkMax)
 		if err != nil {
 			h.cfg.Logger.Error("read run output", "check", check, "err", err)
-			fail("InternalServerError", "reading the output failed")
+			h.writeError(conn, "InternalServerError", "reading the output failed")
 			return
 		}
 		if rd.Offset > off {
@@ -512,19 +544,12 @@ func (h *Handler) subscribe(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		if rd.Final {
-			// A stream ended without a status was cut short: replaced by
-			// a new run of the check, followed from its start.
-			if next, ok := h.cfg.Source.Stream(check); ok && rd.Status == "" && next != s && next.Run() != s.Run() {
-				nsig, nstop, err := next.Watch()
-				if err != nil {
-					fail("TooManySubscribers", err.Error())
-					return
-				}
-				stop()
-				s, signal, stop, off = next, nsig, nstop, 0
-				if h.write(conn, output.FrameRun, &output.RunFrame{Run: s.Run()}) != nil {
-					return
-				}
+			switched, ok := h.nextRun(conn, check, wt, rd)
+			if !ok {
+				return
+			}
+			if switched {
+				off = 0
 				continue
 			}
 			if h.write(conn, output.FrameEnd, &output.End{Size: rd.Size, Status: rd.Status}) == nil {
@@ -533,7 +558,7 @@ func (h *Handler) subscribe(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		select {
-		case <-signal:
+		case <-wt.signal:
 		case <-ctx.Done():
 			return
 		case <-ping.C:
@@ -542,6 +567,29 @@ func (h *Handler) subscribe(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+}
+
+// nextRun moves wt to a new run of check when rd, the end of wt's
+// stream, says it was cut short (it ended without a status) and a new
+// run's stream replaced it: its #run frame is written, and it is
+// followed from its start. ok is false when the subscriber is to be
+// left (an error frame written, or the connection gone).
+func (h *Handler) nextRun(conn *websocket.Conn, check string, wt *watched, rd output.Read) (switched, ok bool) {
+	next, found := h.cfg.Source.Stream(check)
+	if !found || rd.Status != "" || next == wt.s || next.Run() == wt.s.Run() {
+		return false, true
+	}
+	nsig, nstop, err := next.Watch()
+	if err != nil {
+		h.writeError(conn, "TooManySubscribers", err.Error())
+		return false, false
+	}
+	wt.stop()
+	wt.s, wt.signal, wt.stop = next, nsig, nstop
+	if h.write(conn, output.FrameRun, &output.RunFrame{Run: wt.s.Run()}) != nil {
+		return true, false
+	}
+	return true, true
 }
 
 // capMarks keeps at most MaxFrameMarks of rd's marks: its bytes end
