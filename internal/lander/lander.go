@@ -44,41 +44,85 @@ type landerMemory struct {
 // if there is one, else ejections, pre-flights and the next batch.
 func (l *Lander) landRepo(ctx context.Context, repo forge.Record[forge.Repo], log *slog.Logger) error {
 	uri := repo.URI.String()
+	rec, err := l.listQueue(ctx, repo, log)
+	if err != nil {
+		return err
+	}
+	mem := l.landerMemory(uri)
+	going, done, failed := sortBatches(uri, rec.batches, rec.ejections)
+	if going != nil {
+		return l.advance(ctx, repo, *going, &mem, log)
+	}
+	in, pulls, err := l.queueInput(ctx, repo, rec.entries, done, log)
+	if err != nil {
+		return err
+	}
+	plan := mergequeue.Decide(in)
+	if err := l.ejectAndPreflight(ctx, repo, plan, pulls, log); err != nil {
+		return err
+	}
+	if !plan.Settled() {
+		return nil
+	}
+	next := mergequeue.Next(plan.Ready, l.cfg.Batch, mem.Bisect)
+	if len(next) == 0 {
+		return nil
+	}
+	return l.startBatch(ctx, repo, next, pulls, failed, &mem, log)
+}
+
+// queueRecords are the records a repository's queue is decided from:
+// its owner's queue entries, and the lander's batches and ejections
+// (of every repository).
+type queueRecords struct {
+	entries   []forge.Record[forge.QueueEntry]
+	batches   []forge.Record[forge.Batch]
+	ejections []forge.Record[forge.Ejection]
+}
+
+// listQueue lists them; a record that does not match its lexicon is
+// logged and left out.
+func (l *Lander) listQueue(ctx context.Context, repo forge.Record[forge.Repo], log *slog.Logger) (queueRecords, error) {
+	var rec queueRecords
 	owner, err := repo.URI.Authority().AsDID()
 	if err != nil {
-		return fmt.Errorf("repository owner: %w", err)
+		return rec, fmt.Errorf("repository owner: %w", err)
 	}
-	entries, bad, err := l.p.Records.Entries(ctx, owner)
-	if err != nil {
-		return err
-	}
-	warnInvalid(log, bad)
-	batches, bad, err := l.p.Records.Batches(ctx)
-	if err != nil {
-		return err
+	var bad []forge.Invalid
+	if rec.entries, bad, err = l.p.Records.Entries(ctx, owner); err != nil {
+		return rec, err
 	}
 	warnInvalid(log, bad)
-	ejections, bad, err := l.p.Records.Ejections(ctx)
-	if err != nil {
-		return err
+	if rec.batches, bad, err = l.p.Records.Batches(ctx); err != nil {
+		return rec, err
 	}
 	warnInvalid(log, bad)
+	if rec.ejections, bad, err = l.p.Records.Ejections(ctx); err != nil {
+		return rec, err
+	}
+	warnInvalid(log, bad)
+	return rec, nil
+}
 
-	mem := l.landerMemory(uri)
-	done := map[mergequeue.PullCommit]bool{}
+// sortBatches reads the batches and ejections of the repository uri:
+// the batch still going (building or running), if one is; the pulls at
+// their commits that are done (ejected or landed); and the failed
+// batches, by record key.
+func sortBatches(uri string, batches []forge.Record[forge.Batch], ejections []forge.Record[forge.Ejection]) (going *forge.Record[forge.Batch], done map[mergequeue.PullCommit]bool, failed map[string]forge.Batch) {
+	done = map[mergequeue.PullCommit]bool{}
 	for _, e := range ejections {
 		if e.Value.Repo == uri {
 			done[mergequeue.PullCommit{Pull: e.Value.Pull, Commit: e.Value.Commit}] = true
 		}
 	}
-	failed := map[string]forge.Batch{}
+	failed = map[string]forge.Batch{}
 	for _, b := range batches {
 		if b.Value.Repo != uri {
 			continue
 		}
 		switch b.Value.Status {
 		case forge.BatchBuilding, forge.BatchRunning:
-			return l.advance(ctx, repo, b, &mem, log)
+			return &b, done, failed
 		case forge.BatchLanded:
 			for _, p := range b.Value.Pulls {
 				done[mergequeue.PullCommit(p)] = true
@@ -87,7 +131,15 @@ func (l *Lander) landRepo(ctx context.Context, repo forge.Record[forge.Repo], lo
 			failed[b.URI.RecordKey().String()] = b.Value
 		}
 	}
+	return nil, done, failed
+}
 
+// queueInput is what mergequeue.Decide decides the repository's queue
+// from: its entries, the pulls they queue (read, and returned by AT-URI)
+// and the pre-flight of each open pull at its queued commit and base
+// (judged now: Verdict, or started by Decide's plan).
+func (l *Lander) queueInput(ctx context.Context, repo forge.Record[forge.Repo], entries []forge.Record[forge.QueueEntry], done map[mergequeue.PullCommit]bool, log *slog.Logger) (mergequeue.Input, map[string]forge.Pull, error) {
+	uri := repo.URI.String()
 	self := l.runner
 	in := mergequeue.Input{Repo: uri, Lander: self, MayLand: mergequeue.MayPush(&repo.Value, self),
 		Pulls: map[string]mergequeue.Pull{}, Preflights: map[mergequeue.PullCommit]mergequeue.Preflight{}, NeedPreflight: true, Done: done}
@@ -107,7 +159,7 @@ func (l *Lander) landRepo(ctx context.Context, repo forge.Record[forge.Repo], lo
 			if errors.Is(err, forge.ErrNotFound) {
 				continue // gone: Decide ejects it
 			}
-			return fmt.Errorf("read queued pull: %w", err)
+			return in, nil, fmt.Errorf("read queued pull: %w", err)
 		}
 		pulls[v.Pull] = p
 		in.Pulls[v.Pull] = mergequeue.Pull{Repo: p.Repo, Base: p.Base, Head: p.Head.Commit, Open: p.State == forge.PullOpen}
@@ -121,9 +173,15 @@ func (l *Lander) landRepo(ctx context.Context, repo forge.Record[forge.Repo], lo
 		}
 	}
 
-	plan := mergequeue.Decide(in)
+	return in, pulls, nil
+}
+
+// ejectAndPreflight does what plan says of the queue's pulls now: ejects
+// the ones it ejects, and starts the pre-flights it asks for (a start
+// that fails is logged: the next reconcile tries again).
+func (l *Lander) ejectAndPreflight(ctx context.Context, repo forge.Record[forge.Repo], plan mergequeue.Plan, pulls map[string]forge.Pull, log *slog.Logger) error {
 	for _, ej := range plan.Eject {
-		if err := l.eject(ctx, uri, ej, "", log); err != nil {
+		if err := l.eject(ctx, repo.URI.String(), ej, "", log); err != nil {
 			return err
 		}
 	}
@@ -133,14 +191,7 @@ func (l *Lander) landRepo(ctx context.Context, repo forge.Record[forge.Repo], lo
 			log.Error("pre-flight not started", "pull", q.Pull, "err", err)
 		}
 	}
-	if !plan.Settled() {
-		return nil
-	}
-	next := mergequeue.Next(plan.Ready, l.cfg.Batch, mem.Bisect)
-	if len(next) == 0 {
-		return nil
-	}
-	return l.startBatch(ctx, repo, next, pulls, failed, &mem, log)
+	return nil
 }
 
 func warnInvalid(log *slog.Logger, bad []forge.Invalid) {
