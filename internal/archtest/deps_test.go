@@ -58,6 +58,7 @@ var upward = []string{
 	module + "internal/daemon",
 	module + "internal/ingest",
 	module + "internal/forge",
+	module + "internal/pdsclient",
 	module + "internal/mirror",
 	module + "internal/checks",
 	module + "internal/state",

@@ -20,6 +20,7 @@ import (
 	"knotless.dev/run/internal/lander"
 	"knotless.dev/run/internal/live"
 	"knotless.dev/run/internal/mirror"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/scheduler"
 	"knotless.dev/run/internal/telemetry"
@@ -114,11 +115,11 @@ type Sources struct {
 }
 
 // Listing bounds a reconcile's listings: the pages and records of each
-// (forge.ListLimits: 100 pages, 10,000 records), and the deadline of
+// (pdsclient.ListLimits: 100 pages, 10,000 records), and the deadline of
 // each listing task and how many run at once (ingest.Bounds: 1 min, 8).
 // A hostile or slow PDS holds no reconcile past them.
 type Listing struct {
-	Limits forge.ListLimits
+	Limits pdsclient.ListLimits
 	Bounds ingest.Bounds
 }
 

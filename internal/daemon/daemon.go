@@ -27,6 +27,7 @@ import (
 	"knotless.dev/run/internal/lander"
 	"knotless.dev/run/internal/live"
 	"knotless.dev/run/internal/mirror"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/internal/readiness"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/scheduler"
@@ -127,7 +128,7 @@ func open(ctx context.Context, cfg *Config) (*state.Store, outside, error) {
 	if created {
 		log.Info("made a sealing key pair", "file", filepath.Join(cfg.StateDir, state.KeyFile), "public", key.PublicString())
 	}
-	cat, err := forge.NewCatalog()
+	cat, err := pdsclient.NewCatalog()
 	if err != nil {
 		return nil, out, err
 	}
@@ -135,14 +136,14 @@ func open(ctx context.Context, cfg *Config) (*state.Store, outside, error) {
 	limits.OnBudget(cfg.Telemetry.Metrics.WriteBudget)
 	cfg.Account.HTTP = limits.Client(cfg.Account.HTTP)
 	a := cfg.Account
-	reader := &forge.Reader{Dir: a.Directory, Catalog: cat, HTTP: a.HTTP, Limits: cfg.Sources.Listing.Limits}
+	reader := &pdsclient.Reader{Dir: a.Directory, Catalog: cat, HTTP: a.HTTP, Limits: cfg.Sources.Listing.Limits}
 	host := a.PDS
 	if host == "" {
 		if host, err = reader.PDS(ctx, a.Runner); err != nil {
 			return nil, out, fmt.Errorf("find the runner's PDS: %w", err)
 		}
 	}
-	acct, resumed, err := forge.Login(ctx, forge.LoginConfig{
+	acct, resumed, err := pdsclient.Login(ctx, pdsclient.LoginConfig{
 		Host:       host,
 		Identifier: a.Runner.String(),
 		Password:   a.Password,
@@ -180,7 +181,7 @@ func open(ctx context.Context, cfg *Config) (*state.Store, outside, error) {
 			Logger: cfg.Logger.With("component", "ingest")},
 		mirrors: gitMirrors{ms}, blobs: acct, sealed: secretReader{reader}, key: key, records: queueForge{reader, acct}, checks: acct, tokens: acct,
 		ownChecks: func(ctx context.Context) ([]forge.Record[forge.Check], []forge.Invalid, error) {
-			return forge.ListOwn[forge.Check](ctx, acct, forge.CollectionCheck)
+			return pdsclient.ListOwn[forge.Check](ctx, acct, forge.CollectionCheck)
 		},
 		stream: func(host string, cursor int64) ingest.Source {
 			return &ingest.Firehose{Host: host, Cursor: cursor, Dir: a.Directory, Logger: cfg.Logger.With("component", "ingest")}

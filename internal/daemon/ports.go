@@ -8,6 +8,7 @@ import (
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/mirror"
+	"knotless.dev/run/internal/pdsclient"
 )
 
 // The real things behind the parts' ports that are not already the
@@ -25,22 +26,22 @@ func (m gitMirrors) Open(ctx context.Context, key string) (job.Repo, error) {
 	return r, nil
 }
 
-// secretReader lists sealed secrets with a forge.Reader.
-type secretReader struct{ r *forge.Reader }
+// secretReader lists sealed secrets with a pdsclient.Reader.
+type secretReader struct{ r *pdsclient.Reader }
 
 func (s secretReader) Secrets(ctx context.Context, owner syntax.DID) ([]forge.Record[forge.Secret], []forge.Invalid, error) {
-	return forge.List[forge.Secret](ctx, s.r, owner, forge.CollectionSecret)
+	return pdsclient.List[forge.Secret](ctx, s.r, owner, forge.CollectionSecret)
 }
 
-// queueForge reads the queue with a forge.Reader and keeps the lander's
-// records in its forge.Account.
+// queueForge reads the queue with a pdsclient.Reader and keeps the lander's
+// records in its pdsclient.Account.
 type queueForge struct {
-	r *forge.Reader
-	a *forge.Account
+	r *pdsclient.Reader
+	a *pdsclient.Account
 }
 
 func (q queueForge) Entries(ctx context.Context, owner syntax.DID) ([]forge.Record[forge.QueueEntry], []forge.Invalid, error) {
-	return forge.List[forge.QueueEntry](ctx, q.r, owner, forge.CollectionQueueEntry)
+	return pdsclient.List[forge.QueueEntry](ctx, q.r, owner, forge.CollectionQueueEntry)
 }
 
 func (q queueForge) Pull(ctx context.Context, uri syntax.ATURI) (forge.Pull, error) {
@@ -50,11 +51,11 @@ func (q queueForge) Pull(ctx context.Context, uri syntax.ATURI) (forge.Pull, err
 }
 
 func (q queueForge) Batches(ctx context.Context) ([]forge.Record[forge.Batch], []forge.Invalid, error) {
-	return forge.ListOwn[forge.Batch](ctx, q.a, forge.CollectionBatch)
+	return pdsclient.ListOwn[forge.Batch](ctx, q.a, forge.CollectionBatch)
 }
 
 func (q queueForge) Ejections(ctx context.Context) ([]forge.Record[forge.Ejection], []forge.Invalid, error) {
-	return forge.ListOwn[forge.Ejection](ctx, q.a, forge.CollectionEjection)
+	return pdsclient.ListOwn[forge.Ejection](ctx, q.a, forge.CollectionEjection)
 }
 
 func (q queueForge) Put(ctx context.Context, collection, rkey string, v any) (syntax.ATURI, error) {

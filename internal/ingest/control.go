@@ -9,6 +9,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/internal/workflow"
 )
 
@@ -200,7 +201,7 @@ func listControl[T any](ctx context.Context, l *Lister, did syntax.DID, collecti
 	var bad []forge.Invalid
 	var err error
 	if now.IsZero() {
-		recs, bad, err = forge.List[T](ctx, l.Reader, did, collection)
+		recs, bad, err = pdsclient.List[T](ctx, l.Reader, did, collection)
 	} else {
 		recs, bad, err = listRecent[T](ctx, l, did, collection, now)
 	}

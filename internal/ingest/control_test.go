@@ -8,6 +8,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/tests/forgeworld"
 )
 
@@ -70,12 +71,12 @@ func TestListsControlRecords(t *testing.T) {
 		Ref: "refs/heads/main", Workflow: "deploy", CreatedAt: now})
 	strangers := w.Put(stranger, forge.CollectionCancel, "c2", forge.Cancel{Type: forge.CollectionCancel, Check: "k1", CreatedAt: now})
 
-	cat, err := forge.NewCatalog()
+	cat, err := pdsclient.NewCatalog()
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := srv.Directory()
-	l := &Lister{Reader: &forge.Reader{Dir: dir, Catalog: cat}, Dir: dir, Runner: w.Runner.DID,
+	l := &Lister{Reader: &pdsclient.Reader{Dir: dir, Catalog: cat}, Dir: dir, Runner: w.Runner.DID,
 		Targets: []Target{{Owner: syntax.AtIdentifier(w.Owner.DID), Name: forgeworld.RepoName}}, Pulls: true, Logger: slog.New(slog.DiscardHandler)}
 	uris := func() map[syntax.ATURI]bool {
 		snap, err := l.Reconcile(ctx)

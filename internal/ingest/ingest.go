@@ -21,6 +21,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/internal/workflow"
 )
 
@@ -118,7 +119,7 @@ func (e Event) Branch() string { return strings.TrimPrefix(e.Ref, "refs/heads/")
 
 // Lister reconciles by listing records.
 type Lister struct {
-	Reader *forge.Reader
+	Reader *pdsclient.Reader
 	Dir    identity.Directory
 	// Runner is this runner's DID.
 	Runner syntax.DID
@@ -346,9 +347,9 @@ func (l *Lister) listOwners(ctx context.Context, p *pool, owners []syntax.DID, d
 // retention when one is set (Lister.Retention).
 func listRecent[T any](ctx context.Context, l *Lister, did syntax.DID, collection string, now time.Time) ([]forge.Record[T], []forge.Invalid, error) {
 	if l.Retention > 0 {
-		return forge.ListSince[T](ctx, l.Reader, did, collection, now.Add(-l.Retention))
+		return pdsclient.ListSince[T](ctx, l.Reader, did, collection, now.Add(-l.Retention))
 	}
-	return forge.List[T](ctx, l.Reader, did, collection)
+	return pdsclient.List[T](ctx, l.Reader, did, collection)
 }
 
 func (l *Lister) hostFailed(host string, err error, now time.Time) {
@@ -380,7 +381,7 @@ func (l *Lister) pullsOnHosts(ctx context.Context, p *pool, owners []ownerListin
 	failed := make([]bool, len(hosts))
 	p.each(ctx, len(hosts), func(ctx context.Context, i int) {
 		var err error
-		dids[i], err = forge.ListRepos(ctx, l.Reader.HTTP, hosts[i], l.Reader.Limits)
+		dids[i], err = pdsclient.ListRepos(ctx, l.Reader.HTTP, hosts[i], l.Reader.Limits)
 		if ok, err := l.usable(ctx, err); !ok {
 			l.hostFailed(hosts[i], err, now)
 			failed[i] = true
@@ -430,7 +431,7 @@ func (l *Lister) landings(ctx context.Context, p *pool, repos []forge.Record[for
 	}
 	recs := make([][]forge.Record[forge.Landing], len(landers))
 	p.each(ctx, len(landers), func(ctx context.Context, i int) {
-		r, bad, err := forge.List[forge.Landing](ctx, l.Reader, landers[i], forge.CollectionLanding)
+		r, bad, err := pdsclient.List[forge.Landing](ctx, l.Reader, landers[i], forge.CollectionLanding)
 		if ok, err := l.usable(ctx, err); !ok {
 			l.Logger.Warn("landings not listed; their repositories go on", "lander", landers[i].String(), "err", err)
 			return
@@ -485,7 +486,7 @@ func (l *Lister) repos(ctx context.Context, p *pool) (_ []forge.Record[forge.Rep
 		cid, err := l.Reader.Get(ctx, uri, &repo)
 		if _, err := l.usable(ctx, err); err != nil {
 			l.Logger.Warn("watched repository unreadable", "repo", uri.String(), "err", err)
-			reads[i].unread = !errors.Is(err, forge.ErrNotFound)
+			reads[i].unread = !errors.Is(err, pdsclient.ErrNotFound)
 			return
 		}
 		if len(repo.Runners) > 0 && !repo.NamesRunner(l.Runner.String()) {
@@ -513,7 +514,7 @@ func (l *Lister) repos(ctx context.Context, p *pool) (_ []forge.Record[forge.Rep
 		var dids []syntax.DID
 		p.each(ctx, 1, func(ctx context.Context, _ int) {
 			var err error
-			dids, err = forge.ListRepos(ctx, l.Reader.HTTP, host, l.Reader.Limits)
+			dids, err = pdsclient.ListRepos(ctx, l.Reader.HTTP, host, l.Reader.Limits)
 			if ok, err := l.usable(ctx, err); !ok {
 				l.Logger.Warn("discover repositories: host failed; the named ones go on", "host", host, "err", err)
 				complete = false
@@ -522,7 +523,7 @@ func (l *Lister) repos(ctx context.Context, p *pool) (_ []forge.Record[forge.Rep
 		found := make([][]forge.Record[forge.Repo], len(dids))
 		failed := make([]bool, len(dids))
 		p.each(ctx, len(dids), func(ctx context.Context, i int) {
-			recs, bad, err := forge.List[forge.Repo](ctx, l.Reader, dids[i], forge.CollectionRepo)
+			recs, bad, err := pdsclient.List[forge.Repo](ctx, l.Reader, dids[i], forge.CollectionRepo)
 			if ok, err := l.usable(ctx, err); !ok {
 				l.Logger.Warn("list repositories", "did", dids[i].String(), "err", err)
 				failed[i] = true
@@ -558,7 +559,7 @@ func (l *Lister) pullsOf(ctx context.Context, p *pool, dids []syntax.DID, now ti
 		if l.accounts.skip(did, now) {
 			return
 		}
-		recs, bad, err := forge.List[forge.Pull](ctx, l.Reader, dids[i], forge.CollectionPull)
+		recs, bad, err := pdsclient.List[forge.Pull](ctx, l.Reader, dids[i], forge.CollectionPull)
 		if ok, err := l.usable(ctx, err); !ok {
 			n, wait := l.accounts.failed(did, now)
 			l.Logger.Warn("pulls of an account not listed; it is passed over, the others go on", "did", did, "failures", n, "retry_in", wait, "err", err)

@@ -12,6 +12,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/tests/forgeworld"
 	"knotless.dev/run/tests/pds"
 )
@@ -38,9 +39,9 @@ func (rt *roundsTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
-// heldReader is a forge.Reader of srv (and its PLC directory) whose
+// heldReader is a pdsclient.Reader of srv (and its PLC directory) whose
 // requests are each held hold.
-func heldReader(tb testing.TB, srv *pds.Server, hold time.Duration) (*roundsTransport, *forge.Reader) {
+func heldReader(tb testing.TB, srv *pds.Server, hold time.Duration) (*roundsTransport, *pdsclient.Reader) {
 	rt := &roundsTransport{hold: hold}
 	return rt, readerVia(tb, srv, rt)
 }

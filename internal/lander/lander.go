@@ -29,6 +29,7 @@ import (
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/mergequeue"
 	"knotless.dev/run/internal/mirror"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/internal/workflow"
 )
 
@@ -104,7 +105,7 @@ func (l *Lander) landRepo(ctx context.Context, repo forge.Record[forge.Repo], lo
 		}
 		p, err := l.p.Records.Pull(ctx, syntax.ATURI(v.Pull))
 		if err != nil {
-			if errors.Is(err, forge.ErrNotFound) {
+			if errors.Is(err, pdsclient.ErrNotFound) {
 				continue // gone: Decide ejects it
 			}
 			return fmt.Errorf("read queued pull: %w", err)
@@ -410,7 +411,7 @@ func (l *Lander) pullsStill(ctx context.Context, v forge.Batch) (string, error) 
 	for _, bp := range v.Pulls {
 		p, err := l.p.Records.Pull(ctx, syntax.ATURI(bp.Pull))
 		switch {
-		case errors.Is(err, forge.ErrNotFound):
+		case errors.Is(err, pdsclient.ErrNotFound):
 			return "the pull " + bp.Pull + " is gone", nil
 		case err != nil:
 			return "", fmt.Errorf("read a pull of the batch: %w", err)

@@ -40,7 +40,7 @@ type Config struct {
 // and the lander's own batches, ejections and landings.
 type Records interface {
 	Entries(ctx context.Context, owner syntax.DID) ([]forge.Record[forge.QueueEntry], []forge.Invalid, error)
-	// Pull reads a pull record; forge.ErrNotFound when it is gone.
+	// Pull reads a pull record; pdsclient.ErrNotFound when it is gone.
 	Pull(ctx context.Context, uri syntax.ATURI) (forge.Pull, error)
 	Batches(ctx context.Context) ([]forge.Record[forge.Batch], []forge.Invalid, error)
 	Ejections(ctx context.Context) ([]forge.Record[forge.Ejection], []forge.Invalid, error)

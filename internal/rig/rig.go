@@ -30,6 +30,7 @@ import (
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/mirror"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/internal/workflow"
 )
 
@@ -602,10 +603,10 @@ func (f *PDS) Statuses(key string) []string {
 
 // Queue is the merge queue's records in memory: what the owner queued,
 // the pulls, and what the lander wrote (validated against the
-// lexicons, as forge.Account.Put does).
+// lexicons, as pdsclient.Account.Put does).
 type Queue struct {
 	mu        sync.Mutex
-	cat       *forge.Catalog
+	cat       *pdsclient.Catalog
 	entries   []forge.Record[forge.QueueEntry]
 	pulls     map[syntax.ATURI]forge.Pull
 	batches   map[string]forge.Batch
@@ -635,13 +636,13 @@ func (f *Queue) Entries(_ context.Context, owner syntax.DID) ([]forge.Record[for
 	return out, nil, nil
 }
 
-// Pull reads a pull; forge.ErrNotFound when it is gone.
+// Pull reads a pull; pdsclient.ErrNotFound when it is gone.
 func (f *Queue) Pull(_ context.Context, uri syntax.ATURI) (forge.Pull, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	p, ok := f.pulls[uri]
 	if !ok {
-		return forge.Pull{}, fmt.Errorf("get %s: %w", uri, forge.ErrNotFound)
+		return forge.Pull{}, fmt.Errorf("get %s: %w", uri, pdsclient.ErrNotFound)
 	}
 	return p, nil
 }
@@ -681,7 +682,7 @@ func (f *Queue) Put(_ context.Context, collection, rkey string, v any) (syntax.A
 		return "", err
 	}
 	if f.cat == nil {
-		cat, err := forge.NewCatalog()
+		cat, err := pdsclient.NewCatalog()
 		if err != nil {
 			return "", err
 		}

@@ -20,10 +20,10 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/checks"
-	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/metrics"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/state"
 	"knotless.dev/run/internal/status"
@@ -181,7 +181,7 @@ func (o Outbox) count(err error) error {
 	return err
 }
 
-// Writer is the checks part's writer (forge.Account) with the records
+// Writer is the checks part's writer (pdsclient.Account) with the records
 // the PDS (or the lexicon) refuses as invalid counted in M.
 type Writer struct {
 	checks.Writer
@@ -191,7 +191,7 @@ type Writer struct {
 // PutBatch implements checks.Batcher when the writer it wraps does. A
 // refused batch is not counted: its writes are made again one by one,
 // and those are.
-func (w Writer) PutBatch(ctx context.Context, writes []forge.Write) error {
+func (w Writer) PutBatch(ctx context.Context, writes []pdsclient.Write) error {
 	b, ok := w.Writer.(checks.Batcher)
 	if !ok {
 		return fmt.Errorf("%T writes one record at a time: %w", w.Writer, errors.ErrUnsupported)

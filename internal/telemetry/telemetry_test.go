@@ -23,6 +23,7 @@ import (
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/metrics"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/internal/rig"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/state"
@@ -191,7 +192,7 @@ func TestOutboxAndWriter(t *testing.T) {
 	}
 
 	pds := &rig.PDS{}
-	pds.FailNext(fmt.Errorf("put: %w", forge.ErrInvalid), &atclient.APIError{StatusCode: http.StatusBadRequest, Name: "InvalidRecord"},
+	pds.FailNext(fmt.Errorf("put: %w", pdsclient.ErrInvalid), &atclient.APIError{StatusCode: http.StatusBadRequest, Name: "InvalidRecord"},
 		&atclient.APIError{StatusCode: http.StatusBadRequest, Name: "ExpiredToken"}, rig.ErrDown, nil)
 	w := telemetry.Writer{Writer: pds, M: m}
 	for range 5 {
