@@ -35,6 +35,7 @@ import (
 	"knotless.dev/run/internal/status"
 	"knotless.dev/run/internal/telemetry"
 	"knotless.dev/run/internal/version"
+	"knotless.dev/run/internal/work"
 )
 
 // Daemon is one running runner process: its parts, wired.
@@ -261,11 +262,11 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 // is handed the lander).
 type viaIntake struct{ d *Daemon }
 
-func (v viaIntake) Consider(ctx context.Context, ev ingest.Event) error {
+func (v viaIntake) Consider(ctx context.Context, ev work.Event) error {
 	return v.d.intake.Consider(ctx, ev)
 }
 
-func (v viaIntake) Prepare(ctx context.Context, ev ingest.Event) (job.Repo, string, *mirror.ConflictError, error) {
+func (v viaIntake) Prepare(ctx context.Context, ev work.Event) (job.Repo, string, *mirror.ConflictError, error) {
 	return v.d.intake.Prepare(ctx, ev)
 }
 

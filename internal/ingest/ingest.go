@@ -22,7 +22,7 @@ import (
 
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/pdsclient"
-	"knotless.dev/run/internal/workflow"
+	"knotless.dev/run/internal/work"
 )
 
 // Target is a repository named on the command line.
@@ -59,63 +59,6 @@ func ParseTarget(s string) (Target, error) {
 	}
 	return Target{Owner: id, Name: name}, nil
 }
-
-// Event is a push or a pull that may need runs.
-type Event struct {
-	Kind string // forge.KindPush or forge.KindPull
-	// URI is the refUpdate or pull record.
-	URI  syntax.ATURI
-	Repo forge.Record[forge.Repo]
-	// Ref is the pushed ref, or the pull's base branch as refs/heads/….
-	Ref string
-	// Commit is the pushed commit, or the pull's head commit.
-	Commit string
-	Push   *forge.RefUpdate
-	Pull   *forge.Pull
-	// Trusted is true for a push written by the repository's owner, and
-	// for a landing written by the repository's lander.
-	Trusted bool
-	// Preflight marks a queued pull's pre-flight (the lander's work): its
-	// queue: first workflows run, not its on: pull ones.
-	Preflight bool
-	// Vars are run variables the event gives its runs from outside the
-	// workflow files (a re-run's env, a dispatch's inputs): intake hands
-	// them to each of its jobs, the scheduler to run.Request.Vars.
-	Vars []workflow.EnvVar `json:",omitempty"`
-	// Run control (control.go): the record that made the work, the
-	// workflows it runs, a schedule's tick, a re-run dispatch's inputs.
-	Control
-}
-
-// Key identifies the event's work: the record and its commit (a pull
-// whose head moves is new work); for work a run-control record made,
-// that record and the commit; for a schedule, its workflow and tick.
-func (e Event) Key() string {
-	switch {
-	case e.Preflight:
-		return "preflight " + e.URI.String() + "@" + e.Commit
-	case e.Cause != "":
-		return e.Cause + "@" + e.Commit
-	case e.Kind == forge.KindSchedule:
-		return "schedule " + e.URI.String() + " " + strings.Join(slices.Sorted(maps.Keys(e.Workflows)), ",") + " " + e.Tick
-	}
-	return e.URI.String() + "@" + e.Commit
-}
-
-// Owner is the repository's owner.
-func (e Event) Owner() syntax.DID {
-	d, _ := e.Repo.URI.Authority().AsDID()
-	return d
-}
-
-// Subject is the check subject of the event.
-func (e Event) Subject() forge.Subject {
-	return forge.Subject{Repo: e.Repo.URI.String(), Commit: e.Commit, Ref: e.Ref, Event: e.URI.String(), Kind: e.Kind, Tick: e.Tick}
-}
-
-// Branch is the branch a workflow's branches filter matches: the pushed
-// branch, or the pull's base.
-func (e Event) Branch() string { return strings.TrimPrefix(e.Ref, "refs/heads/") }
 
 // Lister reconciles by listing records.
 type Lister struct {
@@ -174,7 +117,7 @@ type Snapshot struct {
 	// in Repos is not served, and what is kept of it may be forgotten;
 	// never after a listing that failed in part.
 	Complete bool
-	Events   []Event
+	Events   []work.Event
 	// Controls are the run-control records listed (control.go).
 	Controls Controls
 	// Hosts are the PDS hosts of the repositories' owners: the event
@@ -220,7 +163,7 @@ func (l *Lister) Reconcile(ctx context.Context) (*Snapshot, error) {
 		return nil, reposErr
 	}
 	owners := ownersOf(repos)
-	var landings map[syntax.ATURI][]Event
+	var landings map[syntax.ATURI][]work.Event
 	wg.Go(func() { landings = l.landings(ctx, p, repos) })
 	got = l.listRound(ctx, p, got, l.roundOf(owners, authors), now)
 	wg.Wait()
@@ -257,14 +200,14 @@ func (l *Lister) Reconcile(ctx context.Context) (*Snapshot, error) {
 				continue
 			}
 			v := u.Value
-			snap.Events = append(snap.Events, Event{Kind: forge.KindPush, URI: u.URI, Repo: repo, Ref: v.Ref, Commit: v.New, Push: &v, Trusted: true})
+			snap.Events = append(snap.Events, work.Event{Kind: forge.KindPush, URI: u.URI, Repo: repo, Ref: v.Ref, Commit: v.New, Push: &v, Trusted: true})
 		}
 		for _, p := range pulls {
 			if p.Value.Repo != repo.URI.String() || p.Value.State != forge.PullOpen {
 				continue
 			}
 			v := p.Value
-			snap.Events = append(snap.Events, Event{Kind: forge.KindPull, URI: p.URI, Repo: repo, Ref: "refs/heads/" + v.Base, Commit: v.Head.Commit, Pull: &v})
+			snap.Events = append(snap.Events, work.Event{Kind: forge.KindPull, URI: p.URI, Repo: repo, Ref: "refs/heads/" + v.Base, Commit: v.Head.Commit, Pull: &v})
 		}
 	}
 	for h := range hosts {
@@ -417,7 +360,7 @@ func (l *Lister) pullsOnHosts(ctx context.Context, p *pool, owners []ownerListin
 // stranger's claims); landings of another runner are not work. Each lander is listed once; one that
 // fails is logged and its landings are listed again at the next
 // reconcile, while its repositories go on.
-func (l *Lister) landings(ctx context.Context, p *pool, repos []forge.Record[forge.Repo]) map[syntax.ATURI][]Event {
+func (l *Lister) landings(ctx context.Context, p *pool, repos []forge.Record[forge.Repo]) map[syntax.ATURI][]work.Event {
 	var landers []syntax.DID
 	seen := map[syntax.DID]bool{}
 	for _, repo := range repos {
@@ -443,7 +386,7 @@ func (l *Lister) landings(ctx context.Context, p *pool, repos []forge.Record[for
 	for i, lander := range landers {
 		byLander[lander] = recs[i]
 	}
-	out := map[syntax.ATURI][]Event{}
+	out := map[syntax.ATURI][]work.Event{}
 	for _, repo := range repos {
 		lander, err := syntax.ParseDID(repo.Value.Lander())
 		if err != nil || !repo.Value.MayLand(lander.String()) {
@@ -455,7 +398,7 @@ func (l *Lister) landings(ctx context.Context, p *pool, repos []forge.Record[for
 				continue
 			}
 			push := forge.RefUpdate{Type: forge.CollectionRefUpdate, Repo: v.Repo, Ref: v.Ref, Old: v.Old, New: v.New, CreatedAt: v.CreatedAt}
-			out[repo.URI] = append(out[repo.URI], Event{Kind: forge.KindPush, URI: r.URI, Repo: repo, Ref: v.Ref, Commit: v.New, Push: &push, Trusted: true})
+			out[repo.URI] = append(out[repo.URI], work.Event{Kind: forge.KindPush, URI: r.URI, Repo: repo, Ref: v.Ref, Commit: v.New, Push: &push, Trusted: true})
 		}
 	}
 	return out

@@ -13,6 +13,7 @@ import (
 
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/pdsclient"
+	"knotless.dev/run/internal/work"
 	"knotless.dev/run/tests/forgeworld"
 	"knotless.dev/run/tests/pds"
 )
@@ -133,7 +134,7 @@ func TestReconcileRounds(t *testing.T) {
 			if tc.rounds != 0 && rounds != tc.rounds {
 				t.Errorf("a reconcile made its %d requests in %d rounds, want %d", requests, rounds, tc.rounds)
 			}
-			if !slices.ContainsFunc(snap.Events, func(e Event) bool { return e.URI == push }) {
+			if !slices.ContainsFunc(snap.Events, func(e work.Event) bool { return e.URI == push }) {
 				t.Errorf("events %+v, want the push %s", snap.Events, push)
 			}
 			if !slices.ContainsFunc(snap.Controls.Cancels, func(r forge.Record[forge.Cancel]) bool { return r.URI == cancel }) {
@@ -209,7 +210,7 @@ func TestReconcileListsAHostOnce(t *testing.T) {
 	if want := 2 * discovery; withPulls != want {
 		t.Errorf("%s asked %d times with pulls, want %d (discovery, then the pulls of the host's accounts once)", listRepos, withPulls, want)
 	}
-	if !slices.ContainsFunc(snap.Events, func(e Event) bool { return e.URI == pull }) {
+	if !slices.ContainsFunc(snap.Events, func(e work.Event) bool { return e.URI == pull }) {
 		t.Errorf("events %+v, want the pull %s on the discovered owner's repository", snap.Events, pull)
 	}
 }

@@ -15,8 +15,8 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/mirror"
+	"knotless.dev/run/internal/work"
 	"knotless.dev/run/internal/workflow"
 )
 
@@ -25,7 +25,7 @@ import (
 type Job struct {
 	// Key is the check's record key.
 	Key      string
-	Event    ingest.Event
+	Event    work.Event
 	Workflow *workflow.Workflow
 	// Repo is the mirror the tree is exported from.
 	Repo Repo
@@ -38,8 +38,8 @@ type Job struct {
 }
 
 // New is the job of workflow wf for event ev, run from tree of repo: its
-// key is the check's of ev's attempt of wf (ingest.Event.CheckKey).
-func New(ev ingest.Event, wf *workflow.Workflow, repo Repo, tree string) *Job {
+// key is the check's of ev's attempt of wf (work.Event.CheckKey).
+func New(ev work.Event, wf *workflow.Workflow, repo Repo, tree string) *Job {
 	return &Job{Key: ev.CheckKey(wf.Name), Event: ev, Workflow: wf, Repo: repo, Tree: tree}
 }
 
@@ -69,7 +69,7 @@ func Older(a, b *Job) bool {
 // SupersededBy reports whether ev supersedes j's run (the queue's add):
 // a newer commit of the same pull, or a newer push of the same ref,
 // unless j's workflow lets its older runs finish.
-func SupersededBy(j *Job, ev ingest.Event) bool {
+func SupersededBy(j *Job, ev work.Event) bool {
 	if (j.Workflow != nil && j.Workflow.Superseded == "finish") || j.Event.Cause != "" || ev.Cause != "" {
 		return false
 	}
@@ -93,7 +93,7 @@ func SupersededBy(j *Job, ev ingest.Event) bool {
 // for work never capped by author: a trusted push by default, and a
 // merge-queue batch (the owner queued its pulls; --queue-batch bounds
 // it).
-func Author(ev ingest.Event, all bool) string {
+func Author(ev work.Event, all bool) string {
 	switch {
 	case ev.Cause != "":
 		return syntax.ATURI(ev.Cause).Authority().String()
@@ -130,7 +130,7 @@ func CheckAuthor(c forge.Check, all bool) string {
 // its repository's; a pull has one of its own, so that nothing it
 // fetched is in a mirror a push (or another pull) runs from; a batch's
 // is the lander's own (BatchMirrorKey).
-func MirrorKey(ev ingest.Event) string {
+func MirrorKey(ev work.Event) string {
 	if ev.Kind == forge.KindBatch {
 		return BatchMirrorKey(ev.Repo.URI.String())
 	}
@@ -148,7 +148,7 @@ func BatchMirrorKey(repo string) string { return "batch " + repo }
 // queue: first workflows, a batch the on: batch ones, a pull the
 // on: pull ones and a push the on: push ones; run-control work (a
 // re-run, a dispatch, a tick) the workflows it names.
-func RunsFor(wf *workflow.Workflow, ev ingest.Event) bool {
+func RunsFor(wf *workflow.Workflow, ev work.Event) bool {
 	switch {
 	case ev.Workflows != nil:
 		_, ok := ev.Workflows[wf.Name]
@@ -166,9 +166,9 @@ func RunsFor(wf *workflow.Workflow, ev ingest.Event) bool {
 // Saved is what state.json keeps of a started run's job, so that a
 // successor can adopt the run without listing.
 type Saved struct {
-	Event ingest.Event `json:"event"`
-	Tree  string       `json:"tree"`
-	Check forge.Check  `json:"check"`
+	Event work.Event  `json:"event"`
+	Tree  string      `json:"tree"`
+	Check forge.Check `json:"check"`
 	// Vars are the job's run variables (a dispatch's inputs with their
 	// defaults, a re-run's env): a successor's run gets them too.
 	Vars []workflow.EnvVar `json:"vars,omitempty"`

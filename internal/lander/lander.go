@@ -25,11 +25,11 @@ import (
 
 	"knotless.dev/run/internal/checks"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/mergequeue"
 	"knotless.dev/run/internal/mirror"
 	"knotless.dev/run/internal/pdsclient"
+	"knotless.dev/run/internal/work"
 	"knotless.dev/run/internal/workflow"
 )
 
@@ -152,20 +152,20 @@ func warnInvalid(log *slog.Logger, bad []forge.Invalid) {
 
 // preflightEvent is the pre-flight of a queued pull: the pull's head
 // merged onto its base, untrusted, running its queue: first workflows.
-func preflightEvent(repo forge.Record[forge.Repo], uri string, p forge.Pull) ingest.Event {
-	return ingest.Event{Kind: forge.KindPull, URI: syntax.ATURI(uri), Repo: repo, Ref: "refs/heads/" + p.Base, Commit: p.Head.Commit,
+func preflightEvent(repo forge.Record[forge.Repo], uri string, p forge.Pull) work.Event {
+	return work.Event{Kind: forge.KindPull, URI: syntax.ATURI(uri), Repo: repo, Ref: "refs/heads/" + p.Base, Commit: p.Head.Commit,
 		Pull: &p, Preflight: true}
 }
 
 // batchEvent is the work of a batch: its on: batch workflows on the
 // squashed commit, untrusted.
-func batchEvent(repo forge.Record[forge.Repo], b forge.Record[forge.Batch]) ingest.Event {
-	return ingest.Event{Kind: forge.KindBatch, URI: b.URI, Repo: repo, Ref: b.Value.Ref, Commit: b.Value.Squashed}
+func batchEvent(repo forge.Record[forge.Repo], b forge.Record[forge.Batch]) work.Event {
+	return work.Event{Kind: forge.KindBatch, URI: b.URI, Repo: repo, Ref: b.Value.Ref, Commit: b.Value.Squashed}
 }
 
 // preflight judges a queued pull's pre-flight from its checks: the
 // queue: first workflows of the pull merged onto its base.
-func (l *Lander) preflight(ctx context.Context, ev ingest.Event) (mergequeue.Preflight, error) {
+func (l *Lander) preflight(ctx context.Context, ev work.Event) (mergequeue.Preflight, error) {
 	m, tree, conflict, err := l.p.Intake.Prepare(ctx, ev)
 	if err != nil {
 		return mergequeue.Preflight{}, err
@@ -191,7 +191,7 @@ func (l *Lander) preflight(ctx context.Context, ev ingest.Event) (mergequeue.Pre
 
 // verdict reads the checks of the workflows of wfs that run for ev:
 // all succeeded, one failed (detail names it), or not there yet.
-func (l *Lander) verdict(ev ingest.Event, wfs []*workflow.Workflow) (checks.Verdict, string) {
+func (l *Lander) verdict(ev work.Event, wfs []*workflow.Workflow) (checks.Verdict, string) {
 	var names []string
 	for _, wf := range wfs {
 		if job.RunsFor(wf, ev) && wf.AllowsRunner(l.runner) {

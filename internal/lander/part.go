@@ -14,6 +14,7 @@ import (
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/mergequeue"
 	"knotless.dev/run/internal/mirror"
+	"knotless.dev/run/internal/work"
 )
 
 // DefaultBatch is the most pulls a batch takes when Config.Batch sets
@@ -52,8 +53,8 @@ type Records interface {
 // Intake takes the lander's pre-flights and batches as events
 // (intake.Intake), and prepares a pre-flight's merge.
 type Intake interface {
-	Consider(ctx context.Context, ev ingest.Event) error
-	Prepare(ctx context.Context, ev ingest.Event) (job.Repo, string, *mirror.ConflictError, error)
+	Consider(ctx context.Context, ev work.Event) error
+	Prepare(ctx context.Context, ev work.Event) (job.Repo, string, *mirror.ConflictError, error)
 }
 
 // Checks says what the checks of some work say together

@@ -31,6 +31,7 @@ import (
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/mirror"
 	"knotless.dev/run/internal/pdsclient"
+	"knotless.dev/run/internal/work"
 	"knotless.dev/run/internal/workflow"
 )
 
@@ -65,14 +66,14 @@ func QueueRepo(runners, landers []string) forge.Record[forge.Repo] {
 }
 
 // Push is a push by the owner to main of the rig's repository.
-func Push(rkey, commit string) ingest.Event {
-	return ingest.Event{Kind: forge.KindPush, URI: syntax.ATURI("at://" + Owner + "/" + forge.CollectionRefUpdate + "/" + rkey),
+func Push(rkey, commit string) work.Event {
+	return work.Event{Kind: forge.KindPush, URI: syntax.ATURI("at://" + Owner + "/" + forge.CollectionRefUpdate + "/" + rkey),
 		Repo: RepoRecord(), Ref: "refs/heads/main", Commit: commit, Trusted: true}
 }
 
 // Pull is a pull by author onto main of the rig's repository.
-func Pull(author, rkey, commit string) ingest.Event {
-	return ingest.Event{Kind: forge.KindPull, URI: syntax.ATURI("at://" + author + "/" + forge.CollectionPull + "/" + rkey),
+func Pull(author, rkey, commit string) work.Event {
+	return work.Event{Kind: forge.KindPull, URI: syntax.ATURI("at://" + author + "/" + forge.CollectionPull + "/" + rkey),
 		Repo: RepoRecord(), Ref: "refs/heads/main", Commit: commit,
 		Pull: &forge.Pull{Base: "main", Head: forge.PullHead{Source: "https://git.test/" + author + "/fork", Ref: "topic"}}}
 }
@@ -90,7 +91,7 @@ func CI(name string, scripts ...string) *workflow.Workflow {
 // repositories and the repositories set (ingest.Lister).
 type Lister struct {
 	mu       sync.Mutex
-	events   []ingest.Event
+	events   []work.Event
 	repos    []forge.Record[forge.Repo]
 	controls ingest.Controls
 	err      error
@@ -114,7 +115,7 @@ func (l *Lister) AddControls(c ingest.Controls) {
 }
 
 // Set makes evs the events listed.
-func (l *Lister) Set(evs ...ingest.Event) {
+func (l *Lister) Set(evs ...work.Event) {
 	l.mu.Lock()
 	l.events = evs
 	l.mu.Unlock()

@@ -20,13 +20,13 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/checks"
-	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/metrics"
 	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/state"
 	"knotless.dev/run/internal/status"
+	"knotless.dev/run/internal/work"
 )
 
 // Parts tells M what the scheduler, the lander and intake observe: it is
@@ -78,17 +78,17 @@ func (p Parts) Landed(string, int) { p.M.Landed() }
 func (p Parts) Reconciled(int, error) {}
 
 // Deferred: an event waits for its author's caps, flag naming the limit.
-func (p Parts) Deferred(_ ingest.Event, flag string) { p.M.Deferred(flag) }
+func (p Parts) Deferred(_ work.Event, flag string) { p.M.Deferred(flag) }
 
 // Refused: an event got one error check instead of runs.
-func (p Parts) Refused(_ ingest.Event, reason string) { p.M.Refused(reason) }
+func (p Parts) Refused(_ work.Event, reason string) { p.M.Refused(reason) }
 
 // TickSkipped: a schedule's tick was not run.
 func (p Parts) TickSkipped(reason string) { p.M.TickSkipped(reason) }
 
 // EventTime is when a push was made, as its record says; false for
 // other events.
-func EventTime(ev ingest.Event) (time.Time, bool) {
+func EventTime(ev work.Event) (time.Time, bool) {
 	if ev.Push == nil {
 		return time.Time{}, false
 	}

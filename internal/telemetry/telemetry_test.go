@@ -20,7 +20,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/metrics"
 	"knotless.dev/run/internal/pdsclient"
@@ -29,6 +28,7 @@ import (
 	"knotless.dev/run/internal/state"
 	"knotless.dev/run/internal/status"
 	"knotless.dev/run/internal/telemetry"
+	"knotless.dev/run/internal/work"
 	"knotless.dev/run/internal/workflow"
 )
 
@@ -122,7 +122,7 @@ func TestParts(t *testing.T) {
 	if strings.Contains(got, "detached") || strings.Count(got, "knotless_run_runs_total") != 2 {
 		t.Errorf("runs counted:\n%s", got)
 	}
-	for _, ev := range []ingest.Event{pull.Event, {Push: &forge.RefUpdate{CreatedAt: "yesterday"}}} {
+	for _, ev := range []work.Event{pull.Event, {Push: &forge.RefUpdate{CreatedAt: "yesterday"}}} {
 		if at, ok := telemetry.EventTime(ev); ok {
 			t.Errorf("EventTime(%+v) = %s, want none", ev, at)
 		}
