@@ -98,7 +98,7 @@ func (c *ServeCmd) config(in serveInputs) (daemon.Config, error) {
 			Concurrency: c.Concurrency,
 			Secrets:     in.Secrets,
 		},
-		Lander: lander.Config{Queue: c.Queue, Batch: c.QueueBatch, PushCredentials: in.PushCredentials},
+		Lander: lander.Config{Queue: c.Queue, Batch: c.QueueBatch},
 		Live:   c.live(),
 		Engine: run.Config{
 			Executor:     in.Executor,
@@ -116,6 +116,7 @@ func (c *ServeCmd) config(in serveInputs) (daemon.Config, error) {
 			MaxWorkflows:     c.MaxWorkflows,
 			MaxCheckoutBytes: exportBound(c.MaxCheckout),
 		},
+		PushCredentials:      in.PushCredentials,
 		LogBlobs:             checks.LogBlobs(c.LogBlobs),
 		StateDir:             c.StateDir,
 		CacheDir:             c.CacheDir,

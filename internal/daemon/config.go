@@ -53,6 +53,10 @@ type Config struct {
 	// default), git's deadline and the workflow and checkout limits. The
 	// state and cache directories are always forbidden as local sources.
 	Git mirror.Options
+	// PushCredentials are the keys and tokens the lander's push to the
+	// sources uses, each offered only to the host (and path prefix) it
+	// is bound to (none: the push offers nothing).
+	PushCredentials mirror.PushCredentials
 
 	StateDir string
 	CacheDir string

@@ -65,12 +65,14 @@ type Daemon struct {
 type outside struct {
 	lister  intake.Lister
 	mirrors job.Mirrors
-	blobs   checks.Blobs
-	sealed  scheduler.Sealed
-	key     scheduler.Opener
-	records lander.Records
-	checks  checks.Writer
-	tokens  live.Tokens // the runner's service-auth tokens, for live output's pushes
+	// landerMirrors are mirrors whose pushes offer the push credentials.
+	landerMirrors job.Mirrors
+	blobs         checks.Blobs
+	sealed        scheduler.Sealed
+	key           scheduler.Opener
+	records       lander.Records
+	checks        checks.Writer
+	tokens        live.Tokens // the runner's service-auth tokens, for live output's pushes
 	// ownChecks lists the runner's check records (what is final is never
 	// run again).
 	ownChecks func(ctx context.Context) ([]forge.Record[forge.Check], []forge.Invalid, error)
@@ -180,7 +182,7 @@ func open(ctx context.Context, cfg *Config) (*state.Store, outside, error) {
 		lister: &ingest.Lister{Reader: reader, Dir: a.Directory, Runner: a.Runner, Targets: s.Targets, Discover: s.Discover,
 			DiscoverHosts: discover, Pulls: s.Pulls, Bounds: s.Listing.Bounds, Retention: cfg.Intake.WithDefaults().Retention,
 			Logger: cfg.Logger.With("component", "ingest")},
-		mirrors: gitMirrors{ms}, blobs: acct, sealed: secretReader{reader}, key: key, records: queueForge{reader, acct}, checks: acct, tokens: acct,
+		mirrors: gitMirrors{m: ms}, landerMirrors: gitMirrors{m: ms, creds: cfg.PushCredentials}, blobs: acct, sealed: secretReader{reader}, key: key, records: queueForge{reader, acct}, checks: acct, tokens: acct,
 		ownChecks: func(ctx context.Context) ([]forge.Record[forge.Check], []forge.Invalid, error) {
 			return pdsclient.ListOwn[forge.Check](ctx, acct, forge.CollectionCheck)
 		},
@@ -240,7 +242,7 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 	var landing intake.Lander
 	if cfg.Lander.Queue {
 		d.lander = lander.New(cfg.Lander, runner,
-			lander.Ports{Records: out.records, Mirrors: out.mirrors, Intake: viaIntake{d}, Checks: d.keeper, State: store,
+			lander.Ports{Records: out.records, Mirrors: out.landerMirrors, Intake: viaIntake{d}, Checks: d.keeper, State: store,
 				Wake: func() { d.intake.Wake() }, Observer: observe},
 			logOf("lander"))
 		landing = d.lander

@@ -526,7 +526,7 @@ func TestMergeQueuePushCredentialBoundToHost(t *testing.T) {
 		})
 	}
 	cfg := m.config(func(c *daemon.Config) {
-		c.Lander.PushCredentials = mirror.PushCredentials{cred}
+		c.PushCredentials = mirror.PushCredentials{cred}
 		c.Git.Policy.AllowHTTP = true
 	})
 	source(owners.URL + "/origin.git")

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"time"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
@@ -15,15 +16,50 @@ import (
 // right shape: the mirrors as job.Mirrors, the sealed secrets and the
 // merge queue's records through the reader and the runner's account.
 
-// gitMirrors is mirror.Mirrors as job.Mirrors.
-type gitMirrors struct{ m *mirror.Mirrors }
+// gitMirrors is mirror.Mirrors as job.Mirrors. Its pushes offer creds,
+// which only the lander's mirrors are given.
+type gitMirrors struct {
+	m     *mirror.Mirrors
+	creds mirror.PushCredentials
+}
 
 func (m gitMirrors) Open(ctx context.Context, key string) (job.Repo, error) {
 	r, err := m.m.Open(ctx, key)
 	if err != nil {
 		return nil, err
 	}
-	return r, nil
+	return gitRepo{r, m.creds}, nil
+}
+
+// gitRepo is a mirror.Repo as a job.Repo: job's values are mirror's.
+type gitRepo struct {
+	*mirror.Repo
+	creds mirror.PushCredentials
+}
+
+func (r gitRepo) Fetch(ctx context.Context, origin job.Origin, source, ref, commit string) error {
+	o := mirror.Owner
+	if origin == job.PullSource {
+		o = mirror.Pull
+	}
+	return r.Repo.Fetch(ctx, o, source, ref, commit)
+}
+
+func (r gitRepo) Squash(ctx context.Context, base string, pulls []job.SquashPull, who job.Identity, at time.Time) (string, []job.Squashed, error) {
+	ps := make([]mirror.SquashPull, len(pulls))
+	for i, p := range pulls {
+		ps[i] = mirror.SquashPull(p)
+	}
+	tip, squashed, err := r.Repo.Squash(ctx, base, ps, mirror.Identity(who), at)
+	out := make([]job.Squashed, len(squashed))
+	for i, s := range squashed {
+		out[i] = job.Squashed(s)
+	}
+	return tip, out, err
+}
+
+func (r gitRepo) Push(ctx context.Context, source, branch, old, new string) error {
+	return r.Repo.Push(ctx, source, branch, old, new, r.creds)
 }
 
 // secretReader lists sealed secrets with a pdsclient.Reader.

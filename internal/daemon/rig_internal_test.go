@@ -60,7 +60,7 @@ func (h *harness) wire(t *testing.T) *Daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return wire(h.cfg, store, outside{lister: h.lister, mirrors: h.git, blobs: h.blobs, sealed: h.sealed, records: h.queue, checks: h.pds,
+	return wire(h.cfg, store, outside{lister: h.lister, mirrors: h.git, landerMirrors: h.git, blobs: h.blobs, sealed: h.sealed, records: h.queue, checks: h.pds,
 		ownChecks: func(context.Context) ([]forge.Record[forge.Check], []forge.Invalid, error) {
 			var out []forge.Record[forge.Check]
 			for k, c := range h.pds.Checks() {

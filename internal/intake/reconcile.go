@@ -295,12 +295,12 @@ func (in *Intake) Prepare(ctx context.Context, ev work.Event) (job.Repo, string,
 		return repo, ev.Commit, nil, nil
 	}
 	if ev.Kind != forge.KindPull {
-		if err := repo.Fetch(ctx, mirror.Owner, ev.Repo.Value.Source, ev.Ref, ev.Commit); err != nil {
+		if err := repo.Fetch(ctx, job.OwnerSource, ev.Repo.Value.Source, ev.Ref, ev.Commit); err != nil {
 			return nil, "", nil, fetchFailure(ev.Repo.Value.Source, err)
 		}
 		return repo, ev.Commit, nil, nil
 	}
-	if err := repo.Fetch(ctx, mirror.Pull, ev.Pull.Head.Source, ev.Pull.Head.Ref, ev.Commit); err != nil {
+	if err := repo.Fetch(ctx, job.PullSource, ev.Pull.Head.Source, ev.Pull.Head.Ref, ev.Commit); err != nil {
 		return nil, "", nil, fetchFailure(ev.Pull.Head.Source, err)
 	}
 	base, err := repo.Branch(ctx, ev.Repo.Value.Source, ev.Pull.Base)

@@ -15,7 +15,6 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/mirror"
 	"knotless.dev/run/internal/work"
 	"knotless.dev/run/internal/workflow"
 )
@@ -199,16 +198,55 @@ type Mirrors interface {
 	Open(ctx context.Context, key string) (Repo, error)
 }
 
-// Repo is one mirror (mirror.Repo): fetch an event's commit, merge a
-// pull, read the workflows of a tree and export it for a run; for the
-// lander, squash a batch and push it with a lease.
+// Repo is one mirror (mirror.Repo, through the daemon's adapter):
+// fetch an event's commit, merge a pull, read the workflows of a tree
+// and export it for a run; for the lander, squash a batch and push it
+// with a lease (with the push credentials the daemon bound to the
+// lander's mirrors).
 type Repo interface {
-	Fetch(ctx context.Context, origin mirror.Origin, source, ref, commit string) error
+	Fetch(ctx context.Context, origin Origin, source, ref, commit string) error
 	Branch(ctx context.Context, source, branch string) (string, error)
 	Merge(ctx context.Context, base, head string) (string, error)
 	Workflows(ctx context.Context, treeish string) ([]*workflow.Workflow, []error, error)
 	Export(ctx context.Context, treeish, dir string) error
-	Squash(ctx context.Context, base string, pulls []mirror.SquashPull, who mirror.Identity, at time.Time) (string, []mirror.Squashed, error)
-	Push(ctx context.Context, source, branch, old, new string, creds mirror.PushCredentials) error
+	Squash(ctx context.Context, base string, pulls []SquashPull, who Identity, at time.Time) (string, []Squashed, error)
+	Push(ctx context.Context, source, branch, old, new string) error
 	Has(ctx context.Context, commit string) bool
+}
+
+// Origin says who named a git source, which decides what it may be
+// (mirror.Origin).
+type Origin int
+
+const (
+	// OwnerSource is the repository record's own source.
+	OwnerSource Origin = iota
+	// PullSource is a pull's head.source, named by whoever wrote the
+	// pull.
+	PullSource
+)
+
+// Identity is the author and committer of the merge queue's squashed
+// commits (mirror.Identity).
+type Identity struct {
+	Name, Email string
+}
+
+// SquashPull is one pull to squash (mirror.SquashPull): its head commit
+// (already fetched into the mirror) and the commit message.
+type SquashPull struct {
+	Head    string
+	Message string
+}
+
+// Squashed is how one pull went onto the stack (mirror.Squashed):
+// Commit is its squashed commit when it merged, else Conflicts are the
+// conflicting paths and ConflictsWithBase says whether it does not
+// merge onto the base alone either.
+type Squashed struct {
+	Head              string
+	Commit            string
+	Changed           []string
+	Conflicts         []string
+	ConflictsWithBase bool
 }

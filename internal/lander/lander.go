@@ -34,7 +34,7 @@ import (
 )
 
 // identity is the author and committer of squashed commits.
-var identity = mirror.Identity{Name: "knotless-run lander", Email: "lander@knotless.invalid"}
+var identity = job.Identity{Name: "knotless-run lander", Email: "lander@knotless.invalid"}
 
 // landerMemory is what state.json keeps per repository for the lander.
 type landerMemory struct {
@@ -299,16 +299,16 @@ func (l *Lander) squash(ctx context.Context, m job.Repo, base string, qs []merge
 	if err != nil {
 		return "", nil, fmt.Errorf("batch time: %w", err)
 	}
-	sps := make([]mirror.SquashPull, len(qs))
+	sps := make([]job.SquashPull, len(qs))
 	for i, q := range qs {
 		p, ok := pulls[q.Pull]
 		if !ok {
 			return "", nil, fmt.Errorf("squash: pull %s not read", q.Pull)
 		}
-		if err := m.Fetch(ctx, mirror.Pull, p.Head.Source, p.Head.Ref, q.Commit); err != nil {
+		if err := m.Fetch(ctx, job.PullSource, p.Head.Source, p.Head.Ref, q.Commit); err != nil {
 			return "", nil, fmt.Errorf("squash: %w", err)
 		}
-		sps[i] = mirror.SquashPull{Head: q.Commit, Message: p.Title + "\n\nPull: " + q.Pull}
+		sps[i] = job.SquashPull{Head: q.Commit, Message: p.Title + "\n\nPull: " + q.Pull}
 	}
 	tip, squashed, err := m.Squash(ctx, base, sps, identity, at.Time())
 	if err != nil {
@@ -393,7 +393,7 @@ func (l *Lander) advance(ctx context.Context, repo forge.Record[forge.Repo], b f
 	} else if why != "" {
 		return l.void(ctx, b, why, log)
 	}
-	err = m.Push(ctx, repo.Value.Source, branch, v.Base, v.Squashed, l.cfg.PushCredentials)
+	err = m.Push(ctx, repo.Value.Source, branch, v.Base, v.Squashed)
 	if errors.Is(err, mirror.ErrBaseMoved) {
 		return l.void(ctx, b, err.Error()+"; its pulls go back to the queue", log)
 	}

@@ -30,10 +30,6 @@ type Config struct {
 	// --queue-batch, DefaultBatch by default): a long queue lands in
 	// several batches, each a merge and a run of bounded size.
 	Batch int
-	// PushCredentials are the keys and tokens the push to the sources
-	// uses, each offered only to the host (and path prefix) it is bound
-	// to (none: the push offers nothing).
-	PushCredentials mirror.PushCredentials
 }
 
 // Records are the merge queue's records, all the lander reads and

@@ -340,7 +340,7 @@ func (f *Mirrors) Open(_ context.Context, key string) (job.Repo, error) {
 
 type repo struct{ f *Mirrors }
 
-func (r repo) Fetch(_ context.Context, _ mirror.Origin, _, _, _ string) error {
+func (r repo) Fetch(_ context.Context, _ job.Origin, _, _, _ string) error {
 	r.f.mu.Lock()
 	defer r.f.mu.Unlock()
 	return r.f.FetchErr
@@ -382,7 +382,7 @@ func (r repo) Export(_ context.Context, tree, dir string) error {
 // stack changed) is left out; each other one gets a commit whose id
 // depends only on its parent, head, message, identity and time, so
 // squashing again gives the same commits.
-func (r repo) Squash(_ context.Context, base string, pulls []mirror.SquashPull, who mirror.Identity, at time.Time) (string, []mirror.Squashed, error) {
+func (r repo) Squash(_ context.Context, base string, pulls []job.SquashPull, who job.Identity, at time.Time) (string, []job.Squashed, error) {
 	f := r.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -391,7 +391,7 @@ func (r repo) Squash(_ context.Context, base string, pulls []mirror.SquashPull, 
 	}
 	tip := base
 	changed := map[string]bool{}
-	out := make([]mirror.Squashed, len(pulls))
+	out := make([]job.Squashed, len(pulls))
 	for i, p := range pulls {
 		out[i].Head = p.Head
 		if f.BaseConflicts[p.Head] {
@@ -420,7 +420,7 @@ func (r repo) Squash(_ context.Context, base string, pulls []mirror.SquashPull, 
 // Push moves branch from old to new at the source, a fast-forward with
 // a lease: when the branch is not at old it refuses with
 // mirror.ErrBaseMoved. With PushGate set it first waits for it.
-func (r repo) Push(ctx context.Context, source, branch, old, new string, _ mirror.PushCredentials) error {
+func (r repo) Push(ctx context.Context, source, branch, old, new string) error {
 	f := r.f
 	f.mu.Lock()
 	gate, pushing := f.PushGate, f.Pushing
