@@ -1,9 +1,12 @@
 // Package job is what the daemon's parts all name: one workflow to run
 // for one event (Job), what state.json keeps of a started one (Saved),
-// the git mirror port they share (Mirrors, Repo), and the pure rules on
+// the git mirror port they share (Mirrors, Repo) with its values
+// (Origin, SquashPull, Squashed, Identity), and the pure rules on
 // jobs that intake, the scheduler and the lander all apply: what
 // supersedes what, whom a job counts against, which mirror an event's
-// objects go into and which workflows run for an event. It does no I/O.
+// objects go into and which workflows run for an event. It does no I/O
+// and imports no mirror, network or process package: its event is
+// internal/work's, its records internal/forge's.
 package job
 
 import (
