@@ -58,6 +58,7 @@ var upward = []string{
 	module + "internal/daemon",
 	module + "internal/ingest",
 	module + "internal/forge",
+	module + "internal/pdsclient",
 	module + "internal/mirror",
 	module + "internal/checks",
 	module + "internal/state",
@@ -345,6 +346,53 @@ func TestBinaryLinksNoClientset(t *testing.T) {
 	for dep := range graph {
 		if strings.HasPrefix(dep, "k8s.io/api/") && !slices.Contains(kubeAPIGroups, dep) {
 			t.Errorf("knotless-run links %s, not one of the API groups it uses: %s", dep, strings.Join(importChain(graph, p, func(d string) bool { return d == dep }), " -> "))
+		}
+	}
+}
+
+// pure are the parts that decide and hold values: the records
+// (internal/forge), the work an event gives (internal/work), the job,
+// the state, run control, the merge queue and workflows. They build and
+// test with the standard library and their own kind: no network, no
+// process to run, no git mirror.
+var pure = []string{
+	module + "internal/forge",
+	module + "internal/work",
+	module + "internal/job",
+	module + "internal/state",
+	module + "internal/control",
+	module + "internal/mergequeue",
+	module + "internal/workflow",
+}
+
+// pureIndigo are the packages of indigo the pure parts may use: atproto
+// syntax (DIDs, AT-URIs, TIDs) and atdata (blob references and bytes in
+// records), which reach no network. Its other packages (the XRPC
+// client, identity resolution, lexicon loading) do.
+var pureIndigo = []string{
+	"github.com/bluesky-social/indigo/atproto/syntax",
+	"github.com/bluesky-social/indigo/atproto/atdata",
+}
+
+// network are the standard library's packages of the network and of
+// running processes; net/url and net/netip are values, and allowed.
+var network = []string{"net", "net/http", "crypto/tls", "os/exec"}
+
+func TestPurePartsReachNoNetwork(t *testing.T) {
+	t.Parallel()
+	graph := importGraph(t, pure...)
+	bad := func(dep string) bool {
+		switch {
+		case slices.Contains(network, dep), dep == module+"internal/mirror":
+			return true
+		case strings.HasPrefix(dep, "github.com/bluesky-social/indigo/"):
+			return !slices.Contains(pureIndigo, dep)
+		}
+		return false
+	}
+	for _, p := range pure {
+		if chain := importChain(graph, p, bad); chain != nil {
+			t.Errorf("%s reaches %s, but a pure part uses no network, process or mirror: cut %s", p, chain[len(chain)-1], strings.Join(chain, " -> "))
 		}
 	}
 }

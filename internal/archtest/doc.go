@@ -5,7 +5,9 @@
 // interfaces, the conformance table imports nothing above the engine
 // (CLI, daemon and its state and checks), no executor it is run against
 // and no client, the decision cores (merge queue, run control) import no
-// executor client and nothing of the daemon, intake or CLI, the daemon's
+// executor client and nothing of the daemon, intake or CLI, the pure
+// parts (the records, the work, job, state, run control, the merge
+// queue, workflows) reach no network, process or git mirror, the daemon's
 // parts (intake, scheduler, lander, checks, job, state) import no other
 // part but through the ports they declare, nor the metrics or the
 // telemetry that the daemon plugs into their observer ports, and nothing

@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/pdsclient"
 )
 
 var finals = []Status{Success, Failure, Error, Cancelled}
@@ -251,11 +252,11 @@ func TestMinimal(t *testing.T) {
 	}
 }
 
-// lexiconRefusal is the error forge.Account.Put returns for a check the
+// lexiconRefusal is the error pdsclient.Account.Put returns for a check the
 // lexicon refuses before any request.
 func lexiconRefusal(t *testing.T) error {
 	t.Helper()
-	cat, err := forge.NewCatalog()
+	cat, err := pdsclient.NewCatalog()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,8 +264,8 @@ func lexiconRefusal(t *testing.T) error {
 	bad.Workflow = ""
 	bad.Status = "no such status"
 	_, err = cat.Encode(forge.CollectionCheck, bad)
-	if !errors.Is(err, forge.ErrInvalid) {
-		t.Fatalf("Encode of an invalid check: %v, want forge.ErrInvalid", err)
+	if !errors.Is(err, pdsclient.ErrInvalid) {
+		t.Fatalf("Encode of an invalid check: %v, want pdsclient.ErrInvalid", err)
 	}
 	return err
 }

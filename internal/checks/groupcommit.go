@@ -7,14 +7,14 @@ import (
 	"sync"
 	"time"
 
-	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/pdsclient"
 )
 
 // Batcher writes several records in one commit of the runner's
-// repository, all or none (forge.Account.PutBatch). A writer that
+// repository, all or none (pdsclient.Account.PutBatch). A writer that
 // cannot returns an error that errors.Is errors.ErrUnsupported.
 type Batcher interface {
-	PutBatch(ctx context.Context, writes []forge.Write) error
+	PutBatch(ctx context.Context, writes []pdsclient.Write) error
 }
 
 // groupCommit sends the check writes that wait for one another as one
@@ -59,7 +59,7 @@ type expectation struct{ key string }
 type expectationKey struct{}
 
 type queuedWrite struct {
-	write forge.Write
+	write pdsclient.Write
 	lead  chan struct{} // closed: this write leads batch
 	batch []*queuedWrite
 	done  chan struct{} // closed: the batch was written, or alone is set
@@ -75,7 +75,7 @@ func newGroupCommit(w Writer) *groupCommit {
 }
 
 // put writes one record, alone or in a batch with those queued beside it.
-func (g *groupCommit) put(ctx context.Context, write forge.Write) error {
+func (g *groupCommit) put(ctx context.Context, write pdsclient.Write) error {
 	g.mu.Lock()
 	g.meet(ctx, write.Rkey)
 	if g.b == nil {
@@ -124,7 +124,7 @@ func (g *groupCommit) leadBatch(ctx context.Context, q *queuedWrite) error {
 	if len(q.batch) == 1 || b == nil {
 		err = g.alone(ctx, q.write)
 	} else {
-		writes := make([]forge.Write, len(q.batch))
+		writes := make([]pdsclient.Write, len(q.batch))
 		for i, w := range q.batch {
 			writes[i] = w.write
 		}
@@ -229,7 +229,7 @@ func (g *groupCommit) meet(ctx context.Context, rkey string) {
 	}
 }
 
-func (g *groupCommit) alone(ctx context.Context, w forge.Write) error {
+func (g *groupCommit) alone(ctx context.Context, w pdsclient.Write) error {
 	_, err := g.w.Put(ctx, w.Collection, w.Rkey, w.Value)
 	return err
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/tests/pds"
 )
 
@@ -81,12 +82,12 @@ func TestGroupCommitOnThePDS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cat, err := forge.NewCatalog()
+	cat, err := pdsclient.NewCatalog()
 	if err != nil {
 		t.Fatal(err)
 	}
 	h := &heldWrites{}
-	acct, _, err := forge.Login(ctx, forge.LoginConfig{Host: srv.URL, Identifier: runner.DID.String(), Password: runner.Password,
+	acct, _, err := pdsclient.Login(ctx, pdsclient.LoginConfig{Host: srv.URL, Identifier: runner.DID.String(), Password: runner.Password,
 		HTTP: &http.Client{Transport: h}}, cat)
 	if err != nil {
 		t.Fatal(err)

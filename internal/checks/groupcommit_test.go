@@ -12,6 +12,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/pdsclient"
 )
 
 // gatedPDS is a Writer and Batcher that records each call and holds
@@ -37,7 +38,7 @@ func (p *gatedPDS) Put(_ context.Context, _, rkey string, _ any) (syntax.ATURI, 
 	return "", nil
 }
 
-func (p *gatedPDS) PutBatch(_ context.Context, writes []forge.Write) error {
+func (p *gatedPDS) PutBatch(_ context.Context, writes []pdsclient.Write) error {
 	var keys []string
 	for _, w := range writes {
 		keys = append(keys, fmt.Sprintf("%s(new=%v)", w.Rkey, w.New))
@@ -80,7 +81,7 @@ func burst(t *testing.T, p *gatedPDS, g *groupCommit) map[string]error {
 	var wg sync.WaitGroup
 	write := func(key string, isNew bool) {
 		defer wg.Done()
-		err := g.put(context.Background(), forge.Write{Collection: forge.CollectionCheck, Rkey: key, Value: check(Running), New: isNew})
+		err := g.put(context.Background(), pdsclient.Write{Collection: forge.CollectionCheck, Rkey: key, Value: check(Running), New: isNew})
 		mu.Lock()
 		errs[key] = err
 		mu.Unlock()
@@ -114,7 +115,7 @@ func TestGroupCommitBatchesTheWritesThatWait(t *testing.T) {
 		t.Errorf("calls %q, want %q: the write in flight alone, the three that waited for it in one commit", got, want)
 	}
 	// Nothing in flight: the next write goes at once, alone.
-	if err := g.put(context.Background(), forge.Write{Rkey: "e"}); err != nil {
+	if err := g.put(context.Background(), pdsclient.Write{Rkey: "e"}); err != nil {
 		t.Fatal(err)
 	}
 	if got := p.called(); got[len(got)-1] != "put e" {
@@ -144,7 +145,7 @@ func TestGroupCommitFailedBatchWritesEachAlone(t *testing.T) {
 // onlyPut writes one record at a time; a Batcher in front of it says so.
 type onlyPut struct{ *gatedPDS }
 
-func (o onlyPut) PutBatch(context.Context, []forge.Write) error {
+func (o onlyPut) PutBatch(context.Context, []pdsclient.Write) error {
 	return fmt.Errorf("one at a time: %w", errors.ErrUnsupported)
 }
 
@@ -171,7 +172,7 @@ func TestGroupCommitQueuedWriteLeavesWithItsContext(t *testing.T) {
 	g := newGroupCommit(p)
 	start := func(ctx context.Context, key string) <-chan error {
 		done := make(chan error, 1)
-		go func() { done <- g.put(ctx, forge.Write{Rkey: key, New: true}) }()
+		go func() { done <- g.put(ctx, pdsclient.Write{Rkey: key, New: true}) }()
 		return done
 	}
 	a := start(context.Background(), "a")
@@ -222,7 +223,7 @@ func TestGroupCommitWaitsForExpectedWrites(t *testing.T) {
 	defer workerDone()
 	put := func(ctx context.Context, key string) <-chan error {
 		done := make(chan error, 1)
-		go func() { done <- g.put(ctx, forge.Write{Rkey: key, New: true}) }()
+		go func() { done <- g.put(ctx, pdsclient.Write{Rkey: key, New: true}) }()
 		return done
 	}
 	a := put(context.Background(), "a")
@@ -258,7 +259,7 @@ func TestGroupCommitExpectationEndsWithoutItsWrite(t *testing.T) {
 	g.linger = time.Hour
 	_, done := g.expect(context.Background(), "b")
 	a := make(chan error, 1)
-	go func() { a <- g.put(context.Background(), forge.Write{Rkey: "a"}) }()
+	go func() { a <- g.put(context.Background(), pdsclient.Write{Rkey: "a"}) }()
 	queued(t, g, 1)
 	done()
 	done() // twice is once
@@ -280,7 +281,7 @@ func TestGroupCommitLingersNoLongerThanItsBound(t *testing.T) {
 	// The expected write does not come: the queue goes after the linger,
 	// and the expectation holds no later write.
 	for _, key := range []string{"a", "b"} {
-		if err := g.put(context.Background(), forge.Write{Rkey: key}); err != nil {
+		if err := g.put(context.Background(), pdsclient.Write{Rkey: key}); err != nil {
 			t.Fatal(err)
 		}
 	}

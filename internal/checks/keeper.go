@@ -14,9 +14,9 @@ import (
 	"knotless.dev/run/internal/backoff"
 	"knotless.dev/run/internal/control"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/state"
+	"knotless.dev/run/internal/work"
 )
 
 // Keeper is the checks part of the daemon: the life of every check the
@@ -132,12 +132,12 @@ func (k *Keeper) Final(key string) bool {
 }
 
 // Pending reports whether the event has a check that is not final.
-func (k *Keeper) Pending(ev ingest.Event) bool { return k.rec.Pending(ev.URI.String(), ev.Commit) }
+func (k *Keeper) Pending(ev work.Event) bool { return k.rec.Pending(ev.URI.String(), ev.Commit) }
 
 // Queued writes the queued check of the workflow wf of ev (key): the
 // work is in the queue. A check queued already is not written again;
 // one an earlier process left keeps its creation time.
-func (k *Keeper) Queued(ctx context.Context, key string, ev ingest.Event, wf string) (forge.Check, error) {
+func (k *Keeper) Queued(ctx context.Context, key string, ev work.Event, wf string) (forge.Check, error) {
 	c := forge.Check{Type: forge.CollectionCheck, Subject: ev.Subject(), Workflow: wf, Status: string(Queued), CreatedAt: forge.Now(),
 		Attempt: ev.Attempt(wf), Cause: ev.Cause}
 	prev, known := k.rec.Get(key)
@@ -158,7 +158,7 @@ func (k *Keeper) Queued(ctx context.Context, key string, ev ingest.Event, wf str
 // saved). ok is false when the check has a record a start cannot follow
 // (an earlier process left it running): the work is queued first
 // (Queued).
-func (k *Keeper) Unqueued(key string, ev ingest.Event, wf string) (c forge.Check, ok bool) {
+func (k *Keeper) Unqueued(key string, ev work.Event, wf string) (c forge.Check, ok bool) {
 	c = forge.Check{Type: forge.CollectionCheck, Subject: ev.Subject(), Workflow: wf, CreatedAt: forge.Now(),
 		Attempt: ev.Attempt(wf), Cause: ev.Cause}
 	prev, known := k.rec.Get(key)
@@ -190,7 +190,7 @@ func (k *Keeper) Running(ctx context.Context, key string, c forge.Check, started
 // cancel record that stopped it. Log tells what goes wrong writing it.
 type End struct {
 	Key    string
-	Event  ingest.Event
+	Event  work.Event
 	Check  forge.Check
 	By     string
 	Result *run.Result
@@ -257,7 +257,7 @@ func (k *Keeper) Released(ctx context.Context, e End) {
 // Error writes the final error check of the workflow wf of ev, which
 // cannot run (an invalid file, a refused event, a commit that does not
 // fetch, a pull that does not merge), unless its check is final.
-func (k *Keeper) Error(ctx context.Context, ev ingest.Event, wf, msg string) {
+func (k *Keeper) Error(ctx context.Context, ev work.Event, wf, msg string) {
 	key := ev.CheckKey(wf)
 	if k.Final(key) {
 		return
@@ -327,7 +327,7 @@ func (k *Keeper) files(key string) []forge.RunFile {
 
 // putFinal writes a final check through the recorder (Recorder.Final):
 // one the PDS does not take now is owed.
-func (k *Keeper) putFinal(ctx context.Context, t Transition, key string, ev ingest.Event, c forge.Check, log *slog.Logger) {
+func (k *Keeper) putFinal(ctx context.Context, t Transition, key string, ev work.Event, c forge.Check, log *slog.Logger) {
 	k.forgetDeferred(key)
 	c, err := k.rec.Final(ctx, t, key, c, log)
 	var owed *OwedError

@@ -19,9 +19,9 @@ import (
 
 	"knotless.dev/run/internal/backoff"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/state"
+	"knotless.dev/run/internal/work"
 )
 
 // fakeBlobs takes blobs and remembers their types.
@@ -58,8 +58,8 @@ func keeper(t *testing.T, pds *fakePDS) (*Keeper, *state.Store, *fakeBlobs) {
 	return k, st, blobs
 }
 
-func pushEvent(rkey string) ingest.Event {
-	return ingest.Event{Kind: forge.KindPush, URI: syntax.ATURI("at://did:plc:owner/" + forge.CollectionRefUpdate + "/" + rkey),
+func pushEvent(rkey string) work.Event {
+	return work.Event{Kind: forge.KindPush, URI: syntax.ATURI("at://did:plc:owner/" + forge.CollectionRefUpdate + "/" + rkey),
 		Repo:   forge.Record[forge.Repo]{URI: "at://did:plc:owner/" + forge.CollectionRepo + "/r"},
 		Commit: "c" + rkey, Ref: "refs/heads/main", Trusted: true}
 }

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/state"
+	"knotless.dev/run/internal/work"
 )
 
 // The outbox: a final check the PDS does not take (network error, 5xx,
@@ -19,7 +19,7 @@ import (
 // at start (LoadOwed) and writes them; it never runs their work again.
 
 // owe keeps a final check the PDS did not take.
-func (k *Keeper) owe(key string, ev ingest.Event, c forge.Check, cause error, log *slog.Logger) {
+func (k *Keeper) owe(key string, ev work.Event, c forge.Check, cause error, log *slog.Logger) {
 	b, err := json.Marshal(c)
 	if err != nil {
 		log.Error("encode owed check", "check", key, "err", err)

@@ -15,9 +15,10 @@ import (
 
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/keymu"
+	"knotless.dev/run/internal/pdsclient"
 )
 
-// Writer puts a record in the runner's repository (forge.Account).
+// Writer puts a record in the runner's repository (pdsclient.Account).
 type Writer interface {
 	Put(ctx context.Context, collection, rkey string, v any) (syntax.ATURI, error)
 }
@@ -131,7 +132,7 @@ func (r *Recorder) write(ctx context.Context, t Transition, key string, c forge.
 		return fmt.Errorf("write check %s: %w", key, err)
 	}
 	// A check this runner has not written or listed is a new record.
-	write := forge.Write{Collection: forge.CollectionCheck, Rkey: key, Value: c, New: prev.Status == ""}
+	write := pdsclient.Write{Collection: forge.CollectionCheck, Rkey: key, Value: c, New: prev.Status == ""}
 	if err := r.commit.put(ctx, write); err != nil {
 		return fmt.Errorf("write check %s (%s): %w", key, c.Status, err)
 	}
@@ -184,10 +185,10 @@ func (e *OwedError) Error() string { return e.Err.Error() }
 func (e *OwedError) Unwrap() error { return e.Err }
 
 // Refused reports whether the PDS (or the lexicon, before the request:
-// forge.ErrInvalid) refused a record as invalid: HTTP 400 other than an
+// pdsclient.ErrInvalid) refused a record as invalid: HTTP 400 other than an
 // authentication or rate-limit answer. Trying it again cannot help.
 func Refused(err error) bool {
-	if errors.Is(err, forge.ErrInvalid) {
+	if errors.Is(err, pdsclient.ErrInvalid) {
 		return true
 	}
 	var ae *atclient.APIError

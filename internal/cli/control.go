@@ -10,6 +10,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/internal/termsafe"
 	"knotless.dev/run/internal/workflow"
 )
@@ -221,7 +222,7 @@ func toEnvVars(vs []forge.Variable) []workflow.EnvVar {
 // when the key is derived (writing it again is the same record),
 // createRecord otherwise (the PDS gives it a TID).
 func printRecord(env *Env, collection, rkey string, rec any) error {
-	cat, err := forge.NewCatalog()
+	cat, err := pdsclient.NewCatalog()
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/pdsclient"
 )
 
 const (
@@ -19,7 +20,7 @@ const (
 // decodeRecord validates the command's stdout as a record of collection.
 func decodeRecord(t *testing.T, collection, stdout string, v any) {
 	t.Helper()
-	cat, err := forge.NewCatalog()
+	cat, err := pdsclient.NewCatalog()
 	if err != nil {
 		t.Fatal(err)
 	}

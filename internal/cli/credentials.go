@@ -66,7 +66,7 @@ func (c *ServeCmd) readPassword(env *Env) (string, error) {
 }
 
 // noPassword says where serve looked for the app password, for a start
-// that has none and no saved session (forge.ErrNoPassword), and how to
+// that has none and no saved session (pdsclient.ErrNoPassword), and how to
 // give it one.
 func (c *ServeCmd) noPassword(env *Env, err error) error {
 	if c.AppPasswordFile != "" {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/internal/syncbuf"
 	"knotless.dev/run/tests/forgeworld"
 	"knotless.dev/run/tests/pds"
@@ -109,10 +110,10 @@ func TestServeMakesNoDNSQuery(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill() })
 
-	cat, _ := forge.NewCatalog()
-	reader := &forge.Reader{Dir: srv.Directory(), Catalog: cat}
+	cat, _ := pdsclient.NewCatalog()
+	reader := &pdsclient.Reader{Dir: srv.Directory(), Catalog: cat}
 	built := func() bool {
-		recs, _, err := forge.List[forge.Check](ctx, reader, runner.DID, forge.CollectionCheck)
+		recs, _, err := pdsclient.List[forge.Check](ctx, reader, runner.DID, forge.CollectionCheck)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -17,6 +17,7 @@ import (
 	"knotless.dev/run/internal/output"
 	"knotless.dev/run/internal/outputhttp"
 	"knotless.dev/run/internal/outputservice"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/termsafe"
 )
@@ -65,14 +66,14 @@ func (c *OutputServiceCmd) Run(ctx context.Context, env *Env) error {
 	if err != nil {
 		return fmt.Errorf("--data-dir %s: %w", c.DataDir, err)
 	}
-	cat, err := forge.NewCatalog()
+	cat, err := pdsclient.NewCatalog()
 	if err != nil {
 		return err
 	}
 	svc, err := outputservice.New(outputservice.Config{
 		ServiceDID: c.ServiceDID,
 		Runners:    c.Runners,
-		Directory:  forge.NewDirectory(forge.DirectoryConfig{PLCURL: c.PLCURL}),
+		Directory:  pdsclient.NewDirectory(pdsclient.DirectoryConfig{PLCURL: c.PLCURL}),
 		Store:      store,
 		Catalog:    cat,
 		Logger:     log,
@@ -162,11 +163,11 @@ func parseCheck(s string) (syntax.ATURI, error) {
 
 // liveService reads the check record for where its output is read.
 func (c *LogsCmd) liveService(ctx context.Context, check syntax.ATURI) (string, error) {
-	cat, err := forge.NewCatalog()
+	cat, err := pdsclient.NewCatalog()
 	if err != nil {
 		return "", err
 	}
-	r := &forge.Reader{Dir: forge.NewDirectory(forge.DirectoryConfig{PLCURL: c.PLCURL}), Catalog: cat, HTTP: &http.Client{Timeout: time.Minute}}
+	r := &pdsclient.Reader{Dir: pdsclient.NewDirectory(pdsclient.DirectoryConfig{PLCURL: c.PLCURL}), Catalog: cat, HTTP: &http.Client{Timeout: time.Minute}}
 	var rec forge.Check
 	if _, err := r.Get(ctx, check, &rec); err != nil {
 		return "", fmt.Errorf("read check %s (or give --from): %w", check, err)

@@ -16,6 +16,7 @@ import (
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/output"
 	"knotless.dev/run/internal/outputhttp"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/tests/pds"
 )
 
@@ -184,11 +185,11 @@ func TestLogsFromTheCheckRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cat, err := forge.NewCatalog()
+	cat, err := pdsclient.NewCatalog()
 	if err != nil {
 		t.Fatal(err)
 	}
-	acct, _, err := forge.Login(ctx, forge.LoginConfig{Host: srv.URL, Identifier: runnerAcct.DID.String(), Password: password}, cat)
+	acct, _, err := pdsclient.Login(ctx, pdsclient.LoginConfig{Host: srv.URL, Identifier: runnerAcct.DID.String(), Password: password}, cat)
 	if err != nil {
 		t.Fatal(err)
 	}

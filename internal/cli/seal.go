@@ -12,6 +12,7 @@ import (
 
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/pdsclient"
 )
 
 // SecretCmd groups the secret helpers.
@@ -70,7 +71,7 @@ func (c *SecretSealCmd) Run(env *Env) error {
 	}
 	rec := forge.Secret{Type: forge.CollectionSecret, Repo: c.Repo, Name: c.Name, Runner: c.Runner, Key: c.Key,
 		Scope: scope, Sealed: sealed, CreatedAt: forge.Now()}
-	cat, err := forge.NewCatalog()
+	cat, err := pdsclient.NewCatalog()
 	if err != nil {
 		return err
 	}

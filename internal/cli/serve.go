@@ -11,7 +11,7 @@ import (
 	"github.com/coreos/go-systemd/v22/journal"
 
 	"knotless.dev/run/internal/daemon"
-	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/pdsclient"
 )
 
 // ServeCmd is the runner daemon: `knotless-run serve --config FILE
@@ -148,7 +148,7 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 	switch {
 	case errors.Is(err, context.Canceled):
 		return nil
-	case errors.Is(err, forge.ErrNoPassword):
+	case errors.Is(err, pdsclient.ErrNoPassword):
 		return c.noPassword(env, err)
 	}
 	return err

@@ -17,6 +17,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/internal/state"
 	"knotless.dev/run/internal/syncbuf"
 	"knotless.dev/run/tests/forgeworld"
@@ -105,7 +106,7 @@ func TestSecretSeal(t *testing.T) {
 	if err := c.Run(env); err != nil {
 		t.Fatal(err)
 	}
-	cat, _ := forge.NewCatalog()
+	cat, _ := pdsclient.NewCatalog()
 	var rec forge.Secret
 	if err := cat.Decode(forge.CollectionSecret, []byte(stdout.String()), &rec); err != nil {
 		t.Fatalf("%v\n%s", err, stdout.String())
@@ -227,10 +228,10 @@ func TestServeHandover(t *testing.T) {
 		t.Errorf("first process log lacks the handover:\n%s", logs1.String())
 	}
 
-	cat, _ := forge.NewCatalog()
-	reader := &forge.Reader{Dir: srv.Directory(), Catalog: cat}
+	cat, _ := pdsclient.NewCatalog()
+	reader := &pdsclient.Reader{Dir: srv.Directory(), Catalog: cat}
 	checks := func() map[string]forge.Check {
-		recs, _, err := forge.List[forge.Check](ctx, reader, runner.DID, forge.CollectionCheck)
+		recs, _, err := pdsclient.List[forge.Check](ctx, reader, runner.DID, forge.CollectionCheck)
 		if err != nil {
 			t.Fatal(err)
 		}

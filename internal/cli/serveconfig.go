@@ -12,11 +12,11 @@ import (
 	"knotless.dev/run/internal/checks"
 	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/executor"
-	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/intake"
 	"knotless.dev/run/internal/lander"
 	"knotless.dev/run/internal/mirror"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/scheduler"
 	"knotless.dev/run/internal/telemetry"
@@ -90,7 +90,7 @@ func (c *ServeCmd) config(in serveInputs) (daemon.Config, error) {
 			Runner:    runner,
 			PDS:       c.PDS,
 			Password:  in.Password,
-			Directory: forge.NewDirectory(forge.DirectoryConfig{PLCURL: c.PLCURL, TTL: c.IdentityTTL}),
+			Directory: pdsclient.NewDirectory(pdsclient.DirectoryConfig{PLCURL: c.PLCURL, TTL: c.IdentityTTL}),
 		},
 		Sources: daemon.Sources{Targets: targets, Discover: c.Discover, Pulls: c.Pulls, Relay: c.Relay},
 		Intake:  intake.Config{Poll: c.Poll, Firehose: true, Caps: caps, Retention: c.Retention},
@@ -98,7 +98,7 @@ func (c *ServeCmd) config(in serveInputs) (daemon.Config, error) {
 			Concurrency: c.Concurrency,
 			Secrets:     in.Secrets,
 		},
-		Lander: lander.Config{Queue: c.Queue, Batch: c.QueueBatch, PushCredentials: in.PushCredentials},
+		Lander: lander.Config{Queue: c.Queue, Batch: c.QueueBatch},
 		Live:   c.live(),
 		Engine: run.Config{
 			Executor:     in.Executor,
@@ -116,6 +116,7 @@ func (c *ServeCmd) config(in serveInputs) (daemon.Config, error) {
 			MaxWorkflows:     c.MaxWorkflows,
 			MaxCheckoutBytes: exportBound(c.MaxCheckout),
 		},
+		PushCredentials:      in.PushCredentials,
 		LogBlobs:             checks.LogBlobs(c.LogBlobs),
 		StateDir:             c.StateDir,
 		CacheDir:             c.CacheDir,

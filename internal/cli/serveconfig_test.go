@@ -148,7 +148,7 @@ func TestServeConfigInputs(t *testing.T) {
 	}
 	got.Notify("READY=1")
 	if got.Engine.Executor != ex || got.Account.Password != "pw" || got.Watchdog != time.Second || got.Logger != log || notified != "READY=1" ||
-		!cmp.Equal(got.Scheduler.Secrets, secrets) || len(got.Lander.PushCredentials) != 1 {
+		!cmp.Equal(got.Scheduler.Secrets, secrets) || len(got.PushCredentials) != 1 {
 		t.Errorf("inputs not in place: %+v", got)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"knotless.dev/run/internal/lander"
 	"knotless.dev/run/internal/live"
 	"knotless.dev/run/internal/mirror"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/scheduler"
 	"knotless.dev/run/internal/telemetry"
@@ -52,6 +53,10 @@ type Config struct {
 	// default), git's deadline and the workflow and checkout limits. The
 	// state and cache directories are always forbidden as local sources.
 	Git mirror.Options
+	// PushCredentials are the keys and tokens the lander's push to the
+	// sources uses, each offered only to the host (and path prefix) it
+	// is bound to (none: the push offers nothing).
+	PushCredentials mirror.PushCredentials
 
 	StateDir string
 	CacheDir string
@@ -114,11 +119,11 @@ type Sources struct {
 }
 
 // Listing bounds a reconcile's listings: the pages and records of each
-// (forge.ListLimits: 100 pages, 10,000 records), and the deadline of
+// (pdsclient.ListLimits: 100 pages, 10,000 records), and the deadline of
 // each listing task and how many run at once (ingest.Bounds: 1 min, 8).
 // A hostile or slow PDS holds no reconcile past them.
 type Listing struct {
-	Limits forge.ListLimits
+	Limits pdsclient.ListLimits
 	Bounds ingest.Bounds
 }
 

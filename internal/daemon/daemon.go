@@ -27,6 +27,7 @@ import (
 	"knotless.dev/run/internal/lander"
 	"knotless.dev/run/internal/live"
 	"knotless.dev/run/internal/mirror"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/internal/readiness"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/scheduler"
@@ -34,6 +35,7 @@ import (
 	"knotless.dev/run/internal/status"
 	"knotless.dev/run/internal/telemetry"
 	"knotless.dev/run/internal/version"
+	"knotless.dev/run/internal/work"
 )
 
 // Daemon is one running runner process: its parts, wired.
@@ -63,12 +65,14 @@ type Daemon struct {
 type outside struct {
 	lister  intake.Lister
 	mirrors job.Mirrors
-	blobs   checks.Blobs
-	sealed  scheduler.Sealed
-	key     scheduler.Opener
-	records lander.Records
-	checks  checks.Writer
-	tokens  live.Tokens // the runner's service-auth tokens, for live output's pushes
+	// landerMirrors are mirrors whose pushes offer the push credentials.
+	landerMirrors job.Mirrors
+	blobs         checks.Blobs
+	sealed        scheduler.Sealed
+	key           scheduler.Opener
+	records       lander.Records
+	checks        checks.Writer
+	tokens        live.Tokens // the runner's service-auth tokens, for live output's pushes
 	// ownChecks lists the runner's check records (what is final is never
 	// run again).
 	ownChecks func(ctx context.Context) ([]forge.Record[forge.Check], []forge.Invalid, error)
@@ -127,7 +131,7 @@ func open(ctx context.Context, cfg *Config) (*state.Store, outside, error) {
 	if created {
 		log.Info("made a sealing key pair", "file", filepath.Join(cfg.StateDir, state.KeyFile), "public", key.PublicString())
 	}
-	cat, err := forge.NewCatalog()
+	cat, err := pdsclient.NewCatalog()
 	if err != nil {
 		return nil, out, err
 	}
@@ -135,14 +139,14 @@ func open(ctx context.Context, cfg *Config) (*state.Store, outside, error) {
 	limits.OnBudget(cfg.Telemetry.Metrics.WriteBudget)
 	cfg.Account.HTTP = limits.Client(cfg.Account.HTTP)
 	a := cfg.Account
-	reader := &forge.Reader{Dir: a.Directory, Catalog: cat, HTTP: a.HTTP, Limits: cfg.Sources.Listing.Limits}
+	reader := &pdsclient.Reader{Dir: a.Directory, Catalog: cat, HTTP: a.HTTP, Limits: cfg.Sources.Listing.Limits}
 	host := a.PDS
 	if host == "" {
 		if host, err = reader.PDS(ctx, a.Runner); err != nil {
 			return nil, out, fmt.Errorf("find the runner's PDS: %w", err)
 		}
 	}
-	acct, resumed, err := forge.Login(ctx, forge.LoginConfig{
+	acct, resumed, err := pdsclient.Login(ctx, pdsclient.LoginConfig{
 		Host:       host,
 		Identifier: a.Runner.String(),
 		Password:   a.Password,
@@ -178,9 +182,9 @@ func open(ctx context.Context, cfg *Config) (*state.Store, outside, error) {
 		lister: &ingest.Lister{Reader: reader, Dir: a.Directory, Runner: a.Runner, Targets: s.Targets, Discover: s.Discover,
 			DiscoverHosts: discover, Pulls: s.Pulls, Bounds: s.Listing.Bounds, Retention: cfg.Intake.WithDefaults().Retention,
 			Logger: cfg.Logger.With("component", "ingest")},
-		mirrors: gitMirrors{ms}, blobs: acct, sealed: secretReader{reader}, key: key, records: queueForge{reader, acct}, checks: acct, tokens: acct,
+		mirrors: gitMirrors{m: ms}, landerMirrors: gitMirrors{m: ms, creds: cfg.PushCredentials}, blobs: acct, sealed: secretReader{reader}, key: key, records: queueForge{reader, acct}, checks: acct, tokens: acct,
 		ownChecks: func(ctx context.Context) ([]forge.Record[forge.Check], []forge.Invalid, error) {
-			return forge.ListOwn[forge.Check](ctx, acct, forge.CollectionCheck)
+			return pdsclient.ListOwn[forge.Check](ctx, acct, forge.CollectionCheck)
 		},
 		stream: func(host string, cursor int64) ingest.Source {
 			return &ingest.Firehose{Host: host, Cursor: cursor, Dir: a.Directory, Logger: cfg.Logger.With("component", "ingest")}
@@ -238,7 +242,7 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 	var landing intake.Lander
 	if cfg.Lander.Queue {
 		d.lander = lander.New(cfg.Lander, runner,
-			lander.Ports{Records: out.records, Mirrors: out.mirrors, Intake: viaIntake{d}, Checks: d.keeper, State: store,
+			lander.Ports{Records: out.records, Mirrors: out.landerMirrors, Intake: viaIntake{d}, Checks: d.keeper, State: store,
 				Wake: func() { d.intake.Wake() }, Observer: observe},
 			logOf("lander"))
 		landing = d.lander
@@ -260,11 +264,11 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 // is handed the lander).
 type viaIntake struct{ d *Daemon }
 
-func (v viaIntake) Consider(ctx context.Context, ev ingest.Event) error {
+func (v viaIntake) Consider(ctx context.Context, ev work.Event) error {
 	return v.d.intake.Consider(ctx, ev)
 }
 
-func (v viaIntake) Prepare(ctx context.Context, ev ingest.Event) (job.Repo, string, *mirror.ConflictError, error) {
+func (v viaIntake) Prepare(ctx context.Context, ev work.Event) (job.Repo, string, *mirror.ConflictError, error) {
 	return v.d.intake.Prepare(ctx, ev)
 }
 

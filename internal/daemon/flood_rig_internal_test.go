@@ -9,9 +9,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/intake"
 	"knotless.dev/run/internal/rig"
+	"knotless.dev/run/internal/work"
 )
 
 // The flood caps on the rig: serve itself, with the check writes
@@ -30,7 +30,7 @@ func (l *writeLog) add(_ string, c forge.Check) {
 }
 
 // of lists workflow and status of each check written for ev.
-func (l *writeLog) of(ev ingest.Event) []string {
+func (l *writeLog) of(ev work.Event) []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out []string
@@ -68,7 +68,7 @@ func TestServeWorkflowsPerEvent(t *testing.T) {
 		h.lister.Set(big, owners)
 		h.serveUntilIdle(t)
 		want := []string{"(refused) error"}
-		for _, ev := range []ingest.Event{big, owners} {
+		for _, ev := range []work.Event{big, owners} {
 			if diff := cmp.Diff(want, log.of(ev)); diff != "" {
 				t.Errorf("%s: check writes (-want +got):\n%s", ev.URI, diff)
 			}

@@ -22,6 +22,7 @@ import (
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/lander"
 	"knotless.dev/run/internal/mirror"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/internal/scheduler"
 	"knotless.dev/run/tests/gitrepo"
 	"knotless.dev/run/tests/pds"
@@ -191,7 +192,7 @@ func (m *mqWorld) subjects(since string) []string {
 
 func list[T any](m *mqWorld, did syntax.DID, coll string) []forge.Record[T] {
 	m.t.Helper()
-	recs, bad, err := forge.List[T](context.Background(), m.Reader, did, coll)
+	recs, bad, err := pdsclient.List[T](context.Background(), m.Reader, did, coll)
 	if err != nil {
 		m.t.Fatal(err)
 	}
@@ -525,7 +526,7 @@ func TestMergeQueuePushCredentialBoundToHost(t *testing.T) {
 		})
 	}
 	cfg := m.config(func(c *daemon.Config) {
-		c.Lander.PushCredentials = mirror.PushCredentials{cred}
+		c.PushCredentials = mirror.PushCredentials{cred}
 		c.Git.Policy.AllowHTTP = true
 	})
 	source(owners.URL + "/origin.git")
@@ -583,7 +584,7 @@ func TestMergeQueuePushCredentialBoundToHost(t *testing.T) {
 		})
 	}
 	for _, coll := range []string{forge.CollectionBatch, forge.CollectionEjection, forge.CollectionLanding, forge.CollectionCheck} {
-		recs, _, err := forge.List[map[string]any](context.Background(), m.Reader, m.Runner.DID, coll)
+		recs, _, err := pdsclient.List[map[string]any](context.Background(), m.Reader, m.Runner.DID, coll)
 		if err != nil {
 			t.Fatal(err)
 		}

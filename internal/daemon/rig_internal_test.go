@@ -12,10 +12,10 @@ import (
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/fakeexec"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/rig"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/state"
+	"knotless.dev/run/internal/work"
 )
 
 // A harness is the whole daemon on the rig (internal/rig): its parts
@@ -60,7 +60,7 @@ func (h *harness) wire(t *testing.T) *Daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return wire(h.cfg, store, outside{lister: h.lister, mirrors: h.git, blobs: h.blobs, sealed: h.sealed, records: h.queue, checks: h.pds,
+	return wire(h.cfg, store, outside{lister: h.lister, mirrors: h.git, landerMirrors: h.git, blobs: h.blobs, sealed: h.sealed, records: h.queue, checks: h.pds,
 		ownChecks: func(context.Context) ([]forge.Record[forge.Check], []forge.Invalid, error) {
 			var out []forge.Record[forge.Check]
 			for k, c := range h.pds.Checks() {
@@ -134,13 +134,13 @@ func serve(t *testing.T, d *Daemon) (stop func()) {
 }
 
 // final is the check of workflow on ev as last written.
-func (h *harness) final(ev ingest.Event, workflow string) forge.Check {
+func (h *harness) final(ev work.Event, workflow string) forge.Check {
 	c, _ := h.d.keeper.Get(forge.CheckKey(ev.Subject(), workflow))
 	return c
 }
 
 // statuses lists the statuses written for the check of workflow on ev.
-func (h *harness) statuses(ev ingest.Event, workflow string) []string {
+func (h *harness) statuses(ev work.Event, workflow string) []string {
 	return h.pds.Statuses(forge.CheckKey(ev.Subject(), workflow))
 }
 

@@ -15,11 +15,11 @@ import (
 
 	"knotless.dev/run/internal/executor/fakeexec"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/intake"
 	"knotless.dev/run/internal/mirror"
 	"knotless.dev/run/internal/rig"
 	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/work"
 	"knotless.dev/run/internal/workflow"
 )
 
@@ -82,7 +82,7 @@ func TestServeErrorChecks(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name     string
-		ev       ingest.Event
+		ev       work.Event
 		setup    func(t *testing.T, h *harness)
 		workflow string
 		status   string
@@ -185,7 +185,7 @@ func TestServeAuthorCap(t *testing.T) {
 		close(gate)
 		synctest.Wait()
 		stop()
-		for _, ev := range []ingest.Event{a, b} {
+		for _, ev := range []work.Event{a, b} {
 			if c := h.final(ev, "ci"); c.Status != "success" {
 				t.Errorf("%s: %q", ev.URI, c.Status)
 			}
@@ -274,7 +274,7 @@ func TestServeReleasesAtStopWait(t *testing.T) {
 		if got := h.statuses(waiting, "ci"); !cmp.Equal(got, []string{"queued"}) {
 			t.Errorf("the waiting pull: %v, want its queued check alone", got)
 		}
-		for _, ev := range []ingest.Event{going, waiting} {
+		for _, ev := range []work.Event{going, waiting} {
 			if _, done := h.saved(t).Done[ev.Key()]; done {
 				t.Errorf("released work %s is done", ev.URI)
 			}

@@ -1,62 +1,11 @@
 package forge
 
 import (
-	"encoding/json"
 	"strings"
 	"testing"
 
-	"github.com/bluesky-social/indigo/atproto/atdata"
 	"github.com/google/go-cmp/cmp"
 )
-
-func TestRecordsValidate(t *testing.T) {
-	t.Parallel()
-	cat, err := NewCatalog()
-	if err != nil {
-		t.Fatal(err)
-	}
-	commit := strings.Repeat("a", 40)
-	code := int64(3)
-	good := []struct {
-		coll string
-		v    any
-	}{
-		{CollectionRepo, Repo{Type: CollectionRepo, Name: "hello", Source: "file:///srv/hello", Runners: []string{"did:plc:ewvi7nxzyoun6zhxrhs64oiz"}, CreatedAt: Now()}},
-		{CollectionRefUpdate, RefUpdate{Type: CollectionRefUpdate, Repo: "at://did:plc:ewvi7nxzyoun6zhxrhs64oiz/dev.knotless.repo/hello", Ref: "refs/heads/main", New: commit, CreatedAt: Now()}},
-		{CollectionPull, Pull{Type: CollectionPull, Repo: "at://did:plc:ewvi7nxzyoun6zhxrhs64oiz/dev.knotless.repo/hello", Base: "main",
-			Head: PullHead{Source: "https://example.com/fork.git", Ref: "refs/heads/x", Commit: commit}, Title: "x", State: PullOpen, CreatedAt: Now()}},
-		{CollectionCheck, Check{Type: CollectionCheck, Workflow: "build", Status: "failure", FailedStep: "test", CreatedAt: Now(),
-			Subject: Subject{Repo: "at://did:plc:ewvi7nxzyoun6zhxrhs64oiz/dev.knotless.repo/hello", Commit: commit, Event: "at://did:plc:ewvi7nxzyoun6zhxrhs64oiz/dev.knotless.refUpdate/3n3pa7x34wk22", Kind: KindPush},
-			Steps:   []CheckStep{{Name: "test", Status: "failure", ExitCode: &code, DurationMs: 12}}}},
-		{CollectionSecret, Secret{Type: CollectionSecret, Repo: "at://did:plc:ewvi7nxzyoun6zhxrhs64oiz/dev.knotless.repo/hello", Name: "TOKEN",
-			Runner: "did:plc:7u2ld3ffgzqvezmv6wxgxiix", Scope: ScopePush, Sealed: atdata.Bytes("sealed"), CreatedAt: Now()}},
-	}
-	for _, g := range good {
-		m, err := cat.Encode(g.coll, g.v)
-		if err != nil {
-			t.Errorf("%s: %v", g.coll, err)
-			continue
-		}
-		raw, _ := json.Marshal(m)
-		if err := cat.Validate(g.coll, raw); err != nil {
-			t.Errorf("%s round trip: %v", g.coll, err)
-		}
-	}
-	bad := []struct {
-		name, coll, json string
-	}{
-		{"wrong type", CollectionRepo, `{"$type":"dev.knotless.pull","name":"x","source":"y","createdAt":"2024-01-01T00:00:00Z"}`},
-		{"missing source", CollectionRepo, `{"$type":"dev.knotless.repo","name":"x","createdAt":"2024-01-01T00:00:00Z"}`},
-		{"runner not a DID", CollectionRepo, `{"$type":"dev.knotless.repo","name":"x","source":"y","runners":["bob"],"createdAt":"2024-01-01T00:00:00Z"}`},
-		{"short commit", CollectionRefUpdate, `{"$type":"dev.knotless.refUpdate","repo":"at://did:plc:ewvi7nxzyoun6zhxrhs64oiz/dev.knotless.repo/hello","ref":"main","new":"abc","createdAt":"2024-01-01T00:00:00Z"}`},
-		{"repo not an AT-URI", CollectionRefUpdate, `{"$type":"dev.knotless.refUpdate","repo":"hello","ref":"main","new":"` + commit + `","createdAt":"2024-01-01T00:00:00Z"}`},
-	}
-	for _, b := range bad {
-		if err := cat.Validate(b.coll, []byte(b.json)); err == nil {
-			t.Errorf("%s: validated", b.name)
-		}
-	}
-}
 
 func TestCheckKey(t *testing.T) {
 	t.Parallel()

@@ -1,70 +1,12 @@
 package forge
 
 import (
-	"encoding/json"
 	"strings"
 	"testing"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/google/go-cmp/cmp"
 )
-
-func TestQueueRecordsValidate(t *testing.T) {
-	t.Parallel()
-	cat, err := NewCatalog()
-	if err != nil {
-		t.Fatal(err)
-	}
-	repo := "at://did:plc:ewvi7nxzyoun6zhxrhs64oiz/dev.knotless.repo/hello"
-	pull := "at://did:plc:7u2ld3ffgzqvezmv6wxgxiix/dev.knotless.pull/3n3pa7x34wk22"
-	batch := "at://did:plc:7u2ld3ffgzqvezmv6wxgxiix/dev.knotless.batch/abc"
-	a, b := strings.Repeat("a", 40), strings.Repeat("b", 40)
-	good := []struct {
-		coll string
-		v    any
-	}{
-		{CollectionRepo, Repo{Type: CollectionRepo, Name: "hello", Source: "file:///srv/hello", Runners: []string{"did:plc:ewvi7nxzyoun6zhxrhs64oiz"},
-			Landers: []string{"did:plc:ewvi7nxzyoun6zhxrhs64oiz"}, CreatedAt: Now()}},
-		{CollectionQueueEntry, QueueEntry{Type: CollectionQueueEntry, Repo: repo, Pull: pull, Commit: a, Base: "main", CreatedAt: Now()}},
-		// An entry written before entries named a base still reads, so
-		// that the lander can eject it (noBase) instead of ignoring it.
-		{CollectionQueueEntry, QueueEntry{Type: CollectionQueueEntry, Repo: repo, Pull: pull, Commit: a, CreatedAt: Now()}},
-		{CollectionBatch, Batch{Type: CollectionBatch, Repo: repo, Ref: "refs/heads/main", Base: a, Pulls: []BatchPull{{Pull: pull, Commit: b}},
-			Squashed: b, Status: BatchLanded, CreatedAt: Now()}},
-		{CollectionEjection, Ejection{Type: CollectionEjection, Repo: repo, Pull: pull, Commit: a, Reason: EjectConflictBase, Detail: "a.txt", Batch: batch, CreatedAt: Now()}},
-		{CollectionLanding, Landing{Type: CollectionLanding, Repo: repo, Ref: "refs/heads/main", Old: a, New: b, Batch: batch, CreatedAt: Now()}},
-	}
-	for _, g := range good {
-		m, err := cat.Encode(g.coll, g.v)
-		if err != nil {
-			t.Errorf("%s: %v", g.coll, err)
-			continue
-		}
-		raw, _ := json.Marshal(m)
-		if err := cat.Validate(g.coll, raw); err != nil {
-			t.Errorf("%s round trip: %v", g.coll, err)
-		}
-	}
-	bad := []struct {
-		name, coll string
-		v          any
-	}{
-		{"lander not a DID", CollectionRepo, Repo{Type: CollectionRepo, Name: "x", Source: "y", Landers: []string{"bob"}, CreatedAt: Now()}},
-		{"entry without commit", CollectionQueueEntry, QueueEntry{Type: CollectionQueueEntry, Repo: repo, Pull: pull, CreatedAt: Now()}},
-		{"entry base too long", CollectionQueueEntry, QueueEntry{Type: CollectionQueueEntry, Repo: repo, Pull: pull, Commit: a, Base: strings.Repeat("b", 256), CreatedAt: Now()}},
-		{"entry pull not an AT-URI", CollectionQueueEntry, QueueEntry{Type: CollectionQueueEntry, Repo: repo, Pull: "42", Commit: a, CreatedAt: Now()}},
-		{"batch without pulls", CollectionBatch, Batch{Type: CollectionBatch, Repo: repo, Ref: "refs/heads/main", Base: a, Status: BatchBuilding, CreatedAt: Now()}},
-		{"batch short base", CollectionBatch, Batch{Type: CollectionBatch, Repo: repo, Ref: "refs/heads/main", Base: "abc", Pulls: []BatchPull{{Pull: pull, Commit: b}}, Status: BatchBuilding, CreatedAt: Now()}},
-		{"ejection without reason", CollectionEjection, Ejection{Type: CollectionEjection, Repo: repo, Pull: pull, Commit: a, CreatedAt: Now()}},
-		{"landing without old", CollectionLanding, Landing{Type: CollectionLanding, Repo: repo, Ref: "refs/heads/main", New: b, Batch: batch, CreatedAt: Now()}},
-		{"wrong type", CollectionLanding, Landing{Type: CollectionBatch, Repo: repo, Ref: "refs/heads/main", Old: a, New: b, Batch: batch, CreatedAt: Now()}},
-	}
-	for _, c := range bad {
-		if _, err := cat.Encode(c.coll, c.v); err == nil {
-			t.Errorf("%s: validated", c.name)
-		}
-	}
-}
 
 func TestLander(t *testing.T) {
 	t.Parallel()

@@ -7,6 +7,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/work"
 )
 
 func strangerDID(i int) syntax.DID { return syntax.DID(fmt.Sprintf("did:plc:stranger%07d", i)) }
@@ -25,7 +26,7 @@ func TestAuthorsAreBounded(t *testing.T) {
 	// A listing found an open pull of the author's for a repository
 	// served.
 	pull := syntax.ATURI("at://" + author.String() + "/" + forge.CollectionPull + "/3p1")
-	l.confirmAuthors(&Snapshot{Events: []Event{{Kind: forge.KindPull, URI: pull}}})
+	l.confirmAuthors(&Snapshot{Events: []work.Event{{Kind: forge.KindPull, URI: pull}}})
 	for i := range 100_000 {
 		l.Changed(Change{DID: strangerDID(i), Collection: []string{forge.CollectionPull, forge.CollectionCancel, forge.CollectionRerun}[i%3]})
 	}
@@ -62,7 +63,7 @@ func TestAuthorsDefaultBound(t *testing.T) {
 	var snap Snapshot
 	for i := range 3 * DefaultMaxAuthors {
 		l.Changed(Change{DID: strangerDID(i), Collection: forge.CollectionCancel})
-		snap.Events = append(snap.Events, Event{Kind: forge.KindPull, URI: syntax.ATURI("at://" + strangerDID(i).String() + "/" + forge.CollectionPull + "/3p1")})
+		snap.Events = append(snap.Events, work.Event{Kind: forge.KindPull, URI: syntax.ATURI("at://" + strangerDID(i).String() + "/" + forge.CollectionPull + "/3p1")})
 	}
 	l.confirmAuthors(&snap)
 	if n := len(l.knownAuthors()); n != DefaultMaxAuthors {

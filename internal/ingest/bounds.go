@@ -8,8 +8,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/semaphore"
-
-	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/pdsclient"
 )
 
 // Bounds keep one PDS from holding a reconcile: every listing task (a
@@ -17,7 +16,7 @@ import (
 // owner's pushes, an account's pulls, a lander's landings) runs under a
 // deadline of its own, at most Parallel at a time in one reconcile. The
 // pages and records of one listing are bounded by the Reader's
-// forge.ListLimits.
+// pdsclient.ListLimits.
 type Bounds struct {
 	// Parallel is how many listings run at once (default
 	// DefaultParallel).
@@ -81,12 +80,12 @@ func (p *pool) each(ctx context.Context, n int, do func(ctx context.Context, i i
 }
 
 // usable reports whether a listing's records can be used: it ended, or
-// it stopped at a bound (forge.BoundError), which is logged naming the
+// it stopped at a bound (pdsclient.BoundError), which is logged naming the
 // host, the listing and the bound; what was read up to it is used (a
 // PDS lists newest first, so the newest work is kept). err, when not
 // usable, says which deadline passed, if one did.
 func (l *Lister) usable(ctx context.Context, err error) (bool, error) {
-	var be *forge.BoundError
+	var be *pdsclient.BoundError
 	if errors.As(err, &be) {
 		l.Logger.Warn("listing stopped at its bound; what was read up to it is used", "host", be.Host, "listing", be.What,
 			"bound", be.Bound, "limit", be.Limit)

@@ -9,59 +9,8 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/workflow"
+	"knotless.dev/run/internal/pdsclient"
 )
-
-// Control is what makes an event run-control work: a re-run, a
-// dispatch or a schedule's tick (docs/design/protocol.md, "Run
-// control"). The zero value is a push's or a pull's.
-type Control struct {
-	// Cause is the rerun or dispatch record that made the work: each of
-	// its checks names it, and the author caps count its runs and check
-	// writes against the record's account (job.Author).
-	Cause string `json:",omitempty"`
-	// Workflows, when set, are the only workflows that run, each at its
-	// attempt: 1 (the first) keeps the check key it always had, n > 1
-	// (a re-run) is keyed by forge.AttemptKey.
-	Workflows map[string]int64 `json:",omitempty"`
-	// Tick is a schedule's tick (kind schedule), as control.TickID
-	// writes it.
-	Tick string `json:",omitempty"`
-	// Inputs are the inputs of the dispatch record a re-run of a
-	// dispatch runs again, as the record gives them (nil for any other
-	// work): intake checks them against the workflow
-	// (workflow.Workflow.DispatchVars) and puts Vars, the re-run's env,
-	// on top.
-	Inputs []workflow.EnvVar `json:",omitempty"`
-}
-
-// CheckKey is the record key of the check of workflow wf of the event:
-// forge.CheckKey of its subject, or, for a re-run's attempt n > 1,
-// forge.AttemptKey.
-func (e Event) CheckKey(wf string) string {
-	return forge.AttemptKey(e.Subject(), wf, e.Workflows[wf])
-}
-
-// Attempt is the attempt workflow wf of the event runs as, for its
-// check's attempt field: 0 (left out) for a first attempt.
-func (e Event) Attempt(wf string) int64 {
-	if n := e.Workflows[wf]; n > 1 {
-		return n
-	}
-	return 0
-}
-
-// Order ranks the event's trusted cache saves (run.CacheScope.Order):
-// its record key, a TID (the later push orders higher); for a schedule,
-// whose event is the repository record, a TID of its tick.
-func (e Event) Order() string {
-	if e.Kind == forge.KindSchedule {
-		if t, err := time.Parse(time.RFC3339, e.Tick); err == nil {
-			return syntax.NewTIDFromTime(t, 0).String()
-		}
-	}
-	return e.URI.RecordKey().String()
-}
 
 // Controls are the run-control records a reconcile listed: cancel and
 // rerun records of the repositories' owners and of the accounts known
@@ -200,7 +149,7 @@ func listControl[T any](ctx context.Context, l *Lister, did syntax.DID, collecti
 	var bad []forge.Invalid
 	var err error
 	if now.IsZero() {
-		recs, bad, err = forge.List[T](ctx, l.Reader, did, collection)
+		recs, bad, err = pdsclient.List[T](ctx, l.Reader, did, collection)
 	} else {
 		recs, bad, err = listRecent[T](ctx, l, did, collection, now)
 	}

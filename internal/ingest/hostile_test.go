@@ -14,6 +14,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/internal/syncbuf"
 	"knotless.dev/run/tests/forgeworld"
 	"knotless.dev/run/tests/hostilepds"
@@ -98,15 +99,15 @@ func TestHostilePDSHoldsNoListing(t *testing.T) {
 	}
 	evil := w.Put(hostile, forge.CollectionRepo, "evil", forge.Repo{Type: forge.CollectionRepo, Name: "evil", Source: "file:///nowhere",
 		DefaultBranch: "main", Runners: []string{w.Runner.DID.String()}, CreatedAt: forge.Now()})
-	cat, err := forge.NewCatalog()
+	cat, err := pdsclient.NewCatalog()
 	if err != nil {
 		t.Fatal(err)
 	}
 
 	lister := func(t *testing.T, h *hostilepds.Server, hc *http.Client, log *syncbuf.Buffer) *Lister {
-		dir := hostilepds.Directory(forge.NewDirectory(forge.DirectoryConfig{PLCURL: srv.PLCURL}), map[syntax.DID]string{hostile.DID: h.URL})
+		dir := hostilepds.Directory(pdsclient.NewDirectory(pdsclient.DirectoryConfig{PLCURL: srv.PLCURL}), map[syntax.DID]string{hostile.DID: h.URL})
 		return &Lister{
-			Reader: &forge.Reader{Dir: dir, Catalog: cat, HTTP: hc},
+			Reader: &pdsclient.Reader{Dir: dir, Catalog: cat, HTTP: hc},
 			Dir:    dir,
 			Runner: w.Runner.DID,
 			// The hostile owner first: listed one after the other, it
@@ -145,8 +146,8 @@ func TestHostilePDSHoldsNoListing(t *testing.T) {
 		}
 		// Its pushes, and its cancel, rerun and dispatch records: each
 		// listing to the bound.
-		if got := h.Listed(); got != 4*forge.DefaultListPages {
-			t.Errorf("the hostile PDS was asked for %d pages, want four listings to the bound of %d", got, forge.DefaultListPages)
+		if got := h.Listed(); got != 4*pdsclient.DefaultListPages {
+			t.Errorf("the hostile PDS was asked for %d pages, want four listings to the bound of %d", got, pdsclient.DefaultListPages)
 		}
 		for _, want := range []string{"listing stopped at its bound", "host=" + h.URL, hostile.DID.String(), "bound=pages", "limit=100"} {
 			if !strings.Contains(log.String(), want) {

@@ -21,7 +21,8 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/workflow"
+	"knotless.dev/run/internal/pdsclient"
+	"knotless.dev/run/internal/work"
 )
 
 // Target is a repository named on the command line.
@@ -59,66 +60,9 @@ func ParseTarget(s string) (Target, error) {
 	return Target{Owner: id, Name: name}, nil
 }
 
-// Event is a push or a pull that may need runs.
-type Event struct {
-	Kind string // forge.KindPush or forge.KindPull
-	// URI is the refUpdate or pull record.
-	URI  syntax.ATURI
-	Repo forge.Record[forge.Repo]
-	// Ref is the pushed ref, or the pull's base branch as refs/heads/….
-	Ref string
-	// Commit is the pushed commit, or the pull's head commit.
-	Commit string
-	Push   *forge.RefUpdate
-	Pull   *forge.Pull
-	// Trusted is true for a push written by the repository's owner, and
-	// for a landing written by the repository's lander.
-	Trusted bool
-	// Preflight marks a queued pull's pre-flight (the lander's work): its
-	// queue: first workflows run, not its on: pull ones.
-	Preflight bool
-	// Vars are run variables the event gives its runs from outside the
-	// workflow files (a re-run's env, a dispatch's inputs): intake hands
-	// them to each of its jobs, the scheduler to run.Request.Vars.
-	Vars []workflow.EnvVar `json:",omitempty"`
-	// Run control (control.go): the record that made the work, the
-	// workflows it runs, a schedule's tick, a re-run dispatch's inputs.
-	Control
-}
-
-// Key identifies the event's work: the record and its commit (a pull
-// whose head moves is new work); for work a run-control record made,
-// that record and the commit; for a schedule, its workflow and tick.
-func (e Event) Key() string {
-	switch {
-	case e.Preflight:
-		return "preflight " + e.URI.String() + "@" + e.Commit
-	case e.Cause != "":
-		return e.Cause + "@" + e.Commit
-	case e.Kind == forge.KindSchedule:
-		return "schedule " + e.URI.String() + " " + strings.Join(slices.Sorted(maps.Keys(e.Workflows)), ",") + " " + e.Tick
-	}
-	return e.URI.String() + "@" + e.Commit
-}
-
-// Owner is the repository's owner.
-func (e Event) Owner() syntax.DID {
-	d, _ := e.Repo.URI.Authority().AsDID()
-	return d
-}
-
-// Subject is the check subject of the event.
-func (e Event) Subject() forge.Subject {
-	return forge.Subject{Repo: e.Repo.URI.String(), Commit: e.Commit, Ref: e.Ref, Event: e.URI.String(), Kind: e.Kind, Tick: e.Tick}
-}
-
-// Branch is the branch a workflow's branches filter matches: the pushed
-// branch, or the pull's base.
-func (e Event) Branch() string { return strings.TrimPrefix(e.Ref, "refs/heads/") }
-
 // Lister reconciles by listing records.
 type Lister struct {
-	Reader *forge.Reader
+	Reader *pdsclient.Reader
 	Dir    identity.Directory
 	// Runner is this runner's DID.
 	Runner syntax.DID
@@ -173,7 +117,7 @@ type Snapshot struct {
 	// in Repos is not served, and what is kept of it may be forgotten;
 	// never after a listing that failed in part.
 	Complete bool
-	Events   []Event
+	Events   []work.Event
 	// Controls are the run-control records listed (control.go).
 	Controls Controls
 	// Hosts are the PDS hosts of the repositories' owners: the event
@@ -219,7 +163,7 @@ func (l *Lister) Reconcile(ctx context.Context) (*Snapshot, error) {
 		return nil, reposErr
 	}
 	owners := ownersOf(repos)
-	var landings map[syntax.ATURI][]Event
+	var landings map[syntax.ATURI][]work.Event
 	wg.Go(func() { landings = l.landings(ctx, p, repos) })
 	got = l.listRound(ctx, p, got, l.roundOf(owners, authors), now)
 	wg.Wait()
@@ -256,14 +200,14 @@ func (l *Lister) Reconcile(ctx context.Context) (*Snapshot, error) {
 				continue
 			}
 			v := u.Value
-			snap.Events = append(snap.Events, Event{Kind: forge.KindPush, URI: u.URI, Repo: repo, Ref: v.Ref, Commit: v.New, Push: &v, Trusted: true})
+			snap.Events = append(snap.Events, work.Event{Kind: forge.KindPush, URI: u.URI, Repo: repo, Ref: v.Ref, Commit: v.New, Push: &v, Trusted: true})
 		}
 		for _, p := range pulls {
 			if p.Value.Repo != repo.URI.String() || p.Value.State != forge.PullOpen {
 				continue
 			}
 			v := p.Value
-			snap.Events = append(snap.Events, Event{Kind: forge.KindPull, URI: p.URI, Repo: repo, Ref: "refs/heads/" + v.Base, Commit: v.Head.Commit, Pull: &v})
+			snap.Events = append(snap.Events, work.Event{Kind: forge.KindPull, URI: p.URI, Repo: repo, Ref: "refs/heads/" + v.Base, Commit: v.Head.Commit, Pull: &v})
 		}
 	}
 	for h := range hosts {
@@ -346,9 +290,9 @@ func (l *Lister) listOwners(ctx context.Context, p *pool, owners []syntax.DID, d
 // retention when one is set (Lister.Retention).
 func listRecent[T any](ctx context.Context, l *Lister, did syntax.DID, collection string, now time.Time) ([]forge.Record[T], []forge.Invalid, error) {
 	if l.Retention > 0 {
-		return forge.ListSince[T](ctx, l.Reader, did, collection, now.Add(-l.Retention))
+		return pdsclient.ListSince[T](ctx, l.Reader, did, collection, now.Add(-l.Retention))
 	}
-	return forge.List[T](ctx, l.Reader, did, collection)
+	return pdsclient.List[T](ctx, l.Reader, did, collection)
 }
 
 func (l *Lister) hostFailed(host string, err error, now time.Time) {
@@ -380,7 +324,7 @@ func (l *Lister) pullsOnHosts(ctx context.Context, p *pool, owners []ownerListin
 	failed := make([]bool, len(hosts))
 	p.each(ctx, len(hosts), func(ctx context.Context, i int) {
 		var err error
-		dids[i], err = forge.ListRepos(ctx, l.Reader.HTTP, hosts[i], l.Reader.Limits)
+		dids[i], err = pdsclient.ListRepos(ctx, l.Reader.HTTP, hosts[i], l.Reader.Limits)
 		if ok, err := l.usable(ctx, err); !ok {
 			l.hostFailed(hosts[i], err, now)
 			failed[i] = true
@@ -416,7 +360,7 @@ func (l *Lister) pullsOnHosts(ctx context.Context, p *pool, owners []ownerListin
 // stranger's claims); landings of another runner are not work. Each lander is listed once; one that
 // fails is logged and its landings are listed again at the next
 // reconcile, while its repositories go on.
-func (l *Lister) landings(ctx context.Context, p *pool, repos []forge.Record[forge.Repo]) map[syntax.ATURI][]Event {
+func (l *Lister) landings(ctx context.Context, p *pool, repos []forge.Record[forge.Repo]) map[syntax.ATURI][]work.Event {
 	var landers []syntax.DID
 	seen := map[syntax.DID]bool{}
 	for _, repo := range repos {
@@ -430,7 +374,7 @@ func (l *Lister) landings(ctx context.Context, p *pool, repos []forge.Record[for
 	}
 	recs := make([][]forge.Record[forge.Landing], len(landers))
 	p.each(ctx, len(landers), func(ctx context.Context, i int) {
-		r, bad, err := forge.List[forge.Landing](ctx, l.Reader, landers[i], forge.CollectionLanding)
+		r, bad, err := pdsclient.List[forge.Landing](ctx, l.Reader, landers[i], forge.CollectionLanding)
 		if ok, err := l.usable(ctx, err); !ok {
 			l.Logger.Warn("landings not listed; their repositories go on", "lander", landers[i].String(), "err", err)
 			return
@@ -442,7 +386,7 @@ func (l *Lister) landings(ctx context.Context, p *pool, repos []forge.Record[for
 	for i, lander := range landers {
 		byLander[lander] = recs[i]
 	}
-	out := map[syntax.ATURI][]Event{}
+	out := map[syntax.ATURI][]work.Event{}
 	for _, repo := range repos {
 		lander, err := syntax.ParseDID(repo.Value.Lander())
 		if err != nil || !repo.Value.MayLand(lander.String()) {
@@ -454,7 +398,7 @@ func (l *Lister) landings(ctx context.Context, p *pool, repos []forge.Record[for
 				continue
 			}
 			push := forge.RefUpdate{Type: forge.CollectionRefUpdate, Repo: v.Repo, Ref: v.Ref, Old: v.Old, New: v.New, CreatedAt: v.CreatedAt}
-			out[repo.URI] = append(out[repo.URI], Event{Kind: forge.KindPush, URI: r.URI, Repo: repo, Ref: v.Ref, Commit: v.New, Push: &push, Trusted: true})
+			out[repo.URI] = append(out[repo.URI], work.Event{Kind: forge.KindPush, URI: r.URI, Repo: repo, Ref: v.Ref, Commit: v.New, Push: &push, Trusted: true})
 		}
 	}
 	return out
@@ -485,7 +429,7 @@ func (l *Lister) repos(ctx context.Context, p *pool) (_ []forge.Record[forge.Rep
 		cid, err := l.Reader.Get(ctx, uri, &repo)
 		if _, err := l.usable(ctx, err); err != nil {
 			l.Logger.Warn("watched repository unreadable", "repo", uri.String(), "err", err)
-			reads[i].unread = !errors.Is(err, forge.ErrNotFound)
+			reads[i].unread = !errors.Is(err, pdsclient.ErrNotFound)
 			return
 		}
 		if len(repo.Runners) > 0 && !repo.NamesRunner(l.Runner.String()) {
@@ -513,7 +457,7 @@ func (l *Lister) repos(ctx context.Context, p *pool) (_ []forge.Record[forge.Rep
 		var dids []syntax.DID
 		p.each(ctx, 1, func(ctx context.Context, _ int) {
 			var err error
-			dids, err = forge.ListRepos(ctx, l.Reader.HTTP, host, l.Reader.Limits)
+			dids, err = pdsclient.ListRepos(ctx, l.Reader.HTTP, host, l.Reader.Limits)
 			if ok, err := l.usable(ctx, err); !ok {
 				l.Logger.Warn("discover repositories: host failed; the named ones go on", "host", host, "err", err)
 				complete = false
@@ -522,7 +466,7 @@ func (l *Lister) repos(ctx context.Context, p *pool) (_ []forge.Record[forge.Rep
 		found := make([][]forge.Record[forge.Repo], len(dids))
 		failed := make([]bool, len(dids))
 		p.each(ctx, len(dids), func(ctx context.Context, i int) {
-			recs, bad, err := forge.List[forge.Repo](ctx, l.Reader, dids[i], forge.CollectionRepo)
+			recs, bad, err := pdsclient.List[forge.Repo](ctx, l.Reader, dids[i], forge.CollectionRepo)
 			if ok, err := l.usable(ctx, err); !ok {
 				l.Logger.Warn("list repositories", "did", dids[i].String(), "err", err)
 				failed[i] = true
@@ -558,7 +502,7 @@ func (l *Lister) pullsOf(ctx context.Context, p *pool, dids []syntax.DID, now ti
 		if l.accounts.skip(did, now) {
 			return
 		}
-		recs, bad, err := forge.List[forge.Pull](ctx, l.Reader, dids[i], forge.CollectionPull)
+		recs, bad, err := pdsclient.List[forge.Pull](ctx, l.Reader, dids[i], forge.CollectionPull)
 		if ok, err := l.usable(ctx, err); !ok {
 			n, wait := l.accounts.failed(did, now)
 			l.Logger.Warn("pulls of an account not listed; it is passed over, the others go on", "did", did, "failures", n, "retry_in", wait, "err", err)

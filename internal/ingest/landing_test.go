@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/tests/pds"
 )
 
@@ -53,13 +54,13 @@ func TestLandingsAreTrustedPushes(t *testing.T) {
 	landing(lander, forge.RepoURI(owner.DID, "elsewhere").String())
 	landing(lander, ungrantedURI.String())
 
-	cat, err := forge.NewCatalog()
+	cat, err := pdsclient.NewCatalog()
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := forge.NewDirectory(forge.DirectoryConfig{PLCURL: srv.PLCURL})
+	dir := pdsclient.NewDirectory(pdsclient.DirectoryConfig{PLCURL: srv.PLCURL})
 	l := &Lister{
-		Reader:  &forge.Reader{Dir: dir, Catalog: cat},
+		Reader:  &pdsclient.Reader{Dir: dir, Catalog: cat},
 		Dir:     dir,
 		Runner:  other.DID,
 		Targets: []Target{{Owner: syntax.AtIdentifier(owner.DID), Name: "hello"}, {Owner: syntax.AtIdentifier(owner.DID), Name: "ungranted"}},

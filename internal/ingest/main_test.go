@@ -16,7 +16,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m, knownGoroutines...) }
 
 // knownGoroutines live as long as the process by design and are nobody's
 // leak: ipfs/go-log (imported through indigo) starts its log mirror in a
-// package initializer, and indigo's CacheDirectory (forge.NewDirectory,
+// package initializer, and indigo's CacheDirectory (pdsclient.NewDirectory,
 // one per daemon) expires entries in two goroutines of hashicorp's
 // expirable LRU that nothing can stop.
 var knownGoroutines = []goleak.Option{

@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/tests/forgeworld"
 	"knotless.dev/run/tests/pds"
 )
@@ -40,26 +41,26 @@ func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return http.DefaultTransport.RoundTrip(r)
 }
 
-// countedReader is a forge.Reader of srv (and its PLC directory) whose
+// countedReader is a pdsclient.Reader of srv (and its PLC directory) whose
 // requests counter counts.
-func countedReader(t *testing.T, srv *pds.Server) (*countingTransport, *forge.Reader) {
+func countedReader(t *testing.T, srv *pds.Server) (*countingTransport, *pdsclient.Reader) {
 	t.Helper()
 	counter := &countingTransport{plc: srv.PLCURL, n: map[string]int{}}
 	return counter, readerVia(t, srv, counter)
 }
 
-// readerVia is a forge.Reader of srv (and its PLC directory) whose
+// readerVia is a pdsclient.Reader of srv (and its PLC directory) whose
 // requests go through rt.
-func readerVia(tb testing.TB, srv *pds.Server, rt http.RoundTripper) *forge.Reader {
+func readerVia(tb testing.TB, srv *pds.Server, rt http.RoundTripper) *pdsclient.Reader {
 	tb.Helper()
 	hc := &http.Client{Transport: rt}
 	tb.Cleanup(hc.CloseIdleConnections)
-	cat, err := forge.NewCatalog()
+	cat, err := pdsclient.NewCatalog()
 	if err != nil {
 		tb.Fatal(err)
 	}
-	dir := forge.NewDirectory(forge.DirectoryConfig{PLCURL: srv.PLCURL, HTTP: hc})
-	return &forge.Reader{Dir: dir, Catalog: cat, HTTP: hc}
+	dir := pdsclient.NewDirectory(pdsclient.DirectoryConfig{PLCURL: srv.PLCURL, HTTP: hc})
+	return &pdsclient.Reader{Dir: dir, Catalog: cat, HTTP: hc}
 }
 
 func (c *countingTransport) take() map[string]int {

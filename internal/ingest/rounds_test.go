@@ -12,6 +12,8 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/pdsclient"
+	"knotless.dev/run/internal/work"
 	"knotless.dev/run/tests/forgeworld"
 	"knotless.dev/run/tests/pds"
 )
@@ -38,9 +40,9 @@ func (rt *roundsTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
-// heldReader is a forge.Reader of srv (and its PLC directory) whose
+// heldReader is a pdsclient.Reader of srv (and its PLC directory) whose
 // requests are each held hold.
-func heldReader(tb testing.TB, srv *pds.Server, hold time.Duration) (*roundsTransport, *forge.Reader) {
+func heldReader(tb testing.TB, srv *pds.Server, hold time.Duration) (*roundsTransport, *pdsclient.Reader) {
 	rt := &roundsTransport{hold: hold}
 	return rt, readerVia(tb, srv, rt)
 }
@@ -132,7 +134,7 @@ func TestReconcileRounds(t *testing.T) {
 			if tc.rounds != 0 && rounds != tc.rounds {
 				t.Errorf("a reconcile made its %d requests in %d rounds, want %d", requests, rounds, tc.rounds)
 			}
-			if !slices.ContainsFunc(snap.Events, func(e Event) bool { return e.URI == push }) {
+			if !slices.ContainsFunc(snap.Events, func(e work.Event) bool { return e.URI == push }) {
 				t.Errorf("events %+v, want the push %s", snap.Events, push)
 			}
 			if !slices.ContainsFunc(snap.Controls.Cancels, func(r forge.Record[forge.Cancel]) bool { return r.URI == cancel }) {
@@ -208,7 +210,7 @@ func TestReconcileListsAHostOnce(t *testing.T) {
 	if want := 2 * discovery; withPulls != want {
 		t.Errorf("%s asked %d times with pulls, want %d (discovery, then the pulls of the host's accounts once)", listRepos, withPulls, want)
 	}
-	if !slices.ContainsFunc(snap.Events, func(e Event) bool { return e.URI == pull }) {
+	if !slices.ContainsFunc(snap.Events, func(e work.Event) bool { return e.URI == pull }) {
 		t.Errorf("events %+v, want the pull %s on the discovered owner's repository", snap.Events, pull)
 	}
 }

@@ -4,7 +4,7 @@ import (
 	"context"
 	"sync"
 
-	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/work"
 )
 
 // ConsiderAtOnce is how many repositories' events a reconcile considers
@@ -16,8 +16,8 @@ const ConsiderAtOnce = 4
 // lanes splits events by repository, each lane in the listing's order
 // (oldest first: a newer push supersedes an older one of its ref only
 // after it), the lanes in the order of their first event.
-func lanes(events []ingest.Event) [][]ingest.Event {
-	var out [][]ingest.Event
+func lanes(events []work.Event) [][]work.Event {
+	var out [][]work.Event
 	at := map[string]int{}
 	for _, ev := range events {
 		repo := ev.Repo.URI.String()
@@ -44,7 +44,7 @@ func lanes(events []ingest.Event) [][]ingest.Event {
 // starts, so that a lane quick to its first write does not find the
 // others not expecting yet. A lane's expectation ends at its first
 // check write or when it ends.
-func eachLane(ctx context.Context, events []ingest.Event, limit int, expect func(context.Context) (context.Context, func()), f func(context.Context, ingest.Event)) {
+func eachLane(ctx context.Context, events []work.Event, limit int, expect func(context.Context) (context.Context, func()), f func(context.Context, work.Event)) {
 	limit = max(limit, 1)
 	slots := make(chan struct{}, limit)
 	var wg sync.WaitGroup

@@ -14,19 +14,19 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/rig"
 	"knotless.dev/run/internal/state"
+	"knotless.dev/run/internal/work"
 )
 
 // push is a push numbered n to the repository named repo.
-func burstPush(repo string, n int) ingest.Event {
-	return ingest.Event{Kind: forge.KindPush,
+func burstPush(repo string, n int) work.Event {
+	return work.Event{Kind: forge.KindPush,
 		URI:  syntax.ATURI(fmt.Sprintf("at://did:plc:owner/%s/%s-%d", forge.CollectionRefUpdate, repo, n)),
 		Repo: forge.Record[forge.Repo]{URI: syntax.ATURI("at://did:plc:owner/" + forge.CollectionRepo + "/" + repo)}}
 }
 
-func names(evs []ingest.Event) []string {
+func names(evs []work.Event) []string {
 	var out []string
 	for _, ev := range evs {
 		out = append(out, ev.URI.RecordKey().String())
@@ -38,7 +38,7 @@ func names(evs []ingest.Event) []string {
 // each keeps its events in the listing's order.
 func TestLanes(t *testing.T) {
 	t.Parallel()
-	evs := []ingest.Event{burstPush("a", 1), burstPush("b", 1), burstPush("a", 2), burstPush("c", 1), burstPush("b", 2)}
+	evs := []work.Event{burstPush("a", 1), burstPush("b", 1), burstPush("a", 2), burstPush("c", 1), burstPush("b", 2)}
 	var got [][]string
 	for _, l := range lanes(evs) {
 		got = append(got, names(l))
@@ -67,7 +67,7 @@ func TestEachLaneConsidersRepositoriesAtOnce(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			synctest.Test(t, func(t *testing.T) {
-				var evs []ingest.Event
+				var evs []work.Event
 				for n := range tc.perRep {
 					for r := range tc.repos {
 						evs = append(evs, burstPush(fmt.Sprintf("r%d", r), n))
@@ -78,7 +78,7 @@ func TestEachLaneConsidersRepositoriesAtOnce(t *testing.T) {
 				inRepo := map[string]bool{}
 				order := map[string][]string{}
 				all := make(chan struct{})
-				eachLane(t.Context(), evs, ConsiderAtOnce, nil, func(_ context.Context, ev ingest.Event) {
+				eachLane(t.Context(), evs, ConsiderAtOnce, nil, func(_ context.Context, ev work.Event) {
 					repo := ev.Repo.URI.String()
 					mu.Lock()
 					if inRepo[repo] {
@@ -131,7 +131,7 @@ func TestEachLaneExpectsBeforeAnyLaneStarts(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		const limit = 3
-		var evs []ingest.Event
+		var evs []work.Event
 		for r := range limit + 2 {
 			evs = append(evs, burstPush(fmt.Sprintf("r%d", r), 1))
 		}
@@ -146,7 +146,7 @@ func TestEachLaneExpectsBeforeAnyLaneStarts(t *testing.T) {
 			var once sync.Once
 			return ctx, func() { once.Do(func() { mu.Lock(); ended++; mu.Unlock() }) }
 		}
-		eachLane(t.Context(), evs, limit, expect, func(context.Context, ingest.Event) {
+		eachLane(t.Context(), evs, limit, expect, func(context.Context, work.Event) {
 			mu.Lock()
 			atFirstCall = append(atFirstCall, expected)
 			mu.Unlock()
@@ -174,8 +174,8 @@ func TestEachLaneEndsExpectationsOfLanesNotStarted(t *testing.T) {
 		made++
 		return ctx, func() { mu.Lock(); ended++; mu.Unlock() }
 	}
-	evs := []ingest.Event{burstPush("a", 1), burstPush("b", 1), burstPush("c", 1)}
-	eachLane(ctx, evs, 2, expect, func(context.Context, ingest.Event) { t.Error("an event considered after the context ended") })
+	evs := []work.Event{burstPush("a", 1), burstPush("b", 1), burstPush("c", 1)}
+	eachLane(ctx, evs, 2, expect, func(context.Context, work.Event) { t.Error("an event considered after the context ended") })
 	if ended < made {
 		t.Errorf("%d expectations made, %d ended: want every one made ended", made, ended)
 	}
@@ -187,8 +187,8 @@ func TestEachLaneStopsWithItsContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	var mu sync.Mutex
 	calls := 0
-	evs := []ingest.Event{burstPush("a", 1), burstPush("b", 1), burstPush("c", 1)}
-	eachLane(ctx, evs, 1, nil, func(context.Context, ingest.Event) {
+	evs := []work.Event{burstPush("a", 1), burstPush("b", 1), burstPush("c", 1)}
+	eachLane(ctx, evs, 1, nil, func(context.Context, work.Event) {
 		mu.Lock()
 		calls++
 		mu.Unlock()
@@ -205,14 +205,14 @@ func TestEachLaneStopsWithItsContext(t *testing.T) {
 // buys a burst.
 func BenchmarkBurst(b *testing.B) {
 	const n = 8
-	var evs []ingest.Event
+	var evs []work.Event
 	for r := range n {
 		evs = append(evs, burstPush(fmt.Sprintf("r%d", r), 1))
 	}
 	for _, limit := range []int{1, ConsiderAtOnce} {
 		b.Run(fmt.Sprintf("limit=%d", limit), func(b *testing.B) {
 			for b.Loop() {
-				eachLane(context.Background(), evs, limit, nil, func(context.Context, ingest.Event) { time.Sleep(time.Millisecond) })
+				eachLane(context.Background(), evs, limit, nil, func(context.Context, work.Event) { time.Sleep(time.Millisecond) })
 			}
 		})
 	}
@@ -244,7 +244,7 @@ func TestBurstWritesItsChecksInOneCommit(t *testing.T) {
 				w.store, w.facts, w.workers = store, Facts{Runner: rig.Runner}, ConsiderAtOnce
 				w.build(t)
 				w.git.SetWorkflows(rig.CI("ci", "make"))
-				var evs []ingest.Event
+				var evs []work.Event
 				var want []string
 				for i := range ConsiderAtOnce {
 					ev := rig.Push(fmt.Sprintf("3k%d", i), "c1")

@@ -10,8 +10,8 @@ import (
 	"golang.org/x/time/rate"
 
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
+	"knotless.dev/run/internal/work"
 )
 
 // Floods: what one event, and one author, may make the runner do and
@@ -257,7 +257,7 @@ type deferral struct {
 // work (a queued pull's pre-flight, a batch) is not bounded per event:
 // the owner queued the pull at that commit, and the lander waits for
 // each workflow's check, which one refusal would never write.
-func (in *Intake) capsFor(ev ingest.Event) Caps {
+func (in *Intake) capsFor(ev work.Event) Caps {
 	c := in.cfg.Caps
 	if ev.Preflight || ev.Kind == forge.KindBatch {
 		c.WorkflowsPerEvent = 0
@@ -269,7 +269,7 @@ func (in *Intake) capsFor(ev ingest.Event) Caps {
 // are read: what an earlier look found, if one did), with its author's
 // load now, and remembers whether it waits. first is true the first
 // time it waits for that limit.
-func (in *Intake) capsSay(ev ingest.Event, n need) (dec decision, first bool) {
+func (in *Intake) capsSay(ev work.Event, n need) (dec decision, first bool) {
 	a := job.Author(ev, in.facts.LimitsAll)
 	now := time.Now()
 	if !n.known {
@@ -307,7 +307,7 @@ func (in *Intake) hold(evKey string, d decision, n need) (first bool) {
 
 // deferEvent logs, once per limit, an event that waits for its author's
 // caps.
-func (in *Intake) deferEvent(log *slog.Logger, ev ingest.Event, dec decision, first bool) {
+func (in *Intake) deferEvent(log *slog.Logger, ev work.Event, dec decision, first bool) {
 	if in.p.Observer != nil {
 		in.p.Observer.Deferred(ev, dec.flag)
 	}

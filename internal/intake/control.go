@@ -15,6 +15,7 @@ import (
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/mirror"
+	"knotless.dev/run/internal/work"
 	"knotless.dev/run/internal/workflow"
 )
 
@@ -115,19 +116,19 @@ func (in *Intake) reruns(ctx context.Context, snap *ingest.Snapshot) {
 // open, listed at any commit. A re-run of a dispatch runs with the
 // dispatch record's inputs again (when it is still listed), the
 // re-run's env on top.
-func (in *Intake) controlEvent(snap *ingest.Snapshot, s forge.Subject, cause string, runs map[string]int64, vars []workflow.EnvVar) (ingest.Event, error) {
+func (in *Intake) controlEvent(snap *ingest.Snapshot, s forge.Subject, cause string, runs map[string]int64, vars []workflow.EnvVar) (work.Event, error) {
 	i := slices.IndexFunc(snap.Repos, func(r forge.Record[forge.Repo]) bool { return r.URI.String() == s.Repo })
 	if i < 0 {
-		return ingest.Event{}, fmt.Errorf("repository %s is not served by this runner now", s.Repo)
+		return work.Event{}, fmt.Errorf("repository %s is not served by this runner now", s.Repo)
 	}
-	ev := ingest.Event{Kind: s.Kind, URI: syntax.ATURI(s.Event), Repo: snap.Repos[i], Ref: s.Ref, Commit: s.Commit,
+	ev := work.Event{Kind: s.Kind, URI: syntax.ATURI(s.Event), Repo: snap.Repos[i], Ref: s.Ref, Commit: s.Commit,
 		Trusted: control.Trusted(s.Kind), Vars: vars,
-		Control: ingest.Control{Cause: cause, Workflows: runs, Tick: s.Tick}}
+		Control: work.Control{Cause: cause, Workflows: runs, Tick: s.Tick}}
 	switch s.Kind {
 	case forge.KindPull:
-		j := slices.IndexFunc(snap.Events, func(e ingest.Event) bool { return e.Kind == forge.KindPull && e.URI == ev.URI })
+		j := slices.IndexFunc(snap.Events, func(e work.Event) bool { return e.Kind == forge.KindPull && e.URI == ev.URI })
 		if j < 0 {
-			return ingest.Event{}, fmt.Errorf("pull %s is not open", s.Event)
+			return work.Event{}, fmt.Errorf("pull %s is not open", s.Event)
 		}
 		ev.Pull = snap.Events[j].Pull
 	case forge.KindDispatch:
@@ -187,8 +188,8 @@ func (in *Intake) dispatch(ctx context.Context, snap *ingest.Snapshot, r forge.R
 		return nil // the lister lists only the repositories served
 	}
 	repo := snap.Repos[i]
-	ev := ingest.Event{Kind: forge.KindDispatch, URI: r.URI, Repo: repo, Ref: rec.Ref, Trusted: true,
-		Control: ingest.Control{Cause: uri, Workflows: map[string]int64{rec.Workflow: 1}}}
+	ev := work.Event{Kind: forge.KindDispatch, URI: r.URI, Repo: repo, Ref: rec.Ref, Trusted: true,
+		Control: work.Control{Cause: uri, Workflows: map[string]int64{rec.Workflow: 1}}}
 	m, err := in.p.Mirrors.Open(ctx, job.MirrorKey(ev))
 	if err != nil {
 		return err
@@ -233,12 +234,12 @@ func (in *Intake) dispatch(ctx context.Context, snap *ingest.Snapshot, r forge.R
 // considerControl considers a run-control event (Consider), noting it
 // as work of this reconcile: no listed event stands for it, and a
 // deferral of it is remembered (pruneAfter) so it is logged once.
-func (in *Intake) considerControl(ctx context.Context, ev ingest.Event) error {
+func (in *Intake) considerControl(ctx context.Context, ev work.Event) error {
 	in.noteControl(ev)
 	return in.Consider(ctx, ev)
 }
 
-func (in *Intake) noteControl(ev ingest.Event) {
+func (in *Intake) noteControl(ev work.Event) {
 	in.mu.Lock()
 	in.controlled[ev.Key()] = true
 	in.mu.Unlock()
@@ -247,7 +248,7 @@ func (in *Intake) noteControl(ev ingest.Event) {
 // controlError writes the error check of workflow wf of a run-control
 // event, within its author's caps: an author whose budget is spent
 // waits, as for its runs.
-func (in *Intake) controlError(ctx context.Context, ev ingest.Event, wf, msg string) {
+func (in *Intake) controlError(ctx context.Context, ev work.Event, wf, msg string) {
 	log := in.log.With("event", ev.URI.String(), "commit", ev.Commit)
 	in.noteControl(ev)
 	if a := job.Author(ev, in.facts.LimitsAll); a != "" {
@@ -275,7 +276,7 @@ func (in *Intake) resume(ctx context.Context, snap *ingest.Snapshot) {
 			continue
 		}
 		runs := map[string]int64{c.Workflow: c.AttemptNumber()}
-		var ev ingest.Event
+		var ev work.Event
 		var err error
 		switch {
 		case c.Cause != "" && syntax.ATURI(c.Cause).Collection().String() == forge.CollectionRerun:
@@ -307,10 +308,10 @@ func (in *Intake) resume(ctx context.Context, snap *ingest.Snapshot) {
 
 // eventOf is the event of check c, as its subject and cause say: what
 // its final check is owed under, when the PDS does not take it.
-func eventOf(c forge.Check, snap *ingest.Snapshot) ingest.Event {
+func eventOf(c forge.Check, snap *ingest.Snapshot) work.Event {
 	s := c.Subject
-	ev := ingest.Event{Kind: s.Kind, URI: syntax.ATURI(s.Event), Ref: s.Ref, Commit: s.Commit, Trusted: control.Trusted(s.Kind),
-		Control: ingest.Control{Cause: c.Cause, Workflows: map[string]int64{c.Workflow: c.AttemptNumber()}, Tick: s.Tick}}
+	ev := work.Event{Kind: s.Kind, URI: syntax.ATURI(s.Event), Ref: s.Ref, Commit: s.Commit, Trusted: control.Trusted(s.Kind),
+		Control: work.Control{Cause: c.Cause, Workflows: map[string]int64{c.Workflow: c.AttemptNumber()}, Tick: s.Tick}}
 	ev.Repo.URI = syntax.ATURI(s.Repo)
 	if i := slices.IndexFunc(snap.Repos, func(r forge.Record[forge.Repo]) bool { return r.URI == ev.Repo.URI }); i >= 0 {
 		ev.Repo = snap.Repos[i]
@@ -360,7 +361,7 @@ type notRunnable struct {
 // runVars are the run variables of workflow wf for ev: its Vars, or for
 // a re-run of a dispatch, the dispatch's inputs checked against wf
 // (with their defaults) and the re-run's env on top.
-func runVars(ev ingest.Event, wf *workflow.Workflow) ([]workflow.EnvVar, error) {
+func runVars(ev work.Event, wf *workflow.Workflow) ([]workflow.EnvVar, error) {
 	if ev.Inputs == nil {
 		return ev.Vars, nil
 	}
@@ -379,7 +380,7 @@ func runVars(ev ingest.Event, wf *workflow.Workflow) ([]workflow.EnvVar, error) 
 // the commit any more, or not for this runner. Each gets an error
 // check, so that every attempt a record plans has one and the record
 // is served.
-func missingWorkflows(ev ingest.Event, jobs []*job.Job, notRun []notRunnable, invalid func(string) bool) []notRunnable {
+func missingWorkflows(ev work.Event, jobs []*job.Job, notRun []notRunnable, invalid func(string) bool) []notRunnable {
 	var out []notRunnable
 	for _, name := range slices.Sorted(maps.Keys(ev.Workflows)) {
 		if slices.ContainsFunc(jobs, func(j *job.Job) bool { return j.Workflow.Name == name }) ||

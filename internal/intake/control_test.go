@@ -21,6 +21,7 @@ import (
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/rig"
 	"knotless.dev/run/internal/scheduler"
+	"knotless.dev/run/internal/work"
 	"knotless.dev/run/internal/workflow"
 )
 
@@ -68,7 +69,7 @@ func (w *world) spied() *spy {
 
 // finish makes the check of key known final as status (a run ended):
 // the check known, else a first attempt of workflow wf of ev.
-func (w *world) finish(key string, ev ingest.Event, wf, status string) {
+func (w *world) finish(key string, ev work.Event, wf, status string) {
 	c, known := w.keeper.Get(key)
 	if !known {
 		c = forge.Check{Type: forge.CollectionCheck, Subject: ev.Subject(), Workflow: wf, CreatedAt: forge.Now()}
@@ -226,7 +227,7 @@ func TestRerunOfAPull(t *testing.T) {
 	w.git.SetWorkflows(rig.CI("ci", "make"))
 	pull := rig.Pull("did:plc:author", "3p1", "h1")
 	push := rig.Push("3k1", "c1")
-	for _, ev := range []ingest.Event{pull, push} {
+	for _, ev := range []work.Event{pull, push} {
 		key := forge.CheckKey(ev.Subject(), "ci")
 		w.finish(key, ev, "ci", "failure")
 		w.store.MarkDone(ev.Key())
@@ -245,7 +246,7 @@ func TestRerunOfAPull(t *testing.T) {
 	if got := job.Author(j.Event, false); got != "did:plc:author" {
 		t.Errorf("counted against %q", got)
 	}
-	if runs, _ := w.sched.Load("did:plc:author", ingest.Event{}); runs != 1 {
+	if runs, _ := w.sched.Load("did:plc:author", work.Event{}); runs != 1 {
 		t.Errorf("the author holds %d runs, want 1", runs)
 	}
 	if _, known := w.keeper.Get(forge.AttemptKey(push.Subject(), "ci", 2)); known {
@@ -264,7 +265,7 @@ func TestRerunWaitsForTheAuthorsCaps(t *testing.T) {
 	var logs bytes.Buffer
 	w.in = New(w.cfg, w.facts, w.ports, slog.New(slog.NewTextHandler(&logs, nil)))
 	w.git.SetWorkflows(rig.CI("ci", "make"))
-	var events []ingest.Event
+	var events []work.Event
 	var reruns []forge.Record[forge.Rerun]
 	for i := range 2 {
 		ev := rig.Push(fmt.Sprintf("3k%d", i), fmt.Sprintf("c%d", i))
@@ -365,7 +366,7 @@ func TestRerunOfADispatch(t *testing.T) {
 	w.reconcile(t)
 	first := forge.CheckKey(control.DispatchSubject(d.URI.String(), d.Value, ""), "deploy")
 	w.drop(t, first)
-	w.finish(first, ingest.Event{}, "deploy", "failure")
+	w.finish(first, work.Event{}, "deploy", "failure")
 	c, _ := w.keeper.Get(first)
 	rr := rig.RerunOf(rig.Owner, tid(2), first, forge.Rerun{Env: []forge.Variable{{Name: "DRY", Value: "yes"}}})
 	w.lister.AddControls(ingest.Controls{Reruns: []forge.Record[forge.Rerun]{rr}})
@@ -449,7 +450,7 @@ func TestSchedules(t *testing.T) {
 		}
 		// A new process (its checks listed): the tick is not run again.
 		w.drop(t, key)
-		w.finish(key, ingest.Event{}, "nightly", "success")
+		w.finish(key, work.Event{}, "nightly", "success")
 		c, _ = w.keeper.Get(key)
 		w.build(t)
 		w.keeper.Know(key, c)

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"knotless.dev/run/internal/backoff"
-	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/work"
 )
 
 // SourceCheck is the workflow name of the error check a push or pull
@@ -21,7 +21,7 @@ type attempts struct {
 
 // fetchDue reports whether an event whose commit did not fetch may be
 // tried again now.
-func (in *Intake) fetchDue(ev ingest.Event) bool {
+func (in *Intake) fetchDue(ev work.Event) bool {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	a, ok := in.fetches[ev.Key()]
@@ -29,7 +29,7 @@ func (in *Intake) fetchDue(ev ingest.Event) bool {
 }
 
 // fetched forgets the failures of an event whose commit fetched.
-func (in *Intake) fetched(ev ingest.Event) {
+func (in *Intake) fetched(ev work.Event) {
 	in.mu.Lock()
 	delete(in.fetches, ev.Key())
 	in.mu.Unlock()
@@ -38,7 +38,7 @@ func (in *Intake) fetched(ev ingest.Event) {
 // fetchFailed counts a failed fetch. After FetchTries tries, with
 // backoff between them, the event gets one final error check saying the
 // commit is not in the source, and is done.
-func (in *Intake) fetchFailed(ctx context.Context, ev ingest.Event, source string, err error) error {
+func (in *Intake) fetchFailed(ctx context.Context, ev work.Event, source string, err error) error {
 	in.mu.Lock()
 	a, ok := in.fetches[ev.Key()]
 	if !ok {

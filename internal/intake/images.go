@@ -6,6 +6,7 @@ import (
 
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
+	"knotless.dev/run/internal/work"
 	"knotless.dev/run/internal/workflow"
 )
 
@@ -21,7 +22,7 @@ const imageCheckTimeout = 10 * time.Second
 // are looked at: a stranger's pull does not make the runner ask a
 // registry it names (its run, if it runs, ends at its first failed
 // pull, naming the image).
-func (in *Intake) warnImages(ctx context.Context, ev ingest.Event, wfs []*workflow.Workflow) {
+func (in *Intake) warnImages(ctx context.Context, ev work.Event, wfs []*workflow.Workflow) {
 	if in.p.CheckImage == nil || !ev.Trusted {
 		return
 	}
@@ -54,7 +55,7 @@ func (in *Intake) warnWatchedImages(ctx context.Context, snap *ingest.Snapshot) 
 	if in.p.CheckImage == nil || !in.imagesAtStart.CompareAndSwap(false, true) {
 		return
 	}
-	newest := map[string]ingest.Event{}
+	newest := map[string]work.Event{}
 	var order []string
 	for _, ev := range snap.Events { // oldest first
 		if !ev.Trusted || ev.Repo.URI == "" {

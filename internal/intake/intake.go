@@ -22,6 +22,7 @@ import (
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/keymu"
+	"knotless.dev/run/internal/work"
 )
 
 // Config is the operator's part of intake.
@@ -99,20 +100,20 @@ type Scheduler interface {
 	Enqueue(ctx context.Context, j *job.Job) (bool, error)
 	InHand(evKey string) bool
 	HasCheck(key string) bool
-	Load(author string, ev ingest.Event) (runs, owing int)
+	Load(author string, ev work.Event) (runs, owing int)
 	// Waiting says whether the job of check key is queued and not
 	// started yet (a schedule's tick waits for its previous one).
 	Waiting(key string) bool
 	// CancelCheck stops the work of a check for a cancel record, in hand
 	// or not (false: it is being queued; try again).
-	CancelCheck(ctx context.Context, key, by string, ev ingest.Event, c forge.Check) bool
+	CancelCheck(ctx context.Context, key, by string, ev work.Event, c forge.Check) bool
 }
 
 // Checks is the checks part (checks.Keeper): what is final, the error
 // checks of work that cannot run, and forgetting.
 type Checks interface {
 	Final(key string) bool
-	Error(ctx context.Context, ev ingest.Event, wf, msg string)
+	Error(ctx context.Context, ev work.Event, wf, msg string)
 	Forget(cutoff time.Time, need func(evKey string) bool) int
 	// Get, Work and Unfinished read the checks known (run control): one
 	// by key, every attempt of some work, the work not final.
@@ -157,8 +158,8 @@ type Observer interface {
 	// Deferred: an event waits for its author's caps (flag names the
 	// limit); Refused: an event gets one error check instead of runs
 	// (reason: the limit's flag, or "source").
-	Deferred(ev ingest.Event, flag string)
-	Refused(ev ingest.Event, reason string)
+	Deferred(ev work.Event, flag string)
+	Refused(ev work.Event, reason string)
 	// TickSkipped: a schedule's tick is not run (reason, one of a few
 	// words: SkipQueued).
 	TickSkipped(reason string)

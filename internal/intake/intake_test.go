@@ -22,17 +22,18 @@ import (
 	"knotless.dev/run/internal/mirror"
 	"knotless.dev/run/internal/rig"
 	"knotless.dev/run/internal/syncbuf"
+	"knotless.dev/run/internal/work"
 	"knotless.dev/run/internal/workflow"
 )
 
 // Intake alone on the rig: from a listing to queued checks, or to the
 // error check of work that cannot run.
 
-func (w *world) statuses(ev ingest.Event, wf string) []string {
+func (w *world) statuses(ev work.Event, wf string) []string {
 	return w.pds.Statuses(forge.CheckKey(ev.Subject(), wf))
 }
 
-func (w *world) final(ev ingest.Event, wf string) forge.Check {
+func (w *world) final(ev work.Event, wf string) forge.Check {
 	c, _ := w.keeper.Get(forge.CheckKey(ev.Subject(), wf))
 	return c
 }
@@ -105,11 +106,11 @@ func (s *recordingScheduler) Enqueue(_ context.Context, j *job.Job) (bool, error
 	s.vars = append(s.vars, j.Vars)
 	return true, nil
 }
-func (s *recordingScheduler) InHand(string) bool                   { return false }
-func (s *recordingScheduler) HasCheck(string) bool                 { return false }
-func (s *recordingScheduler) Load(string, ingest.Event) (int, int) { return 0, 0 }
-func (s *recordingScheduler) Waiting(string) bool                  { return false }
-func (s *recordingScheduler) CancelCheck(context.Context, string, string, ingest.Event, forge.Check) bool {
+func (s *recordingScheduler) InHand(string) bool                 { return false }
+func (s *recordingScheduler) HasCheck(string) bool               { return false }
+func (s *recordingScheduler) Load(string, work.Event) (int, int) { return 0, 0 }
+func (s *recordingScheduler) Waiting(string) bool                { return false }
+func (s *recordingScheduler) CancelCheck(context.Context, string, string, work.Event, forge.Check) bool {
 	return false
 }
 
@@ -120,7 +121,7 @@ func TestConsiderErrorChecks(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name     string
-		ev       ingest.Event
+		ev       work.Event
 		setup    func(w *world)
 		workflow string
 		errHas   string
@@ -192,7 +193,7 @@ func TestPreflightSharesItsPullsCheck(t *testing.T) {
 	p := rig.Pull("did:plc:author", "3p1", "h1")
 	pre := p
 	pre.Preflight = true
-	for _, ev := range []ingest.Event{p, pre} {
+	for _, ev := range []work.Event{p, pre} {
 		if err := w.in.Consider(t.Context(), ev); err != nil {
 			t.Fatal(err)
 		}
@@ -214,7 +215,7 @@ func TestPrepare(t *testing.T) {
 	if _, tree, _, err := w.in.Prepare(ctx, rig.Pull("did:plc:a", "3p1", "h1")); err != nil || tree != "merge-h1" {
 		t.Errorf("pull: %s %v", tree, err)
 	}
-	batch := ingest.Event{Kind: forge.KindBatch, URI: rig.OwnURI(forge.CollectionBatch, "b"), Repo: rig.RepoRecord(), Commit: "s1"}
+	batch := work.Event{Kind: forge.KindBatch, URI: rig.OwnURI(forge.CollectionBatch, "b"), Repo: rig.RepoRecord(), Commit: "s1"}
 	if _, tree, _, err := w.in.Prepare(ctx, batch); err != nil || tree != "s1" {
 		t.Errorf("batch: %s %v", tree, err)
 	}
@@ -321,10 +322,10 @@ func (o *observed) get() []string {
 	defer o.mu.Unlock()
 	return slices.Clone(o.s)
 }
-func (o *observed) Reconciled(n int, err error)           { o.add(fmt.Sprintf("reconciled %d", n)) }
-func (o *observed) Deferred(_ ingest.Event, flag string)  { o.add("deferred " + flag) }
-func (o *observed) Refused(_ ingest.Event, reason string) { o.add("refused " + reason) }
-func (o *observed) TickSkipped(reason string)             { o.add("tick skipped " + reason) }
+func (o *observed) Reconciled(n int, err error)         { o.add(fmt.Sprintf("reconciled %d", n)) }
+func (o *observed) Deferred(_ work.Event, flag string)  { o.add("deferred " + flag) }
+func (o *observed) Refused(_ work.Event, reason string) { o.add("refused " + reason) }
+func (o *observed) TickSkipped(reason string)           { o.add("tick skipped " + reason) }
 
 // TestDeferral: an event waiting for its author's caps is logged once
 // per limit it waits for, and what it needs, once known, is kept for
@@ -362,7 +363,7 @@ func TestDeferral(t *testing.T) {
 	in.hold("gone@c", byRuns, need{})
 	in.hold("listed@c", byRuns, need{})
 	in.hold("preflight at://x@c", byRuns, need{})
-	in.pruneAfter(&ingest.Snapshot{Events: []ingest.Event{{Kind: forge.KindPull, URI: "listed", Commit: "c"}}})
+	in.pruneAfter(&ingest.Snapshot{Events: []work.Event{{Kind: forge.KindPull, URI: "listed", Commit: "c"}}})
 	if _, ok := in.deferred["gone@c"]; ok || len(in.deferred) != 2 {
 		t.Errorf("deferred %v after forgetting the event no longer listed", in.deferred)
 	}
@@ -398,12 +399,12 @@ func TestNoteReposSkipsHistory(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	repo := rig.RepoRecord()
-	push := func(rkey, ref string) ingest.Event {
+	push := func(rkey, ref string) work.Event {
 		ev := rig.Push(rkey, "c"+rkey)
 		ev.Ref = ref
 		return ev
 	}
-	events := []ingest.Event{push("3k1", "refs/heads/main"), push("3k2", "refs/heads/main"), push("3k3", "refs/heads/dev"), push("3k4", "refs/heads/main")}
+	events := []work.Event{push("3k1", "refs/heads/main"), push("3k2", "refs/heads/main"), push("3k3", "refs/heads/dev"), push("3k4", "refs/heads/main")}
 	w.in.noteRepos(&ingest.Snapshot{Repos: []forge.Record[forge.Repo]{repo}, Events: events})
 	want := []string{events[0].Key(), events[1].Key()}
 	slices.Sort(want)
@@ -428,12 +429,12 @@ func TestPastRetention(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name string
-		ev   ingest.Event
+		ev   work.Event
 		want bool
 	}{
-		{"old push", ingest.Event{Kind: forge.KindPush, URI: uri(forge.CollectionRefUpdate, now.Add(-40*24*time.Hour))}, true},
-		{"new push", ingest.Event{Kind: forge.KindPush, URI: uri(forge.CollectionRefUpdate, now.Add(-time.Hour))}, false},
-		{"old pull", ingest.Event{Kind: forge.KindPull, URI: uri(forge.CollectionPull, now.Add(-40*24*time.Hour))}, false},
+		{"old push", work.Event{Kind: forge.KindPush, URI: uri(forge.CollectionRefUpdate, now.Add(-40*24*time.Hour))}, true},
+		{"new push", work.Event{Kind: forge.KindPush, URI: uri(forge.CollectionRefUpdate, now.Add(-time.Hour))}, false},
+		{"old pull", work.Event{Kind: forge.KindPull, URI: uri(forge.CollectionPull, now.Add(-40*24*time.Hour))}, false},
 	} {
 		if got := pastRetention(tc.ev, cutoff); got != tc.want {
 			t.Errorf("%s: got %v, want %v", tc.name, got, tc.want)
@@ -450,7 +451,7 @@ func TestPruneAfterReconcile(t *testing.T) {
 	w.build(t)
 	old := rig.Pull("did:plc:a", "3p1", "h1")
 	listed := rig.Pull("did:plc:a", "3p2", "h2")
-	for _, ev := range []ingest.Event{old, listed} {
+	for _, ev := range []work.Event{old, listed} {
 		if err := w.store.MarkDone(ev.Key()); err != nil {
 			t.Fatal(err)
 		}

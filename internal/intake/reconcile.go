@@ -13,6 +13,7 @@ import (
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/mirror"
+	"knotless.dev/run/internal/work"
 	"knotless.dev/run/internal/workflow"
 )
 
@@ -68,7 +69,7 @@ func (in *Intake) Reconcile(ctx context.Context) error {
 	in.cancels(ctx, snap)
 	// A burst of events to many repositories is considered side by side
 	// (burst.go); the events of one repository one after another.
-	eachLane(ctx, snap.Events, ConsiderAtOnce, in.p.Checks.Expect, func(ctx context.Context, ev ingest.Event) {
+	eachLane(ctx, snap.Events, ConsiderAtOnce, in.p.Checks.Expect, func(ctx context.Context, ev work.Event) {
 		if err := in.Consider(ctx, ev); err != nil && ctx.Err() == nil {
 			in.log.Error("event not handled; tried again at the next reconcile", "event", ev.URI.String(), "commit", ev.Commit, "err", err)
 		}
@@ -131,7 +132,7 @@ const RefusedCheck = "(refused)"
 // Consider turns one event into queued jobs, or marks it done when all
 // its checks are final. The lander hands it its pre-flights and
 // batches, beside the reconcile.
-func (in *Intake) Consider(ctx context.Context, ev ingest.Event) error {
+func (in *Intake) Consider(ctx context.Context, ev work.Event) error {
 	if in.p.State.Done(ev.Key()) || in.p.Scheduler.InHand(ev.Key()) || !in.fetchDue(ev) ||
 		pastRetention(ev, time.Now().Add(-in.cfg.Retention)) {
 		return nil
@@ -265,7 +266,7 @@ func (in *Intake) Consider(ctx context.Context, ev ingest.Event) error {
 }
 
 // markDone marks the event done unless a job of it is in hand.
-func (in *Intake) markDone(ev ingest.Event) {
+func (in *Intake) markDone(ev work.Event) {
 	if in.p.Scheduler.InHand(ev.Key()) {
 		return
 	}
@@ -274,7 +275,7 @@ func (in *Intake) markDone(ev ingest.Event) {
 	}
 }
 
-func (in *Intake) refused(ev ingest.Event, reason string) {
+func (in *Intake) refused(ev work.Event, reason string) {
 	if in.p.Observer != nil {
 		in.p.Observer.Refused(ev, reason)
 	}
@@ -284,7 +285,7 @@ func (in *Intake) refused(ev ingest.Event, reason string) {
 // mirror, the tree to run (a push's commit, a pull's merge) and, for a
 // pull that does not merge, the conflict. A fetch that fails for a
 // reason other than a refusal is a *fetchError.
-func (in *Intake) Prepare(ctx context.Context, ev ingest.Event) (job.Repo, string, *mirror.ConflictError, error) {
+func (in *Intake) Prepare(ctx context.Context, ev work.Event) (job.Repo, string, *mirror.ConflictError, error) {
 	repo, err := in.p.Mirrors.Open(ctx, job.MirrorKey(ev))
 	if err != nil {
 		return nil, "", nil, err
@@ -294,12 +295,12 @@ func (in *Intake) Prepare(ctx context.Context, ev ingest.Event) (job.Repo, strin
 		return repo, ev.Commit, nil, nil
 	}
 	if ev.Kind != forge.KindPull {
-		if err := repo.Fetch(ctx, mirror.Owner, ev.Repo.Value.Source, ev.Ref, ev.Commit); err != nil {
+		if err := repo.Fetch(ctx, job.OwnerSource, ev.Repo.Value.Source, ev.Ref, ev.Commit); err != nil {
 			return nil, "", nil, fetchFailure(ev.Repo.Value.Source, err)
 		}
 		return repo, ev.Commit, nil, nil
 	}
-	if err := repo.Fetch(ctx, mirror.Pull, ev.Pull.Head.Source, ev.Pull.Head.Ref, ev.Commit); err != nil {
+	if err := repo.Fetch(ctx, job.PullSource, ev.Pull.Head.Source, ev.Pull.Head.Ref, ev.Commit); err != nil {
 		return nil, "", nil, fetchFailure(ev.Pull.Head.Source, err)
 	}
 	base, err := repo.Branch(ctx, ev.Repo.Value.Source, ev.Pull.Base)

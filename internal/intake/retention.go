@@ -8,13 +8,14 @@ import (
 
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/work"
 )
 
 // pastRetention reports whether a push is older than the retention:
 // its record key is a TID, the time of the push. Such a push is never
 // work, so nothing needs to be remembered of it. Pulls are judged by
 // whether they are still listed (an old pull gets new commits).
-func pastRetention(ev ingest.Event, cutoff time.Time) bool {
+func pastRetention(ev work.Event, cutoff time.Time) bool {
 	if ev.Kind != forge.KindPush {
 		return false
 	}

@@ -13,6 +13,7 @@ import (
 	"knotless.dev/run/internal/executor/fakeexec"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/internal/rig"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/scheduler"
@@ -108,7 +109,7 @@ type batchLog struct {
 	batches [][]string
 }
 
-func (b batchingPDS) PutBatch(ctx context.Context, writes []forge.Write) error {
+func (b batchingPDS) PutBatch(ctx context.Context, writes []pdsclient.Write) error {
 	var keys []string
 	for _, wr := range writes {
 		if _, err := b.Put(ctx, wr.Collection, wr.Rkey, wr.Value); err != nil {

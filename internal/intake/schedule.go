@@ -11,6 +11,7 @@ import (
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
+	"knotless.dev/run/internal/work"
 	"knotless.dev/run/internal/workflow"
 )
 
@@ -119,7 +120,7 @@ func (in *Intake) runSchedules(ctx context.Context, snap *ingest.Snapshot) {
 // readSchedules reads the default branch's head and its scheduled
 // workflows for this runner.
 func (in *Intake) readSchedules(ctx context.Context, repo forge.Record[forge.Repo], branch, push string) (*repoSchedule, error) {
-	m, err := in.p.Mirrors.Open(ctx, job.MirrorKey(ingest.Event{Kind: forge.KindSchedule, URI: repo.URI, Repo: repo}))
+	m, err := in.p.Mirrors.Open(ctx, job.MirrorKey(work.Event{Kind: forge.KindSchedule, URI: repo.URI, Repo: repo}))
 	if err != nil {
 		return nil, err
 	}
@@ -184,8 +185,8 @@ func (in *Intake) ticks(ctx context.Context, repo forge.Record[forge.Repo], bran
 	}
 	for _, run := range slices.SortedFunc(maps.Keys(due), time.Time.Compare) {
 		names := due[run]
-		ev := ingest.Event{Kind: forge.KindSchedule, URI: repo.URI, Repo: repo, Ref: "refs/heads/" + branch, Commit: mem.head, Trusted: true,
-			Control: ingest.Control{Workflows: map[string]int64{}, Tick: control.TickID(run)}}
+		ev := work.Event{Kind: forge.KindSchedule, URI: repo.URI, Repo: repo, Ref: "refs/heads/" + branch, Commit: mem.head, Trusted: true,
+			Control: work.Control{Workflows: map[string]int64{}, Tick: control.TickID(run)}}
 		for _, name := range names {
 			ev.Workflows[name] = 1
 		}
@@ -240,7 +241,7 @@ func (in *Intake) noteQueuedTick(repo, wf string, q queuedTick) {
 // handled reports whether a tick's event was taken: done (refused, or
 // its checks final) or a job of it in hand. One that was not waits for
 // the owner's caps, or for its commit's fetch to be tried again.
-func (in *Intake) handled(ev ingest.Event) bool {
+func (in *Intake) handled(ev work.Event) bool {
 	if in.p.State.Done(ev.Key()) {
 		return true
 	}

@@ -14,6 +14,7 @@ import (
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/rig"
 	"knotless.dev/run/internal/syncbuf"
+	"knotless.dev/run/internal/work"
 	"knotless.dev/run/internal/workflow"
 )
 
@@ -50,7 +51,7 @@ func sleepTo(m, s int) {
 // ownerLoad is what the repository's owner has in hand, as the caps
 // count it.
 func (w *world) ownerLoad() (runs, owing int) {
-	return w.sched.Load(rig.Owner, ingest.Event{Kind: forge.KindSchedule, Repo: rig.RepoRecord()})
+	return w.sched.Load(rig.Owner, work.Event{Kind: forge.KindSchedule, Repo: rig.RepoRecord()})
 }
 
 // A hundred workflows of one repository that tick every minute are one

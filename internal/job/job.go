@@ -1,9 +1,12 @@
 // Package job is what the daemon's parts all name: one workflow to run
 // for one event (Job), what state.json keeps of a started one (Saved),
-// the git mirror port they share (Mirrors, Repo), and the pure rules on
+// the git mirror port they share (Mirrors, Repo) with its values
+// (Origin, SquashPull, Squashed, Identity), and the pure rules on
 // jobs that intake, the scheduler and the lander all apply: what
 // supersedes what, whom a job counts against, which mirror an event's
-// objects go into and which workflows run for an event. It does no I/O.
+// objects go into and which workflows run for an event. It does no I/O
+// and imports no mirror, network or process package: its event is
+// internal/work's, its records internal/forge's.
 package job
 
 import (
@@ -15,8 +18,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
-	"knotless.dev/run/internal/mirror"
+	"knotless.dev/run/internal/work"
 	"knotless.dev/run/internal/workflow"
 )
 
@@ -25,7 +27,7 @@ import (
 type Job struct {
 	// Key is the check's record key.
 	Key      string
-	Event    ingest.Event
+	Event    work.Event
 	Workflow *workflow.Workflow
 	// Repo is the mirror the tree is exported from.
 	Repo Repo
@@ -38,8 +40,8 @@ type Job struct {
 }
 
 // New is the job of workflow wf for event ev, run from tree of repo: its
-// key is the check's of ev's attempt of wf (ingest.Event.CheckKey).
-func New(ev ingest.Event, wf *workflow.Workflow, repo Repo, tree string) *Job {
+// key is the check's of ev's attempt of wf (work.Event.CheckKey).
+func New(ev work.Event, wf *workflow.Workflow, repo Repo, tree string) *Job {
 	return &Job{Key: ev.CheckKey(wf.Name), Event: ev, Workflow: wf, Repo: repo, Tree: tree}
 }
 
@@ -69,7 +71,7 @@ func Older(a, b *Job) bool {
 // SupersededBy reports whether ev supersedes j's run (the queue's add):
 // a newer commit of the same pull, or a newer push of the same ref,
 // unless j's workflow lets its older runs finish.
-func SupersededBy(j *Job, ev ingest.Event) bool {
+func SupersededBy(j *Job, ev work.Event) bool {
 	if (j.Workflow != nil && j.Workflow.Superseded == "finish") || j.Event.Cause != "" || ev.Cause != "" {
 		return false
 	}
@@ -93,7 +95,7 @@ func SupersededBy(j *Job, ev ingest.Event) bool {
 // for work never capped by author: a trusted push by default, and a
 // merge-queue batch (the owner queued its pulls; --queue-batch bounds
 // it).
-func Author(ev ingest.Event, all bool) string {
+func Author(ev work.Event, all bool) string {
 	switch {
 	case ev.Cause != "":
 		return syntax.ATURI(ev.Cause).Authority().String()
@@ -130,7 +132,7 @@ func CheckAuthor(c forge.Check, all bool) string {
 // its repository's; a pull has one of its own, so that nothing it
 // fetched is in a mirror a push (or another pull) runs from; a batch's
 // is the lander's own (BatchMirrorKey).
-func MirrorKey(ev ingest.Event) string {
+func MirrorKey(ev work.Event) string {
 	if ev.Kind == forge.KindBatch {
 		return BatchMirrorKey(ev.Repo.URI.String())
 	}
@@ -148,7 +150,7 @@ func BatchMirrorKey(repo string) string { return "batch " + repo }
 // queue: first workflows, a batch the on: batch ones, a pull the
 // on: pull ones and a push the on: push ones; run-control work (a
 // re-run, a dispatch, a tick) the workflows it names.
-func RunsFor(wf *workflow.Workflow, ev ingest.Event) bool {
+func RunsFor(wf *workflow.Workflow, ev work.Event) bool {
 	switch {
 	case ev.Workflows != nil:
 		_, ok := ev.Workflows[wf.Name]
@@ -166,9 +168,9 @@ func RunsFor(wf *workflow.Workflow, ev ingest.Event) bool {
 // Saved is what state.json keeps of a started run's job, so that a
 // successor can adopt the run without listing.
 type Saved struct {
-	Event ingest.Event `json:"event"`
-	Tree  string       `json:"tree"`
-	Check forge.Check  `json:"check"`
+	Event work.Event  `json:"event"`
+	Tree  string      `json:"tree"`
+	Check forge.Check `json:"check"`
 	// Vars are the job's run variables (a dispatch's inputs with their
 	// defaults, a re-run's env): a successor's run gets them too.
 	Vars []workflow.EnvVar `json:"vars,omitempty"`
@@ -199,16 +201,55 @@ type Mirrors interface {
 	Open(ctx context.Context, key string) (Repo, error)
 }
 
-// Repo is one mirror (mirror.Repo): fetch an event's commit, merge a
-// pull, read the workflows of a tree and export it for a run; for the
-// lander, squash a batch and push it with a lease.
+// Repo is one mirror (mirror.Repo, through the daemon's adapter):
+// fetch an event's commit, merge a pull, read the workflows of a tree
+// and export it for a run; for the lander, squash a batch and push it
+// with a lease (with the push credentials the daemon bound to the
+// lander's mirrors).
 type Repo interface {
-	Fetch(ctx context.Context, origin mirror.Origin, source, ref, commit string) error
+	Fetch(ctx context.Context, origin Origin, source, ref, commit string) error
 	Branch(ctx context.Context, source, branch string) (string, error)
 	Merge(ctx context.Context, base, head string) (string, error)
 	Workflows(ctx context.Context, treeish string) ([]*workflow.Workflow, []error, error)
 	Export(ctx context.Context, treeish, dir string) error
-	Squash(ctx context.Context, base string, pulls []mirror.SquashPull, who mirror.Identity, at time.Time) (string, []mirror.Squashed, error)
-	Push(ctx context.Context, source, branch, old, new string, creds mirror.PushCredentials) error
+	Squash(ctx context.Context, base string, pulls []SquashPull, who Identity, at time.Time) (string, []Squashed, error)
+	Push(ctx context.Context, source, branch, old, new string) error
 	Has(ctx context.Context, commit string) bool
+}
+
+// Origin says who named a git source, which decides what it may be
+// (mirror.Origin).
+type Origin int
+
+const (
+	// OwnerSource is the repository record's own source.
+	OwnerSource Origin = iota
+	// PullSource is a pull's head.source, named by whoever wrote the
+	// pull.
+	PullSource
+)
+
+// Identity is the author and committer of the merge queue's squashed
+// commits (mirror.Identity).
+type Identity struct {
+	Name, Email string
+}
+
+// SquashPull is one pull to squash (mirror.SquashPull): its head commit
+// (already fetched into the mirror) and the commit message.
+type SquashPull struct {
+	Head    string
+	Message string
+}
+
+// Squashed is how one pull went onto the stack (mirror.Squashed):
+// Commit is its squashed commit when it merged, else Conflicts are the
+// conflicting paths and ConflictsWithBase says whether it does not
+// merge onto the base alone either.
+type Squashed struct {
+	Head              string
+	Commit            string
+	Changed           []string
+	Conflicts         []string
+	ConflictsWithBase bool
 }

@@ -8,22 +8,22 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/work"
 	"knotless.dev/run/internal/workflow"
 )
 
-func pullEvent(author, rkey, commit string) ingest.Event {
-	return ingest.Event{Kind: forge.KindPull, URI: syntax.ATURI("at://" + author + "/" + forge.CollectionPull + "/" + rkey), Commit: commit}
+func pullEvent(author, rkey, commit string) work.Event {
+	return work.Event{Kind: forge.KindPull, URI: syntax.ATURI("at://" + author + "/" + forge.CollectionPull + "/" + rkey), Commit: commit}
 }
 
 // rerunOf is ev run again for actor's rerun record.
-func rerunOf(ev ingest.Event, actor string) ingest.Event {
-	ev.Control = ingest.Control{Cause: "at://" + actor + "/" + forge.CollectionRerun + "/3r1", Workflows: map[string]int64{"ci": 2}}
+func rerunOf(ev work.Event, actor string) work.Event {
+	ev.Control = work.Control{Cause: "at://" + actor + "/" + forge.CollectionRerun + "/3r1", Workflows: map[string]int64{"ci": 2}}
 	return ev
 }
 
-func pushEvent(owner, rkey string) ingest.Event {
-	return ingest.Event{Kind: forge.KindPush, URI: syntax.ATURI("at://" + owner + "/" + forge.CollectionRefUpdate + "/" + rkey), Commit: "c" + rkey, Trusted: true}
+func pushEvent(owner, rkey string) work.Event {
+	return work.Event{Kind: forge.KindPush, URI: syntax.ATURI("at://" + owner + "/" + forge.CollectionRefUpdate + "/" + rkey), Commit: "c" + rkey, Trusted: true}
 }
 
 // TestAuthor: whom the author caps count an event, and a check write,
@@ -38,12 +38,12 @@ func TestAuthor(t *testing.T) {
 	pre.Preflight = true
 	push := pushEvent(owner, "r1")
 	push.Repo.URI = p.Repo.URI
-	landing := ingest.Event{Kind: forge.KindPush, URI: syntax.ATURI("at://did:plc:lander/" + forge.CollectionLanding + "/l1"),
+	landing := work.Event{Kind: forge.KindPush, URI: syntax.ATURI("at://did:plc:lander/" + forge.CollectionLanding + "/l1"),
 		Repo: p.Repo, Trusted: true}
-	batch := ingest.Event{Kind: forge.KindBatch, URI: syntax.ATURI("at://did:plc:lander/" + forge.CollectionBatch + "/b1"), Repo: p.Repo}
+	batch := work.Event{Kind: forge.KindBatch, URI: syntax.ATURI("at://did:plc:lander/" + forge.CollectionBatch + "/b1"), Repo: p.Repo}
 	for _, tc := range []struct {
 		name string
-		ev   ingest.Event
+		ev   work.Event
 		all  bool
 		want string
 	}{
@@ -55,8 +55,8 @@ func TestAuthor(t *testing.T) {
 		{"a batch", batch, true, ""},
 		{"a re-run of a push", rerunOf(push, "did:plc:owner"), false, owner},
 		{"a pull's re-run by its author", rerunOf(p, spam), false, spam},
-		{"a schedule's tick", ingest.Event{Kind: forge.KindSchedule, URI: p.Repo.URI, Repo: p.Repo, Trusted: true}, false, owner},
-		{"a schedule's tick, limits on all", ingest.Event{Kind: forge.KindSchedule, URI: p.Repo.URI, Repo: p.Repo, Trusted: true}, true, owner},
+		{"a schedule's tick", work.Event{Kind: forge.KindSchedule, URI: p.Repo.URI, Repo: p.Repo, Trusted: true}, false, owner},
+		{"a schedule's tick, limits on all", work.Event{Kind: forge.KindSchedule, URI: p.Repo.URI, Repo: p.Repo, Trusted: true}, true, owner},
 	} {
 		if got := Author(tc.ev, tc.all); got != tc.want {
 			t.Errorf("%s: author %q, want %q", tc.name, got, tc.want)
@@ -87,16 +87,16 @@ func TestRunsFor(t *testing.T) {
 	uri := syntax.ATURI("at://did:plc:x/dev.knotless.pull/3n3pa7x34wk22")
 	for _, c := range []struct {
 		name string
-		ev   ingest.Event
+		ev   work.Event
 		want []string
 	}{
-		{"pre-flight", ingest.Event{Kind: forge.KindPull, URI: uri, Ref: "refs/heads/main", Preflight: true}, []string{"pre"}},
-		{"pull", ingest.Event{Kind: forge.KindPull, URI: uri, Ref: "refs/heads/main"}, []string{"pull"}},
-		{"batch on main", ingest.Event{Kind: forge.KindBatch, Ref: "refs/heads/main"}, []string{"batch"}},
-		{"batch on dev", ingest.Event{Kind: forge.KindBatch, Ref: "refs/heads/dev"}, nil},
-		{"push", ingest.Event{Kind: forge.KindPush, Ref: "refs/heads/main"}, []string{"pre", "push"}},
-		{"a re-run of one workflow", ingest.Event{Kind: forge.KindPush, Ref: "refs/heads/main",
-			Control: ingest.Control{Cause: "at://did:plc:o/dev.knotless.rerun/3r1", Workflows: map[string]int64{"batch": 2}}}, []string{"batch"}},
+		{"pre-flight", work.Event{Kind: forge.KindPull, URI: uri, Ref: "refs/heads/main", Preflight: true}, []string{"pre"}},
+		{"pull", work.Event{Kind: forge.KindPull, URI: uri, Ref: "refs/heads/main"}, []string{"pull"}},
+		{"batch on main", work.Event{Kind: forge.KindBatch, Ref: "refs/heads/main"}, []string{"batch"}},
+		{"batch on dev", work.Event{Kind: forge.KindBatch, Ref: "refs/heads/dev"}, nil},
+		{"push", work.Event{Kind: forge.KindPush, Ref: "refs/heads/main"}, []string{"pre", "push"}},
+		{"a re-run of one workflow", work.Event{Kind: forge.KindPush, Ref: "refs/heads/main",
+			Control: work.Control{Cause: "at://did:plc:o/dev.knotless.rerun/3r1", Workflows: map[string]int64{"batch": 2}}}, []string{"batch"}},
 	} {
 		var got []string
 		for _, wf := range []*workflow.Workflow{pre, batch, pull, push} {
@@ -108,7 +108,7 @@ func TestRunsFor(t *testing.T) {
 			t.Errorf("%s: runs %v, want %v", c.name, got, c.want)
 		}
 	}
-	a := ingest.Event{Kind: forge.KindPull, URI: uri, Commit: "c"}
+	a := work.Event{Kind: forge.KindPull, URI: uri, Commit: "c"}
 	b := a
 	b.Preflight = true
 	if a.Key() == b.Key() || forge.CheckKey(a.Subject(), "pre") != forge.CheckKey(b.Subject(), "pre") {
@@ -151,8 +151,8 @@ func TestGroupAndOlder(t *testing.T) {
 	}
 	// A re-run, a dispatch or a tick is a group of its own.
 	again := New(rerunOf(a.Event, "did:plc:owner"), wf, nil, "c")
-	tick := New(ingest.Event{Kind: forge.KindSchedule, URI: repo.URI, Repo: repo, Ref: "refs/heads/main",
-		Control: ingest.Control{Workflows: map[string]int64{"ci": 1}, Tick: "2026-12-05T03:00:00Z"}}, wf, nil, "c")
+	tick := New(work.Event{Kind: forge.KindSchedule, URI: repo.URI, Repo: repo, Ref: "refs/heads/main",
+		Control: work.Control{Workflows: map[string]int64{"ci": 1}, Tick: "2026-12-05T03:00:00Z"}}, wf, nil, "c")
 	for _, j := range []*Job{again, tick} {
 		if j.Group() == a.Group() || j.Group() == b.Group() || SupersededBy(j, b.Event) || SupersededBy(a, j.Event) {
 			t.Errorf("%s: group %q supersedes or is superseded", j.Key, j.Group())
@@ -172,7 +172,7 @@ func TestMirrorKey(t *testing.T) {
 	p.Repo = repo
 	push := pushEvent("did:plc:owner", "3k1")
 	push.Repo = repo
-	batch := ingest.Event{Kind: forge.KindBatch, Repo: repo}
+	batch := work.Event{Kind: forge.KindBatch, Repo: repo}
 	got := []string{MirrorKey(push), MirrorKey(p), MirrorKey(batch)}
 	want := []string{string(repo.URI), "pull " + string(p.URI), "batch " + string(repo.URI)}
 	if diff := cmp.Diff(want, got); diff != "" {

@@ -25,15 +25,16 @@ import (
 
 	"knotless.dev/run/internal/checks"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/mergequeue"
 	"knotless.dev/run/internal/mirror"
+	"knotless.dev/run/internal/pdsclient"
+	"knotless.dev/run/internal/work"
 	"knotless.dev/run/internal/workflow"
 )
 
 // identity is the author and committer of squashed commits.
-var identity = mirror.Identity{Name: "knotless-run lander", Email: "lander@knotless.invalid"}
+var identity = job.Identity{Name: "knotless-run lander", Email: "lander@knotless.invalid"}
 
 // landerMemory is what state.json keeps per repository for the lander.
 type landerMemory struct {
@@ -156,7 +157,7 @@ func (l *Lander) queueInput(ctx context.Context, repo forge.Record[forge.Repo], 
 		}
 		p, err := l.p.Records.Pull(ctx, syntax.ATURI(v.Pull))
 		if err != nil {
-			if errors.Is(err, forge.ErrNotFound) {
+			if errors.Is(err, pdsclient.ErrNotFound) {
 				continue // gone: Decide ejects it
 			}
 			return in, nil, fmt.Errorf("read queued pull: %w", err)
@@ -202,20 +203,20 @@ func warnInvalid(log *slog.Logger, bad []forge.Invalid) {
 
 // preflightEvent is the pre-flight of a queued pull: the pull's head
 // merged onto its base, untrusted, running its queue: first workflows.
-func preflightEvent(repo forge.Record[forge.Repo], uri string, p forge.Pull) ingest.Event {
-	return ingest.Event{Kind: forge.KindPull, URI: syntax.ATURI(uri), Repo: repo, Ref: "refs/heads/" + p.Base, Commit: p.Head.Commit,
+func preflightEvent(repo forge.Record[forge.Repo], uri string, p forge.Pull) work.Event {
+	return work.Event{Kind: forge.KindPull, URI: syntax.ATURI(uri), Repo: repo, Ref: "refs/heads/" + p.Base, Commit: p.Head.Commit,
 		Pull: &p, Preflight: true}
 }
 
 // batchEvent is the work of a batch: its on: batch workflows on the
 // squashed commit, untrusted.
-func batchEvent(repo forge.Record[forge.Repo], b forge.Record[forge.Batch]) ingest.Event {
-	return ingest.Event{Kind: forge.KindBatch, URI: b.URI, Repo: repo, Ref: b.Value.Ref, Commit: b.Value.Squashed}
+func batchEvent(repo forge.Record[forge.Repo], b forge.Record[forge.Batch]) work.Event {
+	return work.Event{Kind: forge.KindBatch, URI: b.URI, Repo: repo, Ref: b.Value.Ref, Commit: b.Value.Squashed}
 }
 
 // preflight judges a queued pull's pre-flight from its checks: the
 // queue: first workflows of the pull merged onto its base.
-func (l *Lander) preflight(ctx context.Context, ev ingest.Event) (mergequeue.Preflight, error) {
+func (l *Lander) preflight(ctx context.Context, ev work.Event) (mergequeue.Preflight, error) {
 	m, tree, conflict, err := l.p.Intake.Prepare(ctx, ev)
 	if err != nil {
 		return mergequeue.Preflight{}, err
@@ -241,7 +242,7 @@ func (l *Lander) preflight(ctx context.Context, ev ingest.Event) (mergequeue.Pre
 
 // verdict reads the checks of the workflows of wfs that run for ev:
 // all succeeded, one failed (detail names it), or not there yet.
-func (l *Lander) verdict(ev ingest.Event, wfs []*workflow.Workflow) (checks.Verdict, string) {
+func (l *Lander) verdict(ev work.Event, wfs []*workflow.Workflow) (checks.Verdict, string) {
 	var names []string
 	for _, wf := range wfs {
 		if job.RunsFor(wf, ev) && wf.AllowsRunner(l.runner) {
@@ -349,16 +350,16 @@ func (l *Lander) squash(ctx context.Context, m job.Repo, base string, qs []merge
 	if err != nil {
 		return "", nil, fmt.Errorf("batch time: %w", err)
 	}
-	sps := make([]mirror.SquashPull, len(qs))
+	sps := make([]job.SquashPull, len(qs))
 	for i, q := range qs {
 		p, ok := pulls[q.Pull]
 		if !ok {
 			return "", nil, fmt.Errorf("squash: pull %s not read", q.Pull)
 		}
-		if err := m.Fetch(ctx, mirror.Pull, p.Head.Source, p.Head.Ref, q.Commit); err != nil {
+		if err := m.Fetch(ctx, job.PullSource, p.Head.Source, p.Head.Ref, q.Commit); err != nil {
 			return "", nil, fmt.Errorf("squash: %w", err)
 		}
-		sps[i] = mirror.SquashPull{Head: q.Commit, Message: p.Title + "\n\nPull: " + q.Pull}
+		sps[i] = job.SquashPull{Head: q.Commit, Message: p.Title + "\n\nPull: " + q.Pull}
 	}
 	tip, squashed, err := m.Squash(ctx, base, sps, identity, at.Time())
 	if err != nil {
@@ -443,7 +444,7 @@ func (l *Lander) advance(ctx context.Context, repo forge.Record[forge.Repo], b f
 	} else if why != "" {
 		return l.void(ctx, b, why, log)
 	}
-	err = m.Push(ctx, repo.Value.Source, branch, v.Base, v.Squashed, l.cfg.PushCredentials)
+	err = m.Push(ctx, repo.Value.Source, branch, v.Base, v.Squashed)
 	if errors.Is(err, mirror.ErrBaseMoved) {
 		return l.void(ctx, b, err.Error()+"; its pulls go back to the queue", log)
 	}
@@ -461,7 +462,7 @@ func (l *Lander) pullsStill(ctx context.Context, v forge.Batch) (string, error) 
 	for _, bp := range v.Pulls {
 		p, err := l.p.Records.Pull(ctx, syntax.ATURI(bp.Pull))
 		switch {
-		case errors.Is(err, forge.ErrNotFound):
+		case errors.Is(err, pdsclient.ErrNotFound):
 			return "the pull " + bp.Pull + " is gone", nil
 		case err != nil:
 			return "", fmt.Errorf("read a pull of the batch: %w", err)

@@ -14,6 +14,7 @@ import (
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/mergequeue"
 	"knotless.dev/run/internal/mirror"
+	"knotless.dev/run/internal/work"
 )
 
 // DefaultBatch is the most pulls a batch takes when Config.Batch sets
@@ -29,10 +30,6 @@ type Config struct {
 	// --queue-batch, DefaultBatch by default): a long queue lands in
 	// several batches, each a merge and a run of bounded size.
 	Batch int
-	// PushCredentials are the keys and tokens the push to the sources
-	// uses, each offered only to the host (and path prefix) it is bound
-	// to (none: the push offers nothing).
-	PushCredentials mirror.PushCredentials
 }
 
 // Records are the merge queue's records, all the lander reads and
@@ -40,7 +37,7 @@ type Config struct {
 // and the lander's own batches, ejections and landings.
 type Records interface {
 	Entries(ctx context.Context, owner syntax.DID) ([]forge.Record[forge.QueueEntry], []forge.Invalid, error)
-	// Pull reads a pull record; forge.ErrNotFound when it is gone.
+	// Pull reads a pull record; pdsclient.ErrNotFound when it is gone.
 	Pull(ctx context.Context, uri syntax.ATURI) (forge.Pull, error)
 	Batches(ctx context.Context) ([]forge.Record[forge.Batch], []forge.Invalid, error)
 	Ejections(ctx context.Context) ([]forge.Record[forge.Ejection], []forge.Invalid, error)
@@ -52,8 +49,8 @@ type Records interface {
 // Intake takes the lander's pre-flights and batches as events
 // (intake.Intake), and prepares a pre-flight's merge.
 type Intake interface {
-	Consider(ctx context.Context, ev ingest.Event) error
-	Prepare(ctx context.Context, ev ingest.Event) (job.Repo, string, *mirror.ConflictError, error)
+	Consider(ctx context.Context, ev work.Event) error
+	Prepare(ctx context.Context, ev work.Event) (job.Repo, string, *mirror.ConflictError, error)
 }
 
 // Checks says what the checks of some work say together

@@ -14,12 +14,12 @@ import (
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/fakeexec"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/intake"
 	"knotless.dev/run/internal/rig"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/scheduler"
 	"knotless.dev/run/internal/state"
+	"knotless.dev/run/internal/work"
 	"knotless.dev/run/internal/workflow"
 )
 
@@ -119,7 +119,7 @@ func (w *world) successor(t *testing.T) *world {
 	return &next
 }
 
-func (w *world) statuses(ev ingest.Event, wf string) []string {
+func (w *world) statuses(ev work.Event, wf string) []string {
 	return w.pds.Statuses(forge.CheckKey(ev.Subject(), wf))
 }
 

@@ -109,7 +109,7 @@ func httpURL(s string) error {
 	return nil
 }
 
-// Tokens mints service-auth tokens (forge.Account): the pushes'.
+// Tokens mints service-auth tokens (pdsclient.Account): the pushes'.
 type Tokens = outputpush.TokenSource
 
 // Ports are what live output uses of the outside.

@@ -19,9 +19,9 @@ import (
 	"github.com/gorilla/websocket"
 
 	"knotless.dev/run/internal/caplog"
-	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/output"
 	"knotless.dev/run/internal/outputhttp"
+	"knotless.dev/run/internal/pdsclient"
 )
 
 const check = "at://did:plc:ewvi7nxzyoun6zhxrhs64oiz/dev.knotless.check/zsvmur6bdrvdcvafwfoo7mmwp4"
@@ -60,9 +60,9 @@ func serve(t *testing.T, hub *output.Hub, fs outputhttp.FileSource) (*httptest.S
 	return srv, &outputhttp.Client{Base: srv.URL}
 }
 
-func catalog(t *testing.T) *forge.Catalog {
+func catalog(t *testing.T) *pdsclient.Catalog {
 	t.Helper()
-	cat, err := forge.NewCatalog()
+	cat, err := pdsclient.NewCatalog()
 	if err != nil {
 		t.Fatal(err)
 	}

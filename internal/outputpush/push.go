@@ -27,7 +27,7 @@ import (
 	"knotless.dev/run/internal/outputhttp"
 )
 
-// TokenSource mints service-auth tokens: forge.Account.ServiceAuth asks
+// TokenSource mints service-auth tokens: pdsclient.Account.ServiceAuth asks
 // the runner's PDS (com.atproto.server.getServiceAuth).
 type TokenSource interface {
 	ServiceAuth(ctx context.Context, aud, lxm string, exp time.Time) (string, error)

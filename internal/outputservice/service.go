@@ -28,6 +28,7 @@ import (
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/output"
 	"knotless.dev/run/internal/outputhttp"
+	"knotless.dev/run/internal/pdsclient"
 )
 
 // Config configures a Service.
@@ -40,7 +41,7 @@ type Config struct {
 	// Directory resolves a runner's DID document (its signing key).
 	Directory identity.Directory
 	Store     *output.Store
-	Catalog   *forge.Catalog
+	Catalog   *pdsclient.Catalog
 	Logger    *slog.Logger
 	// Leeway is how far a token's times may be off (default 5s).
 	Leeway time.Duration

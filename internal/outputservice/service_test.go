@@ -20,11 +20,11 @@ import (
 	"github.com/bluesky-social/indigo/atproto/auth"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
-	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/output"
 	"knotless.dev/run/internal/outputhttp"
 	"knotless.dev/run/internal/outputpush"
 	"knotless.dev/run/internal/outputservice"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/tests/pds"
 )
 
@@ -35,14 +35,14 @@ const serviceDID = "did:web:output.test"
 // that takes the runner's output.
 type world struct {
 	pds      *pds.Server
-	runner   *forge.Account
-	stranger *forge.Account
+	runner   *pdsclient.Account
+	stranger *pdsclient.Account
 	dataDir  string
 	pdsDir   string
 	stop     func()
 	addr     string
 	url      string
-	cat      *forge.Catalog
+	cat      *pdsclient.Catalog
 
 	// configure, when set, changes the service's config.
 	configure func(*world, *outputservice.Config)
@@ -70,12 +70,12 @@ func newWorld(t *testing.T, ctx context.Context, configure func(*world, *outputs
 	if err != nil {
 		t.Fatal(err)
 	}
-	cat, err := forge.NewCatalog()
+	cat, err := pdsclient.NewCatalog()
 	if err != nil {
 		t.Fatal(err)
 	}
-	login := func(did syntax.DID, pw string) *forge.Account {
-		a, _, err := forge.Login(ctx, forge.LoginConfig{Host: srv.URL, Identifier: did.String(), Password: pw}, cat)
+	login := func(did syntax.DID, pw string) *pdsclient.Account {
+		a, _, err := pdsclient.Login(ctx, pdsclient.LoginConfig{Host: srv.URL, Identifier: did.String(), Password: pw}, cat)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -105,7 +105,7 @@ func (w *world) serve(t *testing.T, ctx context.Context, ln net.Listener) func()
 	}
 	cfg := outputservice.Config{
 		ServiceDID: serviceDID, Runners: []string{w.runner.DID().String()},
-		Directory: forge.NewDirectory(forge.DirectoryConfig{PLCURL: w.pds.PLCURL}),
+		Directory: pdsclient.NewDirectory(pdsclient.DirectoryConfig{PLCURL: w.pds.PLCURL}),
 		Store:     store, Catalog: w.cat, Leeway: time.Millisecond,
 	}
 	if w.configure != nil {
@@ -362,7 +362,7 @@ func TestServiceAuth(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	w := newWorld(t, ctx, nil)
-	mint := func(a *forge.Account, aud, lxm string, exp time.Duration) string {
+	mint := func(a *pdsclient.Account, aud, lxm string, exp time.Duration) string {
 		t.Helper()
 		tok, err := a.ServiceAuth(ctx, aud, lxm, time.Now().Add(exp))
 		if err != nil {
@@ -461,7 +461,7 @@ func TestTokenBounds(t *testing.T) {
 		c.Runners = append(c.Runners, w.stranger.DID().String())
 		c.MaxTokensPerRunner = share
 	})
-	mint := func(a *forge.Account, exp time.Duration) string {
+	mint := func(a *pdsclient.Account, exp time.Duration) string {
 		t.Helper()
 		tok, err := a.ServiceAuth(ctx, serviceDID, output.MethodPut, time.Now().Add(exp))
 		if err != nil {

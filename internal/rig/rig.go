@@ -30,6 +30,8 @@ import (
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/mirror"
+	"knotless.dev/run/internal/pdsclient"
+	"knotless.dev/run/internal/work"
 	"knotless.dev/run/internal/workflow"
 )
 
@@ -64,14 +66,14 @@ func QueueRepo(runners, landers []string) forge.Record[forge.Repo] {
 }
 
 // Push is a push by the owner to main of the rig's repository.
-func Push(rkey, commit string) ingest.Event {
-	return ingest.Event{Kind: forge.KindPush, URI: syntax.ATURI("at://" + Owner + "/" + forge.CollectionRefUpdate + "/" + rkey),
+func Push(rkey, commit string) work.Event {
+	return work.Event{Kind: forge.KindPush, URI: syntax.ATURI("at://" + Owner + "/" + forge.CollectionRefUpdate + "/" + rkey),
 		Repo: RepoRecord(), Ref: "refs/heads/main", Commit: commit, Trusted: true}
 }
 
 // Pull is a pull by author onto main of the rig's repository.
-func Pull(author, rkey, commit string) ingest.Event {
-	return ingest.Event{Kind: forge.KindPull, URI: syntax.ATURI("at://" + author + "/" + forge.CollectionPull + "/" + rkey),
+func Pull(author, rkey, commit string) work.Event {
+	return work.Event{Kind: forge.KindPull, URI: syntax.ATURI("at://" + author + "/" + forge.CollectionPull + "/" + rkey),
 		Repo: RepoRecord(), Ref: "refs/heads/main", Commit: commit,
 		Pull: &forge.Pull{Base: "main", Head: forge.PullHead{Source: "https://git.test/" + author + "/fork", Ref: "topic"}}}
 }
@@ -89,7 +91,7 @@ func CI(name string, scripts ...string) *workflow.Workflow {
 // repositories and the repositories set (ingest.Lister).
 type Lister struct {
 	mu       sync.Mutex
-	events   []ingest.Event
+	events   []work.Event
 	repos    []forge.Record[forge.Repo]
 	controls ingest.Controls
 	err      error
@@ -113,7 +115,7 @@ func (l *Lister) AddControls(c ingest.Controls) {
 }
 
 // Set makes evs the events listed.
-func (l *Lister) Set(evs ...ingest.Event) {
+func (l *Lister) Set(evs ...work.Event) {
 	l.mu.Lock()
 	l.events = evs
 	l.mu.Unlock()
@@ -338,7 +340,7 @@ func (f *Mirrors) Open(_ context.Context, key string) (job.Repo, error) {
 
 type repo struct{ f *Mirrors }
 
-func (r repo) Fetch(_ context.Context, _ mirror.Origin, _, _, _ string) error {
+func (r repo) Fetch(_ context.Context, _ job.Origin, _, _, _ string) error {
 	r.f.mu.Lock()
 	defer r.f.mu.Unlock()
 	return r.f.FetchErr
@@ -380,7 +382,7 @@ func (r repo) Export(_ context.Context, tree, dir string) error {
 // stack changed) is left out; each other one gets a commit whose id
 // depends only on its parent, head, message, identity and time, so
 // squashing again gives the same commits.
-func (r repo) Squash(_ context.Context, base string, pulls []mirror.SquashPull, who mirror.Identity, at time.Time) (string, []mirror.Squashed, error) {
+func (r repo) Squash(_ context.Context, base string, pulls []job.SquashPull, who job.Identity, at time.Time) (string, []job.Squashed, error) {
 	f := r.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -389,7 +391,7 @@ func (r repo) Squash(_ context.Context, base string, pulls []mirror.SquashPull, 
 	}
 	tip := base
 	changed := map[string]bool{}
-	out := make([]mirror.Squashed, len(pulls))
+	out := make([]job.Squashed, len(pulls))
 	for i, p := range pulls {
 		out[i].Head = p.Head
 		if f.BaseConflicts[p.Head] {
@@ -418,7 +420,7 @@ func (r repo) Squash(_ context.Context, base string, pulls []mirror.SquashPull, 
 // Push moves branch from old to new at the source, a fast-forward with
 // a lease: when the branch is not at old it refuses with
 // mirror.ErrBaseMoved. With PushGate set it first waits for it.
-func (r repo) Push(ctx context.Context, source, branch, old, new string, _ mirror.PushCredentials) error {
+func (r repo) Push(ctx context.Context, source, branch, old, new string) error {
 	f := r.f
 	f.mu.Lock()
 	gate, pushing := f.PushGate, f.Pushing
@@ -602,10 +604,10 @@ func (f *PDS) Statuses(key string) []string {
 
 // Queue is the merge queue's records in memory: what the owner queued,
 // the pulls, and what the lander wrote (validated against the
-// lexicons, as forge.Account.Put does).
+// lexicons, as pdsclient.Account.Put does).
 type Queue struct {
 	mu        sync.Mutex
-	cat       *forge.Catalog
+	cat       *pdsclient.Catalog
 	entries   []forge.Record[forge.QueueEntry]
 	pulls     map[syntax.ATURI]forge.Pull
 	batches   map[string]forge.Batch
@@ -635,13 +637,13 @@ func (f *Queue) Entries(_ context.Context, owner syntax.DID) ([]forge.Record[for
 	return out, nil, nil
 }
 
-// Pull reads a pull; forge.ErrNotFound when it is gone.
+// Pull reads a pull; pdsclient.ErrNotFound when it is gone.
 func (f *Queue) Pull(_ context.Context, uri syntax.ATURI) (forge.Pull, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	p, ok := f.pulls[uri]
 	if !ok {
-		return forge.Pull{}, fmt.Errorf("get %s: %w", uri, forge.ErrNotFound)
+		return forge.Pull{}, fmt.Errorf("get %s: %w", uri, pdsclient.ErrNotFound)
 	}
 	return p, nil
 }
@@ -681,7 +683,7 @@ func (f *Queue) Put(_ context.Context, collection, rkey string, v any) (syntax.A
 		return "", err
 	}
 	if f.cat == nil {
-		cat, err := forge.NewCatalog()
+		cat, err := pdsclient.NewCatalog()
 		if err != nil {
 			return "", err
 		}

@@ -5,7 +5,7 @@ import (
 
 	"knotless.dev/run/internal/checks"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/work"
 )
 
 // CancelCheck stops the work of check key for the cancel record by (run
@@ -17,7 +17,7 @@ import (
 // at its next reconcile. The transition table keeps a check that is
 // final already as it is, so of a cancel and a run's end one final
 // check is written, whichever comes first.
-func (s *Scheduler) CancelCheck(ctx context.Context, key, by string, ev ingest.Event, c forge.Check) bool {
+func (s *Scheduler) CancelCheck(ctx context.Context, key, by string, ev work.Event, c forge.Check) bool {
 	s.mu.Lock()
 	if s.q.has(key) {
 		s.mu.Unlock()

@@ -8,9 +8,9 @@ import (
 
 	"knotless.dev/run/internal/checks"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/work"
 )
 
 // task is a job in the scheduler's hands and what happens to it: its
@@ -217,7 +217,7 @@ func (q *queue) signal() {
 // load is what author a has in hand, as the flood caps count it: its
 // runs queued or running, but those ev supersedes (it takes their
 // place), and the check writes they all still owe.
-func (q *queue) load(a string, all bool, ev ingest.Event) (runs, owing int) {
+func (q *queue) load(a string, all bool, ev work.Event) (runs, owing int) {
 	count := func(t *task, writes int) {
 		if job.Author(t.Event, all) != a {
 			return

@@ -5,8 +5,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
+	"knotless.dev/run/internal/work"
 )
 
 // The queue's rules alone: no PDS, no git, no executor.
@@ -210,7 +210,7 @@ func TestQueueLoad(t *testing.T) {
 		name      string
 		a         string
 		all       bool
-		ev        ingest.Event
+		ev        work.Event
 		wantRuns  int
 		wantOwing int
 	}{

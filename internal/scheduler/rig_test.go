@@ -13,11 +13,11 @@ import (
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/fakeexec"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/rig"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/state"
+	"knotless.dev/run/internal/work"
 	"knotless.dev/run/internal/workflow"
 )
 
@@ -120,17 +120,17 @@ func pullJob(author, rkey, commit, wf string) *job.Job {
 	return &job.Job{Key: "k-" + rkey + "-" + commit + "-" + wf, Event: ev, Workflow: &workflow.Workflow{Name: wf}}
 }
 
-func pullEvent(author, rkey, commit string) ingest.Event {
-	return ingest.Event{Kind: forge.KindPull, URI: syntax.ATURI("at://" + author + "/" + forge.CollectionPull + "/" + rkey), Commit: commit}
+func pullEvent(author, rkey, commit string) work.Event {
+	return work.Event{Kind: forge.KindPull, URI: syntax.ATURI("at://" + author + "/" + forge.CollectionPull + "/" + rkey), Commit: commit}
 }
 
-func pushEvent(owner, rkey string) ingest.Event {
-	return ingest.Event{Kind: forge.KindPush, URI: syntax.ATURI("at://" + owner + "/" + forge.CollectionRefUpdate + "/" + rkey), Commit: "c" + rkey, Trusted: true}
+func pushEvent(owner, rkey string) work.Event {
+	return work.Event{Kind: forge.KindPush, URI: syntax.ATURI("at://" + owner + "/" + forge.CollectionRefUpdate + "/" + rkey), Commit: "c" + rkey, Trusted: true}
 }
 
 // runnable is the job of workflow wf (steps running scripts) for ev,
 // exported from the rig's mirror.
-func (w *world) runnable(ev ingest.Event, wf string, scripts ...string) *job.Job {
+func (w *world) runnable(ev work.Event, wf string, scripts ...string) *job.Job {
 	repo, _ := w.git.Open(context.Background(), job.MirrorKey(ev))
 	return job.New(ev, rig.CI(wf, scripts...), repo, ev.Commit)
 }

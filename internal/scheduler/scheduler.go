@@ -21,10 +21,10 @@ import (
 	"knotless.dev/run/internal/checks"
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/state"
+	"knotless.dev/run/internal/work"
 )
 
 // Config is the operator's part of the scheduler.
@@ -65,8 +65,8 @@ type Engine interface {
 // Checks is the checks part (checks.Keeper): every check the scheduler
 // causes is written there.
 type Checks interface {
-	Queued(ctx context.Context, key string, ev ingest.Event, wf string) (forge.Check, error)
-	Unqueued(key string, ev ingest.Event, wf string) (forge.Check, bool)
+	Queued(ctx context.Context, key string, ev work.Event, wf string) (forge.Check, error)
+	Unqueued(key string, ev work.Event, wf string) (forge.Check, bool)
 	// ExpectWrite says the check of key is about to be written: the
 	// check writes queued meanwhile wait for it (a little), to go with
 	// it in one commit (checks.Recorder.ExpectWrite).
@@ -79,7 +79,7 @@ type Checks interface {
 	Superseded(ctx context.Context, e checks.End) forge.Check
 	Cancelled(ctx context.Context, e checks.End) forge.Check
 	Released(ctx context.Context, e checks.End)
-	Pending(ev ingest.Event) bool
+	Pending(ev work.Event) bool
 }
 
 // State is the scheduler's part of state.json (state.Store): the going
@@ -252,7 +252,7 @@ func (s *Scheduler) HasCheck(key string) bool {
 // Load is what author a has in hand, as the flood caps count it: its
 // runs queued or running (but those ev supersedes) and the check writes
 // they still owe (2 a queued run, 1 a running one).
-func (s *Scheduler) Load(a string, ev ingest.Event) (runs, owing int) {
+func (s *Scheduler) Load(a string, ev work.Event) (runs, owing int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.q.load(a, s.facts.LimitsAll, ev)

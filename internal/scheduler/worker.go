@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/state"
+	"knotless.dev/run/internal/work"
 )
 
 // Enqueue puts j in the queue and supersedes the older runs of its
@@ -414,7 +414,7 @@ func (s *Scheduler) abandon(ctx context.Context, t *task) {
 // markDoneIfIdle marks the event done when nothing of it is in hand and
 // every check of it is final; the next reconcile otherwise picks it up
 // again.
-func (s *Scheduler) markDoneIfIdle(ev ingest.Event) {
+func (s *Scheduler) markDoneIfIdle(ev work.Event) {
 	if s.InHand(ev.Key()) || s.p.Checks.Pending(ev) {
 		return
 	}

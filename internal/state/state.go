@@ -17,9 +17,8 @@ import (
 	"sort"
 	"time"
 
-	"github.com/bluesky-social/indigo/atproto/atclient"
-
 	"knotless.dev/run/internal/atomicfile"
+	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/run"
 )
 
@@ -36,7 +35,7 @@ const (
 type State struct {
 	Version int `json:"version"`
 	// Session is the runner's PDS session (refresh token included).
-	Session *atclient.PasswordSessionData `json:"session,omitempty"`
+	Session *forge.Session `json:"session,omitempty"`
 	// Cursors are the last event sequence numbers seen, by event source.
 	Cursors map[string]int64 `json:"cursors,omitempty"`
 	// Repos are the repositories seen, by AT-URI, with when first seen.

@@ -9,8 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/bluesky-social/indigo/atproto/atclient"
-
+	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/run"
 )
 
@@ -103,8 +102,8 @@ func (s *Store) read(f func(st *State)) {
 func (s *Store) Save() error { return s.change(func(*State) bool { return true }) }
 
 // Session returns the saved PDS session, or nil.
-func (s *Store) Session() *atclient.PasswordSessionData {
-	var out *atclient.PasswordSessionData
+func (s *Store) Session() *forge.Session {
+	var out *forge.Session
 	s.read(func(st *State) {
 		if st.Session != nil {
 			c := *st.Session
@@ -115,7 +114,7 @@ func (s *Store) Session() *atclient.PasswordSessionData {
 }
 
 // SetSession saves the PDS session (every refresh).
-func (s *Store) SetSession(sess atclient.PasswordSessionData) error {
+func (s *Store) SetSession(sess forge.Session) error {
 	return s.change(func(st *State) bool {
 		st.Session = &sess
 		return true

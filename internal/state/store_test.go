@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bluesky-social/indigo/atproto/atclient"
 	"github.com/google/go-cmp/cmp"
 
+	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/run"
 )
 
@@ -92,7 +92,7 @@ func TestStoreSession(t *testing.T) {
 	if s.Session() != nil {
 		t.Fatal("an empty state has a session")
 	}
-	if err := s.SetSession(atclient.PasswordSessionData{AccountDID: "did:plc:runner", Host: "https://pds.test", AccessToken: "a", RefreshToken: "r"}); err != nil {
+	if err := s.SetSession(forge.Session{AccountDID: "did:plc:runner", Host: "https://pds.test", AccessToken: "a", RefreshToken: "r"}); err != nil {
 		t.Fatal(err)
 	}
 	got := s.Session()

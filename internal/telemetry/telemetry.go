@@ -20,13 +20,13 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/checks"
-	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/metrics"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/state"
 	"knotless.dev/run/internal/status"
+	"knotless.dev/run/internal/work"
 )
 
 // Parts tells M what the scheduler, the lander and intake observe: it is
@@ -78,17 +78,17 @@ func (p Parts) Landed(string, int) { p.M.Landed() }
 func (p Parts) Reconciled(int, error) {}
 
 // Deferred: an event waits for its author's caps, flag naming the limit.
-func (p Parts) Deferred(_ ingest.Event, flag string) { p.M.Deferred(flag) }
+func (p Parts) Deferred(_ work.Event, flag string) { p.M.Deferred(flag) }
 
 // Refused: an event got one error check instead of runs.
-func (p Parts) Refused(_ ingest.Event, reason string) { p.M.Refused(reason) }
+func (p Parts) Refused(_ work.Event, reason string) { p.M.Refused(reason) }
 
 // TickSkipped: a schedule's tick was not run.
 func (p Parts) TickSkipped(reason string) { p.M.TickSkipped(reason) }
 
 // EventTime is when a push was made, as its record says; false for
 // other events.
-func EventTime(ev ingest.Event) (time.Time, bool) {
+func EventTime(ev work.Event) (time.Time, bool) {
 	if ev.Push == nil {
 		return time.Time{}, false
 	}
@@ -181,7 +181,7 @@ func (o Outbox) count(err error) error {
 	return err
 }
 
-// Writer is the checks part's writer (forge.Account) with the records
+// Writer is the checks part's writer (pdsclient.Account) with the records
 // the PDS (or the lexicon) refuses as invalid counted in M.
 type Writer struct {
 	checks.Writer
@@ -191,7 +191,7 @@ type Writer struct {
 // PutBatch implements checks.Batcher when the writer it wraps does. A
 // refused batch is not counted: its writes are made again one by one,
 // and those are.
-func (w Writer) PutBatch(ctx context.Context, writes []forge.Write) error {
+func (w Writer) PutBatch(ctx context.Context, writes []pdsclient.Write) error {
 	b, ok := w.Writer.(checks.Batcher)
 	if !ok {
 		return fmt.Errorf("%T writes one record at a time: %w", w.Writer, errors.ErrUnsupported)

@@ -20,14 +20,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/metrics"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/internal/rig"
 	"knotless.dev/run/internal/run"
 	"knotless.dev/run/internal/state"
 	"knotless.dev/run/internal/status"
 	"knotless.dev/run/internal/telemetry"
+	"knotless.dev/run/internal/work"
 	"knotless.dev/run/internal/workflow"
 )
 
@@ -121,7 +122,7 @@ func TestParts(t *testing.T) {
 	if strings.Contains(got, "detached") || strings.Count(got, "knotless_run_runs_total") != 2 {
 		t.Errorf("runs counted:\n%s", got)
 	}
-	for _, ev := range []ingest.Event{pull.Event, {Push: &forge.RefUpdate{CreatedAt: "yesterday"}}} {
+	for _, ev := range []work.Event{pull.Event, {Push: &forge.RefUpdate{CreatedAt: "yesterday"}}} {
 		if at, ok := telemetry.EventTime(ev); ok {
 			t.Errorf("EventTime(%+v) = %s, want none", ev, at)
 		}
@@ -191,7 +192,7 @@ func TestOutboxAndWriter(t *testing.T) {
 	}
 
 	pds := &rig.PDS{}
-	pds.FailNext(fmt.Errorf("put: %w", forge.ErrInvalid), &atclient.APIError{StatusCode: http.StatusBadRequest, Name: "InvalidRecord"},
+	pds.FailNext(fmt.Errorf("put: %w", pdsclient.ErrInvalid), &atclient.APIError{StatusCode: http.StatusBadRequest, Name: "InvalidRecord"},
 		&atclient.APIError{StatusCode: http.StatusBadRequest, Name: "ExpiredToken"}, rig.ErrDown, nil)
 	w := telemetry.Writer{Writer: pds, M: m}
 	for range 5 {

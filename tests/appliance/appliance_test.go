@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/tests/forgeworld"
 	"knotless.dev/run/tests/pds"
 	systemdtest "knotless.dev/run/tests/systemd"
@@ -145,7 +146,7 @@ func (w *world) push(files map[string]string) string {
 // checks lists the runner's check records of workflow on commit.
 func (w *world) checks(workflow, commit string) []forge.Record[forge.Check] {
 	w.t.Helper()
-	recs, _, err := forge.List[forge.Check](context.Background(), w.Reader, w.Runner.DID, forge.CollectionCheck)
+	recs, _, err := pdsclient.List[forge.Check](context.Background(), w.Reader, w.Runner.DID, forge.CollectionCheck)
 	if err != nil {
 		w.t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"knotless.dev/run/internal/executor/kubernetes"
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/tests/clustertest"
 )
 
@@ -426,7 +427,7 @@ func (w *world) pushRecord(branch string, files map[string]string) (syntax.ATURI
 // allChecks lists the runner's checks by commit.
 func (w *world) allChecks() map[string][]forge.Record[forge.Check] {
 	w.t.Helper()
-	recs, _, err := forge.List[forge.Check](context.Background(), w.Reader, w.Runner.DID, forge.CollectionCheck)
+	recs, _, err := pdsclient.List[forge.Check](context.Background(), w.Reader, w.Runner.DID, forge.CollectionCheck)
 	if err != nil {
 		w.t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/tests/gitrepo"
 	"knotless.dev/run/tests/pds"
 )
@@ -42,7 +43,7 @@ type World struct {
 	// Src is the git repository the record's source is.
 	Src *gitrepo.Repo
 	// Reader reads the accounts' public records on the PDS.
-	Reader *forge.Reader
+	Reader *pdsclient.Reader
 }
 
 // New makes the accounts, the git repository and the repository record.
@@ -56,12 +57,12 @@ func New(t testing.TB, srv *pds.Server, o Options) *World {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cat, err := forge.NewCatalog()
+	cat, err := pdsclient.NewCatalog()
 	if err != nil {
 		t.Fatal(err)
 	}
 	w := &World{T: t, Server: srv, Owner: owner, Runner: runner, Password: password, Src: gitrepo.New(t),
-		RepoURI: forge.RepoURI(owner.DID, RepoName), Reader: &forge.Reader{Dir: srv.Directory(), Catalog: cat}}
+		RepoURI: forge.RepoURI(owner.DID, RepoName), Reader: &pdsclient.Reader{Dir: srv.Directory(), Catalog: cat}}
 	if o.Source == "" {
 		o.Source = "file://" + w.Src.Dir
 	}
@@ -105,7 +106,7 @@ func (w *World) Put(a *pds.Account, collection, rkey string, v any) syntax.ATURI
 // lexicon fails the test.
 func (w *World) Checks() []forge.Record[forge.Check] {
 	w.T.Helper()
-	recs, bad, err := forge.List[forge.Check](context.Background(), w.Reader, w.Runner.DID, forge.CollectionCheck)
+	recs, bad, err := pdsclient.List[forge.Check](context.Background(), w.Reader, w.Runner.DID, forge.CollectionCheck)
 	if err != nil {
 		w.T.Fatal(err)
 	}

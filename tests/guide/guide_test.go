@@ -27,6 +27,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/internal/syncbuf"
 	"knotless.dev/run/tests/clustertest"
 	"knotless.dev/run/tests/gitrepo"
@@ -264,12 +265,12 @@ func TestFirstHour(t *testing.T) {
 	token := strings.TrimSpace(readFile(t, filepath.Join(dir, "deploy-token")))
 	commit := gitHead(t, filepath.Join(work, "hello"))
 	pullCommit := gitHead(t, filepath.Join(work, "contrib"))
-	cat, err := forge.NewCatalog()
+	cat, err := pdsclient.NewCatalog()
 	if err != nil {
 		t.Fatal(err)
 	}
-	reader := &forge.Reader{Dir: srv.Directory(), Catalog: cat}
-	checks, bad, err := forge.List[forge.Check](ctx, reader, runner, forge.CollectionCheck)
+	reader := &pdsclient.Reader{Dir: srv.Directory(), Catalog: cat}
+	checks, bad, err := pdsclient.List[forge.Check](ctx, reader, runner, forge.CollectionCheck)
 	if err != nil || len(bad) > 0 {
 		t.Fatalf("the runner's checks: %v %v", err, bad)
 	}

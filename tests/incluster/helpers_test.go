@@ -16,14 +16,15 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/tests/clustertest"
 	"knotless.dev/run/tests/gitrepo"
 	"knotless.dev/run/tests/pds"
 )
 
-func catalog(t *testing.T) *forge.Catalog {
+func catalog(t *testing.T) *pdsclient.Catalog {
 	t.Helper()
-	cat, err := forge.NewCatalog()
+	cat, err := pdsclient.NewCatalog()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +55,7 @@ type world struct {
 	runner  *pds.Account
 	src     *gitrepo.Repo
 	repoURI syntax.ATURI
-	reader  *forge.Reader
+	reader  *pdsclient.Reader
 }
 
 func (w *world) put(a *pds.Account, collection, rkey string, v any) syntax.ATURI {
@@ -78,7 +79,7 @@ func (w *world) push(files map[string]string) (syntax.ATURI, string) {
 }
 
 func (w *world) checks(ctx context.Context) []forge.Record[forge.Check] {
-	recs, bad, err := forge.List[forge.Check](ctx, w.reader, w.runner.DID, forge.CollectionCheck)
+	recs, bad, err := pdsclient.List[forge.Check](ctx, w.reader, w.runner.DID, forge.CollectionCheck)
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -119,7 +120,7 @@ func (w *world) watchFinals(ctx context.Context, workflow, commit string) func()
 	go func() {
 		defer close(done)
 		for ctx.Err() == nil {
-			recs, _, err := forge.List[forge.Check](ctx, w.reader, w.runner.DID, forge.CollectionCheck)
+			recs, _, err := pdsclient.List[forge.Check](ctx, w.reader, w.runner.DID, forge.CollectionCheck)
 			if err == nil {
 				for _, r := range recs {
 					if r.Value.Workflow == workflow && r.Value.Subject.Commit == commit && r.Value.Final() {

@@ -38,6 +38,7 @@ import (
 	knotlesskube "knotless.dev/run/internal/executor/kubernetes"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/kubecred"
+	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/tests/clustertest"
 	"knotless.dev/run/tests/gitrepo"
 	"knotless.dev/run/tests/pds"
@@ -91,7 +92,7 @@ func TestRunnerInCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := &world{t: t, owner: owner, runner: runner, src: src,
-		reader: &forge.Reader{Dir: srv.Directory(), Catalog: catalog(t)}}
+		reader: &pdsclient.Reader{Dir: srv.Directory(), Catalog: catalog(t)}}
 	w.repoURI = forge.RepoURI(owner.DID, "hello")
 	w.put(owner, forge.CollectionRepo, "hello", forge.Repo{
 		Type: forge.CollectionRepo, Name: "hello", Source: gitURL, DefaultBranch: "main",

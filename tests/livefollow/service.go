@@ -8,9 +8,9 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/identity"
 
-	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/output"
 	"knotless.dev/run/internal/outputservice"
+	"knotless.dev/run/internal/pdsclient"
 )
 
 // ServiceDID is the test output service's DID: the audience of the
@@ -28,7 +28,7 @@ func Service(t testing.TB, runner string, dir identity.Directory) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cat, err := forge.NewCatalog()
+	cat, err := pdsclient.NewCatalog()
 	if err != nil {
 		t.Fatal(err)
 	}

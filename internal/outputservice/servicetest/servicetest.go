@@ -17,9 +17,9 @@ import (
 	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
-	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/output"
 	"knotless.dev/run/internal/outputservice"
+	"knotless.dev/run/internal/pdsclient"
 )
 
 // Tokens mints the runner's service-auth tokens with its key, as its
@@ -99,7 +99,7 @@ func StartRunners(tb testing.TB, cfg Config, runners ...syntax.DID) (string, []*
 	if err != nil {
 		tb.Fatal(err)
 	}
-	cat, err := forge.NewCatalog()
+	cat, err := pdsclient.NewCatalog()
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package forge
+package pdsclient
 
 import (
 	"net/http"

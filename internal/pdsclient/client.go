@@ -1,4 +1,10 @@
-package forge
+// Package pdsclient is the runner's client of atproto: public reads of
+// any account's records from its PDS (found through the identity
+// directory), the runner's own account (login, session, record writes,
+// blobs, service auth), host listings, and the knotless lexicons every
+// record read or written is validated against (Catalog). The records
+// themselves are internal/forge's values.
+package pdsclient
 
 import (
 	"bytes"
@@ -15,26 +21,8 @@ import (
 	"github.com/bluesky-social/indigo/atproto/atdata"
 	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/bluesky-social/indigo/atproto/syntax"
+	"knotless.dev/run/internal/forge"
 )
-
-// Session is a password session that can be persisted and resumed.
-type Session = atclient.PasswordSessionData
-
-// Record is one record read from a repo, decoded and validated.
-type Record[T any] struct {
-	URI   syntax.ATURI
-	CID   string
-	Value T
-}
-
-// Invalid is a record that did not validate against its lexicon; it is
-// skipped, and the caller decides whether to tell.
-type Invalid struct {
-	URI syntax.ATURI
-	Err error
-}
-
-func (i Invalid) Error() string { return fmt.Sprintf("%s: %v", i.URI, i.Err) }
 
 // Reader reads any account's public records from its PDS, found through
 // the identity directory.
@@ -123,7 +111,7 @@ func getRecord(ctx context.Context, c *atclient.APIClient, cat *Catalog, uri syn
 // one asked for (a PDS cannot speak for another account). A listing
 // that reaches r.Limits stops there: it returns what it read so far
 // with a *BoundError.
-func List[T any](ctx context.Context, r *Reader, did syntax.DID, collection string) ([]Record[T], []Invalid, error) {
+func List[T any](ctx context.Context, r *Reader, did syntax.DID, collection string) ([]forge.Record[T], []forge.Invalid, error) {
 	c, err := r.client(ctx, did)
 	if err != nil {
 		return nil, nil, err
@@ -137,7 +125,7 @@ func List[T any](ctx context.Context, r *Reader, did syntax.DID, collection stri
 // first page that reaches a key older than since, so the account's
 // history before it costs no page. Older records on that page are
 // returned too.
-func ListSince[T any](ctx context.Context, r *Reader, did syntax.DID, collection string, since time.Time) ([]Record[T], []Invalid, error) {
+func ListSince[T any](ctx context.Context, r *Reader, did syntax.DID, collection string, since time.Time) ([]forge.Record[T], []forge.Invalid, error) {
 	c, err := r.client(ctx, did)
 	if err != nil {
 		return nil, nil, err
@@ -205,9 +193,9 @@ func (e *BoundError) Error() string {
 
 // A listing with stopBelow (a record key) ends after the page whose last
 // key sorts below it.
-func list[T any](ctx context.Context, c *atclient.APIClient, cat *Catalog, did syntax.DID, collection string, lim ListLimits, stopBelow string) ([]Record[T], []Invalid, error) {
-	var recs []Record[T]
-	var bad []Invalid
+func list[T any](ctx context.Context, c *atclient.APIClient, cat *Catalog, did syntax.DID, collection string, lim ListLimits, stopBelow string) ([]forge.Record[T], []forge.Invalid, error) {
+	var recs []forge.Record[T]
+	var bad []forge.Invalid
 	what := collection + " of " + did.String()
 	cursor := ""
 	for pages := 1; ; pages++ {
@@ -221,19 +209,19 @@ func list[T any](ctx context.Context, c *atclient.APIClient, cat *Catalog, did s
 			}
 			uri, err := syntax.ParseATURI(rec.Uri)
 			if err != nil || rec.Value == nil {
-				bad = append(bad, Invalid{URI: syntax.ATURI(rec.Uri), Err: fmt.Errorf("malformed listing entry")})
+				bad = append(bad, forge.Invalid{URI: syntax.ATURI(rec.Uri), Err: fmt.Errorf("malformed listing entry")})
 				continue
 			}
 			if err := listedAs(uri, did, collection); err != nil {
-				bad = append(bad, Invalid{URI: uri, Err: err})
+				bad = append(bad, forge.Invalid{URI: uri, Err: err})
 				continue
 			}
 			var v T
 			if err := cat.Decode(collection, *rec.Value, &v); err != nil {
-				bad = append(bad, Invalid{URI: uri, Err: err})
+				bad = append(bad, forge.Invalid{URI: uri, Err: err})
 				continue
 			}
-			recs = append(recs, Record[T]{URI: uri, CID: rec.Cid, Value: v})
+			recs = append(recs, forge.Record[T]{URI: uri, CID: rec.Cid, Value: v})
 		}
 		if out.Cursor == nil || *out.Cursor == "" || len(out.Records) == 0 {
 			return recs, bad, nil
@@ -332,10 +320,10 @@ type LoginConfig struct {
 	Password string
 	// Session, when set, is resumed instead of logging in anew; a session
 	// the PDS refuses falls back to the password.
-	Session *Session
+	Session *forge.Session
 	// OnSession is called with the session after login and after each
 	// token refresh, to persist it. It must return quickly.
-	OnSession func(Session)
+	OnSession func(forge.Session)
 	HTTP      *http.Client
 }
 
@@ -348,11 +336,11 @@ var ErrNoPassword = errors.New("log in: no app password and no usable saved sess
 func Login(ctx context.Context, cfg LoginConfig, cat *Catalog) (*Account, bool, error) {
 	cb := func(_ context.Context, s atclient.PasswordSessionData) {
 		if cfg.OnSession != nil {
-			cfg.OnSession(s)
+			cfg.OnSession(forge.Session(s))
 		}
 	}
 	if cfg.Session != nil && cfg.Session.RefreshToken != "" && (cfg.Host == "" || strings.TrimSuffix(cfg.Host, "/") == strings.TrimSuffix(cfg.Session.Host, "/")) {
-		c := atclient.ResumePasswordSession(*cfg.Session, cb)
+		c := atclient.ResumePasswordSession(atclient.PasswordSessionData(*cfg.Session), cb)
 		if cfg.HTTP != nil {
 			c.Client = cfg.HTTP
 		}
@@ -376,7 +364,7 @@ func Login(ctx context.Context, cfg LoginConfig, cat *Catalog) (*Account, bool, 
 	}
 	if cfg.OnSession != nil {
 		if pa, ok := c.Auth.(*atclient.PasswordAuth); ok {
-			cfg.OnSession(pa.Session.Clone())
+			cfg.OnSession(forge.Session(pa.Session.Clone()))
 		}
 	}
 	return &Account{api: c, did: *c.AccountDID, catalog: cat}, false, nil
@@ -471,7 +459,7 @@ func (a *Account) Delete(ctx context.Context, collection, rkey string) error {
 }
 
 // ListOwn lists the account's own records of collection.
-func ListOwn[T any](ctx context.Context, a *Account, collection string) ([]Record[T], []Invalid, error) {
+func ListOwn[T any](ctx context.Context, a *Account, collection string) ([]forge.Record[T], []forge.Invalid, error) {
 	return list[T](ctx, a.api, a.catalog, a.did, collection, unbounded, "")
 }
 

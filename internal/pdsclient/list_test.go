@@ -1,4 +1,4 @@
-package forge
+package pdsclient
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/atclient"
 	"github.com/bluesky-social/indigo/atproto/syntax"
+	"knotless.dev/run/internal/forge"
 )
 
 // hostilePDS answers listRecords with the given entries and getRecord
@@ -39,7 +40,7 @@ func repoEntry(uri string) map[string]any {
 		"uri": uri,
 		"cid": "bafyreie5737gdxlw5i64vzichcalba3z2v5n6icifvx5xytvske7mr3hpm",
 		"value": map[string]any{
-			"$type": CollectionRepo, "name": "hello", "source": "file:///srv/hello",
+			"$type": forge.CollectionRepo, "name": "hello", "source": "file:///srv/hello",
 			"runners": []string{"did:plc:7u2ld3ffgzqvezmv6wxgxiix"}, "createdAt": "2024-01-01T00:00:00.000Z",
 		},
 	}
@@ -57,13 +58,13 @@ func TestListDropsOtherAuthorities(t *testing.T) {
 	}
 	asked := syntax.DID("did:plc:ewvi7nxzyoun6zhxrhs64oiz")
 	victim := "did:plc:vwzwgnygau7ed7b7wt5ux7y2"
-	own := "at://" + asked.String() + "/" + CollectionRepo + "/hello"
+	own := "at://" + asked.String() + "/" + forge.CollectionRepo + "/hello"
 	c := hostilePDS(t, []map[string]any{
-		repoEntry("at://" + victim + "/" + CollectionRepo + "/hello"),
-		repoEntry("at://" + asked.String() + "/" + CollectionPull + "/hello"),
+		repoEntry("at://" + victim + "/" + forge.CollectionRepo + "/hello"),
+		repoEntry("at://" + asked.String() + "/" + forge.CollectionPull + "/hello"),
 		repoEntry(own),
 	})
-	recs, bad, err := list[Repo](context.Background(), c, cat, asked, CollectionRepo, ListLimits{}.orDefaults(), "")
+	recs, bad, err := list[forge.Repo](context.Background(), c, cat, asked, forge.CollectionRepo, ListLimits{}.orDefaults(), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +77,7 @@ func TestListDropsOtherAuthorities(t *testing.T) {
 	if !strings.Contains(bad[0].Err.Error(), victim) || !strings.Contains(bad[0].Err.Error(), asked.String()) {
 		t.Errorf("reason %q: want it to name the record's account and the one asked for", bad[0].Err)
 	}
-	if !strings.Contains(bad[1].Err.Error(), CollectionPull) {
+	if !strings.Contains(bad[1].Err.Error(), forge.CollectionPull) {
 		t.Errorf("reason %q: want it to name the record's collection", bad[1].Err)
 	}
 }
@@ -89,9 +90,9 @@ func TestGetRefusesAnotherRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := hostilePDS(t, []map[string]any{repoEntry("at://did:plc:vwzwgnygau7ed7b7wt5ux7y2/" + CollectionRepo + "/hello")})
-	var repo Repo
-	_, err = getRecord(context.Background(), c, cat, syntax.ATURI("at://did:plc:ewvi7nxzyoun6zhxrhs64oiz/"+CollectionRepo+"/hello"), &repo)
+	c := hostilePDS(t, []map[string]any{repoEntry("at://did:plc:vwzwgnygau7ed7b7wt5ux7y2/" + forge.CollectionRepo + "/hello")})
+	var repo forge.Repo
+	_, err = getRecord(context.Background(), c, cat, syntax.ATURI("at://did:plc:ewvi7nxzyoun6zhxrhs64oiz/"+forge.CollectionRepo+"/hello"), &repo)
 	if err == nil || !strings.Contains(err.Error(), "did:plc:vwzwgnygau7ed7b7wt5ux7y2") {
 		t.Errorf("got %v, want an error naming the record the PDS answered with", err)
 	}
@@ -115,7 +116,7 @@ func endlessPDS(t *testing.T, did string, perPage int, giveUp int64) (url string
 		case strings.HasSuffix(r.URL.Path, "/com.atproto.repo.listRecords"):
 			var recs []map[string]any
 			for i := range perPage {
-				recs = append(recs, repoEntry(fmt.Sprintf("at://%s/%s/r%d-%d", did, CollectionRepo, n, i)))
+				recs = append(recs, repoEntry(fmt.Sprintf("at://%s/%s/r%d-%d", did, forge.CollectionRepo, n, i)))
 			}
 			_ = json.NewEncoder(w).Encode(map[string]any{"records": recs, "cursor": fmt.Sprintf("c%d", n)})
 		case strings.HasSuffix(r.URL.Path, "/com.atproto.sync.listRepos"):
@@ -161,7 +162,7 @@ func TestListBounds(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			url, asked := endlessPDS(t, did.String(), tc.perPage, 1000)
-			recs, bad, err := list[Repo](t.Context(), atclient.NewAPIClient(url), cat, did, CollectionRepo, tc.lim.orDefaults(), "")
+			recs, bad, err := list[forge.Repo](t.Context(), atclient.NewAPIClient(url), cat, did, forge.CollectionRepo, tc.lim.orDefaults(), "")
 			var be *BoundError
 			if !errors.As(err, &be) {
 				t.Fatalf("list: got %v after %d pages, want a BoundError", err, asked.Load())
@@ -197,8 +198,8 @@ func TestListBounds(t *testing.T) {
 	})
 	t.Run("a listing that ends", func(t *testing.T) {
 		t.Parallel()
-		c := hostilePDS(t, []map[string]any{repoEntry("at://" + did.String() + "/" + CollectionRepo + "/hello")})
-		recs, _, err := list[Repo](t.Context(), c, cat, did, CollectionRepo, ListLimits{Pages: 1, Records: 1}.orDefaults(), "")
+		c := hostilePDS(t, []map[string]any{repoEntry("at://" + did.String() + "/" + forge.CollectionRepo + "/hello")})
+		recs, _, err := list[forge.Repo](t.Context(), c, cat, did, forge.CollectionRepo, ListLimits{Pages: 1, Records: 1}.orDefaults(), "")
 		if err != nil || len(recs) != 1 {
 			t.Errorf("got %d records, %v; want the one record and no error", len(recs), err)
 		}
@@ -206,7 +207,7 @@ func TestListBounds(t *testing.T) {
 	t.Run("own records", func(t *testing.T) {
 		t.Parallel()
 		url, asked := endlessPDS(t, did.String(), 1, 2*DefaultListPages)
-		_, _, err := list[Repo](t.Context(), atclient.NewAPIClient(url), cat, did, CollectionRepo, unbounded, "")
+		_, _, err := list[forge.Repo](t.Context(), atclient.NewAPIClient(url), cat, did, forge.CollectionRepo, unbounded, "")
 		if err == nil || asked.Load() <= 2*DefaultListPages {
 			t.Errorf("got %v after %d pages; want the unbounded listing to go on until the server gave up", err, asked.Load())
 		}
