@@ -46,9 +46,11 @@ type CLI struct {
 
 	Serve         ServeCmd         `cmd:"" default:"withargs" help:"The runner daemon (the default command): watch the repositories that name this runner and run their workflows."`
 	Secret        SecretCmd        `cmd:"" help:"Seal secrets to a runner."`
-	Cancel        CancelCmd        `cmd:"" help:"Print the dev.knotless.cancel record that stops a queued or running check."`
-	Rerun         RerunCmd         `cmd:"" help:"Print the dev.knotless.rerun record that runs a check's event again: every workflow, one, or the failed ones."`
-	Dispatch      DispatchCmd      `cmd:"" help:"Print the dev.knotless.dispatch record that runs an on: dispatch workflow on a branch, with inputs."`
+	Login         LoginCmd         `cmd:"" help:"Log in to your PDS with an app password; the commands that write records (cancel, rerun, dispatch, secret set) write them with this session."`
+	Logout        LogoutCmd        `cmd:"" help:"End the session login kept and remove it."`
+	Cancel        CancelCmd        `cmd:"" help:"Stop a queued or running check: write the dev.knotless.cancel record (or --print it)."`
+	Rerun         RerunCmd         `cmd:"" help:"Run a check's event again: every workflow, one, or the failed ones; write the dev.knotless.rerun record (or --print it)."`
+	Dispatch      DispatchCmd      `cmd:"" help:"Run an on: dispatch workflow on a branch, with inputs: write the dev.knotless.dispatch record (or --print it)."`
 	Run           RunCmd           `cmd:"" help:"Run one workflow now, without the daemon."`
 	Cache         CacheCmd         `cmd:"" help:"Show and clear the store of workflow caches."`
 	Validate      ValidateCmd      `cmd:"" help:"Check workflow files and print every error with file:line:column."`
@@ -66,6 +68,13 @@ type CLI struct {
 type exitError struct{ code int }
 
 func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
+// usageError is a command line that cannot work as written (a missing
+// or contradictory argument, a value of the wrong form): the same exit
+// code as kong's own parse errors, ExitConfig, in every command.
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
 
 // exitRequest is how kong's --help asks to exit without killing a test.
 type exitRequest int
@@ -124,6 +133,9 @@ func exitCode(stderr io.Writer, err error) int {
 		return ExitSuccess
 	case errors.As(err, &ee):
 		return ee.code
+	case errors.As(err, new(usageError)):
+		fmt.Fprintf(stderr, "knotless-run: %s\n", termsafe.Text(err.Error()))
+		return ExitConfig
 	default:
 		fmt.Fprintf(stderr, "knotless-run: %s\n", termsafe.Text(err.Error()))
 		return ExitError

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,31 +15,41 @@ import (
 	"knotless.dev/run/internal/workflow"
 )
 
-// The run-control commands print a record for the account that acts to
-// write in its own atproto repo (the runner reads, the owner writes), as
-// secret seal does: the record on stdout, the call that writes it on
-// stderr. They check locally what can be checked without the network.
+// The run-control commands write a record in the logged-in account's
+// own atproto repo (the runner reads, the owner writes), or with --print
+// print it, as secret seal does: the record on stdout, the call that
+// writes it on stderr. They check locally what can be checked without
+// the network.
+
+// WriteFlags are what every command that writes a record takes.
+type WriteFlags struct {
+	ClientFlags `embed:""`
+	Print       bool `help:"Print the record (and, on stderr, the call that writes it) instead of writing it with the session of login."`
+}
 
 // CancelCmd prints a dev.knotless.cancel record.
 type CancelCmd struct {
-	URI    string `arg:"" optional:"" name:"check-uri" help:"The check: at://RUNNER/dev.knotless.check/KEY." placeholder:"CHECK-URI"`
-	Check  string `help:"The check's record key (the same on every runner that has the work), in place of CHECK-URI." placeholder:"KEY"`
-	Repo   string `help:"The check's repository: at://OWNER-DID/dev.knotless.repo/NAME (required with --check)." placeholder:"AT-URI"`
-	Runner string `help:"Only this runner acts on it (default with --check: every runner that has the check)." placeholder:"DID"`
+	WriteFlags `embed:""`
+	URI        string `arg:"" optional:"" name:"check-uri" help:"The check: at://RUNNER/dev.knotless.check/KEY." placeholder:"CHECK-URI"`
+	Check      string `help:"The check's record key (the same on every runner that has the work), in place of CHECK-URI." placeholder:"KEY"`
+	Repo       string `help:"The check's repository: at://OWNER-DID/dev.knotless.repo/NAME (required with --check)." placeholder:"AT-URI"`
+	Runner     string `help:"Only this runner acts on it (default with --check: every runner that has the check)." placeholder:"DID"`
 }
 
 // Run prints the cancel record.
-func (c *CancelCmd) Run(env *Env) error {
+func (c *CancelCmd) Run(ctx context.Context, env *Env) error {
 	t, err := checkTarget(c.URI, c.Check, c.Repo, c.Runner, "check-uri")
 	if err != nil {
 		return err
 	}
 	rec := forge.Cancel{Type: forge.CollectionCancel, Check: t.key, Runner: t.runner, Repo: c.Repo, CreatedAt: forge.Now()}
-	return printRecord(env, forge.CollectionCancel, forge.CancelKey(t.runner, t.key), rec)
+	_, err = c.write(ctx, env, forge.CollectionCancel, forge.CancelKey(t.runner, t.key), rec)
+	return err
 }
 
 // RerunCmd prints a dev.knotless.rerun record.
 type RerunCmd struct {
+	WriteFlags   `embed:""`
 	Check        string   `help:"The check whose event to run again: its AT-URI, at://RUNNER/dev.knotless.check/KEY, or its record key with --repo." required:"" placeholder:"CHECK"`
 	Repo         string   `help:"The check's repository: at://OWNER-DID/dev.knotless.repo/NAME (required with a key)." placeholder:"AT-URI"`
 	Runner       string   `help:"Only this runner acts on it (default with a key: every runner that has the check)." placeholder:"DID"`
@@ -49,7 +60,7 @@ type RerunCmd struct {
 }
 
 // Run prints the rerun record.
-func (c *RerunCmd) Run(env *Env) error {
+func (c *RerunCmd) Run(ctx context.Context, env *Env) error {
 	t, err := checkTarget(c.Check, "", c.Repo, c.Runner, "check")
 	if err != nil {
 		return err
@@ -71,11 +82,13 @@ func (c *RerunCmd) Run(env *Env) error {
 	}
 	rec := forge.Rerun{Type: forge.CollectionRerun, Check: t.key, Runner: t.runner, Repo: c.Repo,
 		Workflow: c.Workflow, Failed: c.Failed, Env: vars, CreatedAt: forge.Now()}
-	return printRecord(env, forge.CollectionRerun, "", rec)
+	_, err = c.write(ctx, env, forge.CollectionRerun, "", rec)
+	return err
 }
 
 // DispatchCmd prints a dev.knotless.dispatch record.
 type DispatchCmd struct {
+	WriteFlags   `embed:""`
 	Repo         string   `help:"The repository: at://OWNER-DID/dev.knotless.repo/NAME." required:"" placeholder:"AT-URI"`
 	Ref          string   `help:"The branch to run on: its name or refs/heads/NAME." required:"" placeholder:"REF"`
 	Workflow     string   `help:"The workflow's name, its file stem (default: the stem of --workflow-file)." placeholder:"NAME"`
@@ -85,7 +98,7 @@ type DispatchCmd struct {
 }
 
 // Run prints the dispatch record.
-func (c *DispatchCmd) Run(env *Env) error {
+func (c *DispatchCmd) Run(ctx context.Context, env *Env) error {
 	if err := checkRepoURI(c.Repo); err != nil {
 		return fmt.Errorf("--repo: %w", err)
 	}
@@ -132,7 +145,8 @@ func (c *DispatchCmd) Run(env *Env) error {
 	}
 	rec := forge.Dispatch{Type: forge.CollectionDispatch, Repo: c.Repo, Ref: ref, Workflow: name, Runner: c.Runner,
 		Inputs: inputs, CreatedAt: forge.Now()}
-	return printRecord(env, forge.CollectionDispatch, "", rec)
+	_, err = c.write(ctx, env, forge.CollectionDispatch, "", rec)
+	return err
 }
 
 // target is the check a cancel or rerun names: its key, and its runner
@@ -214,6 +228,28 @@ func toEnvVars(vs []forge.Variable) []workflow.EnvVar {
 		out[i] = workflow.EnvVar{Name: v.Name, Value: v.Value}
 	}
 	return out
+}
+
+// write writes rec in the logged-in account's repo (putRecord at rkey
+// when the key is derived, else a new TID key) and says so; with --print
+// it prints it instead and returns "".
+func (f *WriteFlags) write(ctx context.Context, env *Env, collection, rkey string, rec any) (syntax.ATURI, error) {
+	if f.Print {
+		return "", printRecord(env, collection, rkey, rec)
+	}
+	acct, err := account(env)
+	if err != nil {
+		return "", err
+	}
+	if rkey == "" {
+		rkey = syntax.NewTIDNow(0).String()
+	}
+	uri, err := acct.Put(ctx, collection, rkey, rec)
+	if err != nil {
+		return "", fmt.Errorf("write the %s record: %w", collection, err)
+	}
+	fmt.Fprintf(env.Stderr, "knotless-run: wrote %s\n", uri)
+	return uri, nil
 }
 
 // printRecord validates rec as a record of collection, prints it as JSON

@@ -36,13 +36,13 @@ func TestCancelPrintsTheRecord(t *testing.T) {
 		want forge.Cancel
 		call string
 	}{
-		{"by the check's AT-URI", []string{"cancel", ctlCheck},
+		{"by the check's AT-URI", []string{"cancel", "--print", ctlCheck},
 			forge.Cancel{Type: forge.CollectionCancel, Check: ctlKey, Runner: ctlRunner},
 			`com.atproto.repo.putRecord {"repo": "YOUR-DID", "collection": "dev.knotless.cancel", "rkey": "` + forge.CancelKey(ctlRunner, ctlKey) + `"`},
-		{"by key and repository, every runner", []string{"cancel", "--check", ctlKey, "--repo", repoA},
+		{"by key and repository, every runner", []string{"cancel", "--print", "--check", ctlKey, "--repo", repoA},
 			forge.Cancel{Type: forge.CollectionCancel, Check: ctlKey, Repo: repoA},
 			`"rkey": "` + forge.CancelKey("", ctlKey) + `"`},
-		{"by key, one runner", []string{"cancel", "--check", ctlKey, "--repo", repoA, "--runner", ctlRunner},
+		{"by key, one runner", []string{"cancel", "--print", "--check", ctlKey, "--repo", repoA, "--runner", ctlRunner},
 			forge.Cancel{Type: forge.CollectionCancel, Check: ctlKey, Repo: repoA, Runner: ctlRunner},
 			`"rkey": "` + forge.CancelKey(ctlRunner, ctlKey) + `"`},
 	} {
@@ -66,7 +66,7 @@ func TestCancelPrintsTheRecord(t *testing.T) {
 
 func TestRerunPrintsTheRecord(t *testing.T) {
 	t.Parallel()
-	r := runCLI(t, nil, "rerun", "--check", ctlCheck, "--failed", "--env", "DEBUG=1", "--env", "OPTS=a=b,c", "--env", "EMPTY=")
+	r := runCLI(t, nil, "rerun", "--print", "--check", ctlCheck, "--failed", "--env", "DEBUG=1", "--env", "OPTS=a=b,c", "--env", "EMPTY=")
 	if r.code != ExitSuccess {
 		t.Fatalf("exit %d\n%s", r.code, r.stderr)
 	}
@@ -81,7 +81,7 @@ func TestRerunPrintsTheRecord(t *testing.T) {
 		t.Errorf("stderr lacks the call:\n%s", r.stderr)
 	}
 
-	r = runCLI(t, nil, "rerun", "--check", ctlKey, "--repo", repoA, "--workflow", "build")
+	r = runCLI(t, nil, "rerun", "--print", "--check", ctlKey, "--repo", repoA, "--workflow", "build")
 	var one forge.Rerun
 	decodeRecord(t, forge.CollectionRerun, r.stdout, &one)
 	if diff := cmp.Diff(forge.Rerun{Type: forge.CollectionRerun, Check: ctlKey, Repo: repoA, Workflow: "build"}, one,
@@ -93,7 +93,7 @@ func TestRerunPrintsTheRecord(t *testing.T) {
 func TestDispatchPrintsTheRecord(t *testing.T) {
 	t.Parallel()
 	file := "testdata/control/deploy.yaml"
-	r := runCLI(t, nil, "dispatch", "--repo", repoA, "--ref", "main", "--workflow-file", file, "--input", "note=hi, there", "--input", "target=production")
+	r := runCLI(t, nil, "dispatch", "--print", "--repo", repoA, "--ref", "main", "--workflow-file", file, "--input", "note=hi, there", "--input", "target=production")
 	if r.code != ExitSuccess {
 		t.Fatalf("exit %d\n%s", r.code, r.stderr)
 	}
@@ -109,7 +109,7 @@ func TestDispatchPrintsTheRecord(t *testing.T) {
 	}
 
 	// Without a workflow file nothing is known of the inputs: they go as given.
-	r = runCLI(t, nil, "dispatch", "--repo", repoA, "--ref", "refs/heads/release/1", "--workflow", "deploy", "--runner", ctlRunner, "--input", "any=thing")
+	r = runCLI(t, nil, "dispatch", "--print", "--repo", repoA, "--ref", "refs/heads/release/1", "--workflow", "deploy", "--runner", ctlRunner, "--input", "any=thing")
 	var loose forge.Dispatch
 	decodeRecord(t, forge.CollectionDispatch, r.stdout, &loose)
 	if diff := cmp.Diff(forge.Dispatch{Type: forge.CollectionDispatch, Repo: repoA, Ref: "refs/heads/release/1", Workflow: "deploy", Runner: ctlRunner,

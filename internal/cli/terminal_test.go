@@ -123,7 +123,7 @@ func TestRecordsAreEscaped(t *testing.T) {
 	if err := os.WriteFile(file, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	r := runCLI(t, nil, "dispatch", "--repo", repoA, "--ref", "main", "--workflow-file", file, "--input", "note=hi", "--input", "target=production")
+	r := runCLI(t, nil, "dispatch", "--print", "--repo", repoA, "--ref", "main", "--workflow-file", file, "--input", "note=hi", "--input", "target=production")
 	if r.code != ExitSuccess {
 		t.Fatalf("exit %d: %s", r.code, r.stderr)
 	}
