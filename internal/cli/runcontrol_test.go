@@ -84,7 +84,11 @@ func TestLoginWritesRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	u := newUser(t, srv.PLCURL)
-	check := "at://" + w.Runner.DID.String() + "/dev.knotless.check/zsvmur6bdrvdcvafwfoo7mmwp4"
+	subject := forge.Subject{Repo: w.RepoURI.String(), Commit: strings.Repeat("a", 40), Ref: "refs/heads/main",
+		Event: "at://" + w.Owner.DID.String() + "/dev.knotless.refUpdate/3n3pa7x34wk22", Kind: forge.KindPush}
+	key := forge.CheckKey(subject, "build")
+	check := w.Put(w.Runner, forge.CollectionCheck, key, forge.Check{Type: forge.CollectionCheck, Subject: subject,
+		Workflow: "build", Status: forge.StatusQueued, CreatedAt: forge.Now()}).String()
 
 	if r := u.run(ctx, "", "cancel", check); r.code == ExitSuccess || !strings.Contains(r.stderr, "not logged in") {
 		t.Errorf("cancel before login: exit %d, stderr %q; want it to ask for login", r.code, r.stderr)
@@ -107,14 +111,28 @@ func TestLoginWritesRecords(t *testing.T) {
 		t.Errorf("session %s: %v", b, err)
 	}
 
-	r = u.run(ctx, "", "cancel", check)
+	// runs lists the check; its key's first characters name it.
+	r = u.run(ctx, "", "runs")
+	if r.code != ExitSuccess || !strings.Contains(r.stdout, key) || !strings.Contains(r.stdout, "queued") || !strings.Contains(r.stdout, "push main aaaaaaa") {
+		t.Errorf("runs: exit %d, stdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+	r = u.run(ctx, "", "runs", "--json", "--repo", forgeworld.RepoName, "--status", "queued")
+	var views []runView
+	if err := json.Unmarshal([]byte(r.stdout), &views); err != nil || len(views) != 1 || views[0].URI != check {
+		t.Errorf("runs --json: %v, %+v\n%s", err, views, r.stderr)
+	}
+	if r := u.run(ctx, "", "runs", "--json", "--status", "success"); strings.TrimSpace(r.stdout) != "[]" {
+		t.Errorf("runs --status success: %q", r.stdout)
+	}
+
+	r = u.run(ctx, "", "cancel", key[:6])
 	if r.code != ExitSuccess {
 		t.Fatalf("cancel: exit %d\n%s", r.code, r.stderr)
 	}
 	var rec forge.Cancel
-	key := forge.CancelKey(w.Runner.DID.String(), "zsvmur6bdrvdcvafwfoo7mmwp4")
-	if _, err := w.Reader.Get(ctx, syntax.ATURI("at://"+w.Owner.DID.String()+"/"+forge.CollectionCancel+"/"+key), &rec); err != nil {
-		t.Fatalf("the cancel record is not on the PDS: %v\n%s", err, r.stderr)
+	ckey := forge.CancelKey("", key)
+	if _, err := w.Reader.Get(ctx, syntax.ATURI("at://"+w.Owner.DID.String()+"/"+forge.CollectionCancel+"/"+ckey), &rec); err != nil || rec.Repo != w.RepoURI.String() {
+		t.Fatalf("the cancel record is not on the PDS: %v %+v\n%s", err, rec, r.stderr)
 	}
 
 	r = u.run(ctx, "", "cancel", check, "--print")

@@ -103,7 +103,7 @@ func TestErrorsAreEscaped(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := runCLI(t, nil, "dispatch", "--repo", repoA, "--ref", "main", "--workflow", "deploy", "--workflow-file", file)
-	if r.code != ExitError || strings.ContainsAny(r.stderr, "\x1b\x07") || !strings.Contains(r.stderr, `is workflow deploy\x1b]52;c;`) {
+	if r.code != ExitConfig || strings.ContainsAny(r.stderr, "\x1b\x07") || !strings.Contains(r.stderr, `is workflow deploy\x1b]52;c;`) {
 		t.Errorf("dispatch with a mismatched workflow file: exit %d, stderr %q", r.code, r.stderr)
 	}
 }
