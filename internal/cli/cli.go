@@ -49,6 +49,7 @@ type CLI struct {
 	Login         LoginCmd         `cmd:"" help:"Log in to your PDS with an app password; the commands that write records (cancel, rerun, dispatch, secret set) write them with this session."`
 	Logout        LogoutCmd        `cmd:"" help:"End the session login kept and remove it."`
 	Runs          RunsCmd          `cmd:"" help:"List the checks of a repository across the runners its record names, newest first."`
+	Watch         WatchCmd         `cmd:"" help:"Follow a run to its end: its steps and live log; --exit-status exits non-zero when it did not succeed."`
 	Cancel        CancelCmd        `cmd:"" help:"Stop a queued or running check: write the dev.knotless.cancel record (or --print it)."`
 	Rerun         RerunCmd         `cmd:"" help:"Run a check's event again: every workflow, one, or the failed ones; write the dev.knotless.rerun record (or --print it)."`
 	Dispatch      DispatchCmd      `cmd:"" help:"Run an on: dispatch workflow on a branch, with inputs: write the dev.knotless.dispatch record (or --print it)."`

@@ -55,6 +55,7 @@ func (a *CheckArgs) name() (string, error) {
 type target struct {
 	key, runner, repo string
 	found             []foundCheck
+	f                 *finder
 }
 
 // target reads the check the command names. With --print nothing is
@@ -126,7 +127,7 @@ func (a *CheckArgs) target(ctx context.Context, env *Env, w *WriteFlags, action 
 	if err := control.May(acct.DID().String(), action, first.Subject); err != nil {
 		return target{}, err
 	}
-	t := target{key: found[0].Key, runner: a.Runner, repo: first.Subject.Repo, found: found}
+	t := target{key: found[0].Key, runner: a.Runner, repo: first.Subject.Repo, found: found, f: f}
 	if ref.URI != "" {
 		t.runner = found[0].Runner
 	}
@@ -137,6 +138,7 @@ func (a *CheckArgs) target(ctx context.Context, env *Env, w *WriteFlags, action 
 // record.
 type CancelCmd struct {
 	WriteFlags `embed:""`
+	WaitFlags  `embed:""`
 	CheckArgs  `embed:""`
 }
 
@@ -146,15 +148,23 @@ func (c *CancelCmd) Run(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
+	if !c.Print && !slices.ContainsFunc(t.found, func(fc foundCheck) bool { return !fc.Check.Final() }) {
+		fc := t.found[0]
+		return fmt.Errorf("check %s (%s) has ended already (%s): a cancel never changes a result; nothing written", fc.Key, termsafe.Line(fc.Check.Workflow), termsafe.Line(fc.Check.Status))
+	}
 	rec := forge.Cancel{Type: forge.CollectionCancel, Check: t.key, Runner: t.runner, Repo: t.repo, CreatedAt: forge.Now()}
-	_, err = c.write(ctx, env, forge.CollectionCancel, forge.CancelKey(t.runner, t.key), rec)
-	return err
+	uri, err := c.write(ctx, env, forge.CollectionCancel, forge.CancelKey(t.runner, t.key), rec)
+	if err != nil || c.Print || c.NoWait {
+		return err
+	}
+	return waitCancelled(ctx, env, &c.WaitFlags, t.f, t, uri)
 }
 
 // RerunCmd runs a check's event again: it writes (or prints) a
 // dev.knotless.rerun record.
 type RerunCmd struct {
 	WriteFlags   `embed:""`
+	WaitFlags    `embed:""`
 	CheckArgs    `embed:""`
 	Workflow     string   `help:"Run only this workflow of the event (default: every one)." placeholder:"NAME" xor:"select"`
 	Failed       bool     `help:"Run only the workflows whose last attempt ended failure, error or cancelled." xor:"select"`
@@ -185,13 +195,17 @@ func (c *RerunCmd) Run(ctx context.Context, env *Env) error {
 	}
 	rec := forge.Rerun{Type: forge.CollectionRerun, Check: t.key, Runner: t.runner, Repo: t.repo,
 		Workflow: c.Workflow, Failed: c.Failed, Env: vars, CreatedAt: forge.Now()}
-	_, err = c.write(ctx, env, forge.CollectionRerun, "", rec)
-	return err
+	uri, err := c.write(ctx, env, forge.CollectionRerun, "", rec)
+	if err != nil || c.Print || c.NoWait {
+		return err
+	}
+	return waitRerun(ctx, env, &c.WaitFlags, t.f, t, uri, rec)
 }
 
 // DispatchCmd prints a dev.knotless.dispatch record.
 type DispatchCmd struct {
 	WriteFlags   `embed:""`
+	WaitFlags    `embed:""`
 	Repo         string   `help:"The repository: at://OWNER-DID/dev.knotless.repo/NAME, OWNER-DID/NAME, or NAME, one of yours." required:"" placeholder:"REPO"`
 	Ref          string   `help:"The branch to run on: its name or refs/heads/NAME." required:"" placeholder:"REF"`
 	Workflow     string   `help:"The workflow's name, its file stem (default: the stem of --workflow-file)." placeholder:"NAME"`
@@ -250,8 +264,38 @@ func (c *DispatchCmd) Run(ctx context.Context, env *Env) error {
 	}
 	rec := forge.Dispatch{Type: forge.CollectionDispatch, Repo: c.Repo, Ref: ref, Workflow: name, Runner: c.Runner,
 		Inputs: inputs, CreatedAt: forge.Now()}
-	_, err = c.write(ctx, env, forge.CollectionDispatch, "", rec)
-	return err
+	var runners []string
+	var r *forge.Reader
+	if !c.Print && !c.NoWait {
+		// Read before writing: a repository that cannot be read, or
+		// that is not the account's, is said before anything is written.
+		acct, err := account(env)
+		if err != nil {
+			return err
+		}
+		if err := control.May(acct.DID().String(), control.Dispatch, forge.Subject{Repo: c.Repo}); err != nil {
+			return err
+		}
+		if r, err = c.reader(env); err != nil {
+			return err
+		}
+		var repo forge.Repo
+		if _, err := r.Get(ctx, syntax.ATURI(c.Repo), &repo); err != nil {
+			return fmt.Errorf("--repo: %w", err)
+		}
+		runners = repo.Runners
+		if c.Runner != "" {
+			runners = []string{c.Runner}
+		}
+		if len(runners) == 0 {
+			return fmt.Errorf("--repo %s names no runner", c.Repo)
+		}
+	}
+	uri, err := c.write(ctx, env, forge.CollectionDispatch, "", rec)
+	if err != nil || c.Print || c.NoWait {
+		return err
+	}
+	return waitDispatch(ctx, env, &c.WaitFlags, r, runners, uri, rec)
 }
 
 // repoURI is the AT-URI of the repository --repo names: an AT-URI,
