@@ -144,6 +144,12 @@ func TestLoginWritesRecords(t *testing.T) {
 		t.Errorf("cancel --print: exit %d, stdout %q", r.code, r.stdout)
 	}
 
+	// The shell's completion offers the check's key (kongplete, the
+	// predictor reading what runs lists).
+	if got := completeAs(t, u.config, "knotless-run watch "); !strings.Contains(got, key) {
+		t.Errorf("completion of watch CHECK offers %q, not the check %s", got, key)
+	}
+
 	if r := u.run(ctx, "", "logout"); r.code != ExitSuccess {
 		t.Errorf("logout: exit %d\n%s", r.code, r.stderr)
 	}
@@ -344,6 +350,37 @@ func scanFor(t *testing.T, secrets map[string]string, allowed map[string]bool, p
 		})
 		if fi, err := os.Stat(p); err == nil && !fi.IsDir() {
 			check(p)
+		}
+	}
+}
+
+// completeAs asks the program for the completions of line, as bash's
+// complete -C does: the program run with COMP_LINE set.
+func completeAs(t *testing.T, config, line string) string {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestServeHelperProcess$", "--")
+	cmd.Env = append(os.Environ(), "KNOTLESS_SERVE_HELPER=1", "COMP_LINE="+line, fmt.Sprintf("COMP_POINT=%d", len(line)), "XDG_CONFIG_HOME="+config)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("complete %q: %v\n%s", line, err, out)
+	}
+	return string(out)
+}
+
+// TestCompletion: commands and flags complete (kongplete), and each
+// shell gets its hook.
+func TestCompletion(t *testing.T) {
+	t.Parallel()
+	config := t.TempDir()
+	if got := completeAs(t, config, "knotless-run wat"); strings.TrimSpace(got) != "watch" {
+		t.Errorf("knotless-run wat<TAB>: %q, want watch", got)
+	}
+	if got := completeAs(t, config, "knotless-run runs --st"); !strings.Contains(got, "--status") {
+		t.Errorf("knotless-run runs --st<TAB>: %q", got)
+	}
+	for shell, want := range map[string]string{"bash": "complete -C", "zsh": "bashcompinit", "fish": "complete -f -c knotless-run"} {
+		if r := runCLI(t, nil, "completion", shell); r.code != ExitSuccess || !strings.Contains(r.stdout, want) {
+			t.Errorf("completion %s: exit %d, %q", shell, r.code, r.stdout)
 		}
 	}
 }
