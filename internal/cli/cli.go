@@ -11,6 +11,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/alecthomas/kong"
@@ -119,6 +121,10 @@ func Main(ctx context.Context, args []string, env Env) (code int) {
 		fmt.Fprintf(env.Stderr, "knotless-run: %v\n", err)
 		return ExitConfig
 	}
+	if err := unknownCommand(parser, kctx, args, cli.Serve.Repos); err != nil {
+		fmt.Fprintf(env.Stderr, "knotless-run: %s\n", termsafe.Text(err.Error()))
+		return ExitConfig
+	}
 	env.Logger = newLogger(env.Stderr, cli.LogFormat, cli.LogLevel)
 	routeClientGo(env.Logger)
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
@@ -174,7 +180,53 @@ func newLogger(w io.Writer, format, level string) *slog.Logger {
 		// read from these records, and seconds hide most of them.
 		TimeFormat: LogTimeFormat,
 	})
+	if format == "json" {
+		// charmbracelet/log writes a time.Duration as its nanoseconds
+		// in JSON; a reader wants "1.5s", as text and logfmt say it.
+		return slog.New(durationStrings{h})
+	}
 	return slog.New(h)
+}
+
+// durationStrings is a handler that gives the next one every
+// time.Duration attribute as its String ("1.5s"), in groups too.
+type durationStrings struct{ slog.Handler }
+
+func (d durationStrings) Handle(ctx context.Context, r slog.Record) error {
+	out := slog.NewRecord(r.Time, r.Level, r.Message, r.PC)
+	r.Attrs(func(a slog.Attr) bool {
+		out.AddAttrs(durationAttr(a))
+		return true
+	})
+	return d.Handler.Handle(ctx, out)
+}
+
+func (d durationStrings) WithAttrs(attrs []slog.Attr) slog.Handler {
+	conv := make([]slog.Attr, len(attrs))
+	for i, a := range attrs {
+		conv[i] = durationAttr(a)
+	}
+	return durationStrings{d.Handler.WithAttrs(conv)}
+}
+
+func (d durationStrings) WithGroup(name string) slog.Handler {
+	return durationStrings{d.Handler.WithGroup(name)}
+}
+
+func durationAttr(a slog.Attr) slog.Attr {
+	v := a.Value.Resolve()
+	switch v.Kind() {
+	case slog.KindDuration:
+		return slog.String(a.Key, v.Duration().String())
+	case slog.KindGroup:
+		g := v.Group()
+		conv := make([]any, len(g))
+		for i, ga := range g {
+			conv[i] = durationAttr(ga)
+		}
+		return slog.Group(a.Key, conv...)
+	}
+	return a
 }
 
 // VersionCmd prints the version.
@@ -184,4 +236,69 @@ type VersionCmd struct{}
 func (VersionCmd) Run(env *Env) error {
 	fmt.Fprintf(env.Stdout, "knotless-run %s\n", version.Version)
 	return nil
+}
+
+// unknownCommand catches a mistyped command: serve is the default
+// command and takes repositories as arguments, so without this a word
+// like "lgoin" would be read as a repository. A repository has a "/"
+// (OWNER/NAME or an AT-URI); a word without one, where serve was not
+// typed, is a command that does not exist, and the error names the
+// nearest one (by edit distance).
+func unknownCommand(parser *kong.Kong, kctx *kong.Context, args, repos []string) error {
+	if !strings.HasPrefix(kctx.Command(), "serve") {
+		return nil
+	}
+	for _, r := range repos {
+		if strings.Contains(r, "/") {
+			continue
+		}
+		i := slices.Index(args, r)
+		if i < 0 || slices.Contains(args[:i], "serve") || slices.Contains(args[:i], "--") {
+			continue
+		}
+		best, dist := "", -1
+		for _, c := range parser.Model.Children {
+			if c.Hidden {
+				continue
+			}
+			for _, name := range append([]string{c.Name}, c.Aliases...) {
+				if d := editDistance(r, name); dist < 0 || d < dist {
+					best, dist = name, d
+				}
+			}
+		}
+		msg := fmt.Sprintf("unknown command %q", r)
+		if dist >= 0 && dist <= max(2, len(r)/3) {
+			msg += fmt.Sprintf("; did you mean %q?", best)
+		}
+		return errors.New(msg + " (knotless-run --help lists the commands)")
+	}
+	return nil
+}
+
+// editDistance is the Levenshtein distance of a and b, with a swap of
+// two neighbours counting one (lgoin is one from login).
+func editDistance(a, b string) int {
+	x, y := []rune(a), []rune(b)
+	d := make([][]int, len(x)+1)
+	for i := range d {
+		d[i] = make([]int, len(y)+1)
+		d[i][0] = i
+	}
+	for j := range y {
+		d[0][j+1] = j + 1
+	}
+	for i := 1; i <= len(x); i++ {
+		for j := 1; j <= len(y); j++ {
+			cost := 1
+			if x[i-1] == y[j-1] {
+				cost = 0
+			}
+			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
+			if i > 1 && j > 1 && x[i-1] == y[j-2] && x[i-2] == y[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
+		}
+	}
+	return d[len(x)][len(y)]
 }
