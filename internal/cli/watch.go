@@ -120,8 +120,8 @@ func watchCheck(ctx context.Context, env *Env, f *finder, fc foundCheck) (forge.
 // returns how many are printed.
 func printSteps(w io.Writer, steps []forge.CheckStep, from int, colour bool) int {
 	for _, s := range steps[from:] {
-		if s.Status == forge.StatusRunning || s.Status == forge.StatusQueued || s.Status == "" {
-			break
+		if !slices.Contains([]run.Status{run.Success, run.Failure, run.Error, run.Cancelled, run.Skipped}, run.Status(s.Status)) {
+			break // not ended yet
 		}
 		text := fmt.Sprintf("  %s %s %s", paint(s.Status, colour), termsafe.Line(s.Name), shortDuration(time.Duration(s.DurationMs)*time.Millisecond))
 		if s.ExitCode != nil && *s.ExitCode != 0 {
