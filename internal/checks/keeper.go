@@ -49,7 +49,7 @@ type Keeper struct {
 	seq      uint64
 }
 
-// Blobs takes a run's log and image outputs (forge.Account).
+// Blobs takes a run's log and image outputs (pdsclient.Account).
 type Blobs interface {
 	UploadBlob(ctx context.Context, mimeType string, data []byte) (atdata.Blob, error)
 }

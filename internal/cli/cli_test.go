@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -310,5 +311,49 @@ func TestServeNoAppPassword(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestJSONLogDurations: a duration in a JSON log line is a string, as
+// "1.5s", not its nanoseconds.
+func TestJSONLogDurations(t *testing.T) {
+	t.Parallel()
+	var b bytes.Buffer
+	log := newLogger(&b, "json", "info").With("ttl", 2*time.Minute)
+	log.WithGroup("run").Info("stopped", "stopped_in", 1500*time.Millisecond)
+	got := b.String()
+	for _, want := range []string{`"ttl":"2m0s"`, `"1.5s"`} {
+		if !strings.Contains(got, want) {
+			t.Errorf("log line %s lacks %s", got, want)
+		}
+	}
+}
+
+// TestMistypedCommand: a word that is no command is an error naming the
+// nearest one, not a repository for serve; a repository still is one.
+func TestMistypedCommand(t *testing.T) {
+	t.Parallel()
+	for word, want := range map[string]string{"lgoin": `"login"`, "wacth": `"watch"`, "rnus": `"runs"`, "xyzzyplugh": "knotless-run --help"} {
+		r := runCLI(t, nil, word)
+		if r.code != ExitConfig || !strings.Contains(r.stderr, `unknown command "`+word+`"`) || !strings.Contains(r.stderr, want) || strings.Contains(r.stderr, "--did") {
+			t.Errorf("knotless-run %s: exit %d, stderr %q; want exit %d suggesting %s", word, r.code, r.stderr, ExitConfig, want)
+		}
+	}
+	if got := editDistance("lgoin", "login"); got != 1 {
+		t.Errorf("editDistance(lgoin, login) = %d", got)
+	}
+	// A repository (OWNER/NAME) is serve's argument, as before.
+	if r := runCLI(t, nil, "did:plc:ewvi7nxzyoun6zhxrhs64oiz/hello"); !strings.Contains(r.stderr, "--did") {
+		t.Errorf("knotless-run OWNER/NAME: exit %d, stderr %q; want serve's", r.code, r.stderr)
+	}
+}
+
+// TestStatusStateDirMissing: a --state-dir that is not there is an error
+// naming the flag, not an idle runner.
+func TestStatusStateDirMissing(t *testing.T) {
+	t.Parallel()
+	r := runCLI(t, nil, "status", "--state-dir", filepath.Join(t.TempDir(), "nonexistent"))
+	if r.code != ExitConfig || !strings.Contains(r.stderr, "--state-dir") {
+		t.Errorf("status --state-dir (missing): exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 }

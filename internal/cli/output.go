@@ -7,13 +7,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
-	"strings"
 	"time"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
-	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/output"
 	"knotless.dev/run/internal/outputhttp"
 	"knotless.dev/run/internal/outputservice"
@@ -91,10 +88,11 @@ func (c *OutputServiceCmd) Run(ctx context.Context, env *Env) error {
 
 // LogsCmd prints a check's output, and with --follow follows it live.
 type LogsCmd struct {
-	Follow bool   `short:"f" help:"Follow the output while the run goes on, to its end; the exit code is then the run's (0 success, 1 failure, 2 error, 130 cancelled)."`
-	From   string `help:"Read from this runner listener or output service (its base URL) (default: where the check record's live field says)." placeholder:"URL"`
-	PLCURL string `name:"plc-url" help:"The did:plc directory to find the check record with (without --from). (default ${default})" default:"https://plc.directory" placeholder:"URL"`
-	Check  string `arg:"" help:"The check: at://DID/dev.knotless.check/KEY, or DID/KEY."`
+	ClientFlags `embed:""`
+	Follow      bool   `short:"f" help:"Follow the output while the run goes on, to its end (a queued check is waited for until its run starts); the exit code is then the run's (0 success, 1 failure, 2 error, 130 cancelled)."`
+	From        string `help:"Read from this runner listener or output service (its base URL) (default: where the check record's live field says)." placeholder:"URL"`
+	Repo        string `help:"Where to look for a check named by its key: at://OWNER-DID/dev.knotless.repo/NAME, OWNER-DID/NAME, or NAME, one of yours (default: every repository of the account you logged in as)." placeholder:"REPO"`
+	Check       string `arg:"" help:"The check: at://RUNNER/dev.knotless.check/KEY, RUNNER/KEY, or its key or a unique prefix of it, as knotless-run runs shows it." predictor:"check"`
 }
 
 // Help is logs --help's text below its usage line.
@@ -107,14 +105,22 @@ func (LogsCmd) Help() string {
 // Run prints the output to stdout: filtered for a terminal
 // (termsafe.Writer), as it is to anything else.
 func (c *LogsCmd) Run(ctx context.Context, env *Env) error {
-	check, err := parseCheck(c.Check)
+	ref, err := parseCheckRef(c.Check)
 	if err != nil {
 		return err
 	}
+	check := ref.URI
 	base := c.From
-	if base == "" {
-		if base, err = c.liveService(ctx, check); err != nil {
+	if base == "" || check == "" {
+		f, fc, err := resolveOne(ctx, env, &c.ClientFlags, c.Repo, c.Check)
+		if err != nil {
 			return err
+		}
+		check = fc.URI
+		if base == "" {
+			if base, err = liveService(ctx, env, f, fc, c.Follow); err != nil {
+				return err
+			}
 		}
 	}
 	client := &outputhttp.Client{Base: base}
@@ -142,40 +148,37 @@ func (c *LogsCmd) Run(ctx context.Context, env *Env) error {
 	return nil
 }
 
-// parseCheck reads CHECK: an AT-URI of a check record, or DID/KEY.
-func parseCheck(s string) (syntax.ATURI, error) {
-	if !strings.HasPrefix(s, "at://") {
-		did, key, ok := strings.Cut(s, "/")
-		if !ok {
-			return "", fmt.Errorf("CHECK %q: want at://DID/dev.knotless.check/KEY or DID/KEY", s)
-		}
-		s = "at://" + did + "/" + forge.CollectionCheck + "/" + key
-	}
-	uri, err := syntax.ParseATURI(s)
-	if err != nil {
-		return "", fmt.Errorf("CHECK %q: %w", s, err)
-	}
-	if _, err := uri.Authority().AsDID(); err != nil || uri.Collection().String() != forge.CollectionCheck || uri.RecordKey() == "" {
-		return "", fmt.Errorf("CHECK %q: not a dev.knotless.check record of a DID", s)
-	}
-	return uri, nil
-}
+// pollEvery is how often a command waiting on a check reads its record
+// again.
+const pollEvery = 500 * time.Millisecond
 
-// liveService reads the check record for where its output is read.
-func (c *LogsCmd) liveService(ctx context.Context, check syntax.ATURI) (string, error) {
-	cat, err := pdsclient.NewCatalog()
-	if err != nil {
-		return "", err
+// liveService is where the check's output is read, from its record's
+// live field. With wait, a check still queued (its run not started, so
+// no live field yet) is read again until its run starts.
+func liveService(ctx context.Context, env *Env, f *finder, fc foundCheck, wait bool) (string, error) {
+	said := false
+	for {
+		if fc.Check.Live != nil && fc.Check.Live.Service != "" {
+			return fc.Check.Live.Service, nil
+		}
+		if !wait || fc.Check.Final() {
+			return "", fmt.Errorf("check %s says nowhere where its output is read (no live field: the runner serves no live output, or the check is %s); give --from URL", fc.URI, termsafe.Line(fc.Check.Status))
+		}
+		if !said {
+			env.Logger.Info("the check is queued; waiting for its run to start", "check", fc.URI.String())
+			said = true
+		}
+		select {
+		case <-ctx.Done():
+			return "", exitError{code: ExitCancelled}
+		case <-time.After(pollEvery):
+		}
+		next, err := f.get(ctx, fc.URI)
+		if err != nil {
+			return "", err
+		}
+		fc = next
 	}
-	r := &pdsclient.Reader{Dir: pdsclient.NewDirectory(pdsclient.DirectoryConfig{PLCURL: c.PLCURL}), Catalog: cat, HTTP: &http.Client{Timeout: time.Minute}}
-	var rec forge.Check
-	if _, err := r.Get(ctx, check, &rec); err != nil {
-		return "", fmt.Errorf("read check %s (or give --from): %w", check, err)
-	}
-	if rec.Live == nil || rec.Live.Service == "" {
-		return "", fmt.Errorf("check %s says nowhere where its output is read (no live field); give --from URL", check)
-	}
-	return rec.Live.Service, nil
 }
 
 // cutLine is what a reader prints for bytes not kept, as the log blob

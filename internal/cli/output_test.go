@@ -161,8 +161,8 @@ func TestLogs(t *testing.T) {
 		}
 	}
 
-	for _, bad := range []string{"nonsense", "at://did:plc:x/dev.knotless.pull/k"} {
-		if r := runCLI(t, nil, "logs", "--from", url, bad); r.code != ExitError || !strings.Contains(r.stderr, "CHECK") {
+	for _, bad := range []string{"non sense", "at://did:plc:x/dev.knotless.pull/k"} {
+		if r := runCLI(t, nil, "logs", "--from", url, bad); r.code != ExitConfig || !strings.Contains(r.stderr, "CHECK") {
 			t.Errorf("logs %s: exit %d, stderr %q", bad, r.code, r.stderr)
 		}
 	}

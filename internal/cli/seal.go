@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,7 +18,26 @@ import (
 
 // SecretCmd groups the secret helpers.
 type SecretCmd struct {
-	Seal SecretSealCmd `cmd:"" help:"Seal a secret value to a runner's key and print the dev.knotless.secret record to write."`
+	Set  SecretSetCmd  `cmd:"" help:"Seal a secret value to a runner's key and write the dev.knotless.secret record with the session of login (or --print it)."`
+	Seal SecretSealCmd `cmd:"" help:"Seal a secret value to a runner's key and print the dev.knotless.secret record to write (secret set --print)."`
+}
+
+// SecretSetCmd seals a secret and writes its record. Its key is derived
+// from the repository, the name and the runner, so setting it again
+// replaces it.
+type SecretSetCmd struct {
+	SecretSealCmd `embed:""`
+	WriteFlags    `embed:""`
+}
+
+// Run seals the value and writes (or prints) the record.
+func (c *SecretSetCmd) Run(ctx context.Context, env *Env) error {
+	rec, err := c.seal(env)
+	if err != nil {
+		return err
+	}
+	_, err = c.write(ctx, env, forge.CollectionSecret, forge.SecretKey(rec.Repo, rec.Name, rec.Runner), rec)
+	return err
 }
 
 // SecretSealCmd prints a sealed secret record. The value comes from
@@ -35,47 +55,8 @@ type SecretSealCmd struct {
 
 // Run seals the value and prints the record as JSON.
 func (c *SecretSealCmd) Run(env *Env) error {
-	if _, err := syntax.ParseDID(c.Runner); err != nil {
-		return fmt.Errorf("--runner: %w", err)
-	}
-	if t, err := ingest.ParseTarget(c.Repo); err != nil || !strings.HasPrefix(c.Repo, "at://") || !t.Owner.IsDID() ||
-		forge.RepoURI(syntax.DID(t.Owner.String()), t.Name).String() != c.Repo {
-		// The sealed envelope is compared byte for byte with the run's
-		// repository: the canonical AT-URI, with the owner's DID.
-		return fmt.Errorf("--repo %q: want at://DID/%s/NAME", c.Repo, forge.CollectionRepo)
-	}
-	pub, err := forge.DecodeKey(c.Key)
+	rec, err := c.seal(env)
 	if err != nil {
-		return fmt.Errorf("--key: %w", err)
-	}
-	var value []byte
-	if c.ValueFile != "" {
-		value, err = os.ReadFile(c.ValueFile)
-	} else {
-		value, err = readAll(env)
-	}
-	if err != nil {
-		return fmt.Errorf("read the value: %w", err)
-	}
-	value = []byte(strings.TrimSuffix(string(value), "\n"))
-	if len(value) == 0 {
-		return errors.New("the value is empty")
-	}
-	scope := c.Scope
-	if scope == "" {
-		scope = forge.ScopePush
-	}
-	sealed, err := forge.SealSecret(pub, forge.Envelope{Repo: c.Repo, Name: c.Name, Runner: c.Runner, Scope: scope, Value: value})
-	if err != nil {
-		return err
-	}
-	rec := forge.Secret{Type: forge.CollectionSecret, Repo: c.Repo, Name: c.Name, Runner: c.Runner, Key: c.Key,
-		Scope: scope, Sealed: sealed, CreatedAt: forge.Now()}
-	cat, err := pdsclient.NewCatalog()
-	if err != nil {
-		return err
-	}
-	if _, err := cat.Encode(forge.CollectionSecret, rec); err != nil {
 		return err
 	}
 	b, err := json.MarshalIndent(rec, "", "  ")
@@ -84,6 +65,54 @@ func (c *SecretSealCmd) Run(env *Env) error {
 	}
 	fmt.Fprintf(env.Stdout, "%s\n", b)
 	return nil
+}
+
+// seal checks the flags, reads the value and seals it into a record.
+func (c *SecretSealCmd) seal(env *Env) (forge.Secret, error) {
+	if _, err := syntax.ParseDID(c.Runner); err != nil {
+		return forge.Secret{}, fmt.Errorf("--runner: %w", err)
+	}
+	if t, err := ingest.ParseTarget(c.Repo); err != nil || !strings.HasPrefix(c.Repo, "at://") || !t.Owner.IsDID() ||
+		forge.RepoURI(syntax.DID(t.Owner.String()), t.Name).String() != c.Repo {
+		// The sealed envelope is compared byte for byte with the run's
+		// repository: the canonical AT-URI, with the owner's DID.
+		return forge.Secret{}, fmt.Errorf("--repo %q: want at://DID/%s/NAME", c.Repo, forge.CollectionRepo)
+	}
+	pub, err := forge.DecodeKey(c.Key)
+	if err != nil {
+		return forge.Secret{}, fmt.Errorf("--key: %w", err)
+	}
+	var value []byte
+	if c.ValueFile != "" {
+		value, err = os.ReadFile(c.ValueFile)
+	} else {
+		value, err = readAll(env)
+	}
+	if err != nil {
+		return forge.Secret{}, fmt.Errorf("read the value: %w", err)
+	}
+	value = []byte(strings.TrimSuffix(string(value), "\n"))
+	if len(value) == 0 {
+		return forge.Secret{}, errors.New("the value is empty")
+	}
+	scope := c.Scope
+	if scope == "" {
+		scope = forge.ScopePush
+	}
+	sealed, err := forge.SealSecret(pub, forge.Envelope{Repo: c.Repo, Name: c.Name, Runner: c.Runner, Scope: scope, Value: value})
+	if err != nil {
+		return forge.Secret{}, err
+	}
+	rec := forge.Secret{Type: forge.CollectionSecret, Repo: c.Repo, Name: c.Name, Runner: c.Runner, Key: c.Key,
+		Scope: scope, Sealed: sealed, CreatedAt: forge.Now()}
+	cat, err := pdsclient.NewCatalog()
+	if err != nil {
+		return forge.Secret{}, err
+	}
+	if _, err := cat.Encode(forge.CollectionSecret, rec); err != nil {
+		return forge.Secret{}, err
+	}
+	return rec, nil
 }
 
 func readAll(env *Env) ([]byte, error) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
@@ -46,6 +47,11 @@ func (c *StatusCmd) Run(ctx context.Context, env *Env) error {
 		doc, err = status.Fetch(ctx, where)
 	}
 	if errors.Is(err, status.ErrNotRunning) {
+		// A --state-dir that is not there is a mistyped flag, not an
+		// idle runner.
+		if fi, serr := os.Stat(c.StateDir); serr != nil || !fi.IsDir() {
+			return usageError{fmt.Errorf("--state-dir %s: not a directory (no daemon answers at %s, and there is no state.json to read): give the daemon's --state-dir", c.StateDir, where)}
+		}
 		st, lerr := state.Load(c.StateDir)
 		if lerr != nil {
 			return fmt.Errorf("no daemon answers at %s, and --state-dir %s: %w", where, c.StateDir, lerr)

@@ -103,7 +103,7 @@ func TestErrorsAreEscaped(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := runCLI(t, nil, "dispatch", "--repo", repoA, "--ref", "main", "--workflow", "deploy", "--workflow-file", file)
-	if r.code != ExitError || strings.ContainsAny(r.stderr, "\x1b\x07") || !strings.Contains(r.stderr, `is workflow deploy\x1b]52;c;`) {
+	if r.code != ExitConfig || strings.ContainsAny(r.stderr, "\x1b\x07") || !strings.Contains(r.stderr, `is workflow deploy\x1b]52;c;`) {
 		t.Errorf("dispatch with a mismatched workflow file: exit %d, stderr %q", r.code, r.stderr)
 	}
 }
@@ -123,7 +123,7 @@ func TestRecordsAreEscaped(t *testing.T) {
 	if err := os.WriteFile(file, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	r := runCLI(t, nil, "dispatch", "--repo", repoA, "--ref", "main", "--workflow-file", file, "--input", "note=hi", "--input", "target=production")
+	r := runCLI(t, nil, "dispatch", "--print", "--repo", repoA, "--ref", "main", "--workflow-file", file, "--input", "note=hi", "--input", "target=production")
 	if r.code != ExitSuccess {
 		t.Fatalf("exit %d: %s", r.code, r.stderr)
 	}

@@ -68,3 +68,10 @@ type Variable struct {
 func CancelKey(runner, check string) string {
 	return key("cancel\n" + runner + "\n" + check)
 }
+
+// SecretKey is the record key of the secret name of repo sealed to
+// runner: sha256("secret" "\n" repo "\n" name "\n" runner), as CancelKey,
+// so setting a secret again replaces its record.
+func SecretKey(repo, name, runner string) string {
+	return key("secret\n" + repo + "\n" + name + "\n" + runner)
+}

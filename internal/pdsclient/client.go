@@ -370,6 +370,35 @@ func Login(ctx context.Context, cfg LoginConfig, cat *Catalog) (*Account, bool, 
 	return &Account{api: c, did: *c.AccountDID, catalog: cat}, false, nil
 }
 
+// Resume makes an account of a saved session without asking the PDS
+// anything: the access token is refreshed when the PDS says it has
+// expired, and onSession (when set) is called with the refreshed
+// session to persist it.
+func Resume(s forge.Session, onSession func(forge.Session), cat *Catalog, hc *http.Client) *Account {
+	c := atclient.ResumePasswordSession(atclient.PasswordSessionData(s), func(_ context.Context, s atclient.PasswordSessionData) {
+		if onSession != nil {
+			onSession(forge.Session(s))
+		}
+	})
+	if hc != nil {
+		c.Client = hc
+	}
+	return &Account{api: c, did: s.AccountDID, catalog: cat}
+}
+
+// Logout ends the account's session on its PDS (deleteSession with the
+// refresh token).
+func (a *Account) Logout(ctx context.Context) error {
+	pa, ok := a.api.Auth.(*atclient.PasswordAuth)
+	if !ok {
+		return errors.New("log out: not a password session")
+	}
+	if err := pa.Logout(ctx, a.api.Client); err != nil {
+		return fmt.Errorf("log out of %s: %w", a.api.Host, err)
+	}
+	return nil
+}
+
 // DID is the account's DID.
 func (a *Account) DID() syntax.DID { return a.did }
 
