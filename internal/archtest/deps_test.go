@@ -240,7 +240,8 @@ func importChain(graph map[string][]string, p string, bad func(string) bool) []s
 
 // decisions are the pure decision cores of the records (the merge
 // queue's, run control's): their callers do the I/O, so they import no
-// executor client and nothing of the daemon, the intake or the CLI.
+// executor client and nothing of the daemon, the parts (intake, run
+// control, the scheduler, the lander) or the CLI.
 // They read records, so atproto types are theirs to use.
 var decisions = []string{
 	module + "internal/mergequeue",
@@ -251,7 +252,7 @@ func TestDecisionCoresImportNoIO(t *testing.T) {
 	t.Parallel()
 	graph := leaves(importGraph(t, decisions...), "github.com/bluesky-social/indigo")
 	above := []string{module + "internal/cli", module + "internal/daemon", module + "internal/ingest", module + "internal/mirror", module + "internal/state",
-		module + "internal/intake", module + "internal/scheduler", module + "internal/lander"}
+		module + "internal/intake", module + "internal/scheduler", module + "internal/lander", module + "internal/runctl"}
 	for _, p := range decisions {
 		for _, o := range outside {
 			if o.what == "atproto (indigo)" {

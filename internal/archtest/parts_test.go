@@ -20,8 +20,9 @@ import (
 )
 
 // The daemon's parts (docs/design/daemon.md, "Who owns what"): intake,
-// the scheduler, the lander and live output reach each other, and the
-// outside, only through the ports they declare; the daemon wires them. job, state and
+// run control, the scheduler, the lander and live output reach each
+// other, and the outside, only through the ports they declare; the
+// daemon wires them. job, state and
 // checks are what they all name: job and state import no part, checks
 // only state (the type of its outbox port). Nothing but the CLI imports
 // the daemon, and the rig (the -short tests' outside world) imports no
@@ -31,6 +32,7 @@ var parts = map[string][]string{
 	"internal/intake":    {"internal/job", "internal/checks", "internal/state"},
 	"internal/scheduler": {"internal/job", "internal/checks", "internal/state"},
 	"internal/lander":    {"internal/job", "internal/checks", "internal/state"},
+	"internal/runctl":    {"internal/job", "internal/checks", "internal/state"},
 	"internal/checks":    {"internal/state"},
 	"internal/job":       nil,
 	"internal/state":     nil,

@@ -1,7 +1,8 @@
 // Package daemon is the runner daemon's composition root: it logs the
 // runner in, loads its state, sweeps orphaned sessions and adopts the
-// runs its predecessor handed over, wires the parts (intake, the
-// scheduler, the lander, the checks part and the state store), runs
+// runs its predecessor handed over, wires the parts (intake, run
+// control, the scheduler, the lander, the checks part and the state
+// store), runs
 // their goroutines and waits for them, tells systemd how it is (READY,
 // STATUS, the watchdog), watches the executor's health, and on SIGTERM
 // hands over to its successor. The rules are the parts'; none is here.
@@ -30,6 +31,7 @@ import (
 	"knotless.dev/run/internal/pdsclient"
 	"knotless.dev/run/internal/readiness"
 	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/runctl"
 	"knotless.dev/run/internal/scheduler"
 	"knotless.dev/run/internal/state"
 	"knotless.dev/run/internal/status"
@@ -49,6 +51,7 @@ type Daemon struct {
 	intake *intake.Intake
 	sched  *scheduler.Scheduler
 	lander *lander.Lander // nil without --queue
+	runctl *runctl.Part   // run control
 	live   *live.Live     // live output
 	health health         // the executor's (health.go); its own lock
 	tel    *telemetry.Status
@@ -247,8 +250,11 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 			logOf("lander"))
 		landing = d.lander
 	}
-	ports := intake.Ports{Lister: out.lister, Mirrors: out.mirrors, Scheduler: d.sched, Checks: d.keeper, State: store, Lander: landing,
-		Stream: out.stream, Changed: d.status, Observer: observe}
+	d.runctl = runctl.New(runctl.Config{Retention: cfg.Intake.WithDefaults().Retention, Remembered: cfg.Intake.Remembered}, runner,
+		runctl.Ports{Scheduler: d.sched, Checks: d.keeper, State: store, Mirrors: out.mirrors, Intake: viaIntake{d}, Observer: observe},
+		logOf("runctl"))
+	ports := intake.Ports{Lister: out.lister, Mirrors: out.mirrors, Scheduler: d.sched, Checks: d.keeper, State: store, Control: d.runctl,
+		Lander: landing, Stream: out.stream, Changed: d.status, Observer: observe}
 	if d.caps.Images != nil {
 		ports.CheckImage = d.caps.Images.CheckImage
 	}
@@ -260,12 +266,20 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 	return d
 }
 
-// viaIntake is the lander's port to intake, which is made after it (and
-// is handed the lander).
+// viaIntake is the lander's and run control's port to intake, which is
+// made after them (and is handed them).
 type viaIntake struct{ d *Daemon }
 
 func (v viaIntake) Consider(ctx context.Context, ev work.Event) error {
 	return v.d.intake.Consider(ctx, ev)
+}
+
+func (v viaIntake) ConsiderControl(ctx context.Context, ev work.Event) error {
+	return v.d.intake.ConsiderControl(ctx, ev)
+}
+
+func (v viaIntake) ControlError(ctx context.Context, ev work.Event, wf, msg string) {
+	v.d.intake.ControlError(ctx, ev, wf, msg)
 }
 
 func (v viaIntake) Prepare(ctx context.Context, ev work.Event) (job.Repo, string, *mirror.ConflictError, error) {

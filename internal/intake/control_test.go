@@ -1,473 +1,192 @@
 package intake
 
 import (
-	"bytes"
 	"context"
-	"fmt"
-	"log/slog"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
-	"github.com/bluesky-social/indigo/atproto/syntax"
-	"github.com/google/go-cmp/cmp"
-
 	"knotless.dev/run/internal/control"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
-	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/rig"
-	"knotless.dev/run/internal/scheduler"
 	"knotless.dev/run/internal/work"
 	"knotless.dev/run/internal/workflow"
 )
 
-// Run control on intake alone: cancel, rerun and dispatch records
-// decided by internal/control's rules and acted on through the
-// scheduler and the checks part; schedules' ticks.
+// The events run control makes (internal/runctl, whose tests drive
+// them from the records) as intake considers them: the workflows they
+// name, each at its attempt, their variables, and an error check for
+// each named workflow that cannot run.
 
-const stranger = "did:plc:stranger"
+const rerunCause = "at://" + rig.Owner + "/dev.knotless.rerun/3r1"
 
-// spy is the real scheduler, keeping the jobs queued.
-type spy struct {
-	*scheduler.Scheduler
-	mu   sync.Mutex
-	jobs []*job.Job
+// rerun is a re-run event of push: workflows at their attempts.
+func rerun(runs map[string]int64) work.Event {
+	ev := rig.Push("3k1", "c1")
+	ev.Control = work.Control{Cause: rerunCause, Workflows: runs}
+	return ev
 }
 
-func (s *spy) Enqueue(ctx context.Context, j *job.Job) (bool, error) {
-	ok, err := s.Scheduler.Enqueue(ctx, j)
-	if ok {
-		s.mu.Lock()
-		s.jobs = append(s.jobs, j)
-		s.mu.Unlock()
-	}
-	return ok, err
-}
-
-func (s *spy) job(key string) *job.Job {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, j := range s.jobs {
-		if j.Key == key {
-			return j
-		}
-	}
-	return nil
-}
-
-// spied rebuilds w's intake on a spy of its scheduler.
-func (w *world) spied() *spy {
-	s := &spy{Scheduler: w.sched}
-	w.ports.Scheduler = s
-	w.in = New(w.cfg, w.facts, w.ports, nil)
-	return s
-}
-
-// finish makes the check of key known final as status (a run ended):
-// the check known, else a first attempt of workflow wf of ev.
-func (w *world) finish(key string, ev work.Event, wf, status string) {
-	c, known := w.keeper.Get(key)
-	if !known {
-		c = forge.Check{Type: forge.CollectionCheck, Subject: ev.Subject(), Workflow: wf, CreatedAt: forge.Now()}
-	}
-	c.Status = status
-	w.keeper.Know(key, c)
-}
-
-// drop takes the job of key out of the scheduler's queue, as if it ran
-// (the check's writes are the test's).
-func (w *world) drop(t *testing.T, key string) {
-	t.Helper()
-	w.sched.Cancel(t.Context(), key, "at://did:plc:test/dev.knotless.cancel/x")
-}
-
-func tid(n int) string {
-	return syntax.NewTIDFromInteger(uint64(time.Now().UnixMicro())<<10 + uint64(n)).String()
-}
-
-// A queued check is cancelled by its repository's owner, and a pull's
-// by its author; a stranger's cancel, a pull author's cancel of a push
-// and a cancel for another runner change nothing; a final check stays
-// as it is.
-func TestCancelRecords(t *testing.T) {
+func TestConsiderControl(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t)
-	w.git.SetWorkflows(rig.CI("ci", "make"))
-	push := rig.Push("3k1", "c1")
-	pull := rig.Pull("did:plc:author", "3p1", "h1")
-	w.lister.Set(push, pull)
-	w.reconcile(t)
-	pushKey, pullKey := forge.CheckKey(push.Subject(), "ci"), forge.CheckKey(pull.Subject(), "ci")
-	other := rig.CancelOf(rig.Owner, "elsewhere", pushKey)
-	other.Value.Runner = "did:plc:another"
-	w.lister.SetControls(ingest.Controls{Cancels: []forge.Record[forge.Cancel]{
-		rig.CancelOf(stranger, "s1", pushKey),
-		rig.CancelOf("did:plc:author", "a1", pushKey),
-		other,
-	}})
-	w.reconcile(t)
-	for _, key := range []string{pushKey, pullKey} {
-		if got := w.pds.Statuses(key); !slices.Equal(got, []string{"queued"}) {
-			t.Errorf("%s after refused cancels: %v, want queued only", key, got)
-		}
-	}
-	byOwner, byAuthor := rig.CancelOf(rig.Owner, "o1", pushKey), rig.CancelOf("did:plc:author", "a2", pullKey)
-	w.lister.AddControls(ingest.Controls{Cancels: []forge.Record[forge.Cancel]{byOwner, byAuthor}})
-	w.reconcile(t)
-	for key, by := range map[string]syntax.ATURI{pushKey: byOwner.URI, pullKey: byAuthor.URI} {
-		c, _ := w.keeper.Get(key)
-		if c.Status != "cancelled" || c.CancelledBy != by.String() || c.Error != control.CancelledText(by.String()) {
-			t.Errorf("%s: %s by %q (%q), want cancelled by %s", key, c.Status, c.CancelledBy, c.Error, by)
-		}
-		if w.sched.HasCheck(key) {
-			t.Errorf("%s still in hand", key)
-		}
-	}
-	// Read again: a final check stays as it is.
-	w.reconcile(t)
-	for _, key := range []string{pushKey, pullKey} {
-		if got := w.pds.Statuses(key); !slices.Equal(got, []string{"queued", "cancelled"}) {
-			t.Errorf("%s: writes %v", key, got)
-		}
-	}
-}
-
-// A check an earlier process left queued (listed at start, not in hand)
-// is cancelled, not queued again by the same reconcile.
-func TestCancelOfWorkLeftQueued(t *testing.T) {
-	t.Parallel()
-	w := newWorld(t)
-	w.git.SetWorkflows(rig.CI("ci", "make"))
-	push := rig.Push("3k1", "c1")
-	key := forge.CheckKey(push.Subject(), "ci")
-	w.keeper.Know(key, forge.Check{Type: forge.CollectionCheck, Subject: push.Subject(), Workflow: "ci", Status: "queued", CreatedAt: forge.Now()})
-	w.lister.Set(push)
-	w.lister.SetControls(ingest.Controls{Cancels: []forge.Record[forge.Cancel]{rig.CancelOf(rig.Owner, "o1", key)}})
-	w.reconcile(t)
-	if got := w.pds.Statuses(key); !slices.Equal(got, []string{"cancelled"}) {
-		t.Errorf("writes %v, want cancelled only", got)
-	}
-	if w.sched.HasCheck(key) {
-		t.Error("queued again")
-	}
-}
-
-// A re-run runs a final check's event again as new attempts: all its
-// workflows, one, or the failed ones; each with its own key, its
-// attempt, the record as its cause and the record's env; the original
-// kept. A re-run read again, or while its attempts go, runs nothing
-// more; a stranger's runs nothing.
-func TestRerunRecords(t *testing.T) {
-	t.Parallel()
-	w := newWorld(t)
-	s := w.spied()
-	w.git.SetWorkflows(rig.CI("a", "make"), rig.CI("b", "make"))
-	push := rig.Push("3k1", "c1")
-	w.lister.Set(push)
-	w.reconcile(t)
-	keyA, keyB := forge.CheckKey(push.Subject(), "a"), forge.CheckKey(push.Subject(), "b")
-	w.drop(t, keyA)
-	w.drop(t, keyB)
-	w.finish(keyA, push, "a", "success")
-	w.finish(keyB, push, "b", "failure")
-
-	failed := rig.RerunOf(rig.Owner, tid(1), keyA, forge.Rerun{Failed: true, Env: []forge.Variable{{Name: "DEBUG", Value: "1"}}})
-	w.lister.SetControls(ingest.Controls{Reruns: []forge.Record[forge.Rerun]{rig.RerunOf(stranger, tid(0), keyA, forge.Rerun{}), failed}})
-	base := len(w.pds.Writes())
-	w.reconcile(t)
-	b2 := forge.AttemptKey(push.Subject(), "b", 2)
-	c, _ := w.keeper.Get(b2)
-	if c.Status != "queued" || c.Attempt != 2 || c.Cause != failed.URI.String() || c.Workflow != "b" || c.Subject != push.Subject() {
-		t.Errorf("attempt 2 of b: %+v", c)
-	}
-	j := s.job(b2)
-	if j == nil || !j.Event.Trusted || !slices.Equal(j.Vars, []workflow.EnvVar{{Name: "DEBUG", Value: "1"}}) {
-		t.Fatalf("attempt 2's job: %+v", j)
-	}
-	if n := len(w.pds.Writes()) - base; n != 1 {
-		t.Errorf("%d writes (a stranger's re-run, or a re-run of a passing workflow, wrote?): %v", n, w.pds.Writes()[base:])
-	}
-	// All of them, while b's attempt 2 is queued: it waits.
-	all := rig.RerunOf(rig.Owner, tid(2), keyA, forge.Rerun{})
-	w.lister.AddControls(ingest.Controls{Reruns: []forge.Record[forge.Rerun]{all}})
-	w.reconcile(t)
-	if n := len(w.pds.Writes()) - base; n != 1 {
-		t.Errorf("a re-run that waits wrote: %v", w.pds.Writes()[base:])
-	}
-	w.drop(t, b2)
-	w.finish(b2, push, "b", "success")
-	w.reconcile(t)
-	a2, b3 := forge.AttemptKey(push.Subject(), "a", 2), forge.AttemptKey(push.Subject(), "b", 3)
-	for key, want := range map[string]int64{a2: 2, b3: 3} {
-		if c, _ := w.keeper.Get(key); c.Status != "queued" || c.Attempt != want || c.Cause != all.URI.String() {
-			t.Errorf("%s: %+v, want queued attempt %d caused by %s", key, c, want, all.URI)
-		}
-	}
-	// Read again: served, nothing more.
-	before := len(w.pds.Writes())
-	w.reconcile(t)
-	if n := len(w.pds.Writes()); n != before {
-		t.Errorf("re-runs read again wrote %v", w.pds.Writes()[before:])
-	}
-	if c, _ := w.keeper.Get(keyB); c.Status != "failure" {
-		t.Errorf("the original check changed: %+v", c)
-	}
-}
-
-// A pull's re-run by its author stays untrusted and counts against the
-// author; the same author may not re-run the owner's push.
-func TestRerunOfAPull(t *testing.T) {
-	t.Parallel()
-	w := newWorld(t)
-	s := w.spied()
-	w.git.SetWorkflows(rig.CI("ci", "make"))
-	pull := rig.Pull("did:plc:author", "3p1", "h1")
-	push := rig.Push("3k1", "c1")
-	for _, ev := range []work.Event{pull, push} {
-		key := forge.CheckKey(ev.Subject(), "ci")
-		w.finish(key, ev, "ci", "failure")
-		w.store.MarkDone(ev.Key())
-	}
-	w.lister.Set(pull, push)
-	rr := rig.RerunOf("did:plc:author", tid(1), forge.CheckKey(pull.Subject(), "ci"), forge.Rerun{})
-	w.lister.SetControls(ingest.Controls{Reruns: []forge.Record[forge.Rerun]{
-		rr, rig.RerunOf("did:plc:author", tid(2), forge.CheckKey(push.Subject(), "ci"), forge.Rerun{}),
-	}})
-	w.reconcile(t)
-	key := forge.AttemptKey(pull.Subject(), "ci", 2)
-	j := s.job(key)
-	if j == nil || j.Event.Trusted || j.Event.Pull == nil || j.Tree != "merge-h1" {
-		t.Fatalf("the pull's re-run: %+v", j)
-	}
-	if got := job.Author(j.Event, false); got != "did:plc:author" {
-		t.Errorf("counted against %q", got)
-	}
-	if runs, _ := w.sched.Load("did:plc:author", work.Event{}); runs != 1 {
-		t.Errorf("the author holds %d runs, want 1", runs)
-	}
-	if _, known := w.keeper.Get(forge.AttemptKey(push.Subject(), "ci", 2)); known {
-		t.Error("a pull's author re-ran the owner's push")
-	}
-}
-
-// A re-run record counts against its author's caps: over them it waits,
-// without a check (logged once however many reconciles see it), and
-// runs once runs have ended.
-func TestRerunWaitsForTheAuthorsCaps(t *testing.T) {
-	t.Parallel()
-	w := newWorld(t)
-	w.cfg.Caps.QueuedPerAuthor = 1
-	w.build(t)
-	var logs bytes.Buffer
-	w.in = New(w.cfg, w.facts, w.ports, slog.New(slog.NewTextHandler(&logs, nil)))
-	w.git.SetWorkflows(rig.CI("ci", "make"))
-	var events []work.Event
-	var reruns []forge.Record[forge.Rerun]
-	for i := range 2 {
-		ev := rig.Push(fmt.Sprintf("3k%d", i), fmt.Sprintf("c%d", i))
-		key := forge.CheckKey(ev.Subject(), "ci")
-		w.finish(key, ev, "ci", "failure")
-		w.store.MarkDone(ev.Key())
-		events = append(events, ev)
-		reruns = append(reruns, rig.RerunOf(rig.Owner, tid(i), key, forge.Rerun{}))
-	}
-	w.lister.Set(events...)
-	w.lister.SetControls(ingest.Controls{Reruns: reruns})
-	w.reconcile(t)
-	first, second := forge.AttemptKey(events[0].Subject(), "ci", 2), forge.AttemptKey(events[1].Subject(), "ci", 2)
-	if _, known := w.keeper.Get(first); !known {
-		t.Fatal("the first re-run is not queued")
-	}
-	if _, known := w.keeper.Get(second); known {
-		t.Fatal("the second re-run went past the owner's cap of 1")
-	}
-	w.reconcile(t)
-	if n := strings.Count(logs.String(), "deferred"); n != 1 {
-		t.Errorf("the waiting re-run logged %d times, want once:\n%s", n, logs.String())
-	}
-	w.drop(t, first)
-	w.reconcile(t)
-	if c, _ := w.keeper.Get(second); c.Status != "queued" {
-		t.Errorf("the second re-run after the first ended: %+v", c)
-	}
-}
-
-// A dispatch runs its workflow on the branch's head, trusted, with its
-// inputs (defaults filled in), once per record; a bad input, a
-// workflow not on dispatch and an unknown workflow are error checks
-// naming what is wrong; a stranger's dispatch writes nothing.
-func TestDispatchRecords(t *testing.T) {
-	t.Parallel()
-	w := newWorld(t)
-	s := w.spied()
 	deploy := rig.CI("deploy", "make")
-	deploy.On = []workflow.Trigger{workflow.Dispatch}
-	def := "staging"
-	deploy.Inputs = []workflow.Input{{Name: "TARGET", Type: workflow.InputChoice, Options: []string{"staging", "production"}, Default: &def},
-		{Name: "DRY", Type: workflow.InputBoolean}}
-	w.git.SetWorkflows(deploy, rig.CI("ci", "make"))
-	w.git.MoveHead("main", rig.CommitID("main head"))
-	good := rig.DispatchOf(tid(1), "refs/heads/main", "deploy", forge.Variable{Name: "DRY", Value: "true"})
-	bad := rig.DispatchOf(tid(2), "refs/heads/main", "deploy", forge.Variable{Name: "TARGET", Value: "moon"})
-	notOn := rig.DispatchOf(tid(3), "refs/heads/main", "ci")
-	missing := rig.DispatchOf(tid(4), "refs/heads/main", "nope")
-	strangers := rig.DispatchOf(tid(5), "refs/heads/main", "deploy")
-	strangers.URI = syntax.ATURI(strings.Replace(string(strangers.URI), rig.Owner, stranger, 1))
-	w.lister.SetRepos(rig.RepoRecord())
-	w.lister.SetControls(ingest.Controls{Dispatches: []forge.Record[forge.Dispatch]{good, bad, notOn, missing, strangers}})
-	w.reconcile(t)
-	key := func(r forge.Record[forge.Dispatch]) string {
-		return forge.CheckKey(control.DispatchSubject(r.URI.String(), r.Value, ""), r.Value.Workflow)
-	}
-	c, _ := w.keeper.Get(key(good))
-	if c.Status != "queued" || c.Cause != good.URI.String() || c.Subject.Kind != forge.KindDispatch || c.Subject.Commit != rig.CommitID("main head") {
-		t.Errorf("the dispatch's check: %+v", c)
-	}
-	j := s.job(key(good))
-	if j == nil || !j.Event.Trusted {
-		t.Fatalf("the dispatch's job: %+v", j)
-	}
-	if diff := cmp.Diff([]workflow.EnvVar{{Name: "TARGET", Value: "staging"}, {Name: "DRY", Value: "true"}}, j.Vars); diff != "" {
-		t.Errorf("vars (-want +got):\n%s", diff)
-	}
-	for r, want := range map[*forge.Record[forge.Dispatch]]string{&bad: `input "TARGET"`, &notOn: "does not run on dispatch", &missing: "has no workflow nope"} {
-		if c, _ := w.keeper.Get(key(*r)); c.Status != "error" || !strings.Contains(c.Error, want) || c.Cause != r.URI.String() {
-			t.Errorf("%s: %s %q, want error with %q", r.Value.Workflow, c.Status, c.Error, want)
-		}
-	}
-	if _, known := w.keeper.Get(key(strangers)); known {
-		t.Error("a stranger's dispatch wrote a check")
-	}
-	before := len(w.pds.Writes())
-	w.git.MoveHead("main", rig.CommitID("moved"))
-	w.reconcile(t)
-	if n := len(w.pds.Writes()); n != before {
-		t.Errorf("dispatches read again wrote %v", w.pds.Writes()[before:])
-	}
-}
-
-// A re-run of a dispatch runs with the dispatch's inputs again, the
-// re-run's env on top.
-func TestRerunOfADispatch(t *testing.T) {
-	t.Parallel()
-	w := newWorld(t)
-	s := w.spied()
-	deploy := rig.CI("deploy", "make")
-	deploy.On = []workflow.Trigger{workflow.Dispatch}
 	deploy.Inputs = []workflow.Input{{Name: "TARGET", Type: workflow.InputString}, {Name: "DRY", Type: workflow.InputString}}
-	w.git.SetWorkflows(deploy)
-	d := rig.DispatchOf(tid(1), "refs/heads/main", "deploy", forge.Variable{Name: "TARGET", Value: "prod"}, forge.Variable{Name: "DRY", Value: "no"})
-	w.lister.SetRepos(rig.RepoRecord())
-	w.lister.SetControls(ingest.Controls{Dispatches: []forge.Record[forge.Dispatch]{d}})
-	w.reconcile(t)
-	first := forge.CheckKey(control.DispatchSubject(d.URI.String(), d.Value, ""), "deploy")
-	w.drop(t, first)
-	w.finish(first, work.Event{}, "deploy", "failure")
-	c, _ := w.keeper.Get(first)
-	rr := rig.RerunOf(rig.Owner, tid(2), first, forge.Rerun{Env: []forge.Variable{{Name: "DRY", Value: "yes"}}})
-	w.lister.AddControls(ingest.Controls{Reruns: []forge.Record[forge.Rerun]{rr}})
-	w.reconcile(t)
-	j := s.job(forge.AttemptKey(c.Subject, "deploy", 2))
-	if j == nil {
-		t.Fatal("not re-run")
+	dispatched := func(inputs ...workflow.EnvVar) work.Event {
+		ev := rerun(map[string]int64{"deploy": 2})
+		ev.Inputs = inputs
+		ev.Vars = []workflow.EnvVar{{Name: "DRY", Value: "yes"}}
+		return ev
 	}
-	if diff := cmp.Diff([]workflow.EnvVar{{Name: "TARGET", Value: "prod"}, {Name: "DRY", Value: "yes"}}, j.Vars); diff != "" {
-		t.Errorf("vars (-want +got):\n%s", diff)
+	for _, tc := range []struct {
+		name string
+		ev   work.Event
+		// want are the statuses of each workflow's check at the
+		// event's attempt ("queued": its job taken); why, the text an
+		// error check holds.
+		want map[string]string
+		why  map[string]string
+	}{
+		{"a named workflow at its attempt, the others not", rerun(map[string]int64{"ci": 2}),
+			map[string]string{"ci": "queued", "deploy": ""}, nil},
+		{"a named workflow not at the commit", rerun(map[string]int64{"ci": 2, "gone": 3}),
+			map[string]string{"ci": "queued", "gone": "error"}, map[string]string{"gone": "workflow gone does not run at c1 on this runner"}},
+		{"a dispatch's inputs again, the re-run's env on top", dispatched(workflow.EnvVar{Name: "TARGET", Value: "prod"}, workflow.EnvVar{Name: "DRY", Value: "no"}),
+			map[string]string{"deploy": "queued"}, nil},
+		{"a dispatch's input the workflow no longer takes", dispatched(workflow.EnvVar{Name: "NOPE", Value: "x"}),
+			map[string]string{"deploy": "error"}, map[string]string{"deploy": "NOPE"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			w := newWorld(t)
+			sched := &recordingScheduler{}
+			w.ports.Scheduler = sched
+			w.in = New(w.cfg, w.facts, w.ports, nil)
+			w.git.SetWorkflows(rig.CI("ci", "make"), deploy)
+			if err := w.in.ConsiderControl(t.Context(), tc.ev); err != nil {
+				t.Fatal(err)
+			}
+			for wf, want := range tc.want {
+				c, _ := w.keeper.Get(tc.ev.CheckKey(wf))
+				got := c.Status
+				if slices.Contains(sched.keys, tc.ev.CheckKey(wf)) {
+					got = "queued"
+				}
+				if got != want || !strings.Contains(c.Error, tc.why[wf]) {
+					t.Errorf("%s: %q %q, want %q with %q", wf, got, c.Error, want, tc.why[wf])
+				}
+			}
+			if tc.ev.Inputs != nil && tc.want["deploy"] == "queued" {
+				if got, want := sched.vars, [][]workflow.EnvVar{{{Name: "TARGET", Value: "prod"}, {Name: "DRY", Value: "yes"}}}; !slices.EqualFunc(got, want, slices.Equal) {
+					t.Errorf("vars %v, want %v", got, want)
+				}
+			}
+		})
 	}
 }
 
-// A re-run's attempt an earlier process left queued is queued again
-// (its record still listed): a restart loses no attempt.
-func TestResumeRerunAttempt(t *testing.T) {
+// A run-control event's error check counts against its author's
+// budget: spent, it waits without a check, listed or not, and is not
+// forgotten by the reconcile that considered it.
+func TestControlErrorWaitsForTheBudget(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	s := w.spied()
-	w.git.SetWorkflows(rig.CI("ci", "make"))
-	push := rig.Push("3k1", "c1")
-	first := forge.CheckKey(push.Subject(), "ci")
-	w.finish(first, push, "ci", "failure")
-	w.store.MarkDone(push.Key())
-	rr := rig.RerunOf(rig.Owner, tid(1), first, forge.Rerun{Env: []forge.Variable{{Name: "X", Value: "1"}}})
-	second := forge.AttemptKey(push.Subject(), "ci", 2)
-	w.keeper.Know(second, forge.Check{Type: forge.CollectionCheck, Subject: push.Subject(), Workflow: "ci", Status: "queued",
-		Attempt: 2, Cause: rr.URI.String(), CreatedAt: forge.Now()})
-	w.lister.Set(push)
-	w.lister.SetControls(ingest.Controls{Reruns: []forge.Record[forge.Rerun]{rr}})
-	w.reconcile(t)
-	j := s.job(second)
-	if j == nil || !slices.Equal(j.Vars, []workflow.EnvVar{{Name: "X", Value: "1"}}) {
-		t.Fatalf("the attempt left queued: %+v", j)
+	w.cfg.Caps.CheckWritesPerAuthor = 1
+	w.build(t)
+	first, second := rerun(map[string]int64{"ci": 2}), rerun(map[string]int64{"ci": 3})
+	second.Cause = rerunCause + "b"
+	w.in.ControlError(t.Context(), first, "ci", "no")
+	w.in.ControlError(t.Context(), second, "ci", "no")
+	if c, _ := w.keeper.Get(first.CheckKey("ci")); c.Status != "error" {
+		t.Errorf("the first: %q, want error", c.Status)
 	}
-	if _, known := w.keeper.Get(forge.AttemptKey(push.Subject(), "ci", 3)); known {
-		t.Error("a third attempt")
+	if _, known := w.keeper.Get(second.CheckKey("ci")); known {
+		t.Error("the second went past its author's budget")
+	}
+	w.in.pruneAfter(&ingest.Snapshot{})
+	w.in.mu.Lock()
+	defer w.in.mu.Unlock()
+	if _, waits := w.in.deferred[second.Key()]; !waits {
+		t.Errorf("the waiting run-control event was forgotten: %v", w.in.deferred)
 	}
 }
 
-// A schedule runs on the default branch's head at its ticks: not at
-// first sight, once per tick, the newest one only after a runner was
-// down, woken by its next tick; a new process (the same state and
-// checks) does not run a tick again.
-func TestSchedules(t *testing.T) {
+// A schedule's tick counts against the repository's owner: its check
+// writes spend the owner's budget.
+func TestTickCountsAgainstTheOwner(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.git.SetWorkflows(rig.CI("nightly", "make"))
+	tick := time.Now().Truncate(time.Minute)
+	ev := work.Event{Kind: forge.KindSchedule, URI: rig.RepoRecord().URI, Repo: rig.RepoRecord(), Ref: "refs/heads/main", Commit: rig.BaseCommit("main"),
+		Trusted: true, Control: work.Control{Workflows: map[string]int64{"nightly": 1}, Tick: control.TickID(tick)}}
+	before := w.in.budget.left(rig.Owner, time.Now())
+	if err := w.in.ConsiderControl(t.Context(), ev); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := w.keeper.Get(ev.CheckKey("nightly")); c.Status != "queued" {
+		t.Fatalf("the tick's check: %q", c.Status)
+	}
+	if left := w.in.budget.left(rig.Owner, time.Now()); left >= before {
+		t.Errorf("the owner's budget %.0f after the tick's writes, %.0f before: not counted against the owner", left, before)
+	}
+}
+
+// nextControl is run control with a tick every hour, counting its
+// calls.
+type nextControl struct {
+	mu            sync.Mutex
+	next          time.Time
+	cancels, acts atomic.Int32
+	cancelsFirst  atomic.Bool
+}
+
+func (c *nextControl) Cancel(context.Context, *ingest.Snapshot) {
+	c.cancels.Add(1)
+	c.cancelsFirst.Store(c.acts.Load() < c.cancels.Load())
+}
+func (c *nextControl) Act(context.Context, *ingest.Snapshot) {
+	c.acts.Add(1)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !time.Now().Before(c.next) {
+		c.next = c.next.Add(time.Hour)
+	}
+}
+
+func (c *nextControl) Next() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.next
+}
+
+// Each reconcile hands run control its listing, cancels first; the
+// loop wakes at run control's next tick, without a hint or a poll.
+func TestRunWakesAtTheNextTick(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		w := newWorld(t)
 		w.cfg.Poll = 24 * time.Hour
-		w.build(t)
-		s := w.spied()
-		nightly := rig.CI("nightly", "make")
-		nightly.On = []workflow.Trigger{workflow.Schedule}
-		nightly.Schedule = []workflow.Cron{{Spec: "0 * * * *"}}
-		w.git.SetWorkflows(nightly, rig.CI("ci", "make"))
-		w.lister.SetRepos(rig.RepoRecord())
-		time.Sleep(time.Until(time.Now().Truncate(time.Hour).Add(10 * time.Minute))) // hh:10
+		ctl := &nextControl{next: time.Now().Add(time.Hour)}
+		w.ports.Control = ctl
+		w.in = New(w.cfg, w.facts, w.ports, nil)
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan struct{})
 		go func() { w.in.Run(ctx); close(done) }()
 		synctest.Wait()
-		if n := len(w.pds.Writes()); n != 0 {
-			t.Fatalf("ran at first sight: %v", w.pds.Writes())
+		if n := ctl.acts.Load(); n != 1 {
+			t.Fatalf("%d listings at start, want 1", n)
 		}
-		time.Sleep(50 * time.Minute) // the next hour: the timer wakes the loop
+		time.Sleep(time.Hour)
 		synctest.Wait()
-		tick := time.Now().Truncate(time.Hour)
-		subject := control.ScheduleSubject(rig.Repo, "refs/heads/main", rig.BaseCommit("main"), tick)
-		key := forge.CheckKey(subject, "nightly")
-		c, _ := w.keeper.Get(key)
-		if c.Status != "queued" || c.Subject != subject || c.Workflow != "nightly" {
-			t.Fatalf("the tick's check: %+v", c)
-		}
-		if j := s.job(key); j == nil || !j.Event.Trusted {
-			t.Errorf("the tick's job: %+v", j)
+		if c, a := ctl.cancels.Load(), ctl.acts.Load(); c != 2 || a != 2 || !ctl.cancelsFirst.Load() {
+			t.Errorf("after the tick: %d cancels, %d acts (cancels first: %v), want 2 each", c, a, ctl.cancelsFirst.Load())
 		}
 		cancel()
 		<-done
-		if got := w.store.ScheduleLast(rig.Repo, "nightly"); !got.Equal(tick) {
-			t.Errorf("last tick %s, want %s", got, tick)
-		}
-		// A new process (its checks listed): the tick is not run again.
-		w.drop(t, key)
-		w.finish(key, work.Event{}, "nightly", "success")
-		c, _ = w.keeper.Get(key)
-		w.build(t)
-		w.keeper.Know(key, c)
-		before := len(w.pds.Writes())
-		w.reconcile(t)
-		if n := len(w.pds.Writes()); n != before {
-			t.Errorf("the tick after a restart: %v", w.pds.Writes()[before:])
-		}
-		// Down for three hours: the newest tick runs, once.
-		time.Sleep(3*time.Hour + time.Minute)
-		w.build(t)
-		w.reconcile(t)
-		w.reconcile(t)
-		ticks := w.pds.Writes()[before:]
-		newest := forge.CheckKey(control.ScheduleSubject(rig.Repo, "refs/heads/main", rig.BaseCommit("main"), time.Now().Truncate(time.Hour)), "nightly")
-		if diff := cmp.Diff([]string{newest + " queued"}, ticks); diff != "" {
-			t.Errorf("ticks after three hours down (-want +got):\n%s", diff)
-		}
 	})
 }

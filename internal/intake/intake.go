@@ -1,12 +1,15 @@
 // Package intake is the daemon's intake part: from the listing of the
 // watched repositories (a reconcile, at start, on every hint of the
-// event streams and every poll) or from one event the lander hands it,
-// to the jobs it asks the scheduler for, or to an error check when the
-// work cannot run. It notes the repositories seen, fetches and merges
-// (reconcile.go), reads the workflows, applies the flood caps (caps.go),
-// tries a commit that does not fetch again (fetch.go, its own lock),
-// forgets what is past the retention (retention.go) and follows the
-// event streams, keeping their cursors (follow.go).
+// event streams and every poll) or from one event the lander or run
+// control hands it, to the jobs it asks the scheduler for, or to an
+// error check when the work cannot run. It notes the repositories seen,
+// fetches and merges (reconcile.go), reads the workflows, applies the
+// flood caps (caps.go), tries a commit that does not fetch again
+// (fetch.go, its own lock), forgets what is past the retention
+// (retention.go) and follows the event streams, keeping their cursors
+// (follow.go). Run control is a part of its own (internal/runctl):
+// intake hands it each listing and considers the events it makes
+// (control.go), within their authors' caps.
 package intake
 
 import (
@@ -18,10 +21,10 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
-	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/job"
 	"knotless.dev/run/internal/keymu"
+	"knotless.dev/run/internal/onceset"
 	"knotless.dev/run/internal/work"
 )
 
@@ -42,8 +45,8 @@ type Config struct {
 	// all, so a source that is briefly down is not mistaken).
 	FetchTries   int
 	FetchBackoff time.Duration
-	// Remembered bounds what intake remembers having logged or done once
-	// (0: DefaultRemembered; once.go).
+	// Remembered bounds the workflow warnings intake remembers having
+	// logged (0: onceset.DefaultMax).
 	Remembered int
 }
 
@@ -101,12 +104,6 @@ type Scheduler interface {
 	InHand(evKey string) bool
 	HasCheck(key string) bool
 	Load(author string, ev work.Event) (runs, owing int)
-	// Waiting says whether the job of check key is queued and not
-	// started yet (a schedule's tick waits for its previous one).
-	Waiting(key string) bool
-	// CancelCheck stops the work of a check for a cancel record, in hand
-	// or not (false: it is being queued; try again).
-	CancelCheck(ctx context.Context, key, by string, ev work.Event, c forge.Check) bool
 }
 
 // Checks is the checks part (checks.Keeper): what is final, the error
@@ -115,11 +112,6 @@ type Checks interface {
 	Final(key string) bool
 	Error(ctx context.Context, ev work.Event, wf, msg string)
 	Forget(cutoff time.Time, need func(evKey string) bool) int
-	// Get, Work and Unfinished read the checks known (run control): one
-	// by key, every attempt of some work, the work not final.
-	Get(key string) (forge.Check, bool)
-	Work(s forge.Subject) []forge.Check
-	Unfinished() map[string]forge.Check
 	// Expect says a check write made with the context returned is
 	// about to come (checks.Recorder.Expect): a burst's lanes expect
 	// theirs, so that the writes of the burst go as one commit.
@@ -135,14 +127,19 @@ type State interface {
 	Cursor(host string) int64
 	SetCursor(host string, seq int64)
 	SaveCursors() error
-	// ScheduleLast and SetScheduleLast keep the newest tick of each
-	// scheduled workflow run (schedule.go).
-	ScheduleLast(repo, wf string) time.Time
-	SetScheduleLast(repo, wf string, t time.Time) error
-	// KeepSchedules and KeepScheduleRepos forget the schedules no
-	// longer scheduled, and those of repositories no longer served.
-	KeepSchedules(repo string, scheduled []string) (int, error)
-	KeepScheduleRepos(served []string) (int, error)
+}
+
+// Control is run control (runctl.Part), handed each reconcile's
+// listing: its cancels before the listing's events are considered, the
+// rest after. Its re-runs, dispatches and ticks come back as events
+// (ConsiderControl, ControlError); its next schedule tick wakes the
+// reconcile loop.
+type Control interface {
+	Cancel(ctx context.Context, snap *ingest.Snapshot)
+	Act(ctx context.Context, snap *ingest.Snapshot)
+	// Next is the earliest next tick of the schedules known (zero:
+	// none).
+	Next() time.Time
 }
 
 // Lander is handed each reconcile's listing (lander.Lander.Offer); it
@@ -160,9 +157,6 @@ type Observer interface {
 	// (reason: the limit's flag, or "source").
 	Deferred(ev work.Event, flag string)
 	Refused(ev work.Event, reason string)
-	// TickSkipped: a schedule's tick is not run (reason, one of a few
-	// words: SkipQueued).
-	TickSkipped(reason string)
 }
 
 // Ports are what intake uses of the outside.
@@ -172,6 +166,8 @@ type Ports struct {
 	Scheduler Scheduler
 	Checks    Checks
 	State     State
+	// Control is run control; nil acts on no run-control record.
+	Control Control
 	// Lander is nil without --queue.
 	Lander Lander
 	// Stream follows the event stream of host from cursor
@@ -194,14 +190,10 @@ type Intake struct {
 	wake  chan struct{} // a hint that records changed: reconcile soon
 
 	budget *writeBudget // the authors' check writes (caps.go); its own lock
-	// once holds what was logged or done once: the workflow warnings
-	// (warnUnacted), the run-control records refused or acted on
-	// (control.go); bounded, its own lock (once.go). images are the
-	// images checked (images.go), imagesAtStart whether the watched
-	// repositories' images were.
-	once *onceSet
-	// refusals counts the records refused this reconcile (refuseOnce).
-	refusals      atomic.Int64
+	// warned holds the workflow warnings logged once (warnUnacted);
+	// bounded, its own lock. images are the images checked (images.go),
+	// imagesAtStart whether the watched repositories' images were.
+	warned        *onceset.Set
 	images        sync.Map
 	imagesAtStart atomic.Bool
 	// admission serializes, per author, the caps' decision and the queueing
@@ -216,11 +208,6 @@ type Intake struct {
 	fetches map[string]*attempts
 	// hosts are the PDSes of the watched repositories' owners.
 	hosts []string
-	// schedules are the scheduled workflows known by repository, and
-	// queuedTicks the newest tick queued of each, by repository and
-	// workflow (schedule.go).
-	schedules   map[string]*repoSchedule
-	queuedTicks map[string]map[string]queuedTick
 	// controlled are the keys of the run-control events the last
 	// reconcile considered (control.go).
 	controlled map[string]bool
@@ -235,9 +222,17 @@ func New(cfg Config, facts Facts, p Ports, log *slog.Logger) *Intake {
 	if p.Changed == nil {
 		p.Changed = func() {}
 	}
+	if p.Control == nil {
+		p.Control = noControl{}
+	}
 	return &Intake{cfg: cfg, facts: facts, p: p, log: log, wake: make(chan struct{}, 1),
-		budget: newWriteBudget(cfg.Caps.CheckWritesPerAuthor, cfg.Caps.Window), once: newOnceSet(cfg.Remembered),
-		deferred: map[string]deferral{}, fetches: map[string]*attempts{}, schedules: map[string]*repoSchedule{},
-		queuedTicks: map[string]map[string]queuedTick{},
-		controlled:  map[string]bool{}}
+		budget: newWriteBudget(cfg.Caps.CheckWritesPerAuthor, cfg.Caps.Window), warned: onceset.New(cfg.Remembered),
+		deferred: map[string]deferral{}, fetches: map[string]*attempts{}, controlled: map[string]bool{}}
 }
+
+// noControl is no run control: no record is acted on, no tick is due.
+type noControl struct{}
+
+func (noControl) Cancel(context.Context, *ingest.Snapshot) {}
+func (noControl) Act(context.Context, *ingest.Snapshot)    {}
+func (noControl) Next() time.Time                          { return time.Time{} }

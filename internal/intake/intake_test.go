@@ -94,25 +94,24 @@ func TestConsiderCarriesRunVariables(t *testing.T) {
 	}
 }
 
-// recordingScheduler takes jobs and keeps their run variables.
+// recordingScheduler takes jobs and keeps their keys and run
+// variables.
 type recordingScheduler struct {
 	mu   sync.Mutex
+	keys []string
 	vars [][]workflow.EnvVar
 }
 
 func (s *recordingScheduler) Enqueue(_ context.Context, j *job.Job) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.keys = append(s.keys, j.Key)
 	s.vars = append(s.vars, j.Vars)
 	return true, nil
 }
 func (s *recordingScheduler) InHand(string) bool                 { return false }
 func (s *recordingScheduler) HasCheck(string) bool               { return false }
 func (s *recordingScheduler) Load(string, work.Event) (int, int) { return 0, 0 }
-func (s *recordingScheduler) Waiting(string) bool                { return false }
-func (s *recordingScheduler) CancelCheck(context.Context, string, string, work.Event, forge.Check) bool {
-	return false
-}
 
 // What cannot run gets one final error check, and the event is done:
 // a pull that does not merge, a refused source, an unreadable workflow
@@ -325,7 +324,6 @@ func (o *observed) get() []string {
 func (o *observed) Reconciled(n int, err error)         { o.add(fmt.Sprintf("reconciled %d", n)) }
 func (o *observed) Deferred(_ work.Event, flag string)  { o.add("deferred " + flag) }
 func (o *observed) Refused(_ work.Event, reason string) { o.add("refused " + reason) }
-func (o *observed) TickSkipped(reason string)           { o.add("tick skipped " + reason) }
 
 // TestDeferral: an event waiting for its author's caps is logged once
 // per limit it waits for, and what it needs, once known, is kept for

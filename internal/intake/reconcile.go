@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -26,7 +25,7 @@ func (in *Intake) Run(ctx context.Context) {
 		if err := in.Reconcile(ctx); err != nil && ctx.Err() == nil {
 			in.log.Error("reconcile", "err", err)
 		}
-		// A schedule's next tick wakes it too (schedule.go).
+		// A schedule's next tick wakes it too (run control's).
 		due, stop := in.nextTick()
 		select {
 		case <-ctx.Done():
@@ -40,6 +39,17 @@ func (in *Intake) Run(ctx context.Context) {
 	}
 }
 
+// nextTick is a channel that fires at run control's next schedule
+// tick (nil: none), and the stop of its timer.
+func (in *Intake) nextTick() (<-chan time.Time, func()) {
+	next := in.p.Control.Next()
+	if next.IsZero() {
+		return nil, func() {}
+	}
+	t := time.NewTimer(time.Until(next))
+	return t.C, func() { t.Stop() }
+}
+
 // Wake asks for a reconcile soon.
 func (in *Intake) Wake() {
 	select {
@@ -49,7 +59,8 @@ func (in *Intake) Wake() {
 }
 
 // Reconcile lists the work and queues what has no final check, hands
-// the listing to the lander, and forgets what is past the retention.
+// the listing to run control (its cancels first, the rest after the
+// events) and to the lander, and forgets what is past the retention.
 func (in *Intake) Reconcile(ctx context.Context) error {
 	snap, err := in.p.Lister.Reconcile(ctx)
 	if in.p.Observer != nil {
@@ -66,7 +77,7 @@ func (in *Intake) Reconcile(ctx context.Context) error {
 	in.mu.Lock()
 	in.hosts = snap.Hosts
 	in.mu.Unlock()
-	in.cancels(ctx, snap)
+	in.p.Control.Cancel(ctx, snap)
 	// A burst of events to many repositories is considered side by side
 	// (burst.go); the events of one repository one after another.
 	eachLane(ctx, snap.Events, ConsiderAtOnce, in.p.Checks.Expect, func(ctx context.Context, ev work.Event) {
@@ -77,15 +88,11 @@ func (in *Intake) Reconcile(ctx context.Context) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	in.reruns(ctx, snap)
-	in.dispatches(ctx, snap)
-	in.resume(ctx, snap)
-	in.runSchedules(ctx, snap)
+	in.p.Control.Act(ctx, snap)
 	if in.p.Lander != nil {
 		in.p.Lander.Offer(snap)
 	}
 	in.warnWatchedImages(ctx, snap)
-	in.sayRefusals()
 	in.pruneAfter(snap)
 	in.p.Changed()
 	return nil
@@ -202,7 +209,7 @@ func (in *Intake) Consider(ctx context.Context, ev work.Event) error {
 	for _, e := range bad {
 		// A workflow file that does not parse is an error check of its
 		// own, named after the file, so the owner sees why nothing ran.
-		name := workflowName(e)
+		name := workflow.FileName(e)
 		if name == "" {
 			log.Warn("workflow file unreadable", "err", e)
 			continue
@@ -338,15 +345,6 @@ func fetchFailure(source string, err error) error {
 	return &fetchError{source: source, err: err}
 }
 
-func workflowName(err error) string {
-	var wes workflow.Errors
-	if errors.As(err, &wes) && len(wes) > 0 {
-		base := filepath.Base(wes[0].File)
-		return strings.TrimSuffix(strings.TrimSuffix(base, ".yaml"), ".yml")
-	}
-	return ""
-}
-
 // warnUnacted logs, once per workflow and set of warnings, the fields a
 // workflow sets that are not acted on yet, and a workflow that never
 // runs.
@@ -360,7 +358,7 @@ func (in *Intake) warnUnacted(log *slog.Logger, repo string, wfs []*workflow.Wor
 			texts[i] = w.String()
 		}
 		key := repo + "\x00" + wf.File + "\x00" + strings.Join(texts, "\n")
-		if !in.once.first(key) {
+		if !in.warned.First(key) {
 			continue
 		}
 		for _, w := range wf.Warnings {

@@ -4,6 +4,7 @@
 package workflow
 
 import (
+	"errors"
 	"fmt"
 	"path"
 	"strings"
@@ -158,6 +159,18 @@ func (es Errors) Error() string {
 		msgs[i] = e.Error()
 	}
 	return strings.Join(msgs, "\n")
+}
+
+// FileName is the name of the workflow whose file err (an Errors) is
+// about: the file's base name without .yaml or .yml; "" when err names
+// no file. A file that does not parse gets an error check by this name.
+func FileName(err error) string {
+	var es Errors
+	if errors.As(err, &es) && len(es) > 0 {
+		base := path.Base(es[0].File)
+		return strings.TrimSuffix(strings.TrimSuffix(base, ".yaml"), ".yml")
+	}
+	return ""
 }
 
 // Matches reports whether the workflow runs for event on branch.

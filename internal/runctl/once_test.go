@@ -1,4 +1,4 @@
-package intake
+package runctl
 
 import (
 	"fmt"
@@ -9,12 +9,13 @@ import (
 
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/onceset"
 	"knotless.dev/run/internal/rig"
 	"knotless.dev/run/internal/syncbuf"
 )
 
 // A flood of 100,000 strangers' cancel records, each from a new
-// account, refused at every reconcile: what intake remembers of them
+// account, refused at every reconcile: what run control remembers of them
 // stays within its bound, the log says at most maxRefusalsLogged of
 // them one by one and counts the rest, and the owner's check is left
 // as it is.
@@ -32,10 +33,11 @@ func TestRefusedRecordsAreBounded(t *testing.T) {
 	}
 	w.lister.SetControls(ingest.Controls{Cancels: flood})
 	log := &syncbuf.Buffer{}
-	w.in = New(w.cfg, w.facts, w.ports, slog.New(slog.NewTextHandler(log, nil)))
+	w.log = slog.New(slog.NewTextHandler(log, nil))
+	w.join()
 	w.reconcile(t)
-	if n := w.in.once.len(); n > DefaultRemembered {
-		t.Errorf("intake remembers %d things after the flood, more than its bound, %d", n, DefaultRemembered)
+	if n := w.rc.once.Len(); n > onceset.DefaultMax {
+		t.Errorf("run control remembers %d things after the flood, more than its bound, %d", n, onceset.DefaultMax)
 	}
 	if n := strings.Count(log.String(), "run-control record refused"); n > maxRefusalsLogged {
 		t.Errorf("%d refusals logged one by one in a reconcile, want at most %d", n, maxRefusalsLogged)
@@ -45,26 +47,5 @@ func TestRefusedRecordsAreBounded(t *testing.T) {
 	}
 	if got := w.pds.Statuses(key); !slices.Equal(got, []string{"queued"}) {
 		t.Errorf("the owner's check after the flood: %v", got)
-	}
-}
-
-// A record listed again is said once while it is remembered; past the
-// bound, the one least recently looked at goes first.
-func TestOnceSet(t *testing.T) {
-	t.Parallel()
-	s := newOnceSet(3)
-	for _, k := range []string{"a", "b", "c"} {
-		if !s.first(k) {
-			t.Fatalf("%s is not new", k)
-		}
-	}
-	if s.first("a") || !s.seen("b") {
-		t.Fatal("a or b forgotten within the bound")
-	}
-	if !s.first("d") { // c, looked at least recently, goes
-		t.Fatal("d is not new")
-	}
-	if s.seen("c") || !s.seen("a") || !s.seen("b") || s.len() != 3 {
-		t.Errorf("after d: c %v, a %v, b %v, %d kept", s.seen("c"), s.seen("a"), s.seen("b"), s.len())
 	}
 }

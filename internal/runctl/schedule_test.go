@@ -1,4 +1,4 @@
-package intake
+package runctl
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"knotless.dev/run/internal/control"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/intake"
 	"knotless.dev/run/internal/rig"
 	"knotless.dev/run/internal/syncbuf"
 	"knotless.dev/run/internal/work"
@@ -63,8 +64,8 @@ func TestScheduleFloodIsOneEvent(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := newWorld(t)
 		obs := &observed{}
-		w.ports.Observer = obs
-		w.in = New(w.cfg, w.facts, w.ports, nil)
+		w.observer = obs
+		w.join()
 		var wfs []*workflow.Workflow
 		for i := range 100 {
 			wfs = append(wfs, scheduled(fmt.Sprintf("wf%03d", i), "* * * * *"))
@@ -83,7 +84,7 @@ func TestScheduleFloodIsOneEvent(t *testing.T) {
 		}
 		for i := range 3 {
 			tick := time.Now().Truncate(time.Minute).Add(time.Duration(i-2) * time.Minute)
-			key := tickKey(RefusedCheck, tick)
+			key := tickKey(intake.RefusedCheck, tick)
 			c, _ := w.keeper.Get(key)
 			if c.Status != "error" || !strings.Contains(c.Error, "100 workflows match this event, more than --max-workflows-per-event allows (20)") {
 				t.Errorf("the refusal of the tick %s: %s %q", tick, c.Status, c.Error)
@@ -122,12 +123,11 @@ func TestScheduleTicksCountAgainstTheOwner(t *testing.T) {
 		sleepTo(59, 30)
 		w.reconcile(t) // first sight
 		var first []string
-		var left float64
 		for m := range 5 {
 			sleepTo(m, 30)
 			w.reconcile(t)
 			if m == 0 {
-				first, left = w.pds.Writes(), w.in.budget.left(rig.Owner, time.Now())
+				first = w.pds.Writes()
 			}
 		}
 		if runs, owing := w.ownerLoad(); runs != 20 || owing != 40 {
@@ -135,9 +135,6 @@ func TestScheduleTicksCountAgainstTheOwner(t *testing.T) {
 		}
 		if n := len(w.pds.Writes()); n != 20 || len(first) != 20 {
 			t.Errorf("%d check writes (%d at the first minute), want the 20 queued checks of the first minute", n, len(first))
-		}
-		if left > 180 {
-			t.Errorf("the owner's budget had %.0f writes left after the first minute's, want 180: the ticks' writes are counted against it", left)
 		}
 		hour := time.Now().Truncate(time.Hour)
 		if got := w.store.ScheduleLast(rig.Repo, "wf001"); !got.Before(hour.Add(time.Minute)) {
@@ -172,8 +169,8 @@ func TestScheduleSkipsATickWhileThePreviousIsQueued(t *testing.T) {
 		w := newWorld(t)
 		obs := &observed{}
 		log := &syncbuf.Buffer{}
-		w.ports.Observer = obs
-		w.in = New(w.cfg, w.facts, w.ports, slog.New(slog.NewTextHandler(log, nil)))
+		w.observer, w.log = obs, slog.New(slog.NewTextHandler(log, nil))
+		w.join()
 		w.git.SetWorkflows(scheduled("slow", "* * * * *"))
 		w.lister.SetRepos(rig.RepoRecord())
 		sleepTo(0, 30)
@@ -237,8 +234,8 @@ func TestSchedulesForgotten(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := newWorld(t)
 		lister := &completeLister{Lister: w.lister}
-		w.ports.Lister = lister
-		w.in = New(w.cfg, w.facts, w.ports, nil)
+		w.listing = lister
+		w.join()
 		w.git.SetWorkflows(scheduled("a", "* * * * *"), scheduled("b", "0 0 * * *"))
 		w.lister.SetRepos(rig.RepoRecord())
 		sleepTo(0, 30)
@@ -263,10 +260,10 @@ func TestSchedulesForgotten(t *testing.T) {
 		if got := w.store.Snapshot().Schedules; len(got) != 0 {
 			t.Errorf("schedules %v kept of a repository no longer served", got)
 		}
-		w.in.mu.Lock()
-		defer w.in.mu.Unlock()
-		if len(w.in.schedules) != 0 || len(w.in.queuedTicks) != 0 {
-			t.Errorf("in memory: schedules %v, queued ticks %v", w.in.schedules, w.in.queuedTicks)
+		w.rc.mu.Lock()
+		defer w.rc.mu.Unlock()
+		if len(w.rc.schedules) != 0 || len(w.rc.queuedTicks) != 0 {
+			t.Errorf("in memory: schedules %v, queued ticks %v", w.rc.schedules, w.rc.queuedTicks)
 		}
 	})
 }

@@ -1,4 +1,4 @@
-package intake
+package runctl
 
 import (
 	"context"
@@ -36,13 +36,13 @@ import (
 // skipped (logged, counted: Observer.TickSkipped), so a slow workflow
 // holds at most one tick queued.
 //
-// Reading the schedules costs a fetch of the default branch, so intake
-// keeps what it read per repository and reads again only when a tick is
-// due, the newest push to that branch changed, or the process is new.
-// The reconcile loop wakes at the next tick (nextTick). What is kept of
-// a workflow no longer scheduled at that head, or of a repository no
-// longer served (by a listing that failed nowhere), is forgotten, in
-// memory and in state.json.
+// Reading the schedules costs a fetch of the default branch, so run
+// control keeps what it read per repository and reads again only when
+// a tick is due, the newest push to that branch changed, or the process
+// is new. Intake's reconcile loop wakes at the next tick (Part.Next).
+// What is kept of a workflow no longer scheduled at that head, or of a
+// repository no longer served (by a listing that failed nowhere), is
+// forgotten, in memory and in state.json.
 
 // DefaultBranch is the branch a repository's schedules run on when its
 // record names none.
@@ -52,7 +52,7 @@ const DefaultBranch = "main"
 // workflow's previous tick is still queued.
 const SkipQueued = "queued"
 
-// repoSchedule is what intake knows of a repository's schedules.
+// repoSchedule is what run control knows of a repository's schedules.
 type repoSchedule struct {
 	// push is the newest push to the default branch listed when they
 	// were read (its event key): a newer one may change them.
@@ -70,7 +70,7 @@ type repoSchedule struct {
 	waiting bool
 }
 
-// queuedTick is the newest tick of a workflow intake queued: its check
+// queuedTick is the newest tick of a workflow run control queued: its check
 // and its tick.
 type queuedTick struct {
 	key, tick string
@@ -79,7 +79,7 @@ type queuedTick struct {
 // runSchedules runs the ticks due of the repositories' scheduled
 // workflows, and forgets the schedules of the repositories no longer
 // served.
-func (in *Intake) runSchedules(ctx context.Context, snap *ingest.Snapshot) {
+func (p *Part) runSchedules(ctx context.Context, snap *ingest.Snapshot) {
 	for _, repo := range snap.Repos {
 		if ctx.Err() != nil {
 			return
@@ -91,36 +91,36 @@ func (in *Intake) runSchedules(ctx context.Context, snap *ingest.Snapshot) {
 		}
 		push := newestPush(snap, uri, "refs/heads/"+branch)
 		now := time.Now()
-		in.mu.Lock()
-		mem := in.schedules[uri]
-		in.mu.Unlock()
+		p.mu.Lock()
+		mem := p.schedules[uri]
+		p.mu.Unlock()
 		if mem == nil || mem.push != push || mem.retry || (!mem.next.IsZero() && !now.Before(mem.next)) {
-			read, err := in.readSchedules(ctx, repo, branch, push)
+			read, err := p.readSchedules(ctx, repo, branch, push)
 			if err != nil {
-				in.log.Warn("schedules not read; tried again at the next reconcile", "repo", uri, "branch", branch, "err", err)
+				p.log.Warn("schedules not read; tried again at the next reconcile", "repo", uri, "branch", branch, "err", err)
 				continue
 			}
 			mem = read
-			in.forgetUnscheduled(uri, mem.workflows)
+			p.forgetUnscheduled(uri, mem.workflows)
 		} else if !mem.waiting {
 			continue
 		} else {
 			mem = &repoSchedule{push: mem.push, head: mem.head, workflows: mem.workflows}
 		}
-		in.ticks(ctx, repo, branch, mem, now)
-		in.mu.Lock()
-		in.schedules[uri] = mem
-		in.mu.Unlock()
+		p.ticks(ctx, repo, branch, mem, now)
+		p.mu.Lock()
+		p.schedules[uri] = mem
+		p.mu.Unlock()
 	}
 	if snap.Complete && ctx.Err() == nil {
-		in.forgetUnserved(snap)
+		p.forgetUnserved(snap)
 	}
 }
 
 // readSchedules reads the default branch's head and its scheduled
 // workflows for this runner.
-func (in *Intake) readSchedules(ctx context.Context, repo forge.Record[forge.Repo], branch, push string) (*repoSchedule, error) {
-	m, err := in.p.Mirrors.Open(ctx, job.MirrorKey(work.Event{Kind: forge.KindSchedule, URI: repo.URI, Repo: repo}))
+func (p *Part) readSchedules(ctx context.Context, repo forge.Record[forge.Repo], branch, push string) (*repoSchedule, error) {
+	m, err := p.p.Mirrors.Open(ctx, job.MirrorKey(work.Event{Kind: forge.KindSchedule, URI: repo.URI, Repo: repo}))
 	if err != nil {
 		return nil, err
 	}
@@ -134,7 +134,7 @@ func (in *Intake) readSchedules(ctx context.Context, repo forge.Record[forge.Rep
 	}
 	mem := &repoSchedule{push: push, head: head}
 	for _, wf := range wfs {
-		if len(wf.Schedule) > 0 && wf.Matches(workflow.Schedule, branch) && wf.AllowsRunner(in.facts.Runner.String()) {
+		if len(wf.Schedule) > 0 && wf.Matches(workflow.Schedule, branch) && wf.AllowsRunner(p.runner) {
 			mem.workflows = append(mem.workflows, wf)
 		}
 	}
@@ -145,15 +145,15 @@ func (in *Intake) readSchedules(ctx context.Context, repo forge.Record[forge.Rep
 // tick and whether a due one could not be queued (retry) or waits for
 // the owner's caps (waiting). The ticks of one minute are one event;
 // a workflow whose previous tick is still queued is skipped.
-func (in *Intake) ticks(ctx context.Context, repo forge.Record[forge.Repo], branch string, mem *repoSchedule, now time.Time) {
+func (p *Part) ticks(ctx context.Context, repo forge.Record[forge.Repo], branch string, mem *repoSchedule, now time.Time) {
 	uri := repo.URI.String()
 	due := map[time.Time][]string{}
 	for _, wf := range mem.workflows {
-		log := in.log.With("repo", uri, "workflow", wf.Name)
-		last := in.p.State.ScheduleLast(uri, wf.Name)
+		log := p.log.With("repo", uri, "workflow", wf.Name)
+		last := p.p.State.ScheduleLast(uri, wf.Name)
 		if last.IsZero() {
 			// First seen now: its first tick is the next one.
-			if err := in.p.State.SetScheduleLast(uri, wf.Name, now); err != nil {
+			if err := p.p.State.SetScheduleLast(uri, wf.Name, now); err != nil {
 				log.Error("save state", "err", err)
 			}
 			last = now
@@ -169,14 +169,14 @@ func (in *Intake) ticks(ctx context.Context, repo forge.Record[forge.Repo], bran
 		if t.Run.IsZero() {
 			continue
 		}
-		if q, ok := in.stillQueued(uri, wf.Name); ok {
+		if q, ok := p.stillQueued(uri, wf.Name); ok {
 			// A slow workflow holds one tick queued, not one per tick.
 			log.Warn("schedule: tick skipped: the workflow's previous tick is still queued", "tick", control.TickID(t.Run),
 				"queued_tick", q.tick, "queued_check", q.key)
-			if in.p.Observer != nil {
-				in.p.Observer.TickSkipped(SkipQueued)
+			if p.p.Observer != nil {
+				p.p.Observer.TickSkipped(SkipQueued)
 			}
-			if err := in.p.State.SetScheduleLast(uri, wf.Name, t.Run); err != nil {
+			if err := p.p.State.SetScheduleLast(uri, wf.Name, t.Run); err != nil {
 				log.Error("save state", "err", err)
 			}
 			continue
@@ -190,16 +190,16 @@ func (in *Intake) ticks(ctx context.Context, repo forge.Record[forge.Repo], bran
 		for _, name := range names {
 			ev.Workflows[name] = 1
 		}
-		log := in.log.With("repo", uri, "tick", ev.Tick)
-		if in.once.first("tick\x00" + ev.Key()) { // a waiting one is looked at again at each reconcile
+		log := p.log.With("repo", uri, "tick", ev.Tick)
+		if p.once.First("tick\x00" + ev.Key()) { // a waiting one is looked at again at each reconcile
 			log.Info("schedule: tick due", "workflows", strings.Join(names, ","), "commit", mem.head)
 		}
-		if err := in.considerControl(ctx, ev); err != nil {
+		if err := p.p.Intake.ConsiderControl(ctx, ev); err != nil {
 			log.Error("scheduled run not queued; tried again at the next reconcile", "err", err)
 			mem.retry = true
 			continue
 		}
-		if !in.handled(ev) {
+		if !p.handled(ev) {
 			// Over the owner's caps (or its commit's fetch backing
 			// off): not run yet, and not recorded as run; the newest
 			// tick due runs once the owner's runs end.
@@ -207,21 +207,21 @@ func (in *Intake) ticks(ctx context.Context, repo forge.Record[forge.Repo], bran
 			continue
 		}
 		for _, name := range names {
-			if err := in.p.State.SetScheduleLast(uri, name, run); err != nil {
+			if err := p.p.State.SetScheduleLast(uri, name, run); err != nil {
 				log.Error("save state", "workflow", name, "err", err)
 			}
-			in.noteQueuedTick(uri, name, queuedTick{key: ev.CheckKey(name), tick: ev.Tick})
+			p.noteQueuedTick(uri, name, queuedTick{key: ev.CheckKey(name), tick: ev.Tick})
 		}
 	}
 }
 
 // stillQueued is the newest tick queued of workflow wf of repo, when
 // it is queued and not started yet.
-func (in *Intake) stillQueued(repo, wf string) (queuedTick, bool) {
-	in.mu.Lock()
-	q, ok := in.queuedTicks[repo][wf]
-	in.mu.Unlock()
-	if !ok || !in.p.Scheduler.Waiting(q.key) {
+func (p *Part) stillQueued(repo, wf string) (queuedTick, bool) {
+	p.mu.Lock()
+	q, ok := p.queuedTicks[repo][wf]
+	p.mu.Unlock()
+	if !ok || !p.p.Scheduler.Waiting(q.key) {
 		return queuedTick{}, false
 	}
 	return q, true
@@ -229,24 +229,24 @@ func (in *Intake) stillQueued(repo, wf string) (queuedTick, bool) {
 
 // noteQueuedTick remembers q as the newest tick queued of workflow wf
 // of repo.
-func (in *Intake) noteQueuedTick(repo, wf string, q queuedTick) {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.queuedTicks[repo] == nil {
-		in.queuedTicks[repo] = map[string]queuedTick{}
+func (p *Part) noteQueuedTick(repo, wf string, q queuedTick) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.queuedTicks[repo] == nil {
+		p.queuedTicks[repo] = map[string]queuedTick{}
 	}
-	in.queuedTicks[repo][wf] = q
+	p.queuedTicks[repo][wf] = q
 }
 
 // handled reports whether a tick's event was taken: done (refused, or
 // its checks final) or a job of it in hand. One that was not waits for
 // the owner's caps, or for its commit's fetch to be tried again.
-func (in *Intake) handled(ev work.Event) bool {
-	if in.p.State.Done(ev.Key()) {
+func (p *Part) handled(ev work.Event) bool {
+	if p.p.State.Done(ev.Key()) {
 		return true
 	}
 	for name := range ev.Workflows {
-		if key := ev.CheckKey(name); in.p.Scheduler.HasCheck(key) || in.p.Checks.Final(key) {
+		if key := ev.CheckKey(name); p.p.Scheduler.HasCheck(key) || p.p.Checks.Final(key) {
 			return true
 		}
 	}
@@ -255,55 +255,55 @@ func (in *Intake) handled(ev work.Event) bool {
 
 // forgetUnscheduled forgets what is kept of repo's workflows but those
 // scheduled (read at the head of its default branch).
-func (in *Intake) forgetUnscheduled(repo string, scheduled []*workflow.Workflow) {
+func (p *Part) forgetUnscheduled(repo string, scheduled []*workflow.Workflow) {
 	names := make([]string, len(scheduled))
 	for i, wf := range scheduled {
 		names[i] = wf.Name
 	}
-	in.mu.Lock()
-	for wf := range in.queuedTicks[repo] {
+	p.mu.Lock()
+	for wf := range p.queuedTicks[repo] {
 		if !slices.Contains(names, wf) {
-			delete(in.queuedTicks[repo], wf)
+			delete(p.queuedTicks[repo], wf)
 		}
 	}
-	if len(in.queuedTicks[repo]) == 0 {
-		delete(in.queuedTicks, repo)
+	if len(p.queuedTicks[repo]) == 0 {
+		delete(p.queuedTicks, repo)
 	}
-	in.mu.Unlock()
-	n, err := in.p.State.KeepSchedules(repo, names)
+	p.mu.Unlock()
+	n, err := p.p.State.KeepSchedules(repo, names)
 	if err != nil {
-		in.log.Error("save state", "err", err)
+		p.log.Error("save state", "err", err)
 	}
 	if n > 0 {
-		in.log.Info("schedules no longer at the default branch's head forgotten", "repo", repo, "workflows", n)
+		p.log.Info("schedules no longer at the default branch's head forgotten", "repo", repo, "workflows", n)
 	}
 }
 
 // forgetUnserved forgets the schedules of the repositories snap does
 // not list; snap is complete (no listing of it failed).
-func (in *Intake) forgetUnserved(snap *ingest.Snapshot) {
+func (p *Part) forgetUnserved(snap *ingest.Snapshot) {
 	served := make([]string, len(snap.Repos))
 	for i, r := range snap.Repos {
 		served[i] = r.URI.String()
 	}
-	in.mu.Lock()
-	for repo := range in.schedules {
+	p.mu.Lock()
+	for repo := range p.schedules {
 		if !slices.Contains(served, repo) {
-			delete(in.schedules, repo)
+			delete(p.schedules, repo)
 		}
 	}
-	for repo := range in.queuedTicks {
+	for repo := range p.queuedTicks {
 		if !slices.Contains(served, repo) {
-			delete(in.queuedTicks, repo)
+			delete(p.queuedTicks, repo)
 		}
 	}
-	in.mu.Unlock()
-	n, err := in.p.State.KeepScheduleRepos(served)
+	p.mu.Unlock()
+	n, err := p.p.State.KeepScheduleRepos(served)
 	if err != nil {
-		in.log.Error("save state", "err", err)
+		p.log.Error("save state", "err", err)
 	}
 	if n > 0 {
-		in.log.Info("schedules of repositories no longer served forgotten", "repos", n)
+		p.log.Info("schedules of repositories no longer served forgotten", "repos", n)
 	}
 }
 
@@ -317,22 +317,4 @@ func newestPush(snap *ingest.Snapshot, repo, ref string) string {
 		}
 	}
 	return newest
-}
-
-// nextTick is a channel that fires at the earliest next tick of the
-// schedules known (nil: none), and the stop of its timer.
-func (in *Intake) nextTick() (<-chan time.Time, func()) {
-	in.mu.Lock()
-	var next time.Time
-	for _, m := range in.schedules {
-		if !m.next.IsZero() && (next.IsZero() || m.next.Before(next)) {
-			next = m.next
-		}
-	}
-	in.mu.Unlock()
-	if next.IsZero() {
-		return nil, func() {}
-	}
-	t := time.NewTimer(time.Until(next))
-	return t.C, func() { t.Stop() }
 }
