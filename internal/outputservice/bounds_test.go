@@ -280,35 +280,55 @@ func TestPutsInFlightAreBounded(t *testing.T) {
 			t.Fatalf("%s's first put: %q", tk.DID, got)
 		}
 	}
-	// hold starts a file put of tk whose body comes only when release
-	// is closed.
+	// hold makes a file put of tk that is in flight when it returns, and
+	// whose body comes only when release is closed. It asks to continue
+	// (Expect: 100-continue), so it knows when the service has admitted
+	// it (100 Continue: the handler reads the body); a put refused
+	// before that (a probe had the place for a moment) is made again.
 	var held sync.WaitGroup
 	release := make(chan struct{})
+	const body = "held and let go\n"
 	hold := func(tk *servicetest.Tokens) {
-		pr, pw := io.Pipe()
+		t.Helper()
 		q := url.Values{"check": {checkOf(tk.DID, "3kflightflightflightflight")}, "run": {"r1"}, "path": {"held.txt"}}
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/xrpc/"+output.MethodPutFile+"?"+q.Encode(), pr)
-		req.Header.Set("Authorization", "Bearer "+token(t, tk, output.MethodPutFile))
-		held.Add(2)
-		go func() {
-			defer held.Done()
-			_, _ = pw.Write([]byte("held "))
-			<-release
-			_, _ = pw.Write([]byte("and let go\n"))
-			pw.Close()
-		}()
-		go func() {
-			defer held.Done()
-			resp, err := http.DefaultClient.Do(req)
+		head := "POST /xrpc/" + output.MethodPutFile + "?" + q.Encode() + " HTTP/1.1\r\nHost: x\r\n" +
+			"Authorization: Bearer " + token(t, tk, output.MethodPutFile) + "\r\nExpect: 100-continue\r\n" +
+			fmt.Sprintf("Content-Length: %d\r\n\r\n", len(body))
+		for {
+			c := dial(t, base, head)
+			dl, _ := ctx.Deadline()
+			_ = c.SetReadDeadline(dl)
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
 			if err != nil {
-				t.Errorf("%s's held put: %v", tk.DID, err)
-				return
+				t.Fatalf("%s's held put: %v", tk.DID, err)
 			}
 			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				t.Errorf("%s's held put: %s", tk.DID, resp.Status)
+			if resp.StatusCode == http.StatusServiceUnavailable {
+				c.Close()
+				time.Sleep(5 * time.Millisecond) // a probe had the place: again
+				continue
 			}
-		}()
+			if resp.StatusCode != http.StatusContinue {
+				t.Fatalf("%s's held put: %s, want 100 Continue", tk.DID, resp.Status)
+			}
+			held.Go(func() {
+				<-release
+				_, err := io.WriteString(c, body)
+				if err == nil {
+					resp, err = http.ReadResponse(br, nil)
+				}
+				if err != nil {
+					t.Errorf("%s's held put: %v", tk.DID, err)
+					return
+				}
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					t.Errorf("%s's held put: %s", tk.DID, resp.Status)
+				}
+			})
+			return
+		}
 	}
 	// refusedSoon waits until tk's put is refused: its held put is being
 	// served.
