@@ -39,7 +39,7 @@ let
 
     # The NAR hash of `go mod vendor` for the source above.
     # tests/nix/vendor-hash.sh prints it; `--write` updates this line.
-    vendorHash = "sha256-B2WYbJSwpbb1i3uI0a/PzD+M36w6xYdMsKA0pjvvxfs=";
+    vendorHash = "sha256-iu/lZ4yUp6seAC8Tikx839rOLu3xcgHWvvVVSbV92zU=";
 
     subPackages = [ "cmd/knotless-run" ];
 
