@@ -185,7 +185,8 @@ func open(ctx context.Context, cfg *Config) (*state.Store, outside, error) {
 		lister: &ingest.Lister{Reader: reader, Dir: a.Directory, Runner: a.Runner, Targets: s.Targets, Discover: s.Discover,
 			DiscoverHosts: discover, Pulls: s.Pulls, Bounds: s.Listing.Bounds, Retention: cfg.Intake.WithDefaults().Retention,
 			Logger: cfg.Logger.With("component", "ingest")},
-		mirrors: gitMirrors{m: ms}, landerMirrors: gitMirrors{m: ms, creds: cfg.PushCredentials}, blobs: acct, sealed: secretReader{reader}, key: key, records: queueForge{reader, acct}, checks: acct, tokens: acct,
+		mirrors: ms.Port(nil), landerMirrors: ms.Port(cfg.PushCredentials), blobs: acct, sealed: reader, key: key,
+		records: pdsclient.Queue{Reader: reader, Account: acct}, checks: acct, tokens: acct,
 		ownChecks: func(ctx context.Context) ([]forge.Record[forge.Check], []forge.Invalid, error) {
 			return pdsclient.ListOwn[forge.Check](ctx, acct, forge.CollectionCheck)
 		},
