@@ -22,6 +22,7 @@ import (
 	"knotless.dev/run/internal/checks"
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/idlemem"
 	"knotless.dev/run/internal/ingest"
 	"knotless.dev/run/internal/intake"
 	"knotless.dev/run/internal/job"
@@ -59,7 +60,7 @@ type Daemon struct {
 	// handover waits for it.
 	cleaner *run.Cleaner
 	// memory returns what the runs freed once the daemon is idle.
-	memory *idleRelease
+	memory *idlemem.Releaser
 }
 
 // outside is the part of the world each part reaches through its
@@ -185,7 +186,8 @@ func open(ctx context.Context, cfg *Config) (*state.Store, outside, error) {
 		lister: &ingest.Lister{Reader: reader, Dir: a.Directory, Runner: a.Runner, Targets: s.Targets, Discover: s.Discover,
 			DiscoverHosts: discover, Pulls: s.Pulls, Bounds: s.Listing.Bounds, Retention: cfg.Intake.WithDefaults().Retention,
 			Logger: cfg.Logger.With("component", "ingest")},
-		mirrors: gitMirrors{m: ms}, landerMirrors: gitMirrors{m: ms, creds: cfg.PushCredentials}, blobs: acct, sealed: secretReader{reader}, key: key, records: queueForge{reader, acct}, checks: acct, tokens: acct,
+		mirrors: ms.Port(nil), landerMirrors: ms.Port(cfg.PushCredentials), blobs: acct, sealed: reader, key: key,
+		records: pdsclient.Queue{Reader: reader, Account: acct}, checks: acct, tokens: acct,
 		ownChecks: func(ctx context.Context) ([]forge.Record[forge.Check], []forge.Invalid, error) {
 			return pdsclient.ListOwn[forge.Check](ctx, acct, forge.CollectionCheck)
 		},
@@ -230,7 +232,7 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 		eng.Cleaner = run.NewCleaner(eng.Logger)
 	}
 	d.cleaner = eng.Cleaner
-	d.memory = newIdleRelease(func() bool {
+	d.memory = idlemem.New(func() bool {
 		going, queued, _ := d.sched.Counts()
 		return going == 0 && queued == 0
 	}, d.log)
@@ -335,7 +337,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	aux.Go(func() { d.keeper.PayOwed(auxCtx) })
 	aux.Go(func() { d.watchExecutor(auxCtx) })
 	aux.Go(func() { d.sched.Sweeps(auxCtx, d.cleaner.Failures) })
-	aux.Go(func() { d.memory.run(auxCtx) })
+	aux.Go(func() { d.memory.Run(auxCtx) })
 	if w := d.caps.Warmer; w != nil && d.cfg.WarmPods > 0 {
 		// After the first sweep (begin), which deletes an earlier
 		// process's warm pods; they go when this process stops.
@@ -376,7 +378,7 @@ func (d *Daemon) watchdog(ctx context.Context) {
 // status tells systemd how many runs are going and waiting.
 func (d *Daemon) status() {
 	going, queued, draining := d.sched.Counts()
-	d.memory.changedCounts()
+	d.memory.Changed()
 	m := d.cfg.Telemetry.Metrics
 	m.SetQueueDepth(queued)
 	m.SetRunsGoing(going)

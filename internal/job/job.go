@@ -201,7 +201,7 @@ type Mirrors interface {
 	Open(ctx context.Context, key string) (Repo, error)
 }
 
-// Repo is one mirror (mirror.Repo, through the daemon's adapter):
+// Repo is one mirror (mirror.Repo, through mirror.Port):
 // fetch an event's commit, merge a pull, read the workflows of a tree
 // and export it for a run; for the lander, squash a batch and push it
 // with a lease (with the push credentials the daemon bound to the

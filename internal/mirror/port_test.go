@@ -1,4 +1,4 @@
-package daemon
+package mirror
 
 import (
 	"context"
@@ -7,19 +7,18 @@ import (
 	"testing"
 
 	"knotless.dev/run/internal/job"
-	"knotless.dev/run/internal/mirror"
 )
 
-// TestGitRepoFetchKeepsTheOrigin: job's origin reaches the mirror as
-// the same origin, which decides what a source may be (a pull's
-// head.source is held to more than the owner's own source).
-func TestGitRepoFetchKeepsTheOrigin(t *testing.T) {
+// TestPortFetchKeepsTheOrigin: job's origin reaches the mirror as the
+// same origin, which decides what a source may be (a pull's head.source
+// is held to more than the owner's own source).
+func TestPortFetchKeepsTheOrigin(t *testing.T) {
 	t.Parallel()
-	ms, err := mirror.New(t.TempDir(), mirror.Options{})
+	ms, err := New(t.TempDir(), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := gitMirrors{m: ms}.Open(context.Background(), "k")
+	r, err := ms.Port(nil).Open(context.Background(), "k")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +31,7 @@ func TestGitRepoFetchKeepsTheOrigin(t *testing.T) {
 		{job.PullSource, "pull head.source"},
 	} {
 		err := r.Fetch(context.Background(), c.origin, "ftp://example.org/x.git", "refs/heads/main", commit)
-		if !errors.Is(err, mirror.ErrRefused) || !strings.Contains(err.Error(), c.want) {
+		if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("fetch as %d: %v, want refused as a %s", c.origin, err, c.want)
 		}
 	}
