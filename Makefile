@@ -4,7 +4,7 @@
 GO      ?= go
 BIN     := bin/knotless-run
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -X knotless.dev/run/internal/version.Version=$(VERSION)
+LDFLAGS := -X knotless.dev/run/internal/lib/version.Version=$(VERSION)
 
 .PHONY: build test test-short demo demo-shell vet fmt
 

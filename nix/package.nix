@@ -47,7 +47,7 @@ let
 
     ldflags = [
       "-s"
-      "-X knotless.dev/run/internal/version.Version=${version}"
+      "-X knotless.dev/run/internal/lib/version.Version=${version}"
     ];
 
     # The alert rules, for services.prometheus.ruleFiles (the module's

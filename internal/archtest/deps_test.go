@@ -15,15 +15,15 @@ const module = "knotless.dev/run/"
 // of the outside world, so that it stays small, testable without a
 // cluster, and usable by every executor alike.
 var core = []string{
-	"internal/run",
-	"internal/workflow",
+	"internal/engine/run",
+	"internal/rules/workflow",
 	"internal/executor", // the contract only; its subpackages are executors
-	"internal/payload",
-	"internal/mask",
-	"internal/tarstream",
-	"internal/caplog",
-	"internal/quantity",
-	"internal/termsafe",
+	"internal/engine/payload",
+	"internal/lib/mask",
+	"internal/lib/tarstream",
+	"internal/engine/caplog",
+	"internal/lib/quantity",
+	"internal/lib/termsafe",
 }
 
 // outside are import path prefixes of the clients the core must not
@@ -42,9 +42,9 @@ var outside = []struct {
 // observed are the packages the metrics observe through the small
 // observer interfaces they declare (run.Observer, executor.Observer):
 // the engine and the executors never import a metrics client, so the
-// daemon plugs internal/metrics in, and a test plugs in what it likes.
+// daemon plugs internal/observe/metrics in, and a test plugs in what it likes.
 var observed = []string{
-	module + "internal/run",
+	module + "internal/engine/run",
 	module + "internal/executor/docker",
 	module + "internal/executor/kubernetes",
 	module + "internal/executor/shell",
@@ -56,18 +56,18 @@ var observed = []string{
 var upward = []string{
 	module + "internal/cli",
 	module + "internal/daemon",
-	module + "internal/ingest",
+	module + "internal/forge/ingest",
 	module + "internal/forge",
-	module + "internal/pdsclient",
+	module + "internal/forge/pdsclient",
 	module + "internal/mirror",
-	module + "internal/checks",
-	module + "internal/state",
-	module + "internal/manifests",
-	module + "internal/intake",
-	module + "internal/scheduler",
-	module + "internal/lander",
-	module + "internal/job",
-	module + "internal/rig",
+	module + "internal/parts/checks",
+	module + "internal/parts/state",
+	module + "internal/kube/manifests",
+	module + "internal/parts/intake",
+	module + "internal/parts/scheduler",
+	module + "internal/parts/lander",
+	module + "internal/rules/job",
+	module + "internal/parts/rig",
 }
 
 // implementations are the executors the conformance table is run
@@ -77,8 +77,8 @@ var implementations = []string{
 	module + "internal/executor/docker",
 	module + "internal/executor/kubernetes",
 	module + "internal/executor/shell",
-	module + "internal/kubeexec",
-	module + "internal/kubecred",
+	module + "internal/kube/kubeexec",
+	module + "internal/kube/kubecred",
 }
 
 func TestCoreImportsNoClient(t *testing.T) {
@@ -104,7 +104,7 @@ func TestObservedImportNoMetrics(t *testing.T) {
 	t.Parallel()
 	graph := importGraph(t, observed...)
 	bad := func(dep string) bool {
-		return dep == module+"internal/metrics" || strings.HasPrefix(dep, "github.com/prometheus/")
+		return dep == module+"internal/observe/metrics" || strings.HasPrefix(dep, "github.com/prometheus/")
 	}
 	for _, p := range observed {
 		if chain := importChain(graph, p, bad); chain != nil {
@@ -141,7 +141,7 @@ func TestConformanceImportsNothingAbove(t *testing.T) {
 // alone: what shows strangers' text on the operator's terminal has no
 // dependency to trust besides it.
 var standardOnly = []string{
-	module + "internal/termsafe",
+	module + "internal/lib/termsafe",
 }
 
 func TestStandardOnlyImportsNothingElse(t *testing.T) {
@@ -244,15 +244,15 @@ func importChain(graph map[string][]string, p string, bad func(string) bool) []s
 // control, the scheduler, the lander) or the CLI.
 // They read records, so atproto types are theirs to use.
 var decisions = []string{
-	module + "internal/mergequeue",
-	module + "internal/control",
+	module + "internal/rules/mergequeue",
+	module + "internal/rules/control",
 }
 
 func TestDecisionCoresImportNoIO(t *testing.T) {
 	t.Parallel()
 	graph := leaves(importGraph(t, decisions...), "github.com/bluesky-social/indigo")
-	above := []string{module + "internal/cli", module + "internal/daemon", module + "internal/ingest", module + "internal/mirror", module + "internal/state",
-		module + "internal/intake", module + "internal/scheduler", module + "internal/lander", module + "internal/runctl"}
+	above := []string{module + "internal/cli", module + "internal/daemon", module + "internal/forge/ingest", module + "internal/mirror", module + "internal/parts/state",
+		module + "internal/parts/intake", module + "internal/parts/scheduler", module + "internal/parts/lander", module + "internal/parts/runctl"}
 	for _, p := range decisions {
 		for _, o := range outside {
 			if o.what == "atproto (indigo)" {
@@ -280,9 +280,9 @@ func TestDecisionCoresImportNoIO(t *testing.T) {
 // or the CLI; and the runner's side never pulls the service's.
 var liveOutput = []string{
 	module + "internal/output",
-	module + "internal/outputhttp",
-	module + "internal/outputpush",
-	module + "internal/outputservice",
+	module + "internal/output/outputhttp",
+	module + "internal/output/outputpush",
+	module + "internal/output/outputservice",
 }
 
 func TestLiveOutputImportsNoExecutorOrDaemon(t *testing.T) {
@@ -307,7 +307,7 @@ func TestLiveOutputImportsNoExecutorOrDaemon(t *testing.T) {
 		}
 	}
 	for _, p := range liveOutput[:3] {
-		svc := module + "internal/outputservice"
+		svc := module + "internal/output/outputservice"
 		if chain := importChain(graph, p, func(dep string) bool { return dep == svc }); chain != nil {
 			t.Errorf("%s, the runner's side, imports the output service: %s", p, strings.Join(chain, " -> "))
 		}
@@ -315,7 +315,7 @@ func TestLiveOutputImportsNoExecutorOrDaemon(t *testing.T) {
 }
 
 // kubeAPIGroups are the only k8s.io/api packages the binary links:
-// the groups internal/kubeclient's scheme holds, and apps/v1 for the
+// the groups internal/kube/kubeclient's scheme holds, and apps/v1 for the
 // manifests. A process keeps resident the pages its package
 // initialisation touches (docs/performance.md, "serve's memory"), so
 // a group more is a decision, not a side effect of an import.
@@ -334,14 +334,14 @@ var kubeAPIGroups = []string{
 // knotless-run: k8s.io/client-go/kubernetes, its scheme and the
 // discovery client (which imports that scheme) register every built-in
 // API group as the process starts. The runner's client is
-// internal/kubeclient; tests may use the clientset.
+// internal/kube/kubeclient; tests may use the clientset.
 func TestBinaryLinksNoClientset(t *testing.T) {
 	t.Parallel()
 	p := module[:len(module)-1] + "/cmd/knotless-run"
 	graph := importGraph(t, p)
 	for _, banned := range []string{"k8s.io/client-go/kubernetes", "k8s.io/client-go/kubernetes/scheme", "k8s.io/client-go/discovery"} {
 		if chain := importChain(graph, p, func(dep string) bool { return dep == banned }); chain != nil {
-			t.Errorf("knotless-run links %s (use internal/kubeclient): %s", banned, strings.Join(chain, " -> "))
+			t.Errorf("knotless-run links %s (use internal/kube/kubeclient): %s", banned, strings.Join(chain, " -> "))
 		}
 	}
 	for dep := range graph {
@@ -352,18 +352,18 @@ func TestBinaryLinksNoClientset(t *testing.T) {
 }
 
 // pure are the parts that decide and hold values: the records
-// (internal/forge), the work an event gives (internal/work), the job,
+// (internal/forge), the work an event gives (internal/rules/work), the job,
 // the state, run control, the merge queue and workflows. They build and
 // test with the standard library and their own kind: no network, no
 // process to run, no git mirror.
 var pure = []string{
 	module + "internal/forge",
-	module + "internal/work",
-	module + "internal/job",
-	module + "internal/state",
-	module + "internal/control",
-	module + "internal/mergequeue",
-	module + "internal/workflow",
+	module + "internal/rules/work",
+	module + "internal/rules/job",
+	module + "internal/parts/state",
+	module + "internal/rules/control",
+	module + "internal/rules/mergequeue",
+	module + "internal/rules/workflow",
 }
 
 // pureIndigo are the packages of indigo the pure parts may use: atproto

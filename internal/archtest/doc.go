@@ -12,8 +12,8 @@
 // checks, job, state) import no other part but through the ports they
 // declare, nor the metrics or the telemetry that the daemon plugs into
 // their observer ports, and nothing but the CLI imports the daemon, no
-// code outside internal/state assigns to the state and none outside
-// internal/checks makes a check record or sets its status, and every
+// code outside internal/parts/state assigns to the state and none outside
+// internal/parts/checks makes a check record or sets its status, and every
 // package says what it is for in a doc comment. It has no code of its
 // own.
 package archtest

@@ -29,15 +29,15 @@ import (
 // part, so every part's tests can use it.
 var parts = map[string][]string{
 	// part: the parts it may import
-	"internal/intake":    {"internal/job", "internal/checks", "internal/state"},
-	"internal/scheduler": {"internal/job", "internal/checks", "internal/state"},
-	"internal/lander":    {"internal/job", "internal/checks", "internal/state"},
-	"internal/runctl":    {"internal/job", "internal/checks", "internal/state"},
-	"internal/checks":    {"internal/state"},
-	"internal/job":       nil,
-	"internal/state":     nil,
-	"internal/rig":       {"internal/job"},
-	"internal/live":      {"internal/job"},
+	"internal/parts/intake":    {"internal/rules/job", "internal/parts/checks", "internal/parts/state"},
+	"internal/parts/scheduler": {"internal/rules/job", "internal/parts/checks", "internal/parts/state"},
+	"internal/parts/lander":    {"internal/rules/job", "internal/parts/checks", "internal/parts/state"},
+	"internal/parts/runctl":    {"internal/rules/job", "internal/parts/checks", "internal/parts/state"},
+	"internal/parts/checks":    {"internal/parts/state"},
+	"internal/rules/job":       nil,
+	"internal/parts/state":     nil,
+	"internal/parts/rig":       {"internal/rules/job"},
+	"internal/parts/live":      {"internal/rules/job"},
 }
 
 func TestPartsImportNoOtherPart(t *testing.T) {
@@ -101,14 +101,14 @@ func modulePackages(t *testing.T) []string {
 	return strings.Fields(string(out))
 }
 
-// TestOnlyStateChangesTheState: no code outside internal/state assigns
+// TestOnlyStateChangesTheState: no code outside internal/parts/state assigns
 // to the daemon's state (a state.State's fields, their maps and
 // slices): the state.Store's methods are the only way to change it.
 func TestOnlyStateChangesTheState(t *testing.T) {
 	t.Parallel()
-	for _, f := range checkTyped(t, func(p *typedPackage) bool { return p.path != module+"internal/state" }, func(p *typedPackage, n ast.Node) string {
+	for _, f := range checkTyped(t, func(p *typedPackage) bool { return p.path != module+"internal/parts/state" }, func(p *typedPackage, n ast.Node) string {
 		for _, target := range assigned(n) {
-			if root := selectorOn(p.info, target, module+"internal/state", "State"); root != "" {
+			if root := selectorOn(p.info, target, module+"internal/parts/state", "State"); root != "" {
 				return "assigns to state.State." + root + ": change the state through a state.Store method"
 			}
 		}
@@ -118,12 +118,12 @@ func TestOnlyStateChangesTheState(t *testing.T) {
 	}
 }
 
-// TestOnlyChecksSetsACheckStatus: no code outside internal/checks (and
+// TestOnlyChecksSetsACheckStatus: no code outside internal/parts/checks (and
 // forge, where the record is defined) makes a check record or sets a
 // check's status: the checks part owns every transition.
 func TestOnlyChecksSetsACheckStatus(t *testing.T) {
 	t.Parallel()
-	skip := map[string]bool{module + "internal/checks": true, module + "internal/forge": true}
+	skip := map[string]bool{module + "internal/parts/checks": true, module + "internal/forge": true}
 	for _, f := range checkTyped(t, func(p *typedPackage) bool { return !skip[p.path] }, func(p *typedPackage, n ast.Node) string {
 		if lit, ok := n.(*ast.CompositeLit); ok && isNamed(p.info.TypeOf(lit), module+"internal/forge", "Check") {
 			return "makes a forge.Check: the checks part (checks.Keeper) makes every check record"

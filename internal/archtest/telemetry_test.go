@@ -7,8 +7,8 @@ import (
 )
 
 // TestPartsObserveThroughTheirPorts: the daemon's parts tell what they
-// do to the Observer ports they declare; internal/telemetry (what the
-// daemon plugs into them) and internal/metrics are above them. A part
+// do to the Observer ports they declare; internal/observe/telemetry (what the
+// daemon plugs into them) and internal/observe/metrics are above them. A part
 // importing either would reach the metrics around its port. (indigo's
 // identity package registers metrics of its own with client_golang, so
 // the client itself is not the mark.)
@@ -21,7 +21,7 @@ func TestPartsObserveThroughTheirPorts(t *testing.T) {
 	sort.Strings(pkgs)
 	graph := importGraph(t, pkgs...)
 	bad := func(dep string) bool {
-		return dep == module+"internal/telemetry" || dep == module+"internal/metrics"
+		return dep == module+"internal/observe/telemetry" || dep == module+"internal/observe/metrics"
 	}
 	for _, p := range pkgs {
 		if chain := importChain(graph, p, bad); chain != nil {

@@ -1,8 +1,8 @@
 package cli
 
 import (
-	"knotless.dev/run/internal/run"
-	"knotless.dev/run/internal/tarstream"
+	"knotless.dev/run/internal/engine/run"
+	"knotless.dev/run/internal/lib/tarstream"
 )
 
 // BoundFlags bound what a run moves between the runner and its session,

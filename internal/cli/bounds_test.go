@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"knotless.dev/run/internal/tarstream"
+	"knotless.dev/run/internal/lib/tarstream"
 )
 
 // TestRunBoundFlags: the bound flags reach the engine, and the run's

@@ -6,8 +6,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"knotless.dev/run/internal/cache"
-	"knotless.dev/run/internal/termsafe"
+	"knotless.dev/run/internal/engine/cache"
+	"knotless.dev/run/internal/lib/termsafe"
 )
 
 // CacheFlags bound the store of workflow caches; run and serve share

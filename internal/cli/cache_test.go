@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"knotless.dev/run/internal/cache"
+	"knotless.dev/run/internal/engine/cache"
 )
 
 // TestRunCacheDir: two runs with --cache-dir share a cache, cache ls

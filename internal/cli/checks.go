@@ -14,9 +14,9 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
-	"knotless.dev/run/internal/pdsclient"
-	"knotless.dev/run/internal/termsafe"
+	"knotless.dev/run/internal/forge/ingest"
+	"knotless.dev/run/internal/forge/pdsclient"
+	"knotless.dev/run/internal/lib/termsafe"
 )
 
 // defaultPLC is the did:plc directory when neither --plc-url nor the

@@ -19,8 +19,8 @@ import (
 	charmlog "github.com/charmbracelet/log"
 	"golang.org/x/term"
 
-	"knotless.dev/run/internal/termsafe"
-	"knotless.dev/run/internal/version"
+	"knotless.dev/run/internal/lib/termsafe"
+	"knotless.dev/run/internal/lib/version"
 )
 
 // Exit codes.

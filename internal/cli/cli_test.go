@@ -13,8 +13,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"knotless.dev/run/internal/run"
-	"knotless.dev/run/internal/version"
+	"knotless.dev/run/internal/engine/run"
+	"knotless.dev/run/internal/lib/version"
 )
 
 type result struct {

@@ -10,12 +10,12 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
-	"knotless.dev/run/internal/control"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
-	"knotless.dev/run/internal/pdsclient"
-	"knotless.dev/run/internal/termsafe"
-	"knotless.dev/run/internal/workflow"
+	"knotless.dev/run/internal/forge/ingest"
+	"knotless.dev/run/internal/forge/pdsclient"
+	"knotless.dev/run/internal/lib/termsafe"
+	"knotless.dev/run/internal/rules/control"
+	"knotless.dev/run/internal/rules/workflow"
 )
 
 // The run-control commands write a record in the logged-in account's

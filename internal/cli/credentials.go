@@ -9,7 +9,7 @@ import (
 	"strings"
 
 	"knotless.dev/run/internal/mirror"
-	"knotless.dev/run/internal/scheduler"
+	"knotless.dev/run/internal/parts/scheduler"
 )
 
 // The files serve reads its secrets from: the app password, the

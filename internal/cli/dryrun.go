@@ -10,7 +10,7 @@ import (
 
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/kubernetes"
-	"knotless.dev/run/internal/mask"
+	"knotless.dev/run/internal/lib/mask"
 )
 
 // dryRunNamespace is the namespace a dry run shows when --namespace is

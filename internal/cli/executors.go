@@ -10,8 +10,8 @@ import (
 	"github.com/alecthomas/kong"
 
 	"knotless.dev/run/internal/executor"
-	"knotless.dev/run/internal/tarstream"
-	"knotless.dev/run/internal/version"
+	"knotless.dev/run/internal/lib/tarstream"
+	"knotless.dev/run/internal/lib/version"
 )
 
 // ExecutorFlags choose the executor and configure each one. run and serve

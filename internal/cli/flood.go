@@ -3,7 +3,7 @@ package cli
 import (
 	"fmt"
 
-	"knotless.dev/run/internal/intake"
+	"knotless.dev/run/internal/parts/intake"
 )
 
 // FloodFlags are serve's caps on what one event, and one pull author,

@@ -7,7 +7,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"knotless.dev/run/internal/intake"
+	"knotless.dev/run/internal/parts/intake"
 )
 
 // TestFloodFlags: serve's flood caps default to 20 workflows an event,

@@ -11,8 +11,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"knotless.dev/run/internal/kubeclient"
-	"knotless.dev/run/internal/kubecred"
+	"knotless.dev/run/internal/kube/kubeclient"
+	"knotless.dev/run/internal/kube/kubecred"
 )
 
 // KubeconfigCmd mints the runner's scoped kubeconfig, or checks one.

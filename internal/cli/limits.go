@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"time"
 
-	"knotless.dev/run/internal/quantity"
-	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/engine/run"
+	"knotless.dev/run/internal/lib/quantity"
 )
 
 // LimitFlags are the operator's maximums on what a workflow may ask

@@ -1,6 +1,6 @@
 package cli
 
-import "knotless.dev/run/internal/live"
+import "knotless.dev/run/internal/parts/live"
 
 // LiveFlags are serve's live output (live.Config): the runner's own
 // listener, and the output service it pushes to.

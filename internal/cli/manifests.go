@@ -3,7 +3,7 @@ package cli
 import (
 	"fmt"
 
-	"knotless.dev/run/internal/manifests"
+	"knotless.dev/run/internal/kube/manifests"
 )
 
 // ManifestsCmd prints what an operator applies to run the runner inside

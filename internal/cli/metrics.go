@@ -3,8 +3,8 @@ package cli
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"knotless.dev/run/internal/metrics"
-	"knotless.dev/run/internal/telemetry"
+	"knotless.dev/run/internal/observe/metrics"
+	"knotless.dev/run/internal/observe/telemetry"
 )
 
 // MetricsFlags say where serve tells what it does besides its journal

@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/syncbuf"
+	"knotless.dev/run/internal/lib/syncbuf"
 	"knotless.dev/run/tests/forgeworld"
 	"knotless.dev/run/tests/pds"
 )

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"knotless.dev/run/internal/executor/shell"
-	"knotless.dev/run/internal/tarstream"
-	"knotless.dev/run/internal/telemetry"
+	"knotless.dev/run/internal/lib/tarstream"
+	"knotless.dev/run/internal/observe/telemetry"
 )
 
 // TestExecutorsTellServesObserver: serve's executor observer reaches the

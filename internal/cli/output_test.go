@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/forge/pdsclient"
 	"knotless.dev/run/internal/output"
-	"knotless.dev/run/internal/outputhttp"
-	"knotless.dev/run/internal/pdsclient"
+	"knotless.dev/run/internal/output/outputhttp"
 	"knotless.dev/run/tests/pds"
 )
 

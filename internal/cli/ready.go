@@ -7,7 +7,7 @@ import (
 
 	sddaemon "github.com/coreos/go-systemd/v22/daemon"
 
-	"knotless.dev/run/internal/readiness"
+	"knotless.dev/run/internal/observe/readiness"
 )
 
 // ReadyCmd is a readiness probe: it reads the file `serve --ready-file`

@@ -11,9 +11,9 @@ import (
 	"strings"
 	"time"
 
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/executor"
-	"knotless.dev/run/internal/run"
-	"knotless.dev/run/internal/workflow"
+	"knotless.dev/run/internal/rules/workflow"
 )
 
 // RunCmd runs one workflow ad hoc.

@@ -17,8 +17,8 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/pdsclient"
-	"knotless.dev/run/internal/syncbuf"
+	"knotless.dev/run/internal/forge/pdsclient"
+	"knotless.dev/run/internal/lib/syncbuf"
 	"knotless.dev/run/tests/forgeworld"
 	"knotless.dev/run/tests/pds"
 )

@@ -12,8 +12,8 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
-	"knotless.dev/run/internal/pdsclient"
+	"knotless.dev/run/internal/forge/ingest"
+	"knotless.dev/run/internal/forge/pdsclient"
 )
 
 // SecretCmd groups the secret helpers.

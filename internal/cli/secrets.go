@@ -11,7 +11,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/scheduler"
+	"knotless.dev/run/internal/parts/scheduler"
 )
 
 // operatorSecretsFile is the operator secrets file's format:

@@ -10,7 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"knotless.dev/run/internal/scheduler"
+	"knotless.dev/run/internal/parts/scheduler"
 )
 
 const repoA = "at://did:plc:ewvi7nxzyoun6zhxrhs64oiz/dev.knotless.repo/hello"

@@ -11,7 +11,7 @@ import (
 	"github.com/coreos/go-systemd/v22/journal"
 
 	"knotless.dev/run/internal/daemon"
-	"knotless.dev/run/internal/pdsclient"
+	"knotless.dev/run/internal/forge/pdsclient"
 )
 
 // ServeCmd is the runner daemon: `knotless-run serve --config FILE

@@ -17,9 +17,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/pdsclient"
-	"knotless.dev/run/internal/state"
-	"knotless.dev/run/internal/syncbuf"
+	"knotless.dev/run/internal/forge/pdsclient"
+	"knotless.dev/run/internal/lib/syncbuf"
+	"knotless.dev/run/internal/parts/state"
 	"knotless.dev/run/tests/forgeworld"
 	"knotless.dev/run/tests/pds"
 )

@@ -9,17 +9,17 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
-	"knotless.dev/run/internal/checks"
 	"knotless.dev/run/internal/daemon"
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/executor/shell"
-	"knotless.dev/run/internal/ingest"
-	"knotless.dev/run/internal/intake"
-	"knotless.dev/run/internal/lander"
-	"knotless.dev/run/internal/live"
+	"knotless.dev/run/internal/forge/ingest"
+	"knotless.dev/run/internal/lib/tarstream"
 	"knotless.dev/run/internal/mirror"
-	"knotless.dev/run/internal/run"
-	"knotless.dev/run/internal/scheduler"
-	"knotless.dev/run/internal/tarstream"
+	"knotless.dev/run/internal/parts/checks"
+	"knotless.dev/run/internal/parts/intake"
+	"knotless.dev/run/internal/parts/lander"
+	"knotless.dev/run/internal/parts/live"
+	"knotless.dev/run/internal/parts/scheduler"
 )
 
 // TestServeConfig: each flag's place in the daemon's config, one group

@@ -20,8 +20,8 @@ import (
 	"golang.org/x/term"
 
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/pdsclient"
-	"knotless.dev/run/internal/termsafe"
+	"knotless.dev/run/internal/forge/pdsclient"
+	"knotless.dev/run/internal/lib/termsafe"
 )
 
 // The session login keeps: the app password is sent once, to the PDS's

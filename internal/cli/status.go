@@ -13,9 +13,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"knotless.dev/run/internal/state"
-	"knotless.dev/run/internal/status"
-	"knotless.dev/run/internal/termsafe"
+	"knotless.dev/run/internal/lib/termsafe"
+	"knotless.dev/run/internal/observe/status"
+	"knotless.dev/run/internal/parts/state"
 )
 
 // StatusCmd shows what the running daemon is doing, or, when none

@@ -14,10 +14,10 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/executor"
-	"knotless.dev/run/internal/run"
-	"knotless.dev/run/internal/state"
-	"knotless.dev/run/internal/status"
+	"knotless.dev/run/internal/observe/status"
+	"knotless.dev/run/internal/parts/state"
 )
 
 // fakeDaemon answers status requests with doc.
@@ -113,7 +113,7 @@ func TestStatusOverURL(t *testing.T) {
 
 // TestStatusOfAStoppedDaemon: no daemon answers (no socket, or a socket
 // a killed daemon left), so status reads state.json, written by
-// internal/state, without changing it: the runs left (handed over or to
+// internal/parts/state, without changing it: the runs left (handed over or to
 // run again) and the owed checks; the queue is unknown.
 func TestStatusOfAStoppedDaemon(t *testing.T) {
 	t.Parallel()

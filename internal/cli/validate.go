@@ -6,8 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 
-	"knotless.dev/run/internal/termsafe"
-	"knotless.dev/run/internal/workflow"
+	"knotless.dev/run/internal/lib/termsafe"
+	"knotless.dev/run/internal/rules/workflow"
 )
 
 // ValidateCmd checks workflow files.

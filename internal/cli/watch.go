@@ -11,12 +11,12 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
-	"knotless.dev/run/internal/control"
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/outputhttp"
-	"knotless.dev/run/internal/pdsclient"
-	"knotless.dev/run/internal/run"
-	"knotless.dev/run/internal/termsafe"
+	"knotless.dev/run/internal/forge/pdsclient"
+	"knotless.dev/run/internal/lib/termsafe"
+	"knotless.dev/run/internal/output/outputhttp"
+	"knotless.dev/run/internal/rules/control"
 )
 
 // WatchCmd follows a run to its end.

@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"knotless.dev/run/internal/cache"
 	"knotless.dev/run/internal/daemon"
+	"knotless.dev/run/internal/engine/cache"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/scheduler"
+	"knotless.dev/run/internal/parts/scheduler"
 )
 
 // cacheWorkflow prints what its cache holds, adds the commit's who.txt

@@ -6,7 +6,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	"knotless.dev/run/internal/rig"
+	"knotless.dev/run/internal/parts/rig"
 )
 
 // The verdict before the clean-up, in serve: the final check is written

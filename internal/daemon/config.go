@@ -12,18 +12,18 @@ import (
 	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
-	"knotless.dev/run/internal/checks"
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
-	"knotless.dev/run/internal/intake"
-	"knotless.dev/run/internal/lander"
-	"knotless.dev/run/internal/live"
+	"knotless.dev/run/internal/forge/ingest"
+	"knotless.dev/run/internal/forge/pdsclient"
 	"knotless.dev/run/internal/mirror"
-	"knotless.dev/run/internal/pdsclient"
-	"knotless.dev/run/internal/run"
-	"knotless.dev/run/internal/scheduler"
-	"knotless.dev/run/internal/telemetry"
+	"knotless.dev/run/internal/observe/telemetry"
+	"knotless.dev/run/internal/parts/checks"
+	"knotless.dev/run/internal/parts/intake"
+	"knotless.dev/run/internal/parts/lander"
+	"knotless.dev/run/internal/parts/live"
+	"knotless.dev/run/internal/parts/scheduler"
 )
 
 // Config configures the daemon, one group per part. The cli fills it

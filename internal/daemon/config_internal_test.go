@@ -6,13 +6,13 @@ import (
 	"strings"
 	"testing"
 
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/executor/fakeexec"
 	"knotless.dev/run/internal/executor/shell"
-	"knotless.dev/run/internal/ingest"
-	"knotless.dev/run/internal/lander"
-	"knotless.dev/run/internal/live"
-	"knotless.dev/run/internal/run"
-	"knotless.dev/run/internal/scheduler"
+	"knotless.dev/run/internal/forge/ingest"
+	"knotless.dev/run/internal/parts/lander"
+	"knotless.dev/run/internal/parts/live"
+	"knotless.dev/run/internal/parts/scheduler"
 )
 
 // warmer is an executor that keeps warm sessions, as far as Validate

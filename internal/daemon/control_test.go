@@ -11,11 +11,11 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
-	"knotless.dev/run/internal/control"
 	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/intake"
-	"knotless.dev/run/internal/scheduler"
+	"knotless.dev/run/internal/parts/intake"
+	"knotless.dev/run/internal/parts/scheduler"
+	"knotless.dev/run/internal/rules/control"
 	"knotless.dev/run/tests/pds"
 )
 

@@ -18,27 +18,27 @@ import (
 	"sync"
 	"time"
 
-	"knotless.dev/run/internal/backoff"
-	"knotless.dev/run/internal/checks"
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/idlemem"
-	"knotless.dev/run/internal/ingest"
-	"knotless.dev/run/internal/intake"
-	"knotless.dev/run/internal/job"
-	"knotless.dev/run/internal/lander"
-	"knotless.dev/run/internal/live"
+	"knotless.dev/run/internal/forge/ingest"
+	"knotless.dev/run/internal/forge/pdsclient"
+	"knotless.dev/run/internal/lib/backoff"
+	"knotless.dev/run/internal/lib/idlemem"
+	"knotless.dev/run/internal/lib/version"
 	"knotless.dev/run/internal/mirror"
-	"knotless.dev/run/internal/pdsclient"
-	"knotless.dev/run/internal/readiness"
-	"knotless.dev/run/internal/run"
-	"knotless.dev/run/internal/runctl"
-	"knotless.dev/run/internal/scheduler"
-	"knotless.dev/run/internal/state"
-	"knotless.dev/run/internal/status"
-	"knotless.dev/run/internal/telemetry"
-	"knotless.dev/run/internal/version"
-	"knotless.dev/run/internal/work"
+	"knotless.dev/run/internal/observe/readiness"
+	"knotless.dev/run/internal/observe/status"
+	"knotless.dev/run/internal/observe/telemetry"
+	"knotless.dev/run/internal/parts/checks"
+	"knotless.dev/run/internal/parts/intake"
+	"knotless.dev/run/internal/parts/lander"
+	"knotless.dev/run/internal/parts/live"
+	"knotless.dev/run/internal/parts/runctl"
+	"knotless.dev/run/internal/parts/scheduler"
+	"knotless.dev/run/internal/parts/state"
+	"knotless.dev/run/internal/rules/job"
+	"knotless.dev/run/internal/rules/work"
 )
 
 // Daemon is one running runner process: its parts, wired.
@@ -65,7 +65,7 @@ type Daemon struct {
 
 // outside is the part of the world each part reaches through its
 // ports: start fills it with the real ones, the -short rig with
-// in-memory ones (internal/rig).
+// in-memory ones (internal/parts/rig).
 type outside struct {
 	lister  intake.Lister
 	mirrors job.Mirrors

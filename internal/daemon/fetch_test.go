@@ -7,7 +7,7 @@ import (
 
 	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/intake"
+	"knotless.dev/run/internal/parts/intake"
 )
 
 // TestUnfetchableCommit: a push whose commit is not in the source is

@@ -9,9 +9,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/intake"
-	"knotless.dev/run/internal/rig"
-	"knotless.dev/run/internal/work"
+	"knotless.dev/run/internal/parts/intake"
+	"knotless.dev/run/internal/parts/rig"
+	"knotless.dev/run/internal/rules/work"
 )
 
 // The flood caps on the rig: serve itself, with the check writes

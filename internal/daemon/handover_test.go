@@ -13,7 +13,7 @@ import (
 
 	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/executor/kubernetes"
-	"knotless.dev/run/internal/state"
+	"knotless.dev/run/internal/parts/state"
 	"knotless.dev/run/tests/clustertest"
 )
 

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"knotless.dev/run/internal/backoff"
+	"knotless.dev/run/internal/lib/backoff"
 )
 
 // healthEvery is how often the executor's health is checked.

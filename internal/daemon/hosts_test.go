@@ -11,7 +11,7 @@ import (
 
 	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
+	"knotless.dev/run/internal/forge/ingest"
 	"knotless.dev/run/tests/hostilepds"
 )
 

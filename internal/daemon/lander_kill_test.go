@@ -18,14 +18,14 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"knotless.dev/run/internal/daemon"
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/executor/shell"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
-	"knotless.dev/run/internal/intake"
-	"knotless.dev/run/internal/lander"
+	"knotless.dev/run/internal/forge/ingest"
 	"knotless.dev/run/internal/mirror"
-	"knotless.dev/run/internal/run"
-	"knotless.dev/run/internal/scheduler"
+	"knotless.dev/run/internal/parts/intake"
+	"knotless.dev/run/internal/parts/lander"
+	"knotless.dev/run/internal/parts/scheduler"
 )
 
 // childEnv names the environment variable that makes the test binary a

@@ -5,13 +5,13 @@ import (
 	"testing"
 	"testing/synctest"
 
-	"knotless.dev/run/internal/lander"
-	"knotless.dev/run/internal/rig"
-	"knotless.dev/run/internal/workflow"
+	"knotless.dev/run/internal/parts/lander"
+	"knotless.dev/run/internal/parts/rig"
+	"knotless.dev/run/internal/rules/workflow"
 )
 
 // The merge queue through serve (each of its rules is tested in
-// internal/lander, with the lander's real neighbours).
+// internal/parts/lander, with the lander's real neighbours).
 
 // A lander whose push to one repository's source does not end holds
 // neither intake nor any other repository: a push event in another

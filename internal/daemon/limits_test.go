@@ -14,8 +14,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"knotless.dev/run/internal/daemon"
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/run"
 	"knotless.dev/run/tests/pds"
 )
 

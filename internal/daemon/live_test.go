@@ -14,9 +14,9 @@ import (
 
 	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/live"
-	"knotless.dev/run/internal/outputhttp"
-	"knotless.dev/run/internal/scheduler"
+	"knotless.dev/run/internal/output/outputhttp"
+	"knotless.dev/run/internal/parts/live"
+	"knotless.dev/run/internal/parts/scheduler"
 	"knotless.dev/run/tests/livefollow"
 )
 

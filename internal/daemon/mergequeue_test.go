@@ -20,10 +20,10 @@ import (
 	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/executor/shell"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/lander"
+	"knotless.dev/run/internal/forge/pdsclient"
 	"knotless.dev/run/internal/mirror"
-	"knotless.dev/run/internal/pdsclient"
-	"knotless.dev/run/internal/scheduler"
+	"knotless.dev/run/internal/parts/lander"
+	"knotless.dev/run/internal/parts/scheduler"
 	"knotless.dev/run/tests/gitrepo"
 	"knotless.dev/run/tests/pds"
 )

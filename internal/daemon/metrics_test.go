@@ -6,7 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"knotless.dev/run/internal/daemon"
-	"knotless.dev/run/internal/metrics"
+	"knotless.dev/run/internal/observe/metrics"
 )
 
 // withMetrics gives a daemon metrics on a registry of the test's, and

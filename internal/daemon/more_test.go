@@ -10,8 +10,8 @@ import (
 
 	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/scheduler"
-	"knotless.dev/run/internal/state"
+	"knotless.dev/run/internal/parts/scheduler"
+	"knotless.dev/run/internal/parts/state"
 )
 
 // TestFailingStep: a failing workflow gives failure naming the step.

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"knotless.dev/run/internal/daemon"
-	"knotless.dev/run/internal/state"
+	"knotless.dev/run/internal/parts/state"
 )
 
 // outage is a loopback reverse proxy in front of the real PDS that can

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"knotless.dev/run/internal/daemon"
-	"knotless.dev/run/internal/state"
+	"knotless.dev/run/internal/parts/state"
 	"knotless.dev/run/tests/pds"
 )
 

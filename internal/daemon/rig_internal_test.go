@@ -9,16 +9,16 @@ import (
 	"testing/synctest"
 	"time"
 
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/fakeexec"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/rig"
-	"knotless.dev/run/internal/run"
-	"knotless.dev/run/internal/state"
-	"knotless.dev/run/internal/work"
+	"knotless.dev/run/internal/parts/rig"
+	"knotless.dev/run/internal/parts/state"
+	"knotless.dev/run/internal/rules/work"
 )
 
-// A harness is the whole daemon on the rig (internal/rig): its parts
+// A harness is the whole daemon on the rig (internal/parts/rig): its parts
 // wired as Run wires them, the outside in memory (the listing, the
 // mirrors and the source behind them, the blobs, the sealed secrets,
 // the merge queue's records, the check records) and the executor

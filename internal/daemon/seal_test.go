@@ -10,9 +10,9 @@ import (
 
 	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
-	"knotless.dev/run/internal/scheduler"
-	"knotless.dev/run/internal/state"
+	"knotless.dev/run/internal/forge/ingest"
+	"knotless.dev/run/internal/parts/scheduler"
+	"knotless.dev/run/internal/parts/state"
 	"knotless.dev/run/tests/gitrepo"
 	"knotless.dev/run/tests/pds"
 )

@@ -13,14 +13,14 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/executor/fakeexec"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/intake"
 	"knotless.dev/run/internal/mirror"
-	"knotless.dev/run/internal/rig"
-	"knotless.dev/run/internal/run"
-	"knotless.dev/run/internal/work"
-	"knotless.dev/run/internal/workflow"
+	"knotless.dev/run/internal/parts/intake"
+	"knotless.dev/run/internal/parts/rig"
+	"knotless.dev/run/internal/rules/work"
+	"knotless.dev/run/internal/rules/workflow"
 )
 
 // The whole daemon served on the rig: the parts wired as Run wires

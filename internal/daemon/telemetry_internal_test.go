@@ -11,10 +11,10 @@ import (
 
 	"knotless.dev/run/internal/executor/fakeexec"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/metrics"
-	"knotless.dev/run/internal/rig"
-	"knotless.dev/run/internal/state"
-	"knotless.dev/run/internal/status"
+	"knotless.dev/run/internal/observe/metrics"
+	"knotless.dev/run/internal/observe/status"
+	"knotless.dev/run/internal/parts/rig"
+	"knotless.dev/run/internal/parts/state"
 )
 
 // The daemon tells its metrics what its parts observe: a push's pickup

@@ -14,13 +14,13 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/daemon"
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/executor/shell"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/ingest"
-	"knotless.dev/run/internal/intake"
+	"knotless.dev/run/internal/forge/ingest"
 	"knotless.dev/run/internal/mirror"
-	"knotless.dev/run/internal/run"
-	"knotless.dev/run/internal/scheduler"
+	"knotless.dev/run/internal/parts/intake"
+	"knotless.dev/run/internal/parts/scheduler"
 	"knotless.dev/run/tests/forgeworld"
 	"knotless.dev/run/tests/pds"
 )

@@ -15,9 +15,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"knotless.dev/run/internal/checks"
 	"knotless.dev/run/internal/daemon"
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/parts/checks"
 )
 
 // writeMeter is a loopback reverse proxy in front of the real PDS that

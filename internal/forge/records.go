@@ -3,7 +3,7 @@
 // checks and of the merge queue's records, the runner's saved session,
 // and the sealing of secrets to a runner's key. It reaches no network:
 // reading and writing records, validated against their lexicons, is
-// internal/pdsclient's.
+// internal/forge/pdsclient's.
 package forge
 
 import (

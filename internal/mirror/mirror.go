@@ -28,7 +28,7 @@ import (
 	"syscall"
 	"time"
 
-	"knotless.dev/run/internal/workflow"
+	"knotless.dev/run/internal/rules/workflow"
 )
 
 // Options configure the mirrors. Zero fields take the defaults.

@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"knotless.dev/run/internal/job"
+	"knotless.dev/run/internal/rules/job"
 )
 
 var _ job.Mirrors = Port{}

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"knotless.dev/run/internal/job"
+	"knotless.dev/run/internal/rules/job"
 )
 
 // TestPortFetchKeepsTheOrigin: job's origin reaches the mirror as the

@@ -11,11 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/executor/shell"
 	"knotless.dev/run/internal/output"
-	"knotless.dev/run/internal/outputhttp"
-	"knotless.dev/run/internal/run"
-	"knotless.dev/run/internal/workflow"
+	"knotless.dev/run/internal/output/outputhttp"
+	"knotless.dev/run/internal/rules/workflow"
 )
 
 // BenchmarkRunLive: what live output costs a run on the shell executor.

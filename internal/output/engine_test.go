@@ -11,11 +11,11 @@ import (
 	"sync"
 	"testing"
 
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/shell"
 	"knotless.dev/run/internal/output"
-	"knotless.dev/run/internal/run"
-	"knotless.dev/run/internal/workflow"
+	"knotless.dev/run/internal/rules/workflow"
 )
 
 // all reads the whole stream from 0, cuts as "[cut N]".

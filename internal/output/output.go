@@ -1,6 +1,6 @@
 // Package output is a run's output stream: the masked run log as an
 // append-only byte stream with offsets, the same bytes at the same
-// offsets as the log blob of the final check (internal/caplog keeps the
+// offsets as the log blob of the final check (internal/engine/caplog keeps the
 // head and the tail of it; a stream keeps them the same way). A Stream
 // is written by the engine's Request.Live tap and read from any offset;
 // readers are told of new bytes without ever holding the writer up, and
@@ -14,7 +14,7 @@ import (
 	"errors"
 	"time"
 
-	"knotless.dev/run/internal/caplog"
+	"knotless.dev/run/internal/engine/caplog"
 )
 
 // The kinds of Mark.

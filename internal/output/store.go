@@ -21,7 +21,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"knotless.dev/run/internal/termsafe"
+	"knotless.dev/run/internal/lib/termsafe"
 )
 
 // StoreConfig bounds an output service's store.

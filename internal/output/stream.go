@@ -7,8 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"knotless.dev/run/internal/caplog"
-	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/engine/caplog"
+	"knotless.dev/run/internal/engine/run"
 )
 
 // Stream is one run's output. Bytes are appended at its size, never

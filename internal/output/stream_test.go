@@ -13,8 +13,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"knotless.dev/run/internal/caplog"
-	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/engine/caplog"
+	"knotless.dev/run/internal/engine/run"
 )
 
 // limitsOf are the limits of a stream that keeps what a caplog.Buffer

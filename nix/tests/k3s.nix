@@ -365,7 +365,7 @@ pkgs.testers.runNixOSTest {
         assert kubectl("-n knotless-runs get pods -o jsonpath='{.items[*].status.phase}'") == "Pending"
         # The daemon writes the `running` check beside the Job's creation
         # (the two-phase start: run.Engine.Begin, then the running write
-        # while the pod starts; internal/scheduler/worker.go), long before
+        # while the pod starts; internal/parts/scheduler/worker.go), long before
         # these 20 s are over: so the check says running while the run
         # waits for a node. What must not be there yet is a final status.
         assert forge("check", runner_did, event) == "running"

@@ -26,7 +26,7 @@ import (
 	"time"
 
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/pdsclient"
+	"knotless.dev/run/internal/forge/pdsclient"
 	"knotless.dev/run/tests/forgeworld"
 	"knotless.dev/run/tests/pds"
 	systemdtest "knotless.dev/run/tests/systemd"

@@ -17,7 +17,7 @@ import (
 
 	"knotless.dev/run/internal/executor/kubernetes"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/pdsclient"
+	"knotless.dev/run/internal/forge/pdsclient"
 	"knotless.dev/run/tests/clustertest"
 )
 

@@ -11,7 +11,7 @@ import (
 
 	"knotless.dev/run/internal/executor/kubernetes"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/outputhttp"
+	"knotless.dev/run/internal/output/outputhttp"
 	"knotless.dev/run/tests/clustertest"
 	"knotless.dev/run/tests/livefollow"
 )

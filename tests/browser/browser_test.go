@@ -18,13 +18,13 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/device"
 
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/executor/shell"
-	"knotless.dev/run/internal/job"
-	"knotless.dev/run/internal/live"
 	"knotless.dev/run/internal/output"
-	"knotless.dev/run/internal/outputhttp"
-	"knotless.dev/run/internal/run"
-	"knotless.dev/run/internal/workflow"
+	"knotless.dev/run/internal/output/outputhttp"
+	"knotless.dev/run/internal/parts/live"
+	"knotless.dev/run/internal/rules/job"
+	"knotless.dev/run/internal/rules/workflow"
 )
 
 const (

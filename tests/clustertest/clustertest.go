@@ -46,7 +46,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"knotless.dev/run/internal/kubecred"
+	"knotless.dev/run/internal/kube/kubecred"
 )
 
 // The environment that tests/cluster/env prints and that describes a

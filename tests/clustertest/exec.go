@@ -7,13 +7,13 @@ import (
 	"io"
 	"time"
 
-	"knotless.dev/run/internal/kubeexec"
+	"knotless.dev/run/internal/kube/kubeexec"
 )
 
 // Exec runs cmd in a container of a pod, streaming stdin (when not nil) to
 // it and its output to stdout and stderr (each when not nil). It returns
 // the command's exit code; err is for a failure of the stream itself. It
-// is the executor's own exec (internal/kubeexec).
+// is the executor's own exec (internal/kube/kubeexec).
 func (c *Cluster) Exec(ctx context.Context, namespace, pod, container string, cmd []string,
 	stdin io.Reader, stdout, stderr io.Writer) (int, error) {
 	return kubeexec.Run(ctx, c.Config, c.Clientset.CoreV1().RESTClient(), kubeexec.Target{Namespace: namespace, Pod: pod, Container: container},

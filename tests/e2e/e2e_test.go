@@ -19,7 +19,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"knotless.dev/run/internal/cli"
-	"knotless.dev/run/internal/kubecred"
+	"knotless.dev/run/internal/kube/kubecred"
 	"knotless.dev/run/tests/clustertest"
 )
 

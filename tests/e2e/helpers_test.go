@@ -7,9 +7,9 @@ import (
 
 	rbacv1 "k8s.io/api/rbac/v1"
 
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/executor/kubernetes"
-	"knotless.dev/run/internal/run"
-	"knotless.dev/run/internal/workflow"
+	"knotless.dev/run/internal/rules/workflow"
 	"knotless.dev/run/tests/clustertest"
 )
 

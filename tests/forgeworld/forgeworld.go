@@ -13,7 +13,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/pdsclient"
+	"knotless.dev/run/internal/forge/pdsclient"
 	"knotless.dev/run/tests/gitrepo"
 	"knotless.dev/run/tests/pds"
 )

@@ -27,8 +27,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/pdsclient"
-	"knotless.dev/run/internal/syncbuf"
+	"knotless.dev/run/internal/forge/pdsclient"
+	"knotless.dev/run/internal/lib/syncbuf"
 	"knotless.dev/run/tests/clustertest"
 	"knotless.dev/run/tests/gitrepo"
 	"knotless.dev/run/tests/pds"

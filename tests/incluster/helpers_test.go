@@ -16,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/pdsclient"
+	"knotless.dev/run/internal/forge/pdsclient"
 	"knotless.dev/run/tests/clustertest"
 	"knotless.dev/run/tests/gitrepo"
 	"knotless.dev/run/tests/pds"

@@ -37,8 +37,8 @@ import (
 
 	knotlesskube "knotless.dev/run/internal/executor/kubernetes"
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/kubecred"
-	"knotless.dev/run/internal/pdsclient"
+	"knotless.dev/run/internal/forge/pdsclient"
+	"knotless.dev/run/internal/kube/kubecred"
 	"knotless.dev/run/tests/clustertest"
 	"knotless.dev/run/tests/gitrepo"
 	"knotless.dev/run/tests/pds"

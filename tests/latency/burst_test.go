@@ -12,7 +12,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
-	"knotless.dev/run/internal/intake"
+	"knotless.dev/run/internal/parts/intake"
 	"knotless.dev/run/tests/clustertest"
 	"knotless.dev/run/tests/forgeworld"
 	"knotless.dev/run/tests/gitrepo"

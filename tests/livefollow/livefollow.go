@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"knotless.dev/run/internal/output"
-	"knotless.dev/run/internal/outputhttp"
+	"knotless.dev/run/internal/output/outputhttp"
 )
 
 // Follower follows one check's output on one host.

@@ -8,9 +8,9 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/identity"
 
+	"knotless.dev/run/internal/forge/pdsclient"
 	"knotless.dev/run/internal/output"
-	"knotless.dev/run/internal/outputservice"
-	"knotless.dev/run/internal/pdsclient"
+	"knotless.dev/run/internal/output/outputservice"
 )
 
 // ServiceDID is the test output service's DID: the audience of the

@@ -190,7 +190,7 @@ fi
 # ---------------------------------------------------------------- 4. build and unit tests as Nix would
 step "package source builds and its unit tests pass as in the build sandbox"
 if (cd "$sb/src" && env -u GOFLAGS GOTOOLCHAIN=local GOPROXY=off CGO_ENABLED=0 GOFLAGS="-mod=vendor -trimpath" \
-  go build -ldflags "-s -X knotless.dev/run/internal/version.Version=0-unstable-check" -o "$work/knotless-run" ./cmd/knotless-run) 2>"$work/build.err"; then
+  go build -ldflags "-s -X knotless.dev/run/internal/lib/version.Version=0-unstable-check" -o "$work/knotless-run" ./cmd/knotless-run) 2>"$work/build.err"; then
   v=$("$work/knotless-run" version 2>&1 || true)
   if [ "$v" = "knotless-run 0-unstable-check" ]; then
     pass "go build ./cmd/knotless-run from the source of nix/source.nix; version ldflag lands ($v)"

@@ -9,7 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"knotless.dev/run/internal/executor/kubernetes"
-	"knotless.dev/run/internal/kubecred"
+	"knotless.dev/run/internal/kube/kubecred"
 	"knotless.dev/run/tests/clustertest"
 	"knotless.dev/run/tests/forgeworld"
 	"knotless.dev/run/tests/pds"

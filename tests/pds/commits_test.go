@@ -18,7 +18,7 @@ import (
 // one repository: one putRecord, four at once, and one applyWrites of
 // four. It commits a repository's writes one at a time, which is why
 // the runner sends the check writes that wait for one another as one
-// commit (internal/checks/groupcommit.go). Medians, in milliseconds, and
+// commit (internal/parts/checks/groupcommit.go). Medians, in milliseconds, and
 // the two ratios to one write.
 func BenchmarkCommitsOfOneRepository(b *testing.B) {
 	ctx := context.Background()

@@ -32,7 +32,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
-	"knotless.dev/run/internal/syncbuf"
+	"knotless.dev/run/internal/lib/syncbuf"
 	"knotless.dev/run/tests/internal/hostclean"
 )
 

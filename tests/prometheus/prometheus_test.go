@@ -12,7 +12,7 @@ import (
 	promclient "github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/model"
 
-	"knotless.dev/run/internal/metrics"
+	"knotless.dev/run/internal/observe/metrics"
 	"knotless.dev/run/tests/prometheus"
 )
 

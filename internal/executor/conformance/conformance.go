@@ -22,11 +22,11 @@ import (
 	"testing"
 	"time"
 
-	"knotless.dev/run/internal/cache"
+	"knotless.dev/run/internal/engine/cache"
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/executor"
-	"knotless.dev/run/internal/run"
-	"knotless.dev/run/internal/tarstream"
-	"knotless.dev/run/internal/workflow"
+	"knotless.dev/run/internal/lib/tarstream"
+	"knotless.dev/run/internal/rules/workflow"
 )
 
 // Harness tells the table how to use one executor.

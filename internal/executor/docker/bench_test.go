@@ -16,9 +16,9 @@ import (
 	"github.com/moby/moby/api/pkg/stdcopy"
 	"github.com/moby/moby/client"
 
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/executor"
-	"knotless.dev/run/internal/run"
-	"knotless.dev/run/internal/workflow"
+	"knotless.dev/run/internal/rules/workflow"
 )
 
 // BenchmarkStep measures one trivial step through the executor

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"knotless.dev/run/internal/cache"
-	"knotless.dev/run/internal/run"
-	"knotless.dev/run/internal/workflow"
+	"knotless.dev/run/internal/engine/cache"
+	"knotless.dev/run/internal/engine/run"
+	"knotless.dev/run/internal/rules/workflow"
 )
 
 // TestCachePathTurnedIntoLink: a step that replaces its cache path (a

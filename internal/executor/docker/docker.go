@@ -32,7 +32,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"knotless.dev/run/internal/executor"
-	"knotless.dev/run/internal/tarstream"
+	"knotless.dev/run/internal/lib/tarstream"
 )
 
 // Name is the executor's name.

@@ -24,10 +24,10 @@ import (
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/conformance"
-	"knotless.dev/run/internal/run"
-	"knotless.dev/run/internal/workflow"
+	"knotless.dev/run/internal/rules/workflow"
 	"knotless.dev/run/tests/dockerd"
 )
 

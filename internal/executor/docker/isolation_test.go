@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"knotless.dev/run/internal/executor"
-	"knotless.dev/run/internal/syncbuf"
+	"knotless.dev/run/internal/lib/syncbuf"
 )
 
 // TestIsolationGap is the rule: engines before Docker 28 (Engine API

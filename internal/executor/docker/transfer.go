@@ -7,7 +7,7 @@ import (
 	"io"
 	"strings"
 
-	"knotless.dev/run/internal/tarstream"
+	"knotless.dev/run/internal/lib/tarstream"
 )
 
 // relayIn copies the tar stream r to w for the daemon to unpack, entry by

@@ -11,7 +11,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"knotless.dev/run/internal/tarstream"
+	"knotless.dev/run/internal/lib/tarstream"
 )
 
 type entry struct {

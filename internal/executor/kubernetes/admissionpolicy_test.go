@@ -18,11 +18,11 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/executor"
 	knotlesskube "knotless.dev/run/internal/executor/kubernetes"
-	"knotless.dev/run/internal/kubeclient"
-	"knotless.dev/run/internal/kubecred"
-	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/kube/kubeclient"
+	"knotless.dev/run/internal/kube/kubecred"
 	"knotless.dev/run/tests/clustertest"
 )
 
@@ -67,7 +67,7 @@ func withPolicy(t *testing.T, c *clustertest.Cluster, o kubecred.Options) (strin
 	return path, runner, name
 }
 
-// adminClient is the runner's own client (internal/kubeclient) with the
+// adminClient is the runner's own client (internal/kube/kubeclient) with the
 // cluster's admin credential, for what `knotless-run kubeconfig` does.
 func adminClient(t *testing.T, c *clustertest.Cluster) *kubeclient.Clientset {
 	t.Helper()

@@ -14,11 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"knotless.dev/run/internal/engine/payload"
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/executor"
-	"knotless.dev/run/internal/kubeexec"
-	"knotless.dev/run/internal/payload"
-	"knotless.dev/run/internal/run"
-	"knotless.dev/run/internal/workflow"
+	"knotless.dev/run/internal/kube/kubeexec"
+	"knotless.dev/run/internal/rules/workflow"
 	"knotless.dev/run/tests/clustertest"
 )
 

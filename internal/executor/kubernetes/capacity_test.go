@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/executor/kubernetes"
-	"knotless.dev/run/internal/run"
-	"knotless.dev/run/internal/syncbuf"
+	"knotless.dev/run/internal/lib/syncbuf"
 	"knotless.dev/run/tests/clustertest"
 )
 

@@ -15,8 +15,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"knotless.dev/run/internal/executor"
-	"knotless.dev/run/internal/kubeclient"
-	"knotless.dev/run/internal/kubecred"
+	"knotless.dev/run/internal/kube/kubeclient"
+	"knotless.dev/run/internal/kube/kubecred"
 )
 
 // Credentials says where the cluster credentials come from, in client-go's

@@ -16,8 +16,8 @@ import (
 
 	"k8s.io/client-go/rest"
 
-	"knotless.dev/run/internal/atomicfile"
-	"knotless.dev/run/internal/kubecred"
+	"knotless.dev/run/internal/kube/kubecred"
+	"knotless.dev/run/internal/lib/atomicfile"
 )
 
 // testJWT is an unsigned JWT with an exp claim: all the executor reads.

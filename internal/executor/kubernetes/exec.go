@@ -3,7 +3,7 @@ package kubernetes
 import (
 	"context"
 
-	"knotless.dev/run/internal/kubeexec"
+	"knotless.dev/run/internal/kube/kubeexec"
 )
 
 // exec runs command in the run container and returns its exit code. An

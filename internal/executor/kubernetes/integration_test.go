@@ -23,13 +23,13 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/conformance"
 	"knotless.dev/run/internal/executor/kubernetes"
-	"knotless.dev/run/internal/kubecred"
-	"knotless.dev/run/internal/run"
-	"knotless.dev/run/internal/syncbuf"
-	"knotless.dev/run/internal/workflow"
+	"knotless.dev/run/internal/kube/kubecred"
+	"knotless.dev/run/internal/lib/syncbuf"
+	"knotless.dev/run/internal/rules/workflow"
 	"knotless.dev/run/tests/clustertest"
 )
 

@@ -23,9 +23,9 @@ import (
 
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/reaper"
-	"knotless.dev/run/internal/kubeclient"
-	"knotless.dev/run/internal/kubecred"
-	"knotless.dev/run/internal/tarstream"
+	"knotless.dev/run/internal/kube/kubeclient"
+	"knotless.dev/run/internal/kube/kubecred"
+	"knotless.dev/run/internal/lib/tarstream"
 )
 
 // Name is the executor's name.

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"knotless.dev/run/internal/run"
-	"knotless.dev/run/internal/workflow"
+	"knotless.dev/run/internal/engine/run"
+	"knotless.dev/run/internal/rules/workflow"
 	"knotless.dev/run/tests/clustertest"
 )
 

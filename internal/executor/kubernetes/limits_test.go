@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/tests/clustertest"
 )
 

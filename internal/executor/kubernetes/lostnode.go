@@ -13,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
 
-	"knotless.dev/run/internal/kubeclient"
+	"knotless.dev/run/internal/kube/kubeclient"
 )
 
 // reasonDeletionByPodGC is the reason of the DisruptionTarget condition

@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
-	"knotless.dev/run/internal/kubeclient"
+	"knotless.dev/run/internal/kube/kubeclient"
 )
 
 // EgressMode is what a run pod may send out.

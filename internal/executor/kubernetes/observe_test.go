@@ -14,11 +14,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/kubernetes"
-	"knotless.dev/run/internal/kubecred"
-	"knotless.dev/run/internal/metrics"
-	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/kube/kubecred"
+	"knotless.dev/run/internal/observe/metrics"
 	"knotless.dev/run/tests/clustertest"
 )
 

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"knotless.dev/run/internal/tarstream"
+	"knotless.dev/run/internal/lib/tarstream"
 )
 
 // A Put's stream reaches the pod as the same entries, then the closing

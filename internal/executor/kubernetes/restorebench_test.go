@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"knotless.dev/run/internal/executor"
-	"knotless.dev/run/internal/kubeexec"
+	"knotless.dev/run/internal/kube/kubeexec"
 )
 
 // manySmallFiles is a tar stream shaped like a Go build cache (the one

@@ -5,7 +5,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"knotless.dev/run/internal/kubecred"
+	"knotless.dev/run/internal/kube/kubecred"
 )
 
 // TestRootCapabilitiesAreThePolicys: the capabilities a root run adds are

@@ -22,9 +22,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
+	"knotless.dev/run/internal/engine/run"
 	knotlesskube "knotless.dev/run/internal/executor/kubernetes"
-	"knotless.dev/run/internal/kubecred"
-	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/kube/kubecred"
 	"knotless.dev/run/tests/clustertest"
 )
 

@@ -25,8 +25,8 @@ import (
 
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/spool"
-	"knotless.dev/run/internal/kubeexec"
-	"knotless.dev/run/internal/tarstream"
+	"knotless.dev/run/internal/kube/kubeexec"
+	"knotless.dev/run/internal/lib/tarstream"
 )
 
 // reattach bounds how a step's stream is picked up again after it drops:

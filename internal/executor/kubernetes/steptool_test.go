@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"knotless.dev/run/internal/payload"
+	"knotless.dev/run/internal/engine/payload"
 )
 
 // TestStepToolShells runs the step tool under each sh an image may have:

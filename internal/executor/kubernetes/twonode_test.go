@@ -11,10 +11,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/executor/kubernetes"
-	"knotless.dev/run/internal/kubecred"
-	"knotless.dev/run/internal/run"
-	"knotless.dev/run/internal/syncbuf"
+	"knotless.dev/run/internal/kube/kubecred"
+	"knotless.dev/run/internal/lib/syncbuf"
 	"knotless.dev/run/tests/clustertest"
 )
 

@@ -15,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
 
-	"knotless.dev/run/internal/kubeclient"
+	"knotless.dev/run/internal/kube/kubeclient"
 )
 
 // noPodTimeout is how long a Job may exist without a pod before the run

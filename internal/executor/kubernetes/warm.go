@@ -16,8 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"knotless.dev/run/internal/backoff"
 	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/lib/backoff"
 )
 
 // Warm pods (serve --warm-pods N) are Jobs made ahead of runs, each with

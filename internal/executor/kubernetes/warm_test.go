@@ -10,9 +10,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/executor/kubernetes"
-	"knotless.dev/run/internal/kubecred"
-	"knotless.dev/run/internal/run"
+	"knotless.dev/run/internal/kube/kubecred"
 	"knotless.dev/run/tests/clustertest"
 )
 

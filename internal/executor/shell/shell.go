@@ -20,7 +20,7 @@ import (
 
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/spool"
-	"knotless.dev/run/internal/tarstream"
+	"knotless.dev/run/internal/lib/tarstream"
 )
 
 // Name is the executor's name.

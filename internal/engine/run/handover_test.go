@@ -1,0 +1,103 @@
+package run
+
+import (
+	"archive/tar"
+	"context"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+
+	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/rules/workflow"
+)
+
+// cutExecutor runs one step whose output is out: the first session
+// writes out[:cut] and then waits to be detached, a resumed session
+// writes from the offset it is asked for to the end.
+type cutExecutor struct {
+	out     string
+	cut     int
+	reached chan struct{}
+	once    sync.Once
+}
+
+func (e *cutExecutor) Name() string { return "cut" }
+func (e *cutExecutor) Start(context.Context, executor.Spec) (executor.Session, error) {
+	return &cutSession{e: e}, nil
+}
+func (e *cutExecutor) Sweep(context.Context, []string) ([]executor.Ref, error) { return nil, nil }
+func (e *cutExecutor) Resume(context.Context, executor.Ref) (executor.Session, error) {
+	return &cutSession{e: e, resumed: true}, nil
+}
+
+type cutSession struct {
+	e       *cutExecutor
+	resumed bool
+}
+
+func (s *cutSession) Ref() executor.Ref { return executor.Ref{Executor: "cut", RunID: "r", Name: "s"} }
+func (s *cutSession) Dirs() executor.Dirs {
+	return executor.Dirs{Work: "/w", Steps: "/s", Outputs: "/o"}
+}
+func (s *cutSession) Release()                                        {}
+func (s *cutSession) Stop(context.Context) error                      { return nil }
+func (s *cutSession) KillStep(context.Context, string) error          { return nil }
+func (s *cutSession) StartStep(context.Context, string, []byte) error { return nil }
+func (s *cutSession) Put(_ context.Context, _ string, r io.Reader) error {
+	_, err := io.Copy(io.Discard, r)
+	return err
+}
+func (s *cutSession) Get(_ context.Context, _ string, w io.Writer) error {
+	return tar.NewWriter(w).Close()
+}
+func (s *cutSession) FollowStep(ctx context.Context, _ string, offset int64, out io.Writer) (executor.Exit, error) {
+	if s.resumed {
+		_, err := io.WriteString(out, s.e.out[offset:])
+		return executor.Exit{}, err
+	}
+	if _, err := io.WriteString(out, s.e.out[offset:s.e.cut]); err != nil {
+		return executor.Exit{}, err
+	}
+	s.e.once.Do(func() { close(s.e.reached) })
+	<-ctx.Done()
+	return executor.Exit{}, ctx.Err()
+}
+
+// A secret the step prints across the handover: the stopping process
+// must not log the half it holds back, and the successor must mask the
+// whole value, so the log never shows either half in clear.
+func TestHandoverDoesNotSplitASecret(t *testing.T) {
+	t.Parallel()
+	ex := &cutExecutor{out: "pw=hunter2 done\n", cut: len("pw=hun"), reached: make(chan struct{})}
+	eng := New(Config{Executor: ex})
+	detach := make(chan struct{})
+	req := Request{
+		RunID: "r",
+		Workflow: &workflow.Workflow{Name: "w", Secrets: []string{"PW"},
+			Steps: []workflow.Step{{Name: "s", Run: "true"}}},
+		Checkout: t.TempDir(),
+		Secrets:  map[string]string{"PW": "hunter2"},
+		Trusted:  true,
+		Detach:   detach,
+	}
+	go func() { <-ex.reached; close(detach) }()
+	first := eng.Run(context.Background(), req)
+	if first.Status != Detached || first.Handover == nil {
+		t.Fatalf("first run: status %s, handover %v, want detached", first.Status, first.Handover)
+	}
+	req.Detach = nil
+	res := eng.Adopt(context.Background(), req, *first.Handover, first.Log)
+	if res.Status != Success {
+		t.Fatalf("adopted run: status %s (%s), want success\n%s", res.Status, res.Error, res.Log)
+	}
+	log := string(res.Log)
+	for _, half := range []string{"hun", "ter2", "hunter2"} {
+		if strings.Contains(log, half) {
+			t.Errorf("log shows %q in clear:\n%s", half, log)
+		}
+	}
+	if !strings.Contains(log, "\n*** done\n") {
+		t.Errorf("log lacks the masked rest %q:\n%s", "*** done", log)
+	}
+}

@@ -1,0 +1,228 @@
+package run
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"strconv"
+	"time"
+
+	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/lib/tarstream"
+	"knotless.dev/run/internal/rules/workflow"
+)
+
+// readScripts loads each step's script: its run text, or the shared step
+// file it uses, read through an os.Root so a link in the checkout cannot
+// make the runner read a file of its own host.
+func (r *runState) readScripts() error {
+	var root *os.Root
+	for _, s := range r.req.Workflow.Steps {
+		if s.Uses == "" {
+			r.scripts = append(r.scripts, []byte(s.Run))
+			continue
+		}
+		if root == nil {
+			var err error
+			if root, err = os.OpenRoot(r.req.Checkout); err != nil {
+				return fmt.Errorf("read checkout: %w", err)
+			}
+			defer root.Close()
+		}
+		b, err := root.ReadFile(path.Join(workflow.StepsDir, s.Uses))
+		if err != nil {
+			return fmt.Errorf("step %s uses %s: %w", s.Name, s.Uses, err)
+		}
+		r.scripts = append(r.scripts, b)
+	}
+	return nil
+}
+
+// runSteps runs the steps in order until one does not succeed, or the
+// run is detached. from, for an adopted run, says where to go on.
+func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, dirs executor.Dirs, from *Handover) {
+	steps := r.req.Workflow.Steps
+	first := 0
+	if from != nil {
+		first = from.Step
+	}
+	for i := first; i < len(steps); i++ {
+		s := steps[i]
+		sr := &r.res.Steps[i]
+		at := stepStart{time: time.Now()}
+		if from != nil && i == from.Step && from.Started {
+			// Its header and the output up to Offset are in the log already.
+			at = stepStart{time: from.StepStartedAt, started: true, offset: from.Offset}
+		} else {
+			if r.detached() {
+				r.handOver(sess, Handover{Step: i})
+				return
+			}
+			r.mark(func(m StepMarker) { m.StepStarted(i+1, s.Name) })
+			r.logf("==> step %d/%d: %s", i+1, len(steps), s.Name)
+			r.log.Info("step started", "step", s.Name)
+		}
+		if r.req.Progress != nil {
+			r.req.Progress(Progress{Step: i + 1, Steps: len(steps), Name: s.Name, Started: at.time})
+		}
+		exit, err := r.runStep(ctx, runCtx, sess, dirs, i, at)
+		sr.Duration = time.Since(at.time)
+		var d *detachedError
+		if errors.As(err, &d) {
+			// What the mask holds back may begin a secret that the
+			// successor reads the rest of: not logged here, read again.
+			d.offset -= int64(r.out.Discard())
+		}
+		r.out.Flush()
+		r.lines.endLine()
+		switch {
+		case errors.As(err, &d):
+			r.handOver(sess, Handover{Step: i, Started: true, Offset: d.offset, StepStartedAt: at.time})
+			return
+		case err == nil && exit.Code == 0:
+			sr.Status = Success
+			sr.ExitCode = &exit.Code
+		case err == nil:
+			sr.Status = Failure
+			sr.ExitCode = &exit.Code
+			r.fail(Failure, s.Name, &StepError{Step: s.Name, ExitCode: &exit.Code, Tail: r.tail.String()})
+		default:
+			var se *StepError
+			if errors.As(err, &se) {
+				sr.TimedOut = se.TimedOut
+				se.Tail = r.tail.String()
+			}
+			sr.Status = r.classify(ctx, err)
+			r.fail(sr.Status, s.Name, err)
+		}
+		code := "none"
+		if sr.ExitCode != nil {
+			code = strconv.Itoa(*sr.ExitCode)
+		}
+		r.mark(func(m StepMarker) { m.StepEnded(i+1, sr.Status) })
+		r.logf("<== step %s: %s, exit %s, %s", s.Name, sr.Status, code, sr.Duration.Round(time.Millisecond))
+		r.log.Info("step ended", "step", s.Name, "status", sr.Status, "exit", code, "duration", sr.Duration.Round(time.Millisecond))
+		r.eng.cfg.Observer.StepEnded(string(sr.Status), sr.Duration)
+		if sr.Status != Success {
+			return
+		}
+	}
+	r.res.Status = Success
+}
+
+// stepStart is where a step's run begins: now, or (adopted) a step an
+// earlier process started, of which offset output bytes are logged.
+type stepStart struct {
+	time    time.Time
+	started bool
+	offset  int64
+}
+
+// detachedError ends following a step whose run was detached.
+type detachedError struct{ offset int64 }
+
+func (e *detachedError) Error() string { return "run detached" }
+
+func (r *runState) detached() bool {
+	select {
+	case <-r.req.Detach:
+		return true
+	default:
+		return false
+	}
+}
+
+// handOver ends the run here as Detached, leaving the session going.
+func (r *runState) handOver(sess executor.Session, h Handover) {
+	h.Session = sess.Ref()
+	h.StartedAt, h.SessionStartedAt = r.res.StartedAt, r.sessionStarted
+	h.Steps = append([]StepResult(nil), r.res.Steps...)
+	h.CachesClean = r.cachesClean(false)
+	r.res.Status, r.res.Handover = Detached, &h
+	if h.Started {
+		r.logf("knotless-run: runner stopping: step %d/%d goes on, handed over to the next runner process", h.Step+1, len(r.req.Workflow.Steps))
+	} else {
+		r.logf("knotless-run: runner stopping: step %d/%d is left to the next runner process", h.Step+1, len(r.req.Workflow.Steps))
+	}
+	h.LogSize = r.buf.Total()
+	r.log.Info("run detached", "session", h.Session.String(), "step", h.Step+1, "started", h.Started, "offset", h.Offset)
+}
+
+// runStep starts one step (unless at says it was started) and follows
+// it to its end, killing it at its timeout, at the run's timeout, or
+// when the run is cancelled. Detaching stops the following only.
+func (r *runState) runStep(ctx, runCtx context.Context, sess executor.Session, dirs executor.Dirs, i int, at stepStart) (executor.Exit, error) {
+	s := r.req.Workflow.Steps[i]
+	stepCtx := runCtx
+	if s.Timeout > 0 {
+		var cancel context.CancelFunc
+		stepCtx, cancel = context.WithDeadline(runCtx, at.time.Add(s.Timeout))
+		defer cancel()
+	}
+	id := strconv.Itoa(i + 1)
+	var err error
+	if !at.started {
+		text, perr := r.payload(dirs, i)
+		if perr != nil {
+			return executor.Exit{}, fmt.Errorf("step %s: %w", s.Name, perr)
+		}
+		err = sess.StartStep(stepCtx, id, []byte(text))
+	}
+	exit := executor.Exit{}
+	if err == nil {
+		r.tail.reset()
+		followCtx, stopFollow := r.followContext(stepCtx, sess)
+		out := &tarstream.CountingWriter{W: r.out}
+		exit, err = sess.FollowStep(followCtx, id, at.offset, out)
+		stopFollow()
+		if err == nil {
+			// Also when detached meanwhile: the step ended here.
+			return exit, nil
+		}
+		if stepCtx.Err() == nil && r.detached() {
+			return executor.Exit{}, &detachedError{offset: at.offset + out.N}
+		}
+	} else if stepCtx.Err() == nil {
+		return executor.Exit{}, fmt.Errorf("start step %s: %w", s.Name, err)
+	}
+	if stepCtx.Err() != nil {
+		killCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.eng.cfg.CleanupTimeout)
+		defer cancel()
+		if kerr := sess.KillStep(killCtx, id); kerr != nil {
+			r.log.Error("kill step", "step", s.Name, "err", kerr)
+		}
+		switch {
+		case ctx.Err() != nil:
+			return executor.Exit{}, fmt.Errorf("step %s: run cancelled", s.Name)
+		case runCtx.Err() != nil:
+			return executor.Exit{}, &StepError{Step: s.Name, TimedOut: true, Timeout: r.eng.cfg.Max.timeout(r.req)}
+		default:
+			return executor.Exit{}, &StepError{Step: s.Name, TimedOut: true, Timeout: s.Timeout}
+		}
+	}
+	return executor.Exit{}, fmt.Errorf("follow step %s: %w", s.Name, err)
+}
+
+// followContext is the context a step is followed under. Detaching the
+// run releases the session (its streams end, the step goes on, nothing is
+// acknowledged, so a successor follows from here), else ends the
+// following. The returned stop waits for the watcher to end.
+func (r *runState) followContext(stepCtx context.Context, sess executor.Session) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(stepCtx)
+	if r.req.Detach == nil {
+		return ctx, cancel
+	}
+	watcher := make(chan struct{})
+	go func() {
+		defer close(watcher)
+		select {
+		case <-r.req.Detach:
+			executor.Release(sess)
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() { cancel(); <-watcher }
+}
