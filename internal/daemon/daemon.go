@@ -202,8 +202,7 @@ func open(ctx context.Context, cfg *Config) (*state.Store, outside, error) {
 
 // wire makes the parts and joins their ports.
 func wire(cfg Config, store *state.Store, out outside) *Daemon {
-	d := &Daemon{cfg: cfg, log: cfg.Logger.With("component", "daemon"), out: out, store: store,
-		caps: executor.CapabilitiesOf(cfg.Engine.Executor)}
+	d := &Daemon{cfg: cfg, log: cfg.Logger.With("component", "daemon"), out: out, store: store}
 	logOf := func(part string) *slog.Logger { return cfg.Logger.With("component", part) }
 	retry := backoff.Policy{First: cfg.Retry.Backoff, Max: cfg.Retry.MaxBackoff}
 	runner := cfg.Account.Runner
@@ -232,6 +231,8 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 		eng.Cleaner = run.NewCleaner(eng.Logger)
 	}
 	d.cleaner = eng.Cleaner
+	engine := run.New(eng)
+	d.caps = engine.Capabilities()
 	d.memory = idlemem.New(func() bool {
 		going, queued, _ := d.sched.Counts()
 		return going == 0 && queued == 0
@@ -239,7 +240,7 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 	d.sched = scheduler.New(cfg.Scheduler,
 		scheduler.Facts{Runner: runner, Executor: d.caps, ExecutorName: cfg.Engine.Executor.Name(),
 			RunsDir: filepath.Join(cfg.CacheDir, "runs"), LimitsAll: cfg.Engine.Max.All},
-		scheduler.Ports{Engine: run.New(eng), Checks: d.keeper, State: store, Mirrors: out.mirrors, Sealed: out.sealed, Key: out.key,
+		scheduler.Ports{Engine: engine, Checks: d.keeper, State: store, Mirrors: out.mirrors, Sealed: out.sealed, Key: out.key,
 			Sweeper: cfg.Engine.Executor, Down: d.executorDown, Wake: func() { d.intake.Wake() }, Changed: d.status, Tap: d.live, Observer: observe,
 			StopForeign: cfg.StopForeign},
 		d.log)

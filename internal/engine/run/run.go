@@ -142,6 +142,10 @@ type StepMarker interface {
 // without a final status: every fault becomes Error, a cancelled ctx
 // becomes Cancelled. The result is complete once the outputs and caches
 // are back; the session is removed after it (Config.Cleaner), and a
+// Capabilities are what the engine's executor can do beyond the core,
+// as it was asked once, in New: the one answer the daemon hands on.
+func (e *Engine) Capabilities() executor.Capabilities { return e.caps }
+
 // removal that fails never changes it.
 func (e *Engine) Run(ctx context.Context, req Request) *Result {
 	r := e.newRunState(req)

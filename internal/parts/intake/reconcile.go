@@ -178,53 +178,10 @@ func (in *Intake) Consider(ctx context.Context, ev work.Event) error {
 	}
 	in.warnUnacted(log, ev.Repo.URI.String(), wfs)
 	in.warnImages(ctx, ev, wfs)
-	var jobs, todo []*job.Job
-	// notRun are the workflows a run-control event names that cannot run
-	// (control.go): each gets an error check instead.
-	var notRun []notRunnable
-	for _, wf := range wfs {
-		if !job.RunsFor(wf, ev) || !wf.AllowsRunner(in.facts.Runner.String()) {
-			continue
-		}
-		j := job.New(ev, wf, repo, tree)
-		var err error
-		if j.Vars, err = runVars(ev, wf); err != nil {
-			notRun = append(notRun, notRunnable{wf.Name, err.Error()})
-			continue
-		}
-		jobs = append(jobs, j)
-		if in.p.Checks.Final(j.Key) {
-			continue
-		}
-		if in.p.Scheduler.HasCheck(j.Key) {
-			continue // a pre-flight and its pull share a check
-		}
-		todo = append(todo, j)
-	}
-	type invalidFile struct {
-		name string
-		err  error
-	}
-	var invalid []invalidFile
-	for _, e := range bad {
-		// A workflow file that does not parse is an error check of its
-		// own, named after the file, so the owner sees why nothing ran.
-		name := workflow.FileName(e)
-		if name == "" {
-			log.Warn("workflow file unreadable", "err", e)
-			continue
-		}
-		if _, named := ev.Workflows[name]; ev.Workflows != nil && !named {
-			continue // not the run-control event's to report
-		}
-		invalid = append(invalid, invalidFile{name, e})
-	}
-	notRun = append(notRun, missingWorkflows(ev, jobs, notRun, func(name string) bool {
-		return slices.ContainsFunc(invalid, func(f invalidFile) bool { return f.name == name })
-	})...)
-	n := need{known: true, checks: len(jobs) + len(invalid) + len(notRun), runs: len(todo), errors: len(invalid) + len(notRun)}
+	p := in.plan(log, ev, repo, tree, wfs, bad)
+	n := need{known: true, checks: len(p.jobs) + len(p.invalid) + len(p.notRun), runs: len(p.todo), errors: len(p.invalid) + len(p.notRun)}
 	if conflict != nil {
-		n.runs, n.errors = 0, len(todo)+len(invalid)
+		n.runs, n.errors = 0, len(p.todo)+len(p.invalid)
 	}
 	// From the decision to the last job queued, alone among the author's
 	// events: what the caps counted is still so when the jobs go in.
@@ -243,12 +200,86 @@ func (in *Intake) Consider(ctx context.Context, ev work.Event) error {
 		in.deferEvent(log, ev, dec, first)
 		return nil
 	}
-	for _, f := range invalid {
+	queued, err := in.act(ctx, ev, p, conflict)
+	if err != nil {
+		return err
+	}
+	log.Debug("event considered", "workflows", len(wfs), "queued", queued)
+	return nil
+}
+
+// plan is what an event's workflows come to: the jobs of the workflows
+// that run for it on this runner, those of them still to queue (todo:
+// none final, none in hand), the workflows a run-control event names
+// that cannot run (notRun) and the workflow files that do not parse
+// (invalid), each an error check instead.
+type plan struct {
+	jobs, todo []*job.Job
+	notRun     []notRunnable
+	invalid    []invalidFile
+}
+
+// invalidFile is a workflow file that does not parse, by the name of
+// its error check.
+type invalidFile struct {
+	name string
+	err  error
+}
+
+// plan makes ev's plan from the workflows read at tree (wfs) and the
+// files that did not parse (bad).
+func (in *Intake) plan(log *slog.Logger, ev work.Event, repo job.Repo, tree string, wfs []*workflow.Workflow, bad []error) plan {
+	var p plan
+	for _, wf := range wfs {
+		if !job.RunsFor(wf, ev) || !wf.AllowsRunner(in.facts.Runner.String()) {
+			continue
+		}
+		j := job.New(ev, wf, repo, tree)
+		var err error
+		if j.Vars, err = runVars(ev, wf); err != nil {
+			p.notRun = append(p.notRun, notRunnable{wf.Name, err.Error()})
+			continue
+		}
+		p.jobs = append(p.jobs, j)
+		if in.p.Checks.Final(j.Key) {
+			continue
+		}
+		if in.p.Scheduler.HasCheck(j.Key) {
+			continue // a pre-flight and its pull share a check
+		}
+		p.todo = append(p.todo, j)
+	}
+	for _, e := range bad {
+		// A workflow file that does not parse is an error check of its
+		// own, named after the file, so the owner sees why nothing ran.
+		name := workflow.FileName(e)
+		if name == "" {
+			log.Warn("workflow file unreadable", "err", e)
+			continue
+		}
+		if _, named := ev.Workflows[name]; ev.Workflows != nil && !named {
+			continue // not the run-control event's to report
+		}
+		p.invalid = append(p.invalid, invalidFile{name, e})
+	}
+	p.notRun = append(p.notRun, missingWorkflows(ev, p.jobs, p.notRun, func(name string) bool {
+		return slices.ContainsFunc(p.invalid, func(f invalidFile) bool { return f.name == name })
+	})...)
+	return p
+}
+
+// act carries out an admitted plan: the error checks, then the jobs
+// queued (none when the pull's merge conflicts: an error check each
+// instead). It returns how many were queued; an event none of whose
+// jobs was queued is done.
+func (in *Intake) act(ctx context.Context, ev work.Event, p plan, conflict *mirror.ConflictError) (int, error) {
+	for _, f := range p.invalid {
 		in.p.Checks.Error(ctx, ev, f.name, "invalid workflow file:\n"+f.err.Error())
 	}
-	for _, f := range notRun {
+	for _, f := range p.notRun {
 		in.p.Checks.Error(ctx, ev, f.name, f.why)
 	}
+	todo := p.todo
 	if conflict != nil {
 		for _, j := range todo {
 			in.p.Checks.Error(ctx, ev, j.Workflow.Name, conflict.Error())
@@ -259,7 +290,7 @@ func (in *Intake) Consider(ctx context.Context, ev work.Event) error {
 	for _, j := range todo {
 		ok, err := in.p.Scheduler.Enqueue(ctx, j)
 		if err != nil {
-			return err
+			return queued, err
 		}
 		if ok {
 			queued++
@@ -268,8 +299,7 @@ func (in *Intake) Consider(ctx context.Context, ev work.Event) error {
 	if queued == 0 {
 		in.markDone(ev)
 	}
-	log.Debug("event considered", "workflows", len(wfs), "queued", queued)
-	return nil
+	return queued, nil
 }
 
 // markDone marks the event done unless a job of it is in hand.
