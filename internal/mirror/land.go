@@ -7,32 +7,17 @@ import (
 	"os/exec"
 	"strings"
 	"time"
+
+	"knotless.dev/run/internal/rules/job"
 )
 
-// Identity is the author and committer of the merge queue's squashed
-// commits.
-type Identity struct {
-	Name, Email string
-}
-
-// SquashPull is one pull to squash: its head commit (already fetched
-// into the mirror) and the commit message.
-type SquashPull struct {
-	Head    string
-	Message string
-}
-
-// Squashed is how one pull went onto the stack: Commit is its squashed
-// commit (one parent: the stack's tip before it) when it merged, else
-// Conflicts are the conflicting paths and ConflictsWithBase says whether
-// it does not merge onto the base alone either.
-type Squashed struct {
-	Head              string
-	Commit            string
-	Changed           []string
-	Conflicts         []string
-	ConflictsWithBase bool
-}
+// Identity, SquashPull and Squashed are the merge queue's values of a
+// squash: job's, which the parts name (job.Repo's Squash).
+type (
+	Identity   = job.Identity
+	SquashPull = job.SquashPull
+	Squashed   = job.Squashed
+)
 
 // Squash stacks pulls onto base in order without a work tree: each
 // pull's head is merged onto the current tip (git merge-tree) and the

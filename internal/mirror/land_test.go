@@ -68,7 +68,7 @@ func TestSquash(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	f := newLandFixture(t)
-	pulls := []SquashPull{{f.p1, "one"}, {f.p2, "two"}, {f.p3, "three"}, {f.p4, "four"}}
+	pulls := []SquashPull{{Head: f.p1, Message: "one"}, {Head: f.p2, Message: "two"}, {Head: f.p3, Message: "three"}, {Head: f.p4, Message: "four"}}
 	at := time.Unix(1767225600, 0)
 	tip, got, err := f.r.Squash(ctx, f.base, pulls, lander, at)
 	if err != nil {
@@ -96,7 +96,7 @@ func TestSquash(t *testing.T) {
 	if err != nil || again != tip {
 		t.Errorf("squashing again: %s, %v; want the same commit %s", again, err, tip)
 	}
-	if _, _, err := f.r.Squash(ctx, f.base, []SquashPull{{"HEAD", ""}}, lander, at); !errors.Is(err, ErrRefused) {
+	if _, _, err := f.r.Squash(ctx, f.base, []SquashPull{{Head: "HEAD", Message: ""}}, lander, at); !errors.Is(err, ErrRefused) {
 		t.Errorf("squash of a non-id: %v, want refused", err)
 	}
 }
@@ -105,7 +105,7 @@ func TestPush(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	f := newLandFixture(t)
-	tip, _, err := f.r.Squash(ctx, f.base, []SquashPull{{f.p1, "one"}}, lander, time.Unix(1767225600, 0))
+	tip, _, err := f.r.Squash(ctx, f.base, []SquashPull{{Head: f.p1, Message: "one"}}, lander, time.Unix(1767225600, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func TestPush(t *testing.T) {
 	}
 	// The base moved (to tip): a batch built on the old base is not
 	// pushed, and nothing is forced.
-	tip2, _, err := f.r.Squash(ctx, f.base, []SquashPull{{f.p4, "four"}}, lander, time.Unix(1767225600, 0))
+	tip2, _, err := f.r.Squash(ctx, f.base, []SquashPull{{Head: f.p4, Message: "four"}}, lander, time.Unix(1767225600, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +160,7 @@ func TestSquashNamesPathsAsTheyAre(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	tip, got, err := r.Squash(ctx, base, []SquashPull{{p1, "one"}, {p2, "two"}}, lander, time.Unix(1767225600, 0))
+	tip, got, err := r.Squash(ctx, base, []SquashPull{{Head: p1, Message: "one"}, {Head: p2, Message: "two"}}, lander, time.Unix(1767225600, 0))
 	if err != nil {
 		t.Fatal(err)
 	}

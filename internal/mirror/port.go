@@ -2,7 +2,6 @@ package mirror
 
 import (
 	"context"
-	"time"
 
 	"knotless.dev/run/internal/rules/job"
 )
@@ -43,19 +42,6 @@ func (r portRepo) Fetch(ctx context.Context, origin job.Origin, source, ref, com
 		o = Pull
 	}
 	return r.Repo.Fetch(ctx, o, source, ref, commit)
-}
-
-func (r portRepo) Squash(ctx context.Context, base string, pulls []job.SquashPull, who job.Identity, at time.Time) (string, []job.Squashed, error) {
-	ps := make([]SquashPull, len(pulls))
-	for i, p := range pulls {
-		ps[i] = SquashPull(p)
-	}
-	tip, squashed, err := r.Repo.Squash(ctx, base, ps, Identity(who), at)
-	out := make([]job.Squashed, len(squashed))
-	for i, s := range squashed {
-		out[i] = job.Squashed(s)
-	}
-	return tip, out, err
 }
 
 func (r portRepo) Push(ctx context.Context, source, branch, old, new string) error {
