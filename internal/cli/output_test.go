@@ -15,6 +15,7 @@ import (
 
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/forge/pdsclient"
+	"knotless.dev/run/internal/lib/syncbuf"
 	"knotless.dev/run/internal/output"
 	"knotless.dev/run/internal/output/outputhttp"
 	"knotless.dev/run/tests/pds"
@@ -207,6 +208,81 @@ func TestLogsFromTheCheckRecord(t *testing.T) {
 	r := runCLI(t, nil, "logs", "--plc-url", srv.PLCURL, uri.String())
 	if r.code != ExitSuccess || r.stdout != "from the record's host\n" {
 		t.Errorf("logs CHECK: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+}
+
+// logs --follow of a check still queued (no live field yet) waits for
+// its run to start, then follows the live output the record names to
+// the run's end (the record on a real PDS, found through the PLC).
+func TestLogsFollowWaitsForAQueuedCheck(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip(pds.ErrSkip)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	srv, err := pds.Start(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	owner, runnerAcct, password, err := srv.OwnerAndRunner(ctx, "queued")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cat, err := pdsclient.NewCatalog()
+	if err != nil {
+		t.Fatal(err)
+	}
+	acct, _, err := pdsclient.Login(ctx, pdsclient.LoginConfig{Host: srv.URL, Identifier: runnerAcct.DID.String(), Password: password}, cat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hub, url := outputServer(t)
+	subject := forge.Subject{Repo: forge.RepoURI(owner.DID, "hello").String(), Commit: strings.Repeat("a", 40),
+		Event: "at://" + owner.DID.String() + "/dev.knotless.refUpdate/3n3pa7x34wk22", Kind: forge.KindPush}
+	key := forge.CheckKey(subject, "build")
+	queued := forge.Check{Type: forge.CollectionCheck, Subject: subject, Workflow: "build", Status: forge.StatusQueued, CreatedAt: forge.Now()}
+	uri, err := acct.Put(ctx, forge.CollectionCheck, key, queued)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var stdout, stderr syncbuf.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- Main(ctx, []string{"logs", "--follow", "--plc-url", srv.PLCURL, uri.String()}, Env{
+			Stdin: strings.NewReader(""), Stdout: &stdout, Stderr: &stderr, Getenv: func(string) string { return "" }})
+	}()
+	for !strings.Contains(stderr.String(), "waiting for its run to start") {
+		select {
+		case code := <-done:
+			t.Fatalf("logs --follow of a queued check ended at once: exit %d, stdout %q, stderr %q", code, stdout.String(), stderr.String())
+		case <-ctx.Done():
+			t.Fatalf("logs --follow never said it waits: %q", stderr.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	// The run starts: its output opens, and the record says where it is.
+	s, _ := hub.Open(uri.String(), "r")
+	_, _ = s.Write([]byte("started after a wait\n"))
+	running := queued
+	running.Status, running.StartedAt = forge.StatusRunning, forge.Now()
+	running.Live = &forge.LiveOutput{Service: url, Page: url + "/runs/" + acct.DID().String() + "/" + key}
+	if _, err := acct.Put(ctx, forge.CollectionCheck, key, running); err != nil {
+		t.Fatal(err)
+	}
+	for s.Watchers() == 0 {
+		select {
+		case code := <-done:
+			t.Fatalf("logs --follow ended before following: exit %d, stdout %q, stderr %q", code, stdout.String(), stderr.String())
+		case <-time.After(time.Millisecond): // until logs -f follows
+		}
+	}
+	_, _ = s.Write([]byte("live line\n"))
+	s.End("success")
+	if code := <-done; code != ExitSuccess || stdout.String() != "started after a wait\nlive line\n" || !strings.Contains(stderr.String(), "run ended: success") {
+		t.Errorf("logs --follow of a queued check: exit %d, stdout %q, stderr %q", code, stdout.String(), stderr.String())
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -11,8 +13,10 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/tests/forgeworld"
 )
 
 // osc52 sets the terminal's clipboard (to "rm -rf ~").
@@ -149,5 +153,62 @@ func TestValidateEscapes(t *testing.T) {
 	r := runCLI(t, nil, "validate", file)
 	if r.code != ExitFailure || strings.ContainsAny(r.stdout+r.stderr, "\x1b\x07") || !strings.Contains(r.stdout, `ci\x1b]52;c;`) {
 		t.Errorf("validate: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+}
+
+// narrowTTY is a stdout that says it is a terminal of width columns.
+type narrowTTY struct {
+	ttyBuffer
+	width int
+}
+
+func (n *narrowTTY) Width() int { return n.width }
+
+// TestRunsFitsTheTerminal: runs on a narrow terminal cuts its widest
+// columns with "…" to the terminal's width (the key whole) and colours
+// the status; with NO_COLOR set, or to a pipe, it prints no escape
+// sequence, and to a pipe nothing is cut.
+func TestRunsFitsTheTerminal(t *testing.T) {
+	t.Parallel()
+	srv, w := startWorld(t)
+	ctx := context.Background()
+	wf := "deploy-the-whole-fleet-to-every-region-one-after-another"
+	subject := forge.Subject{Repo: w.RepoURI.String(), Commit: strings.Repeat("a", 40), Ref: "refs/heads/main",
+		Event: "at://" + w.Owner.DID.String() + "/dev.knotless.refUpdate/3n3pa7x34wk22", Kind: forge.KindPush}
+	key := forge.CheckKey(subject, wf)
+	w.Put(w.Runner, forge.CollectionCheck, key, forge.Check{Type: forge.CollectionCheck, Subject: subject,
+		Workflow: wf, Status: forge.StatusQueued, CreatedAt: forge.Now()})
+	runs := func(stdout io.Writer, noColor string) result {
+		var stderr bytes.Buffer
+		code := Main(ctx, []string{"runs", "--plc-url", srv.PLCURL, "--repo", w.Owner.DID.String() + "/" + forgeworld.RepoName}, Env{
+			Stdin: strings.NewReader(""), Stdout: stdout, Stderr: &stderr,
+			Getenv: func(k string) string {
+				if k == "NO_COLOR" {
+					return noColor
+				}
+				return ""
+			}})
+		return result{code: code, stdout: fmt.Sprint(stdout), stderr: stderr.String()}
+	}
+
+	const width = 80
+	tty := &narrowTTY{width: width}
+	r := runs(tty, "")
+	if r.code != ExitSuccess || !strings.Contains(r.stdout, key) || !strings.Contains(r.stdout, "…") || !strings.Contains(r.stdout, "\x1b[33mqueued\x1b[0m") {
+		t.Fatalf("runs on a terminal of %d columns: exit %d, stdout:\n%s\nstderr:\n%s", width, r.code, r.stdout, r.stderr)
+	}
+	for _, line := range strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n") {
+		if n := utf8.RuneCountInString(sgr.ReplaceAllString(line, "")); n > width {
+			t.Errorf("a line of %d columns on a terminal of %d: %q", n, width, line)
+		}
+	}
+
+	r = runs(&narrowTTY{width: width}, "1")
+	if r.code != ExitSuccess || strings.Contains(r.stdout, "\x1b") || !strings.Contains(r.stdout, "…") {
+		t.Errorf("runs on a terminal with NO_COLOR set: exit %d, stdout %q", r.code, r.stdout)
+	}
+	r = runs(&bytes.Buffer{}, "")
+	if r.code != ExitSuccess || strings.Contains(r.stdout, "\x1b") || strings.Contains(r.stdout, "…") || !strings.Contains(r.stdout, wf) {
+		t.Errorf("runs to a pipe: exit %d, stdout %q", r.code, r.stdout)
 	}
 }

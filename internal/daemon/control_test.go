@@ -301,8 +301,9 @@ steps:
 
 // TestServeDispatch: the owner's dispatch runs an on: dispatch workflow
 // on the branch's head, trusted, its inputs (with defaults) in every
-// step; a bad input is an error check naming it; a stranger's dispatch
-// writes nothing (dispatches are read from owners only).
+// step; a bad input and a branch the source lacks are error checks
+// naming them; a stranger's dispatch writes nothing (dispatches are
+// read from owners only).
 func TestServeDispatch(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
@@ -329,6 +330,8 @@ steps:
 	strangers := dispatch(stranger, forge.Variable{Name: "dry_run", Value: "false"})
 	good := dispatch(w.Owner, forge.Variable{Name: "dry_run", Value: "true"})
 	bad := dispatch(w.Owner, forge.Variable{Name: "target", Value: "moon"}, forge.Variable{Name: "dry_run", Value: "true"})
+	gone := w.Put(w.Owner, forge.CollectionDispatch, "", forge.Dispatch{Type: forge.CollectionDispatch, Repo: w.RepoURI.String(),
+		Ref: "refs/heads/gone", Workflow: "deploy", Inputs: []forge.Variable{{Name: "dry_run", Value: "true"}}, CreatedAt: forge.Now()})
 	keyOf := func(uri syntax.ATURI) string {
 		return forge.CheckKey(forge.Subject{Kind: forge.KindDispatch, Event: uri.String()}, "deploy")
 	}
@@ -340,7 +343,8 @@ steps:
 		}
 		g, gok := recs[keyOf(good)]
 		b, bok := recs[keyOf(bad)]
-		if gok && bok && g.Final() && b.Final() {
+		n, nok := recs[keyOf(gone)]
+		if gok && bok && nok && g.Final() && b.Final() && n.Final() {
 			if g.Status != "success" || g.Cause != good.String() || g.Subject.Commit != commit || g.Subject.Kind != forge.KindDispatch {
 				t.Errorf("the dispatch: %+v", g)
 			}
@@ -349,6 +353,9 @@ steps:
 			}
 			if b.Status != "error" || !strings.Contains(b.Error, `input "target"`) {
 				t.Errorf("the bad dispatch: %s %q", b.Status, b.Error)
+			}
+			if n.Status != "error" || !strings.Contains(n.Error, `branch "gone"`) || n.Cause != gone.String() {
+				t.Errorf("the dispatch to a missing branch: %s %q", n.Status, n.Error)
 			}
 			if _, ok := recs[keyOf(strangers)]; ok {
 				t.Error("the stranger's dispatch wrote a check")

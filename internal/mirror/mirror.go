@@ -295,7 +295,8 @@ func (r *Repo) maintainNow(ctx context.Context) {
 }
 
 // Branch fetches branch from source (a repository's own) and returns the
-// commit it points at.
+// commit it points at; a branch the source does not have is an error
+// wrapping ErrNoBranch.
 func (r *Repo) Branch(ctx context.Context, source, branch string) (string, error) {
 	src, err := r.m.CheckSource(source, Owner)
 	if err != nil {
@@ -309,6 +310,10 @@ func (r *Repo) Branch(ctx context.Context, source, branch string) (string, error
 	defer r.mu.Unlock()
 	local := "refs/knotless/base/" + branch
 	if err := r.fetch(ctx, src, Owner, "+"+ref+":"+local); err != nil {
+		// git's words (LC_ALL=C) for a ref the source does not have.
+		if strings.Contains(err.Error(), "couldn't find remote ref "+ref) {
+			return "", fmt.Errorf("%w %s at %s", ErrNoBranch, branch, source)
+		}
 		return "", fmt.Errorf("fetch branch %s from %s: %w", branch, source, err)
 	}
 	r.maintainNow(ctx)

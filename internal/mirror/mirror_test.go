@@ -76,6 +76,9 @@ func TestFetchMergeExport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := r.Branch(ctx, url, "nope"); !errors.Is(err, ErrNoBranch) || !strings.Contains(err.Error(), "nope") {
+		t.Errorf("a branch the source lacks: %v, want ErrNoBranch naming it", err)
+	}
 	tree, err := r.Merge(ctx, mainCommit, clean)
 	if err != nil {
 		t.Fatal(err)

@@ -14,6 +14,10 @@ import (
 // reports it (an error check) instead of trying again.
 var ErrRefused = errors.New("refused")
 
+// ErrNoBranch wraps a branch the source does not have (Branch): not a
+// failure of the fetch, an answer of the source.
+var ErrNoBranch = errors.New("no such branch")
+
 // Origin says who named a source, which decides what it may be.
 type Origin int
 

@@ -189,8 +189,10 @@ type Mirrors struct {
 	exported  []string
 
 	// Heads are the source's branches (a branch not set is at
-	// BaseCommit(branch)).
+	// BaseCommit(branch)); Gone are the branches the source does not
+	// have (mirror.ErrNoBranch).
 	Heads map[string]string
+	Gone  map[string]bool
 	// Paths are the paths each pull head changes: two heads that change
 	// a path in common conflict when squashed onto one another.
 	Paths map[string][]string
@@ -346,9 +348,12 @@ func (r repo) Fetch(_ context.Context, _ job.Origin, _, _, _ string) error {
 	return r.f.FetchErr
 }
 
-func (r repo) Branch(_ context.Context, _, branch string) (string, error) {
+func (r repo) Branch(_ context.Context, source, branch string) (string, error) {
 	r.f.mu.Lock()
 	defer r.f.mu.Unlock()
+	if r.f.Gone[branch] {
+		return "", fmt.Errorf("%w %s at %s", mirror.ErrNoBranch, branch, source)
+	}
 	return r.f.head(branch), nil
 }
 

@@ -167,8 +167,8 @@ func (p *Part) dispatches(ctx context.Context, snap *ingest.Snapshot) {
 			continue
 		}
 		if err := p.dispatch(ctx, snap, r, branch); err != nil {
-			// Logged once (a branch the source lacks fails at every
-			// reconcile); tried again at each.
+			// Logged once (a source that does not answer fails at
+			// every reconcile); tried again at each.
 			if p.once.First("dispatch\x00" + uri + "\x00" + err.Error()) {
 				p.log.Warn("dispatch not handled; tried again at each reconcile", "dispatch", uri, "err", err)
 			}
@@ -176,8 +176,13 @@ func (p *Part) dispatches(ctx context.Context, snap *ingest.Snapshot) {
 	}
 }
 
+// noCommit is the subject commit of a dispatch's error check when its
+// branch does not exist: all zeroes, as a refUpdate's deleted ref.
+const noCommit = "0000000000000000000000000000000000000000"
+
 // dispatch resolves the dispatched branch's head, reads the workflow
-// there and runs it (or writes its error check).
+// there and runs it (or writes its error check, also for a branch the
+// source does not have).
 func (p *Part) dispatch(ctx context.Context, snap *ingest.Snapshot, r forge.Record[forge.Dispatch], branch string) error {
 	uri, rec := r.URI.String(), r.Value
 	i := slices.IndexFunc(snap.Repos, func(repo forge.Record[forge.Repo]) bool { return repo.URI.String() == rec.Repo })
@@ -192,8 +197,15 @@ func (p *Part) dispatch(ctx context.Context, snap *ingest.Snapshot, r forge.Reco
 		return err
 	}
 	if ev.Commit, err = m.Branch(ctx, repo.Value.Source, branch); err != nil {
-		if errors.Is(err, mirror.ErrRefused) {
+		switch {
+		case errors.Is(err, mirror.ErrRefused):
 			p.refuseOnce(uri, fmt.Errorf("dispatch %s: %w", uri, err))
+			return nil
+		case errors.Is(err, mirror.ErrNoBranch):
+			// The owner's answer is a check: an error on the all-zeroes
+			// commit (as a deleted ref's), which serves the record.
+			ev.Commit = noCommit
+			p.p.Intake.ControlError(ctx, ev, rec.Workflow, fmt.Sprintf("branch %q does not exist at %s", branch, repo.Value.Source))
 			return nil
 		}
 		return err

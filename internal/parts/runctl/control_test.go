@@ -288,6 +288,35 @@ func TestDispatchRecords(t *testing.T) {
 	}
 }
 
+// A dispatch to a branch the source does not have ends as one error
+// check naming the branch (on the all-zeroes commit, as a deleted ref),
+// written once: the record is served, not tried at every reconcile.
+func TestDispatchToAMissingBranch(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	deploy := rig.CI("deploy", "make")
+	deploy.On = []workflow.Trigger{workflow.Dispatch}
+	w.git.SetWorkflows(deploy)
+	w.git.Lock()
+	w.git.Gone = map[string]bool{"gone": true}
+	w.git.Unlock()
+	d := rig.DispatchOf(tid(1), "refs/heads/gone", "deploy")
+	w.lister.SetRepos(rig.RepoRecord())
+	w.lister.SetControls(ingest.Controls{Dispatches: []forge.Record[forge.Dispatch]{d}})
+	w.reconcile(t)
+	key := forge.CheckKey(control.DispatchSubject(d.URI.String(), d.Value, ""), "deploy")
+	c, _ := w.keeper.Get(key)
+	if c.Status != "error" || !strings.Contains(c.Error, `branch "gone"`) || c.Cause != d.URI.String() || c.Subject.Commit != strings.Repeat("0", 40) {
+		t.Fatalf("the dispatch's check: %s %q cause %s commit %s, want an error naming branch gone", c.Status, c.Error, c.Cause, c.Subject.Commit)
+	}
+	before := len(w.pds.Writes())
+	w.reconcile(t)
+	w.reconcile(t)
+	if n := len(w.pds.Writes()); n != before {
+		t.Errorf("the dispatch read again wrote %v", w.pds.Writes()[before:])
+	}
+}
+
 // A re-run of a dispatch runs with the dispatch's inputs again, the
 // re-run's env on top.
 func TestRerunOfADispatch(t *testing.T) {
