@@ -257,6 +257,11 @@ func TestRunControlFromTheTerminal(t *testing.T) {
 	if r.code != ExitSuccess || !strings.Contains(r.stdout, "hello from build") || !strings.Contains(r.stdout, "success build") {
 		t.Errorf("watch build: exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
 	}
+	// Watching a run that has ended shows its log, from the check's blob.
+	r = owner.run(ctx, "", "watch", "--exit-status", keys["build"])
+	if r.code != ExitSuccess || !strings.Contains(r.stdout, "hello from build") || !strings.Contains(r.stdout, "success build") {
+		t.Errorf("watch build once ended: exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
 	r = owner.run(ctx, "", "watch", "--exit-status", keys["flaky"])
 	if r.code != ExitFailure || !strings.Contains(r.stdout, "failure flaky") {
 		t.Errorf("watch flaky: exit %d, want %d\nstdout:\n%s\nstderr:\n%s", r.code, ExitFailure, r.stdout, r.stderr)

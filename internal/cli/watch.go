@@ -99,6 +99,20 @@ func watchCheck(ctx context.Context, env *Env, f *finder, fc foundCheck) (forge.
 		}
 		ch = next.Check
 	}
+	if !followed && ch.Log != nil {
+		// No live output was followed (the run ended before the watch
+		// began, or its runner serves none): its log is the check's.
+		if did, err := fc.URI.Authority().AsDID(); err != nil {
+			env.Logger.Warn("the run's log cannot be read", "err", err)
+		} else if log, err := f.r.GetBlob(ctx, did, ch.Log.Ref.String()); err != nil {
+			env.Logger.Warn("the run's log cannot be read", "err", err)
+		} else {
+			_, _ = out.Write(log)
+			if fl, ok := out.(interface{ Flush() error }); ok {
+				_ = fl.Flush()
+			}
+		}
+	}
 	if followed {
 		shown = 0
 	}

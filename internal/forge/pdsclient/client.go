@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/atdata"
 	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/bluesky-social/indigo/atproto/syntax"
+
 	"knotless.dev/run/internal/forge"
 )
 
@@ -518,7 +520,13 @@ func (a *Account) UploadBlob(ctx context.Context, mimeType string, data []byte) 
 	return out.Blob, nil
 }
 
-// GetBlob downloads a blob of did (for tests and tools).
+// MaxBlob is the most bytes GetBlob reads: a PDS's own bound on a blob
+// (the reference PDS takes 5 MB), so a hostile one cannot make a
+// reader take more.
+const MaxBlob = 5 << 20
+
+// GetBlob downloads a blob of did (a check's log, for tools and tests),
+// at most MaxBlob bytes.
 func (r *Reader) GetBlob(ctx context.Context, did syntax.DID, cid string) ([]byte, error) {
 	c, err := r.client(ctx, did)
 	if err != nil {
@@ -536,8 +544,11 @@ func (r *Reader) GetBlob(ctx context.Context, did syntax.DID, cid string) ([]byt
 		return nil, fmt.Errorf("get blob %s: HTTP %d", cid, resp.StatusCode)
 	}
 	var buf bytes.Buffer
-	if _, err := buf.ReadFrom(resp.Body); err != nil {
+	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, MaxBlob+1)); err != nil {
 		return nil, fmt.Errorf("get blob %s: %w", cid, err)
+	}
+	if buf.Len() > MaxBlob {
+		return nil, fmt.Errorf("get blob %s: more than %d bytes", cid, MaxBlob)
 	}
 	return buf.Bytes(), nil
 }
