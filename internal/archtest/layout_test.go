@@ -1,6 +1,8 @@
 package archtest
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"regexp"
 	"slices"
@@ -52,6 +54,10 @@ func TestLayoutIsTheArchitecture(t *testing.T) {
 	}
 	// The architecture page lists the same entries, in its layout block.
 	doc, err := os.ReadFile("../../docs/design/architecture.md")
+	if errors.Is(err, fs.ErrNotExist) {
+		// The Nix package's source leaves docs out (nix/source.nix).
+		t.Skip("no docs directory in this source tree: the layout drawing is checked from a checkout")
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

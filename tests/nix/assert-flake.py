@@ -64,7 +64,7 @@ check("apps.default runs bin/knotless-run of packages.default", d["app"]["progra
 check("package: subPackages = [ cmd/knotless-run ], mainProgram, MIT", (p["subPackages"], p["mainProgram"], p["license"]) == (["cmd/knotless-run"], "knotless-run", "MIT"), p)
 check(
     "package: version ldflag carries the flake's version",
-    f"-X knotless.dev/run/internal/version.Version={p['version']}" in p["ldflags"] and p["version"] == "0-unstable-20260427-abc1234",
+    f"-X knotless.dev/run/internal/lib/version.Version={p['version']}" in p["ldflags"] and p["version"] == "0-unstable-20260427-abc1234",
     p["ldflags"],
 )
 check("package: checkPhase runs go test $checkFlags over ./...", p["checkPhaseRunsAll"])
