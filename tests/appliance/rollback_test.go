@@ -147,13 +147,21 @@ steps:
 		t.Fatal(err)
 	}
 	defer cli.Close()
-	left, err := cli.ContainerList(context.Background(), client.ContainerListOptions{All: true,
-		Filters: client.Filters{}.Add("label", executor.LabelRunner+"="+executor.RunnerLabel(w.Runner.DID.String()))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(left.Items) != 0 {
-		t.Errorf("the docker run left %d containers", len(left.Items))
+	// The final check is written before the run's container is removed,
+	// so wait for the removal, bounded.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(500 * time.Millisecond) {
+		left, err := cli.ContainerList(context.Background(), client.ContainerListOptions{All: true,
+			Filters: client.Filters{}.Add("label", executor.LabelRunner+"="+executor.RunnerLabel(w.Runner.DID.String()))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(left.Items) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("a minute after its check, the docker run left %d containers", len(left.Items))
+			break
+		}
 	}
 
 	// A clean handover and a clean rollback: no error line. client-go's
