@@ -115,6 +115,23 @@ func CapabilitiesOf(ex Executor) Capabilities {
 // cancelled) in its own process. This is the one place it is decided.
 func (c Capabilities) Detaches() bool { return c.Resumer != nil }
 
+// StepLedger is a Session that keeps, inside itself, a record of its
+// steps that outlives the process following them (Kubernetes: a file in
+// the pod): which steps started and how each ended. A process that takes
+// a run over after the one following it died asks it, so that it never
+// starts a step twice.
+type StepLedger interface {
+	// Ledger returns the record by step id; a step it does not name
+	// never started.
+	Ledger(ctx context.Context) (map[string]StepRecord, error)
+}
+
+// StepRecord is what a session's ledger says of one step.
+type StepRecord struct {
+	// Exit is the step's exit code once it ended; nil while it runs.
+	Exit *int
+}
+
 // Release lets go of the streams of sess when its executor releases
 // sessions (Releaser), and reports whether it did.
 func Release(sess Session) bool {

@@ -2,8 +2,9 @@
 // memory, and each step's output, exit and end are scripted, so the run
 // engine and the daemon can be driven through starts, failures,
 // cancellations and handovers without a process, a container or a
-// cluster. It resumes sessions (executor.Resumer) and releases their
-// streams (executor.Releaser).
+// cluster. It resumes sessions (executor.Resumer), releases their
+// streams (executor.Releaser) and keeps a ledger of their steps
+// (executor.StepLedger).
 package fakeexec
 
 import (
@@ -60,9 +61,10 @@ type Executor struct {
 }
 
 var (
-	_ executor.Executor = (*Executor)(nil)
-	_ executor.Resumer  = (*Executor)(nil)
-	_ executor.Releaser = (*Session)(nil)
+	_ executor.Executor   = (*Executor)(nil)
+	_ executor.Resumer    = (*Executor)(nil)
+	_ executor.Releaser   = (*Session)(nil)
+	_ executor.StepLedger = (*Session)(nil)
 )
 
 // Name implements executor.Executor.
@@ -181,6 +183,8 @@ type Session struct {
 
 	// guarded by e.mu
 	started  map[string][]byte // payload by step id
+	ended    map[string]int    // exit code by step id, once followed to its end
+	dropped  map[string]bool   // steps whose output and exit the session let go of
 	killed   []string
 	released int
 	stopped  bool
@@ -264,6 +268,12 @@ func (s *Session) FollowStep(ctx context.Context, id string, offset int64, out i
 	if !ok {
 		return executor.Exit{}, fmt.Errorf("step %s not started", id)
 	}
+	s.e.mu.Lock()
+	dropped := s.dropped[id]
+	s.e.mu.Unlock()
+	if dropped {
+		return executor.Exit{}, executor.ErrExitUnknown
+	}
 	st := s.e.step(s.spec.RunID, id)
 	if offset < int64(len(st.Output)) {
 		if _, err := io.WriteString(out, st.Output[offset:]); err != nil {
@@ -280,7 +290,41 @@ func (s *Session) FollowStep(ctx context.Context, id string, offset int64, out i
 	if st.Err != nil {
 		return executor.Exit{}, st.Err
 	}
+	s.e.mu.Lock()
+	if s.ended == nil {
+		s.ended = map[string]int{}
+	}
+	s.ended[id] = st.Code
+	s.e.mu.Unlock()
 	return executor.Exit{Code: st.Code}, nil
+}
+
+// Ledger implements executor.StepLedger: the steps started, with the
+// exit of those followed to their end.
+func (s *Session) Ledger(context.Context) (map[string]executor.StepRecord, error) {
+	s.e.mu.Lock()
+	defer s.e.mu.Unlock()
+	l := map[string]executor.StepRecord{}
+	for id := range s.started {
+		var r executor.StepRecord
+		if code, ok := s.ended[id]; ok {
+			r.Exit = &code
+		}
+		l[id] = r
+	}
+	return l, nil
+}
+
+// Drop lets go of step id's output and exit, as a pod does once a
+// follower acknowledged them: following it again fails with
+// executor.ErrExitUnknown; the ledger keeps its exit.
+func (s *Session) Drop(id string) {
+	s.e.mu.Lock()
+	if s.dropped == nil {
+		s.dropped = map[string]bool{}
+	}
+	s.dropped[id] = true
+	s.e.mu.Unlock()
 }
 
 // Payload returns the payload step id was started with.

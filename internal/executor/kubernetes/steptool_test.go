@@ -53,7 +53,7 @@ func TestStepToolShells(t *testing.T) {
 			check := `f=$STEP_ROOT.wake; mkfifo "$f" && exec 3<>"$f" && rm "$f" || exit 1
 "$@" < "$STEP_INPUT"; echo "tool exit $?"
 for p in /proc/[0-9]*; do [ "${p#/proc/}" = $$ ] || echo "left: $(tr '\0' ' ' < $p/cmdline)"; done
-ls -A "$STEP_ROOT"`
+ls -A "$STEP_ROOT"; cat "$STEP_ROOT/ledger"`
 			args := append([]string{"--pid", "--fork", "--mount-proc", "sh", "-c", check, "check"}, shell...)
 			args = append(args, "-c", stepScript, "knotless-step", "start", root, "1")
 			in := filepath.Join(t.TempDir(), "input")
@@ -68,8 +68,10 @@ ls -A "$STEP_ROOT"`
 				t.Fatalf("unshare: %v\n%s", err, stderr.String())
 			}
 			want := secret + " read stdin\n"
-			if got := stdout.String(); got != want+"tool exit 0\n" {
-				t.Errorf("stdout %q, want %q then the tool's exit and nothing left", got, want)
+			// Of the step's files only the ledger is left: its start and
+			// its exit code.
+			if got := stdout.String(); got != want+"tool exit 0\nledger\nstart 1\nexit 1 7\n" {
+				t.Errorf("stdout %q, want %q then the tool's exit and nothing left but the ledger of the step", got, want)
 			}
 			wantCtl := "knotless: started\nknotless: exit 7 " + strconv.Itoa(len(want)) + "\n"
 			if stderr.String() != wantCtl {
@@ -149,8 +151,12 @@ wait $second; echo "second exit $?"`
 			if got := read("out2"); got != "before\nafter\n" {
 				t.Errorf("the follower's output %q, want the whole step's", got)
 			}
-			if left, _ := os.ReadDir(root); len(left) != 0 {
+			left, _ := os.ReadDir(root)
+			if len(left) != 1 || left[0].Name() != "ledger" {
 				t.Errorf("the step's files are left: %d", len(left))
+			}
+			if got := read("steps/ledger"); got != "start 1\nexit 1 0\n" {
+				t.Errorf("the ledger %q, want the step started once and its exit", got)
 			}
 		})
 	}

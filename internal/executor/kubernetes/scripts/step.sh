@@ -5,6 +5,7 @@
 #             it as follow does.
 # MODE follow: stream the step's output from byte OFFSET to stdout.
 # MODE kill:  kill the step and everything it started.
+# MODE ledger: print STATE_DIR/ledger (nothing when there is none).
 # Control lines go to stderr: "knotless: started", "knotless: exit CODE
 # BYTES [outputs-empty]" (BYTES is the output's final length;
 # outputs-empty: the directory OUTPUTS, looked at once the step's
@@ -23,6 +24,12 @@
 # supervisor), ID.before (the processes alive before it), ID.watcher (the
 # shell streaming it) and ID.exit.CODE, created when it ends: the name
 # carries the code, so it exists only complete.
+#
+# STATE_DIR/ledger outlives them all, as long as the pod: "start ID" once
+# the step's payload is read, before anything of it runs, and "exit ID
+# CODE" once it ended. A runner process that took the run over after the
+# one that started it died reads it, so that no step is started twice
+# and a step whose output is gone still has its exit code.
 #
 # The pod's PID 1 holds a pipe on its fd 3 that has no name (the Job's
 # command makes a FIFO, opens it and unlinks it). A step's supervisor
@@ -170,8 +177,8 @@ start)
   # The output of earlier steps goes before this step can read it (the
   # runner's "ok" normally removed it already).
   old=
-  for f in "$root"/*; do [ -e "$f" ] && old=1; done
-  [ -z "$old" ] || rm -f "$root"/* || exit 90
+  for f in "$root"/*.*; do [ -e "$f" ] && old=1; done
+  [ -z "$old" ] || rm -f "$root"/*.* || exit 90
   alive_set
   printf '%s\n' "$before" > "$d.before"
   IFS= read -r lines || exit 91
@@ -184,6 +191,7 @@ start)
   done
   line=
   : > "$d.out"
+  echo "start $id" >> "$root/ledger" || exit 93
   watch
   # The supervisor: runs the step, then records its exit code and wakes
   # the watcher. Its own streams are not the exec's: a dropped exec
@@ -192,7 +200,9 @@ start)
     (set +u; eval "$payload") < /dev/null >> "$d.out" 2>&1 4>&- &
     payload=
     wait $!
-    : > "$d.exit.$?"
+    code=$?
+    : > "$d.exit.$code"
+    echo "exit $id $code" >> "$root/ledger"
     if [ -n "$wake" ]; then
       echo >&4
     else
@@ -222,6 +232,9 @@ follow)
   watch
   stream
   finish
+  ;;
+ledger)
+  [ ! -e "$root/ledger" ] || cat "$root/ledger"
   ;;
 kill)
   if [ -r "$d.pid" ]; then
