@@ -289,22 +289,14 @@ func (v viaIntake) Prepare(ctx context.Context, ev work.Event) (job.Repo, string
 	return v.d.intake.Prepare(ctx, ev)
 }
 
-// begin does the rest of what READY=1 waits for: the runs an earlier
-// process handed over are adopted, the executor's orphan sweep keeps
-// their sessions (one that fails starts the daemon degraded:
-// health.go), the runner's known checks are listed and the owed ones
-// loaded.
+// begin does the rest of what READY=1 waits for: the runner's known
+// checks are listed and the owed ones loaded (a run whose check is
+// final is never taken up again), the runs an earlier process left
+// going are adopted, and the executor's orphan sweep keeps their
+// sessions (one that fails starts the daemon degraded: health.go).
 func (d *Daemon) begin(ctx context.Context) error {
 	if err := d.live.Start(); err != nil {
 		return err
-	}
-	d.sched.Adopt(ctx)
-	if err := d.sched.Sweep(ctx); err != nil {
-		// Not a reason to exit (a crash loop tells no one why): start
-		// degraded, try again with backoff.
-		d.degrade(err)
-	} else {
-		d.health.setSwept()
 	}
 	listed, bad, err := d.out.ownChecks(ctx)
 	if err != nil {
@@ -317,6 +309,14 @@ func (d *Daemon) begin(ctx context.Context) error {
 		d.keeper.Know(c.URI.RecordKey().String(), c.Value)
 	}
 	d.keeper.LoadOwed()
+	d.sched.Adopt(ctx)
+	if err := d.sched.Sweep(ctx); err != nil {
+		// Not a reason to exit (a crash loop tells no one why): start
+		// degraded, try again with backoff.
+		d.degrade(err)
+	} else {
+		d.health.setSwept()
+	}
 	return nil
 }
 

@@ -294,6 +294,8 @@ func TestChaos(t *testing.T) {
 	}
 	adopted := fieldSum(find(journal, "adopted "), "RUNS")
 	forgotten := fieldSum(find(journal, "runs of an earlier process will run again"), "RUNS")
+	takenUp := len(find(journal, "a run of a process that died is taken up where it stands"))
+	endedDead := len(find(journal, "a run of a process that died cannot go on; its check ends error"))
 	released := len(find(journal, "run released: its session had not started"))
 	gone := len(find(journal, "the session of a handed-over run is gone"))
 	handedOver := fieldSum(find(journal, "handed over "), "GOING_ON")
@@ -308,10 +310,10 @@ func TestChaos(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("chaos figures: seed %d; signals %d (SIGKILL %d, SIGTERM %d) over %s; pushes %d; cancels %d (%d stopped their check, %d came after its end); re-runs %d; daemon starts %d; runs started %d (again %d: %d forgotten after a kill, %d released at a stop before their session started, %d handed-over sessions gone); handed over %d, adopted %d; lost %d; duplicates %d; checks final %s after the last signal, objects gone %s after it",
+	t.Logf("chaos figures: seed %d; signals %d (SIGKILL %d, SIGTERM %d) over %s; pushes %d; cancels %d (%d stopped their check, %d came after its end); re-runs %d; daemon starts %d; runs started %d (again %d: %d forgotten after a kill before any step started, %d released at a stop before their session started, %d handed-over sessions gone); handed over %d, adopted %d (%d taken up after a kill; %d ended error after a kill, unable to go on); lost %d; duplicates %d; checks final %s after the last signal, objects gone %s after it",
 		seed, kills, sigKill, sigTerm, lastSignal.Sub(began).Round(time.Second), pushes, cancels, cancelsWon, cancels-cancelsWon, len(reruns), starts, runsStarted,
 		runsStarted-pushes-len(reruns), forgotten, released, gone,
-		handedOver, adopted, len(lost)+len(lostReruns), finishedTwice, settledChecks.Round(time.Second), settled.Round(time.Second))
+		handedOver, adopted, takenUp, endedDead, len(lost)+len(lostReruns), finishedTwice, settledChecks.Round(time.Second), settled.Round(time.Second))
 
 	checks := w.allChecks()
 	for _, p := range lost {

@@ -25,7 +25,8 @@ steps:
 // systemd: readiness after login, state and sweep; STATUS=; structured
 // journal entries with their priorities; the app password only through
 // LoadCredential=; a restart while a run goes on (the run finishes, one
-// check); kill -9 (Restart=always, the run is run again, one check).
+// check); kill -9 (Restart=always; the shell executor cannot take the
+// run up, so the started step is never run again: one error check).
 func TestService(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
@@ -188,12 +189,18 @@ steps:
 		if n := a.show(service, "NRestarts"); n != "1" {
 			t.Errorf("NRestarts %s, want 1", n)
 		}
+		// The shell executor cannot take a run over: the step may have
+		// done its work, so it is never started again; the check ends
+		// error saying why.
 		got := w.waitCheck("killed", commit, 2*time.Minute, final)
-		if got.Status != "success" {
-			t.Fatalf("the killed run: %s (%s)", got.Status, got.Error)
+		if got.Status != "error" || !strings.Contains(got.Error, "runner restarted during step 1/1") || !strings.Contains(got.Error, "the shell executor cannot take a run over") {
+			t.Fatalf("the killed run: %s (%s), want error: runner restarted during step 1/1", got.Status, got.Error)
 		}
-		if e := find(a.journal(service), "runs of an earlier process will run again"); len(e) != 1 {
-			t.Errorf("want the new process to log the runs it runs again once; got %v", e)
+		if e := find(a.journal(service), "a run of a process that died cannot go on; its check ends error"); len(e) != 1 {
+			t.Errorf("want the new process to log the run it ends once; got %v", e)
+		}
+		if blob := w.blob(t, got); strings.Contains(blob, "second attempt") {
+			t.Errorf("the step was started again:\n%s", blob)
 		}
 	})
 

@@ -86,6 +86,14 @@ type Handover struct {
 	// the successor's first byte goes. Zero (a handover written before
 	// it was recorded) means len of the log handed over.
 	LogSize int64 `json:"logSize,omitempty"`
+	// Replay marks a checkpoint (Request.Checkpoint) rather than a
+	// handover: it was taken before step Step's header was logged, so
+	// whether that step started is the session's ledger's to say
+	// (executor.StepLedger). If it did, the adopter logs the header
+	// again and follows the step's output from its first byte: the log
+	// goes on byte for byte as the process that died wrote it. Step
+	// equal to the number of steps: every step had ended well.
+	Replay bool `json:"replay,omitempty"`
 }
 
 // StepResult is one step's outcome.

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"knotless.dev/run/internal/engine/cache"
@@ -117,6 +118,16 @@ type Request struct {
 	// run, the step it goes on with, with its first start), for whoever
 	// shows what the run is doing. It must not block.
 	Progress func(Progress)
+	// Checkpoint, when set, is told where the run stands at each step's
+	// boundary, before the step's header is logged and before it can
+	// start, and once the last step has ended: the Handover a process
+	// that takes the run over after this one died (kill -9, OOM) adopts
+	// (Replay set), and the log so far (Result.Log up to h.LogSize). The
+	// caller keeps the newest on disk; the run waits for it, so that no
+	// step starts before the point it could be taken up again from is
+	// recorded. An error before a step ends the run error without
+	// starting it: a run that cannot be taken up again must not go on.
+	Checkpoint func(h Handover, log []byte) error
 }
 
 // Progress is the step a run is at.
@@ -222,6 +233,12 @@ type runState struct {
 	// sess is the run's session once started or resumed: removed after
 	// the result is complete (Engine.cleanUp).
 	sess executor.Session
+	// ledgerExit is, in a run taken up after its process died, the exit
+	// code the session's ledger has of the step the checkpoint stopped
+	// before, if it ended; outputLost says its output was gone with the
+	// process that read it.
+	ledgerExit *int
+	outputLost bool
 }
 
 // execute runs the run from its start: the session started here, or by
@@ -325,25 +342,66 @@ func (r *runState) adopt(ctx context.Context, h Handover) {
 		r.fail(Error, "", fmt.Errorf("adopt run %s: the %s executor cannot resume sessions", r.req.RunID, r.eng.cfg.Executor.Name()))
 		return
 	}
-	if h.Started && h.Step >= 0 && h.Step < len(r.req.Workflow.Steps) {
-		r.mark(func(m StepMarker) { m.StepStarted(h.Step+1, r.req.Workflow.Steps[h.Step].Name) })
+	n := len(r.req.Workflow.Steps)
+	if !h.Replay {
+		// A handover: the log ends where the earlier process stopped.
+		// A replay goes on byte for byte instead and says so later
+		// (runSteps).
+		if h.Started && h.Step >= 0 && h.Step < n {
+			r.mark(func(m StepMarker) { m.StepStarted(h.Step+1, r.req.Workflow.Steps[h.Step].Name) })
+		}
+		r.logf("knotless-run: adopted by a new runner process at step %d/%d", h.Step+1, n)
 	}
-	r.logf("knotless-run: adopted by a new runner process at step %d/%d", h.Step+1, len(r.req.Workflow.Steps))
 	sess, err := resumer.Resume(ctx, h.Session)
 	if err != nil {
 		r.fail(r.faultStatus(ctx), "", fmt.Errorf("resume session %s: %w", h.Session, err))
 		return
 	}
-	r.log.Info("session resumed", "session", sess.Ref().String(), "step", h.Step+1, "offset", h.Offset)
 	r.sessionStarted, r.sess = h.SessionStartedAt, sess
+	last := n - 1
+	if h.Replay {
+		last = n // the checkpoint after the last step
+	}
 	switch {
 	case grantErr != nil:
 		r.fail(Error, "", grantErr)
-	case h.Step < 0 || h.Step >= len(r.req.Workflow.Steps):
-		r.fail(Error, "", fmt.Errorf("adopt run %s: step %d of a workflow of %d steps", r.req.RunID, h.Step+1, len(r.req.Workflow.Steps)))
+	case h.Step < 0 || h.Step > last:
+		r.fail(Error, "", fmt.Errorf("adopt run %s: step %d of a workflow of %d steps", r.req.RunID, h.Step+1, n))
 	default:
+		if h.Replay {
+			if err := r.settleReplay(ctx, sess, &h); err != nil {
+				r.fail(r.faultStatus(ctx), "", err)
+				return
+			}
+		}
+		r.log.Info("session resumed", "session", sess.Ref().String(), "step", h.Step+1, "started", h.Started, "offset", h.Offset, "replay", h.Replay)
 		r.steps(ctx, sess, &h)
+		if h.Replay && h.Step == n {
+			r.logf("knotless-run: taken over after its last step by a new runner process after the one running it died")
+		}
 	}
+}
+
+// settleReplay asks the session's ledger whether the step a checkpoint
+// stopped before has started, and how it ended if it did. A session
+// without a ledger cannot tell: the step is taken as started and
+// followed, never started a second time.
+func (r *runState) settleReplay(ctx context.Context, sess executor.Session, h *Handover) error {
+	if h.Step == len(r.req.Workflow.Steps) {
+		return nil
+	}
+	l, ok := sess.(executor.StepLedger)
+	if !ok {
+		h.Started = true
+		return nil
+	}
+	steps, err := l.Ledger(ctx)
+	if err != nil {
+		return fmt.Errorf("adopt run %s: %w", r.req.RunID, err)
+	}
+	rec, started := steps[strconv.Itoa(h.Step+1)]
+	h.Started, r.ledgerExit = started, rec.Exit
+	return nil
 }
 
 // steps puts the checkout (unless the run is adopted: from is set), runs

@@ -52,13 +52,26 @@ func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, 
 		s := steps[i]
 		sr := &r.res.Steps[i]
 		at := stepStart{time: time.Now()}
-		if from != nil && i == from.Step && from.Started {
+		takenUp := from != nil && i == from.Step && from.Replay
+		replayed := takenUp && from.Started
+		if from != nil && i == from.Step && from.Started && !from.Replay {
 			// Its header and the output up to Offset are in the log already.
 			at = stepStart{time: from.StepStartedAt, started: true, offset: from.Offset}
 		} else {
-			if r.detached() {
-				r.handOver(sess, Handover{Step: i})
-				return
+			if replayed {
+				// Started by a process that died: its header again, then
+				// its output from the first byte, as that process logged
+				// them (the log was cut back to before the header).
+				at = stepStart{time: from.StepStartedAt, started: true, ledgerExit: r.ledgerExit}
+			} else {
+				if r.detached() {
+					r.handOver(sess, Handover{Step: i})
+					return
+				}
+				if err := r.checkpoint(sess, Handover{Step: i, StepStartedAt: at.time}); err != nil {
+					r.fail(Error, "", fmt.Errorf("record where the run stands before step %d/%d, so that it can be taken up again: %w", i+1, len(steps), err))
+					return
+				}
 			}
 			r.mark(func(m StepMarker) { m.StepStarted(i+1, s.Name) })
 			r.logf("==> step %d/%d: %s", i+1, len(steps), s.Name)
@@ -105,19 +118,61 @@ func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, 
 		r.logf("<== step %s: %s, exit %s, %s", s.Name, sr.Status, code, sr.Duration.Round(time.Millisecond))
 		r.log.Info("step ended", "step", s.Name, "status", sr.Status, "exit", code, "duration", sr.Duration.Round(time.Millisecond))
 		r.eng.cfg.Observer.StepEnded(string(sr.Status), sr.Duration)
+		switch {
+		case replayed && r.outputLost:
+			// runStep said what was lost.
+		case replayed:
+			r.logf("knotless-run: step %d/%d was taken over by a new runner process after the one following it died; its output above was read again from the session", i+1, len(steps))
+		case takenUp:
+			r.logf("knotless-run: step %d/%d was started by a new runner process after the one running the run died before it", i+1, len(steps))
+		}
 		if sr.Status != Success {
 			return
 		}
 	}
+	if err := r.checkpoint(sess, Handover{Step: len(steps)}); err != nil {
+		// The verdict stands; a process taking the run up from the
+		// checkpoint before the last step reads that step's end from
+		// the session's ledger.
+		r.log.Warn("record that every step ended", "err", err)
+	}
 	r.res.Status = Success
+}
+
+// checkpoint tells Request.Checkpoint where the run stands: at h.Step,
+// its header not logged yet (or, at the number of steps, every step
+// ended well).
+func (r *runState) checkpoint(sess executor.Session, h Handover) error {
+	if r.req.Checkpoint == nil {
+		return nil
+	}
+	_ = r.out.Flush()
+	r.lines.endLine()
+	h.Replay = true
+	r.snapshot(sess, &h)
+	h.LogSize = r.buf.Total()
+	return r.req.Checkpoint(h, r.buf.Bytes())
+}
+
+// snapshot fills in what every handover carries: the session, the run's
+// and the session's starts, the step results so far and the caches'
+// taint.
+func (r *runState) snapshot(sess executor.Session, h *Handover) {
+	h.Session = sess.Ref()
+	h.StartedAt, h.SessionStartedAt = r.res.StartedAt, r.sessionStarted
+	h.Steps = append([]StepResult(nil), r.res.Steps...)
+	h.CachesClean = r.cachesClean(false)
 }
 
 // stepStart is where a step's run begins: now, or (adopted) a step an
 // earlier process started, of which offset output bytes are logged.
+// ledgerExit is its exit code as the session's ledger has it, when it
+// ended before a process that died read all of it.
 type stepStart struct {
-	time    time.Time
-	started bool
-	offset  int64
+	time       time.Time
+	started    bool
+	offset     int64
+	ledgerExit *int
 }
 
 // detachedError ends following a step whose run was detached.
@@ -136,10 +191,7 @@ func (r *runState) detached() bool {
 
 // handOver ends the run here as Detached, leaving the session going.
 func (r *runState) handOver(sess executor.Session, h Handover) {
-	h.Session = sess.Ref()
-	h.StartedAt, h.SessionStartedAt = r.res.StartedAt, r.sessionStarted
-	h.Steps = append([]StepResult(nil), r.res.Steps...)
-	h.CachesClean = r.cachesClean(false)
+	r.snapshot(sess, &h)
 	r.res.Status, r.res.Handover = Detached, &h
 	if h.Started {
 		r.logf("knotless-run: runner stopping: step %d/%d goes on, handed over to the next runner process", h.Step+1, len(r.req.Workflow.Steps))
@@ -180,6 +232,13 @@ func (r *runState) runStep(ctx, runCtx context.Context, sess executor.Session, d
 		if err == nil {
 			// Also when detached meanwhile: the step ended here.
 			return exit, nil
+		}
+		if errors.Is(err, executor.ErrExitUnknown) && at.ledgerExit != nil {
+			// The process that died had read the step to its end, and
+			// the session let go of its output: the ledger's code holds.
+			r.logf("knotless-run: the output of step %s went with the runner process that read it; its exit code %d is from the session's ledger", s.Name, *at.ledgerExit)
+			r.outputLost = true
+			return executor.Exit{Code: *at.ledgerExit}, nil
 		}
 		if stepCtx.Err() == nil && r.detached() {
 			return executor.Exit{}, &detachedError{offset: at.offset + out.N}

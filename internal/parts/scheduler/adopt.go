@@ -24,25 +24,59 @@ const (
 	foreignStopTimeout = 3 * time.Minute
 )
 
-// Adopt takes up, before READY=1, the runs an earlier process handed
-// over that this executor can go on with and whose sessions are still
-// there (toAdopt); Start starts them. Those handed over on another
-// executor are stopped first, or end error (stopForeign). Their handovers are taken out of
-// state.json at once (a handover is good once). The other runs the
-// earlier process left (killed mid-run, gone, or on an executor that
-// cannot resume) are not final: Sweep forgets them and the
-// reconciliation runs them again under the same check key. It returns
-// how many runs it adopts.
+// Adopt takes up, before READY=1, the runs an earlier process left
+// going; Start starts them.
+//   - Handed over at a stop: those on another executor are stopped
+//     first, or end error (stopForeign); those this executor can go on
+//     with whose sessions are still there (toAdopt) are adopted, and
+//     their handovers taken out of state.json at once (a handover is
+//     good once: the run's checkpoints take over from it).
+//   - Left by a process that died (kill -9, OOM): takeUp adopts each
+//     where its checkpoint says it stood, ends it error when a step
+//     may have started and it cannot go on, or leaves it to run again
+//     when no step had started.
+//
+// Sweep forgets the runs not adopted whose checks are not final, and
+// the reconciliation runs them again under the same check key. It
+// returns how many runs it adopts.
 func (s *Scheduler) Adopt(ctx context.Context) int {
 	s.stopForeign(ctx)
-	if s.detach == nil {
-		return 0
+	var tasks []*task
+	for _, o := range s.takeUp(ctx) {
+		h := o.h
+		t, err := s.rebuild(ctx, o.key, o.r, &h, o.log)
+		if err != nil {
+			log := s.log.With("check", o.key, "run", o.r.RunID)
+			log.Warn("a run of a process that died cannot be taken up; its check ends error", "err", err)
+			s.endOrphan(ctx, o.key, o.r, o.log, fmt.Sprintf("the runner process running it died and it cannot be taken up (%v): not run again, so that no step runs twice", err), log)
+			continue
+		}
+		t.seen.started = o.r.StartedAt
+		tasks = append(tasks, t)
 	}
+	if s.detach != nil {
+		tasks = append(tasks, s.handedOver(ctx)...)
+	}
+	s.mu.Lock()
+	s.adopted = tasks
+	s.mu.Unlock()
+	return len(tasks)
+}
+
+// handedOver rebuilds the runs handed over at a stop that this process
+// adopts, and takes their handovers out of state.json.
+func (s *Scheduler) handedOver(ctx context.Context) []*task {
 	var tasks []*task
 	var keys []string
 	for _, key := range s.toAdopt(ctx) {
 		r, _ := s.p.State.Run(key)
-		t, err := s.rebuild(ctx, key, r)
+		prior, err := os.ReadFile(filepath.Join(s.runDir(r.RunID), handoverLog))
+		var t *task
+		if err == nil {
+			t, err = s.rebuild(ctx, key, r, r.Handover, prior)
+		} else {
+			err = fmt.Errorf("read the run's log so far: %w", err)
+		}
 		if err != nil {
 			s.log.Warn("cannot adopt a handed-over run; its work runs again", "check", key, "run", r.RunID, "err", err)
 			continue
@@ -51,19 +85,14 @@ func (s *Scheduler) Adopt(ctx context.Context) int {
 		tasks = append(tasks, t)
 		keys = append(keys, key)
 	}
-	// If this process dies without handing them over again (SIGKILL),
-	// the next one finds them as runs killed mid-run, sweeps their
-	// sessions and runs the work again, instead of going on from a point
-	// the run has passed (its steps moved on under this process; starting
-	// one of them twice would run it twice). A stop hands them over
-	// afresh (detachRun).
+	// If this process dies while it goes on with them, the next one
+	// takes them up from their checkpoints (takeUp), never from a
+	// handover the run has passed. A stop hands them over afresh
+	// (detachRun).
 	if err := s.p.State.ClaimHandovers(keys); err != nil {
 		s.log.Error("record the adopted runs as taken; a crash before they end would adopt them again from their old handover", "err", err)
 	}
-	s.mu.Lock()
-	s.adopted = tasks
-	s.mu.Unlock()
-	return len(tasks)
+	return tasks
 }
 
 // toAdopt returns the check keys of the runs an earlier process handed
@@ -131,21 +160,22 @@ func (s *Scheduler) stopForeign(ctx context.Context) {
 		why := fmt.Sprintf("handed over by a runner on executor %s; this runner's executor %s cannot adopt it and could not stop its session %s (%v): "+
 			"not run again here, so that it never runs twice at once", h.Session.Executor, s.facts.ExecutorName, h.Session, err)
 		log.Warn("a run handed over on another executor cannot be stopped; its check ends error", "err", err)
-		s.endForeign(ctx, key, r, why, log)
+		prior, _ := os.ReadFile(filepath.Join(s.runDir(r.RunID), handoverLog))
+		s.endOrphan(ctx, key, r, prior, why, log)
 	}
 }
 
-// endForeign writes the final error check of a handed-over run whose
-// session this process can neither adopt nor stop, with the log the
-// earlier process kept.
-func (s *Scheduler) endForeign(ctx context.Context, key string, r state.Run, why string, log *slog.Logger) {
+// endOrphan writes the final error check of a run an earlier process
+// left that this one cannot go on with (handed over on another
+// executor and not stopped, or died running it), with the log the
+// earlier process kept (prior). The session, if any, is the sweep's.
+func (s *Scheduler) endOrphan(ctx context.Context, key string, r state.Run, prior []byte, why string, log *slog.Logger) {
 	saved, err := job.Decode(r.Job)
 	if err != nil {
-		log.Error("a run handed over on another executor has no job to end; its work runs again", "err", err)
+		log.Error("a run an earlier process left has no job to end; its work runs again", "err", err)
 		return
 	}
 	dir := s.runDir(r.RunID)
-	prior, _ := os.ReadFile(filepath.Join(dir, handoverLog))
 	now := time.Now().UTC()
 	res := &run.Result{RunID: r.RunID, Workflow: r.Workflow, Executor: s.facts.ExecutorName, Status: run.Error, Error: why,
 		StartedAt: r.StartedAt, FinishedAt: now, Log: append(prior, "knotless-run: error: "+why+"\n"...)}
@@ -155,9 +185,9 @@ func (s *Scheduler) endForeign(ctx context.Context, key string, r state.Run, why
 	_ = os.RemoveAll(dir)
 }
 
-// rebuild makes the task of a handed-over run from what state.json and
-// the run's directory keep.
-func (s *Scheduler) rebuild(ctx context.Context, key string, r state.Run) (*task, error) {
+// rebuild makes the task of a run to adopt from what state.json keeps,
+// where it stands (h) and its log so far (prior).
+func (s *Scheduler) rebuild(ctx context.Context, key string, r state.Run, h *run.Handover, prior []byte) (*task, error) {
 	saved, err := job.Decode(r.Job)
 	if err != nil {
 		return nil, err
@@ -179,12 +209,8 @@ func (s *Scheduler) rebuild(ctx context.Context, key string, r state.Run) (*task
 	if wf == nil {
 		return nil, fmt.Errorf("workflow %s not found at %s", r.Workflow, saved.Tree)
 	}
-	prior, err := os.ReadFile(filepath.Join(s.runDir(r.RunID), handoverLog))
-	if err != nil {
-		return nil, fmt.Errorf("read the run's log so far: %w", err)
-	}
 	j := &job.Job{Key: key, Event: saved.Event, Workflow: wf, Repo: repo, Tree: saved.Tree, Vars: saved.Vars}
-	return &task{Job: j, runID: r.RunID, check: saved.Check, adopt: r.Handover, prior: prior}, nil
+	return &task{Job: j, runID: r.RunID, check: saved.Check, adopt: h, prior: prior}, nil
 }
 
 // Sweep removes the sessions no run owns any more: all but those of the

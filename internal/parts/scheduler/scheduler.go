@@ -80,6 +80,9 @@ type Checks interface {
 	Cancelled(ctx context.Context, e checks.End) forge.Check
 	Released(ctx context.Context, e checks.End)
 	Pending(ev work.Event) bool
+	// Final reports whether the check of key is known final (written,
+	// or owed to the PDS).
+	Final(key string) bool
 }
 
 // State is the scheduler's part of state.json (state.Store): the going

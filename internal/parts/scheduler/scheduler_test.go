@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -795,5 +796,81 @@ func TestForeignHandover(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// TestTakeUpDecides: at start, each run an earlier process died running
+// (in state.json, not handed over) is adopted from its checkpoint when
+// its session is there; ends error when a step may have started and it
+// cannot go on (its session gone, on another executor, or where it
+// stood unreadable), never to run again; is left to run again from the
+// start when it has no checkpoint (no step had started); and is left
+// alone when its check is final (the process died after writing it).
+func TestTakeUpDecides(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ex := &goneExecutor{gone: map[string]bool{"job-gone": true}}
+	w.facts.Executor, w.facts.ExecutorName = executor.CapabilitiesOf(ex), ex.Name()
+	s := New(w.cfg, w.facts, w.ports, slog.New(slog.DiscardHandler))
+	checkpoint := func(runID, exec, session string) {
+		log := []byte("==> step 1/2: build\nok\n")
+		h := run.Handover{Session: executor.Ref{Executor: exec, RunID: runID, Name: session}, Step: 1, Replay: true,
+			Steps: make([]run.StepResult, 2), LogSize: int64(len(log))}
+		if err := s.writeCheckpoint(runID, h, log); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys := []string{"k-none", "k-going", "k-gone", "k-docker", "k-corrupt", "k-final"}
+	for _, key := range keys {
+		j := pushJob(key, "main", "ci")
+		saved, err := job.Encode(j, forge.Check{Status: "running", Workflow: "ci"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.store.StartRun(key, state.Run{CheckKey: key, RunID: "r-" + key, Workflow: "ci", Job: saved}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkpoint("r-k-going", "plain", "job-going")
+	checkpoint("r-k-gone", "plain", "job-gone")
+	checkpoint("r-k-docker", "docker", "c-docker")
+	checkpoint("r-k-final", "plain", "job-final")
+	if err := os.MkdirAll(s.runDir("r-k-corrupt"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(s.runDir("r-k-corrupt"), checkpointFile), []byte("{\"step\":"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w.keeper.Know("k-final", forge.Check{Status: "success", Workflow: "ci"})
+
+	var adopted []string
+	for _, o := range s.takeUp(t.Context()) {
+		adopted = append(adopted, o.key)
+		if string(o.log) != "==> step 1/2: build\nok\n" || o.h.Step != 1 || !o.h.Replay {
+			t.Errorf("%s: taken up at step %d (replay %t) with log %q", o.key, o.h.Step, o.h.Replay, o.log)
+		}
+	}
+	if diff := cmp.Diff([]string{"k-going"}, adopted); diff != "" {
+		t.Errorf("runs taken up (-want +got):\n%s", diff)
+	}
+	for key, want := range map[string]string{
+		"k-none":    "",
+		"k-final":   "",
+		"k-going":   "",
+		"k-gone":    "runner restarted during step 2/2 (the process running it died), and its session plain:job-gone is gone",
+		"k-docker":  "its session is on executor docker, which this runner (executor plain) cannot take over",
+		"k-corrupt": "where it stood cannot be read",
+	} {
+		got := w.pds.Statuses(key)
+		if want == "" {
+			if len(got) != 0 {
+				t.Errorf("%s: checks written %v, want none", key, got)
+			}
+			continue
+		}
+		c, _ := w.keeper.Get(key)
+		if !slices.Equal(got, []string{"error"}) || !strings.Contains(c.Error, want) || !strings.Contains(c.Error, "not run again, so that no step runs twice") {
+			t.Errorf("%s: checks written %v, error %q; want one error check saying %q", key, got, c.Error, want)
+		}
 	}
 }

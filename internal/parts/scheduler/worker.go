@@ -329,6 +329,7 @@ func (s *Scheduler) execute(ctx context.Context, t *task, dir string, log *slog.
 		req.Live = t.live
 	}
 	req.Progress = func(p run.Progress) { s.setProgress(t, p) }
+	req.Checkpoint = func(h run.Handover, log []byte) error { return s.writeCheckpoint(t.runID, h, log) }
 	if t.adopt != nil {
 		s.started(t)
 		secrets, err := s.runSecrets(ctx, t)

@@ -1,0 +1,146 @@
+package scheduler
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"knotless.dev/run/internal/engine/run"
+	"knotless.dev/run/internal/lib/atomicfile"
+	"knotless.dev/run/internal/parts/state"
+)
+
+// checkpointFile is, in a run's directory, where the run stood at its
+// newest step boundary (run.Request.Checkpoint): one line of JSON, the
+// Handover a successor adopts after this process died, then the log so
+// far. It is this file's one writer; Adopt reads it at the next start.
+const checkpointFile = "checkpoint"
+
+// writeCheckpoint replaces the run's checkpoint, atomically: a reader
+// finds the old one or the new one.
+func (s *Scheduler) writeCheckpoint(runID string, h run.Handover, log []byte) error {
+	head, err := json.Marshal(h)
+	if err != nil {
+		return fmt.Errorf("encode checkpoint: %w", err)
+	}
+	dir := s.runDir(runID)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	b := make([]byte, 0, len(head)+1+len(log))
+	b = append(append(append(b, head...), '\n'), log...)
+	return atomicfile.Write(filepath.Join(dir, checkpointFile), b, 0o600)
+}
+
+// readCheckpoint reads a run's checkpoint; ok is false when it has none
+// (the process that ran it died before its first step could start).
+func (s *Scheduler) readCheckpoint(runID string) (h run.Handover, log []byte, ok bool, err error) {
+	b, err := os.ReadFile(filepath.Join(s.runDir(runID), checkpointFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return h, nil, false, nil
+	}
+	if err != nil {
+		return h, nil, false, fmt.Errorf("read checkpoint: %w", err)
+	}
+	head, log, found := bytes.Cut(b, []byte("\n"))
+	if !found {
+		return h, nil, false, errors.New("checkpoint has no log line")
+	}
+	dec := json.NewDecoder(bytes.NewReader(head))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&h); err != nil {
+		return h, nil, false, fmt.Errorf("checkpoint is corrupt: %w", err)
+	}
+	if !h.Replay || int64(len(log)) > h.LogSize {
+		return h, nil, false, errors.New("checkpoint is corrupt: not a replay, or more log than it counts")
+	}
+	return h, log, true, nil
+}
+
+// orphaned is a run an earlier process was running when it died
+// (kill -9, OOM, its host's power): in state.json, not handed over.
+type orphaned struct {
+	key string
+	r   state.Run
+	h   run.Handover
+	log []byte
+}
+
+// takeUp decides, for each run an earlier process died running, whether
+// this process adopts it where it stands (its checkpoint and its
+// session are there, and this executor resumes sessions), ends it error
+// (a step may have started, and it cannot go on: so that no step runs
+// twice, it is not run again), or leaves it to run again from the start
+// (no checkpoint: no step had started). A run whose check is already
+// final (the process died after writing it) is left alone.
+func (s *Scheduler) takeUp(ctx context.Context) []orphaned {
+	var adopt []orphaned
+	for key, r := range s.p.State.Runs() {
+		if r.Handover != nil || s.p.Checks.Final(key) {
+			continue
+		}
+		log := s.log.With("check", key, "run", r.RunID)
+		h, prior, ok, err := s.readCheckpoint(r.RunID)
+		if err != nil {
+			// Where it stood is unknown: a step may have started.
+			log.Warn("a run of a process that died cannot be taken up", "err", err)
+			s.endOrphan(ctx, key, r, prior, fmt.Sprintf("the runner process running it died and where it stood cannot be read (%v): not run again, so that no step runs twice", err), log)
+			continue
+		}
+		if !ok {
+			log.Info("a run of a process that died had started no step; its work runs again")
+			continue
+		}
+		// The checkpoint is taken before a step can start: the step may
+		// have started.
+		where := fmt.Sprintf("during step %d/%d", h.Step+1, len(h.Steps))
+		if h.Step >= len(h.Steps) {
+			where = "after the run's last step"
+		}
+		switch why := s.cannotAdopt(ctx, h); why {
+		case "":
+			log.Info("a run of a process that died is taken up where it stands", "where", where, "session", h.Session.String())
+			adopt = append(adopt, orphaned{key: key, r: r, h: h, log: prior})
+		default:
+			if h.Session.Executor != s.facts.ExecutorName && s.p.StopForeign != nil {
+				// Another executor's session: this one's sweep cannot
+				// see it, so it is stopped here, or it goes on alone.
+				sctx, cancel := context.WithTimeout(ctx, foreignStopTimeout)
+				if err := s.p.StopForeign(sctx, h.Session); err != nil {
+					why += fmt.Sprintf("; stopping it failed (%v), so it may go on until its deadline", err)
+				}
+				cancel()
+			}
+			log.Warn("a run of a process that died cannot go on; its check ends error", "where", where, "why", why)
+			s.endOrphan(ctx, key, r, prior, fmt.Sprintf("runner restarted %s (the process running it died), and %s: not run again, so that no step runs twice", where, why), log)
+		}
+	}
+	return adopt
+}
+
+// cannotAdopt says why the run of a checkpoint cannot go on here, or "".
+func (s *Scheduler) cannotAdopt(ctx context.Context, h run.Handover) string {
+	switch {
+	case h.Session.Executor != s.facts.ExecutorName:
+		return fmt.Sprintf("its session is on executor %s, which this runner (executor %s) cannot take over", h.Session.Executor, s.facts.ExecutorName)
+	case s.facts.Executor.Resumer == nil:
+		return fmt.Sprintf("the %s executor cannot take a run over from a process that died", s.facts.ExecutorName)
+	}
+	if g := s.facts.Executor.Gone; g != nil {
+		pctx, cancel := context.WithTimeout(ctx, goneProbeTimeout)
+		gone, err := g.Gone(pctx, h.Session)
+		cancel()
+		if err == nil && gone {
+			return fmt.Sprintf("its session %s is gone", h.Session)
+		}
+		if err != nil {
+			s.log.Warn("cannot tell whether the session of a run of a process that died is there; taking it up", "session", h.Session.String(), "err", err)
+		}
+	}
+	return ""
+}
