@@ -50,6 +50,12 @@ var (
 	RefusalReasons = append([]string{"source"}, Limits...)
 	// TickSkipReasons are why a schedule's tick is skipped.
 	TickSkipReasons = []string{"queued"}
+	// InheritedHows are what a process did with a run an earlier one
+	// left going: adopted at its handover ("handover"), taken up from
+	// its checkpoint after that process died ("checkpoint"), ended error
+	// because a step may have started and it could not go on ("ended"),
+	// or run again because no step had started ("again").
+	InheritedHows = []string{"handover", "checkpoint", "ended", "again"}
 	// DegradedReasons are why the runner may be degraded: "executor",
 	// its executor cannot take runs (cluster unreachable, credentials
 	// expired).
@@ -104,6 +110,7 @@ type Metrics struct {
 	deferred        *prometheus.CounterVec
 	refused         *prometheus.CounterVec
 	ticksSkipped    *prometheus.CounterVec
+	inherited       *prometheus.CounterVec
 
 	queueDepth  prometheus.Gauge
 	runsGoing   prometheus.Gauge
@@ -161,6 +168,7 @@ func New(reg *prometheus.Registry) (*Metrics, error) {
 	m.deferred = counterVec("events_deferred_total", "Times an event waited for its author's caps, by the limit's flag.", "limit")
 	m.refused = counterVec("events_refused_total", "Events given one error check instead of runs, by the limit's flag or source.", "reason")
 	m.ticksSkipped = counterVec("schedule_ticks_skipped_total", "Schedule ticks not run, by reason (queued: the workflow's previous tick was still queued).", "reason")
+	m.inherited = counterVec("runs_inherited_total", "Runs an earlier process left going, by what this one did: handover (adopted), checkpoint (taken up after that process died), ended (error: a step may have started and it could not go on), again (no step had started: run again).", "how")
 
 	m.queueDepth = gauge("queue_depth", "Runs queued, waiting for a worker.")
 	m.runsGoing = gauge("runs_going", "Runs going (started, not final).")
@@ -195,7 +203,7 @@ func New(reg *prometheus.Registry) (*Metrics, error) {
 		m.pickup, m.queueWait, m.sessionReady, m.stepDuration, m.runDuration, m.xferBytes, m.xferSeconds,
 		m.runs, m.sweeps, m.sweepErrors, m.swept, m.cleanupFailures, m.warmTaken, m.checkWrites, m.checkRefusals,
 		m.rateWaits, m.rateWaitSeconds, m.cacheHits, m.cacheMisses, m.cacheBytes, m.landings, m.ejections,
-		m.deferred, m.refused, m.ticksSkipped,
+		m.deferred, m.refused, m.ticksSkipped, m.inherited,
 		m.queueDepth, m.runsGoing, m.owedChecks, m.warmPods, m.writeBudget, m.degraded, m.expiry,
 	} {
 		if err := reg.Register(c); err != nil {
@@ -440,6 +448,15 @@ func (m *Metrics) TickSkipped(reason string) {
 		return
 	}
 	m.ticksSkipped.WithLabelValues(known(TickSkipReasons, reason)).Inc()
+}
+
+// Inherited: at start, this process did how with a run an earlier one
+// left going (InheritedHows).
+func (m *Metrics) Inherited(how string) {
+	if m == nil {
+		return
+	}
+	m.inherited.WithLabelValues(known(InheritedHows, how)).Inc()
 }
 
 // Ejected: the merge queue ejected a pull for reason.

@@ -463,6 +463,9 @@ func touchAll(m *metrics.Metrics, runs int) {
 	for _, r := range with(metrics.TickSkipReasons) {
 		m.TickSkipped(r)
 	}
+	for _, h := range with(metrics.InheritedHows) {
+		m.Inherited(h)
+	}
 	for _, r := range with(metrics.DegradedReasons) {
 		m.SetDegraded(r, true)
 	}

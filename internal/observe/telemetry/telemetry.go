@@ -86,6 +86,9 @@ func (p Parts) Refused(_ work.Event, reason string) { p.M.Refused(reason) }
 // TickSkipped: a schedule's tick was not run.
 func (p Parts) TickSkipped(reason string) { p.M.TickSkipped(reason) }
 
+// Inherited: what was done with a run an earlier process left going.
+func (p Parts) Inherited(how string) { p.M.Inherited(how) }
+
 // EventTime is when a push was made, as its record says; false for
 // other events.
 func EventTime(ev work.Event) (time.Time, bool) {

@@ -49,8 +49,10 @@ func (s *Scheduler) Adopt(ctx context.Context) int {
 			log := s.log.With("check", o.key, "run", o.r.RunID)
 			log.Warn("a run of a process that died cannot be taken up; its check ends error", "err", err)
 			s.endOrphan(ctx, o.key, o.r, o.log, fmt.Sprintf("the runner process running it died and it cannot be taken up (%v): not run again, so that no step runs twice", err), log)
+			s.inherited("ended")
 			continue
 		}
+		s.inherited("checkpoint")
 		t.seen.started = o.r.StartedAt
 		tasks = append(tasks, t)
 	}
@@ -79,8 +81,10 @@ func (s *Scheduler) handedOver(ctx context.Context) []*task {
 		}
 		if err != nil {
 			s.log.Warn("cannot adopt a handed-over run; its work runs again", "check", key, "run", r.RunID, "err", err)
+			s.inherited("again")
 			continue
 		}
+		s.inherited("handover")
 		t.seen.started = r.StartedAt
 		tasks = append(tasks, t)
 		keys = append(keys, key)
@@ -116,6 +120,7 @@ func (s *Scheduler) toAdopt(ctx context.Context) []string {
 				s.log.Warn("cannot tell whether a handed-over session is still there; adopting it", "check", key, "run", r.RunID, "session", r.Handover.Session.String(), "err", err)
 			case gone:
 				s.log.Info("the session of a handed-over run is gone; its work runs again", "check", key, "run", r.RunID, "session", r.Handover.Session.String())
+				s.inherited("again")
 				continue
 			}
 		}

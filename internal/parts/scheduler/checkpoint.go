@@ -90,10 +90,12 @@ func (s *Scheduler) takeUp(ctx context.Context) []orphaned {
 			// Where it stood is unknown: a step may have started.
 			log.Warn("a run of a process that died cannot be taken up", "err", err)
 			s.endOrphan(ctx, key, r, prior, fmt.Sprintf("the runner process running it died and where it stood cannot be read (%v): not run again, so that no step runs twice", err), log)
+			s.inherited("ended")
 			continue
 		}
 		if !ok {
 			log.Info("a run of a process that died had started no step; its work runs again")
+			s.inherited("again")
 			continue
 		}
 		// The checkpoint is taken before a step can start: the step may
@@ -118,9 +120,18 @@ func (s *Scheduler) takeUp(ctx context.Context) []orphaned {
 			}
 			log.Warn("a run of a process that died cannot go on; its check ends error", "where", where, "why", why)
 			s.endOrphan(ctx, key, r, prior, fmt.Sprintf("runner restarted %s (the process running it died), and %s: not run again, so that no step runs twice", where, why), log)
+			s.inherited("ended")
 		}
 	}
 	return adopt
+}
+
+// inherited tells the observer what was done with a run an earlier
+// process left going.
+func (s *Scheduler) inherited(how string) {
+	if s.p.Observer != nil {
+		s.p.Observer.Inherited(how)
+	}
 }
 
 // cannotAdopt says why the run of a checkpoint cannot go on here, or "".

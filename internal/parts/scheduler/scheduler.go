@@ -124,6 +124,10 @@ type Observer interface {
 	Queued(j *job.Job)
 	Started(j *job.Job, runID string, queued time.Time)
 	Ended(j *job.Job, res *run.Result)
+	// Inherited: at start, what was done with a run an earlier process
+	// left going: "handover", "checkpoint", "ended" or "again"
+	// (metrics.InheritedHows).
+	Inherited(how string)
 }
 
 // Tap is live output (tap.go): it gives each run a writer of its live,

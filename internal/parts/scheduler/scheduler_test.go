@@ -160,6 +160,7 @@ type observer struct {
 
 func (o *observer) add(s string)                              { o.mu.Lock(); o.events = append(o.events, s); o.mu.Unlock() }
 func (o *observer) Queued(j *job.Job)                         { o.add("queued " + j.Workflow.Name) }
+func (o *observer) Inherited(how string)                      { o.add("inherited " + how) }
 func (o *observer) Started(j *job.Job, _ string, _ time.Time) { o.add("started " + j.Workflow.Name) }
 func (o *observer) Ended(j *job.Job, res *run.Result) {
 	o.add("ended " + j.Workflow.Name + " " + string(res.Status))
@@ -687,6 +688,7 @@ type waits struct {
 
 func (o *waits) Queued(*job.Job)             {}
 func (o *waits) Ended(*job.Job, *run.Result) {}
+func (o *waits) Inherited(string)            {}
 func (o *waits) Started(_ *job.Job, _ string, queued time.Time) {
 	o.mu.Lock()
 	o.d = append(o.d, time.Since(queued))
@@ -811,6 +813,8 @@ func TestTakeUpDecides(t *testing.T) {
 	w := newWorld(t)
 	ex := &goneExecutor{gone: map[string]bool{"job-gone": true}}
 	w.facts.Executor, w.facts.ExecutorName = executor.CapabilitiesOf(ex), ex.Name()
+	obs := &observer{}
+	w.ports.Observer = obs
 	s := New(w.cfg, w.facts, w.ports, slog.New(slog.DiscardHandler))
 	checkpoint := func(runID, exec, session string) {
 		log := []byte("==> step 1/2: build\nok\n")
@@ -852,6 +856,20 @@ func TestTakeUpDecides(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"k-going"}, adopted); diff != "" {
 		t.Errorf("runs taken up (-want +got):\n%s", diff)
+	}
+	// takeUp counts what it ended and what runs again; Adopt counts
+	// what it takes up.
+	ended, again := 0, 0
+	for _, e := range obs.events {
+		switch e {
+		case "inherited ended":
+			ended++
+		case "inherited again":
+			again++
+		}
+	}
+	if ended != 3 || again != 1 {
+		t.Errorf("observed %v; want 3 ended (gone, docker, corrupt) and 1 again (no checkpoint)", obs.events)
 	}
 	for key, want := range map[string]string{
 		"k-none":    "",
