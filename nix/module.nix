@@ -677,11 +677,13 @@ let
             GOMAXPROCS = "4";
           };
           description = ''
-            Environment variables of the runner's unit (`Environment=`); the
-            shell executor's steps inherit them. The values are in the
-            world-readable store: a secret belongs in
-            {option}`${opt "environmentFile"}`. Not `PATH`: the module sets
-            it from {option}`${opt "extraPackages"}` and
+            Environment variables of the runner's unit (`Environment=`): the
+            daemon's, e.g. `DOCKER_HOST` for the docker executor or a proxy.
+            The shell executor's steps do not get them: a step's environment
+            is PATH, its own HOME and TMPDIR, and LANG (workflows set the
+            rest). The values are in the world-readable store: a secret
+            belongs in {option}`${opt "environmentFile"}`. Not `PATH`: the
+            module sets it from {option}`${opt "extraPackages"}` and
             {option}`${opt "hostPackages"}`.
           '';
         };
