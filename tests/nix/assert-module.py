@@ -225,6 +225,12 @@ check(
     and all(all(o in m for o in want) and len(m.split(": ", 1)) == 2 and len(m.split(": ", 1)[1]) > 20 for m, want in zip(asserted("nothing"), nothing_wants)),
     asserted("nothing"),
 )
+guide = open(__file__.rsplit("/tests/nix/", 1)[0] + "/docs/guide/nixos.md").read()
+check(
+    "docs/guide/nixos.md quotes the four messages of enable = true alone verbatim",
+    all(f"- {m}\n" in guide for m in asserted("nothing")),
+    [m for m in asserted("nothing") if f"- {m}\n" not in guide],
+)
 check("no DID: refused, naming settings.did", asserted("no-did") != [] and all("services.knotless-run.settings.did" in m for m in asserted("no-did")), asserted("no-did"))
 check("--did= in extraArgs stands for settings.did", asserted("did-in-args") == [], asserted("did-in-args"))
 check(
