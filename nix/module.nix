@@ -9,7 +9,8 @@
 # state and cache directories, units and refresh timer: they share nothing
 # writable. The default runner is `knotless-run.service`, user `knotless`,
 # /var/lib/knotless; instance NAME is `knotless-run-NAME.service`, user
-# `knotless-NAME`, /var/lib/knotless-NAME.
+# `knotless-NAME`, /var/lib/knotless-NAME (`user` names another; two
+# runners with one user are refused).
 {
   config,
   lib,
@@ -1147,7 +1148,8 @@ let
         # steps get this PATH, with the host's tools after the operator's.
         path = [ pkgs.git ] ++ icfg.extraPackages ++ optionals (executor == "shell") icfg.hostPackages;
 
-        environment = mapAttrs (_: toString) (removeAttrs icfg.environment [ "PATH" ]);
+        # A path value becomes its store copy, a package its store path.
+        environment = mapAttrs (_: v: "${v}") (removeAttrs icfg.environment [ "PATH" ]);
 
         # A restart is a handover: the old daemon finishes or hands over its
         # started runs on SIGTERM and the new one adopts them, so a switch
@@ -1407,7 +1409,9 @@ let
       }
       {
         assertion = os.openFirewall -> listenPort os.listen != null && !loopbackListen os.listen;
-        message = "services.knotless-run.outputService.openFirewall is true but services.knotless-run.outputService.listen is \"${os.listen}\", loopback only: no other host could reach the port. Listen on a wider address (\"[::]:8789\"), or leave the firewall closed.";
+        message = "services.knotless-run.outputService.openFirewall is true but services.knotless-run.outputService.listen is \"${os.listen}\", ${
+          if listenPort os.listen == null then "which names no port" else "loopback only: no other host could reach the port"
+        }. Listen on a wider address (\"[::]:8789\"), or leave the firewall closed.";
       }
       {
         # knotless-output is instance `output`'s user and directories.

@@ -496,8 +496,9 @@ check(
 )
 env = s["environment"]
 check(
-    "environment: each variable an Environment= line of the runner's unit",
-    env["serviceUnit"]["environment"] == {"GOMAXPROCS": "4", "HTTPS_PROXY": "http://proxy.example.com:3128"}
+    "environment: each variable an Environment= line of the runner's unit, a path value as its store copy",
+    {k: v for k, v in env["serviceUnit"]["environment"].items() if k != "STUBS"} == {"GOMAXPROCS": "4", "HTTPS_PROXY": "http://proxy.example.com:3128"}
+    and re.fullmatch(r"/nix/store/[a-z0-9]{32}-nixos-stubs\.nix", env["serviceUnit"]["environment"].get("STUBS", ""))
     and 'Environment="GOMAXPROCS=4"' in env["units"]["knotless-run.service"].splitlines()
     and 'Environment="HTTPS_PROXY=http://proxy.example.com:3128"' in env["units"]["knotless-run.service"].splitlines()
     and env["failedAssertions"] == [],

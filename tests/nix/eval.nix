@@ -313,6 +313,8 @@ in
       environment = {
         GOMAXPROCS = "4";
         HTTPS_PROXY = "http://proxy.example.com:3128";
+        # A path value: its store copy.
+        STUBS = ./nixos-stubs.nix;
       };
     });
     environment-path = scenario withoutCommand (kube { environment.PATH = "/usr/bin"; });
