@@ -317,6 +317,23 @@ in
         STUBS = ./nixos-stubs.nix;
       };
     });
+    # Rendered into tests/nix/golden/knotless-run.podman.service: the
+    # docker executor on Podman, as another user, with the conveniences.
+    podman = scenario withoutCommand (minimal {
+      settings.executor = "docker";
+      user = "ci";
+      group = "ci";
+      extraGroups = [ "ci-data" ];
+      environment = {
+        DOCKER_HOST = "unix:///run/podman/podman.sock";
+        HTTPS_PROXY = "http://proxy.example.com:3128";
+      };
+      serviceOverrides = {
+        CPUQuota = "200%";
+        ProtectHome = "read-only";
+      };
+      nixos.virtualisation.podman.enable = true;
+    });
     environment-path = scenario withoutCommand (kube { environment.PATH = "/usr/bin"; });
     overrides = scenario withoutCommand (kube {
       serviceOverrides = {
