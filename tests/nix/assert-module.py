@@ -513,10 +513,12 @@ check(
 )
 ov = s["overrides"]["service"]
 check(
-    "serviceOverrides: replace the module's values (Restart, a mkDefault hardening, a list) and add new keys",
+    "serviceOverrides: replace the runner's values (Restart, a mkDefault hardening, a list) and add new keys; the refresh unit keeps its own",
     (ov["Restart"], ov["ProtectHome"], ov["RestrictAddressFamilies"], ov.get("CPUQuota")) == ("on-failure", "read-only", "AF_UNIX", "200%")
-    and s["overrides"]["failedAssertions"] == [] and s["overrides"]["refresh"] == {}
-    and ov["ProtectSystem"] == "strict",
+    and s["overrides"]["failedAssertions"] == []
+    and ov["ProtectSystem"] == "strict"
+    and (s["overrides"]["refresh"]["ProtectHome"], s["overrides"]["refresh"]["RestrictAddressFamilies"]) == ("true", "AF_UNIX\nAF_INET\nAF_INET6")
+    and "CPUQuota" not in s["overrides"]["refresh"],
     (ov["Restart"], ov["ProtectHome"], ov["RestrictAddressFamilies"], ov.get("CPUQuota"), s["overrides"]["failedAssertions"]),
 )
 fw = s["firewall"]
@@ -525,7 +527,11 @@ check(
     sorted(fw["firewall"]) == [8788, 8789, 9100] and fw["failedAssertions"] == [],
     (fw["firewall"], fw["failedAssertions"]),
 )
-check("openFirewall: off by default, no port opened", docs["firewall"] == [] and s["live"]["firewall"] == [] and s["output-service"]["firewall"] == [], (docs["firewall"], s["live"]["firewall"]))
+check(
+    "openFirewall: off by default, even for metrics on [::]:9100",
+    s["metrics-listen"]["firewall"] == [] and s["metrics-listen"]["failedAssertions"] == [] and docs["firewall"] == [],
+    (s["metrics-listen"]["firewall"], s["metrics-listen"]["failedAssertions"]),
+)
 fl = asserted("firewall-loopback")
 check(
     "openFirewall with a loopback listen (or none): refused for each listener, naming its listen option, nothing opened",

@@ -335,14 +335,18 @@ in
       nixos.virtualisation.podman.enable = true;
     });
     environment-path = scenario withoutCommand (kube { environment.PATH = "/usr/bin"; });
-    overrides = scenario withoutCommand (kube {
-      serviceOverrides = {
-        Restart = "on-failure";
-        ProtectHome = "read-only";
-        RestrictAddressFamilies = [ "AF_UNIX" ];
-        CPUQuota = "200%";
-      };
-    });
+    # With the refresh unit, which the overrides leave alone.
+    overrides = scenario withCommand (
+      docs
+      // {
+        serviceOverrides = {
+          Restart = "on-failure";
+          ProtectHome = "read-only";
+          RestrictAddressFamilies = [ "AF_UNIX" ];
+          CPUQuota = "200%";
+        };
+      }
+    );
     firewall = scenario withLive (
       kube {
         metrics = {
