@@ -9,7 +9,8 @@
 # state and cache directories, units and refresh timer: they share nothing
 # writable. The default runner is `knotless-run.service`, user `knotless`,
 # /var/lib/knotless; instance NAME is `knotless-run-NAME.service`, user
-# `knotless-NAME`, /var/lib/knotless-NAME.
+# `knotless-NAME`, /var/lib/knotless-NAME (`user` names another; two
+# runners with one user are refused).
 {
   config,
   lib,
@@ -134,6 +135,53 @@ let
     else
       null;
 
+  # How long one refresh interval is, in seconds, for the forms the module
+  # can read: the durations above, systemd's named calendar shorthands,
+  # the calendars intervalCalendar makes, and a fixed time of day
+  # ("*-*-* 03:00:00", daily). null for any other calendar expression.
+  intervalSeconds =
+    interval:
+    let
+      parts = builtins.match "([0-9]+)(h|m|min)" interval;
+      hourly = builtins.match "\\*-\\*-\\* 00/([0-9]+):00:00" interval;
+      minutely = builtins.match "\\*-\\*-\\* \\*:00/([0-9]+):00" interval;
+      named = {
+        minutely = 60;
+        hourly = 3600;
+        daily = 86400;
+        weekly = 7 * 86400;
+        monthly = 31 * 86400;
+        quarterly = 92 * 86400;
+        semiannually = 184 * 86400;
+        yearly = 366 * 86400;
+        annually = 366 * 86400;
+      };
+      num = m: lib.toIntBase10 (lib.head m);
+    in
+    if parts != null then
+      num parts * (if elemAt parts 1 == "h" then 3600 else 60)
+    else if named ? ${interval} then
+      named.${interval}
+    else if hourly != null then
+      num hourly * 3600
+    else if minutely != null then
+      num minutely * 60
+    else if builtins.match "\\*-\\*-\\* [0-9]+:[0-9]+(:[0-9]+)?" interval != null then
+      86400
+    else
+      null;
+
+  # The TCP port of a listen address (HOST:PORT, [V6]:PORT), and whether
+  # the address is loopback only, where opening the firewall reaches nobody.
+  listenPort =
+    listen:
+    let
+      m = builtins.match ".*:([0-9]+)" listen;
+    in
+    if m == null then null else lib.toIntBase10 (lib.head m);
+  loopbackListen =
+    listen: builtins.match "(127\\.[0-9.]+|\\[::1]|localhost):[0-9]+" listen != null;
+
   # What systemd needs to see an argument of ExecStart= as one word, with no
   # specifier (%) inside it; `$` is escaped too unless the argument is meant
   # to take ''${NAME} from the environment (extraArgs).
@@ -180,10 +228,10 @@ let
   # Hardening shared by a runner's units, each overridable (mkDefault). The
   # shell executor's steps are ordinary processes of the runner's unit:
   # they get a wider system call filter and may map writable memory
-  # executable (JITs). extraFamilies are address families one unit needs
-  # beyond these.
+  # executable (JITs). groups are the unit's SupplementaryGroups=;
+  # extraFamilies are address families one unit needs beyond these.
   hardening =
-    executor: extraFamilies:
+    executor: groups: extraFamilies:
     mapAttrs (_: mkDefault) {
       NoNewPrivileges = true;
       ProtectSystem = "strict";
@@ -191,8 +239,10 @@ let
       PrivateTmp = true;
       PrivateDevices = true;
       DevicePolicy = "closed";
-      # A user namespace hides the docker group's id: off for the docker executor.
-      PrivateUsers = executor != "docker";
+      # A user namespace maps only root and the unit's user and group:
+      # the docker group's id (and any other supplementary group's) would
+      # be unmapped and its files refused. Off when the unit has any.
+      PrivateUsers = groups == [ ];
       ProtectHostname = true;
       ProtectClock = true;
       ProtectKernelTunables = true;
@@ -576,7 +626,118 @@ let
           description = ''
             Packages on the runner's PATH. The shell executor's steps get that
             PATH, so these are the tools its workflows can call. git is always
-            there: `serve` mirrors repositories with it.
+            there: `serve` mirrors repositories with it. They come before
+            {option}`${opt "hostPackages"}`, so a tool here wins.
+          '';
+        };
+
+        hostPackages = mkOption {
+          type = types.listOf types.package;
+          default = with pkgs; [
+            bash
+            coreutils
+            findutils
+            diffutils
+            gnused
+            gnugrep
+            gawk
+            gnutar
+            gzip
+            bzip2
+            xz
+            gnumake
+            gnupatch
+          ];
+          defaultText = literalExpression ''
+            with pkgs; [
+              bash coreutils findutils diffutils gnused gnugrep gawk
+              gnutar gzip bzip2 xz gnumake gnupatch
+            ]
+          '';
+          example = literalExpression "with pkgs; [ bash coreutils gnugrep ]";
+          description = ''
+            Packages on the PATH of the shell executor's steps (after git and
+            {option}`${opt "extraPackages"}`), only when
+            {option}`${opt "settings.executor"}` is `shell`: the default is the
+            tools a Nix build's sandbox has (stdenv's). Other executors' steps
+            run in their images, and these are not on their daemon's PATH.
+          '';
+        };
+
+        environment = mkOption {
+          type = types.attrsOf (
+            types.oneOf [
+              types.str
+              types.path
+              types.package
+            ]
+          );
+          default = { };
+          example = {
+            DOCKER_HOST = "unix:///run/podman/podman.sock";
+            GOMAXPROCS = "4";
+          };
+          description = ''
+            Environment variables of the runner's unit (`Environment=`): the
+            daemon's, e.g. `DOCKER_HOST` for the docker executor or a proxy.
+            The shell executor's steps do not get them: a step's environment
+            is PATH, its own HOME and TMPDIR, and LANG (workflows set the
+            rest). The values are in the world-readable store: a secret
+            belongs in {option}`${opt "environmentFile"}`. Not `PATH`: the
+            module sets it from {option}`${opt "extraPackages"}` and
+            {option}`${opt "hostPackages"}`.
+          '';
+        };
+
+        user = mkOption {
+          type = types.str;
+          default = n.user;
+          example = "ci";
+          description = ''
+            User the runner's units run as. The module creates the default
+            user (${if instance == null then "`knotless`" else "`knotless-<name>`"}) as a system user; another must
+            be declared elsewhere (`users.users`). The state and cache
+            directories are made its own.
+          '';
+        };
+
+        group = mkOption {
+          type = types.str;
+          default = n.user;
+          example = "ci";
+          description = ''
+            Primary group of the runner's units. The module creates the
+            default group; another must be declared elsewhere
+            (`users.groups`).
+          '';
+        };
+
+        extraGroups = mkOption {
+          type = types.listOf types.str;
+          default = [ ];
+          example = [ "ci-data" ];
+          description = ''
+            Supplementary groups of the runner's unit
+            (`SupplementaryGroups=`), e.g. to read files a group owns. Any
+            supplementary group turns `PrivateUsers=` off: in a user
+            namespace systemd maps only root and the unit's own user and
+            group, and the others' ids would be refused.
+          '';
+        };
+
+        serviceOverrides = mkOption {
+          type = types.attrsOf types.anything;
+          default = { };
+          example = {
+            ProtectHome = "read-only";
+            CPUQuota = "200%";
+          };
+          description = ''
+            Settings merged into the runner unit's `serviceConfig`, each
+            replacing the module's value (a list too), as nixpkgs'
+            github-runner has it: the escape hatch for the sandbox and
+            anything else (`lib.mkForce` in
+            `systemd.services.<unit>.serviceConfig` still wins over it).
           '';
         };
 
@@ -597,6 +758,18 @@ let
               Address (`HOST:PORT`) the metrics are served on. The default is
               loopback: a Prometheus on this host. For one elsewhere, listen
               wider and open the port in the firewall to it alone.
+            '';
+          };
+
+          openFirewall = mkOption {
+            type = types.bool;
+            default = false;
+            description = ''
+              Whether to open the TCP port of
+              {option}`${opt "metrics.listen"}` in the firewall
+              (`networking.firewall.allowedTCPPorts`), to every address:
+              refused with a loopback listen address, which no other host can
+              reach.
             '';
           };
 
@@ -664,6 +837,17 @@ let
               {option}`${opt "liveOutput.service"}`.
             '';
           };
+
+          openFirewall = mkOption {
+            type = types.bool;
+            default = false;
+            description = ''
+              Whether to open the TCP port of
+              {option}`${opt "liveOutput.listen"}` in the firewall
+              (`networking.firewall.allowedTCPPorts`), to every address:
+              refused without a listener or with a loopback one.
+            '';
+          };
         };
 
         inCluster = mkOption {
@@ -676,6 +860,23 @@ let
             {option}`${opt "environmentFile"}`) instead of a kubeconfig. The
             Kubernetes executor needs this, a kubeconfig, or the refresh
             timer.
+          '';
+        };
+
+        kubeconfigFile = mkOption {
+          type = types.nullOr secretPath;
+          default = null;
+          example = "/etc/rancher/k3s/k3s.yaml";
+          description = ''
+            A kubeconfig only root can read (k3s's own `k3s.yaml`, say),
+            handed to the daemon as the credential `kubeconfig`
+            (`LoadCredential=`, read when the unit starts) and passed as
+            `--kubeconfig=%d/kubeconfig`: no refresh timer, no copy the
+            runner's user can read outside its unit. The daemon then has
+            that kubeconfig's rights (with k3s.yaml, the cluster's admin);
+            {option}`${opt "kubeconfigRefresh.enable"}` gives it a token
+            limited to the runs' namespace instead. Not with
+            {option}`${opt "settings.kubeconfig"}` or the refresh timer.
           '';
         };
 
@@ -737,7 +938,12 @@ let
           duration = mkOption {
             type = goDuration;
             default = "24h";
-            description = "Lifetime of each minted token.";
+            description = ''
+              Lifetime of each minted token: at least `10m` (Kubernetes
+              issues no shorter one) and longer than
+              {option}`${opt "kubeconfigRefresh.interval"}`, or the runner
+              is left with an expired token (both are asserted).
+            '';
           };
         };
       };
@@ -748,10 +954,46 @@ let
     instance: icfg:
     let
       n = names instance;
-      inherit (n) user unit refreshUnit;
+      inherit (n) unit refreshUnit;
+      inherit (icfg) user group;
       refresh = icfg.kubeconfigRefresh;
       executor = executorOf icfg;
       calendar = intervalCalendar refresh.interval;
+      tokenSeconds = durationSeconds refresh.duration;
+      refreshSeconds = intervalSeconds refresh.interval;
+      # The docker executor talks to Docker's socket (group docker), to
+      # Podman's (group podman: its /run/docker.sock, or DOCKER_HOST), or
+      # to a daemon elsewhere that docker-host or DOCKER_HOST names.
+      dockerHost = icfg.settings."docker-host" or icfg.environment.DOCKER_HOST or null;
+      dockerRemote = dockerHost != null && !hasPrefix "unix://" (toString dockerHost);
+      docker = config.virtualisation.docker.enable;
+      podman = config.virtualisation.podman.enable;
+      dockerGroups = optionals (executor == "docker") (
+        if docker then
+          [ "docker" ]
+        else if podman then
+          [ "podman" ]
+        else
+          [ ]
+      );
+      dockerUnits = optionals (executor == "docker") (
+        if docker then
+          [ "docker.service" ]
+        else if podman then
+          [ "podman.socket" ]
+        else
+          [ ]
+      );
+      groups = dockerGroups ++ icfg.extraGroups;
+      firewall =
+        what: listen:
+        if listen == null then
+          "${p}.${what}.openFirewall is true but ${p}.${what}.listen is null: there is no listener whose port to open."
+        else
+          "${p}.${what}.openFirewall is true but ${p}.${what}.listen is \"${listen}\", ${
+            if listenPort listen == null then "which names no port" else "loopback only: no other host could reach the port"
+          }. Listen on a wider address (\"[::]:PORT\"), or leave the firewall closed.";
+      openable = listen: listen != null && listenPort listen != null && !loopbackListen listen;
       live = icfg.liveOutput;
       liveOn = live.listen != null || live.service != null;
       settings =
@@ -800,8 +1042,45 @@ let
         {
           assertion =
             executor == "kubernetes"
-            -> (icfg.settings.kubeconfig != null || argFlag "--kubeconfig" || refresh.enable || icfg.inCluster);
-          message = "${p}.settings.executor is kubernetes but ${p}.settings.kubeconfig is null, ${p}.kubeconfigRefresh.enable is false and ${p}.inCluster is false: the daemon has no way to reach a cluster.";
+            -> (
+              icfg.settings.kubeconfig != null
+              || icfg.kubeconfigFile != null
+              || argFlag "--kubeconfig"
+              || refresh.enable
+              || icfg.inCluster
+            );
+          message = "${p}.settings.executor is kubernetes but ${p}.settings.kubeconfig and ${p}.kubeconfigFile are null, ${p}.kubeconfigRefresh.enable is false and ${p}.inCluster is false: the daemon has no way to reach a cluster. Set one of them.";
+        }
+        {
+          assertion = icfg.kubeconfigFile != null -> !refresh.enable && icfg.settings.kubeconfig == null;
+          message = "${p}.kubeconfigFile is set together with ${p}.${
+            if refresh.enable then "kubeconfigRefresh.enable" else "settings.kubeconfig"
+          }: the daemon takes one kubeconfig. Keep the credential (kubeconfigFile) or the other.";
+        }
+        {
+          assertion = refresh.enable -> tokenSeconds >= 600 && (refreshSeconds == null || tokenSeconds > refreshSeconds);
+          message = "${p}.kubeconfigRefresh.duration = \"${refresh.duration}\" must be at least 10m (Kubernetes issues no token shorter than 600 s) and longer than ${p}.kubeconfigRefresh.interval = \"${refresh.interval}\": otherwise the token runs out before the next refresh and the runner loses the cluster.";
+        }
+        {
+          assertion =
+            executor == "docker" -> docker || (podman && (config.virtualisation.podman.dockerSocket.enable || dockerHost != null)) || dockerRemote;
+          message = "${p}.settings.executor is docker but no Docker is enabled here: set virtualisation.docker.enable = true, or virtualisation.podman.enable with virtualisation.podman.dockerSocket.enable (or ${p}.environment.DOCKER_HOST = \"unix:///run/podman/podman.sock\"), or name a daemon elsewhere in ${p}.settings.docker-host.";
+        }
+        {
+          assertion = !(icfg.environment ? PATH);
+          message = "${p}.environment.PATH is set: the module sets PATH from ${p}.extraPackages and ${p}.hostPackages; add packages there.";
+        }
+        {
+          assertion = icfg.metrics.openFirewall -> icfg.metrics.enable && openable icfg.metrics.listen;
+          message =
+            if !icfg.metrics.enable then
+              "${p}.metrics.openFirewall is true but ${p}.metrics.enable is false: there is no metrics port to open."
+            else
+              firewall "metrics" icfg.metrics.listen;
+        }
+        {
+          assertion = live.openFirewall -> openable live.listen;
+          message = firewall "liveOutput" live.listen;
         }
         {
           assertion = refresh.enable -> (icfg.package.hasKubeconfigCommand or false);
@@ -841,29 +1120,36 @@ let
         }
       ];
 
-      users.users.${user} = {
-        isSystemUser = true;
-        group = user;
-        home = n.stateDir;
-        description = "knotless-run daemon${lib.optionalString (instance != null) " (${instance})"}";
+      # The default user and group are the module's; another is the
+      # operator's to declare.
+      users.users = lib.optionalAttrs (user == n.user) {
+        ${user} = {
+          isSystemUser = true;
+          inherit group;
+          home = n.stateDir;
+          description = "knotless-run daemon${lib.optionalString (instance != null) " (${instance})"}";
+        };
       };
-      users.groups.${user} = { };
+      users.groups = lib.optionalAttrs (group == n.user) { ${group} = { }; };
+
+      networking.firewall.allowedTCPPorts =
+        optional (icfg.metrics.enable && icfg.metrics.openFirewall && openable icfg.metrics.listen) (listenPort icfg.metrics.listen)
+        ++ optional (live.openFirewall && openable live.listen) (listenPort live.listen);
+
+      warnings = optional (refresh.enable && refreshSeconds == null) "${p}.kubeconfigRefresh.interval = \"${refresh.interval}\" is a calendar expression the module cannot read a period from: it cannot check that ${p}.kubeconfigRefresh.duration = \"${refresh.duration}\" outlasts it. Make sure it does.";
 
       systemd.services.${unit} = {
         description = "knotless-run CI runner${lib.optionalString (instance != null) " ${instance}"}";
         wantedBy = [ "multi-user.target" ];
-        wants =
-          [ "network-online.target" ]
-          ++ optional refresh.enable "${refreshUnit}.service"
-          ++ optional (executor == "docker") "docker.service";
-        after =
-          [ "network-online.target" ]
-          ++ optional refresh.enable "${refreshUnit}.service"
-          ++ optional (executor == "docker") "docker.service";
+        wants = [ "network-online.target" ] ++ optional refresh.enable "${refreshUnit}.service" ++ dockerUnits;
+        after = [ "network-online.target" ] ++ optional refresh.enable "${refreshUnit}.service" ++ dockerUnits;
 
         # The daemon mirrors repositories with git; the shell executor's
-        # steps get this PATH.
-        path = [ pkgs.git ] ++ icfg.extraPackages;
+        # steps get this PATH, with the host's tools after the operator's.
+        path = [ pkgs.git ] ++ icfg.extraPackages ++ optionals (executor == "shell") icfg.hostPackages;
+
+        # A path value becomes its store copy, a package its store path.
+        environment = mapAttrs (_: v: "${v}") (removeAttrs icfg.environment [ "PATH" ]);
 
         # A restart is a handover: the old daemon finishes or hands over its
         # started runs on SIGTERM and the new one adopts them, so a switch
@@ -883,6 +1169,8 @@ let
                   configFile
                 ])
               ]
+              # %d is systemd's credentials directory: left unescaped.
+              ++ optional (icfg.kubeconfigFile != null) "--kubeconfig=%d/kubeconfig"
               ++ pushCredentialArgs
               ++ map escapeExecArgKeepVars icfg.extraArgs
               ++ optional (icfg.repos != [ ]) (execLine ([ "--" ] ++ icfg.repos))
@@ -907,7 +1195,7 @@ let
             TimeoutStopSec = toString (durationSeconds icfg.settings."stop-wait" + stopMargin);
 
             User = user;
-            Group = user;
+            Group = group;
             StateDirectory = n.dir;
             StateDirectoryMode = "0700";
             CacheDirectory = n.dir;
@@ -917,7 +1205,8 @@ let
             LoadCredential =
               optional (icfg.appPasswordFile != null) "app-password:${toString icfg.appPasswordFile}"
               ++ optional (icfg.secretsFile != null) "secrets:${toString icfg.secretsFile}"
-              ++ lib.imap0 (i: c: "push-credential-${toString i}:${toString c.file}") icfg.pushCredentials;
+              ++ lib.imap0 (i: c: "push-credential-${toString i}:${toString c.file}") icfg.pushCredentials
+              ++ optional (icfg.kubeconfigFile != null) "kubeconfig:${toString icfg.kubeconfigFile}";
             EnvironmentFile =
               optional (icfg.environmentFile != null) (toString icfg.environmentFile)
               ++ map toString icfg.environmentFiles;
@@ -926,13 +1215,14 @@ let
             StandardError = "journal";
             SyslogIdentifier = unit;
           }
-          (mkIf (executor == "docker") {
-            SupplementaryGroups = [ "docker" ];
+          (mkIf (groups != [ ]) {
+            SupplementaryGroups = groups;
           })
           # The Kubernetes executor reads this host's addresses (netlink)
           # to keep run pods of the public and allow-dns egress modes
           # from them.
-          (hardening executor (optional (executor == "kubernetes") "AF_NETLINK"))
+          (hardening executor groups (optional (executor == "kubernetes") "AF_NETLINK"))
+          (mapAttrs (_: lib.mkOverride 90) icfg.serviceOverrides)
         ];
       };
 
@@ -979,7 +1269,7 @@ let
             TimeoutStartSec = "2min";
 
             User = user;
-            Group = user;
+            Group = group;
             StateDirectory = n.dir;
             StateDirectoryMode = "0700";
             LoadCredential = optional (
@@ -993,7 +1283,7 @@ let
           (mkIf (!hasPrefix "${n.stateDir}/" refresh.output) {
             ReadWritePaths = [ (dirOf refresh.output) ];
           })
-          (hardening executor [ ])
+          (hardening executor [ ] [ ])
         ];
       };
 
@@ -1040,6 +1330,18 @@ let
         description = ''
           Address (`HOST:PORT`) the service listens on, plain HTTP: put a
           TLS proxy in front of it for runners and readers elsewhere.
+        '';
+      };
+
+      openFirewall = mkOption {
+        type = types.bool;
+        default = false;
+        description = ''
+          Whether to open the TCP port of
+          {option}`services.knotless-run.outputService.listen` in the
+          firewall (`networking.firewall.allowedTCPPorts`), to every address:
+          refused with a loopback listen address, which no other host can
+          reach.
         '';
       };
 
@@ -1106,6 +1408,12 @@ let
         message = "services.knotless-run.outputService.runners is empty: the service would take no runner's output.";
       }
       {
+        assertion = os.openFirewall -> listenPort os.listen != null && !loopbackListen os.listen;
+        message = "services.knotless-run.outputService.openFirewall is true but services.knotless-run.outputService.listen is \"${os.listen}\", ${
+          if listenPort os.listen == null then "which names no port" else "loopback only: no other host could reach the port"
+        }. Listen on a wider address (\"[::]:8789\"), or leave the firewall closed.";
+      }
+      {
         # knotless-output is instance `output`'s user and directories.
         assertion = !(cfg.instances ? output && cfg.instances.output.enable);
         message = "services.knotless-run.instances.output would share the output service's user and directories (knotless-output): name the instance otherwise.";
@@ -1119,6 +1427,9 @@ let
       description = mkDefault "knotless-run output service";
     };
     users.groups.knotless-output = { };
+    networking.firewall.allowedTCPPorts = optional (
+      os.openFirewall && listenPort os.listen != null && !loopbackListen os.listen
+    ) (listenPort os.listen);
     systemd.services.knotless-output = {
       description = "knotless-run output service";
       wantedBy = [ "multi-user.target" ];
@@ -1164,7 +1475,7 @@ let
         }
         # No executor: the hardening of the Kubernetes runner's unit,
         # without its netlink.
-        (hardening "kubernetes" [ ])
+        (hardening "kubernetes" [ ] [ ])
       ];
     };
   };
@@ -1239,6 +1550,12 @@ in
         )
       );
       sharedOutputs = lib.filter (x: lib.count (y: y.o == x.o) outputs > 1) outputs;
+      # Each runner's user, by option path: they must differ.
+      runnerUsers = lib.mapAttrsToList (p: r: { inherit p; u = r.user; }) (
+        lib.optionalAttrs cfg.enable { "services.knotless-run" = cfg; }
+        // lib.mapAttrs' (name: lib.nameValuePair "services.knotless-run.instances.${name}") instances
+      );
+      sharedUsers = lib.filter (x: lib.count (y: y.u == x.u) runnerUsers > 1) runnerUsers;
       merged = f: mkMerge (map f runners);
     in
     {
@@ -1257,6 +1574,17 @@ in
             concatMapStringsSep ", " (x: "${x.p}.kubeconfigRefresh.output = ${x.o}") sharedOutputs
           }; give each its own (the default is under its own state directory).";
         }
+        {
+          assertion = sharedUsers == [ ];
+          message = "knotless-run: two runners run as one user: ${
+            concatMapStringsSep ", " (x: "${x.p}.user = ${x.u}") sharedUsers
+          }; each runner needs its own (the defaults differ), or they would share their sealing keys and files.";
+        }
+      ];
+      warnings = lib.concatMap (r: r.warnings) runners;
+      networking.firewall.allowedTCPPorts = mkMerge [
+        (merged (r: r.networking.firewall.allowedTCPPorts))
+        (mkIf os.enable outputServiceConfig.networking.firewall.allowedTCPPorts)
       ];
       users.users = mkMerge [
         (merged (r: r.users.users))

@@ -108,6 +108,20 @@ func unit(t *testing.T, name string) string {
 		"@coreutils@", "/usr",
 		// The golden shell runner lists nodejs in extraPackages.
 		"@nodejs@", "/usr",
+		// hostPackages' default, on the shell runner's PATH: Debian's
+		// are in /usr.
+		"@bash@", "/usr",
+		"@findutils@", "/usr",
+		"@diffutils@", "/usr",
+		"@gnused@", "/usr",
+		"@gnugrep@", "/usr",
+		"@gawk@", "/usr",
+		"@gnutar@", "/usr",
+		"@gzip@", "/usr",
+		"@bzip2@", "/usr",
+		"@xz@", "/usr",
+		"@gnumake@", "/usr",
+		"@gnupatch@", "/usr",
 	).Replace(string(b))
 	if left := placeholder.FindString(s); left != "" {
 		t.Fatalf("unit %s: store path placeholder %s is left", name, left)

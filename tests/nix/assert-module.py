@@ -211,7 +211,26 @@ def asserted(name):
     return s[name]["failedAssertions"]
 
 
-check("nothing set: appPasswordFile, did, repos and the cluster access are asked for", len(asserted("nothing")) == 4, asserted("nothing"))
+# enable = true alone: each assertion names the option(s) to set and says
+# why, after a colon.
+nothing_wants = [
+    ["services.knotless-run.appPasswordFile"],
+    ["services.knotless-run.settings.did"],
+    ["services.knotless-run.repos", "services.knotless-run.settings.discover"],
+    ["services.knotless-run.settings.kubeconfig", "services.knotless-run.kubeconfigFile", "services.knotless-run.kubeconfigRefresh.enable", "services.knotless-run.inCluster"],
+]
+check(
+    "enable = true alone: four assertions (app password, DID, repos, cluster access), each naming what to set and why",
+    len(asserted("nothing")) == len(nothing_wants)
+    and all(all(o in m for o in want) and len(m.split(": ", 1)) == 2 and len(m.split(": ", 1)[1]) > 20 for m, want in zip(asserted("nothing"), nothing_wants)),
+    asserted("nothing"),
+)
+guide = open(__file__.rsplit("/tests/nix/", 1)[0] + "/docs/guide/nixos.md").read()
+check(
+    "docs/guide/nixos.md quotes the four messages of enable = true alone verbatim",
+    all(f"- {m}\n" in guide for m in asserted("nothing")),
+    [m for m in asserted("nothing") if f"- {m}\n" not in guide],
+)
 check("no DID: refused, naming settings.did", asserted("no-did") != [] and all("services.knotless-run.settings.did" in m for m in asserted("no-did")), asserted("no-did"))
 check("--did= in extraArgs stands for settings.did", asserted("did-in-args") == [], asserted("did-in-args"))
 check(
@@ -235,7 +254,17 @@ check(
 check("an instance named like a refresh unit is refused", any("instances: names" in m for m in asserted("bad-instance-name")), asserted("bad-instance-name"))
 
 # extraPackages: on the runner's PATH after git.
-check("extraPackages on the PATH after git (the shell executor's steps get it)", s["shell"]["serviceUnit"]["path"] == ["@git@", "@nodejs@"], s["shell"]["serviceUnit"]["path"])
+host_tools = ["@" + t + "@" for t in "bash coreutils findutils diffutils gnused gnugrep gawk gnutar gzip bzip2 xz gnumake gnupatch".split()]
+check(
+    "shell: git, extraPackages, then hostPackages (by default stdenv's tools) on the PATH of the steps",
+    s["shell"]["serviceUnit"]["path"] == ["@git@", "@nodejs@"] + host_tools,
+    s["shell"]["serviceUnit"]["path"],
+)
+check(
+    "hostPackages only for the shell executor: the Kubernetes and docker runners' PATH is git alone",
+    docs["serviceUnit"]["path"] == s["docker"]["serviceUnit"]["path"] == ["@git@"],
+    (docs["serviceUnit"]["path"], s["docker"]["serviceUnit"]["path"]),
+)
 
 # Instances: each its own user, directories, units and timer; nothing
 # writable shared between any two runners (the default one included).
@@ -400,6 +429,34 @@ dk, sh = s["docker"]["service"], s["shell"]["service"]
 check("docker: SupplementaryGroups=docker, PrivateUsers=false", (dk.get("SupplementaryGroups"), dk["PrivateUsers"]) == ("docker", "false"), dk)
 check("docker: after docker.service", "docker.service" in s["docker"]["serviceUnit"]["after"])
 check(
+    "docker executor with neither Docker nor Podman (nor a daemon elsewhere): refused, naming virtualisation.docker.enable and the Podman ways",
+    len(asserted("docker-nothing")) == 1
+    and all(o in asserted("docker-nothing")[0] for o in ("virtualisation.docker.enable", "virtualisation.podman.dockerSocket.enable", "environment.DOCKER_HOST", "settings.docker-host")),
+    asserted("docker-nothing"),
+)
+check("docker executor with Podman but neither its Docker socket nor DOCKER_HOST: refused", len(asserted("docker-podman-alone")) == 1, asserted("docker-podman-alone"))
+for name in ("docker-podman-socket", "docker-podman-host"):
+    pd = s[name]
+    check(
+        f"{name}: accepted; SupplementaryGroups=podman, PrivateUsers=false, after podman.socket",
+        pd["failedAssertions"] == []
+        and (pd["service"].get("SupplementaryGroups"), pd["service"]["PrivateUsers"]) == ("podman", "false")
+        and "podman.socket" in pd["serviceUnit"]["after"]
+        and "docker.service" not in pd["serviceUnit"]["after"],
+        (pd["failedAssertions"], pd["service"].get("SupplementaryGroups"), pd["serviceUnit"]["after"]),
+    )
+check(
+    "docker-podman-host: DOCKER_HOST reaches the unit's environment",
+    s["docker-podman-host"]["serviceUnit"]["environment"] == {"DOCKER_HOST": "unix:///run/podman/podman.sock"},
+    s["docker-podman-host"]["serviceUnit"]["environment"],
+)
+rm = s["docker-remote"]
+check(
+    "docker executor with a daemon elsewhere (settings.docker-host tcp://): accepted, no local group, PrivateUsers kept",
+    rm["failedAssertions"] == [] and "SupplementaryGroups" not in rm["service"] and rm["service"]["PrivateUsers"] == "true",
+    (rm["failedAssertions"], rm["service"].get("SupplementaryGroups"), rm["service"]["PrivateUsers"]),
+)
+check(
     "shell: MemoryDenyWriteExecute=false, SystemCallFilter=@system-service only",
     (sh["MemoryDenyWriteExecute"], sh["SystemCallFilter"]) == ("false", "@system-service"),
     sh,
@@ -411,6 +468,122 @@ check(
     (dk["RestrictAddressFamilies"], sh["RestrictAddressFamilies"]),
 )
 check("no refresh units unless enabled", s["docker"]["refresh"] == {} and s["docker"]["timer"] == {})
+
+# The peers' conveniences.
+ou_ = s["own-user"]
+ou_svc, ou_ref = ou_["service"], ou_["refresh"]
+check(
+    "user, group: both units run as them; the module creates neither (they are the operator's)",
+    (ou_svc["User"], ou_svc["Group"], ou_ref["User"], ou_ref["Group"]) == ("ci", "ci-group", "ci", "ci-group")
+    and "ci" not in ou_["users"] and "knotless" not in ou_["users"] and ou_["groups"] == []
+    and ou_["failedAssertions"] == [],
+    (ou_svc["User"], ou_svc["Group"], ou_ref["User"], sorted(ou_["users"]), ou_["groups"], ou_["failedAssertions"]),
+)
+check(
+    "default user and group: the module creates knotless and its group",
+    docs["users"]["knotless"]["group"] == "knotless" and docs["groups"] == ["knotless"],
+    (docs["users"].get("knotless"), docs["groups"]),
+)
+check(
+    "extraGroups: SupplementaryGroups= of the runner (not the refresh), and PrivateUsers=false so the group's id is mapped",
+    (ou_svc.get("SupplementaryGroups"), ou_svc["PrivateUsers"], ou_ref.get("SupplementaryGroups"), ou_ref["PrivateUsers"]) == ("ci-data", "false", None, "true"),
+    (ou_svc.get("SupplementaryGroups"), ou_svc["PrivateUsers"], ou_ref.get("SupplementaryGroups"), ou_ref["PrivateUsers"]),
+)
+check(
+    "two runners with one user: refused, naming both user options",
+    any("services.knotless-run.user = knotless" in m and "instances.beta.user = knotless" in m for m in asserted("shared-user")),
+    asserted("shared-user"),
+)
+env = s["environment"]
+check(
+    "environment: each variable an Environment= line of the runner's unit, a path value as its store copy",
+    {k: v for k, v in env["serviceUnit"]["environment"].items() if k != "STUBS"} == {"GOMAXPROCS": "4", "HTTPS_PROXY": "http://proxy.example.com:3128"}
+    and re.fullmatch(r"/nix/store/[a-z0-9]{32}-nixos-stubs\.nix", env["serviceUnit"]["environment"].get("STUBS", ""))
+    and 'Environment="GOMAXPROCS=4"' in env["units"]["knotless-run.service"].splitlines()
+    and 'Environment="HTTPS_PROXY=http://proxy.example.com:3128"' in env["units"]["knotless-run.service"].splitlines()
+    and env["failedAssertions"] == [],
+    (env["serviceUnit"]["environment"], env["failedAssertions"]),
+)
+check("environment: empty by default", docs["serviceUnit"]["environment"] == {}, docs["serviceUnit"]["environment"])
+check(
+    "environment.PATH: refused, naming extraPackages and hostPackages",
+    any("environment.PATH" in m and "extraPackages" in m and "hostPackages" in m for m in asserted("environment-path"))
+    and "PATH" not in s["environment-path"]["serviceUnit"]["environment"],
+    asserted("environment-path"),
+)
+ov = s["overrides"]["service"]
+check(
+    "serviceOverrides: replace the runner's values (Restart, a mkDefault hardening, a list) and add new keys; the refresh unit keeps its own",
+    (ov["Restart"], ov["ProtectHome"], ov["RestrictAddressFamilies"], ov.get("CPUQuota")) == ("on-failure", "read-only", "AF_UNIX", "200%")
+    and s["overrides"]["failedAssertions"] == []
+    and ov["ProtectSystem"] == "strict"
+    and (s["overrides"]["refresh"]["ProtectHome"], s["overrides"]["refresh"]["RestrictAddressFamilies"]) == ("true", "AF_UNIX\nAF_INET\nAF_INET6")
+    and "CPUQuota" not in s["overrides"]["refresh"],
+    (ov["Restart"], ov["ProtectHome"], ov["RestrictAddressFamilies"], ov.get("CPUQuota"), s["overrides"]["failedAssertions"]),
+)
+fw = s["firewall"]
+check(
+    "openFirewall: the metrics, live output and output service ports in networking.firewall.allowedTCPPorts",
+    sorted(fw["firewall"]) == [8788, 8789, 9100] and fw["failedAssertions"] == [],
+    (fw["firewall"], fw["failedAssertions"]),
+)
+check(
+    "openFirewall: off by default, even for metrics on [::]:9100",
+    s["metrics-listen"]["firewall"] == [] and s["metrics-listen"]["failedAssertions"] == [] and docs["firewall"] == [],
+    (s["metrics-listen"]["firewall"], s["metrics-listen"]["failedAssertions"]),
+)
+fl = asserted("firewall-loopback")
+check(
+    "openFirewall with a loopback listen (or none): refused for each listener, naming its listen option, nothing opened",
+    len(fl) == 3
+    and any("metrics.listen is \"127.0.0.1:9465\"" in m for m in fl)
+    and any("liveOutput.listen is null" in m for m in fl)
+    and any("outputService.listen is \"127.0.0.1:8789\"" in m for m in fl)
+    and s["firewall-loopback"]["firewall"] == [],
+    (fl, s["firewall-loopback"]["firewall"]),
+)
+check("metrics.openFirewall without metrics.enable: refused", any("metrics.enable is false" in m for m in asserted("firewall-metrics-off")), asserted("firewall-metrics-off"))
+kc = s["kubeconfig-credential"]
+check(
+    "kubeconfigFile: a credential (LoadCredential=kubeconfig:FILE), --kubeconfig=%d/kubeconfig, no refresh unit, not in the settings",
+    kc["failedAssertions"] == []
+    and "kubeconfig:/etc/rancher/k3s/k3s.yaml" in kc["service"]["LoadCredential"].split("\n")
+    and kc["service"]["ExecStart"].startswith("@knotless-run@/bin/knotless-run serve --config @config@ --kubeconfig=%d/kubeconfig ")
+    and kc["refresh"] == {} and kc["timer"] == {}
+    and "kubeconfig" not in json.loads(kc["settingsJSON"])
+    and "/etc/rancher" not in kc["settingsJSON"],
+    (kc["failedAssertions"], kc["service"]["LoadCredential"], kc["service"]["ExecStart"], kc["settingsJSON"]),
+)
+check("no kubeconfigFile: no kubeconfig credential or flag", "--kubeconfig" not in svc["ExecStart"] and "kubeconfig:" not in svc["LoadCredential"])
+for name, other in (("kubeconfig-credential-and-refresh", "kubeconfigRefresh.enable"), ("kubeconfig-credential-and-setting", "settings.kubeconfig")):
+    check(f"kubeconfigFile with {other}: refused, naming both", any("kubeconfigFile" in m and other in m for m in asserted(name)), asserted(name))
+check(
+    "token lifetime under 10m: refused, naming duration and interval",
+    any("kubeconfigRefresh.duration = \"9m\"" in m and "kubeconfigRefresh.interval" in m and "600 s" in m for m in asserted("token-short")),
+    asserted("token-short"),
+)
+check(
+    "token lifetime no longer than the refresh interval (12h, 12h): refused",
+    any("kubeconfigRefresh.duration = \"12h\"" in m for m in asserted("token-under-interval")),
+    asserted("token-under-interval"),
+)
+check(
+    "token lifetimes: at least 600 s and longer than the interval, for durations, named and generated calendars",
+    d["tokenLifetimes"]
+    == {
+        "24h 12h": True, "24h 24h": False, "25h daily": True, "24h daily": False, "24h *-*-* 03:00:00": False,
+        "169h weekly": True, "168h weekly": False, "2h *-*-* 00/1:00:00": True, "1h *-*-* 00/1:00:00": False,
+        "10m 5m": True, "9m59s 1m": False, "599s 1m": False, "600s 1m": True, "31m 30min": True,
+        "30m *-*-* *:00/30:00": False,
+    },
+    d["tokenLifetimes"],
+)
+tc = s["token-calendar"]
+check(
+    "a calendar the module cannot read a period from: accepted with a warning that says the lifetime was not compared",
+    tc["failedAssertions"] == [] and len(tc["warnings"]) == 1 and "cannot check" in tc["warnings"][0] and docs["warnings"] == [],
+    (tc["failedAssertions"], tc["warnings"]),
+)
 
 # Durations.
 want = {"1h30m": "5430", "90s": "120", "1.5m": "120", "500ms": "31", "0": "30", "2h45m10s": "9940"}

@@ -40,18 +40,38 @@ let
     ]
   );
 
-  stubPkgs = package: {
-    formats.json =
-      { }:
-      {
-        type = jsonValue;
-        generate = name: value: builtins.toFile name (builtins.toJSON value);
-      };
-    coreutils = stubPackage "coreutils" { };
-    git = stubPackage "git" { };
-    knotless-run = package;
-    callPackage = _: _: throw "stub pkgs: callPackage is not available here";
-  };
+  # hostPackages' default: @bash@, @coreutils@, … (coreutils is also the
+  # refresh unit's mv).
+  hostTools = [
+    "bash"
+    "coreutils"
+    "findutils"
+    "diffutils"
+    "gnused"
+    "gnugrep"
+    "gawk"
+    "gnutar"
+    "gzip"
+    "bzip2"
+    "xz"
+    "gnumake"
+    "gnupatch"
+  ];
+
+  stubPkgs =
+    package:
+    lib.genAttrs hostTools (name: stubPackage name { })
+    // {
+      formats.json =
+        { }:
+        {
+          type = jsonValue;
+          generate = name: value: builtins.toFile name (builtins.toJSON value);
+        };
+      git = stubPackage "git" { };
+      knotless-run = package;
+      callPackage = _: _: throw "stub pkgs: callPackage is not available here";
+    };
 
   withCommand = stubPackage "knotless-run" { hasKubeconfigCommand = true; };
   withMetrics = stubPackage "knotless-run" { hasMetricsListen = true; };
@@ -61,6 +81,8 @@ let
   };
   withoutCommand = stubPackage "knotless-run" { };
 
+  # cfg is services.knotless-run; its attribute `nixos`, if any, is the
+  # rest of the host's configuration (virtualisation.docker.enable, …).
   eval =
     package: cfg:
     lib.evalModules {
@@ -69,8 +91,9 @@ let
         ../../nix/module.nix
         {
           _module.args.pkgs = stubPkgs package;
-          services.knotless-run = cfg;
+          services.knotless-run = removeAttrs cfg [ "nixos" ];
         }
+        (cfg.nixos or { })
       ];
     };
 
@@ -190,6 +213,9 @@ let
     {
       failedAssertions = map (a: a.message) (lib.filter (a: !a.assertion) c.assertions);
       inherit units;
+      inherit (c) warnings;
+      firewall = c.networking.firewall.allowedTCPPorts;
+      groups = builtins.attrNames c.users.groups;
       settingsJSON = if services ? knotless-run then builtins.readFile configPath else "{}";
       rulesFile = (eval package cfg).config.services.knotless-run.metrics.rulesFile;
       service = lib.mapAttrs (_: placeholders) (
@@ -197,7 +223,7 @@ let
           services.knotless-run.serviceConfig
       );
       serviceUnit = {
-        inherit (services.knotless-run) wants after wantedBy restartIfChanged;
+        inherit (services.knotless-run) wants after wantedBy restartIfChanged environment;
         path = map toString services.knotless-run.path;
       };
       refresh = lib.mapAttrs (_: toOption) (
@@ -246,7 +272,143 @@ in
     docs = scenario withCommand docs;
     deploy = scenario withCommand deploy;
     no-kubeconfig-command = scenario withoutCommand docs;
-    docker = scenario withoutCommand (minimal { settings.executor = "docker"; });
+    docker = scenario withoutCommand (minimal {
+      settings.executor = "docker";
+      nixos.virtualisation.docker.enable = true;
+    });
+    # Docker enabled nowhere; Podman with its Docker socket, or through
+    # DOCKER_HOST; a daemon elsewhere.
+    docker-nothing = scenario withoutCommand (minimal { settings.executor = "docker"; });
+    docker-podman-alone = scenario withoutCommand (minimal {
+      settings.executor = "docker";
+      nixos.virtualisation.podman.enable = true;
+    });
+    docker-podman-socket = scenario withoutCommand (minimal {
+      settings.executor = "docker";
+      nixos.virtualisation.podman = {
+        enable = true;
+        dockerSocket.enable = true;
+      };
+    });
+    docker-podman-host = scenario withoutCommand (minimal {
+      settings.executor = "docker";
+      environment.DOCKER_HOST = "unix:///run/podman/podman.sock";
+      nixos.virtualisation.podman.enable = true;
+    });
+    docker-remote = scenario withoutCommand (minimal {
+      settings.executor = "docker";
+      settings."docker-host" = "tcp://docker.example.com:2376";
+    });
+    # The peers' conveniences: user, group, extra groups, environment,
+    # overrides of the unit, the firewall, a kubeconfig credential.
+    own-user = scenario withCommand (
+      docs
+      // {
+        user = "ci";
+        group = "ci-group";
+        extraGroups = [ "ci-data" ];
+      }
+    );
+    environment = scenario withoutCommand (kube {
+      environment = {
+        GOMAXPROCS = "4";
+        HTTPS_PROXY = "http://proxy.example.com:3128";
+        # A path value: its store copy.
+        STUBS = ./nixos-stubs.nix;
+      };
+    });
+    # Rendered into tests/nix/golden/knotless-run.podman.service: the
+    # docker executor on Podman, as another user, with the conveniences.
+    podman = scenario withoutCommand (minimal {
+      settings.executor = "docker";
+      user = "ci";
+      group = "ci";
+      extraGroups = [ "ci-data" ];
+      environment = {
+        DOCKER_HOST = "unix:///run/podman/podman.sock";
+        HTTPS_PROXY = "http://proxy.example.com:3128";
+      };
+      serviceOverrides = {
+        CPUQuota = "200%";
+        ProtectHome = "read-only";
+      };
+      nixos.virtualisation.podman.enable = true;
+    });
+    environment-path = scenario withoutCommand (kube { environment.PATH = "/usr/bin"; });
+    # With the refresh unit, which the overrides leave alone.
+    overrides = scenario withCommand (
+      docs
+      // {
+        serviceOverrides = {
+          Restart = "on-failure";
+          ProtectHome = "read-only";
+          RestrictAddressFamilies = [ "AF_UNIX" ];
+          CPUQuota = "200%";
+        };
+      }
+    );
+    firewall = scenario withLive (
+      kube {
+        metrics = {
+          enable = true;
+          listen = "[::]:9100";
+          openFirewall = true;
+        };
+        liveOutput = {
+          listen = "0.0.0.0:8788";
+          openFirewall = true;
+        };
+      }
+      // {
+        package = withLive // {
+          hasMetricsListen = true;
+        };
+        outputService = {
+          enable = true;
+          listen = "[::]:8789";
+          openFirewall = true;
+          serviceDid = "did:web:output.example.com";
+          runners = [ "did:plc:7u2ld3ffgzqvezmv6wxgxiix" ];
+        };
+      }
+    );
+    firewall-loopback = scenario withLive (
+      kube {
+        metrics = {
+          enable = true;
+          openFirewall = true;
+        };
+        liveOutput.openFirewall = true;
+      }
+      // {
+        package = withLive // {
+          hasMetricsListen = true;
+        };
+        outputService = {
+          enable = true;
+          openFirewall = true;
+          serviceDid = "did:web:output.example.com";
+          runners = [ "did:plc:7u2ld3ffgzqvezmv6wxgxiix" ];
+        };
+      }
+    );
+    firewall-metrics-off = scenario withoutCommand (kube { metrics.openFirewall = true; });
+    kubeconfig-credential = scenario withoutCommand (minimal { kubeconfigFile = "/etc/rancher/k3s/k3s.yaml"; });
+    kubeconfig-credential-and-refresh = scenario withCommand (docs // { kubeconfigFile = "/etc/rancher/k3s/k3s.yaml"; });
+    kubeconfig-credential-and-setting = scenario withoutCommand (kube { kubeconfigFile = "/etc/rancher/k3s/k3s.yaml"; });
+    token-short = scenario withCommand (docs // { kubeconfigRefresh = docs.kubeconfigRefresh // { duration = "9m"; interval = "5m"; }; });
+    token-under-interval = scenario withCommand (docs // { kubeconfigRefresh = docs.kubeconfigRefresh // { duration = "12h"; }; });
+    token-calendar = scenario withCommand (
+      docs // { kubeconfigRefresh = docs.kubeconfigRefresh // { interval = "Mon *-*-* 03:00:00"; }; }
+    );
+    shared-user = scenario withCommand (
+      withInstances
+      // {
+        instances = withInstances.instances // {
+          beta = withInstances.instances.beta // { user = "knotless"; };
+        };
+      }
+    );
     shell = scenario withoutCommand (minimal {
       settings.executor = "shell";
       extraPackages = [ (stubPackage "nodejs" { }) ];
@@ -419,10 +581,58 @@ in
       (
         i:
         let
-          sc = scenario withCommand (docs // { kubeconfigRefresh = docs.kubeconfigRefresh // { interval = i; }; });
+          # A token outlasting every interval: only the calendar decides.
+          sc = scenario withCommand (
+            docs
+            // {
+              kubeconfigRefresh = docs.kubeconfigRefresh // {
+                interval = i;
+                duration = "1000h";
+              };
+            }
+          );
         in
         if lib.any (lib.hasInfix ".interval") sc.failedAssertions then null else sc.timer.OnCalendar
       );
+
+  # Whether the token-lifetime assertion lets each duration and interval
+  # pass: { "DURATION INTERVAL" = bool; }.
+  tokenLifetimes =
+    lib.listToAttrs (
+      map
+        (
+          x:
+          let
+            sc = scenario withCommand (
+              docs
+              // {
+                kubeconfigRefresh = docs.kubeconfigRefresh // {
+                  duration = lib.head x;
+                  interval = lib.last x;
+                };
+              }
+            );
+          in
+          lib.nameValuePair "${lib.head x} ${lib.last x}" (!lib.any (lib.hasInfix ".duration") sc.failedAssertions)
+        )
+        [
+          [ "24h" "12h" ]
+          [ "24h" "24h" ]
+          [ "25h" "daily" ]
+          [ "24h" "daily" ]
+          [ "24h" "*-*-* 03:00:00" ]
+          [ "169h" "weekly" ]
+          [ "168h" "weekly" ]
+          [ "2h" "*-*-* 00/1:00:00" ]
+          [ "1h" "*-*-* 00/1:00:00" ]
+          [ "10m" "5m" ]
+          [ "9m59s" "1m" ]
+          [ "599s" "1m" ]
+          [ "600s" "1m" ]
+          [ "31m" "30min" ]
+          [ "30m" "*-*-* *:00/30:00" ]
+        ]
+    );
 
   # Both environment options, in order.
   environmentFiles =

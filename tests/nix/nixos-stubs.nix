@@ -107,5 +107,29 @@ in
       type = types.listOf types.package;
       default = [ ];
     };
+    # The module opens its listeners' ports here (openFirewall) and reads
+    # whether Docker or Podman is on (the docker executor). Anything else
+    # set under these (a VM test's firewall or VM size) is taken as is.
+    networking.firewall = mkOption {
+      default = { };
+      type = types.submodule {
+        freeformType = types.attrsOf types.anything;
+        options.allowedTCPPorts = mkOption {
+          type = types.listOf types.port;
+          default = [ ];
+        };
+      };
+    };
+    virtualisation = mkOption {
+      default = { };
+      type = types.submodule {
+        freeformType = types.attrsOf types.anything;
+        options = {
+          docker.enable = lib.mkEnableOption "Docker";
+          podman.enable = lib.mkEnableOption "Podman";
+          podman.dockerSocket.enable = lib.mkEnableOption "Podman's socket at /run/docker.sock";
+        };
+      };
+    };
   };
 }

@@ -6,7 +6,10 @@
 #   knotless-run-kubeconfig.timer  knotless-run.json (the --config file)
 #
 # plus the docker and shell executors' runner units
-# (knotless-run.docker.service, knotless-run.shell.service), and the units
+# (knotless-run.docker.service, knotless-run.shell.service), the docker
+# executor on Podman as user ci with extraGroups, environment and
+# serviceOverrides (knotless-run.podman.service), a runner given k3s.yaml
+# as a credential (knotless-run.credential.service), and the units
 # of two instances beside the default runner (knotless-run-alpha.service,
 # its -kubeconfig service and timer; knotless-run-beta.service, a shell
 # runner with extraPackages), and the output service's
@@ -37,6 +40,8 @@ files = dict(d["docs"]["units"])
 files["knotless-run.json"] = json.dumps(json.loads(d["docs"]["settingsJSON"]), indent=2, sort_keys=True) + "\n"
 files["knotless-run.docker.service"] = d["docker"]["units"]["knotless-run.service"]
 files["knotless-run.shell.service"] = d["shell"]["units"]["knotless-run.service"]
+files["knotless-run.podman.service"] = d["podman"]["units"]["knotless-run.service"]
+files["knotless-run.credential.service"] = d["kubeconfig-credential"]["units"]["knotless-run.service"]
 files["knotless-output.service"] = d["output-service"]["units"]["knotless-output.service"]
 for name, text in d["instances"]["units"].items():
     if name.startswith(("knotless-run-alpha", "knotless-run-beta")):

@@ -11,7 +11,8 @@
 #   - services.k3s: its package on the system PATH (k3s kubectl), as
 #     nixpkgs' module puts it there; the rest is k3s's own configuration,
 #     which the stand-in does not run (its cluster is the test cluster).
-#   - virtualisation, networking.firewall: the VM's, of no use here.
+#   - virtualisation, networking.firewall: the VM's, of no use here
+#     (declared, free-form, in tests/nix/nixos-stubs.nix).
 {
   config,
   lib,
@@ -20,21 +21,15 @@
 }:
 let
   inherit (lib) mkIf mkOption types;
-  free = mkOption {
-    type = types.attrsOf types.anything;
-    default = { };
-  };
   pds = config.services.bluesky-pds;
 in
 {
   options = {
-    virtualisation = free;
     networking = {
       primaryIPAddress = mkOption {
         type = types.str;
         default = "192.168.1.2";
       };
-      firewall = free;
     };
     services.k3s = mkOption {
       default = { };
