@@ -60,21 +60,27 @@ on: [push]
 steps:
   - name: long
     run: |
+      WITNESS
       echo long begins
       sleep 15
       echo long ends
   - name: after
-    run: echo after the long step
+    run: |
+      WITNESS
+      echo after the long step
 `, "success"},
 	{"failing", `
 on: [push]
 steps:
   - name: fails
     run: |
+      WITNESS
       echo about to fail
       exit 3
   - name: never
-    run: echo never runs
+    run: |
+      WITNESS
+      echo never runs
 `, "failure"},
 	{"secret", `
 on: [push]
@@ -83,6 +89,7 @@ steps:
   - name: uses the secret
     secrets: [DEPLOY_TOKEN]
     run: |
+      WITNESS
       echo "token=$DEPLOY_TOKEN"
       sleep 3
       test "$DEPLOY_TOKEN" = "` + secretValue + `"
@@ -91,7 +98,9 @@ steps:
 on: [push]
 steps:
   - name: quick
-    run: echo quick
+    run: |
+      WITNESS
+      echo quick
 `, "success"},
 	// A cache a killed run may have been saving: whatever a later run
 	// restores is a whole save (the mark and the blob of one run), never
@@ -102,6 +111,7 @@ cache: [.cache/chaos]
 steps:
   - name: uses the cache
     run: |
+      WITNESS
       if [ -e .cache/chaos/mark ]; then
         test "$(cat .cache/chaos/mark)" = "$(sha256sum < .cache/chaos/blob)"
         echo "cache restored intact"
@@ -176,7 +186,10 @@ func TestChaos(t *testing.T) {
 		i := len(pushed)
 		kind := chaosKinds[i%len(chaosKinds)]
 		branch := fmt.Sprintf("chaos-%d", i)
-		uri, commit := w.pushRecord(branch, map[string]string{".knotless/workflows/chaos.yaml": kind.workflow})
+		// Each push's steps write their starts where only the test reads
+		// (witness): the push's index and the attempt name them.
+		wf := strings.ReplaceAll(kind.workflow, "WITNESS", strings.ReplaceAll(witnessLine, "WITNESS_ID", fmt.Sprintf("p%d-${CHAOS_RERUN:-0}", i)))
+		uri, commit := w.pushRecord(branch, map[string]string{".knotless/workflows/chaos.yaml": wf})
 		pushed = append(pushed, chaosPush{kind: kind, commit: commit, subject: forge.Subject{Repo: w.RepoURI.String(), Commit: commit,
 			Ref: "refs/heads/" + branch, Event: uri.String(), Kind: forge.KindPush}})
 	}
@@ -216,6 +229,7 @@ func TestChaos(t *testing.T) {
 		return (round+1)*pushes/(kills+1) - round*pushes/(kills+1)
 	}
 
+	seen := startWitness(k)
 	began := time.Now()
 	var sigKill, sigTerm int
 	pid := k.show(service, "MainPID")
@@ -270,6 +284,14 @@ func TestChaos(t *testing.T) {
 	settledChecks := time.Since(lastSignal)
 	objectsGone := k.waitNoRunObjects(2 * time.Minute)
 	settled := time.Since(lastSignal)
+	witnessed, podsFollowed, podsMissed := seen.stop()
+	startedTwice := 0
+	for step, n := range witnessed {
+		if n > 1 {
+			startedTwice++
+			t.Errorf("step %s started %d times in its pods (the witness)", step, n)
+		}
+	}
 
 	// The figures, from the driver and the daemon's journal.
 	journal := k.journal(service)
@@ -310,10 +332,10 @@ func TestChaos(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("chaos figures: seed %d; signals %d (SIGKILL %d, SIGTERM %d) over %s; pushes %d; cancels %d (%d stopped their check, %d came after its end); re-runs %d; daemon starts %d; runs started %d (again %d: %d forgotten after a kill before any step started, %d released at a stop before their session started, %d handed-over sessions gone); handed over %d, adopted %d (%d taken up after a kill; %d ended error after a kill, unable to go on); lost %d; duplicates %d; checks final %s after the last signal, objects gone %s after it",
+	t.Logf("chaos figures: seed %d; signals %d (SIGKILL %d, SIGTERM %d) over %s; pushes %d; cancels %d (%d stopped their check, %d came after its end); re-runs %d; daemon starts %d; runs started %d (again %d: %d forgotten after a kill before any step started, %d released at a stop before their session started, %d handed-over sessions gone); handed over %d, adopted %d (%d taken up after a kill; %d ended error after a kill, unable to go on); lost %d; duplicates %d; steps started %d, twice %d (the pods' witness; %d pods followed, %d gone before their log was read); checks final %s after the last signal, objects gone %s after it",
 		seed, kills, sigKill, sigTerm, lastSignal.Sub(began).Round(time.Second), pushes, cancels, cancelsWon, cancels-cancelsWon, len(reruns), starts, runsStarted,
 		runsStarted-pushes-len(reruns), forgotten, released, gone,
-		handedOver, adopted, takenUp, endedDead, len(lost)+len(lostReruns), finishedTwice, settledChecks.Round(time.Second), settled.Round(time.Second))
+		handedOver, adopted, takenUp, endedDead, len(lost)+len(lostReruns), finishedTwice, len(witnessed), startedTwice, podsFollowed, podsMissed, settledChecks.Round(time.Second), settled.Round(time.Second))
 
 	checks := w.allChecks()
 	for _, p := range lost {
