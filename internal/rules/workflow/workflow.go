@@ -131,7 +131,16 @@ type Step struct {
 	Uses    string // a shared step from .knotless/steps/<Uses>
 	Timeout time.Duration
 	Secrets []string
-	Line    int
+	// If decides whether the step runs; nil runs it while no earlier
+	// step has failed and the run is not cancelled (success()).
+	If *Cond
+	// ContinueOnError: the step's failure (a non-zero exit or its
+	// timeout) is recorded, and the run goes on as if it had succeeded.
+	ContinueOnError bool
+	// WorkingDirectory is where the step starts, relative to the
+	// checkout ("" for the checkout itself); it holds no "..".
+	WorkingDirectory string
+	Line             int
 }
 
 // Position is where an error is in a file.
