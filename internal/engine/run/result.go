@@ -17,7 +17,7 @@ const (
 	Failure   Status = "failure"   // a step failed or timed out: the code's fault
 	Error     Status = "error"     // the runner or the infrastructure failed
 	Cancelled Status = "cancelled" // the run was stopped from outside
-	Skipped   Status = "skipped"   // a step not run because an earlier one ended the run
+	Skipped   Status = "skipped"   // a step not run: its condition (if:) did not hold, or the run ended before it
 	// Detached is not final: the run was handed over (Request.Detach)
 	// and goes on in its session for a successor to Adopt. A Detached
 	// result without a Handover was detached before its session started:
@@ -81,6 +81,13 @@ type Handover struct {
 	// secret. Absent (a handover from an older process), the adopter's
 	// layers are tainted.
 	CachesClean bool `json:"cachesClean,omitempty"`
+	// Status, FailedStep and Error are what ended the run before the
+	// handover when a step failed and later steps still ran (if:
+	// failure() or always()); empty when none has. The successor keeps
+	// them, so the run's status stays the first failure's.
+	Status     Status `json:"status,omitempty"`
+	FailedStep string `json:"failedStep,omitempty"`
+	Error      string `json:"error,omitempty"`
 	// LogSize is how many bytes the log had when the run was handed
 	// over, kept or cut: the offset in the run's output stream at which
 	// the successor's first byte goes. Zero (a handover written before

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path"
 	"strconv"
+	"strings"
 	"time"
 
 	"knotless.dev/run/internal/executor"
@@ -40,14 +41,23 @@ func (r *runState) readScripts() error {
 	return nil
 }
 
-// runSteps runs the steps in order until one does not succeed, or the
-// run is detached. from, for an adopted run, says where to go on.
+// runSteps runs the steps in order, each whose condition holds (a step
+// without one runs while no earlier step has failed), or until the run
+// is detached. from, for an adopted run, says where to go on. After a
+// cancel, the steps that still run (if: always() or cancelled()) have
+// the engine's CleanupTimeout together; after the run's timeout, none
+// does.
 func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, dirs executor.Dirs, from *Handover) {
 	steps := r.req.Workflow.Steps
 	first := 0
 	if from != nil {
 		first = from.Step
 	}
+	cancelled := ctx.Err
+	ev := r.req.Event
+	ev.Trusted = r.req.Trusted
+	vars := r.req.Workflow.CondVars(ev, r.req.Vars)
+	afterCancel := false
 	for i := first; i < len(steps); i++ {
 		s := steps[i]
 		sr := &r.res.Steps[i]
@@ -56,6 +66,25 @@ func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, 
 			// Its header and the output up to Offset are in the log already.
 			at = stepStart{time: from.StepStartedAt, started: true, offset: from.Offset}
 		} else {
+			state := r.stepState(cancelled() != nil, i)
+			runs, err := r.req.Workflow.StepRuns(i, state, vars)
+			switch {
+			case err != nil:
+				sr.Status = Error
+				r.fail(Error, s.Name, fmt.Errorf("step %s: %w", s.Name, err))
+				continue
+			case !runs:
+				r.skipStep(i, state)
+				continue
+			case runCtx.Err() != nil && cancelled() == nil:
+				r.logf("==> step %d/%d: %s: skipped: the run's timeout has passed", i+1, len(steps), s.Name)
+				continue
+			case cancelled() != nil && !afterCancel:
+				var stop context.CancelFunc
+				ctx, stop = context.WithTimeout(context.WithoutCancel(ctx), r.eng.cfg.CleanupTimeout)
+				defer stop()
+				runCtx, afterCancel = ctx, true
+			}
 			if r.detached() {
 				r.handOver(sess, Handover{Step: i})
 				return
@@ -77,6 +106,7 @@ func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, 
 		}
 		r.out.Flush()
 		r.lines.endLine()
+		var stepErr error
 		switch {
 		case errors.As(err, &d):
 			r.handOver(sess, Handover{Step: i, Started: true, Offset: d.offset, StepStartedAt: at.time})
@@ -87,7 +117,7 @@ func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, 
 		case err == nil:
 			sr.Status = Failure
 			sr.ExitCode = &exit.Code
-			r.fail(Failure, s.Name, &StepError{Step: s.Name, ExitCode: &exit.Code, Tail: r.tail.String()})
+			stepErr = &StepError{Step: s.Name, ExitCode: &exit.Code, Tail: r.tail.String()}
 		default:
 			var se *StepError
 			if errors.As(err, &se) {
@@ -95,7 +125,13 @@ func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, 
 				se.Tail = r.tail.String()
 			}
 			sr.Status = r.classify(ctx, err)
-			r.fail(sr.Status, s.Name, err)
+			stepErr = err
+		}
+		switch {
+		case sr.Status == Failure && s.ContinueOnError:
+			r.logf("knotless-run: step %s failed, and may (continue-on-error): %s", s.Name, stepErr)
+		case stepErr != nil:
+			r.fail(sr.Status, s.Name, stepErr)
 		}
 		code := "none"
 		if sr.ExitCode != nil {
@@ -105,11 +141,44 @@ func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, 
 		r.logf("<== step %s: %s, exit %s, %s", s.Name, sr.Status, code, sr.Duration.Round(time.Millisecond))
 		r.log.Info("step ended", "step", s.Name, "status", sr.Status, "exit", code, "duration", sr.Duration.Round(time.Millisecond))
 		r.eng.cfg.Observer.StepEnded(string(sr.Status), sr.Duration)
-		if sr.Status != Success {
-			return
+	}
+	if r.res.Status == "" {
+		r.res.Status = Success
+	}
+}
+
+// stepState is where the steps before step i stand: cancelled, failed
+// (a step that failed and may, continue-on-error, does not count), or
+// success.
+func (r *runState) stepState(cancelled bool, i int) workflow.State {
+	if cancelled {
+		return workflow.StateCancelled
+	}
+	for j, sr := range r.res.Steps[:i] {
+		switch {
+		case sr.Status == Failure && r.req.Workflow.Steps[j].ContinueOnError:
+		case sr.Status == Failure, sr.Status == Error, sr.Status == Cancelled:
+			return workflow.StateFailure
 		}
 	}
-	r.res.Status = Success
+	return workflow.StateSuccess
+}
+
+// skipStep notes in the log that step i does not run in state (its
+// result stays Skipped).
+func (r *runState) skipStep(i int, state workflow.State) {
+	s := r.req.Workflow.Steps[i]
+	var why string
+	switch {
+	case s.If != nil:
+		why = "if: " + strings.TrimSpace(s.If.Text)
+	case state == workflow.StateCancelled:
+		why = "the run was cancelled"
+	default:
+		why = "an earlier step failed"
+	}
+	r.logf("==> step %d/%d: %s: skipped (%s)", i+1, len(r.req.Workflow.Steps), s.Name, why)
+	r.log.Info("step skipped", "step", s.Name, "why", why)
 }
 
 // stepStart is where a step's run begins: now, or (adopted) a step an
@@ -140,6 +209,7 @@ func (r *runState) handOver(sess executor.Session, h Handover) {
 	h.StartedAt, h.SessionStartedAt = r.res.StartedAt, r.sessionStarted
 	h.Steps = append([]StepResult(nil), r.res.Steps...)
 	h.CachesClean = r.cachesClean(false)
+	h.Status, h.FailedStep, h.Error = r.res.Status, r.res.FailedStep, r.res.Error
 	r.res.Status, r.res.Handover = Detached, &h
 	if h.Started {
 		r.logf("knotless-run: runner stopping: step %d/%d goes on, handed over to the next runner process", h.Step+1, len(r.req.Workflow.Steps))
