@@ -2,6 +2,9 @@ package workflow
 
 import (
 	"errors"
+	"io/fs"
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -73,7 +76,7 @@ func TestStepControlErrors(t *testing.T) {
 		{"in a block", "  - run: x\n    if: |\n      success() &&\n        nope\n", []string{
 			`w.yaml:4:9: steps[0].if: unknown name "nope" (known: event.kind, event.ref, event.branch, event.tag, event.base, event.trusted, inputs.deploy, inputs.target, success(), failure(), cancelled(), always()) (at line 2, column 3 of the expression)`,
 		}},
-		{"too long", "  - run: x\n    if: '" + stringsRepeat("true && ", 300) + "true'\n", []string{
+		{"too long", "  - run: x\n    if: '" + strings.Repeat("true && ", 300) + "true'\n", []string{
 			`w.yaml:4:9: steps[0].if: expression code point size exceeds limit: size: 2404, limit 2048`,
 		}},
 		{"continue-on-error", "  - run: x\n    continue-on-error: 1\n", []string{
@@ -107,14 +110,6 @@ func TestStepControlErrors(t *testing.T) {
 			}
 		})
 	}
-}
-
-func stringsRepeat(s string, n int) string {
-	out := ""
-	for range n {
-		out += s
-	}
-	return out
 }
 
 func TestStepRuns(t *testing.T) {
@@ -195,5 +190,35 @@ func BenchmarkParseConditions(b *testing.B) {
 		if _, err := Parse("w.yaml", src); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// The reference's examples of conditions are workflows validate takes
+// (a block without on: is given on: push).
+func TestReferenceConditionExamplesParse(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../../../docs/reference/workflow.md")
+	if errors.Is(err, fs.ErrNotExist) {
+		t.Skip("docs are left out of this source (the Nix package's)")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := 0
+	for i, block := range strings.Split(string(b), "```yaml\n")[1:] {
+		src, _, _ := strings.Cut(block, "```")
+		if !strings.Contains(src, "if:") {
+			continue
+		}
+		blocks++
+		if !strings.HasPrefix(src, "on:") {
+			src = "on: push\n" + src
+		}
+		if _, err := Parse("example.yaml", []byte(src)); err != nil {
+			t.Errorf("yaml block %d of docs/reference/workflow.md: %v", i+1, err)
+		}
+	}
+	if blocks < 2 {
+		t.Errorf("%d examples with if: in docs/reference/workflow.md, want at least 2", blocks)
 	}
 }
