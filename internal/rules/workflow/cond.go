@@ -81,15 +81,19 @@ var condVars = []struct {
 // State.
 var stateFuncs = []string{"success", "failure", "cancelled"}
 
-// condEnv is the type-checking environment of a workflow's conditions;
-// state, when not nil, binds the step-state functions to it.
-func condEnv(inputs []Input, state *State) (*cel.Env, error) {
-	opts := []cel.EnvOption{
-		cel.ParserExpressionSizeLimit(MaxCondBytes),
-		cel.Function("always", cel.Overload("always", nil, cel.BoolType,
-			cel.FunctionBinding(func(...ref.Val) ref.Val { return types.True }))),
+// condEnv is the type-checking environment of a workflow's conditions:
+// a step's (steps) with the step-state functions, which state, when not
+// nil, binds to it; the workflow's without them.
+func condEnv(inputs []Input, steps bool, state *State) (*cel.Env, error) {
+	opts := []cel.EnvOption{cel.ParserExpressionSizeLimit(MaxCondBytes)}
+	if steps {
+		opts = append(opts, cel.Function("always", cel.Overload("always", nil, cel.BoolType,
+			cel.FunctionBinding(func(...ref.Val) ref.Val { return types.True }))))
 	}
 	for i, name := range stateFuncs {
+		if !steps {
+			break
+		}
 		var bind []cel.OverloadOpt
 		if state != nil {
 			holds := types.Bool(*state == State(i))
@@ -112,22 +116,29 @@ func condEnv(inputs []Input, state *State) (*cel.Env, error) {
 	return cel.NewEnv(opts...)
 }
 
-// condEnvs are a workflow's condition environments: the checker's, and
-// one per State that binds the step-state functions to it.
+// condEnvs are the condition environments of a workflow's steps
+// (steps) or of the workflow: the checker's, and one per State that
+// binds the step-state functions to it (the workflow's: one, for
+// StateSuccess, without them).
 type condEnvs struct {
+	steps bool
 	check *cel.Env
 	bound [3]*cel.Env
 }
 
-func newCondEnvs(inputs []Input) (*condEnvs, error) {
-	var e condEnvs
+func newCondEnvs(inputs []Input, steps bool) (*condEnvs, error) {
+	e := condEnvs{steps: steps}
 	var err error
-	if e.check, err = condEnv(inputs, nil); err != nil {
+	if e.check, err = condEnv(inputs, steps, nil); err != nil {
 		return nil, fmt.Errorf("condition environment: %w", err)
+	}
+	if !steps {
+		e.bound[StateSuccess] = e.check
+		return &e, nil
 	}
 	for i := range e.bound {
 		st := State(i)
-		if e.bound[i], err = condEnv(inputs, &st); err != nil {
+		if e.bound[i], err = condEnv(inputs, true, &st); err != nil {
 			return nil, fmt.Errorf("condition environment: %w", err)
 		}
 	}
@@ -142,7 +153,7 @@ func (e *condEnvs) compile(text string, inputs []Input) (*Cond, error) {
 		ie := iss.Errors()[0]
 		ce := &CondError{Line: ie.Location.Line(), Column: ie.Location.Column(), Msg: strings.TrimSuffix(ie.Message, " (in container '')")}
 		if name, ok := strings.CutPrefix(ce.Msg, "undeclared reference to "); ok {
-			ce.Msg = fmt.Sprintf("unknown name %s (known: %s)", nameAt(text, ce.Line, ce.Column, strings.Trim(name, "'")), strings.Join(condNames(inputs), ", "))
+			ce.Msg = fmt.Sprintf("unknown name %s (known: %s)", nameAt(text, ce.Line, ce.Column, strings.Trim(name, "'")), strings.Join(condNames(inputs, e.steps), ", "))
 		}
 		return nil, ce
 	}
@@ -151,6 +162,9 @@ func (e *condEnvs) compile(text string, inputs []Input) (*Cond, error) {
 	}
 	c := &Cond{Text: text}
 	for i, env := range e.bound {
+		if env == nil {
+			continue
+		}
 		var err error
 		if c.progs[i], err = env.Program(ast, cel.CostLimit(maxCondCost)); err != nil {
 			return nil, &CondError{Msg: err.Error()}
@@ -231,22 +245,23 @@ func (w *Workflow) StepRuns(i int, state State, vars map[string]any) (bool, erro
 	return c.Eval(state, vars)
 }
 
-// cond reads an if: field at tk; a problem is an error at its place in
-// the file.
-func (d *decoder) cond(what string, s scalar, inputs []Input) *Cond {
+// cond reads an if: field, of a step (steps) or of the workflow, with
+// the environments envs (made at the first); a problem is an error at
+// its place in the file.
+func (d *decoder) cond(what string, s scalar, inputs []Input, envs **condEnvs, steps bool) *Cond {
 	if strings.TrimSpace(s.value) == "" {
 		d.errorAt(s.tk, "%s: want an expression, got nothing", what)
 		return nil
 	}
-	if d.conds == nil {
-		envs, err := newCondEnvs(inputs)
+	if *envs == nil {
+		e, err := newCondEnvs(inputs, steps)
 		if err != nil {
 			d.errorAt(s.tk, "%s: %v", what, err)
 			return nil
 		}
-		d.conds = envs
+		*envs = e
 	}
-	c, err := d.conds.compile(s.value, inputs)
+	c, err := (*envs).compile(s.value, inputs)
 	if err == nil {
 		return c
 	}
@@ -276,13 +291,16 @@ func (d *decoder) cond(what string, s scalar, inputs []Input) *Cond {
 
 // condNames are the names a workflow's conditions may read, and their
 // functions.
-func condNames(inputs []Input) []string {
+func condNames(inputs []Input, steps bool) []string {
 	var names []string
 	for _, v := range condVars {
 		names = append(names, v.name)
 	}
 	for _, in := range inputs {
 		names = append(names, "inputs."+in.Name)
+	}
+	if !steps {
+		return names
 	}
 	return append(names, "success()", "failure()", "cancelled()", "always()")
 }
@@ -307,4 +325,17 @@ func nameAt(text string, line, column int, name string) string {
 		return strconv.Quote(written)
 	}
 	return strconv.Quote(name)
+}
+
+// Holds decides the workflow's if for the event ev with the run
+// variables vars (a dispatch's inputs): true for a workflow without one.
+func (w *Workflow) Holds(ev CondEvent, vars []EnvVar) (bool, error) {
+	if w.If == nil {
+		return true, nil
+	}
+	ok, err := w.If.Eval(StateSuccess, w.CondVars(ev, vars))
+	if err != nil {
+		return false, fmt.Errorf("workflow %s: %w", w.Name, err)
+	}
+	return ok, nil
 }

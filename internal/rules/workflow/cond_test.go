@@ -222,3 +222,31 @@ func TestReferenceConditionExamplesParse(t *testing.T) {
 		t.Errorf("%d examples with if: in docs/reference/workflow.md, want at least 2", blocks)
 	}
 }
+
+func TestWorkflowIf(t *testing.T) {
+	t.Parallel()
+	// if before on: the inputs it reads are declared after it.
+	w, err := Parse("w.yaml", []byte("if: event.branch == 'main' || inputs.force\non: {push: {}, dispatch: {inputs: {force: {type: boolean}}}}\nsteps:\n  - run: x\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		ev   CondEvent
+		vars []EnvVar
+		want bool
+	}{
+		{CondEvent{Kind: "push", Ref: "refs/heads/main"}, nil, true},
+		{CondEvent{Kind: "push", Ref: "refs/heads/dev"}, nil, false},
+		{CondEvent{Kind: "dispatch", Ref: "refs/heads/dev"}, []EnvVar{{"force", "true"}}, true},
+	} {
+		got, err := w.Holds(c.ev, c.vars)
+		if err != nil || got != c.want {
+			t.Errorf("Holds(%+v, %v) = %v, %v; want %v", c.ev, c.vars, got, err, c.want)
+		}
+	}
+	_, err = Parse("w.yaml", []byte("on: push\nif: success()\nsteps:\n  - run: x\n"))
+	want := `w.yaml:2:12: if: unknown name "success()" (known: event.kind, event.ref, event.branch, event.tag, event.base, event.trusted)`
+	if err == nil || err.Error() != want {
+		t.Errorf("a step-state function at the workflow's if: %v, want %s", err, want)
+	}
+}

@@ -64,9 +64,9 @@ type decoder struct {
 	file     string
 	errs     Errors
 	warnings []Warning
-	// conds are the conditions' environments, made at the first if:
-	// (after the inputs are read).
-	conds *condEnvs
+	// stepConds are the steps' conditions' environments, made at the
+	// first step's if: (after the inputs are read).
+	stepConds *condEnvs
 }
 
 func (d *decoder) errorAt(tk *token.Token, format string, args ...any) {
@@ -122,6 +122,7 @@ func (d *decoder) warnAt(tk *token.Token, field, format string, args ...any) {
 
 func (d *decoder) workflow(n ast.Node, w *Workflow) {
 	var stepsNode ast.Node
+	var ifScalar *scalar
 	var inputTokens []*token.Token
 	d.mapping(n, "workflow", map[string]func(string, ast.Node){
 		"on": func(k string, v ast.Node) { inputTokens = d.on(v, w) },
@@ -200,8 +201,17 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 				"memory": func(k string, v ast.Node) { w.Resources.Memory = d.quantity("resources."+k, v) },
 			})
 		},
+		"if": func(k string, v ast.Node) {
+			s := d.str(k, v)
+			ifScalar = &s
+		},
 		"steps": func(k string, v ast.Node) { stepsNode = v },
 	}, "on", "steps")
+	if ifScalar != nil {
+		// After on: its inputs are names the condition reads.
+		var envs *condEnvs
+		w.If = d.cond("if", *ifScalar, w.Inputs, &envs, false)
+	}
 	// An input reaches the steps as a variable of its name: a granted
 	// secret's name would be shadowed by it.
 	for i, in := range w.Inputs {
@@ -234,7 +244,7 @@ func (d *decoder) steps(n ast.Node, w *Workflow) {
 			"uses":    func(k string, v ast.Node) { s.Uses = d.str(k, v).value },
 			"timeout": func(k string, v ast.Node) { s.Timeout = d.duration(k, v) },
 			"if": func(k string, v ast.Node) {
-				s.If = d.cond(fmt.Sprintf("steps[%d].if", i), d.str(k, v), w.Inputs)
+				s.If = d.cond(fmt.Sprintf("steps[%d].if", i), d.str(k, v), w.Inputs, &d.stepConds, true)
 			},
 			"continue-on-error": func(k string, v ast.Node) {
 				b, ok := v.(*ast.BoolNode)

@@ -58,6 +58,9 @@ type Workflow struct {
 	// for download with its log, see MatchArtifact), in file order.
 	// None: a run publishes no file.
 	Artifacts []string
+	// If decides, for each event, whether the workflow runs: nil runs
+	// it for every event it is on.
+	If *Cond
 	// Warnings are fields that parse but are not acted on yet, in file
 	// order: validate prints them and the daemon logs them.
 	Warnings []Warning
