@@ -185,6 +185,9 @@ func (e *CondError) Error() string { return e.Msg }
 // Eval decides the condition in state for the run's event and its
 // variables (a dispatch's inputs among them).
 func (c *Cond) Eval(state State, vars map[string]any) (bool, error) {
+	if state < 0 || int(state) >= len(c.progs) || c.progs[state] == nil {
+		return false, fmt.Errorf("if %s: no program for state %d (a condition not made by Parse)", c.Text, state)
+	}
 	out, _, err := c.progs[state].Eval(vars)
 	if err != nil {
 		return false, fmt.Errorf("if %s: %w", c.Text, err)
