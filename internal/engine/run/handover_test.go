@@ -137,3 +137,36 @@ func TestHandoverKeepsAnEarlierFailure(t *testing.T) {
 		t.Errorf("clean: %s, want success", got)
 	}
 }
+
+// After a cancel an if: always() step runs, unless the cancel's cause
+// is the runner stopping (ErrStopped): the run starts again elsewhere.
+func TestAlwaysAfterCancelUnlessStopping(t *testing.T) {
+	t.Parallel()
+	wf, err := workflow.Parse("w.yaml", []byte("on: push\nsteps:\n  - {name: long, run: 'sleep 300'}\n  - {name: clean, run: 'true', if: always()}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name  string
+		cause error
+		want  Status
+	}{
+		{"cancelled", nil, Failure}, // clean ran: its step exits 1 here
+		{"runner stopping", ErrStopped, Skipped},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			ex := &cutExecutor{out: "x", cut: 1, reached: make(chan struct{}), failStep: "2"}
+			eng := New(Config{Executor: ex})
+			ctx, cancel := context.WithCancelCause(context.Background())
+			go func() { <-ex.reached; cancel(c.cause) }()
+			res := eng.Run(ctx, Request{RunID: "r", Workflow: wf, Checkout: t.TempDir(), Trusted: true})
+			if res.Status != Cancelled || res.Steps[0].Status != Cancelled {
+				t.Fatalf("run %s, long %s; want both cancelled\n%s", res.Status, res.Steps[0].Status, res.Log)
+			}
+			if got := res.Steps[1].Status; got != c.want {
+				t.Errorf("clean: %s, want %s\n%s", got, c.want, res.Log)
+			}
+		})
+	}
+}

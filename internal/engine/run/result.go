@@ -1,6 +1,7 @@
 package run
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -24,6 +25,12 @@ const (
 	// nothing goes on, and the successor runs the work from the start.
 	Detached Status = "detached"
 )
+
+// ErrStopped is the cause (context.WithCancelCause) a stopping runner
+// cancels the runs it releases to its successor with: after such a
+// cancel no step runs, not even one whose if holds (always(),
+// cancelled()), since the run starts again elsewhere.
+var ErrStopped = errors.New("runner stopping: the run goes to the next runner process")
 
 // Result is the outcome of a run; it maps one-to-one onto a
 // dev.knotless.check record.

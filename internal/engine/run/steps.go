@@ -45,15 +45,15 @@ func (r *runState) readScripts() error {
 // without one runs while no earlier step has failed), or until the run
 // is detached. from, for an adopted run, says where to go on. After a
 // cancel, the steps that still run (if: always() or cancelled()) have
-// the engine's CleanupTimeout together; after the run's timeout, none
-// does.
+// the engine's CleanupTimeout together; after the run's timeout, or a
+// cancel whose cause is ErrStopped, none does.
 func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, dirs executor.Dirs, from *Handover) {
 	steps := r.req.Workflow.Steps
 	first := 0
 	if from != nil {
 		first = from.Step
 	}
-	cancelled := ctx.Err
+	parent, cancelled := ctx, ctx.Err
 	ev := r.req.Event
 	ev.Trusted = r.req.Trusted
 	vars := r.req.Workflow.CondVars(ev, r.req.Vars)
@@ -78,6 +78,9 @@ func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, 
 				continue
 			case runCtx.Err() != nil && cancelled() == nil:
 				r.logf("==> step %d/%d: %s: skipped: the run's timeout has passed", i+1, len(steps), s.Name)
+				continue
+			case cancelled() != nil && errors.Is(context.Cause(parent), ErrStopped):
+				r.logf("==> step %d/%d: %s: skipped: %s", i+1, len(steps), s.Name, ErrStopped)
 				continue
 			case cancelled() != nil && !afterCancel:
 				var stop context.CancelFunc
