@@ -173,7 +173,7 @@ func (r *runState) skipStep(i int, state workflow.State) {
 	s := r.req.Workflow.Steps[i]
 	var why string
 	switch {
-	case s.If != nil:
+	case s.If != nil && (!s.If.Implicit || state == workflow.StateSuccess):
 		why = "if: " + strings.TrimSpace(s.If.Text)
 	case state == workflow.StateCancelled:
 		why = "the run was cancelled"

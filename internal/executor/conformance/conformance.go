@@ -149,7 +149,7 @@ func testStatus(t *testing.T, h Harness) {
 			wantSteps: []run.StepResult{{Name: "long", Status: run.Cancelled}},
 		},
 		{
-			name: "if: failure() and always() run after a failure, a step without if does not",
+			name: "if: failure() and always() run after a failure, a step without if (or without a step function in it) does not",
 			src: `on: push
 steps:
   - {name: ok, run: 'true'}
@@ -157,16 +157,19 @@ steps:
   - {name: never, run: 'echo never-ran'}
   - {name: on-success, if: success(), run: 'echo never-ran'}
   - {name: on-failure, if: failure(), run: 'echo cleaning-after-failure'}
+  - {name: implicit, if: "event.trusted || !event.trusted", run: 'echo never-ran'}
   - {name: last, if: always(), run: 'echo always-ran; exit 4'}
 `,
 			wantStatus: run.Failure, wantFailed: "bad", wantError: `step "bad" exited with code 3`,
 			wantSteps: []run.StepResult{
 				{Name: "ok", Status: run.Success, ExitCode: intp(0)}, {Name: "bad", Status: run.Failure, ExitCode: intp(3)},
 				{Name: "never", Status: run.Skipped}, {Name: "on-success", Status: run.Skipped},
-				{Name: "on-failure", Status: run.Success, ExitCode: intp(0)}, {Name: "last", Status: run.Failure, ExitCode: intp(4)},
+				{Name: "on-failure", Status: run.Success, ExitCode: intp(0)}, {Name: "implicit", Status: run.Skipped},
+				{Name: "last", Status: run.Failure, ExitCode: intp(4)},
 			},
-			wantLog: []string{"cleaning-after-failure\n", "always-ran\n", "==> step 3/6: never: skipped (an earlier step failed)", "==> step 4/6: on-success: skipped (if: success())"},
-			notLog:  []string{"never-ran"},
+			wantLog: []string{"cleaning-after-failure\n", "always-ran\n", "==> step 3/7: never: skipped (an earlier step failed)",
+				"==> step 4/7: on-success: skipped (if: success())", "==> step 6/7: implicit: skipped (an earlier step failed)"},
+			notLog: []string{"never-ran"},
 		},
 		{
 			name: "continue-on-error records the failure and the run goes on",

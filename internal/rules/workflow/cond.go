@@ -2,6 +2,7 @@ package workflow
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -58,6 +59,11 @@ const (
 // programs are built then), decided by Eval.
 type Cond struct {
 	Text string
+	// Implicit says the condition calls none of the step-state
+	// functions, so it holds only where success() does too, as a step
+	// without an if: `if: event.branch == "main"` does not run after a
+	// failure.
+	Implicit bool
 	// progs are the condition's program for each State: the step-state
 	// functions are bound to constants in each.
 	progs [3]cel.Program
@@ -160,7 +166,7 @@ func (e *condEnvs) compile(text string, inputs []Input) (*Cond, error) {
 	if ast.OutputType() != cel.BoolType {
 		return nil, &CondError{Msg: fmt.Sprintf("want a bool, got %s", ast.OutputType())}
 	}
-	c := &Cond{Text: text}
+	c := &Cond{Text: text, Implicit: e.steps && !callsStateFunc(ast)}
 	for i, env := range e.bound {
 		if env == nil {
 			continue
@@ -171,6 +177,19 @@ func (e *condEnvs) compile(text string, inputs []Input) (*Cond, error) {
 		}
 	}
 	return c, nil
+}
+
+// callsStateFunc reports whether a checked condition calls success(),
+// failure(), cancelled() or always().
+func callsStateFunc(a *cel.Ast) bool {
+	for _, ref := range a.NativeRep().ReferenceMap() {
+		for _, id := range ref.OverloadIDs {
+			if id == "always" || slices.Contains(stateFuncs, id) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // CondError is a condition that does not compile, at a line (from 1)
@@ -185,6 +204,9 @@ func (e *CondError) Error() string { return e.Msg }
 // Eval decides the condition in state for the run's event and its
 // variables (a dispatch's inputs among them).
 func (c *Cond) Eval(state State, vars map[string]any) (bool, error) {
+	if c.Implicit && state != StateSuccess {
+		return false, nil
+	}
 	if state < 0 || int(state) >= len(c.progs) || c.progs[state] == nil {
 		return false, fmt.Errorf("if %s: no program for state %d (a condition not made by Parse)", c.Text, state)
 	}

@@ -127,6 +127,7 @@ steps:
   - {name: deploy, run: x, if: "inputs.deploy && inputs.target == 'prod'"}
   - {name: default, run: x, if: "!inputs.deploy && inputs.target == 'test'"}
   - {name: ref, run: x, if: "event.ref == 'refs/heads/main'"}
+  - {name: failure-on-main, run: x, if: "failure() && event.branch == 'main'"}
 `
 	w, err := Parse("w.yaml", []byte(src))
 	if err != nil {
@@ -144,8 +145,10 @@ steps:
 		want  []string
 	}{
 		{"push, success", StateSuccess, push, nil, []string{"plain", "always", "success", "main", "default", "ref"}},
-		{"push, failure", StateFailure, push, nil, []string{"always", "failure", "main", "default", "ref"}},
-		{"push, cancelled", StateCancelled, push, nil, []string{"always", "cancelled", "main", "default", "ref"}},
+		// A condition without a step-state function holds only where
+		// success() does: main, default and ref do not run here.
+		{"push, failure", StateFailure, push, nil, []string{"always", "failure", "failure-on-main"}},
+		{"push, cancelled", StateCancelled, push, nil, []string{"always", "cancelled"}},
 		{"tag", StateSuccess, tag, nil, []string{"plain", "always", "success", "tag", "default"}},
 		{"pull", StateSuccess, pull, nil, []string{"plain", "always", "success", "pull", "default", "ref"}},
 		{"dispatch with inputs", StateSuccess, dispatch, []EnvVar{{"deploy", "true"}, {"target", "prod"}}, []string{"plain", "always", "success", "deploy"}},
