@@ -39,7 +39,7 @@ let
 
     # The NAR hash of `go mod vendor` for the source above.
     # tests/nix/vendor-hash.sh prints it; `--write` updates this line.
-    vendorHash = "sha256-iu/lZ4yUp6seAC8Tikx839rOLu3xcgHWvvVVSbV92zU=";
+    vendorHash = "sha256-Famk9f29X7tL8GFMJNKedRwkZ0LFt6bfl8tIfX42ss8=";
 
     subPackages = [ "cmd/knotless-run" ];
 

@@ -28,6 +28,8 @@ type RunCmd struct {
 	Keep      bool     `help:"Keep the run's session (Job, container or directory) for debugging."`
 	Secret    []string `help:"Grant secret NAME with its value from the environment variable NAME, or NAME=@FILE to read it from FILE. A value is never taken from the command line." placeholder:"NAME"`
 	Untrusted bool     `help:"Run as untrusted code (a pull): no secret is given to any step."`
+	Event     string   `help:"The event kind the steps' conditions (if:) read as event.kind; with pull, event.base is --ref's branch." enum:"push,pull,batch,dispatch,schedule" default:"push" placeholder:"KIND"`
+	Ref       string   `help:"The ref the steps' conditions read as event.ref (and event.branch or event.tag)." placeholder:"REF"`
 	RunID     string   `help:"The run's id (default: generated)." placeholder:"ID"`
 	Runner    string   `help:"The runner's DID: labels every object a run makes." default:"did:web:localhost"`
 	CacheDir  string   `help:"Keep the workflow's caches in the store under DIR (serve's --cache-dir, to share the daemon's): the checkout directory names the repository (default: none, no caches)." placeholder:"DIR" group:"caches"`
@@ -101,6 +103,7 @@ func (c *RunCmd) Run(ctx context.Context, env *Env) error {
 		Outputs:  c.Outputs,
 		Secrets:  secrets,
 		Trusted:  !c.Untrusted,
+		Event:    c.condEvent(),
 		Keep:     c.Keep,
 		Live:     out,
 		Cache:    scope,
@@ -270,4 +273,14 @@ func (c *RunCmd) writeResult(env *Env, res *run.Result) error {
 		return fmt.Errorf("--result: %w", err)
 	}
 	return nil
+}
+
+// condEvent is the event the steps' conditions read: --event, --ref and
+// the run's trust.
+func (c *RunCmd) condEvent() workflow.CondEvent {
+	ev := workflow.CondEvent{Kind: c.Event, Ref: c.Ref, Trusted: !c.Untrusted}
+	if c.Event == "pull" {
+		ev.Base = strings.TrimPrefix(c.Ref, "refs/heads/")
+	}
+	return ev
 }

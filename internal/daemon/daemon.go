@@ -323,7 +323,10 @@ func (d *Daemon) begin(ctx context.Context) error {
 // serve is the daemon's life after start: the parts' goroutines, status
 // and the watchdog, then the handover.
 func (d *Daemon) serve(ctx context.Context) error {
-	runCtx, stopRuns := context.WithCancel(context.WithoutCancel(ctx))
+	// A run cancelled at the stop wait goes to the successor: the
+	// cause tells the engine to run no step after the cancel.
+	runCtx, stopRunsCause := context.WithCancelCause(context.WithoutCancel(ctx))
+	stopRuns := func() { stopRunsCause(run.ErrStopped) }
 	defer stopRuns()
 	stopLive := d.live.Serve()
 	wait := d.sched.Start(ctx, runCtx)

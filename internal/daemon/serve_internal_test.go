@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -283,6 +285,45 @@ func TestServeReleasesAtStopWait(t *testing.T) {
 			if !h.notes.has(want) {
 				t.Errorf("no %q notified; got %v", want, h.notes.msgs)
 			}
+		}
+	})
+}
+
+// A run cancelled at the stop wait goes to the successor: its
+// if: always() step does not run after the cancel (the engine is told
+// by the cause, run.ErrStopped), so the handover keeps the stop wait.
+func TestServeRunsNoCleanupStepAtStopWait(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, func(c *Config) { c.StopWait = time.Minute })
+		h.cfg.Engine.Executor = noResume{h.exec}
+		h.rewire(t)
+		never := make(chan struct{})
+		var mu sync.Mutex
+		var started []string
+		h.exec.Script = func(_, id string) fakeexec.Step {
+			mu.Lock()
+			defer mu.Unlock()
+			started = append(started, id)
+			return fakeexec.Step{Gate: never}
+		}
+		wf, err := workflow.Parse(".knotless/workflows/ci.yaml", []byte("on: push\nsteps:\n  - {name: long, run: make}\n  - {name: clean, run: make clean, if: always()}\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.git.SetWorkflows(wf)
+		h.lister.Set(rig.Push("3k1", "c1"))
+		stop := h.serve(t)
+		synctest.Wait()
+		start := time.Now()
+		stop()
+		if waited := time.Since(start); waited != time.Minute {
+			t.Errorf("handover took %s, want the stop wait", waited)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !slices.Equal(started, []string{"1"}) {
+			t.Errorf("steps started %v, want the first alone", started)
 		}
 	})
 }

@@ -46,7 +46,8 @@ func (r *runState) grantedValues() []string {
 
 // payload builds the text that starts step i: the runner's variables,
 // the workflow's env and the run's variables, the step's granted
-// secrets, and its script.
+// secrets, and its script, started in the work directory or the step's
+// working-directory in it.
 func (r *runState) payload(dirs executor.Dirs, i int) (string, error) {
 	s := r.req.Workflow.Steps[i]
 	env := []payload.Var{
@@ -75,7 +76,7 @@ func (r *runState) payload(dirs executor.Dirs, i int) (string, error) {
 	return payload.Build(payload.Step{
 		Env:     env,
 		Secrets: secrets,
-		Dir:     dirs.Work,
+		Dir:     path.Join(dirs.Work, s.WorkingDirectory),
 		Script:  path.Join(dirs.Steps, strconv.Itoa(i+1)),
 	})
 }

@@ -1,6 +1,7 @@
 package run
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -17,13 +18,19 @@ const (
 	Failure   Status = "failure"   // a step failed or timed out: the code's fault
 	Error     Status = "error"     // the runner or the infrastructure failed
 	Cancelled Status = "cancelled" // the run was stopped from outside
-	Skipped   Status = "skipped"   // a step not run because an earlier one ended the run
+	Skipped   Status = "skipped"   // a step not run: its condition (if:) did not hold, or the run ended before it
 	// Detached is not final: the run was handed over (Request.Detach)
 	// and goes on in its session for a successor to Adopt. A Detached
 	// result without a Handover was detached before its session started:
 	// nothing goes on, and the successor runs the work from the start.
 	Detached Status = "detached"
 )
+
+// ErrStopped is the cause (context.WithCancelCause) a stopping runner
+// cancels the runs it releases to its successor with: after such a
+// cancel no step runs, not even one whose if holds (always(),
+// cancelled()), since the run starts again elsewhere.
+var ErrStopped = errors.New("runner stopping: the run goes to the next runner process")
 
 // Result is the outcome of a run; it maps one-to-one onto a
 // dev.knotless.check record.
@@ -81,6 +88,13 @@ type Handover struct {
 	// secret. Absent (a handover from an older process), the adopter's
 	// layers are tainted.
 	CachesClean bool `json:"cachesClean,omitempty"`
+	// Status, FailedStep and Error are what ended the run before the
+	// handover when a step failed and later steps still ran (if:
+	// failure() or always()); empty when none has. The successor keeps
+	// them, so the run's status stays the first failure's.
+	Status     Status `json:"status,omitempty"`
+	FailedStep string `json:"failedStep,omitempty"`
+	Error      string `json:"error,omitempty"`
 	// LogSize is how many bytes the log had when the run was handed
 	// over, kept or cut: the offset in the run's output stream at which
 	// the successor's first byte goes. Zero (a handover written before
@@ -92,7 +106,8 @@ type Handover struct {
 	// (executor.StepLedger). If it did, the adopter logs the header
 	// again and follows the step's output from its first byte: the log
 	// goes on byte for byte as the process that died wrote it. Step
-	// equal to the number of steps: every step had ended well.
+	// equal to the number of steps: every step had ended or been skipped
+	// (Status says how the run stands).
 	Replay bool `json:"replay,omitempty"`
 }
 

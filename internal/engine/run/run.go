@@ -96,7 +96,10 @@ type Request struct {
 	// Trusted runs (pushes by the owner) get secrets; untrusted ones
 	// (pulls, batches from others) never do.
 	Trusted bool
-	Keep    bool
+	// Event is what the steps' conditions (if:) read of the run's
+	// event; event.trusted is the request's Trusted, whatever its own.
+	Event workflow.CondEvent
+	Keep  bool
 	// Live receives the masked log as it is written (a terminal, the
 	// run's output stream): the bytes of Result.Log, in order, before
 	// any cut. A Live that is a StepMarker also learns where the steps'
@@ -361,6 +364,10 @@ func (r *runState) adopt(ctx context.Context, h Handover) {
 	last := n - 1
 	if h.Replay {
 		last = n // the checkpoint after the last step
+	}
+	if h.Status != "" {
+		// A step failed before the handover, and later ones ran on.
+		r.res.Status, r.res.FailedStep, r.res.Error = h.Status, h.FailedStep, h.Error
 	}
 	switch {
 	case grantErr != nil:

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path"
 	"strconv"
+	"strings"
 	"time"
 
 	"knotless.dev/run/internal/executor"
@@ -40,14 +41,23 @@ func (r *runState) readScripts() error {
 	return nil
 }
 
-// runSteps runs the steps in order until one does not succeed, or the
-// run is detached. from, for an adopted run, says where to go on.
+// runSteps runs the steps in order, each whose condition holds (a step
+// without one runs while no earlier step has failed), or until the run
+// is detached. from, for an adopted run, says where to go on. After a
+// cancel, the steps that still run (if: always() or cancelled()) have
+// the engine's CleanupTimeout together; after the run's timeout, or a
+// cancel whose cause is ErrStopped, none does.
 func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, dirs executor.Dirs, from *Handover) {
 	steps := r.req.Workflow.Steps
 	first := 0
 	if from != nil {
 		first = from.Step
 	}
+	parent, cancelled := ctx, ctx.Err
+	ev := r.req.Event
+	ev.Trusted = r.req.Trusted
+	vars := r.req.Workflow.CondVars(ev, r.req.Vars)
+	afterCancel := false
 	for i := first; i < len(steps); i++ {
 		s := steps[i]
 		sr := &r.res.Steps[i]
@@ -58,6 +68,28 @@ func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, 
 			// Its header and the output up to Offset are in the log already.
 			at = stepStart{time: from.StepStartedAt, started: true, offset: from.Offset}
 		} else {
+			state := r.stepState(cancelled() != nil, i)
+			runs, err := r.req.Workflow.StepRuns(i, state, vars)
+			switch {
+			case err != nil:
+				sr.Status = Error
+				r.fail(Error, s.Name, fmt.Errorf("step %s: %w", s.Name, err))
+				continue
+			case !runs:
+				r.skipStep(i, state)
+				continue
+			case runCtx.Err() != nil && cancelled() == nil:
+				r.logf("==> step %d/%d: %s: skipped: the run's timeout has passed", i+1, len(steps), s.Name)
+				continue
+			case cancelled() != nil && errors.Is(context.Cause(parent), ErrStopped):
+				r.logf("==> step %d/%d: %s: skipped: %s", i+1, len(steps), s.Name, ErrStopped)
+				continue
+			case cancelled() != nil && !afterCancel:
+				var stop context.CancelFunc
+				ctx, stop = context.WithTimeout(context.WithoutCancel(ctx), r.eng.cfg.CleanupTimeout)
+				defer stop()
+				runCtx, afterCancel = ctx, true
+			}
 			if replayed {
 				// Started by a process that died: its header again, then
 				// its output from the first byte, as that process logged
@@ -90,6 +122,7 @@ func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, 
 		}
 		r.out.Flush()
 		r.lines.endLine()
+		var stepErr error
 		switch {
 		case errors.As(err, &d):
 			r.handOver(sess, Handover{Step: i, Started: true, Offset: d.offset, StepStartedAt: at.time})
@@ -100,7 +133,7 @@ func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, 
 		case err == nil:
 			sr.Status = Failure
 			sr.ExitCode = &exit.Code
-			r.fail(Failure, s.Name, &StepError{Step: s.Name, ExitCode: &exit.Code, Tail: r.tail.String()})
+			stepErr = &StepError{Step: s.Name, ExitCode: &exit.Code, Tail: r.tail.String()}
 		default:
 			var se *StepError
 			if errors.As(err, &se) {
@@ -108,7 +141,13 @@ func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, 
 				se.Tail = r.tail.String()
 			}
 			sr.Status = r.classify(ctx, err)
-			r.fail(sr.Status, s.Name, err)
+			stepErr = err
+		}
+		switch {
+		case sr.Status == Failure && s.ContinueOnError:
+			r.logf("knotless-run: step %s failed, and may (continue-on-error): %s", s.Name, stepErr)
+		case stepErr != nil:
+			r.fail(sr.Status, s.Name, stepErr)
 		}
 		code := "none"
 		if sr.ExitCode != nil {
@@ -126,9 +165,6 @@ func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, 
 		case takenUp:
 			r.logf("knotless-run: step %d/%d was started by a new runner process after the one running the run died before it", i+1, len(steps))
 		}
-		if sr.Status != Success {
-			return
-		}
 	}
 	if err := r.checkpoint(sess, Handover{Step: len(steps)}); err != nil {
 		// The verdict stands; a process taking the run up from the
@@ -136,12 +172,48 @@ func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, 
 		// the session's ledger.
 		r.log.Warn("record that every step ended", "err", err)
 	}
-	r.res.Status = Success
+	if r.res.Status == "" {
+		r.res.Status = Success
+	}
+}
+
+// stepState is where the steps before step i stand: cancelled, failed
+// (a step that failed and may, continue-on-error, does not count), or
+// success.
+func (r *runState) stepState(cancelled bool, i int) workflow.State {
+	if cancelled {
+		return workflow.StateCancelled
+	}
+	for j, sr := range r.res.Steps[:i] {
+		switch {
+		case sr.Status == Failure && r.req.Workflow.Steps[j].ContinueOnError:
+		case sr.Status == Failure, sr.Status == Error, sr.Status == Cancelled:
+			return workflow.StateFailure
+		}
+	}
+	return workflow.StateSuccess
+}
+
+// skipStep notes in the log that step i does not run in state (its
+// result stays Skipped).
+func (r *runState) skipStep(i int, state workflow.State) {
+	s := r.req.Workflow.Steps[i]
+	var why string
+	switch {
+	case s.If != nil && (!s.If.Implicit || state == workflow.StateSuccess):
+		why = "if: " + strings.TrimSpace(s.If.Text)
+	case state == workflow.StateCancelled:
+		why = "the run was cancelled"
+	default:
+		why = "an earlier step failed"
+	}
+	r.logf("==> step %d/%d: %s: skipped (%s)", i+1, len(r.req.Workflow.Steps), s.Name, why)
+	r.log.Info("step skipped", "step", s.Name, "why", why)
 }
 
 // checkpoint tells Request.Checkpoint where the run stands: at h.Step,
 // its header not logged yet (or, at the number of steps, every step
-// ended well).
+// has ended or been skipped).
 func (r *runState) checkpoint(sess executor.Session, h Handover) error {
 	if r.req.Checkpoint == nil {
 		return nil
@@ -162,6 +234,7 @@ func (r *runState) snapshot(sess executor.Session, h *Handover) {
 	h.StartedAt, h.SessionStartedAt = r.res.StartedAt, r.sessionStarted
 	h.Steps = append([]StepResult(nil), r.res.Steps...)
 	h.CachesClean = r.cachesClean(false)
+	h.Status, h.FailedStep, h.Error = r.res.Status, r.res.FailedStep, r.res.Error
 }
 
 // stepStart is where a step's run begins: now, or (adopted) a step an

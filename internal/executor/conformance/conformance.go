@@ -96,8 +96,13 @@ func testStatus(t *testing.T, h Harness) {
 		cancelOn   string // cancel the run when its log shows this
 		wantStatus run.Status
 		wantFailed string
-		wantSteps  []run.StepResult // Name, Status, ExitCode, TimedOut compared
-		wantError  string           // substring
+		wantSteps  []run.StepResult  // Name, Status, ExitCode, TimedOut compared
+		wantError  string            // substring
+		files      map[string]string // put in the checkout
+		event      workflow.CondEvent
+		trusted    *bool    // default true
+		wantLog    []string // substrings of the log
+		notLog     []string // not in the log
 	}{
 		{
 			name:       "success",
@@ -144,6 +149,91 @@ func testStatus(t *testing.T, h Harness) {
 			wantSteps: []run.StepResult{{Name: "long", Status: run.Cancelled}},
 		},
 		{
+			name: "if: failure() and always() run after a failure, a step without if (or without a step function in it) does not",
+			src: `on: push
+steps:
+  - {name: ok, run: 'true'}
+  - {name: bad, run: 'exit 3'}
+  - {name: never, run: 'echo never-ran'}
+  - {name: on-success, if: success(), run: 'echo never-ran'}
+  - {name: on-failure, if: failure(), run: 'echo cleaning-after-failure'}
+  - {name: implicit, if: "event.trusted || !event.trusted", run: 'echo never-ran'}
+  - {name: last, if: always(), run: 'echo always-ran; exit 4'}
+`,
+			wantStatus: run.Failure, wantFailed: "bad", wantError: `step "bad" exited with code 3`,
+			wantSteps: []run.StepResult{
+				{Name: "ok", Status: run.Success, ExitCode: intp(0)}, {Name: "bad", Status: run.Failure, ExitCode: intp(3)},
+				{Name: "never", Status: run.Skipped}, {Name: "on-success", Status: run.Skipped},
+				{Name: "on-failure", Status: run.Success, ExitCode: intp(0)}, {Name: "implicit", Status: run.Skipped},
+				{Name: "last", Status: run.Failure, ExitCode: intp(4)},
+			},
+			wantLog: []string{"cleaning-after-failure\n", "always-ran\n", "==> step 3/7: never: skipped (an earlier step failed)",
+				"==> step 4/7: on-success: skipped (if: success())", "==> step 6/7: implicit: skipped (an earlier step failed)"},
+			notLog: []string{"never-ran"},
+		},
+		{
+			name: "continue-on-error records the failure and the run goes on",
+			src: `on: push
+steps:
+  - {name: may, run: 'exit 5', continue-on-error: true}
+  - {name: next, run: 'echo next-ran'}
+  - {name: on-failure, if: failure(), run: 'echo never-ran'}
+  - {name: timed, run: 'sleep 300', timeout: 1s, continue-on-error: true}
+`,
+			wantStatus: run.Success,
+			wantSteps: []run.StepResult{
+				{Name: "may", Status: run.Failure, ExitCode: intp(5)}, {Name: "next", Status: run.Success, ExitCode: intp(0)},
+				{Name: "on-failure", Status: run.Skipped}, {Name: "timed", Status: run.Failure, TimedOut: true},
+			},
+			wantLog: []string{"next-ran\n", `knotless-run: step may failed, and may (continue-on-error): step "may" exited with code 5`},
+			notLog:  []string{"never-ran"},
+		},
+		{
+			name: "conditions read the event",
+			src: `on: pull
+steps:
+  - {name: pull, if: "event.kind == 'pull' && event.base == 'main' && event.branch == 'main' && !event.trusted", run: 'echo pull-ran'}
+  - {name: push, if: "event.kind == 'push' || event.trusted", run: 'echo never-ran'}
+`,
+			event:      workflow.CondEvent{Kind: "pull", Ref: "refs/heads/main", Base: "main"},
+			trusted:    new(false),
+			wantStatus: run.Success,
+			wantSteps:  []run.StepResult{{Name: "pull", Status: run.Success, ExitCode: intp(0)}, {Name: "push", Status: run.Skipped}},
+			wantLog:    []string{"pull-ran\n"},
+			notLog:     []string{"never-ran"},
+		},
+		{
+			name: "working-directory starts a step in a directory of the checkout",
+			src: `on: push
+steps:
+  - {name: sub, working-directory: sub/dir, run: 'cat marker; touch made-here'}
+  - {name: top, run: 'test -f sub/dir/made-here && test -f sub/dir/marker && echo top-sees-it'}
+`,
+			files:      map[string]string{"sub/dir/marker": "marker-in-sub-dir\n"},
+			wantStatus: run.Success,
+			wantSteps:  []run.StepResult{{Name: "sub", Status: run.Success, ExitCode: intp(0)}, {Name: "top", Status: run.Success, ExitCode: intp(0)}},
+			wantLog:    []string{"marker-in-sub-dir\n", "top-sees-it\n"},
+		},
+		{
+			name: "after a cancel, if: always() and cancelled() steps run",
+			src: `on: push
+steps:
+  - {name: long, run: 'echo running; sleep 300'}
+  - {name: plain, run: 'echo never-ran'}
+  - {name: on-failure, if: failure(), run: 'echo never-ran'}
+  - {name: on-cancel, if: cancelled(), run: 'echo cleaned-after-cancel'}
+  - {name: last, if: always(), run: 'echo always-ran'}
+`,
+			cancelOn:   "running\n",
+			wantStatus: run.Cancelled, wantFailed: "long",
+			wantSteps: []run.StepResult{
+				{Name: "long", Status: run.Cancelled}, {Name: "plain", Status: run.Skipped}, {Name: "on-failure", Status: run.Skipped},
+				{Name: "on-cancel", Status: run.Success, ExitCode: intp(0)}, {Name: "last", Status: run.Success, ExitCode: intp(0)},
+			},
+			wantLog: []string{"cleaned-after-cancel\n", "always-ran\n", "==> step 2/5: plain: skipped (the run was cancelled)"},
+			notLog:  []string{"never-ran"},
+		},
+		{
 			name:       "uses a missing shared step",
 			src:        "on: push\nsteps:\n  - {uses: nothing-here}\n",
 			wantStatus: run.Error, wantError: "step nothing-here uses nothing-here",
@@ -156,6 +246,9 @@ func testStatus(t *testing.T, h Harness) {
 			checkout := tt.checkout
 			if checkout == "" {
 				checkout = t.TempDir()
+			}
+			for name, content := range tt.files {
+				mustWrite(t, filepath.Join(checkout, name), content, 0o644)
 			}
 			// The run timeout starts before the session does.
 			runTimeout := (3*time.Second + h.StartTime).String()
@@ -171,7 +264,8 @@ func testStatus(t *testing.T, h Harness) {
 				// took to start.
 				live = &cancelWriter{on: tt.cancelOn, cancel: cancel}
 			}
-			req := run.Request{RunID: runID(t), Workflow: parse(t, src), Checkout: checkout, Trusted: true}
+			trusted := tt.trusted == nil || *tt.trusted
+			req := run.Request{RunID: runID(t), Workflow: parse(t, src), Checkout: checkout, Trusted: trusted, Event: tt.event}
 			if live != nil {
 				req.Live = live
 			}
@@ -182,6 +276,16 @@ func testStatus(t *testing.T, h Harness) {
 			if res.Status != tt.wantStatus || res.FailedStep != tt.wantFailed || !strings.Contains(res.Error, wantError) {
 				t.Errorf("result = %s, failed step %q, error %q; want %s, %q, error containing %q\nlog:\n%s",
 					res.Status, res.FailedStep, res.Error, tt.wantStatus, tt.wantFailed, wantError, res.Log)
+			}
+			for _, want := range tt.wantLog {
+				if !strings.Contains(string(res.Log), want) {
+					t.Errorf("log lacks %q:\n%s", want, res.Log)
+				}
+			}
+			for _, not := range tt.notLog {
+				if strings.Contains(string(res.Log), not) {
+					t.Errorf("log shows %q:\n%s", not, res.Log)
+				}
 			}
 			if len(res.Steps) != len(tt.wantSteps) {
 				t.Fatalf("%d step results, want %d", len(res.Steps), len(tt.wantSteps))

@@ -707,3 +707,36 @@ func TestWarnImages(t *testing.T) {
 		t.Errorf("warnings %q, want one", got)
 	}
 }
+
+// A workflow's if decides whether it runs for an event: one whose if
+// does not hold gets no check (as one whose branches do not match), one
+// whose if cannot be decided an error check naming why.
+func TestConsiderDecidesTheWorkflowsIf(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	sched := &recordingScheduler{}
+	w.ports.Scheduler = sched
+	w.in = New(w.cfg, w.facts, w.ports, nil)
+	parse := func(name, cond string) *workflow.Workflow {
+		wf, err := workflow.Parse(".knotless/workflows/"+name+".yaml", []byte("on: push\nif: \""+cond+"\"\nsteps:\n  - run: make\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return wf
+	}
+	const costly = "[1,2,3,4,5,6,7,8,9,10].all(a, [1,2,3,4,5,6,7,8,9,10].all(b, [1,2,3,4,5,6,7,8,9,10].all(c, [1,2,3,4,5,6,7,8,9,10].all(d, a+b+c+d > 0))))"
+	w.git.SetWorkflows(parse("main", "event.branch == 'main' && event.trusted"), parse("dev", "event.branch == 'dev'"), parse("costly", costly))
+	ev := rig.Push("3k1", "c1")
+	if err := w.in.Consider(t.Context(), ev); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{ev.CheckKey("main")}; !slices.Equal(sched.keys, want) {
+		t.Errorf("jobs %v, want %v (main's alone)", sched.keys, want)
+	}
+	if c, ok := w.keeper.Get(ev.CheckKey("dev")); ok {
+		t.Errorf("dev, whose if does not hold, has a check: %+v", c)
+	}
+	if c, _ := w.keeper.Get(ev.CheckKey("costly")); c.Status != "error" || !strings.Contains(c.Error, "workflow costly: if ") {
+		t.Errorf("costly: %q %q, want an error check naming its if", c.Status, c.Error)
+	}
+}

@@ -231,7 +231,12 @@ type invalidFile struct {
 func (in *Intake) plan(log *slog.Logger, ev work.Event, repo job.Repo, tree string, wfs []*workflow.Workflow, bad []error) plan {
 	var p plan
 	for _, wf := range wfs {
-		if !job.RunsFor(wf, ev) || !wf.AllowsRunner(in.facts.Runner.String()) {
+		runs, ifErr := job.Runs(wf, ev)
+		if (!runs && ifErr == nil) || !wf.AllowsRunner(in.facts.Runner.String()) {
+			continue
+		}
+		if ifErr != nil {
+			p.notRun = append(p.notRun, notRunnable{wf.Name, ifErr.Error()})
 			continue
 		}
 		j := job.New(ev, wf, repo, tree)

@@ -317,6 +317,7 @@ func (s *Scheduler) execute(ctx context.Context, t *task, dir string, log *slog.
 		Outputs:  filepath.Join(dir, "outputs"),
 		Vars:     t.Vars,
 		Trusted:  t.Event.Trusted,
+		Event:    t.Event.CondEvent(),
 		Annotations: map[string]string{
 			"knotless.dev/check": t.Key,
 			"knotless.dev/event": t.Event.URI.String(),

@@ -146,23 +146,39 @@ func MirrorKey(ev work.Event) string {
 // batches in: its own, apart from the pushes' and each pull's.
 func BatchMirrorKey(repo string) string { return "batch " + repo }
 
-// RunsFor reports whether wf runs for ev: a pre-flight runs the
-// queue: first workflows, a batch the on: batch ones, a pull the
-// on: pull ones and a push the on: push ones; run-control work (a
-// re-run, a dispatch, a tick) the workflows it names.
+// RunsFor reports whether wf runs for ev (Runs): a workflow whose if
+// cannot be decided is counted, since it gets an error check.
 func RunsFor(wf *workflow.Workflow, ev work.Event) bool {
+	ok, err := Runs(wf, ev)
+	return ok || err != nil
+}
+
+// Runs reports whether wf runs for ev: a pre-flight runs the queue:
+// first workflows, a batch the on: batch ones, a pull the on: pull ones
+// and a push the on: push ones, each where the workflow's if holds for
+// the event; run-control work (a re-run, a dispatch, a tick) the
+// workflows it names, whatever their if. The error is an if that
+// cannot be decided (its cost bound): the workflow is not run, and its
+// check is an error naming it.
+func Runs(wf *workflow.Workflow, ev work.Event) (bool, error) {
+	var on bool
 	switch {
 	case ev.Workflows != nil:
 		_, ok := ev.Workflows[wf.Name]
-		return ok
+		return ok, nil
 	case ev.Preflight:
-		return wf.Queue == "first"
+		on = wf.Queue == "first"
 	case ev.Kind == forge.KindBatch:
-		return wf.Matches(workflow.Batch, ev.Branch())
+		on = wf.Matches(workflow.Batch, ev.Branch())
 	case ev.Kind == forge.KindPull:
-		return wf.Matches(workflow.Pull, ev.Branch())
+		on = wf.Matches(workflow.Pull, ev.Branch())
+	default:
+		on = wf.Matches(workflow.Push, ev.Branch())
 	}
-	return wf.Matches(workflow.Push, ev.Branch())
+	if !on {
+		return false, nil
+	}
+	return wf.Holds(ev.CondEvent(), nil)
 }
 
 // Saved is what state.json keeps of a started run's job, so that a

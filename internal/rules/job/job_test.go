@@ -84,14 +84,23 @@ func TestRunsFor(t *testing.T) {
 	batch := parse("batch", "on: batch\nbranches: [main]\nsteps:\n  - run: x\n")
 	pull := parse("pull", "on: pull\nsteps:\n  - run: x\n")
 	push := parse("push", "on: push\nsteps:\n  - run: x\n")
+	// Its if: the pulls into main, and the trusted pushes of tags.
+	cond := parse("cond", "on: [push, pull, batch]\nif: \"(event.kind == 'pull' && event.base == 'main') || (event.tag != '' && event.trusted)\"\nsteps:\n  - run: x\n")
 	uri := syntax.ATURI("at://did:plc:x/dev.knotless.pull/3n3pa7x34wk22")
+	mainPull := &forge.Pull{Base: "main"}
+	devPull := &forge.Pull{Base: "dev"}
 	for _, c := range []struct {
 		name string
 		ev   work.Event
 		want []string
 	}{
-		{"pre-flight", work.Event{Kind: forge.KindPull, URI: uri, Ref: "refs/heads/main", Preflight: true}, []string{"pre"}},
-		{"pull", work.Event{Kind: forge.KindPull, URI: uri, Ref: "refs/heads/main"}, []string{"pull"}},
+		{"pre-flight", work.Event{Kind: forge.KindPull, URI: uri, Ref: "refs/heads/main", Preflight: true, Pull: mainPull}, []string{"pre"}},
+		{"pull", work.Event{Kind: forge.KindPull, URI: uri, Ref: "refs/heads/main", Pull: mainPull}, []string{"pull", "cond"}},
+		{"pull into dev", work.Event{Kind: forge.KindPull, URI: uri, Ref: "refs/heads/dev", Pull: devPull}, []string{"pull"}},
+		{"trusted push of a tag", work.Event{Kind: forge.KindPush, Ref: "refs/tags/v1", Trusted: true}, []string{"pre", "push", "cond"}},
+		{"untrusted push of a tag", work.Event{Kind: forge.KindPush, Ref: "refs/tags/v1"}, []string{"pre", "push"}},
+		{"a re-run names a workflow whose if does not hold", work.Event{Kind: forge.KindPush, Ref: "refs/heads/main",
+			Control: work.Control{Cause: "at://did:plc:o/dev.knotless.rerun/3r1", Workflows: map[string]int64{"cond": 2}}}, []string{"cond"}},
 		{"batch on main", work.Event{Kind: forge.KindBatch, Ref: "refs/heads/main"}, []string{"batch"}},
 		{"batch on dev", work.Event{Kind: forge.KindBatch, Ref: "refs/heads/dev"}, nil},
 		{"push", work.Event{Kind: forge.KindPush, Ref: "refs/heads/main"}, []string{"pre", "push"}},
@@ -99,7 +108,7 @@ func TestRunsFor(t *testing.T) {
 			Control: work.Control{Cause: "at://did:plc:o/dev.knotless.rerun/3r1", Workflows: map[string]int64{"batch": 2}}}, []string{"batch"}},
 	} {
 		var got []string
-		for _, wf := range []*workflow.Workflow{pre, batch, pull, push} {
+		for _, wf := range []*workflow.Workflow{pre, batch, pull, push, cond} {
 			if RunsFor(wf, c.ev) {
 				got = append(got, wf.Name)
 			}

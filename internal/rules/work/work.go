@@ -127,3 +127,13 @@ func (e Event) Order() string {
 	}
 	return e.URI.RecordKey().String()
 }
+
+// CondEvent is what the steps' conditions read of the event: its kind,
+// ref, a pull's base branch and whether it is trusted.
+func (e Event) CondEvent() workflow.CondEvent {
+	c := workflow.CondEvent{Kind: e.Kind, Ref: e.Ref, Trusted: e.Trusted}
+	if e.Pull != nil {
+		c.Base = e.Pull.Base
+	}
+	return c
+}

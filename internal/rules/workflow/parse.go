@@ -64,6 +64,9 @@ type decoder struct {
 	file     string
 	errs     Errors
 	warnings []Warning
+	// stepConds are the steps' conditions' environments, made at the
+	// first step's if: (after the inputs are read).
+	stepConds *condEnvs
 }
 
 func (d *decoder) errorAt(tk *token.Token, format string, args ...any) {
@@ -119,6 +122,7 @@ func (d *decoder) warnAt(tk *token.Token, field, format string, args ...any) {
 
 func (d *decoder) workflow(n ast.Node, w *Workflow) {
 	var stepsNode ast.Node
+	var ifScalar *scalar
 	var inputTokens []*token.Token
 	d.mapping(n, "workflow", map[string]func(string, ast.Node){
 		"on": func(k string, v ast.Node) { inputTokens = d.on(v, w) },
@@ -197,8 +201,17 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 				"memory": func(k string, v ast.Node) { w.Resources.Memory = d.quantity("resources."+k, v) },
 			})
 		},
+		"if": func(k string, v ast.Node) {
+			s := d.str(k, v)
+			ifScalar = &s
+		},
 		"steps": func(k string, v ast.Node) { stepsNode = v },
 	}, "on", "steps")
+	if ifScalar != nil {
+		// After on: its inputs are names the condition reads.
+		var envs *condEnvs
+		w.If = d.cond("if", *ifScalar, w.Inputs, &envs, false)
+	}
 	// An input reaches the steps as a variable of its name: a granted
 	// secret's name would be shadowed by it.
 	for i, in := range w.Inputs {
@@ -230,6 +243,25 @@ func (d *decoder) steps(n ast.Node, w *Workflow) {
 			"run":     func(k string, v ast.Node) { s.Run = d.str(k, v).value },
 			"uses":    func(k string, v ast.Node) { s.Uses = d.str(k, v).value },
 			"timeout": func(k string, v ast.Node) { s.Timeout = d.duration(k, v) },
+			"if": func(k string, v ast.Node) {
+				s.If = d.cond(fmt.Sprintf("steps[%d].if", i), d.str(k, v), w.Inputs, &d.stepConds, true)
+			},
+			"continue-on-error": func(k string, v ast.Node) {
+				b, ok := v.(*ast.BoolNode)
+				if !ok {
+					d.errorAt(v.GetToken(), "steps[%d].continue-on-error: want true or false, got %s", i, kind(v))
+					return
+				}
+				s.ContinueOnError = b.Value
+			},
+			"working-directory": func(k string, v ast.Node) {
+				ss := d.str(k, v)
+				dir, err := workingDirectory(ss.value)
+				if err != nil {
+					d.errorAt(ss.tk, "steps[%d].working-directory: %q: %v", i, ss.value, err)
+				}
+				s.WorkingDirectory = dir
+			},
 			"secrets": func(k string, v ast.Node) {
 				s.Secrets = d.names(k, v)
 				for _, name := range s.Secrets {
@@ -259,6 +291,27 @@ func (d *decoder) steps(n ast.Node, w *Workflow) {
 		names[s.Name] = true
 		w.Steps = append(w.Steps, s)
 	}
+}
+
+// workingDirectory checks a step's working-directory: a path relative
+// to the checkout that stays in it. It returns the path cleaned, "" for
+// the checkout itself.
+func workingDirectory(dir string) (string, error) {
+	switch {
+	case dir == "":
+		return "", errors.New("want a directory relative to the checkout, got nothing")
+	case path.IsAbs(dir):
+		return "", errors.New("must be relative to the checkout, not absolute")
+	case slices.Contains(strings.Split(dir, "/"), ".."):
+		return "", errors.New("must stay in the checkout: no .. in it")
+	case strings.ContainsAny(dir, "\x00\n"):
+		return "", errors.New("holds a NUL byte or a newline")
+	}
+	dir = path.Clean(dir)
+	if dir == "." {
+		return "", nil
+	}
+	return dir, nil
 }
 
 type scalar struct {

@@ -70,7 +70,7 @@ func TestParseErrorsHavePositions(t *testing.T) {
 		want []string
 	}{
 		{"unknown field", "on: push\nstep:\n  - run: x\n", []string{
-			`w.yaml:2:1: workflow: unknown field "step" (known: artifacts, branches, cache, env, image, on, queue, resources, runners, secrets, steps, superseded, timeout)`,
+			`w.yaml:2:1: workflow: unknown field "step" (known: artifacts, branches, cache, env, if, image, on, queue, resources, runners, secrets, steps, superseded, timeout)`,
 			`w.yaml:1:1: workflow: missing field "steps"`,
 		}},
 		{"wrong types", "on: push\ntimeout: [1]\nsteps:\n  - run: x\n    timeout: 5\n", []string{
@@ -158,6 +158,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("on: push\nsteps:\n  - run: echo hi\n"))
 	f.Add([]byte("on: [push, pull]\nenv: {A: 1}\nsecrets: [T]\nsteps: [{name: a, run: x, secrets: [T]}]\n"))
 	f.Add([]byte("a: &x {b: 1}\nc: *x\n"))
+	f.Add([]byte("on: push\nif: event.kind == 'push'\nsteps:\n  - {run: x, if: \"failure() || event.foo\", working-directory: a/b, continue-on-error: true}\n"))
 	f.Add([]byte("on:\n  push:\n  dispatch:\n    inputs:\n      target: {type: choice, options: [a, b], default: a}\n      dry: {type: boolean, required: true}\n      note:\n  schedule:\n    - cron: '0 3 * * 1-5'\n    - cron: '@daily'\nsteps: [{run: x}]\n"))
 	f.Add([]byte("on: {schedule: [{cron: '61 * * * *'}, {cron: '@every 1h'}], dispatch: {inputs: {KNOTLESS_X: {type: number}}}}\nsteps: [{run: x}]\n"))
 	f.Add([]byte("on: push\nartifacts: [report.txt, 'site/**/*.html', '**']\nsteps: [{run: x}]\n"))

@@ -58,6 +58,9 @@ type Workflow struct {
 	// for download with its log, see MatchArtifact), in file order.
 	// None: a run publishes no file.
 	Artifacts []string
+	// If decides, for each event, whether the workflow runs: nil runs
+	// it for every event it is on.
+	If *Cond
 	// Warnings are fields that parse but are not acted on yet, in file
 	// order: validate prints them and the daemon logs them.
 	Warnings []Warning
@@ -131,7 +134,16 @@ type Step struct {
 	Uses    string // a shared step from .knotless/steps/<Uses>
 	Timeout time.Duration
 	Secrets []string
-	Line    int
+	// If decides whether the step runs; nil runs it while no earlier
+	// step has failed and the run is not cancelled (success()).
+	If *Cond
+	// ContinueOnError: the step's failure (a non-zero exit or its
+	// timeout) is recorded, and the run goes on as if it had succeeded.
+	ContinueOnError bool
+	// WorkingDirectory is where the step starts, relative to the
+	// checkout ("" for the checkout itself); it holds no "..".
+	WorkingDirectory string
+	Line             int
 }
 
 // Position is where an error is in a file.
