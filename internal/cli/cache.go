@@ -25,7 +25,7 @@ func cachesDir(cacheDir string) string { return filepath.Join(cacheDir, "caches"
 func (f CacheFlags) openCaches(cacheDir string) (*cache.Store, error) {
 	for name, v := range map[string]int64{"--cache-max": f.CacheMax, "--cache-max-total": f.CacheMaxTotal, "--disk-floor": f.DiskFloor} {
 		if v < 0 {
-			return nil, fmt.Errorf("%s %d: want 0 or more bytes", name, v)
+			return nil, usageError{fmt.Errorf("%s %d: want 0 or more bytes", name, v)}
 		}
 	}
 	s, err := cache.Open(cache.Config{Dir: cachesDir(cacheDir), MaxBytes: f.CacheMax, MaxTotal: f.CacheMaxTotal, DiskFloor: f.DiskFloor})

@@ -101,7 +101,9 @@ func (c *ServeCmd) readSecrets(env *Env) ([]scheduler.OperatorSecret, string, er
 	}
 	secrets, err := parseOperatorSecrets(name, b)
 	if err != nil {
-		return nil, "", fmt.Errorf("--secrets-file %s: %w", name, err)
+		// What the file says is wrong (or an entry's file does not
+		// read): the operator's configuration, which no restart mends.
+		return nil, "", usageError{fmt.Errorf("--secrets-file %s: %w", name, err)}
 	}
 	return secrets, name, nil
 }

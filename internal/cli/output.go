@@ -40,15 +40,15 @@ type OutputServiceCmd struct {
 func (c *OutputServiceCmd) Run(ctx context.Context, env *Env) error {
 	log := env.Logger.With("component", "output-service")
 	if c.MaxRunOutput < 2 || c.MaxRunsPerRunner < 1 || c.MaxRunFiles < 0 || c.MaxRunFileBytes < 0 || c.MaxSubscribers < 1 || c.Retention <= 0 {
-		return errors.New("output-service: --max-run-output, --max-runs-per-runner, --max-subscribers and --retention must be positive")
+		return usageError{errors.New("output-service: --max-run-output, --max-runs-per-runner, --max-subscribers and --retention must be positive")}
 	}
 	for _, r := range c.Runners {
 		if _, err := syntax.ParseDID(r); err != nil {
-			return fmt.Errorf("--runner %q: %w", r, err)
+			return usageError{fmt.Errorf("--runner %q: %w", r, err)}
 		}
 	}
 	if _, err := syntax.ParseDID(c.ServiceDID); err != nil {
-		return fmt.Errorf("--service-did %q: %w", c.ServiceDID, err)
+		return usageError{fmt.Errorf("--service-did %q: %w", c.ServiceDID, err)}
 	}
 	store, err := output.OpenStore(output.StoreConfig{
 		Dir:              c.DataDir,
