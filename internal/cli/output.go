@@ -91,7 +91,7 @@ type LogsCmd struct {
 	ClientFlags `embed:""`
 	Follow      bool   `short:"f" help:"Follow the output while the run goes on, to its end (a queued check is waited for until its run starts); the exit code is then the run's (0 success, 1 failure, 2 error, 130 cancelled)."`
 	From        string `help:"Read from this runner listener or output service (its base URL) (default: where the check record's live field says)." placeholder:"URL"`
-	Repo        string `help:"Where to look for a check named by its key: at://OWNER-DID/dev.knotless.repo/NAME, OWNER-DID/NAME, or NAME, one of yours (default: every repository of the account you logged in as)." placeholder:"REPO"`
+	Repo        string `help:"Where to look for a check named by its key: at://OWNER-DID/dev.knotless.repo/NAME, OWNER-DID/NAME, or NAME, one of yours (default: every repository of the account you logged in as)." placeholder:"REPO" predictor:"repo"`
 	Check       string `arg:"" help:"The check: at://RUNNER/dev.knotless.check/KEY, RUNNER/KEY, or its key or a unique prefix of it, as knotless-run runs shows it." predictor:"check"`
 }
 
