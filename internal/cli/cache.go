@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"text/tabwriter"
@@ -107,7 +108,7 @@ type CacheRmCmd struct {
 // Run removes the matching caches and prints each one removed.
 func (c *CacheRmCmd) Run(env *Env) error {
 	if c.All && (c.Workflow != "" || c.Path != "") {
-		return fmt.Errorf("cache rm: --workflow and --path go with --repo, not --all")
+		return usageError{errors.New("cache rm: --workflow and --path go with --repo, not --all")}
 	}
 	s, err := CacheFlags{}.openCaches(c.CacheDir)
 	if err != nil {

@@ -314,6 +314,8 @@ func TestMisuseExitsConfig(t *testing.T) {
 		{"run: a negative cache bound", []string{"run", "--executor", "shell", "--steps-file", steps, "--cache-dir", dir, "--cache-max=-1"}, "--cache-max -1"},
 		{"run: a toleration of the wrong form", []string{"run", "--executor", "kubernetes", "--steps-file", steps, "--toleration", "gpu"}, "--toleration \"gpu\""},
 		{"run: an egress block that is no address", []string{"run", "--executor", "kubernetes", "--steps-file", steps, "--egress-block", "nowhere"}, "--egress-block \"nowhere\""},
+		{"run: a docker CPU limit that is no quantity", []string{"run", "--executor", "docker", "--steps-file", steps, "--docker-cpu", "lots"}, "--executor docker: docker default cpu"},
+		{"cache rm: --all with --workflow", []string{"cache", "rm", "--cache-dir", dir, "--all", "--workflow", "build"}, "--workflow and --path go with --repo, not --all"},
 		{"output-service: a bound of 0", []string{"output-service", "--data-dir", dir, "--runner", runner, "--service-did", "did:web:out.test", "--max-subscribers", "0"}, "must be positive"},
 		{"output-service: a runner that is no DID", []string{"output-service", "--data-dir", dir, "--runner", "bob", "--service-did", "did:web:out.test"}, "--runner \"bob\""},
 		{"serve: no --did", []string{"serve", repo}, "--did (the runner's DID) is required"},
