@@ -264,6 +264,12 @@ func TestConfigErrorExitCode(t *testing.T) {
 		{"cannot sign in", []string{"serve", "--did", "did:plc:7u2ld3ffgzqvezmv6wxgxiix", "--executor", "shell", "--pds", "http://127.0.0.1:1",
 			"--plc-url", "http://127.0.0.1:1", "--app-password-file", write("pw", "x"), "--state-dir", dir, "--cache-dir", dir,
 			"--", "did:plc:ewvi7nxzyoun6zhxrhs64oiz/hello"}, ExitError, "log in to http://127.0.0.1:1"},
+		// A file that does not read is no configuration error: it may
+		// be there at the next start.
+		{"a secret's file that does not read", []string{"serve", "--did", "did:plc:7u2ld3ffgzqvezmv6wxgxiix", "--executor", "shell", "--pds", "http://127.0.0.1:1",
+			"--plc-url", "http://127.0.0.1:1", "--state-dir", dir, "--cache-dir", dir,
+			"--secrets-file", write("secrets.json", `{"secrets": [{"name": "T", "file": "not-there", "repos": ["*"]}]}`),
+			"--", "did:plc:ewvi7nxzyoun6zhxrhs64oiz/hello"}, ExitError, filepath.Join(dir, "not-there")},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
