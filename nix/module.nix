@@ -1263,9 +1263,11 @@ let
             ];
             # The API server may still be starting at boot. A oneshot has no
             # start timeout by default, and the runner starts after this
-            # unit: a hung API server must not hold the runner back.
+            # unit: a hung API server must not hold the runner back. Flags
+            # it refuses (exit 78, EX_CONFIG) fail the unit instead.
             Restart = "on-failure";
             RestartSec = "30s";
+            RestartPreventExitStatus = "78";
             TimeoutStartSec = "2min";
 
             User = user;
@@ -1462,8 +1464,12 @@ let
             ]
             ++ map escapeExecArg os.extraArgs
           );
+          # Flags it refuses (exit 78, EX_CONFIG: a --service-did or
+          # --runner that is no DID, a bound of 0 in extraArgs) fail the
+          # unit: restarting would not change them.
           Restart = "on-failure";
           RestartSec = "5s";
+          RestartPreventExitStatus = "78";
           User = "knotless-output";
           Group = "knotless-output";
           StateDirectory = "knotless-output";

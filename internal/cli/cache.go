@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"text/tabwriter"
@@ -25,7 +26,7 @@ func cachesDir(cacheDir string) string { return filepath.Join(cacheDir, "caches"
 func (f CacheFlags) openCaches(cacheDir string) (*cache.Store, error) {
 	for name, v := range map[string]int64{"--cache-max": f.CacheMax, "--cache-max-total": f.CacheMaxTotal, "--disk-floor": f.DiskFloor} {
 		if v < 0 {
-			return nil, fmt.Errorf("%s %d: want 0 or more bytes", name, v)
+			return nil, usageError{fmt.Errorf("%s %d: want 0 or more bytes", name, v)}
 		}
 	}
 	s, err := cache.Open(cache.Config{Dir: cachesDir(cacheDir), MaxBytes: f.CacheMax, MaxTotal: f.CacheMaxTotal, DiskFloor: f.DiskFloor})
@@ -107,7 +108,7 @@ type CacheRmCmd struct {
 // Run removes the matching caches and prints each one removed.
 func (c *CacheRmCmd) Run(env *Env) error {
 	if c.All && (c.Workflow != "" || c.Path != "") {
-		return fmt.Errorf("cache rm: --workflow and --path go with --repo, not --all")
+		return usageError{errors.New("cache rm: --workflow and --path go with --repo, not --all")}
 	}
 	s, err := CacheFlags{}.openCaches(c.CacheDir)
 	if err != nil {

@@ -95,7 +95,7 @@ type finder struct {
 
 // RepoFlag is the repositories a command looks in.
 type RepoFlag struct {
-	Repo string `help:"The repository: at://OWNER-DID/dev.knotless.repo/NAME, OWNER-DID/NAME, or NAME, one of yours (default: every repository of the account you logged in as)." placeholder:"REPO"`
+	Repo string `help:"The repository: at://OWNER-DID/dev.knotless.repo/NAME, OWNER-DID/NAME, or NAME, one of yours (default: every repository of the account you logged in as)." placeholder:"REPO" predictor:"repo"`
 }
 
 // newFinder reads the repository records of scope: --repo, else every

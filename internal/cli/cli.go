@@ -64,7 +64,7 @@ type CLI struct {
 	Logs          LogsCmd          `cmd:"" help:"Print a check's output; with --follow, follow it live to the run's end."`
 	OutputService OutputServiceCmd `cmd:"" name:"output-service" help:"The output service: take runs' output pushed by the runners named with --runner (atproto service auth) and serve it to readers."`
 	Status        StatusCmd        `cmd:"" help:"What the daemon is doing: runs going with their step and age, queued work, owed checks, credentials, why it is degraded; read from state.json when it is not running."`
-	Completion    CompletionCmd    `cmd:"" help:"Print the shell completion hook for bash, zsh or fish (commands, flags, and check keys)."`
+	Completion    CompletionCmd    `cmd:"" help:"Print the shell completion hook for bash, zsh or fish (commands, flags, check keys, and your repositories' names for --repo)."`
 	Version       VersionCmd       `cmd:"" help:"Print the version."`
 }
 

@@ -159,15 +159,15 @@ func TestRunBadInput(t *testing.T) {
 		code int // ExitError when 0
 	}{
 		{"secret value on argv", []string{"run", "--executor", "shell", "--workflow", wf, "--secret", "TOKEN=hunter2"}, nil,
-			"--secret TOKEN: a value is never taken from the command line", 0},
+			"--secret TOKEN: a value is never taken from the command line", ExitConfig},
 		{"secret missing from env", []string{"run", "--executor", "shell", "--workflow", wf, "--secret", "TOKEN"}, nil,
-			"--secret TOKEN: the environment variable TOKEN is empty or unset", 0},
+			"--secret TOKEN: the environment variable TOKEN is empty or unset", ExitConfig},
 		{"kubernetes is the default and needs credentials", []string{"run", "--workflow", wf}, nil,
 			"--executor kubernetes: no cluster credentials: give --kubeconfig, set KUBECONFIG", 0},
 		{"pull secret that is no Secret name", []string{"run", "--workflow", wf, "--image-pull-secret", "ok=registry.example.com/*", "--image-pull-secret", "Bad_Name=registry.example.com/*"}, nil,
-			`--image-pull-secret "Bad_Name=registry.example.com/*": "Bad_Name" is not a Secret name: a lowercase RFC 1123 subdomain`, 0},
+			`--image-pull-secret "Bad_Name=registry.example.com/*": "Bad_Name" is not a Secret name: a lowercase RFC 1123 subdomain`, ExitConfig},
 		{"pull secret without a pattern", []string{"run", "--workflow", wf, "--image-pull-secret", "ci-pull"}, nil,
-			`--image-pull-secret "ci-pull": no image pattern: write NAME=PATTERN (e.g. ci-pull=registry.example.com/team/*), adding ,untrusted to give the secret to pulls too`, 0},
+			`--image-pull-secret "ci-pull": no image pattern: write NAME=PATTERN (e.g. ci-pull=registry.example.com/team/*), adding ,untrusted to give the secret to pulls too`, ExitConfig},
 		{"no workflow", []string{"run", "--executor", "shell"}, nil, "missing flags: --workflow=FILE or --steps-file=FILE", ExitConfig},
 		{"bad workflow", []string{"run", "--executor", "shell", "--workflow", "testdata/bad.yaml"}, nil,
 			`testdata/bad.yaml:3:1: workflow: unknown field "stepz"`, 0},
@@ -264,12 +264,87 @@ func TestConfigErrorExitCode(t *testing.T) {
 		{"cannot sign in", []string{"serve", "--did", "did:plc:7u2ld3ffgzqvezmv6wxgxiix", "--executor", "shell", "--pds", "http://127.0.0.1:1",
 			"--plc-url", "http://127.0.0.1:1", "--app-password-file", write("pw", "x"), "--state-dir", dir, "--cache-dir", dir,
 			"--", "did:plc:ewvi7nxzyoun6zhxrhs64oiz/hello"}, ExitError, "log in to http://127.0.0.1:1"},
+		// A file that does not read is no configuration error: it may
+		// be there at the next start.
+		{"a secret's file that does not read", []string{"serve", "--did", "did:plc:7u2ld3ffgzqvezmv6wxgxiix", "--executor", "shell", "--pds", "http://127.0.0.1:1",
+			"--plc-url", "http://127.0.0.1:1", "--state-dir", dir, "--cache-dir", dir,
+			"--secrets-file", write("secrets.json", `{"secrets": [{"name": "T", "file": "not-there", "repos": ["*"]}]}`),
+			"--", "did:plc:ewvi7nxzyoun6zhxrhs64oiz/hello"}, ExitError, filepath.Join(dir, "not-there")},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			r := runCLI(t, nil, tt.args...)
 			if r.code != tt.code || !strings.Contains(r.stderr, tt.want) {
 				t.Errorf("exit %d, stderr:\n%s\nwant exit %d and %q", r.code, r.stderr, tt.code, tt.want)
+			}
+		})
+	}
+}
+
+// TestMisuseExitsConfig: a command line that cannot work as written (a
+// missing or contradictory flag, a value of the wrong form, a rule
+// between flags, a settings file that says the wrong thing) exits
+// ExitConfig in every command, whether kong or the command finds it, as
+// docs/reference/cli.md says; never ExitError, which says trying again
+// may help.
+func TestMisuseExitsConfig(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	steps := write("steps", "hi\techo hi\n")
+	runner, owner := "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa", "did:plc:bbbbbbbbbbbbbbbbbbbbbbbb"
+	repo := owner + "/hello"
+	// serve as far as its flags: loopback only, nothing listens there.
+	serve := func(args ...string) []string {
+		state := t.TempDir()
+		return append([]string{"serve", "--executor", "shell", "--pds", "http://127.0.0.1:1", "--plc-url", "http://127.0.0.1:1",
+			"--state-dir", state, "--cache-dir", state, "--shell-root", state}, args...)
+	}
+	seal := func(args ...string) []string {
+		return append([]string{"secret", "seal", "--runner", runner, "--key", "AAAA", "--repo", "at://" + owner + "/dev.knotless.repo/hello", "--name", "TOKEN"}, args...)
+	}
+	for _, tt := range []struct {
+		name string
+		args []string
+		want string // what stderr names
+	}{
+		{"run: a secret's value on the command line", []string{"run", "--executor", "shell", "--steps-file", steps, "--dry-run", "--secret", "TOKEN=hunter2"}, "--secret TOKEN: a value is never taken from the command line"},
+		{"run: a secret from an unset variable", []string{"run", "--executor", "shell", "--steps-file", steps, "--dry-run", "--secret", "TOKEN"}, "--secret TOKEN: the environment variable TOKEN is empty or unset"},
+		{"run: a maximum that is no quantity", []string{"run", "--executor", "shell", "--steps-file", steps, "--dry-run", "--max-cpu", "lots"}, "--max-cpu"},
+		{"run: a negative cache bound", []string{"run", "--executor", "shell", "--steps-file", steps, "--cache-dir", dir, "--cache-max=-1"}, "--cache-max -1"},
+		{"run: a toleration of the wrong form", []string{"run", "--executor", "kubernetes", "--steps-file", steps, "--toleration", "gpu"}, "--toleration \"gpu\""},
+		{"run: an egress block that is no address", []string{"run", "--executor", "kubernetes", "--steps-file", steps, "--egress-block", "nowhere"}, "--egress-block \"nowhere\""},
+		{"run: a docker CPU limit that is no quantity", []string{"run", "--executor", "docker", "--steps-file", steps, "--docker-cpu", "lots"}, "--executor docker: docker default cpu"},
+		{"cache rm: --all with --workflow", []string{"cache", "rm", "--cache-dir", dir, "--all", "--workflow", "build"}, "--workflow and --path go with --repo, not --all"},
+		{"output-service: a bound of 0", []string{"output-service", "--data-dir", dir, "--runner", runner, "--service-did", "did:web:out.test", "--max-subscribers", "0"}, "must be positive"},
+		{"output-service: a runner that is no DID", []string{"output-service", "--data-dir", dir, "--runner", "bob", "--service-did", "did:web:out.test"}, "--runner \"bob\""},
+		{"serve: no --did", []string{"serve", repo}, "--did (the runner's DID) is required"},
+		{"serve: a --did that is no DID", serve("--did", "runner", repo), "--did \"runner\""},
+		{"serve: a repository of the wrong form", serve("--did", runner, "--", owner+"/"), "repo \"" + owner + "/\""},
+		{"serve: no repositories", serve("--did", runner), "no repositories"},
+		{"serve: warm pods without kubernetes", serve("--did", runner, "--warm-pods", "2", repo), "--warm-pods 2"},
+		{"serve: a flood cap below 0", serve("--did", runner, "--max-queued-per-author=-1", repo), "--max-queued-per-author -1"},
+		{"serve: --output-service-did alone", serve("--did", runner, "--output-service-did", "did:web:out.test", repo), "--output-service-did without --output-service"},
+		{"serve: a negative cache bound", serve("--did", runner, "--disk-floor=-1", repo), "--disk-floor -1"},
+		{"serve: a secrets file that says the wrong thing", serve("--did", runner, "--secrets-file", write("secrets.json", `{"secrets": [{"name": "T", "value": "v"}]}`), repo), "--secrets-file"},
+		{"kubeconfig: nothing to do", []string{"kubeconfig"}, "--admin-kubeconfig and --out are required"},
+		{"kubeconfig: two things to check", []string{"kubeconfig", "--check-in-cluster", "--check", "x"}, "not both"},
+		{"manifests: a flag the manifests set", []string{"manifests", "--did", runner, "--serve-flag=--did", "--serve-flag=" + runner}, "--serve-flag --did"},
+		{"manifests: a Secret name of the wrong form", []string{"manifests", "--did", runner, "--allow-image-pull-secret", "Not_A_Name"}, "--allow-image-pull-secret \"Not_A_Name\""},
+		{"secret seal: a runner that is no DID", seal("--runner", "runner"), "--runner"},
+		{"secret seal: a key that is no key", seal(), "--key"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			r := runCLI(t, map[string]string{}, tt.args...)
+			if r.code != ExitConfig || !strings.Contains(r.stderr, tt.want) {
+				t.Errorf("exit %d, stderr:\n%s\nwant exit %d naming %q", r.code, r.stderr, ExitConfig, tt.want)
 			}
 		})
 	}
@@ -352,8 +427,11 @@ func TestMistypedCommand(t *testing.T) {
 // naming the flag, not an idle runner.
 func TestStatusStateDirMissing(t *testing.T) {
 	t.Parallel()
-	r := runCLI(t, nil, "status", "--state-dir", filepath.Join(t.TempDir(), "nonexistent"))
-	if r.code != ExitConfig || !strings.Contains(r.stderr, "--state-dir") {
-		t.Errorf("status --state-dir (missing): exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	// The second is longer than a socket's path may be (108 bytes).
+	for _, dir := range []string{filepath.Join(t.TempDir(), "nonexistent"), filepath.Join(t.TempDir(), strings.Repeat("x", 110), "nonexistent")} {
+		r := runCLI(t, nil, "status", "--state-dir", dir)
+		if r.code != ExitConfig || !strings.Contains(r.stderr, "--state-dir "+dir+": not a directory") {
+			t.Errorf("status --state-dir %s (missing): exit %d, stdout %q, stderr %q", dir, r.code, r.stdout, r.stderr)
+		}
 	}
 }

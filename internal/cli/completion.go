@@ -5,17 +5,23 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/alecthomas/kong"
 	"github.com/posener/complete"
 	"github.com/willabides/kongplete"
+
+	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/forge/pdsclient"
 )
 
 // Shell completion is kongplete's: the shell runs knotless-run itself
 // with COMP_LINE set (bash's complete -C), and kongplete answers from
 // the command tree. A CHECK argument is completed with the keys of the
-// checks knotless-run runs would list.
+// checks knotless-run runs would list with the --repo (and --plc-url)
+// typed on the line; a --repo with the names of the logged-in account's
+// repositories.
 
 // completionHooks are the lines each shell needs to ask knotless-run
 // (kongplete's install fragments, for BIN).
@@ -55,22 +61,28 @@ func completeLine(parser *kong.Kong, env Env) bool {
 	done := false
 	kongplete.Complete(parser,
 		kongplete.WithPredictor("check", checkPredictor(&env)),
+		kongplete.WithPredictor("repo", repoPredictor(&env)),
 		kongplete.WithExitFunc(func(int) { done = true }),
 		kongplete.WithErrorHandler(func(error) {}),
 	)
 	return done
 }
 
-// checkPredictor offers the keys of the checks of the logged-in
-// account's repositories, newest first; nothing when it cannot list
-// them within a few seconds.
+// predictWithin is how long a predictor may read records: past it the
+// shell is offered nothing rather than kept waiting.
+const predictWithin = 5 * time.Second
+
+// checkPredictor offers the keys of the checks knotless-run runs lists
+// with the --repo and --plc-url typed on the line (without --repo: of
+// the logged-in account's repositories), newest first; nothing when it
+// cannot list them within predictWithin.
 func checkPredictor(env *Env) complete.Predictor {
-	return complete.PredictFunc(func(complete.Args) []string {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	return complete.PredictFunc(func(a complete.Args) []string {
+		ctx, cancel := context.WithTimeout(context.Background(), predictWithin)
 		defer cancel()
 		quiet := *env
 		quiet.Logger = slog.New(slog.DiscardHandler)
-		f, err := newFinder(ctx, &quiet, &ClientFlags{}, "")
+		f, err := newFinder(ctx, &quiet, &ClientFlags{PLCURL: typedFlag(a, "plc-url")}, typedFlag(a, "repo"))
 		if err != nil {
 			return nil
 		}
@@ -84,4 +96,49 @@ func checkPredictor(env *Env) complete.Predictor {
 		}
 		return keys
 	})
+}
+
+// repoPredictor offers the names of the logged-in account's
+// repositories, as --repo takes them (NAME, one of yours); nothing when
+// it cannot list them within predictWithin.
+func repoPredictor(env *Env) complete.Predictor {
+	return complete.PredictFunc(func(a complete.Args) []string {
+		ctx, cancel := context.WithTimeout(context.Background(), predictWithin)
+		defer cancel()
+		quiet := *env
+		quiet.Logger = slog.New(slog.DiscardHandler)
+		s, _, err := loadSession(&quiet)
+		if err != nil {
+			return nil
+		}
+		r, err := (&ClientFlags{PLCURL: typedFlag(a, "plc-url")}).reader(&quiet)
+		if err != nil {
+			return nil
+		}
+		repos, _, err := pdsclient.List[forge.Repo](ctx, r, s.AccountDID, forge.CollectionRepo)
+		if err != nil {
+			return nil
+		}
+		var names []string
+		for _, rec := range repos {
+			names = append(names, rec.URI.RecordKey().String())
+		}
+		return names
+	})
+}
+
+// typedFlag is the value of the flag --name on the line being
+// completed, as --name VALUE or --name=VALUE (the last one typed);
+// "" when it is not there.
+func typedFlag(a complete.Args, name string) string {
+	v := ""
+	for i, w := range a.Completed {
+		switch {
+		case w == "--"+name && i+1 < len(a.Completed):
+			v = a.Completed[i+1]
+		case strings.HasPrefix(w, "--"+name+"="):
+			v = strings.TrimPrefix(w, "--"+name+"=")
+		}
+	}
+	return v
 }

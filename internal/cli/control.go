@@ -35,7 +35,7 @@ type WriteFlags struct {
 type CheckArgs struct {
 	Name   string `arg:"" optional:"" name:"check" help:"The check: at://RUNNER/dev.knotless.check/KEY, RUNNER/KEY, or its key or a unique prefix of it, as knotless-run runs shows it." placeholder:"CHECK" predictor:"check"`
 	Check  string `name:"check" hidden:"" help:"The check (as CHECK)." placeholder:"CHECK"`
-	Repo   string `help:"Where to look for a check named by its key: at://OWNER-DID/dev.knotless.repo/NAME, OWNER-DID/NAME, or NAME, one of yours (default: every repository of the account you logged in as)." placeholder:"REPO"`
+	Repo   string `help:"Where to look for a check named by its key: at://OWNER-DID/dev.knotless.repo/NAME, OWNER-DID/NAME, or NAME, one of yours (default: every repository of the account you logged in as)." placeholder:"REPO" predictor:"repo"`
 	Runner string `help:"Only this runner acts on it (default with a key: every runner that has the check)." placeholder:"DID"`
 }
 
@@ -207,7 +207,7 @@ func (c *RerunCmd) Run(ctx context.Context, env *Env) error {
 type DispatchCmd struct {
 	WriteFlags   `embed:""`
 	WaitFlags    `embed:""`
-	Repo         string   `help:"The repository: at://OWNER-DID/dev.knotless.repo/NAME, OWNER-DID/NAME, or NAME, one of yours." required:"" placeholder:"REPO"`
+	Repo         string   `help:"The repository: at://OWNER-DID/dev.knotless.repo/NAME, OWNER-DID/NAME, or NAME, one of yours." required:"" placeholder:"REPO" predictor:"repo"`
 	Ref          string   `help:"The branch to run on: its name or refs/heads/NAME." required:"" placeholder:"REF"`
 	Workflow     string   `help:"The workflow's name, its file stem (default: the stem of --workflow-file)." placeholder:"NAME"`
 	Input        []string `short:"f" help:"An input's value (repeatable); a boolean's is true or false." placeholder:"NAME=VALUE" sep:"none"`

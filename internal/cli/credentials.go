@@ -101,7 +101,13 @@ func (c *ServeCmd) readSecrets(env *Env) ([]scheduler.OperatorSecret, string, er
 	}
 	secrets, err := parseOperatorSecrets(name, b)
 	if err != nil {
-		return nil, "", fmt.Errorf("--secrets-file %s: %w", name, err)
+		err = fmt.Errorf("--secrets-file %s: %w", name, err)
+		if errors.As(err, new(*fs.PathError)) {
+			return nil, "", err // an entry's file that does not read
+		}
+		// What the file says is wrong: the operator's configuration,
+		// which no restart mends.
+		return nil, "", usageError{err}
 	}
 	return secrets, name, nil
 }

@@ -47,7 +47,9 @@ func (f *DockerFlags) newDocker(env *Env, o executorOptions) (*docker.Executor, 
 		Observer:    o.Observer,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("--executor docker: %w", err)
+		// docker.New reads the flags and dials nothing: what it
+		// refuses is a flag's value (--docker-cpu, --docker-host, …).
+		return nil, usageError{fmt.Errorf("--executor docker: %w", err)}
 	}
 	return ex, nil
 }

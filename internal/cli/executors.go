@@ -90,7 +90,7 @@ func (f *ExecutorFlags) lookup() (executorDef, error) {
 			return d, nil
 		}
 	}
-	return executorDef{}, fmt.Errorf("--executor %s: unknown executor", f.Executor)
+	return executorDef{}, usageError{fmt.Errorf("--executor %s: unknown executor", f.Executor)}
 }
 
 // newExecutor builds the executor --executor names for concurrency runs

@@ -121,8 +121,8 @@ func TestExecutorFlagsWorkForRunAndServe(t *testing.T) {
 func TestServeTakesDockerFlags(t *testing.T) {
 	t.Parallel()
 	r := runCLI(t, nil, "serve", "--executor", "docker", "--docker-host", "unix:///nonexistent", "--docker-pull", "never", "--network", "none", "did:plc:ewvi7nxzyoun6zhxrhs64oiz/hello")
-	if r.code != ExitError || strings.Contains(r.stderr, "unknown flag") || !strings.Contains(r.stderr, "--did") {
-		t.Errorf("exit %d, stderr:\n%s\nwant exit %d for the missing --did, not a flag error", r.code, r.stderr, ExitError)
+	if r.code != ExitConfig || strings.Contains(r.stderr, "unknown flag") || !strings.Contains(r.stderr, "--did") {
+		t.Errorf("exit %d, stderr:\n%s\nwant exit %d for the missing --did, not a flag error", r.code, r.stderr, ExitConfig)
 	}
 }
 

@@ -29,7 +29,7 @@ func (f *FloodFlags) caps() (intake.Caps, error) {
 	} {
 		switch {
 		case x.v < 0:
-			return c, fmt.Errorf("%s %d: want 0 (no cap) or more", x.flag, x.v)
+			return c, usageError{fmt.Errorf("%s %d: want 0 (no cap) or more", x.flag, x.v)}
 		case x.v == 0:
 			*x.to = intake.NoCap
 		default:

@@ -49,8 +49,8 @@ func TestServeRefusesNegativeFloodCaps(t *testing.T) {
 		r := runCLI(t, map[string]string{}, "serve", "--executor", "shell", flag+"=-1",
 			"--did", "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa", "--pds", "http://127.0.0.1:1", "--state-dir", filepath.Join(dir, "state"),
 			"--cache-dir", filepath.Join(dir, "cache"), "--shell-root", dir, "did:plc:bbbbbbbbbbbbbbbbbbbbbbbb/hello")
-		if want := flag + " -1: want 0 (no cap) or more"; r.code != ExitError || !strings.Contains(r.stderr, want) {
-			t.Errorf("%s -1: exit %d, want %d and %q\nstderr:\n%s", flag, r.code, ExitError, want, r.stderr)
+		if want := flag + " -1: want 0 (no cap) or more"; r.code != ExitConfig || !strings.Contains(r.stderr, want) {
+			t.Errorf("%s -1: exit %d, want %d and %q\nstderr:\n%s", flag, r.code, ExitConfig, want, r.stderr)
 		}
 	}
 }

@@ -107,7 +107,7 @@ func (f *KubeFlags) podOptions(image string) (kubernetes.PodOptions, error) {
 	for _, s := range f.ImagePullSecret {
 		ps, err := kubernetes.ParsePullSecret(s)
 		if err != nil {
-			return kubernetes.PodOptions{}, fmt.Errorf("--image-pull-secret %q: %w", s, err)
+			return kubernetes.PodOptions{}, usageError{fmt.Errorf("--image-pull-secret %q: %w", s, err)}
 		}
 		pullSecrets = append(pullSecrets, ps)
 	}
@@ -138,11 +138,11 @@ func (f *KubeFlags) podOptions(image string) (kubernetes.PodOptions, error) {
 func (f *KubeFlags) egress() (kubernetes.Egress, error) {
 	mode, err := kubernetes.ParseEgressMode(f.Egress)
 	if err != nil {
-		return kubernetes.Egress{}, fmt.Errorf("--egress: %w", err)
+		return kubernetes.Egress{}, usageError{fmt.Errorf("--egress: %w", err)}
 	}
 	untrusted, err := kubernetes.ParseEgressMode(f.EgressUntrusted)
 	if err != nil {
-		return kubernetes.Egress{}, fmt.Errorf("--egress-untrusted: %w", err)
+		return kubernetes.Egress{}, usageError{fmt.Errorf("--egress-untrusted: %w", err)}
 	}
 	eg := kubernetes.Egress{Mode: mode, Untrusted: untrusted}
 	for _, s := range f.EgressBlock {
@@ -150,7 +150,7 @@ func (f *KubeFlags) egress() (kubernetes.Egress, error) {
 		if err != nil {
 			a, aerr := netip.ParseAddr(s)
 			if aerr != nil {
-				return kubernetes.Egress{}, fmt.Errorf("--egress-block %q: want a CIDR or an address", s)
+				return kubernetes.Egress{}, usageError{fmt.Errorf("--egress-block %q: want a CIDR or an address", s)}
 			}
 			p = netip.PrefixFrom(a, a.BitLen())
 		}
@@ -185,13 +185,13 @@ func parseTolerations(specs []string) ([]corev1.Toleration, error) {
 	for _, s := range specs {
 		kv, effect, ok := strings.Cut(s, ":")
 		if !ok || kv == "" {
-			return nil, fmt.Errorf("--toleration %q: want KEY[=VALUE]:EFFECT", s)
+			return nil, usageError{fmt.Errorf("--toleration %q: want KEY[=VALUE]:EFFECT", s)}
 		}
 		t := corev1.Toleration{Effect: corev1.TaintEffect(effect), Operator: corev1.TolerationOpExists}
 		switch t.Effect {
 		case corev1.TaintEffectNoSchedule, corev1.TaintEffectPreferNoSchedule, corev1.TaintEffectNoExecute, "":
 		default:
-			return nil, fmt.Errorf("--toleration %q: effect must be NoSchedule, PreferNoSchedule or NoExecute", s)
+			return nil, usageError{fmt.Errorf("--toleration %q: effect must be NoSchedule, PreferNoSchedule or NoExecute", s)}
 		}
 		if k, v, hasValue := strings.Cut(kv, "="); hasValue {
 			t.Key, t.Value, t.Operator = k, v, corev1.TolerationOpEqual

@@ -38,7 +38,7 @@ func (c *KubeconfigCmd) Run(ctx context.Context, env *Env) error {
 		return c.check(ctx, env)
 	}
 	if c.AdminKubeconfig == "" || c.Out == "" {
-		return errors.New("kubeconfig: --admin-kubeconfig and --out are required (or --check FILE)")
+		return usageError{errors.New("kubeconfig: --admin-kubeconfig and --out are required (or --check FILE)")}
 	}
 	if err := checkSecretNames("--allow-image-pull-secret", c.AllowImagePullSecret); err != nil {
 		return err
@@ -111,7 +111,7 @@ func (c *KubeconfigCmd) Run(ctx context.Context, env *Env) error {
 func (c *KubeconfigCmd) checked() (*rest.Config, string, string, error) {
 	if c.InCluster {
 		if c.Check != "" {
-			return nil, "", "", errors.New("kubeconfig: --check FILE or --check-in-cluster, not both")
+			return nil, "", "", usageError{errors.New("kubeconfig: --check FILE or --check-in-cluster, not both")}
 		}
 		cfg, err := rest.InClusterConfig()
 		if err != nil {
@@ -167,7 +167,7 @@ func (c *KubeconfigCmd) check(ctx context.Context, env *Env) error {
 func checkSecretNames(flag string, names []string) error {
 	for _, name := range names {
 		if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 {
-			return fmt.Errorf("%s %q: not a Secret name: %s", flag, name, strings.Join(msgs, "; "))
+			return usageError{fmt.Errorf("%s %q: not a Secret name: %s", flag, name, strings.Join(msgs, "; "))}
 		}
 	}
 	return nil

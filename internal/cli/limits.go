@@ -21,22 +21,22 @@ type LimitFlags struct {
 func (f *LimitFlags) maximums(all bool) (run.Maximums, error) {
 	m := run.Maximums{Timeout: f.MaxTimeout, Images: f.AllowImage, All: all}
 	if f.MaxTimeout < 0 {
-		return m, fmt.Errorf("--max-timeout %s: want a positive duration", f.MaxTimeout)
+		return m, usageError{fmt.Errorf("--max-timeout %s: want a positive duration", f.MaxTimeout)}
 	}
 	var err error
 	if f.MaxCPU != "" {
 		if m.MilliCPU, err = quantity.MilliCPU(f.MaxCPU); err != nil {
-			return m, fmt.Errorf("--max-cpu: %w", err)
+			return m, usageError{fmt.Errorf("--max-cpu: %w", err)}
 		}
 	}
 	if f.MaxMemory != "" {
 		if m.MemoryBytes, err = quantity.Bytes(f.MaxMemory); err != nil {
-			return m, fmt.Errorf("--max-memory: %w", err)
+			return m, usageError{fmt.Errorf("--max-memory: %w", err)}
 		}
 	}
 	for _, g := range f.AllowImage {
 		if err := run.ValidImageGlob(g); err != nil {
-			return m, fmt.Errorf("--allow-image: %w", err)
+			return m, usageError{fmt.Errorf("--allow-image: %w", err)}
 		}
 	}
 	return m, nil

@@ -45,8 +45,14 @@ func TestServeShellRefusesUntrusted(t *testing.T) {
 				args = append(args, a)
 			}
 			r := runCLI(t, map[string]string{}, args...)
-			if r.code != ExitError {
-				t.Fatalf("exit %d, want %d (it cannot log in, if nothing else)\nstderr:\n%s", r.code, ExitError, r.stderr)
+			// A refusal is of the flags (ExitConfig); else it cannot log
+			// in, if nothing else.
+			want := ExitError
+			if tc.refused != "" {
+				want = ExitConfig
+			}
+			if r.code != want {
+				t.Fatalf("exit %d, want %d\nstderr:\n%s", r.code, want, r.stderr)
 			}
 			refused := strings.Contains(r.stderr, "pass --unsafe-shell-untrusted")
 			switch {
@@ -79,23 +85,22 @@ func TestRunMaximums(t *testing.T) {
 	for _, tc := range []struct {
 		flags []string
 		want  string
+		code  int
 	}{
-		{[]string{"--max-timeout", "1h"}, "error: timeout 6h0m0s exceeds --max-timeout 1h0m0s"},
-		{[]string{"--allow-image", "registry.example/*", "--allow-image", "busybox:*"}, "error: image evil.example/miner is not allowed by --allow-image registry.example/*, busybox:*"},
-		{[]string{"--max-cpu", "lots"}, "--max-cpu: quantity \"lots\""},
-		{nil, "workflow big: success"},
+		// A workflow past a maximum is a run that ends error; a
+		// maximum that is no quantity is a command line that cannot work.
+		{[]string{"--max-timeout", "1h"}, "error: timeout 6h0m0s exceeds --max-timeout 1h0m0s", ExitError},
+		{[]string{"--allow-image", "registry.example/*", "--allow-image", "busybox:*"}, "error: image evil.example/miner is not allowed by --allow-image registry.example/*, busybox:*", ExitError},
+		{[]string{"--max-cpu", "lots"}, "--max-cpu: quantity \"lots\"", ExitConfig},
+		{nil, "workflow big: success", ExitSuccess},
 	} {
 		args := append([]string{"run", "--executor", "shell", "--shell-root", runs, "--workflow", wf, "--workdir", dir}, tc.flags...)
 		r := runCLI(t, nil, args...)
 		if !strings.Contains(r.stdout+r.stderr, tc.want) {
 			t.Errorf("%v: exit %d, want %q\nstdout:\n%s\nstderr:\n%s", tc.flags, r.code, tc.want, r.stdout, r.stderr)
 		}
-		if want := ExitError; tc.flags == nil {
-			if r.code != ExitSuccess {
-				t.Errorf("no maximums: exit %d, want 0", r.code)
-			}
-		} else if r.code != want {
-			t.Errorf("%v: exit %d, want %d", tc.flags, r.code, want)
+		if r.code != tc.code {
+			t.Errorf("%v: exit %d, want %d", tc.flags, r.code, tc.code)
 		}
 	}
 }
@@ -108,7 +113,7 @@ func TestServeRefusesEmptyQueueBatch(t *testing.T) {
 	r := runCLI(t, map[string]string{}, "serve", "--executor", "shell", "--unsafe-shell-untrusted", "--queue", "--queue-batch", "0",
 		"--did", "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa", "--pds", "http://127.0.0.1:1", "--state-dir", filepath.Join(dir, "state"),
 		"--cache-dir", filepath.Join(dir, "cache"), "--shell-root", dir, "did:plc:bbbbbbbbbbbbbbbbbbbbbbbb/hello")
-	if r.code != ExitError || !strings.Contains(r.stderr, "--queue-batch 0: want 1 or more") {
-		t.Errorf("exit %d, want %d and the flag named\nstderr:\n%s", r.code, ExitError, r.stderr)
+	if r.code != ExitConfig || !strings.Contains(r.stderr, "--queue-batch 0: want 1 or more") {
+		t.Errorf("exit %d, want %d and the flag named\nstderr:\n%s", r.code, ExitConfig, r.stderr)
 	}
 }

@@ -39,7 +39,8 @@ func (c *ManifestsCmd) Run(env *Env) error {
 		EgressUntrusted: c.EgressUntrusted,
 	})
 	if err != nil {
-		return fmt.Errorf("manifests: %w", err)
+		// Every refusal of Objects is of a flag's value.
+		return usageError{fmt.Errorf("manifests: %w", err)}
 	}
 	out, err := manifests.YAML(objs)
 	if err != nil {

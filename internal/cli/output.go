@@ -40,15 +40,15 @@ type OutputServiceCmd struct {
 func (c *OutputServiceCmd) Run(ctx context.Context, env *Env) error {
 	log := env.Logger.With("component", "output-service")
 	if c.MaxRunOutput < 2 || c.MaxRunsPerRunner < 1 || c.MaxRunFiles < 0 || c.MaxRunFileBytes < 0 || c.MaxSubscribers < 1 || c.Retention <= 0 {
-		return errors.New("output-service: --max-run-output, --max-runs-per-runner, --max-subscribers and --retention must be positive")
+		return usageError{errors.New("output-service: --max-run-output, --max-runs-per-runner, --max-subscribers and --retention must be positive")}
 	}
 	for _, r := range c.Runners {
 		if _, err := syntax.ParseDID(r); err != nil {
-			return fmt.Errorf("--runner %q: %w", r, err)
+			return usageError{fmt.Errorf("--runner %q: %w", r, err)}
 		}
 	}
 	if _, err := syntax.ParseDID(c.ServiceDID); err != nil {
-		return fmt.Errorf("--service-did %q: %w", c.ServiceDID, err)
+		return usageError{fmt.Errorf("--service-did %q: %w", c.ServiceDID, err)}
 	}
 	store, err := output.OpenStore(output.StoreConfig{
 		Dir:              c.DataDir,
@@ -91,7 +91,7 @@ type LogsCmd struct {
 	ClientFlags `embed:""`
 	Follow      bool   `short:"f" help:"Follow the output while the run goes on, to its end (a queued check is waited for until its run starts); the exit code is then the run's (0 success, 1 failure, 2 error, 130 cancelled)."`
 	From        string `help:"Read from this runner listener or output service (its base URL) (default: where the check record's live field says)." placeholder:"URL"`
-	Repo        string `help:"Where to look for a check named by its key: at://OWNER-DID/dev.knotless.repo/NAME, OWNER-DID/NAME, or NAME, one of yours (default: every repository of the account you logged in as)." placeholder:"REPO"`
+	Repo        string `help:"Where to look for a check named by its key: at://OWNER-DID/dev.knotless.repo/NAME, OWNER-DID/NAME, or NAME, one of yours (default: every repository of the account you logged in as)." placeholder:"REPO" predictor:"repo"`
 	Check       string `arg:"" help:"The check: at://RUNNER/dev.knotless.check/KEY, RUNNER/KEY, or its key or a unique prefix of it, as knotless-run runs shows it." predictor:"check"`
 }
 

@@ -50,10 +50,11 @@ func TestOutputServiceFlags(t *testing.T) {
 		want string
 		code int
 	}{
-		// A missing flag is the command line's fault (EX_CONFIG).
+		// A missing flag or a value of the wrong form is the command
+		// line's fault (EX_CONFIG); an address that does not listen is not.
 		{[]string{"--data-dir", dir, "--service-did", "did:web:out.test"}, "--runner", ExitConfig},
-		{[]string{"--data-dir", dir, "--runner", "did:plc:x", "--service-did", "nope"}, "--service-did", ExitError},
-		{[]string{"--data-dir", dir, "--runner", "bob", "--service-did", "did:web:out.test"}, "--runner", ExitError},
+		{[]string{"--data-dir", dir, "--runner", "did:plc:x", "--service-did", "nope"}, "--service-did", ExitConfig},
+		{[]string{"--data-dir", dir, "--runner", "bob", "--service-did", "did:web:out.test"}, "--runner", ExitConfig},
 		{[]string{"--data-dir", dir, "--runner", "did:plc:x", "--service-did", "did:web:out.test", "--listen", "256.0.0.1:1"}, "--listen", ExitError},
 	} {
 		r := runCLI(t, nil, append([]string{"output-service"}, tc.args...)...)

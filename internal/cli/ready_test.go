@@ -34,7 +34,7 @@ func TestKubeconfigCheckInClusterOutsideAPod(t *testing.T) {
 	if r := runCLI(t, nil, "kubeconfig", "--check-in-cluster"); r.code != ExitError || !strings.Contains(r.stderr, "--check-in-cluster") {
 		t.Errorf("kubeconfig --check-in-cluster outside a pod: exit %d, stderr %q", r.code, r.stderr)
 	}
-	if r := runCLI(t, nil, "kubeconfig", "--check-in-cluster", "--check", "x"); r.code != ExitError || !strings.Contains(r.stderr, "not both") {
+	if r := runCLI(t, nil, "kubeconfig", "--check-in-cluster", "--check", "x"); r.code != ExitConfig || !strings.Contains(r.stderr, "not both") {
 		t.Errorf("kubeconfig --check-in-cluster --check x: exit %d, stderr %q", r.code, r.stderr)
 	}
 }

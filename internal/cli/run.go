@@ -210,7 +210,7 @@ func (c *RunCmd) readSecrets(env *Env) (map[string]string, error) {
 		case !hasSource:
 			v := env.Getenv(name)
 			if v == "" {
-				return nil, fmt.Errorf("--secret %s: the environment variable %s is empty or unset", name, name)
+				return nil, usageError{fmt.Errorf("--secret %s: the environment variable %s is empty or unset", name, name)}
 			}
 			secrets[name] = v
 		case strings.HasPrefix(source, "@"):
@@ -220,7 +220,7 @@ func (c *RunCmd) readSecrets(env *Env) (map[string]string, error) {
 			}
 			secrets[name] = strings.TrimSuffix(string(b), "\n")
 		default:
-			return nil, fmt.Errorf("--secret %s: a value is never taken from the command line; use --secret %s (environment) or --secret %s=@FILE", name, name, name)
+			return nil, usageError{fmt.Errorf("--secret %s: a value is never taken from the command line; use --secret %s (environment) or --secret %s=@FILE", name, name, name)}
 		}
 	}
 	return secrets, nil

@@ -390,3 +390,54 @@ func TestCompletion(t *testing.T) {
 		}
 	}
 }
+
+// TestCompletionFromRuns: a CHECK completes with the keys runs lists
+// for the --repo typed on the line (another owner's repository too),
+// else of the logged-in account's repositories; --repo completes with
+// the names of the account's repositories.
+func TestCompletionFromRuns(t *testing.T) {
+	t.Parallel()
+	srv, w := startWorld(t)
+	ctx := context.Background()
+	password, err := w.Owner.AppPassword(ctx, "cli")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := srv.CreateAccount(ctx, "other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherRepo := forge.RepoURI(other.DID, "proj")
+	w.Put(other, forge.CollectionRepo, "proj", forge.Repo{Type: forge.CollectionRepo, Name: "proj", Source: "https://127.0.0.1:1/proj.git",
+		DefaultBranch: "main", Runners: []string{w.Runner.DID.String()}, CreatedAt: forge.Now()})
+	check := func(repo syntax.ATURI, owner syntax.DID) string {
+		s := forge.Subject{Repo: repo.String(), Commit: strings.Repeat("b", 40), Ref: "refs/heads/main",
+			Event: "at://" + owner.String() + "/dev.knotless.refUpdate/3n3pa7x34wk22", Kind: forge.KindPush}
+		key := forge.CheckKey(s, "build")
+		w.Put(w.Runner, forge.CollectionCheck, key, forge.Check{Type: forge.CollectionCheck, Subject: s,
+			Workflow: "build", Status: forge.StatusQueued, CreatedAt: forge.Now()})
+		return key
+	}
+	own, others := check(w.RepoURI, w.Owner.DID), check(otherRepo, other.DID)
+
+	u := newUser(t, srv.PLCURL)
+	if r := u.run(ctx, password+"\n", "login", w.Owner.DID.String(), "--plc-url", srv.PLCURL); r.code != ExitSuccess {
+		t.Fatalf("login: exit %d\n%s", r.code, r.stderr)
+	}
+	for _, tt := range []struct {
+		line           string
+		want, unwanted string
+	}{
+		{"knotless-run watch ", own, others},
+		{"knotless-run watch --repo " + other.DID.String() + "/proj ", others, own},
+		{"knotless-run cancel --repo=" + otherRepo.String() + " ", others, own},
+		{"knotless-run logs --repo " + forgeworld.RepoName + " " + own[:3], own, others},
+		{"knotless-run runs --repo ", forgeworld.RepoName, "proj"},
+		{"knotless-run dispatch --repo h", forgeworld.RepoName, "proj"},
+	} {
+		got := completeAs(t, u.config, tt.line)
+		if !strings.Contains(got, tt.want) || strings.Contains(got, tt.unwanted) {
+			t.Errorf("%s<TAB>: %q; want %s offered, not %s", tt.line, got, tt.want, tt.unwanted)
+		}
+	}
+}

@@ -70,17 +70,17 @@ func (c *SecretSealCmd) Run(env *Env) error {
 // seal checks the flags, reads the value and seals it into a record.
 func (c *SecretSealCmd) seal(env *Env) (forge.Secret, error) {
 	if _, err := syntax.ParseDID(c.Runner); err != nil {
-		return forge.Secret{}, fmt.Errorf("--runner: %w", err)
+		return forge.Secret{}, usageError{fmt.Errorf("--runner: %w", err)}
 	}
 	if t, err := ingest.ParseTarget(c.Repo); err != nil || !strings.HasPrefix(c.Repo, "at://") || !t.Owner.IsDID() ||
 		forge.RepoURI(syntax.DID(t.Owner.String()), t.Name).String() != c.Repo {
 		// The sealed envelope is compared byte for byte with the run's
 		// repository: the canonical AT-URI, with the owner's DID.
-		return forge.Secret{}, fmt.Errorf("--repo %q: want at://DID/%s/NAME", c.Repo, forge.CollectionRepo)
+		return forge.Secret{}, usageError{fmt.Errorf("--repo %q: want at://DID/%s/NAME", c.Repo, forge.CollectionRepo)}
 	}
 	pub, err := forge.DecodeKey(c.Key)
 	if err != nil {
-		return forge.Secret{}, fmt.Errorf("--key: %w", err)
+		return forge.Secret{}, usageError{fmt.Errorf("--key: %w", err)}
 	}
 	var value []byte
 	if c.ValueFile != "" {

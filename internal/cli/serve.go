@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"time"
 
@@ -76,7 +77,10 @@ func (c *ServeCmd) Run(ctx context.Context, env *Env) error {
 		// its priority, not as a plain line of the stderr stream.
 		if err := c.serve(ctx, env, log); err != nil {
 			log.Error("knotless-run serve: "+err.Error(), "err", err)
-			return exitError{code: ExitError}
+			// The code the error would have on a terminal: a refused
+			// configuration exits ExitConfig, which the units'
+			// RestartPreventExitStatus= stops on.
+			return exitError{code: exitCode(io.Discard, err)}
 		}
 		return nil
 	}
@@ -106,7 +110,8 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 		return err
 	}
 	if err := cfg.Validate(); err != nil {
-		return err
+		// Validate's rules are between flags: no restart mends them.
+		return usageError{err}
 	}
 	if flags := cfg.UnsafeShell(); flags != "" {
 		log.Warn("UNSAFE: --unsafe-shell-untrusted: --executor shell runs strangers' code ("+flags+") on this host, beside the runner's sealing key, PDS session and kubeconfig",
@@ -130,9 +135,9 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 	if err := cfg.Validate(); err != nil {
 		var se *daemon.SecretError
 		if errors.As(err, &se) && secretsFile != "" {
-			return fmt.Errorf("--secrets-file %s: %w", secretsFile, err)
+			return usageError{fmt.Errorf("--secrets-file %s: %w", secretsFile, err)}
 		}
-		return err
+		return usageError{err}
 	}
 	if in.Caches, err = c.openCaches(c.CacheDir); err != nil {
 		return err

@@ -44,11 +44,11 @@ type serveInputs struct {
 // runner is --did, required.
 func (c *ServeCmd) runner() (syntax.DID, error) {
 	if c.DID == "" {
-		return "", errors.New("serve: --did (the runner's DID) is required")
+		return "", usageError{errors.New("serve: --did (the runner's DID) is required")}
 	}
 	runner, err := syntax.ParseDID(c.DID)
 	if err != nil {
-		return "", fmt.Errorf("--did %q: %w", c.DID, err)
+		return "", usageError{fmt.Errorf("--did %q: %w", c.DID, err)}
 	}
 	return runner, nil
 }
@@ -66,7 +66,7 @@ func (c *ServeCmd) config(in serveInputs) (daemon.Config, error) {
 	for _, r := range c.Repos {
 		t, err := ingest.ParseTarget(r)
 		if err != nil {
-			return daemon.Config{}, err
+			return daemon.Config{}, usageError{err}
 		}
 		targets = append(targets, t)
 	}

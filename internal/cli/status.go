@@ -43,14 +43,18 @@ func (c *StatusCmd) Run(ctx context.Context, env *Env) error {
 	default:
 		if where == "" {
 			where = status.SocketPath(c.StateDir)
+			// The socket is in --state-dir: one that is not there is
+			// said before a dial, whose error (a path too long for a
+			// socket) would hide it.
+			if err := c.missingStateDir(where); err != nil {
+				return err
+			}
 		}
 		doc, err = status.Fetch(ctx, where)
 	}
 	if errors.Is(err, status.ErrNotRunning) {
-		// A --state-dir that is not there is a mistyped flag, not an
-		// idle runner.
-		if fi, serr := os.Stat(c.StateDir); serr != nil || !fi.IsDir() {
-			return usageError{fmt.Errorf("--state-dir %s: not a directory (no daemon answers at %s, and there is no state.json to read): give the daemon's --state-dir", c.StateDir, where)}
+		if err := c.missingStateDir(where); err != nil {
+			return err
 		}
 		st, lerr := state.Load(c.StateDir)
 		if lerr != nil {
@@ -70,6 +74,15 @@ func (c *StatusCmd) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	printStatus(env.Stdout, doc, where, filepath.Join(c.StateDir, state.StateFile))
+	return nil
+}
+
+// missingStateDir refuses a --state-dir that is not a directory: a
+// mistyped flag, not an idle runner.
+func (c *StatusCmd) missingStateDir(where string) error {
+	if fi, err := os.Stat(c.StateDir); err != nil || !fi.IsDir() {
+		return usageError{fmt.Errorf("--state-dir %s: not a directory (no daemon answers at %s, and there is no state.json to read): give the daemon's --state-dir", c.StateDir, where)}
+	}
 	return nil
 }
 

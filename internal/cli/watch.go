@@ -22,7 +22,7 @@ import (
 // WatchCmd follows a run to its end.
 type WatchCmd struct {
 	ClientFlags `embed:""`
-	Repo        string `help:"Where to look for a check named by its key: at://OWNER-DID/dev.knotless.repo/NAME, OWNER-DID/NAME, or NAME, one of yours (default: every repository of the account you logged in as)." placeholder:"REPO"`
+	Repo        string `help:"Where to look for a check named by its key: at://OWNER-DID/dev.knotless.repo/NAME, OWNER-DID/NAME, or NAME, one of yours (default: every repository of the account you logged in as)." placeholder:"REPO" predictor:"repo"`
 	ExitStatus  bool   `name:"exit-status" help:"Exit non-zero when the run did not succeed: 1 failure, 2 error, 130 cancelled (as gh run watch --exit-status)."`
 	Check       string `arg:"" help:"The check: at://RUNNER/dev.knotless.check/KEY, RUNNER/KEY, or its key or a unique prefix of it, as knotless-run runs shows it." predictor:"check"`
 }

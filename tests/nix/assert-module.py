@@ -191,6 +191,11 @@ check(
 )
 check("refresh: a start timeout (a oneshot has none by default)", ref.get("TimeoutStartSec") == "2min", ref)
 check(
+    "refresh: Restart=on-failure after 30 s; not on exit 78 (EX_CONFIG)",
+    (ref["Restart"], ref["RestartSec"], ref.get("RestartPreventExitStatus")) == ("on-failure", "30s", "78"),
+    ref,
+)
+check(
     "environmentFile, then environmentFiles in order, as EnvironmentFile= lines",
     d["environmentFiles"].split("\n") == ["/run/secrets/knotless-run/env", "/run/secrets/knotless-run/more", "/etc/knotless-run/site.env"],
     d["environmentFiles"],
@@ -393,6 +398,11 @@ check(
     "ExecStart=@knotless-run@/bin/knotless-run output-service --listen 127.0.0.1:8789 --data-dir /var/lib/knotless-output"
     " --service-did did:web:output.example.com --plc-url https://plc.example.com --retention 168h"
     " --runner did:plc:7u2ld3ffgzqvezmv6wxgxiix --runner did:plc:ewvi7nxzyoun6zhxrhs64oiz --max-subscribers=100" in ou,
+    ou,
+)
+check(
+    "outputService: Restart=on-failure after 5 s; not on exit 78 (EX_CONFIG)",
+    all(x in ou.splitlines() for x in ("Restart=on-failure", "RestartSec=5s", "RestartPreventExitStatus=78")),
     ou,
 )
 check(
