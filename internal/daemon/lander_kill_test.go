@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -100,8 +101,11 @@ func (m *mqWorld) startLander(log *os.File) *exec.Cmd {
 }
 
 // TestMergeQueueLanderKilled: the lander is SIGKILLed while its batch
-// runs; started again on the same state, it neither loses the batch nor
-// lands it twice, and each batch workflow has one check.
+// runs (on the shell executor, which cannot take a run over); started
+// again on the same state, it does not run the batch's started step
+// again: the batch's check ends error ("runner restarted during step"),
+// the batch fails, and the bisection lands each pull once. Nothing is
+// lost or landed twice, and each batch has one check per workflow.
 func TestMergeQueueLanderKilled(t *testing.T) {
 	t.Parallel()
 	m := newMQWorld(t, nil, nil)
@@ -131,9 +135,9 @@ func TestMergeQueueLanderKilled(t *testing.T) {
 	m.startLander(logFile)
 
 	deadline := time.Now().Add(2 * time.Minute)
-	for len(list[forge.Landing](m, m.Runner.DID, forge.CollectionLanding)) == 0 {
+	for len(list[forge.Landing](m, m.Runner.DID, forge.CollectionLanding)) < 2 {
 		if time.Now().After(deadline) {
-			t.Fatalf("no landing after the restart\nlander log:\n%s", dump())
+			t.Fatalf("not two landings after the restart\nlander log:\n%s", dump())
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -142,24 +146,43 @@ func TestMergeQueueLanderKilled(t *testing.T) {
 	if diff := cmp.Diff([]string{"one", "two"}, m.subjects(base)); diff != "" {
 		t.Errorf("main's new commits (-want +got):\n%s\nlander log:\n%s", diff, dump())
 	}
-	if n := len(list[forge.Landing](m, m.Runner.DID, forge.CollectionLanding)); n != 1 {
-		t.Errorf("%d landings, want 1", n)
+	if n := len(list[forge.Landing](m, m.Runner.DID, forge.CollectionLanding)); n != 2 {
+		t.Errorf("%d landings, want 2 (each pull alone, after the killed batch failed)", n)
 	}
 	batches := list[forge.Batch](m, m.Runner.DID, forge.CollectionBatch)
-	if len(batches) != 1 || batches[0].Value.Status != forge.BatchLanded {
-		t.Errorf("batches: %+v; want one, landed", batches)
-	}
-	perWorkflow := map[string]int{}
-	for _, c := range list[forge.Check](m, m.Runner.DID, forge.CollectionCheck) {
-		if c.Value.Subject.Kind == forge.KindBatch {
-			perWorkflow[c.Value.Workflow]++
-			if c.Value.Status != "success" {
-				t.Errorf("batch check %s: %s", c.Value.Workflow, c.Value.Status)
-			}
+	var failed, landed int
+	for _, b := range batches {
+		switch b.Value.Status {
+		case forge.BatchLanded:
+			landed++
+		case forge.BatchFailed:
+			failed++
 		}
 	}
-	if diff := cmp.Diff(map[string]int{"batch": 1, "slow": 1}, perWorkflow); diff != "" {
-		t.Errorf("batch checks per workflow (-want +got):\n%s", diff)
+	if len(batches) != 3 || failed != 1 || landed != 2 {
+		t.Errorf("batches: %+v; want the killed one failed and two landed", batches)
+	}
+	perBatch := map[string]int{}
+	restarted := 0
+	for _, c := range list[forge.Check](m, m.Runner.DID, forge.CollectionCheck) {
+		if c.Value.Subject.Kind != forge.KindBatch {
+			continue
+		}
+		perBatch[c.Value.Subject.Event+" "+c.Value.Workflow]++
+		switch {
+		case c.Value.Status == "error" && c.Value.Workflow == "slow" && strings.Contains(c.Value.Error, "runner restarted during step 1/1"):
+			restarted++
+		case c.Value.Status != "success" && c.Value.Status != "cancelled":
+			t.Errorf("batch check %s: %s (%s)", c.Value.Workflow, c.Value.Status, c.Value.Error)
+		}
+	}
+	if restarted != 1 {
+		t.Errorf("%d checks say the runner restarted during the slow step, want the killed batch's one", restarted)
+	}
+	for k, n := range perBatch {
+		if n != 1 {
+			t.Errorf("%d checks of %s, want one", n, k)
+		}
 	}
 }
 
