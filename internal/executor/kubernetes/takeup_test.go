@@ -20,7 +20,6 @@ import (
 // process wrote it. A witness in the pod counts the step's starts.
 func TestTakeUpAfterDeath(t *testing.T) {
 	t.Parallel()
-	c := clustertest.Start(t)
 	wf := parse(t, `on: push
 steps:
   - name: long
@@ -44,6 +43,7 @@ steps:
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
+			c := clustertest.Start(t) // a namespace of its own: assertNothingLeft looks at all of it
 			runner := "did:plc:" + randomID("takeup")
 			sameRunner := func(cfg *kubernetes.Config) { cfg.Runner = runner }
 			var mu sync.Mutex
