@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -232,6 +233,7 @@ func TestChaos(t *testing.T) {
 	seen := startWitness(k)
 	began := time.Now()
 	var sigKill, sigTerm int
+	killedAt := map[string]time.Time{} // by the PID of the process that came after a SIGKILL
 	pid := k.show(service, "MainPID")
 	for round := range kills {
 		for range perRound(round) {
@@ -243,6 +245,7 @@ func TestChaos(t *testing.T) {
 		if rng.IntN(2) == 1 {
 			sig = "TERM"
 		}
+		at := time.Now()
 		if out, err := k.systemctl("kill", "--signal="+sig, service); err != nil {
 			t.Fatalf("signal %d (%s): systemctl kill: %v\n%s", round+1, sig, err, out)
 		}
@@ -252,6 +255,9 @@ func TestChaos(t *testing.T) {
 			sigTerm++
 		}
 		pid = k.restarted(pid, 3*time.Minute)
+		if sig == "KILL" {
+			killedAt[pid] = at
+		}
 	}
 	for len(pushed) < pushes {
 		push()
@@ -317,6 +323,22 @@ func TestChaos(t *testing.T) {
 	adopted := fieldSum(find(journal, "adopted "), "RUNS")
 	forgotten := fieldSum(find(journal, "runs of an earlier process will run again"), "RUNS")
 	takenUp := len(find(journal, "a run of a process that died is taken up where it stands"))
+	// The takeovers: from a SIGKILL to the next process following a run
+	// it took up from its checkpoint (the unit's RestartSec included).
+	var takeovers []time.Duration
+	for _, e := range find(journal, "session resumed") {
+		at, ok := killedAt[e["_PID"]]
+		us, err := strconv.ParseInt(e["__REALTIME_TIMESTAMP"], 10, 64)
+		if ok && err == nil && e["REPLAY"] == "true" {
+			takeovers = append(takeovers, time.UnixMicro(us).Sub(at))
+		}
+	}
+	slices.Sort(takeovers)
+	takeover := "none"
+	if n := len(takeovers); n > 0 {
+		takeover = fmt.Sprintf("%d, median %s, p95 %s, max %s", n, takeovers[n/2].Round(10*time.Millisecond),
+			takeovers[(n*95+99)/100-1].Round(10*time.Millisecond), takeovers[n-1].Round(10*time.Millisecond))
+	}
 	endedDead := len(find(journal, "a run of a process that died cannot go on; its check ends error"))
 	released := len(find(journal, "run released: its session had not started"))
 	gone := len(find(journal, "the session of a handed-over run is gone"))
@@ -332,10 +354,10 @@ func TestChaos(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("chaos figures: seed %d; signals %d (SIGKILL %d, SIGTERM %d) over %s; pushes %d; cancels %d (%d stopped their check, %d came after its end); re-runs %d; daemon starts %d; runs started %d (again %d: %d forgotten after a kill before any step started, %d released at a stop before their session started, %d handed-over sessions gone); handed over %d, adopted %d (%d taken up after a kill; %d ended error after a kill, unable to go on); lost %d; duplicates %d; steps started %d, twice %d (the pods' witness; %d pods followed, %d gone before their log was read); checks final %s after the last signal, objects gone %s after it",
+	t.Logf("chaos figures: seed %d; signals %d (SIGKILL %d, SIGTERM %d) over %s; pushes %d; cancels %d (%d stopped their check, %d came after its end); re-runs %d; daemon starts %d; runs started %d (again %d: %d forgotten after a kill before any step started, %d released at a stop before their session started, %d handed-over sessions gone); handed over %d, adopted %d (%d taken up after a kill; %d ended error after a kill, unable to go on); lost %d; duplicates %d; steps started %d, twice %d (the pods' witness; %d pods followed, %d gone before their log was read); takeovers after SIGKILL %s; checks final %s after the last signal, objects gone %s after it",
 		seed, kills, sigKill, sigTerm, lastSignal.Sub(began).Round(time.Second), pushes, cancels, cancelsWon, cancels-cancelsWon, len(reruns), starts, runsStarted,
 		runsStarted-pushes-len(reruns), forgotten, released, gone,
-		handedOver, adopted, takenUp, endedDead, len(lost)+len(lostReruns), finishedTwice, len(witnessed), startedTwice, podsFollowed, podsMissed, settledChecks.Round(time.Second), settled.Round(time.Second))
+		handedOver, adopted, takenUp, endedDead, len(lost)+len(lostReruns), finishedTwice, len(witnessed), startedTwice, podsFollowed, podsMissed, takeover, settledChecks.Round(time.Second), settled.Round(time.Second))
 
 	checks := w.allChecks()
 	for _, p := range lost {
