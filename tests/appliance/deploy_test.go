@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -44,9 +45,23 @@ func TestDeploy(t *testing.T) {
 		mount -t tmpfs -o mode=0755 knotless-usr-local /usr/local && mkdir -p /usr/local/bin /usr/local/sbin /usr/local/lib`)
 	before := a.snapshot()
 
-	out := a.sh(`sh ` + optPath + `/deploy/install ` + optPath + `/bin/knotless-run`)
+	out := a.sh(`sh ` + optPath + `/deploy/install ` + optPath + `/bin/knotless-run 2>&1`)
 	if !strings.Contains(out, "systemctl enable --now knotless-run-kubeconfig.timer knotless-run.service") {
 		t.Errorf("install did not say how to start:\n%s", out)
+	}
+	// Debian 12's systemd (252) has no restart backoff: the drop-in with
+	// it stays out, and install says what the runner does instead.
+	v, err := strconv.Atoi(strings.TrimSpace(a.sh(`systemctl --version | sed -n '1s/^systemd \([0-9]*\).*/\1/p'`)))
+	if err != nil {
+		t.Fatalf("systemd's version: %v", err)
+	}
+	if v < 254 {
+		if !strings.Contains(out, "older than 254: knotless-run restarts every 5 s") {
+			t.Errorf("install on systemd %d did not say the restart backoff is absent:\n%s", v, out)
+		}
+		if got := a.sh(`[ -e /etc/systemd/system/knotless-run.service.d/restart-backoff.conf ] && echo present || echo absent`); got != "absent\n" {
+			t.Errorf("restart-backoff.conf on systemd %d: %s", v, got)
+		}
 	}
 	// What the operator fills in.
 	a.writeFile("/etc/knotless-run/config.json", w.settings(map[string]any{

@@ -21,7 +21,12 @@
 # With DEPLOYDIR, also the units of deploy/ (a host without NixOS), from
 # the same module, the store paths made host paths: the binary in
 # /usr/local/bin, coreutils and git from /usr, the settings file
-# /etc/knotless-run/config.json (written there as config.json).
+# /etc/knotless-run/config.json (written there as config.json). The
+# deploy/ units are for hosts whose systemd may be older than 254 (Debian
+# 12 has 252), which ignores RestartSteps= and RestartMaxDelaySec= with a
+# warning: those lines leave the units for restart-backoff.conf, a
+# drop-in deploy/install puts beside the runner's unit where systemd
+# knows them.
 #
 #   tests/nix/render-units.sh OUTDIR [DEPLOYDIR]
 set -euo pipefail
@@ -57,6 +62,21 @@ if deploy:
     dep = d["deploy"]
     out = {n: t for n, t in dep["units"].items() if n.startswith("knotless-run")}
     out["config.json"] = json.dumps(json.loads(dep["settingsJSON"]), indent=2, sort_keys=True) + "\n"
+    newer = ("RestartSteps=", "RestartMaxDelaySec=")
+    backoff = []
+    for name in list(out):
+        if not name.endswith(".service"):
+            continue
+        lines = out[name].splitlines(keepends=True)
+        moved = [l for l in lines if l.startswith(newer)]
+        if moved and name != "knotless-run.service":
+            sys.exit(f"render-units: {name} has {moved}: only knotless-run.service has a drop-in for them")
+        backoff += moved
+        out[name] = "".join(l for l in lines if not l.startswith(newer))
+    if backoff:
+        out["restart-backoff.conf"] = ("# knotless-run.service.d/restart-backoff.conf: the restart backoff that the\n"
+            "# NixOS module gives its unit, for systemd 254 and later (deploy/install puts it\n"
+            "# there only where systemd knows these keys).\n[Service]\n" + "".join(backoff))
     for name, text in sorted(out.items()):
         for k, v in host.items():
             text = text.replace(k, v)
