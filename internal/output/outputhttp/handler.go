@@ -491,8 +491,10 @@ type watched struct {
 
 // watch finds the stream of check and watches it, and returns the
 // cursor to follow it from: the one asked for, or 0 when the stream is
-// of another run than the subscriber followed. It writes the error
-// frame of what it refuses.
+// of another run than the subscriber followed. A cursor past the end of
+// a stream that goes on waits for it (follow): a run taken up after its
+// runner died goes on from a checkpoint behind where its readers were,
+// with the same bytes. It writes the error frame of what it refuses.
 func (h *Handler) watch(conn *websocket.Conn, check string, cursor int64, followed string) (*watched, int64, bool) {
 	s, ok := h.cfg.Source.Stream(check)
 	if !ok {
@@ -507,12 +509,17 @@ func (h *Handler) watch(conn *websocket.Conn, check string, cursor int64, follow
 	if followed != "" && followed != s.Run() {
 		cursor = 0 // another run's stream: from its start
 	}
-	if size := s.Size(); cursor > size {
-		h.writeError(conn, "FutureCursor", fmt.Sprintf("cursor %d is past the stream's %d bytes", cursor, size))
+	if final, _ := s.Final(); final && cursor > s.Size() {
+		h.futureCursor(conn, cursor, s.Size())
 		stop()
 		return nil, 0, false
 	}
 	return &watched{s: s, signal: signal, stop: stop}, cursor, true
+}
+
+// futureCursor refuses a cursor past the end of a stream that has ended.
+func (h *Handler) futureCursor(conn *websocket.Conn, cursor, size int64) {
+	h.writeError(conn, "FutureCursor", fmt.Sprintf("cursor %d is past the stream's %d bytes, and it has ended", cursor, size))
 }
 
 // follow sends the stream from off as #gap and #chunk frames, as it
@@ -551,6 +558,11 @@ func (h *Handler) follow(ctx context.Context, conn *websocket.Conn, check string
 			if switched {
 				off = 0
 				continue
+			}
+			if off > rd.Size {
+				// It ended short of the subscriber's cursor.
+				h.futureCursor(conn, off, rd.Size)
+				return
 			}
 			if h.write(conn, output.FrameEnd, &output.End{Size: rd.Size, Status: rd.Status}) == nil {
 				_ = conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))

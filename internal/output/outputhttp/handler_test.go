@@ -419,3 +419,60 @@ func TestPage(t *testing.T) {
 		}
 	}
 }
+
+// A cursor past the end of a stream that goes on waits for the stream
+// to reach it: a run taken up after its runner died goes on from a
+// checkpoint behind where its readers were, and its readers coming back
+// get the bytes from their cursor, once. A stream that ends short of
+// the cursor refuses it (FutureCursor), as one that had ended already.
+func TestSubscribeAheadOfATakenUpRun(t *testing.T) {
+	t.Parallel()
+	hub := output.NewHub(output.HubConfig{})
+	s, _ := hub.Open(check, "r")
+	_, c := serve(t, hub, nil)
+	full := "knotless-run: header\n==> step 1/1: s\ntick 1\ntick 2\ntick 3\n"
+	_, _ = s.Write([]byte(full[:21])) // the checkpoint's log
+	cursor := int64(len(full) - len("tick 3\n"))
+	got := make(chan outputhttp.Event, 16)
+	done := make(chan error, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		done <- c.Resume(ctx, check, "r", cursor, func(ev outputhttp.Event) error {
+			got <- ev
+			return nil
+		})
+	}()
+	var first outputhttp.Event
+	select {
+	case first = <-got:
+	case err := <-done:
+		t.Fatalf("the subscription ahead of the stream ended: %v", err)
+	}
+	if first.Run == nil || first.Run.Run != "r" {
+		t.Fatalf("first frame %+v, want #run r", first)
+	}
+	_, _ = s.Write([]byte(full[21:])) // the step read again from its first byte
+	ev := <-got
+	if ev.Chunk == nil || ev.Chunk.Offset != cursor || string(ev.Chunk.Data) != "tick 3\n" {
+		t.Fatalf("frame %+v, want the chunk at the cursor %d, tick 3", ev, cursor)
+	}
+	s.End("success")
+	if ev := <-got; ev.End == nil {
+		t.Errorf("frame %+v, want #end", ev)
+	}
+	<-done
+
+	// A stream that ended short of the cursor.
+	short, _ := hub.Open("at://did:plc:ewvi7nxzyoun6zhxrhs64oiz/dev.knotless.check/short", "r")
+	_, _ = short.Write([]byte("abc"))
+	ended := make(chan error, 1)
+	go func() {
+		ended <- c.Resume(context.Background(), "at://did:plc:ewvi7nxzyoun6zhxrhs64oiz/dev.knotless.check/short", "r", 10, func(outputhttp.Event) error { return nil })
+	}()
+	time.Sleep(50 * time.Millisecond) // the subscriber waits at its cursor
+	short.End("success")
+	if err := <-ended; !outputhttp.IsError(err, "FutureCursor") {
+		t.Errorf("a stream that ended short of the cursor: %v, want FutureCursor", err)
+	}
+}
