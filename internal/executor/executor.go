@@ -237,6 +237,13 @@ var ErrExitUnknown = errors.New("step exit status unknown")
 // not arrive); the engine sends it again once.
 var ErrTransferCorrupt = errors.New("transfer corrupted")
 
+// ErrRunExists means Start found the run's session there already: the
+// objects of a run are named from its id (run.IDFor), and a second
+// create of them fails. Some process drives that session (or its
+// deletion has not ended within Start's wait); this one must not run
+// the work again, nor write its check: it is fenced.
+var ErrRunExists = errors.New("the run's session exists already")
+
 // ErrNotImplemented is returned by executors that are not built yet.
 var ErrNotImplemented = errors.New("executor not implemented")
 

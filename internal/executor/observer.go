@@ -24,6 +24,10 @@ type Observer interface {
 	WarmPods(ready, starting int)
 	// WarmTaken: a run started on a session kept warm.
 	WarmTaken()
+	// FenceConflict: a create of a run's objects found them there already
+	// (AlreadyExists: executor.ErrRunExists, or an earlier one being
+	// deleted, waited out).
+	FenceConflict()
 	// CredentialExpiry: the credential the executor reaches its backend
 	// with (named by the executor, e.g. "kubernetes") expires at at.
 	CredentialExpiry(credential string, at time.Time)
@@ -55,6 +59,9 @@ func (NoObserver) WarmPods(int, int) {}
 
 // WarmTaken implements Observer.
 func (NoObserver) WarmTaken() {}
+
+// FenceConflict implements Observer.
+func (NoObserver) FenceConflict() {}
 
 // CredentialExpiry implements Observer.
 func (NoObserver) CredentialExpiry(string, time.Time) {}

@@ -53,6 +53,10 @@ type Result struct {
 	Artifacts  []string  `json:"artifacts,omitempty"`
 	StartedAt  time.Time `json:"startedAt"`
 	FinishedAt time.Time `json:"finishedAt"`
+	// Fenced: the run's session existed already (executor.ErrRunExists),
+	// so another process drives it. Status is Detached, Handover nil;
+	// the caller writes nothing of the run.
+	Fenced bool `json:"fenced,omitempty"`
 	// Handover is where a Detached run stopped.
 	Handover *Handover `json:"handover,omitempty"`
 	// Log is the masked run log, capped; it is written on its own.

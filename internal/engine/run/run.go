@@ -9,6 +9,7 @@ package run
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -258,6 +259,10 @@ func (r *runState) execute(ctx context.Context, st *Start) {
 	r.logf("knotless-run: workflow %s, run %s, executor %s", r.req.Workflow.Name, r.req.RunID, r.eng.cfg.Executor.Name())
 	sess, err := r.startSession(ctx, st)
 	if err != nil {
+		if errors.Is(err, executor.ErrRunExists) {
+			r.fenced(err)
+			return
+		}
 		if ctx.Err() == nil && r.detached() {
 			r.releaseUnstarted(err)
 			return
@@ -322,6 +327,14 @@ func (r *runState) startContext(ctx context.Context) (context.Context, context.C
 		}
 	}()
 	return sctx, cancel
+}
+
+// fenced ends a run whose session exists already (the fence: its
+// objects are named from its id): another process drives it. Nothing
+// ran here and nothing of the run's may be written from here.
+func (r *runState) fenced(err error) {
+	r.res.Status, r.res.Handover, r.res.Fenced, r.res.Error = Detached, nil, true, err.Error()
+	r.log.Warn("the run's session exists already: another process drives it; not run twice", "err", err)
 }
 
 // releaseUnstarted ends a run detached before its session was there:

@@ -3,6 +3,7 @@ package conformance
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"strings"
 	"sync"
@@ -32,6 +33,9 @@ func runCapabilities(t *testing.T, h Harness) {
 	}
 	if caps.Stopper != nil {
 		t.Run("stop by ref", func(t *testing.T) { t.Parallel(); testStopSession(t, h) })
+	}
+	if h.Fenced {
+		t.Run("fence", func(t *testing.T) { t.Parallel(); testFence(t, h) })
 	}
 	if caps.Images != nil {
 		t.Run("check image", func(t *testing.T) { t.Parallel(); testCheckImage(t, h) })
@@ -244,5 +248,44 @@ func testGone(t *testing.T, h Harness) {
 	must(t, sess.Stop(ctx))
 	if gone, err := g.Gone(ctx, sess.Ref()); err != nil || !gone {
 		t.Errorf("a stopped session: gone %v, err %v; want gone", gone, err)
+	}
+}
+
+// testFence: a second Start of a run whose session lives (from another
+// executor: another process of the same runner) fails with
+// executor.ErrRunExists and leaves the first session as it was: its
+// step goes on to its end. Once the first session is stopped, the run
+// starts again (an earlier session being deleted is waited out).
+func testFence(t *testing.T, h Harness) {
+	ctx := context.Background()
+	spec := executor.Spec{RunID: runID(t), Runner: "did:plc:conformance", Image: h.Image, Timeout: 5 * time.Minute}
+	first, err := h.New(t).Start(ctx, spec)
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	startScript(t, first, "1", "sleep 3\necho still here\n")
+	second, err := h.New(t).Start(ctx, spec)
+	if !errors.Is(err, executor.ErrRunExists) {
+		if second != nil {
+			_ = second.Stop(ctx)
+		}
+		_ = first.Stop(ctx)
+		t.Fatalf("a second start of run %s while its session lives: %v, want executor.ErrRunExists", spec.RunID, err)
+	}
+	t.Logf("the second start: %v", err)
+	var out bytes.Buffer
+	exit, err := first.FollowStep(ctx, "1", 0, &out)
+	if err != nil || exit.Code != 0 || out.String() != "still here\n" {
+		t.Errorf("the first session's step after the fenced start: %q, exit %d, err %v; want it whole", out.String(), exit.Code, err)
+	}
+	if err := first.Stop(ctx); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	again, err := h.New(t).Start(ctx, spec)
+	if err != nil {
+		t.Fatalf("start run %s again after its session was stopped: %v", spec.RunID, err)
+	}
+	if err := again.Stop(ctx); err != nil {
+		t.Errorf("stop: %v", err)
 	}
 }

@@ -50,6 +50,11 @@ type Harness struct {
 	// end while its step runs gets this much longer. Zero for an executor
 	// that starts at once.
 	StartTime time.Duration
+	// Fenced: the executor names a session's objects from its run id,
+	// so a second Start of one run fails with executor.ErrRunExists
+	// while the first session lives (the pod executors). The shell
+	// executor's sessions are directories of a fresh name each.
+	Fenced bool
 }
 
 // Run runs the whole table against h.

@@ -262,6 +262,9 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 		return nil, e.daemonError(fmt.Errorf("ping docker daemon: %w", err))
 	}
 	e.checkIsolation(ping.APIVersion)
+	if err := e.fence(ctx, n.container); err != nil {
+		return nil, err
+	}
 	if err := e.ensureImage(ctx, spec.Image, log); err != nil {
 		return nil, err
 	}
@@ -299,6 +302,25 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 	e.obs.SessionReady(ready)
 	log.Info("container started", "container", n.container, "image", spec.Image, "after", ready.Round(time.Millisecond))
 	return s, nil
+}
+
+// fence refuses a run whose container is there already: its objects
+// are named from its id (run.IDFor), so some process drives it (or an
+// earlier one's are not removed yet). Nothing is made, and nothing
+// removed: the objects are the other's. Two Starts of one run at the
+// same moment are not told apart here; one process owns a state
+// directory, and its queue holds a run once.
+func (e *Executor) fence(ctx context.Context, name string) error {
+	in, err := e.cli.ContainerInspect(ctx, name, client.ContainerInspectOptions{})
+	switch {
+	case cerrdefs.IsNotFound(err):
+		return nil
+	case err != nil:
+		return e.daemonError(fmt.Errorf("inspect container %s: %w", name, err))
+	}
+	e.obs.FenceConflict()
+	e.log.Warn("the run's container exists already: another process drives this run; not run twice", "container", name, "id", in.Container.ID)
+	return fmt.Errorf("container %s: %w (id %s)", name, executor.ErrRunExists, in.Container.ID)
 }
 
 // create makes the run's objects, each labelled with labels: its

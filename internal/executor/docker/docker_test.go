@@ -70,6 +70,7 @@ func TestConformance(t *testing.T) {
 		// Creating and starting a container with its network takes
 		// seconds on a loaded machine.
 		StartTime: 30 * time.Second,
+		Fenced:    true,
 	})
 }
 

@@ -26,9 +26,11 @@ type observed struct {
 	sweeps    []int
 	sweepErrs int
 	cleanups  int
+	fenced    int
 }
 
 func (o *observed) SessionReady(time.Duration) { o.mu.Lock(); o.ready++; o.mu.Unlock() }
+func (o *observed) FenceConflict()             { o.mu.Lock(); o.fenced++; o.mu.Unlock() }
 func (o *observed) Transferred(dir string, n int64, _ time.Duration) {
 	o.mu.Lock()
 	defer o.mu.Unlock()

@@ -90,6 +90,10 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 	if e.sessions == nil {
 		e.sessions = map[string]*Session{}
 	}
+	if old := e.sessions[spec.RunID]; old != nil && !old.stopped {
+		// Named from the run id, as the pod executors' objects are.
+		return nil, fmt.Errorf("start %s: %w", spec.RunID, executor.ErrRunExists)
+	}
 	s := &Session{e: e, spec: spec, started: map[string][]byte{}}
 	e.sessions[spec.RunID] = s
 	return s, nil

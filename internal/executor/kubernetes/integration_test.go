@@ -63,14 +63,26 @@ func newExecutor(t *testing.T, c *clustertest.Cluster, mod func(*kubernetes.Conf
 }
 
 func TestConformance(t *testing.T) {
+	// One namespace a case: a second executor of a case is the same
+	// runner in another process, with the same credentials.
+	var mu sync.Mutex
+	clusters := map[*testing.T]*clustertest.Cluster{}
 	conformance.Run(t, conformance.Harness{
 		New: func(t *testing.T) executor.Executor {
-			// The runner the cases' sessions are labelled with: a second
-			// executor of a case is the same runner in another process.
-			return newExecutor(t, clustertest.Start(t), func(cfg *kubernetes.Config) { cfg.Runner = "did:plc:conformance" })
+			mu.Lock()
+			c := clusters[t]
+			mu.Unlock()
+			if c == nil {
+				c = clustertest.Start(t)
+				mu.Lock()
+				clusters[t] = c
+				mu.Unlock()
+			}
+			return newExecutor(t, c, func(cfg *kubernetes.Config) { cfg.Runner = "did:plc:conformance" })
 		},
 		Image:        os.Getenv(clustertest.EnvImage),
 		SecretSearch: "/work /steps /outputs /knotless /tmp /etc /root /home /var",
+		Fenced:       true,
 	})
 }
 

@@ -155,9 +155,9 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 		return s, nil
 	}
 	log := e.log.With("run", spec.RunID, "job", job.Name, "namespace", ns, "image", jobImage(job))
-	created, err := cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})
+	created, err := e.createJob(ctx, cs, job, log)
 	if err != nil {
-		return nil, fmt.Errorf("create job %s/%s: %w", ns, job.Name, err)
+		return nil, err
 	}
 	createdAt := time.Now()
 	log.Info("job created")

@@ -30,6 +30,12 @@ const Namespace = "knotless_run"
 // Other is the label value of anything outside a label's known set.
 const Other = "other"
 
+// FenceKinds' values.
+const (
+	FenceExists   = "exists"
+	FenceLostSwap = "lost_swap"
+)
+
 // The known values of each label. A value outside its set is Other.
 var (
 	// RunStatuses are the final statuses of a run (run.Status).
@@ -56,6 +62,10 @@ var (
 	// because a step may have started and it could not go on ("ended"),
 	// or run again because no step had started ("again").
 	InheritedHows = []string{"handover", "checkpoint", "ended", "again"}
+	// FenceKinds are the fence's conflicts: a create of a run's objects
+	// found them there ("exists": AlreadyExists), or a check write lost
+	// its compare-and-swap to another writer ("lost_swap").
+	FenceKinds = []string{FenceExists, FenceLostSwap}
 	// DegradedReasons are why the runner may be degraded: "executor",
 	// its executor cannot take runs (cluster unreachable, credentials
 	// expired).
@@ -111,6 +121,7 @@ type Metrics struct {
 	refused         *prometheus.CounterVec
 	ticksSkipped    *prometheus.CounterVec
 	inherited       *prometheus.CounterVec
+	fence           *prometheus.CounterVec
 
 	queueDepth  prometheus.Gauge
 	runsGoing   prometheus.Gauge
@@ -168,6 +179,7 @@ func New(reg *prometheus.Registry) (*Metrics, error) {
 	m.deferred = counterVec("events_deferred_total", "Times an event waited for its author's caps, by the limit's flag.", "limit")
 	m.refused = counterVec("events_refused_total", "Events given one error check instead of runs, by the limit's flag or source.", "reason")
 	m.ticksSkipped = counterVec("schedule_ticks_skipped_total", "Schedule ticks not run, by reason (queued: the workflow's previous tick was still queued).", "reason")
+	m.fence = counterVec("fence_conflicts_total", "Conflicts the fence resolved, by kind: exists (a create of a run's objects found them there: AlreadyExists; the run is another driver's, or an earlier one's deletion was waited out), lost_swap (a check write lost its compare-and-swap; the record was read again).", "kind")
 	m.inherited = counterVec("runs_inherited_total", "Runs an earlier process left going, by what this one did: handover (adopted), checkpoint (taken up after that process died), ended (error: a step may have started and it could not go on), again (no step had started: run again).", "how")
 
 	m.queueDepth = gauge("queue_depth", "Runs queued, waiting for a worker.")
@@ -203,7 +215,7 @@ func New(reg *prometheus.Registry) (*Metrics, error) {
 		m.pickup, m.queueWait, m.sessionReady, m.stepDuration, m.runDuration, m.xferBytes, m.xferSeconds,
 		m.runs, m.sweeps, m.sweepErrors, m.swept, m.cleanupFailures, m.warmTaken, m.checkWrites, m.checkRefusals,
 		m.rateWaits, m.rateWaitSeconds, m.cacheHits, m.cacheMisses, m.cacheBytes, m.landings, m.ejections,
-		m.deferred, m.refused, m.ticksSkipped, m.inherited,
+		m.deferred, m.refused, m.ticksSkipped, m.inherited, m.fence,
 		m.queueDepth, m.runsGoing, m.owedChecks, m.warmPods, m.writeBudget, m.degraded, m.expiry,
 	} {
 		if err := reg.Register(c); err != nil {
@@ -457,6 +469,23 @@ func (m *Metrics) Inherited(how string) {
 		return
 	}
 	m.inherited.WithLabelValues(known(InheritedHows, how)).Inc()
+}
+
+// FenceConflict implements executor.Observer: a create of a run's
+// objects found them there (FenceExists).
+func (m *Metrics) FenceConflict() {
+	if m == nil {
+		return
+	}
+	m.fence.WithLabelValues(FenceExists).Inc()
+}
+
+// SwapLost: a check write lost its compare-and-swap (FenceLostSwap).
+func (m *Metrics) SwapLost() {
+	if m == nil {
+		return
+	}
+	m.fence.WithLabelValues(FenceLostSwap).Inc()
 }
 
 // Ejected: the merge queue ejected a pull for reason.

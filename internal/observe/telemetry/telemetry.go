@@ -128,6 +128,9 @@ func (e *Executor) WarmPods(ready, starting int) { e.M.WarmPods(ready, starting)
 // WarmTaken implements executor.Observer.
 func (e *Executor) WarmTaken() { e.M.WarmTaken() }
 
+// FenceConflict implements executor.Observer.
+func (e *Executor) FenceConflict() { e.M.FenceConflict() }
+
 // CredentialExpiry implements executor.Observer (zero at: none known).
 func (e *Executor) CredentialExpiry(credential string, at time.Time) {
 	e.mu.Lock()

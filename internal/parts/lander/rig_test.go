@@ -68,7 +68,7 @@ func (w *world) build(t *testing.T) {
 	}
 	var in *intake.Intake
 	wake := func() { in.Wake() }
-	w.sched = scheduler.New(scheduler.Config{}, scheduler.Facts{Runner: rig.Runner, Executor: executor.CapabilitiesOf(w.exec), RunsDir: w.dir + "/runs"},
+	w.sched = scheduler.New(scheduler.Config{}, scheduler.Facts{Runner: rig.Runner, Executor: executor.CapabilitiesOf(w.exec), ExecutorName: w.exec.Name(), RunsDir: w.dir + "/runs"},
 		scheduler.Ports{Engine: run.New(run.Config{Executor: w.exec, Runner: rig.Runner}), Checks: w.keeper, State: store, Mirrors: w.git,
 			Sealed: &rig.Sealed{}, Sweeper: w.exec, Wake: wake}, quiet)
 	w.l = New(w.cfg, rig.Runner, Ports{Records: w.queue, Mirrors: w.git, Checks: w.keeper, State: store, Wake: wake}, quiet)
@@ -85,6 +85,12 @@ func (w *world) serve(t *testing.T) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	runCtx, stopRuns := context.WithCancel(context.Background())
 	var parts sync.WaitGroup
+	// The daemon's start: the runs an earlier process left are adopted
+	// or swept before any work is queued.
+	w.sched.Adopt(ctx)
+	if err := w.sched.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
 	wait := w.sched.Start(ctx, runCtx)
 	parts.Go(func() { w.in.Run(ctx) })
 	parts.Go(func() { w.l.Run(ctx) })

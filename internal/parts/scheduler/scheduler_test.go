@@ -892,3 +892,53 @@ func TestTakeUpDecides(t *testing.T) {
 		}
 	}
 }
+
+// TestFence: a run's id comes from its check key and the runner, never
+// from the process; a run whose session exists already (another process
+// of the runner drives it) is fenced: its session is left alone, and no
+// final check, state or run directory of it comes from here.
+func TestFence(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t)
+		obs := &observer{}
+		w.ports.Observer = obs
+		w.s = New(w.cfg, w.facts, w.ports, nil)
+		gate := make(chan struct{})
+		w.exec.Script = func(string, string) fakeexec.Step { return fakeexec.Step{Output: "other\n", Gate: gate} }
+		j := w.runnable(rig.Push("3k1", "c1"), "ci", "make")
+		id := run.IDFor(rig.Runner, j.Key)
+		if id != run.IDFor(rig.Runner, j.Key) || id == run.IDFor("did:plc:another", j.Key) || id == run.IDFor(rig.Runner, j.Key+"x") {
+			t.Fatalf("run ids: %s is not one per runner and check key", id)
+		}
+		// The other process's session of the same run, its step going.
+		other, err := w.exec.Start(t.Context(), executor.Spec{RunID: id, Runner: rig.Runner})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := other.StartStep(t.Context(), "1", nil); err != nil {
+			t.Fatal(err)
+		}
+		stop := w.work(t, w.s)
+		if _, err := w.s.Enqueue(t.Context(), j); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		stop()
+		// The running check goes beside the session's start; nothing
+		// after it (no release to queued, no final check).
+		if got := w.statuses(j); len(got) > 1 || (len(got) == 1 && got[0] != "running") {
+			t.Errorf("a fenced run's checks: %v, want at most the running one written beside its start", got)
+		}
+		if len(w.store.Runs()) != 0 {
+			t.Errorf("a fenced run is in state.json: %v", w.store.Runs())
+		}
+		if left, _ := os.ReadDir(w.facts.RunsDir); len(left) != 0 {
+			t.Errorf("run directories left: %v", left)
+		}
+		if got := w.exec.Running(); len(got) != 1 || got[0] != id {
+			t.Errorf("sessions going %v, want the other process's %s alone", got, id)
+		}
+		close(gate)
+	})
+}

@@ -119,8 +119,10 @@ func (s *Scheduler) next(ctx, runCtx context.Context, ready func()) (*task, cont
 		}
 		if t := s.q.claim(); t != nil {
 			jctx, cancel := context.WithCancel(runCtx)
-			// The run's id from its claim on: a sweep keeps its session.
-			t.cancel, t.runID = cancel, run.NewID()
+			// The run's id from its claim on (a sweep keeps its session),
+			// made from its check key, never from this process: a second
+			// create of its session fails (the fence).
+			t.cancel, t.runID = cancel, run.IDFor(s.facts.Runner.String(), t.Key)
 			s.mu.Unlock()
 			return t, jctx
 		}
@@ -174,7 +176,23 @@ func (s *Scheduler) runJob(ctx context.Context, t *task) {
 	log := s.log.With("check", t.Key, "workflow", t.Workflow.Name, "event", t.Event.URI.String())
 	s.openLive(t)
 	dir := s.runDir(t.runID)
+	if t.adopt == nil {
+		// What an earlier process left of the same run (it died before
+		// any step started: the run goes again) is not this run's.
+		_ = os.RemoveAll(dir)
+	}
 	res := s.execute(ctx, t, dir, log)
+	if res.Fenced {
+		// Another process drives the run: nothing of it is written
+		// from here. The check is that driver's; if none writes it, it
+		// is not final, and the next reconciliation queues the work.
+		log.Warn("run fenced: its session exists already; not run twice", "run", t.runID, "err", res.Error)
+		if err := s.p.State.EndRun(t.Key); err != nil {
+			log.Error("save state", "err", err)
+		}
+		_ = os.RemoveAll(dir)
+		return
+	}
 	// Detached before its session started (a pod still Pending): nothing
 	// goes on, so nothing is handed over; the work is released, its
 	// check back to queued, for the successor.
