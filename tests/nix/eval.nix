@@ -135,6 +135,32 @@ let
     };
   };
 
+  # deploy/'s runner unit for the docker and the shell executor
+  # (deploy/install --executor): the same host, the refresh off (it is for
+  # the Kubernetes executor alone), Docker's own daemon for docker.
+  deployExecutor =
+    executor:
+    deploy
+    // {
+      settings = deploy.settings // {
+        inherit executor;
+      };
+      kubeconfigRefresh.enable = false;
+    }
+    // lib.optionalAttrs (executor == "docker") { nixos.virtualisation.docker.enable = true; };
+
+  # deploy/'s output service: the service's DID and the runners' are the
+  # host's (deploy/output.env.example): render-units.sh puts variables
+  # in place of these.
+  deployOutput = deploy // {
+    package = withLive;
+    outputService = {
+      enable = true;
+      serviceDid = "did:web:output.example.com";
+      runners = [ "did:plc:7u2ld3ffgzqvezmv6wxgxiix" ];
+    };
+  };
+
   # The least that passes the module's assertions (for the kubernetes
   # executor it still lacks a kubeconfig: `kube` adds one).
   minimal =
@@ -271,6 +297,9 @@ in
   scenarios = {
     docs = scenario withCommand docs;
     deploy = scenario withCommand deploy;
+    deploy-docker = scenario withCommand (deployExecutor "docker");
+    deploy-shell = scenario withCommand (deployExecutor "shell");
+    deploy-output = scenario withLive deployOutput;
     no-kubeconfig-command = scenario withoutCommand docs;
     docker = scenario withoutCommand (minimal {
       settings.executor = "docker";
