@@ -30,7 +30,10 @@
 # executor (knotless-run.docker.service, knotless-run.shell.service, which
 # deploy/install --executor installs as knotless-run.service), and the
 # output service's (knotless-output.service), whose service DID and
-# runners are the host's, read from /etc/knotless-run/output.env. PATH
+# runners are the host's, read from /etc/knotless-run/output.env, and
+# those of an instance, named INSTANCE (knotless-run-INSTANCE.service,
+# .docker.service, .shell.service, -kubeconfig.service and .timer), which
+# deploy/install --instance NAME installs with NAME in its place. PATH
 # lists each host directory once (every package is /usr there).
 #
 #   tests/nix/render-units.sh OUTDIR [DEPLOYDIR]
@@ -69,6 +72,21 @@ if deploy:
     out["config.json"] = json.dumps(json.loads(dep["settingsJSON"]), indent=2, sort_keys=True) + "\n"
     for executor in ("docker", "shell"):
         out[f"knotless-run.{executor}.service"] = d["deploy-" + executor]["units"]["knotless-run.service"]
+    # Instance INSTANCE (deploy/install --instance NAME puts NAME in its
+    # place): its units for each executor, and its settings, which are those
+    # of the default runner with its own directories.
+    for executor, scen in (("kubernetes", "deploy-instance"), ("docker", "deploy-instance-docker"), ("shell", "deploy-instance-shell")):
+        units = d[scen]["units"]
+        suffix = "" if executor == "kubernetes" else "." + executor
+        out[f"knotless-run-INSTANCE{suffix}.service"] = units["knotless-run-INSTANCE.service"]
+        if executor == "kubernetes":
+            for name in ("knotless-run-INSTANCE-kubeconfig.service", "knotless-run-INSTANCE-kubeconfig.timer"):
+                out[name] = units[name]
+            mine = d[scen]["runners"]["knotless-run-INSTANCE"]["settings"]
+            theirs = json.loads(out["config.json"].replace("/var/lib/knotless/", "/var/lib/knotless-INSTANCE/")
+                .replace("\"/var/lib/knotless\"", "\"/var/lib/knotless-INSTANCE\"").replace("\"/var/cache/knotless\"", "\"/var/cache/knotless-INSTANCE\""))
+            if mine != theirs:
+                sys.exit(f"render-units: instance INSTANCE has the settings {mine}, not config.json with its directories: {theirs}")
     # The output service: its DID and runners from the host file
     # (--runner takes DIDs separated by commas).
     output = d["deploy-output"]["units"]["knotless-output.service"]
@@ -89,7 +107,7 @@ if deploy:
             continue
         lines = out[name].splitlines(keepends=True)
         moved = [l for l in lines if l.startswith(newer)]
-        runner = name == "knotless-run.service" or name.startswith("knotless-run.")
+        runner = name.startswith("knotless-run") and "kubeconfig" not in name
         if moved and not runner:
             sys.exit(f"render-units: {name} has {moved}: only the runner unit has a drop-in for them")
         if runner:
@@ -108,6 +126,8 @@ if deploy:
                 dirs.append(x)
         return "Environment=\"PATH=" + ":".join(dirs) + "\""
     for name, text in sorted(out.items()):
+        if "INSTANCE" in name:
+            text = text.replace("@config@", "/etc/knotless-run/INSTANCE/config.json")
         for k, v in host.items():
             text = text.replace(k, v)
         # Every other package (git, coreutils, hostPackages) is the host /usr.
