@@ -2,6 +2,7 @@ package appliance_test
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -192,6 +193,94 @@ func TestDeployRollback(t *testing.T) {
 		if p := e["PRIORITY"]; p == "0" || p == "1" || p == "2" || p == "3" {
 			t.Errorf("an error line in the journal (PID %s, PRIORITY %s): %s", e["_PID"], p, e["MESSAGE"])
 		}
+	}
+}
+
+// TestDeployInstance: an instance beside the default runner through
+// deploy/ alone, as the module's services.knotless-run.instances: deploy/install
+// --instance beta makes its units, user, directories and settings
+// (/etc/knotless-run/beta); both runners, on the shell executor, run a
+// push of their own repositories, each as its own user; deploy/uninstall
+// removes both and keeps both state directories, saying so.
+func TestDeployInstance(t *testing.T) {
+	t.Parallel()
+	const betaMount = "/srv/knotless-test-src-beta"
+	w, beta := newWorld(t), newWorldAt(t, betaMount)
+	a := bootDeploy(t, w, []string{beta.Src.Dir + ":" + betaMount})
+	before := a.snapshot()
+	a.sh(`sh ` + optPath + `/deploy/install --executor shell ` + optPath + `/bin/knotless-run 2>&1`)
+	out := a.sh(`sh ` + optPath + `/deploy/install --instance beta --executor shell ` + optPath + `/bin/knotless-run 2>&1`)
+	if !strings.Contains(out, "/etc/knotless-run/beta/config.json") || !strings.Contains(out, "systemctl enable --now knotless-run-beta.service") {
+		t.Errorf("install --instance beta did not name its files and unit:\n%s", out)
+	}
+	var settings map[string]any
+	if err := json.Unmarshal([]byte(a.sh(`cat /etc/knotless-run/beta/config.json`)), &settings); err != nil {
+		t.Fatalf("the instance's config.json: %v", err)
+	}
+	want := map[string]any{"state-dir": "/var/lib/knotless-beta", "cache-dir": "/var/cache/knotless-beta", "kubeconfig": "/var/lib/knotless-beta/kubeconfig"}
+	for k, v := range want {
+		if settings[k] != v {
+			t.Errorf("the instance's config.json has %s %v, want %v", k, settings[k], v)
+		}
+	}
+
+	for _, r := range []struct {
+		dir  string
+		w    *world
+		dirs map[string]any
+	}{
+		{"/etc/knotless-run", w, nil},
+		{"/etc/knotless-run/beta", beta, map[string]any{"state-dir": "/var/lib/knotless-beta", "cache-dir": "/var/cache/knotless-beta"}},
+	} {
+		s := map[string]any{"executor": "shell", "discover": false}
+		for k, v := range r.dirs {
+			s[k] = v
+		}
+		a.writeFile(r.dir+"/config.json", r.w.settings(s), 0o644)
+		a.writeFile(r.dir+"/env", []byte("KNOTLESS_DID="+r.w.Runner.DID.String()+"\nKNOTLESS_REPOS="+r.w.Owner.DID.String()+"/hello\n"), 0o600)
+		a.writeFile(r.dir+"/app-password", []byte(r.w.Password), 0o600)
+	}
+	if out, err := a.systemctl("enable", "--now", service, "knotless-run-beta.service"); err != nil {
+		t.Fatalf("systemctl enable --now: %v\n%s", err, out)
+	}
+	const whoami = `echo "as $(id -un)"`
+	if got := w.blob(t, w.pushRuns("default", whoami)); !strings.Contains(got, "as knotless\n") {
+		t.Errorf("the default runner's run:\n%s", got)
+	}
+	if got := beta.blob(t, beta.pushRuns("beta", whoami)); !strings.Contains(got, "as knotless-beta\n") {
+		t.Errorf("the instance's run:\n%s", got)
+	}
+	const owners = "/var/lib/knotless knotless\n/var/cache/knotless knotless\n/var/lib/knotless-beta knotless-beta\n/var/cache/knotless-beta knotless-beta\n"
+	if got := a.sh(`stat -c '%n %U' /var/lib/knotless /var/cache/knotless /var/lib/knotless-beta /var/cache/knotless-beta`); got != owners {
+		t.Errorf("the runners' directories and owners:\n%s\nwant:\n%s", got, owners)
+	}
+
+	out = a.sh(`sh ` + optPath + `/deploy/uninstall`)
+	if !strings.Contains(out, "kept /var/lib/knotless,") || !strings.Contains(out, "kept /var/lib/knotless-beta,") {
+		t.Errorf("uninstall did not name the state directories it keeps:\n%s", out)
+	}
+	var added, removed []string
+	after := a.snapshot()
+	for p := range after {
+		kept := false
+		for _, d := range []string{"/var/lib/knotless", "/var/lib/knotless-beta"} {
+			kept = kept || p == d || strings.HasPrefix(p, d+"/")
+		}
+		if _, ok := before[p]; !ok && !kept {
+			added = append(added, p)
+		}
+	}
+	for p, sum := range before {
+		if got, ok := after[p]; !ok {
+			removed = append(removed, p)
+		} else if sum != "" && got != sum {
+			added = append(added, p+" (changed)")
+		}
+	}
+	slices.Sort(added)
+	slices.Sort(removed)
+	if len(added) > 0 || len(removed) > 0 {
+		t.Errorf("uninstall left %v and removed %v", added, removed)
 	}
 }
 
