@@ -140,10 +140,17 @@ type world struct {
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
+	return newWorldAt(t, srcMount)
+}
+
+// newWorldAt is newWorld with the repository bound at mount instead, for
+// a second world in one machine.
+func newWorldAt(t *testing.T, mount string) *world {
+	t.Helper()
 	if srv == nil {
 		t.Skip("tests/appliance: SKIPPED: no test PDS and no systemd machine under -short or when not root")
 	}
-	return &world{World: forgeworld.New(t, srv, forgeworld.Options{Source: "file://" + srcMount}), t: t}
+	return &world{World: forgeworld.New(t, srv, forgeworld.Options{Source: "file://" + mount}), t: t}
 }
 
 // push commits files on main and writes the refUpdate.

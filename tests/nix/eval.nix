@@ -135,6 +135,57 @@ let
     };
   };
 
+  # deploy/'s runner unit for the docker and the shell executor
+  # (deploy/install --executor): the same host, the refresh off (it is for
+  # the Kubernetes executor alone), Docker's own daemon for docker.
+  deployExecutor =
+    executor:
+    deploy
+    // {
+      settings = deploy.settings // {
+        inherit executor;
+      };
+      kubeconfigRefresh.enable = false;
+    }
+    // lib.optionalAttrs (executor == "docker") { nixos.virtualisation.docker.enable = true; };
+
+  # deploy/'s instances (deploy/install --instance NAME): instance
+  # INSTANCE, which install names, beside the default runner, its
+  # operator's files under /etc/knotless-run/INSTANCE. Upper case, which
+  # the module refuses in a name (an assertion), so that no other word of
+  # the units is taken for it.
+  deployInstance =
+    executor:
+    let
+      dir = "/etc/knotless-run/INSTANCE";
+    in
+    deploy
+    // {
+      instances.INSTANCE =
+        removeAttrs (deployExecutor executor) [ "nixos" ]
+        // {
+          appPasswordFile = "${dir}/app-password";
+          environmentFiles = [ "${dir}/env" ];
+          kubeconfigRefresh = {
+            enable = executor == "kubernetes";
+            adminKubeconfigFile = "${dir}/admin-kubeconfig";
+          };
+        };
+    }
+    // lib.optionalAttrs (executor == "docker") { nixos.virtualisation.docker.enable = true; };
+
+  # deploy/'s output service: the service's DID and the runners' are the
+  # host's (deploy/output.env.example): render-units.sh puts variables
+  # in place of these.
+  deployOutput = deploy // {
+    package = withLive;
+    outputService = {
+      enable = true;
+      serviceDid = "did:web:output.example.com";
+      runners = [ "did:plc:7u2ld3ffgzqvezmv6wxgxiix" ];
+    };
+  };
+
   # The least that passes the module's assertions (for the kubernetes
   # executor it still lacks a kubeconfig: `kube` adds one).
   minimal =
@@ -197,13 +248,13 @@ let
         text:
         concatStrings (
           map (x: if builtins.isList x then "@config@" else x) (
-            builtins.split "/nix/store/[a-z0-9]+-knotless-run[a-z0-9-]*\\.json" text
+            builtins.split "/nix/store/[a-z0-9]+-knotless-run[A-Za-z0-9-]*\\.json" text
           )
         );
       settingsOf =
         unit:
         let
-          m = builtins.match ".*(/nix/store/[a-z0-9]+-knotless-run[a-z0-9-]*\\.json).*" services.${unit}.serviceConfig.ExecStart;
+          m = builtins.match ".*(/nix/store/[a-z0-9]+-knotless-run[A-Za-z0-9-]*\\.json).*" services.${unit}.serviceConfig.ExecStart;
         in
         builtins.fromJSON (builtins.readFile (lib.head m));
       units =
@@ -258,6 +309,7 @@ let
           refreshOutput = if rsc ? ExecStartPost then lib.last (lib.splitString " " rsc.ExecStartPost) else null;
           timer = c.systemd.timers ? ${refreshUnit};
           path = map toString u.path;
+          inherit settings;
         }
       ) (filterAttrs (n: u: lib.hasPrefix "knotless-run" n && !lib.hasSuffix "-kubeconfig" n) services);
     };
@@ -271,6 +323,12 @@ in
   scenarios = {
     docs = scenario withCommand docs;
     deploy = scenario withCommand deploy;
+    deploy-docker = scenario withCommand (deployExecutor "docker");
+    deploy-shell = scenario withCommand (deployExecutor "shell");
+    deploy-output = scenario withLive deployOutput;
+    deploy-instance = scenario withCommand (deployInstance "kubernetes");
+    deploy-instance-docker = scenario withCommand (deployInstance "docker");
+    deploy-instance-shell = scenario withCommand (deployInstance "shell");
     no-kubeconfig-command = scenario withoutCommand docs;
     docker = scenario withoutCommand (minimal {
       settings.executor = "docker";
