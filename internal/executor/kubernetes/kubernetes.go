@@ -59,7 +59,13 @@ type Config struct {
 	// the run at once.
 	PullGrace time.Duration
 	Limits    tarstream.Limits
-	Logger    *slog.Logger
+	// QPS and Burst are the runner's own limit on its requests to the
+	// API server (client-go's token bucket, shared by every request of
+	// the executor): QPS requests a second on average, Burst at once.
+	// 0 takes DefaultQPS and DefaultBurst.
+	QPS    float32
+	Burst  int
+	Logger *slog.Logger
 	// Observer is told of sessions ready, transfers, sweeps, cleanup
 	// failures and the credential's expiry; nil observes nothing.
 	Observer executor.Observer
@@ -106,7 +112,13 @@ func New(cfg Config) (*Executor, error) {
 	if cfg.Observer == nil {
 		cfg.Observer = executor.NoObserver{}
 	}
-	e := &Executor{cfg: cfg, clients: &clients{creds: cfg.Credentials, log: cfg.Logger, obs: cfg.Observer}, log: cfg.Logger, obs: cfg.Observer, warm: newWarmPool()}
+	if cfg.QPS == 0 {
+		cfg.QPS = DefaultQPS
+	}
+	if cfg.Burst == 0 {
+		cfg.Burst = DefaultBurst
+	}
+	e := &Executor{cfg: cfg, clients: &clients{creds: cfg.Credentials, qps: cfg.QPS, burst: cfg.Burst, log: cfg.Logger, obs: cfg.Observer}, log: cfg.Logger, obs: cfg.Observer, warm: newWarmPool()}
 	// An expired token is not a start failure: each run reports it until
 	// the refresh replaces the file.
 	cc, _, ns, err := e.clients.load()
