@@ -545,7 +545,9 @@ func (s *Session) Stop(ctx context.Context) error {
 	s.mu.Unlock()
 	s.wg.Wait()
 	if s.keep {
-		return nil
+		// The pod stays for a look; the run no longer holds it, and a
+		// drain may take it.
+		return s.deleteBudget(ctx)
 	}
 	s.deleteMu.Lock()
 	defer s.deleteMu.Unlock()
@@ -572,6 +574,11 @@ func (s *Session) deleteJob(ctx context.Context) error {
 		return err
 	}
 	s.ex.warm.forget(s.ref.Name) // a Job taken from the warm pods
+	// Its pods are going: the budget has nothing left to guard. One
+	// not deleted here goes with the Job (its owner).
+	if err := deleteBudget(ctx, cs, s.ref.Namespace, s.ref.Name); err != nil {
+		s.log.Warn("disruption budget not deleted; it goes with its Job", "err", err)
+	}
 	ctx, cancel := context.WithTimeout(ctx, deleteWait)
 	defer cancel()
 	sel := metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=" + s.ref.Name}
@@ -610,6 +617,20 @@ func (s *Session) deleteJob(ctx context.Context) error {
 			return fmt.Errorf("pods of job %s still there after deleting it: %w", s.ref.Name, ctx.Err())
 		}
 	}
+}
+
+// deleteBudget deletes the run's disruption budget, as Stop does for a
+// kept Job.
+func (s *Session) deleteBudget(ctx context.Context) error {
+	_, cs, _, err := s.ex.clients.get()
+	if err != nil {
+		return err
+	}
+	if err := deleteBudget(ctx, cs, s.ref.Namespace, s.ref.Name); err != nil {
+		s.log.Error("delete disruption budget of a kept job", "err", err)
+		return err
+	}
+	return nil
 }
 
 // allIn reports whether every pod of pods is named in set.
