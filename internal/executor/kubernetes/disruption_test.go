@@ -134,6 +134,41 @@ func TestRunPodNotEvicted(t *testing.T) {
 	assertNothingLeft(t, c)
 }
 
+// TestEvictedMidStepEndsError: a pod taken away while a step runs (here
+// evicted through the API once its budget is deleted: a forced drain,
+// or what the kubelet's node-pressure eviction does without asking)
+// ends the run error, never success, with Kubernetes' reason and
+// message in the result.
+func TestEvictedMidStepEndsError(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t)
+	ctx := context.Background()
+	runID := randomID("evict")
+	pod, done, cleaner := startHeld(t, c, runID)
+
+	if err := c.Clientset.PolicyV1().PodDisruptionBudgets(c.Namespace).Delete(ctx, kubernetes.JobName(runID), metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("delete the run's budget: %v", err)
+	}
+	if err := evict(ctx, c, pod); err != nil {
+		t.Fatalf("eviction of the run's pod without its budget: %v", err)
+	}
+	res := <-done
+	if res.Status != run.Error {
+		t.Fatalf("status %s (%s), want error: the pod was evicted mid-step\nlog:\n%s", res.Status, res.Error, res.Log)
+	}
+	for _, want := range []string{"was disrupted while the step ran", "EvictionByEvictionAPI", "Eviction API: evicting"} {
+		if !strings.Contains(res.Error, want) {
+			t.Errorf("error %q lacks %q", res.Error, want)
+		}
+	}
+	t.Logf("run ended %s: %s", res.Status, res.Error)
+	if err := cleaner.Wait(ctx); err != nil || cleaner.Failures() != 0 {
+		t.Fatalf("clean-up: %v, %d failed", err, cleaner.Failures())
+	}
+	waitGone(t, c)
+	assertNothingLeft(t, c)
+}
+
 // TestOrphanBudgetSwept: a budget of the runner's whose run is not
 // going on is deleted by the sweep and logged, even one no Job owns
 // (whatever deletes a Job deletes its budget with it, but for a Job

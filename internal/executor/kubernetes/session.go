@@ -111,6 +111,7 @@ func (st *step) settle(exit executor.Exit, err error) {
 // setPod records the session's Ready pod; the session's log names it and
 // its node from then on.
 func (s *Session) setPod(pod *corev1.Pod) {
+	s.sawPod(pod) // what happens to it later is replayed from here
 	s.pod, s.node = pod.Name, pod.Spec.NodeName
 	s.log = s.log.With("pod", s.pod, "node", s.node)
 }
@@ -465,6 +466,9 @@ func (s *Session) jobGone(ctx context.Context, execErr error, dropped time.Time)
 	// says so at once.
 	if node, why, lost := nodeLost(pod); lost {
 		return s.lostNodeError(node, why)
+	}
+	if why, disrupted := podDisrupted(pod); disrupted {
+		return s.disruptedError(pod, why)
 	}
 	if node := pod.Spec.NodeName; node != "" {
 		if _, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); apierrors.IsNotFound(err) {
