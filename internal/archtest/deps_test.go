@@ -327,6 +327,7 @@ var kubeAPIGroups = []string{
 	"k8s.io/api/batch/v1",
 	"k8s.io/api/core/v1",
 	"k8s.io/api/networking/v1",
+	"k8s.io/api/policy/v1",
 	"k8s.io/api/rbac/v1",
 }
 

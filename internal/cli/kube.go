@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/netip"
 	"strings"
@@ -19,6 +20,8 @@ type KubeFlags struct {
 	Kubeconfig      string            `help:"Kubeconfig file (default: $$KUBECONFIG, else the in-cluster service account, else ~/.kube/config). Re-read when it changes." placeholder:"FILE" group:"kubernetes"`
 	Context         string            `help:"Kubeconfig context to use." group:"kubernetes"`
 	Namespace       string            `help:"Namespace for run Jobs (default: the context's, else knotless-runs)." group:"kubernetes"`
+	KubeQPS         float32           `help:"The runner's own limit on its requests to the API server: so many a second on average (client-go's token bucket; an exec stream counts as one)." default:"50" placeholder:"QPS" group:"kubernetes"`
+	KubeBurst       int               `help:"The runner's own limit on its requests to the API server: so many at once above --kube-qps." default:"100" placeholder:"N" group:"kubernetes"`
 	CPURequest      string            `help:"CPU request of a run pod when the workflow sets none." group:"kubernetes"`
 	MemoryRequest   string            `help:"Memory request of a run pod when the workflow sets none." group:"kubernetes"`
 	CPULimit        string            `help:"CPU limit of a run pod." group:"kubernetes"`
@@ -58,6 +61,9 @@ func (f *KubeFlags) executorDef() executorDef {
 // ~/.kube/config; --context): stopping a Job by its Ref needs no pod
 // options, and so none of what they need (this host's addresses).
 func (f *KubeFlags) stopper(env *Env, runner string, log *slog.Logger) (*kubernetes.Executor, error) {
+	if err := f.rateLimit(); err != nil {
+		return nil, err
+	}
 	return kubernetes.New(kubernetes.Config{
 		Credentials: kubernetes.Credentials{
 			Kubeconfig:    f.Kubeconfig,
@@ -67,12 +73,29 @@ func (f *KubeFlags) stopper(env *Env, runner string, log *slog.Logger) (*kuberne
 			Namespace:     f.Namespace,
 		},
 		Runner: runner,
+		QPS:    f.KubeQPS,
+		Burst:  f.KubeBurst,
 		Logger: log,
 	})
 }
 
+// rateLimit checks --kube-qps and --kube-burst: a limit, not none (a
+// negative QPS turns client-go's off).
+func (f *KubeFlags) rateLimit() error {
+	if !(f.KubeQPS > 0) || math.IsInf(float64(f.KubeQPS), 0) {
+		return usageError{fmt.Errorf("--kube-qps %g: want a number of requests a second above 0", f.KubeQPS)}
+	}
+	if f.KubeBurst < 1 {
+		return usageError{fmt.Errorf("--kube-burst %d: want 1 or more", f.KubeBurst)}
+	}
+	return nil
+}
+
 // newKubernetes builds the Kubernetes executor from the flags.
 func (f *KubeFlags) newKubernetes(env *Env, o executorOptions) (*kubernetes.Executor, error) {
+	if err := f.rateLimit(); err != nil {
+		return nil, err
+	}
 	pod, err := f.podOptions(o.Image)
 	if err != nil {
 		return nil, err
@@ -88,6 +111,8 @@ func (f *KubeFlags) newKubernetes(env *Env, o executorOptions) (*kubernetes.Exec
 		Runner:          o.Runner,
 		Pod:             pod,
 		ScheduleTimeout: f.ScheduleTimeout,
+		QPS:             f.KubeQPS,
+		Burst:           f.KubeBurst,
 		Logger:          o.Logger,
 		Observer:        o.Observer,
 	})

@@ -35,11 +35,23 @@ type Credentials struct {
 // DefaultNamespace is used when neither a flag nor the context names one.
 const DefaultNamespace = "knotless-runs"
 
+// DefaultQPS and DefaultBurst are the runner's own rate limit on its
+// requests to the API server when Config names none (--kube-qps,
+// --kube-burst): 50 a second on average, 100 at once.
+const (
+	DefaultQPS   = 50
+	DefaultBurst = 100
+)
+
 // clients holds the clientset built from the current credentials and
 // rebuilds it when the kubeconfig file changes, so a refresh timer that
 // replaces the file takes effect on the next Job without a restart.
 type clients struct {
 	creds Credentials
+	// qps and burst are the client-side rate limit of every clientset
+	// built (Config.QPS, Config.Burst).
+	qps   float32
+	burst int
 	log   *slog.Logger
 	obs   executor.Observer
 
@@ -184,8 +196,12 @@ func (c *clients) build(cfg *rest.Config, file string, digest [32]byte, ns strin
 		// projected token is never reported expired.
 		cfg.BearerToken = ""
 	}
-	// Exec streams carry whole checkouts: no client-side rate limit on them.
-	cfg.QPS, cfg.Burst = 50, 100
+	// The limit counts requests, an exec stream (a whole checkout) as
+	// one.
+	cfg.QPS, cfg.Burst = c.qps, c.burst
+	if cfg.QPS == 0 {
+		cfg.QPS, cfg.Burst = DefaultQPS, DefaultBurst
+	}
 	cs, err := kubeclient.NewForConfig(cfg)
 	if err != nil {
 		return nil, nil, "", fmt.Errorf("client for %s: %w", cfg.Host, err)

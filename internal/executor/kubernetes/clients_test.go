@@ -140,3 +140,62 @@ current-context: x
 		})
 	}
 }
+
+// TestRateLimit: the runner's own limit on its requests (--kube-qps,
+// --kube-burst) is on the rest.Config every clientset is built from,
+// and the clientset's token bucket has it; none given takes the
+// defaults. It holds for a clientset rebuilt after the kubeconfig
+// changed too.
+func TestRateLimit(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name      string
+		qps       float32
+		burst     int
+		wantQPS   float32
+		wantBurst int
+	}{
+		{"defaults", 0, 0, DefaultQPS, DefaultBurst},
+		{"given", 7, 3, 7, 3},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			kc := filepath.Join(t.TempDir(), "kubeconfig")
+			write := func(user string) {
+				t.Helper()
+				// Nothing is asked of the server: loopback, no listener.
+				if err := atomicfile.Write(kc, fmt.Appendf(nil, `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: %q}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`, user), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			write("first")
+			ex, err := New(Config{Credentials: Credentials{Kubeconfig: kc, Namespace: "runs"}, QPS: tt.qps, Burst: tt.burst})
+			if err != nil {
+				t.Fatal(err)
+			}
+			check := func(when string) {
+				t.Helper()
+				cfg, cs, _, err := ex.clients.get()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if cfg.QPS != tt.wantQPS || cfg.Burst != tt.wantBurst {
+					t.Errorf("%s: config QPS %g, burst %d; want %g, %d", when, cfg.QPS, cfg.Burst, tt.wantQPS, tt.wantBurst)
+				}
+				lim := cs.CoreV1().RESTClient().GetRateLimiter()
+				if lim == nil || lim.QPS() != tt.wantQPS {
+					t.Errorf("%s: clientset limiter %v, want one of %g a second", when, lim, tt.wantQPS)
+				}
+			}
+			check("at start")
+			write("second")
+			check("after the kubeconfig changed")
+		})
+	}
+}

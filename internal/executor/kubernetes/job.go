@@ -159,6 +159,14 @@ func BuildJob(namespace string, spec executor.Spec, opts PodOptions) (*batchv1.J
 	for k, v := range spec.Annotations {
 		annotations[k] = v
 	}
+	// The pod's own: the cluster autoscaler keeps its node while the
+	// run holds it (with the run's disruption budget, which the
+	// autoscaler and every drain respect too). A warm pod says "true"
+	// until a run takes it (warm.go).
+	podAnnotations := map[string]string{AnnotationSafeToEvict: "false"}
+	for k, v := range annotations {
+		podAnnotations[k] = v
+	}
 	deadline := defaultDeadline
 	if spec.Timeout > 0 {
 		deadline = spec.Timeout + deadlineMargin
@@ -183,7 +191,7 @@ func BuildJob(namespace string, spec executor.Spec, opts PodOptions) (*batchv1.J
 			}},
 			ActiveDeadlineSeconds: ptr.To(int64(deadline / time.Second)),
 			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: annotations},
+				ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: podAnnotations},
 				Spec:       pod,
 			},
 		},

@@ -59,7 +59,13 @@ type Config struct {
 	// the run at once.
 	PullGrace time.Duration
 	Limits    tarstream.Limits
-	Logger    *slog.Logger
+	// QPS and Burst are the runner's own limit on its requests to the
+	// API server (client-go's token bucket, shared by every request of
+	// the executor): QPS requests a second on average, Burst at once.
+	// 0 takes DefaultQPS and DefaultBurst.
+	QPS    float32
+	Burst  int
+	Logger *slog.Logger
 	// Observer is told of sessions ready, transfers, sweeps, cleanup
 	// failures and the credential's expiry; nil observes nothing.
 	Observer executor.Observer
@@ -106,7 +112,13 @@ func New(cfg Config) (*Executor, error) {
 	if cfg.Observer == nil {
 		cfg.Observer = executor.NoObserver{}
 	}
-	e := &Executor{cfg: cfg, clients: &clients{creds: cfg.Credentials, log: cfg.Logger, obs: cfg.Observer}, log: cfg.Logger, obs: cfg.Observer, warm: newWarmPool()}
+	if cfg.QPS == 0 {
+		cfg.QPS = DefaultQPS
+	}
+	if cfg.Burst == 0 {
+		cfg.Burst = DefaultBurst
+	}
+	e := &Executor{cfg: cfg, clients: &clients{creds: cfg.Credentials, qps: cfg.QPS, burst: cfg.Burst, log: cfg.Logger, obs: cfg.Observer}, log: cfg.Logger, obs: cfg.Observer, warm: newWarmPool()}
 	// An expired token is not a start failure: each run reports it until
 	// the refresh replaces the file.
 	cc, _, ns, err := e.clients.load()
@@ -162,6 +174,12 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 	createdAt := time.Now()
 	log.Info("job created")
 	s := e.newSession(spec, created, log)
+	// The Job's create is the fence; its budget follows at once, before
+	// its pod can have started a step.
+	if err := createBudget(ctx, cs, created, spec.RunID, true); err != nil {
+		s.cleanupAfterFailedStart(ctx)
+		return nil, err
+	}
 	// A run that waits for a node takes it back from the warm pods.
 	var held func()
 	pod, err := e.waitForPod(ctx, cs, created, log, func() {
@@ -207,6 +225,11 @@ func (e *Executor) Resume(ctx context.Context, ref executor.Ref) (executor.Sessi
 	}
 	log := e.log.With("run", ref.RunID, "job", ref.Name, "namespace", ref.Namespace, "image", jobImage(job))
 	s := &Session{ex: e, ref: ref, uid: job.UID, log: log}
+	// The process that made the Job made its budget, unless it died
+	// between the two.
+	if err := createBudget(ctx, cs, job, ref.RunID, false); err != nil {
+		return nil, fmt.Errorf("resume job %s/%s: %w", ref.Namespace, ref.Name, err)
+	}
 	pod, err := e.waitForPod(ctx, cs, job, log, nil)
 	if err != nil {
 		return nil, err
@@ -298,10 +321,41 @@ func (e *Executor) Sweep(ctx context.Context, keep []string) (swept []executor.R
 		e.log.Info("orphan swept", "job", job.Name, "run", run, "namespace", ns, "image", jobImage(job), "swept_total", e.swept.Load())
 		swept = append(swept, ref)
 	}
+	errs = append(errs, e.sweepBudgets(ctx, cs, ns, sel, going)...)
 	e.log.Info("sweep finished", "namespace", ns, "swept", len(swept), "failed", len(errs), "kept_runs", len(keep),
 		"duration", time.Since(start).Round(time.Millisecond),
 		"swept_total", e.swept.Load(), "cleanup_failures_total", e.cleanupFailures.Load())
 	return swept, errors.Join(errs...)
+}
+
+// sweepBudgets deletes the runner's disruption budgets (sel) whose run
+// is not going: each is owned by its Job and collected with it, so one
+// is left only when its Job went a moment ago (or lost its owner).
+func (e *Executor) sweepBudgets(ctx context.Context, cs *kubeclient.Clientset, ns, sel string, going map[string]bool) []error {
+	budgets, err := cs.PolicyV1().PodDisruptionBudgets(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	if apierrors.IsForbidden(err) {
+		return []error{fmt.Errorf("list pod disruption budgets in %s: RBAC denies it (the runner's Role needs list on poddisruptionbudgets of the policy group; mint the kubeconfig again with knotless-run kubeconfig): %w", ns, err)}
+	}
+	if err != nil {
+		return []error{fmt.Errorf("list pod disruption budgets in %s: %w", ns, err)}
+	}
+	var errs []error
+	for i := range budgets.Items {
+		pdb := &budgets.Items[i]
+		run := pdb.Labels[LabelRun]
+		if going[run] {
+			continue
+		}
+		if err := deleteBudget(ctx, cs, ns, pdb.Name); err != nil {
+			e.cleanupFailures.Add(1)
+			e.obs.CleanupFailed()
+			e.log.Error("orphan budget not swept", "budget", pdb.Name, "run", run, "namespace", ns, "err", err, "cleanup_failures_total", e.cleanupFailures.Load())
+			errs = append(errs, err)
+			continue
+		}
+		e.log.Info("orphan budget swept", "budget", pdb.Name, "run", run, "namespace", ns)
+	}
+	return errs
 }
 
 type jobDeleter interface {

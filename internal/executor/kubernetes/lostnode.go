@@ -129,6 +129,11 @@ func (s *Session) watchPod(ctx context.Context, d time.Duration, dropped time.Ti
 					"after_stream_dropped", time.Since(dropped).Round(time.Millisecond))
 				return s.lostNodeError(node, why)
 			}
+			if why, disrupted := podDisrupted(pod); disrupted {
+				s.log.Warn("the run's pod was disrupted", "pod", pod.Name, "node", pod.Spec.NodeName, "why", why,
+					"after_stream_dropped", time.Since(dropped).Round(time.Millisecond))
+				return s.disruptedError(pod, why)
+			}
 			if ev.Type == watch.Deleted {
 				return fmt.Errorf("pod %s/%s on node %s was deleted while the step ran", s.ref.Namespace, s.pod, pod.Spec.NodeName)
 			}

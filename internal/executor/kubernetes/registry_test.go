@@ -118,8 +118,12 @@ func assertNoRunObjects(t *testing.T, c *clustertest.Cluster) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(jobs.Items)+len(pods.Items) != 0 {
-		t.Errorf("left behind: %d jobs, %d pods", len(jobs.Items), len(pods.Items))
+	budgets, err := c.Clientset.PolicyV1().PodDisruptionBudgets(c.Namespace).List(ctx, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(jobs.Items)+len(pods.Items)+len(budgets.Items) != 0 {
+		t.Errorf("left behind: %d jobs, %d pods, %d disruption budgets", len(jobs.Items), len(pods.Items), len(budgets.Items))
 	}
 }
 

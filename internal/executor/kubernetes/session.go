@@ -111,6 +111,7 @@ func (st *step) settle(exit executor.Exit, err error) {
 // setPod records the session's Ready pod; the session's log names it and
 // its node from then on.
 func (s *Session) setPod(pod *corev1.Pod) {
+	s.sawPod(pod) // what happens to it later is replayed from here
 	s.pod, s.node = pod.Name, pod.Spec.NodeName
 	s.log = s.log.With("pod", s.pod, "node", s.node)
 }
@@ -466,6 +467,9 @@ func (s *Session) jobGone(ctx context.Context, execErr error, dropped time.Time)
 	if node, why, lost := nodeLost(pod); lost {
 		return s.lostNodeError(node, why)
 	}
+	if why, disrupted := podDisrupted(pod); disrupted {
+		return s.disruptedError(pod, why)
+	}
 	if node := pod.Spec.NodeName; node != "" {
 		if _, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); apierrors.IsNotFound(err) {
 			return s.lostNodeError(node, "its Node was deleted")
@@ -545,7 +549,9 @@ func (s *Session) Stop(ctx context.Context) error {
 	s.mu.Unlock()
 	s.wg.Wait()
 	if s.keep {
-		return nil
+		// The pod stays for a look; the run no longer holds it, and a
+		// drain may take it.
+		return s.deleteBudget(ctx)
 	}
 	s.deleteMu.Lock()
 	defer s.deleteMu.Unlock()
@@ -572,6 +578,11 @@ func (s *Session) deleteJob(ctx context.Context) error {
 		return err
 	}
 	s.ex.warm.forget(s.ref.Name) // a Job taken from the warm pods
+	// Its pods are going: the budget has nothing left to guard. One
+	// not deleted here goes with the Job (its owner).
+	if err := deleteBudget(ctx, cs, s.ref.Namespace, s.ref.Name); err != nil {
+		s.log.Warn("disruption budget not deleted; it goes with its Job", "err", err)
+	}
 	ctx, cancel := context.WithTimeout(ctx, deleteWait)
 	defer cancel()
 	sel := metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=" + s.ref.Name}
@@ -610,6 +621,20 @@ func (s *Session) deleteJob(ctx context.Context) error {
 			return fmt.Errorf("pods of job %s still there after deleting it: %w", s.ref.Name, ctx.Err())
 		}
 	}
+}
+
+// deleteBudget deletes the run's disruption budget, as Stop does for a
+// kept Job.
+func (s *Session) deleteBudget(ctx context.Context) error {
+	_, cs, _, err := s.ex.clients.get()
+	if err != nil {
+		return err
+	}
+	if err := deleteBudget(ctx, cs, s.ref.Namespace, s.ref.Name); err != nil {
+		s.log.Error("delete disruption budget of a kept job", "err", err)
+		return err
+	}
+	return nil
 }
 
 // allIn reports whether every pod of pods is named in set.

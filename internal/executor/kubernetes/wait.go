@@ -192,6 +192,10 @@ func (w *podWaiter) check(pod *corev1.Pod) (*corev1.Pod, bool, error) {
 		w.lastReason = "refused at admission: " + pod.Status.Reason + ": " + pod.Status.Message
 		return nil, false, nil // the Job makes another
 	}
+	if why, disrupted := podDisrupted(pod); disrupted {
+		// Evicted, preempted or its node lost: no step may start in it.
+		return nil, false, fmt.Errorf("pod %s on node %s was disrupted before the run started in it (%s)", pod.Name, pod.Spec.NodeName, why)
+	}
 	switch pod.Status.Phase {
 	case corev1.PodSucceeded, corev1.PodFailed:
 		return nil, false, fmt.Errorf("pod %s ended (%s) before it was ready: %s", pod.Name, pod.Status.Phase, podEndReason(pod))

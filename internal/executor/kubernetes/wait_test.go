@@ -129,10 +129,29 @@ func TestCheckAdmissionRefused(t *testing.T) {
 	disrupted.Status.Conditions = []corev1.PodCondition{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue}}
 	noReason := refusedPod("no-reason")
 	noReason.Status.Reason = ""
-	for _, p := range []*corev1.Pod{ran, disrupted, noReason} {
+	for _, tt := range []struct {
+		pod  *corev1.Pod
+		want string
+	}{
+		{ran, "ended (Failed) before it was ready"},
+		{disrupted, "was disrupted before the run started in it (Evicted: Pod was rejected"},
+		{noReason, "ended (Failed) before it was ready"},
+	} {
 		fresh := &podWaiter{job: &batchv1.Job{}, log: w.log, grace: time.Hour, started: time.Now()}
-		if _, _, err := fresh.check(p); err == nil || !strings.Contains(err.Error(), "ended (Failed) before it was ready") {
-			t.Errorf("pod %s: %v, want the wait ended at once", p.Name, err)
+		if _, _, err := fresh.check(tt.pod); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("pod %s: %v, want the wait ended at once: %s", tt.pod.Name, err, tt.want)
 		}
+	}
+
+	// Evicted while still Running and Ready (the kubelet has not killed
+	// it yet): no step may start in it.
+	evicting := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "evicting"}, Spec: corev1.PodSpec{NodeName: "node-a"},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{
+			{Type: corev1.PodReady, Status: corev1.ConditionTrue},
+			{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: "EvictionByEvictionAPI", Message: "Eviction API: evicting"},
+		}}}
+	fresh := &podWaiter{job: &batchv1.Job{}, log: w.log, grace: time.Hour, started: time.Now()}
+	if ready, done, err := fresh.check(evicting); ready != nil || done || err == nil || !strings.Contains(err.Error(), "EvictionByEvictionAPI: Eviction API: evicting") {
+		t.Errorf("a Ready pod being evicted: ready %v, done %v, %v; want the wait ended with the eviction's words", ready != nil, done, err)
 	}
 }

@@ -223,6 +223,11 @@ func (e *Executor) makeWarm(ctx context.Context, waits *sync.WaitGroup) error {
 	// BuildJob gives the Job and its pod one label map.
 	delete(built.Labels, LabelRun)
 	built.Labels[LabelWarm] = "true"
+	// An idle warm pod holds no run: the autoscaler may take its node
+	// (its emptyDirs would keep the node otherwise), and no budget
+	// guards it. A run that takes it gets a budget (startWarm); the
+	// pod's annotation stays, as the runner may not patch pods.
+	built.Spec.Template.Annotations[AnnotationSafeToEvict] = "true"
 	// Not cut short by the runner stopping: a Job the API server made
 	// after the caller gave up would be left behind.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), warmDeleteTimeout)
@@ -421,6 +426,11 @@ func (e *Executor) startWarm(ctx context.Context, spec executor.Spec, want *batc
 		return nil
 	}
 	s := e.newSession(spec, taken, log)
+	if err := createBudget(ctx, cs, taken, spec.RunID, true); err != nil {
+		log.Warn("warm pod not taken: its run gets no disruption budget; the run makes its own Job", "err", err)
+		s.cleanupAfterFailedStart(ctx)
+		return nil
+	}
 	// Its pod is listed Ready at once, unless it ended since.
 	pod, err := e.waitForPod(ctx, cs, taken, log, nil)
 	if err != nil {

@@ -2,6 +2,7 @@ package kubernetes_test
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"strings"
 	"testing"
@@ -17,7 +18,8 @@ import (
 )
 
 // Warm pods on the one-node test cluster, with the runner's own
-// credential and admission policy: a trusted run takes the Ready
+// credential and admission policy: an idle warm pod lets the
+// autoscaler take its node (no budget; safe-to-evict "true"); a trusted run takes the Ready
 // warm pod and its step runs there; the pool makes another, which the
 // next run gets (a pod never serves two runs); an untrusted run (another
 // egress) makes its own Job, and the warm pod gives up the node it
@@ -52,8 +54,37 @@ func TestWarmPods(t *testing.T) {
 	}
 
 	first := readyWarmPod(t, c, ex)
-	if res := runOn(true); !strings.Contains(string(res.Log), "pod="+first.Name) {
-		t.Fatalf("the run did not run in the warm pod %s; log:\n%s", first.Name, res.Log)
+	// Idle, it holds no run: the autoscaler may take its node.
+	if got := first.Annotations[kubernetes.AnnotationSafeToEvict]; got != "true" {
+		t.Errorf("warm pod annotation %s = %q, want \"true\"", kubernetes.AnnotationSafeToEvict, got)
+	}
+	if pdbs, err := c.Clientset.PolicyV1().PodDisruptionBudgets(c.Namespace).List(context.Background(), metav1.ListOptions{LabelSelector: kubernetes.LabelRunner}); err != nil || len(pdbs.Items) != 0 {
+		t.Errorf("disruption budgets beside an idle warm pod: %v, %v; want none", pdbs, err)
+	}
+	// The run that takes it gets its budget while its step runs.
+	held := make(chan *run.Result, 1)
+	heldID := randomID("w")
+	go func() {
+		held <- eng.Run(context.Background(), run.Request{RunID: heldID, Workflow: parse(t, "on: push\nsteps:\n  - name: where\n    run: |\n      echo \"pod=$HOSTNAME\"\n      touch /tmp/started\n      until [ -e /tmp/go ]; do sleep 0.2; done\n"),
+			Checkout: t.TempDir(), Trusted: true})
+	}()
+	wctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := c.WaitForCommand(wctx, c.Namespace, "batch.kubernetes.io/job-name="+first.Labels["batch.kubernetes.io/job-name"], "run", []string{"test", "-e", "/tmp/started"}); err != nil {
+		t.Fatalf("the run's step did not start in the warm pod %s: %v", first.Name, err)
+	}
+	pdb, err := c.Clientset.PolicyV1().PodDisruptionBudgets(c.Namespace).Get(context.Background(), first.Labels["batch.kubernetes.io/job-name"], metav1.GetOptions{})
+	if err != nil || pdb.Labels[kubernetes.LabelRun] != heldID {
+		t.Errorf("the budget of the run on the warm pod: %v, %v; want one labelled with the run", pdb, err)
+	}
+	if code, err := c.Exec(context.Background(), c.Namespace, first.Name, "run", []string{"touch", "/tmp/go"}, nil, io.Discard, io.Discard); err != nil || code != 0 {
+		t.Fatalf("let the step end: exit %d, %v", code, err)
+	}
+	if res := <-held; res.Status != run.Success || !strings.Contains(string(res.Log), "pod="+first.Name) {
+		t.Fatalf("status %s (%s): the run did not run in the warm pod %s; log:\n%s", res.Status, res.Error, first.Name, res.Log)
+	}
+	if err := cleaner.Wait(context.Background()); err != nil || cleaner.Failures() != 0 {
+		t.Fatalf("clean-up: %v, %d failed", err, cleaner.Failures())
 	}
 	second := readyWarmPod(t, c, ex)
 	if second.UID == first.UID {

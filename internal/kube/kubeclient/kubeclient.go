@@ -29,6 +29,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -60,6 +61,7 @@ func init() {
 		batchv1.AddToScheme,
 		corev1.AddToScheme,
 		networkingv1.AddToScheme,
+		policyv1.AddToScheme,
 		rbacv1.AddToScheme,
 	)
 	utilruntime.Must(groups.AddToScheme(Scheme))
@@ -77,7 +79,7 @@ const ContentTypeJSON = runtime.ContentTypeJSON
 
 // Clientset has a REST client per API group version the runner uses.
 type Clientset struct {
-	core, batch, networking, rbac, authorization, admissionregistration rest.Interface
+	core, batch, networking, policy, rbac, authorization, admissionregistration rest.Interface
 }
 
 // NewForConfig is kubernetes.NewForConfig for these groups: the
@@ -111,6 +113,7 @@ func NewForConfig(c *rest.Config) (*Clientset, error) {
 		{&cs.core, corev1.SchemeGroupVersion},
 		{&cs.batch, batchv1.SchemeGroupVersion},
 		{&cs.networking, networkingv1.SchemeGroupVersion},
+		{&cs.policy, policyv1.SchemeGroupVersion},
 		{&cs.rbac, rbacv1.SchemeGroupVersion},
 		{&cs.authorization, authorizationv1.SchemeGroupVersion},
 		{&cs.admissionregistration, admissionregistrationv1.SchemeGroupVersion},
@@ -221,6 +224,19 @@ func (c NetworkingV1) NetworkPolicies(namespace string) *gentype.ClientWithList[
 	return newClient(c.client, "networkpolicies", namespace,
 		func() *networkingv1.NetworkPolicy { return &networkingv1.NetworkPolicy{} },
 		func() *networkingv1.NetworkPolicyList { return &networkingv1.NetworkPolicyList{} })
+}
+
+// PolicyV1 is the policy/v1 group's client.
+type PolicyV1 struct{ client rest.Interface }
+
+// PolicyV1 returns the policy/v1 group's client.
+func (c *Clientset) PolicyV1() PolicyV1 { return PolicyV1{c.policy} }
+
+// PodDisruptionBudgets are namespace's pod disruption budgets.
+func (c PolicyV1) PodDisruptionBudgets(namespace string) *gentype.ClientWithList[*policyv1.PodDisruptionBudget, *policyv1.PodDisruptionBudgetList] {
+	return newClient(c.client, "poddisruptionbudgets", namespace,
+		func() *policyv1.PodDisruptionBudget { return &policyv1.PodDisruptionBudget{} },
+		func() *policyv1.PodDisruptionBudgetList { return &policyv1.PodDisruptionBudgetList{} })
 }
 
 // RbacV1 is the rbac.authorization.k8s.io/v1 group's client.

@@ -17,11 +17,13 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -116,6 +118,9 @@ func TestSameRequestsAsClientset(t *testing.T) {
 		RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{Name: "c", Image: c.Image}},
 	}}}}
 	np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "np", Namespace: ns}, Spec: networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}}}
+	zero := intstr.FromInt32(0)
+	pdb := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Name: "pdb", Namespace: ns}, Spec: policyv1.PodDisruptionBudgetSpec{
+		MaxUnavailable: &zero, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"batch.kubernetes.io/job-name": "job"}}}}
 	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "role", Namespace: ns}, Rules: []rbacv1.PolicyRule{{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: []string{"get"}}}}
 	binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "rb", Namespace: ns}, RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "role"},
 		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: "sa", Namespace: ns}}}
@@ -246,6 +251,23 @@ func TestSameRequestsAsClientset(t *testing.T) {
 			func() (any, error) {
 				return narrow.NetworkingV1().NetworkPolicies(ns).Get(ctx, "np", metav1.GetOptions{})
 			}, true},
+		{"create pod disruption budget (dry run)",
+			func() (any, error) { return full.PolicyV1().PodDisruptionBudgets(ns).Create(ctx, pdb, dry) },
+			func() (any, error) { return narrow.PolicyV1().PodDisruptionBudgets(ns).Create(ctx, pdb, dry) }, false},
+		{"list pod disruption budgets by label",
+			func() (any, error) {
+				return full.PolicyV1().PodDisruptionBudgets(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/managed-by=knotless-run"})
+			},
+			func() (any, error) {
+				return narrow.PolicyV1().PodDisruptionBudgets(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/managed-by=knotless-run"})
+			}, false},
+		{"delete missing pod disruption budget",
+			func() (any, error) {
+				return nil, full.PolicyV1().PodDisruptionBudgets(ns).Delete(ctx, "pdb", metav1.DeleteOptions{})
+			},
+			func() (any, error) {
+				return nil, narrow.PolicyV1().PodDisruptionBudgets(ns).Delete(ctx, "pdb", metav1.DeleteOptions{})
+			}, true},
 		{"create role (dry run)",
 			func() (any, error) { return full.RbacV1().Roles(ns).Create(ctx, role, dry) },
 			func() (any, error) { return narrow.RbacV1().Roles(ns).Create(ctx, role, dry) }, false},
@@ -369,7 +391,7 @@ func TestSchemeGroups(t *testing.T) {
 		}
 	}
 	got := slices.Sorted(maps.Keys(groups))
-	want := []string{"admissionregistration.k8s.io/v1", "authentication.k8s.io/v1", "authorization.k8s.io/v1", "batch/v1", "networking.k8s.io/v1", "rbac.authorization.k8s.io/v1", "v1"}
+	want := []string{"admissionregistration.k8s.io/v1", "authentication.k8s.io/v1", "authorization.k8s.io/v1", "batch/v1", "networking.k8s.io/v1", "policy/v1", "rbac.authorization.k8s.io/v1", "v1"}
 	if !slices.Equal(got, want) {
 		t.Errorf("scheme groups %v, want %v", got, want)
 	}

@@ -45,6 +45,9 @@ func Rules() []rbacv1.PolicyRule {
 		// update: a policy with the runner's name but another spec is
 		// replaced, not trusted.
 		{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"create", "get", "update"}},
+		// Each run's disruption budget: made with its Job, deleted at its
+		// end, swept (list) at start. Never evict, never update one.
+		{APIGroups: []string{"policy"}, Resources: []string{"poddisruptionbudgets"}, Verbs: []string{"create", "delete", "list"}},
 	}
 }
 
@@ -122,6 +125,13 @@ func Checks() []Check {
 		{Verb: "create", Resource: "pods", Subresource: "exec", Want: true},
 		{Verb: "create", Group: "networking.k8s.io", Resource: "networkpolicies", Want: true},
 		{Verb: "update", Group: "networking.k8s.io", Resource: "networkpolicies", Want: true},
+		{Verb: "create", Group: "policy", Resource: "poddisruptionbudgets", Want: true},
+		{Verb: "delete", Group: "policy", Resource: "poddisruptionbudgets", Want: true},
+		{Verb: "list", Group: "policy", Resource: "poddisruptionbudgets", Want: true},
+		// A budget is the runner's to make and remove, not to loosen, and
+		// it evicts nothing.
+		{Verb: "update", Group: "policy", Resource: "poddisruptionbudgets", Want: false},
+		{Verb: "create", Resource: "pods", Subresource: "eviction", Want: false},
 		// Pods come only from Jobs, admitted under the namespace's Pod
 		// Security level.
 		{Verb: "create", Resource: "pods", Want: false},

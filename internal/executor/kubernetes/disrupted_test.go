@@ -1,0 +1,42 @@
+package kubernetes
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// TestPodDisrupted: the shapes in which Kubernetes says it takes a pod
+// away, each with its words; a pod that merely failed or is not
+// marked is not disrupted.
+func TestPodDisrupted(t *testing.T) {
+	t.Parallel()
+	cond := func(status corev1.ConditionStatus, reason, msg string) corev1.PodCondition {
+		return corev1.PodCondition{Type: corev1.DisruptionTarget, Status: status, Reason: reason, Message: msg}
+	}
+	for _, tt := range []struct {
+		name   string
+		status corev1.PodStatus
+		want   string
+		ok     bool
+	}{
+		{"eviction through the API", corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{cond(corev1.ConditionTrue, "EvictionByEvictionAPI", "Eviction API: evicting")}},
+			"EvictionByEvictionAPI: Eviction API: evicting", true},
+		{"node pressure, kubelet with the condition", corev1.PodStatus{Phase: corev1.PodFailed, Reason: "Evicted", Message: "The node was low on resource: memory.",
+			Conditions: []corev1.PodCondition{cond(corev1.ConditionTrue, "TerminationByKubelet", "The node was low on resource: memory.")}},
+			"TerminationByKubelet: The node was low on resource: memory.; Evicted: The node was low on resource: memory.", true},
+		{"node pressure, kubelet without it", corev1.PodStatus{Phase: corev1.PodFailed, Reason: "Evicted", Message: "The node was low on resource: ephemeral-storage."},
+			"Evicted: The node was low on resource: ephemeral-storage.", true},
+		{"preempted", corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{cond(corev1.ConditionTrue, "PreemptionByScheduler", "Preempted by pod x")}},
+			"PreemptionByScheduler: Preempted by pod x", true},
+		{"a condition without words", corev1.PodStatus{Conditions: []corev1.PodCondition{cond(corev1.ConditionTrue, "", "")}}, "DisruptionTarget", true},
+		{"a condition not true", corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{cond(corev1.ConditionFalse, "EvictionByEvictionAPI", "")}}, "", false},
+		{"failed, not disrupted", corev1.PodStatus{Phase: corev1.PodFailed, Reason: "DeadlineExceeded"}, "", false},
+		{"running", corev1.PodStatus{Phase: corev1.PodRunning}, "", false},
+	} {
+		got, ok := podDisrupted(&corev1.Pod{Status: tt.status})
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("%s: %q, %v; want %q, %v", tt.name, got, ok, tt.want, tt.ok)
+		}
+	}
+}
