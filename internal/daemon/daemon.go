@@ -210,7 +210,7 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 	// Every check written is counted against its author's budget, then
 	// told to OnCheck.
 	m := cfg.Telemetry.Metrics
-	rec := checks.NewRecorder(telemetry.Writer{Writer: out.checks, M: m}, func(key string, c forge.Check) {
+	rec := checks.NewRecorder(telemetry.NewWriter(out.checks, m), func(key string, c forge.Check) {
 		m.CheckWritten(c.Status)
 		d.intake.NoteCheck(key, c)
 		if cfg.OnCheck != nil {
@@ -221,6 +221,7 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 	d.keeper = checks.NewKeeper(rec, checks.Ports{Blobs: out.blobs, Outbox: telemetry.Outbox{Outbox: store, M: m}, LimitedUntil: out.limitedUntil,
 		BudgetLow: out.budgetLow, LogBlobs: cfg.LogBlobs, Live: d.live}, retry, d.log)
 	d.keeper.OnWait(m.RateLimitWaited)
+	rec.OnSwapLost(m.SwapLost)
 	observe := telemetry.Parts{M: m, Executor: cfg.Engine.Executor.Name()}
 
 	eng := cfg.Engine
@@ -307,6 +308,7 @@ func (d *Daemon) begin(ctx context.Context) error {
 	}
 	for _, c := range listed {
 		d.keeper.Know(c.URI.RecordKey().String(), c.Value)
+		d.keeper.KnowCID(c.URI.RecordKey().String(), c.CID)
 	}
 	d.keeper.LoadOwed()
 	d.sched.Adopt(ctx)

@@ -253,7 +253,7 @@ func TestEngineArtifactsAndMask(t *testing.T) {
 			wf := twoSteps()
 			wf.Secrets, wf.Artifacts = []string{"TOKEN"}, tc.artifacts
 			out := filepath.Join(t.TempDir(), "outputs")
-			res := run.New(run.Config{Executor: ex}).Run(t.Context(), run.Request{RunID: "r", Workflow: wf, Checkout: t.TempDir(), Outputs: out,
+			res := run.New(run.Config{Executor: ex}).Run(t.Context(), run.Request{RunID: "r-" + strings.ReplaceAll(tc.name, " ", "-"), Workflow: wf, Checkout: t.TempDir(), Outputs: out,
 				Trusted: tc.trusted, Secrets: map[string]string{"TOKEN": secret}})
 			if res.Status != run.Success {
 				t.Fatalf("status %s: %s", res.Status, res.Error)

@@ -427,12 +427,76 @@ func (a *Account) Put(ctx context.Context, collection, rkey string, v any) (synt
 	return syntax.ATURI(out.Uri), nil
 }
 
-// Write is one record of a PutBatch: Value at Collection/Rkey, which
-// does not exist yet when New is set and does otherwise.
+// Write is one record of a PutSwap or PutBatch: Value at
+// Collection/Rkey, which does not exist yet when New is set and does
+// otherwise. Prev, when set, is the CID the record must have for the
+// write to be made (PutSwap's compare-and-swap).
 type Write struct {
 	Collection, Rkey string
 	Value            any
 	New              bool
+	Prev             string
+}
+
+// Written is what a write made: the record's new CID (a batch's: one a
+// write, in order) and the repository's commit after it.
+type Written struct {
+	CIDs   []string
+	Commit string
+}
+
+// ErrSwapLost is a compare-and-swap write the PDS did not make: the
+// record (or, for a batch, the repository) was not as the write
+// expected — another writer went first.
+var ErrSwapLost = errors.New("lost the compare-and-swap: another writer changed the record")
+
+// swapError maps the PDS's InvalidSwap answer to ErrSwapLost.
+func swapError(err error) error {
+	var ae *atclient.APIError
+	if errors.As(err, &ae) && ae.Name == "InvalidSwap" {
+		return fmt.Errorf("%w (%v)", ErrSwapLost, err)
+	}
+	return err
+}
+
+// putSwapInput is putRecord's input with swapRecord always sent: null
+// when the record must not exist (the generated type leaves a nil one
+// out, which would write blindly).
+type putSwapInput struct {
+	Collection string         `json:"collection"`
+	Record     map[string]any `json:"record"`
+	Repo       string         `json:"repo"`
+	Rkey       string         `json:"rkey"`
+	SwapRecord *string        `json:"swapRecord"`
+	Validate   bool           `json:"validate"`
+}
+
+// PutSwap writes w as a compare-and-swap (putRecord with swapRecord):
+// only if the record does not exist (w.New) or has the CID w.Prev. A
+// write that finds the record otherwise fails with ErrSwapLost and
+// writes nothing. A write that is neither New nor has Prev is refused
+// here: that would be a blind write.
+func (a *Account) PutSwap(ctx context.Context, w Write) (Written, error) {
+	if !w.New && w.Prev == "" {
+		return Written{}, fmt.Errorf("put %s/%s: a compare-and-swap update needs the record's CID", w.Collection, w.Rkey)
+	}
+	rec, err := a.catalog.Encode(w.Collection, w.Value)
+	if err != nil {
+		return Written{}, err
+	}
+	in := putSwapInput{Collection: w.Collection, Record: rec, Repo: a.did.String(), Rkey: w.Rkey}
+	if !w.New {
+		in.SwapRecord = &w.Prev
+	}
+	var out agnostic.RepoPutRecord_Output
+	if err := a.api.Post(ctx, "com.atproto.repo.putRecord", in, &out); err != nil {
+		return Written{}, fmt.Errorf("put %s/%s: %w", w.Collection, w.Rkey, swapError(err))
+	}
+	written := Written{CIDs: []string{out.Cid}}
+	if out.Commit != nil {
+		written.Commit = out.Commit.Cid
+	}
+	return written, nil
 }
 
 // PutBatch writes records in one commit of the account's repository
@@ -442,17 +506,26 @@ type Write struct {
 // record is new: the PDS refuses to create a record that exists or to
 // update one that does not, and so refuses the batch. On a hosted PDS
 // a created record costs 3 write points, an updated one 2 (Put: 2).
-func (a *Account) PutBatch(ctx context.Context, writes []Write) error {
+//
+// With swapCommit set, the batch is a compare-and-swap of the whole
+// repository: made only if its commit is still swapCommit (nothing was
+// written since), else ErrSwapLost. applyWrites has no per-record swap;
+// a repository that has not moved since the writer learnt its records'
+// CIDs holds them at those CIDs.
+func (a *Account) PutBatch(ctx context.Context, writes []Write, swapCommit string) (Written, error) {
 	validate := false // as in Put
 	in := &agnostic.RepoApplyWrites_Input{Repo: a.did.String(), Validate: &validate}
+	if swapCommit != "" {
+		in.SwapCommit = &swapCommit
+	}
 	for _, w := range writes {
 		rec, err := a.catalog.Encode(w.Collection, w.Value)
 		if err != nil {
-			return err
+			return Written{}, err
 		}
 		raw, err := json.Marshal(rec)
 		if err != nil {
-			return fmt.Errorf("encode %s/%s: %w", w.Collection, w.Rkey, err)
+			return Written{}, fmt.Errorf("encode %s/%s: %w", w.Collection, w.Rkey, err)
 		}
 		value := json.RawMessage(raw)
 		if w.New {
@@ -463,10 +536,28 @@ func (a *Account) PutBatch(ctx context.Context, writes []Write) error {
 				Collection: w.Collection, Rkey: w.Rkey, Value: &value}})
 		}
 	}
-	if _, err := agnostic.RepoApplyWrites(ctx, a.api, in); err != nil {
-		return fmt.Errorf("write %d records in one commit: %w", len(writes), err)
+	out, err := agnostic.RepoApplyWrites(ctx, a.api, in)
+	if err != nil {
+		return Written{}, fmt.Errorf("write %d records in one commit: %w", len(writes), swapError(err))
 	}
-	return nil
+	var written Written
+	if out.Commit != nil {
+		written.Commit = out.Commit.Cid
+	}
+	for _, r := range out.Results {
+		switch {
+		case r.RepoApplyWrites_CreateResult != nil:
+			written.CIDs = append(written.CIDs, r.RepoApplyWrites_CreateResult.Cid)
+		case r.RepoApplyWrites_UpdateResult != nil:
+			written.CIDs = append(written.CIDs, r.RepoApplyWrites_UpdateResult.Cid)
+		}
+	}
+	if len(written.CIDs) != len(writes) {
+		// Written, but the CIDs are unknown: the next write of each
+		// reads its record first.
+		written.CIDs = nil
+	}
+	return written, nil
 }
 
 // Create writes a record of collection under a new TID key.

@@ -466,6 +466,8 @@ func touchAll(m *metrics.Metrics, runs int) {
 	for _, h := range with(metrics.InheritedHows) {
 		m.Inherited(h)
 	}
+	m.FenceConflict()
+	m.SwapLost()
 	for _, r := range with(metrics.DegradedReasons) {
 		m.SetDegraded(r, true)
 	}

@@ -205,6 +205,50 @@ func (w Writer) PutBatch(ctx context.Context, writes []pdsclient.Write) error {
 	return b.PutBatch(ctx, writes)
 }
 
+// SwapWriter is Writer over a writer that writes each record as a
+// compare-and-swap (checks.Swapper and checks.SwapBatcher:
+// pdsclient.Account), as the checks part then writes every check.
+type SwapWriter struct {
+	Writer
+	Swap interface {
+		checks.Swapper
+		checks.SwapBatcher
+	}
+}
+
+// NewWriter is the checks part's writer over w, counted in m: a
+// SwapWriter when w writes compare-and-swaps, else a Writer.
+func NewWriter(w checks.Writer, m *metrics.Metrics) checks.Writer {
+	plain := Writer{Writer: w, M: m}
+	if sw, ok := w.(interface {
+		checks.Swapper
+		checks.SwapBatcher
+	}); ok {
+		return SwapWriter{Writer: plain, Swap: sw}
+	}
+	return plain
+}
+
+// PutSwap implements checks.Swapper.
+func (w SwapWriter) PutSwap(ctx context.Context, wr pdsclient.Write) (pdsclient.Written, error) {
+	out, err := w.Swap.PutSwap(ctx, wr)
+	if checks.Refused(err) {
+		w.M.CheckRefused()
+	}
+	return out, err
+}
+
+// Get implements checks.Swapper.
+func (w SwapWriter) Get(ctx context.Context, collection, rkey string, v any) (string, error) {
+	return w.Swap.Get(ctx, collection, rkey, v)
+}
+
+// PutBatch implements checks.SwapBatcher. A refused batch is not
+// counted: its writes are made again one by one, and those are.
+func (w SwapWriter) PutBatch(ctx context.Context, writes []pdsclient.Write, swapCommit string) (pdsclient.Written, error) {
+	return w.Swap.PutBatch(ctx, writes, swapCommit)
+}
+
 // Put implements checks.Writer.
 func (w Writer) Put(ctx context.Context, collection, rkey string, v any) (syntax.ATURI, error) {
 	uri, err := w.Writer.Put(ctx, collection, rkey, v)

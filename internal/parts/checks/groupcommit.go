@@ -11,11 +11,30 @@ import (
 )
 
 // Batcher writes several records in one commit of the runner's
-// repository, all or none (pdsclient.Account.PutBatch). A writer that
-// cannot returns an error that errors.Is errors.ErrUnsupported.
+// repository, all or none. A writer that cannot returns an error that
+// errors.Is errors.ErrUnsupported.
 type Batcher interface {
 	PutBatch(ctx context.Context, writes []pdsclient.Write) error
 }
+
+// Swapper writes a record as a compare-and-swap and reads one back
+// (pdsclient.Account): a Writer that is one has every check write made
+// so, and a lost swap resolved by reading the record (Recorder.write).
+type Swapper interface {
+	PutSwap(ctx context.Context, w pdsclient.Write) (pdsclient.Written, error)
+	Get(ctx context.Context, collection, rkey string, v any) (cid string, err error)
+}
+
+// SwapBatcher is Batcher for a Swapper (pdsclient.Account.PutBatch): a
+// batch is a compare-and-swap of the whole repository, made only if its
+// commit is still swapCommit.
+type SwapBatcher interface {
+	PutBatch(ctx context.Context, writes []pdsclient.Write, swapCommit string) (pdsclient.Written, error)
+}
+
+// errNoHead is a batch not sent: the repository's commit is not known
+// yet (no write since the start), so it could not be a compare-and-swap.
+var errNoHead = errors.New("the repository's commit is not known yet")
 
 // groupCommit sends the check writes that wait for one another as one
 // commit. A PDS commits a repository's writes one at a time (four
@@ -38,9 +57,14 @@ type Batcher interface {
 type groupCommit struct {
 	w      Writer
 	b      Batcher // nil: every write alone
+	sw     Swapper // set: every write a compare-and-swap
+	sb     SwapBatcher
 	linger time.Duration
 
-	mu       sync.Mutex
+	mu sync.Mutex
+	// head is the repository's commit after this writer's last write:
+	// a batch's swapCommit. "" until a write says it.
+	head     string
 	inFlight bool
 	queue    []*queuedWrite
 	// expected are the writes about to come; lingering is the timer
@@ -64,21 +88,29 @@ type queuedWrite struct {
 	batch []*queuedWrite
 	done  chan struct{} // closed: the batch was written, or alone is set
 	alone bool          // the batch failed: the caller makes the write itself
+	cid   string        // the record's CID once its batch was written ("": not told)
 }
 
 func newGroupCommit(w Writer) *groupCommit {
 	g := &groupCommit{w: w, linger: MaxLinger, expected: map[*expectation]bool{}}
-	if b, ok := w.(Batcher); ok {
+	if sw, ok := w.(Swapper); ok {
+		g.sw = sw
+		g.sb, _ = w.(SwapBatcher)
+	} else if b, ok := w.(Batcher); ok {
 		g.b = b
 	}
 	return g
 }
 
-// put writes one record, alone or in a batch with those queued beside it.
-func (g *groupCommit) put(ctx context.Context, write pdsclient.Write) error {
+// batching reports whether writes may go in batches. g.mu is held.
+func (g *groupCommit) batching() bool { return g.b != nil || g.sb != nil }
+
+// put writes one record, alone or in a batch with those queued beside
+// it, and returns its new CID when the writer tells it ("" otherwise).
+func (g *groupCommit) put(ctx context.Context, write pdsclient.Write) (string, error) {
 	g.mu.Lock()
 	g.meet(ctx, write.Rkey)
-	if g.b == nil {
+	if !g.batching() {
 		g.mu.Unlock()
 		return g.alone(ctx, write)
 	}
@@ -99,7 +131,7 @@ func (g *groupCommit) put(ctx context.Context, write pdsclient.Write) error {
 			// next write of the record never overtakes it.
 			g.queue = slices.Delete(g.queue, i, i+1)
 			g.mu.Unlock()
-			return ctx.Err()
+			return "", ctx.Err()
 		}
 		g.mu.Unlock()
 		select {
@@ -111,24 +143,43 @@ func (g *groupCommit) put(ctx context.Context, write pdsclient.Write) error {
 	if q.alone {
 		return g.alone(ctx, write)
 	}
-	return nil
+	return q.cid, nil
 }
 
 // leadBatch sends q's batch (q first) as one commit, tells each of its
 // writes the outcome, and hands the queue over.
-func (g *groupCommit) leadBatch(ctx context.Context, q *queuedWrite) error {
+func (g *groupCommit) leadBatch(ctx context.Context, q *queuedWrite) (string, error) {
 	g.mu.Lock()
-	b := g.b
+	b, sb, head := g.b, g.sb, g.head
 	g.mu.Unlock()
-	var err error
-	if len(q.batch) == 1 || b == nil {
-		err = g.alone(ctx, q.write)
-	} else {
-		writes := make([]pdsclient.Write, len(q.batch))
-		for i, w := range q.batch {
-			writes[i] = w.write
+	var (
+		err error
+		cid string
+	)
+	switch {
+	case len(q.batch) == 1 || (b == nil && sb == nil):
+		cid, err = g.alone(ctx, q.write)
+	case sb != nil:
+		// A compare-and-swap of the repository: it has not moved since
+		// this writer's last write, so every record is as written then.
+		// Any failure (another writer's commit meanwhile, too) makes
+		// each write alone, as its own compare-and-swap.
+		err = errNoHead
+		if head != "" {
+			var written pdsclient.Written
+			written, err = sb.PutBatch(ctx, batchWrites(q.batch), head)
+			if err == nil {
+				g.setHead(written.Commit)
+				for i, w := range q.batch {
+					if i < len(written.CIDs) {
+						w.cid = written.CIDs[i]
+					}
+				}
+				cid = q.cid
+			}
 		}
-		err = b.PutBatch(ctx, writes)
+	default:
+		err = b.PutBatch(ctx, batchWrites(q.batch))
 		if errors.Is(err, errors.ErrUnsupported) {
 			g.mu.Lock()
 			g.b = nil
@@ -143,7 +194,22 @@ func (g *groupCommit) leadBatch(ctx context.Context, q *queuedWrite) error {
 	if err != nil && len(q.batch) > 1 {
 		return g.alone(ctx, q.write)
 	}
-	return err
+	return cid, err
+}
+
+func batchWrites(batch []*queuedWrite) []pdsclient.Write {
+	writes := make([]pdsclient.Write, len(batch))
+	for i, w := range batch {
+		writes[i] = w.write
+	}
+	return writes
+}
+
+// setHead notes the repository's commit after a write of this writer.
+func (g *groupCommit) setHead(commit string) {
+	g.mu.Lock()
+	g.head = commit
+	g.mu.Unlock()
 }
 
 // handOver ends a write in flight: the writes queued meanwhile go next
@@ -229,7 +295,20 @@ func (g *groupCommit) meet(ctx context.Context, rkey string) {
 	}
 }
 
-func (g *groupCommit) alone(ctx context.Context, w pdsclient.Write) error {
-	_, err := g.w.Put(ctx, w.Collection, w.Rkey, w.Value)
-	return err
+// alone writes w by itself: as a compare-and-swap when the writer is a
+// Swapper (its new CID returned), else as a plain put.
+func (g *groupCommit) alone(ctx context.Context, w pdsclient.Write) (string, error) {
+	if g.sw == nil {
+		_, err := g.w.Put(ctx, w.Collection, w.Rkey, w.Value)
+		return "", err
+	}
+	written, err := g.sw.PutSwap(ctx, w)
+	if err != nil {
+		return "", err
+	}
+	g.setHead(written.Commit)
+	if len(written.CIDs) == 0 {
+		return "", nil
+	}
+	return written.CIDs[0], nil
 }

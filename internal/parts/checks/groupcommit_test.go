@@ -81,7 +81,7 @@ func burst(t *testing.T, p *gatedPDS, g *groupCommit) map[string]error {
 	var wg sync.WaitGroup
 	write := func(key string, isNew bool) {
 		defer wg.Done()
-		err := g.put(context.Background(), pdsclient.Write{Collection: forge.CollectionCheck, Rkey: key, Value: check(Running), New: isNew})
+		_, err := g.put(context.Background(), pdsclient.Write{Collection: forge.CollectionCheck, Rkey: key, Value: check(Running), New: isNew})
 		mu.Lock()
 		errs[key] = err
 		mu.Unlock()
@@ -115,7 +115,7 @@ func TestGroupCommitBatchesTheWritesThatWait(t *testing.T) {
 		t.Errorf("calls %q, want %q: the write in flight alone, the three that waited for it in one commit", got, want)
 	}
 	// Nothing in flight: the next write goes at once, alone.
-	if err := g.put(context.Background(), pdsclient.Write{Rkey: "e"}); err != nil {
+	if _, err := g.put(context.Background(), pdsclient.Write{Rkey: "e"}); err != nil {
 		t.Fatal(err)
 	}
 	if got := p.called(); got[len(got)-1] != "put e" {
@@ -172,7 +172,7 @@ func TestGroupCommitQueuedWriteLeavesWithItsContext(t *testing.T) {
 	g := newGroupCommit(p)
 	start := func(ctx context.Context, key string) <-chan error {
 		done := make(chan error, 1)
-		go func() { done <- g.put(ctx, pdsclient.Write{Rkey: key, New: true}) }()
+		go func() { _, err := g.put(ctx, pdsclient.Write{Rkey: key, New: true}); done <- err }()
 		return done
 	}
 	a := start(context.Background(), "a")
@@ -223,7 +223,7 @@ func TestGroupCommitWaitsForExpectedWrites(t *testing.T) {
 	defer workerDone()
 	put := func(ctx context.Context, key string) <-chan error {
 		done := make(chan error, 1)
-		go func() { done <- g.put(ctx, pdsclient.Write{Rkey: key, New: true}) }()
+		go func() { _, err := g.put(ctx, pdsclient.Write{Rkey: key, New: true}); done <- err }()
 		return done
 	}
 	a := put(context.Background(), "a")
@@ -259,7 +259,7 @@ func TestGroupCommitExpectationEndsWithoutItsWrite(t *testing.T) {
 	g.linger = time.Hour
 	_, done := g.expect(context.Background(), "b")
 	a := make(chan error, 1)
-	go func() { a <- g.put(context.Background(), pdsclient.Write{Rkey: "a"}) }()
+	go func() { _, err := g.put(context.Background(), pdsclient.Write{Rkey: "a"}); a <- err }()
 	queued(t, g, 1)
 	done()
 	done() // twice is once
@@ -281,7 +281,7 @@ func TestGroupCommitLingersNoLongerThanItsBound(t *testing.T) {
 	// The expected write does not come: the queue goes after the linger,
 	// and the expectation holds no later write.
 	for _, key := range []string{"a", "b"} {
-		if err := g.put(context.Background(), pdsclient.Write{Rkey: key}); err != nil {
+		if _, err := g.put(context.Background(), pdsclient.Write{Rkey: key}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -117,6 +117,10 @@ func NewKeeper(rec *Recorder, p Ports, retry backoff.Policy, log *slog.Logger) *
 // Know remembers a check listed from the PDS, without writing it.
 func (k *Keeper) Know(key string, c forge.Check) { k.rec.Know(key, c) }
 
+// KnowCID remembers the CID a listed check's record has: its next write
+// is a compare-and-swap from it (Recorder.KnowCID).
+func (k *Keeper) KnowCID(key, cid string) { k.rec.KnowCID(key, cid) }
+
 // Expect and ExpectWrite: Recorder.Expect and Recorder.ExpectWrite.
 func (k *Keeper) Expect(ctx context.Context) (context.Context, func()) { return k.rec.Expect(ctx) }
 func (k *Keeper) ExpectWrite(key string) func()                        { return k.rec.ExpectWrite(key) }

@@ -29,12 +29,18 @@ type Writer interface {
 // record are made one at a time (a lock per key, held over that
 // record's write only), so each is checked against the one before it.
 type Recorder struct {
-	commit  *groupCommit
-	onWrite func(key string, c forge.Check)
-	writing keymu.Map
+	commit   *groupCommit
+	onWrite  func(key string, c forge.Check)
+	swapLost func()
+	writing  keymu.Map
 
 	mu    sync.Mutex
 	known map[string]forge.Check
+	// cids are the CIDs the records have on the PDS, as this runner last
+	// wrote or read them: what a compare-and-swap expects (Swapper).
+	// None for a record known without its CID: read before it is
+	// written.
+	cids map[string]string
 }
 
 // NewRecorder returns a Recorder writing with w; onWrite, when set, is
@@ -42,7 +48,25 @@ type Recorder struct {
 // too, the writes of different records that wait for one another go as
 // one commit (groupCommit).
 func NewRecorder(w Writer, onWrite func(key string, c forge.Check)) *Recorder {
-	return &Recorder{commit: newGroupCommit(w), onWrite: onWrite, known: map[string]forge.Check{}}
+	return &Recorder{commit: newGroupCommit(w), onWrite: onWrite, known: map[string]forge.Check{}, cids: map[string]string{}}
+}
+
+// OnSwapLost sets f to be told of each check write that lost its
+// compare-and-swap to another writer (for the metrics).
+func (r *Recorder) OnSwapLost(f func()) { r.swapLost = f }
+
+// KnowCID remembers the CID the record of key has on the PDS (as
+// listed), for the next write's compare-and-swap.
+func (r *Recorder) KnowCID(key, cid string) {
+	r.mu.Lock()
+	r.cids[key] = cid
+	r.mu.Unlock()
+}
+
+func (r *Recorder) cid(key string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cids[key]
 }
 
 // Expect says a check write is about to come, made with the context
@@ -133,14 +157,58 @@ func (r *Recorder) write(ctx context.Context, t Transition, key string, c forge.
 	}
 	// A check this runner has not written or listed is a new record.
 	write := pdsclient.Write{Collection: forge.CollectionCheck, Rkey: key, Value: c, New: prev.Status == ""}
-	if err := r.commit.put(ctx, write); err != nil {
+	if sw := r.commit.sw; sw != nil && !write.New {
+		write.Prev = r.cid(key)
+		if write.Prev == "" {
+			// Known without its CID (owed by an earlier process, or a
+			// batch that did not say): the record is read first, and
+			// written only if the move from what is there is allowed.
+			var cur forge.Check
+			cid, err := sw.Get(ctx, forge.CollectionCheck, key, &cur)
+			switch {
+			case errors.Is(err, pdsclient.ErrNotFound):
+				write.New = true
+			case err != nil:
+				return fmt.Errorf("write check %s (%s): read the record first: %w", key, c.Status, err)
+			case Allowed(t, Status(cur.Status), Status(c.Status)) != nil:
+				return r.lost(key, cur, cid, c)
+			default:
+				write.Prev = cid
+			}
+		}
+	}
+	cid, err := r.commit.put(ctx, write)
+	if errors.Is(err, pdsclient.ErrSwapLost) {
+		// Another writer went first: what it wrote is read, never
+		// overwritten blindly.
+		var cur forge.Check
+		rcid, rerr := r.commit.sw.Get(ctx, forge.CollectionCheck, key, &cur)
+		if rerr != nil {
+			r.KnowCID(key, "")
+			return fmt.Errorf("write check %s (%s): %w; reading the record: %v", key, c.Status, err, rerr)
+		}
+		return r.lost(key, cur, rcid, c)
+	}
+	if err != nil {
 		return fmt.Errorf("write check %s (%s): %w", key, c.Status, err)
 	}
+	r.KnowCID(key, cid)
 	r.Know(key, c)
 	if r.onWrite != nil {
 		r.onWrite(key, c)
 	}
 	return nil
+}
+
+// lost resolves a write that lost its compare-and-swap: the record as
+// read (cur, at cid) is what the check is now; mine is not written.
+func (r *Recorder) lost(key string, cur forge.Check, cid string, mine forge.Check) error {
+	r.Know(key, cur)
+	r.KnowCID(key, cid)
+	if r.swapLost != nil {
+		r.swapLost()
+	}
+	return fmt.Errorf("write check %s (%s): %w: it is %s now", key, mine.Status, pdsclient.ErrSwapLost, cur.Status)
 }
 
 // Final writes a final check by t (Finish or Supersede). A record the
@@ -154,6 +222,12 @@ func (r *Recorder) Final(ctx context.Context, t Transition, key string, c forge.
 	err := r.Write(ctx, t, key, c)
 	if err == nil {
 		return c, nil
+	}
+	if errors.Is(err, pdsclient.ErrSwapLost) {
+		// Another writer's check stands; it is not owed.
+		log.Warn("the check was written by another writer; this final check is not written over it", "check", key, "err", err)
+		cur, _ := r.Get(key)
+		return cur, nil
 	}
 	var te *TransitionError
 	if errors.As(err, &te) {

@@ -203,14 +203,16 @@ func TestEndedPublishesOnlyArtifactsMasked(t *testing.T) {
 			}
 			t.Cleanup(l.Serve())
 			j := &job.Job{Key: "3kdeploy", Workflow: wf}
-			w := l.Open(j, "r1", nil, nil)
+			// One executor for the parallel cases: a run id each.
+			runID := "r" + strings.ReplaceAll(tc.name, " ", "")[:4]
+			w := l.Open(j, runID, nil, nil)
 			out := filepath.Join(t.TempDir(), "outputs")
-			res := run.New(run.Config{Executor: ex}).Run(t.Context(), run.Request{RunID: "r1", Workflow: wf, Checkout: t.TempDir(), Outputs: out,
+			res := run.New(run.Config{Executor: ex}).Run(t.Context(), run.Request{RunID: runID, Workflow: wf, Checkout: t.TempDir(), Outputs: out,
 				Trusted: true, Secrets: map[string]string{"TOKEN": secret}, Live: w})
 			if res.Status != run.Success || len(res.Outputs) != 2 {
 				t.Fatalf("run: %s (%s), outputs %v", res.Status, res.Error, res.Outputs)
 			}
-			l.Ended(j, "r1", res, out)
+			l.Ended(j, runID, res, out)
 			if diff := cmp.Diff(tc.want, l.Files(j.Key)); diff != "" {
 				t.Errorf("files published (-want +got):\n%s", diff)
 			}
@@ -218,7 +220,7 @@ func TestEndedPublishesOnlyArtifactsMasked(t *testing.T) {
 			if _, _, err := l.files.OpenFile(check, "deploy.env"); err != output.ErrNotFound {
 				t.Errorf("deploy.env is served: %v", err)
 			}
-			if got := l.files.runFiles(check, "r1"); len(got) != len(tc.want) {
+			if got := l.files.runFiles(check, runID); len(got) != len(tc.want) {
 				t.Errorf("files pushed to the service: %v", got)
 			}
 			if tc.want != nil {
