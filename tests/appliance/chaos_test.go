@@ -133,6 +133,7 @@ type chaosPush struct {
 	subject forge.Subject
 	cancel  string // the cancel record's AT-URI, when one was written
 	rerun   bool
+	old     string // the ref's commit before the push, as its record says
 }
 
 // chaosRerun is a rerun record the loop wrote for a push whose check
@@ -150,7 +151,8 @@ func (p chaosPush) key() string { return forge.CheckKey(p.subject, "chaos") }
 // driver SIGKILLs or SIGTERMs the daemon of the module's real systemd
 // unit at random moments (`systemctl kill`: every process of the unit,
 // git's too, harsher than a stop), and before each signal the owner
-// cancels a push's check or re-runs a final one; then it lets it
+// cancels a push's check or re-runs a final one, and writes an earlier
+// push's record again (a duplicate delivery of its event); then it lets it
 // settle, and asserts: every push has exactly one first-attempt check
 // and it is final with its workflow's status (or cancelled by the
 // owner's record, when the cancel won the race with the run's end), and
@@ -190,9 +192,21 @@ func TestChaos(t *testing.T) {
 		// Each push's steps write their starts where only the test reads
 		// (witness): the push's index and the attempt name them.
 		wf := strings.ReplaceAll(kind.workflow, "WITNESS", strings.ReplaceAll(witnessLine, "WITNESS_ID", fmt.Sprintf("p%d-${CHAOS_RERUN:-0}", i)))
+		old := w.Src.Head("refs/heads/" + branch)
 		uri, commit := w.pushRecord(branch, map[string]string{".knotless/workflows/chaos.yaml": wf})
-		pushed = append(pushed, chaosPush{kind: kind, commit: commit, subject: forge.Subject{Repo: w.RepoURI.String(), Commit: commit,
+		pushed = append(pushed, chaosPush{kind: kind, commit: commit, old: old, subject: forge.Subject{Repo: w.RepoURI.String(), Commit: commit,
 			Ref: "refs/heads/" + branch, Event: uri.String(), Kind: forge.KindPush}})
+	}
+	// A duplicate delivery: a push's record written again, the same
+	// ref update with a new createdAt: the same event (its AT-URI and
+	// commit), which the runner hears of and considers again, queued,
+	// running or final. It must never make a second run.
+	redelivered := 0
+	redeliver := func() {
+		p := pushed[rng.IntN(len(pushed))]
+		w.Put(w.Owner, forge.CollectionRefUpdate, syntax.ATURI(p.subject.Event).RecordKey().String(), forge.RefUpdate{
+			Type: forge.CollectionRefUpdate, Repo: p.subject.Repo, Ref: p.subject.Ref, Old: p.old, New: p.commit, CreatedAt: forge.Now()})
+		redelivered++
 	}
 	// Run control in the cycle: on even rounds the owner cancels the
 	// newest push's check (queued, running or already final), on odd
@@ -239,6 +253,7 @@ func TestChaos(t *testing.T) {
 		for range perRound(round) {
 			push()
 		}
+		redeliver()
 		time.Sleep(time.Second + time.Duration(rng.Int64N(int64(*chaosGap-time.Second)+1)))
 		control(round)
 		sig := "KILL"
@@ -339,6 +354,21 @@ func TestChaos(t *testing.T) {
 		takeover = fmt.Sprintf("%d, median %s, p95 %s, max %s", n, takeovers[n/2].Round(10*time.Millisecond),
 			takeovers[(n*95+99)/100-1].Round(10*time.Millisecond), takeovers[n-1].Round(10*time.Millisecond))
 	}
+	// The fence: a create of a run's Job that found it there, and the
+	// runs whose Job was created more than once (a run released before
+	// its session started, or whose pod was gone, is created again by
+	// the next process: one after the other, never two at once).
+	fenced := len(find(journal, "the run's Job exists already: another process drives this run; not run twice"))
+	jobsOf := map[string]int{}
+	for _, e := range find(journal, "job created") {
+		jobsOf[e["RUN"]]++
+	}
+	recreated := 0
+	for _, n := range jobsOf {
+		if n > 1 {
+			recreated++
+		}
+	}
 	endedDead := len(find(journal, "a run of a process that died cannot go on; its check ends error"))
 	released := len(find(journal, "run released: its session had not started"))
 	gone := len(find(journal, "the session of a handed-over run is gone"))
@@ -354,10 +384,10 @@ func TestChaos(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("chaos figures: seed %d; signals %d (SIGKILL %d, SIGTERM %d) over %s; pushes %d; cancels %d (%d stopped their check, %d came after its end); re-runs %d; daemon starts %d; runs started %d (again %d: %d forgotten after a kill before any step started, %d released at a stop before their session started, %d handed-over sessions gone); handed over %d, adopted %d (%d taken up after a kill; %d ended error after a kill, unable to go on); lost %d; duplicates %d; steps started %d, twice %d (the pods' witness; %d pods followed, %d gone before their log was read); takeovers after SIGKILL %s; checks final %s after the last signal, objects gone %s after it",
+	t.Logf("chaos figures: seed %d; signals %d (SIGKILL %d, SIGTERM %d) over %s; pushes %d; cancels %d (%d stopped their check, %d came after its end); re-runs %d; daemon starts %d; runs started %d (again %d: %d forgotten after a kill before any step started, %d released at a stop before their session started, %d handed-over sessions gone); handed over %d, adopted %d (%d taken up after a kill; %d ended error after a kill, unable to go on); lost %d; duplicates %d; duplicate deliveries %d (fenced Job creates %d; %d runs' Jobs created again after the earlier one went); steps started %d, twice %d (the pods' witness; %d pods followed, %d gone before their log was read); takeovers after SIGKILL %s; checks final %s after the last signal, objects gone %s after it",
 		seed, kills, sigKill, sigTerm, lastSignal.Sub(began).Round(time.Second), pushes, cancels, cancelsWon, cancels-cancelsWon, len(reruns), starts, runsStarted,
 		runsStarted-pushes-len(reruns), forgotten, released, gone,
-		handedOver, adopted, takenUp, endedDead, len(lost)+len(lostReruns), finishedTwice, len(witnessed), startedTwice, podsFollowed, podsMissed, takeover, settledChecks.Round(time.Second), settled.Round(time.Second))
+		handedOver, adopted, takenUp, endedDead, len(lost)+len(lostReruns), finishedTwice, redelivered, fenced, recreated, len(witnessed), startedTwice, podsFollowed, podsMissed, takeover, settledChecks.Round(time.Second), settled.Round(time.Second))
 
 	checks := w.allChecks()
 	for _, p := range lost {

@@ -97,6 +97,7 @@ type Metrics struct {
 	pickup       prometheus.Histogram
 	queueWait    prometheus.Histogram
 	sessionReady prometheus.Histogram
+	takeover     prometheus.Histogram
 	stepDuration *prometheus.HistogramVec
 	runDuration  *prometheus.HistogramVec
 	xferBytes    *prometheus.HistogramVec
@@ -155,6 +156,7 @@ func New(reg *prometheus.Registry) (*Metrics, error) {
 
 	m.pickup = histogram("pickup_seconds", "Time from an event (a push, pull or batch record) to its run queued.", pickupBuckets)
 	m.queueWait = histogram("queue_wait_seconds", "Time a run waited queued before it started running.", waitBuckets)
+	m.takeover = histogram("takeover_seconds", "Time from this process's start to each run an earlier process left going (handed over, or taken up after it died) going on here.", readyBuckets)
 	m.sessionReady = histogram("session_ready_seconds", "Time from a run's session created (a Job) to ready (its pod Ready).", readyBuckets)
 	m.stepDuration = histogramVec("step_duration_seconds", "Duration of a step, by how it ended.", stepBuckets, "status")
 	m.runDuration = histogramVec("duration_seconds", "Duration of a finished run, by status and kind.", runBuckets, "status", "kind")
@@ -212,7 +214,7 @@ func New(reg *prometheus.Registry) (*Metrics, error) {
 	for _, c := range []prometheus.Collector{
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.pickup, m.queueWait, m.sessionReady, m.stepDuration, m.runDuration, m.xferBytes, m.xferSeconds,
+		m.pickup, m.queueWait, m.sessionReady, m.takeover, m.stepDuration, m.runDuration, m.xferBytes, m.xferSeconds,
 		m.runs, m.sweeps, m.sweepErrors, m.swept, m.cleanupFailures, m.warmTaken, m.checkWrites, m.checkRefusals,
 		m.rateWaits, m.rateWaitSeconds, m.cacheHits, m.cacheMisses, m.cacheBytes, m.landings, m.ejections,
 		m.deferred, m.refused, m.ticksSkipped, m.inherited, m.fence,
@@ -469,6 +471,15 @@ func (m *Metrics) Inherited(how string) {
 		return
 	}
 	m.inherited.WithLabelValues(known(InheritedHows, how)).Inc()
+}
+
+// TakenOver: a run an earlier process left going goes on here, after
+// since this process started.
+func (m *Metrics) TakenOver(after time.Duration) {
+	if m == nil {
+		return
+	}
+	m.takeover.Observe(after.Seconds())
 }
 
 // FenceConflict implements executor.Observer: a create of a run's

@@ -468,6 +468,7 @@ func touchAll(m *metrics.Metrics, runs int) {
 	}
 	m.FenceConflict()
 	m.SwapLost()
+	m.TakenOver(time.Second)
 	for _, r := range with(metrics.DegradedReasons) {
 		m.SetDegraded(r, true)
 	}

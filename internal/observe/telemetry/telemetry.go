@@ -89,6 +89,9 @@ func (p Parts) TickSkipped(reason string) { p.M.TickSkipped(reason) }
 // Inherited: what was done with a run an earlier process left going.
 func (p Parts) Inherited(how string) { p.M.Inherited(how) }
 
+// TakenOver implements scheduler.Observer.
+func (p Parts) TakenOver(after time.Duration) { p.M.TakenOver(after) }
+
 // EventTime is when a push was made, as its record says; false for
 // other events.
 func EventTime(ev work.Event) (time.Time, bool) {

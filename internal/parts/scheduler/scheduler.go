@@ -128,6 +128,10 @@ type Observer interface {
 	// left going: "handover", "checkpoint", "ended" or "again"
 	// (metrics.InheritedHows).
 	Inherited(how string)
+	// TakenOver: a run an earlier process left going goes on here
+	// (adopted at its handover or from its checkpoint), after since
+	// this process's scheduler was made.
+	TakenOver(after time.Duration)
 }
 
 // Tap is live output (tap.go): it gives each run a writer of its live,
@@ -174,6 +178,8 @@ type Ports struct {
 
 // Scheduler is the scheduler part.
 type Scheduler struct {
+	// born is when the scheduler was made: a takeover's start.
+	born  time.Time
 	cfg   Config
 	facts Facts
 	p     Ports
@@ -207,7 +213,7 @@ func New(cfg Config, facts Facts, p Ports, log *slog.Logger) *Scheduler {
 	if p.Down == nil {
 		p.Down = func() error { return nil }
 	}
-	s := &Scheduler{cfg: cfg, facts: facts, p: p, log: log, q: newQueue()}
+	s := &Scheduler{cfg: cfg, facts: facts, p: p, log: log, q: newQueue(), born: time.Now()}
 	if facts.Executor.Detaches() {
 		s.detach = make(chan struct{})
 	}

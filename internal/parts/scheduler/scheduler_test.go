@@ -161,6 +161,7 @@ type observer struct {
 func (o *observer) add(s string)                              { o.mu.Lock(); o.events = append(o.events, s); o.mu.Unlock() }
 func (o *observer) Queued(j *job.Job)                         { o.add("queued " + j.Workflow.Name) }
 func (o *observer) Inherited(how string)                      { o.add("inherited " + how) }
+func (o *observer) TakenOver(time.Duration)                   { o.add("taken over") }
 func (o *observer) Started(j *job.Job, _ string, _ time.Time) { o.add("started " + j.Workflow.Name) }
 func (o *observer) Ended(j *job.Job, res *run.Result) {
 	o.add("ended " + j.Workflow.Name + " " + string(res.Status))
@@ -398,6 +399,8 @@ func TestDetachAndAdopt(t *testing.T) {
 			t.Errorf("the handed-over run's log: %v", err)
 		}
 
+		obs := &observer{}
+		w.ports.Observer = obs
 		next := w.again(t)
 		if n := next.Adopt(t.Context()); n != 1 {
 			t.Fatalf("adopted %d runs, want 1", n)
@@ -423,6 +426,9 @@ func TestDetachAndAdopt(t *testing.T) {
 		}
 		if len(w.store.Runs()) != 0 {
 			t.Error("the adopted run is still in state.json")
+		}
+		if !slices.Contains(obs.events, "taken over") {
+			t.Errorf("observed %v: the adopted run's takeover is not told", obs.events)
 		}
 	})
 }
@@ -689,6 +695,7 @@ type waits struct {
 func (o *waits) Queued(*job.Job)             {}
 func (o *waits) Ended(*job.Job, *run.Result) {}
 func (o *waits) Inherited(string)            {}
+func (o *waits) TakenOver(time.Duration)     {}
 func (o *waits) Started(_ *job.Job, _ string, queued time.Time) {
 	o.mu.Lock()
 	o.d = append(o.d, time.Since(queued))

@@ -351,6 +351,9 @@ func (s *Scheduler) execute(ctx context.Context, t *task, dir string, log *slog.
 	req.Checkpoint = func(h run.Handover, log []byte) error { return s.writeCheckpoint(t.runID, h, log) }
 	if t.adopt != nil {
 		s.started(t)
+		if s.p.Observer != nil {
+			s.p.Observer.TakenOver(time.Since(s.born))
+		}
 		secrets, err := s.runSecrets(ctx, t)
 		if err != nil {
 			return fail(err)
