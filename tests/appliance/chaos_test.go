@@ -30,6 +30,7 @@ var (
 	chaosPushes = flag.Int("chaos.pushes", 0, "pushes of the chaos loop (0: one per signal and two more)")
 	chaosGap    = flag.Duration("chaos.gap", 12*time.Second, "longest wait between the daemon's READY and the next signal (uniform from 1s)")
 	chaosSettle = flag.Duration("chaos.settle", 20*time.Minute, "bound on the wait for every push's final check after the last signal")
+	chaosKill   = flag.Float64("chaos.sigkill", 0.5, "share of the signals that are SIGKILL (systemctl kill); the others are SIGTERM (systemctl restart: the unit stopped and started at once, as an upgrade does)")
 )
 
 // EnvChaosKills sets the number of signals when -chaos.kills is not given.
@@ -148,9 +149,10 @@ type chaosRerun struct {
 func (p chaosPush) key() string { return forge.CheckKey(p.subject, "chaos") }
 
 // TestChaos pushes workflows (long, failing, with secrets, with a cache) while a
-// driver SIGKILLs or SIGTERMs the daemon of the module's real systemd
-// unit at random moments (`systemctl kill`: every process of the unit,
-// git's too, harsher than a stop), and before each signal the owner
+// driver SIGKILLs the daemon of the module's real systemd unit
+// (`systemctl kill`: every process of the unit, git's too) or restarts
+// it (SIGTERM, the successor started at once) at random moments, and
+// before each signal the owner
 // cancels a push's check or re-runs a final one, and writes an earlier
 // push's record again (a duplicate delivery of its event); then it lets it
 // settle, and asserts: every push has exactly one first-attempt check
@@ -171,6 +173,9 @@ func TestChaos(t *testing.T) {
 	}
 	if *chaosGap <= time.Second {
 		t.Fatalf("-chaos.gap=%s: want more than 1s", *chaosGap)
+	}
+	if *chaosKill < 0 || *chaosKill > 1 {
+		t.Fatalf("-chaos.sigkill=%v: want a share from 0 to 1", *chaosKill)
 	}
 	seed := *chaosSeed
 	if seed == 0 {
@@ -248,6 +253,7 @@ func TestChaos(t *testing.T) {
 	began := time.Now()
 	var sigKill, sigTerm int
 	killedAt := map[string]time.Time{} // by the PID of the process that came after a SIGKILL
+	termAt := map[string]time.Time{}   // by the PID of the process that came after a SIGTERM
 	pid := k.show(service, "MainPID")
 	for round := range kills {
 		for range perRound(round) {
@@ -256,13 +262,18 @@ func TestChaos(t *testing.T) {
 		redeliver()
 		time.Sleep(time.Second + time.Duration(rng.Int64N(int64(*chaosGap-time.Second)+1)))
 		control(round)
-		sig := "KILL"
-		if rng.IntN(2) == 1 {
-			sig = "TERM"
+		// SIGKILL: every process of the unit, git's too (systemctl
+		// kill); the unit starts again after its RestartSec. SIGTERM:
+		// the unit restarted (stopped: its runs handed over; started at
+		// once), as an upgrade or a switch of the NixOS configuration
+		// does.
+		sig, args := "KILL", []string{"kill", "--signal=KILL", service}
+		if rng.Float64() >= *chaosKill {
+			sig, args = "TERM", []string{"restart", service}
 		}
 		at := time.Now()
-		if out, err := k.systemctl("kill", "--signal="+sig, service); err != nil {
-			t.Fatalf("signal %d (%s): systemctl kill: %v\n%s", round+1, sig, err, out)
+		if out, err := k.systemctl(args...); err != nil {
+			t.Fatalf("signal %d (%s): systemctl %s: %v\n%s", round+1, sig, args[0], err, out)
 		}
 		if sig == "KILL" {
 			sigKill++
@@ -272,6 +283,8 @@ func TestChaos(t *testing.T) {
 		pid = k.restarted(pid, 3*time.Minute)
 		if sig == "KILL" {
 			killedAt[pid] = at
+		} else {
+			termAt[pid] = at
 		}
 	}
 	for len(pushed) < pushes {
@@ -340,20 +353,23 @@ func TestChaos(t *testing.T) {
 	takenUp := len(find(journal, "a run of a process that died is taken up where it stands"))
 	// The takeovers: from a SIGKILL to the next process following a run
 	// it took up from its checkpoint (the unit's RestartSec included).
-	var takeovers []time.Duration
+	// After a SIGTERM: from the restart to the next process following
+	// a run handed over to it. Each run counts once: the first process
+	// that resumed it after the signal.
+	var takeovers, termTakeovers []time.Duration
 	for _, e := range find(journal, "session resumed") {
-		at, ok := killedAt[e["_PID"]]
 		us, err := strconv.ParseInt(e["__REALTIME_TIMESTAMP"], 10, 64)
-		if ok && err == nil && e["REPLAY"] == "true" {
+		if err != nil {
+			continue
+		}
+		if at, ok := killedAt[e["_PID"]]; ok && e["REPLAY"] == "true" {
 			takeovers = append(takeovers, time.UnixMicro(us).Sub(at))
 		}
+		if at, ok := termAt[e["_PID"]]; ok && e["REPLAY"] != "true" {
+			termTakeovers = append(termTakeovers, time.UnixMicro(us).Sub(at))
+		}
 	}
-	slices.Sort(takeovers)
-	takeover := "none"
-	if n := len(takeovers); n > 0 {
-		takeover = fmt.Sprintf("%d, median %s, p95 %s, max %s", n, takeovers[n/2].Round(10*time.Millisecond),
-			takeovers[(n*95+99)/100-1].Round(10*time.Millisecond), takeovers[n-1].Round(10*time.Millisecond))
-	}
+	takeover, termTakeover := spread(takeovers), spread(termTakeovers)
 	// The fence: a create of a run's Job that found it there, and the
 	// runs whose Job was created more than once (a run released before
 	// its session started, or whose pod was gone, is created again by
@@ -384,10 +400,10 @@ func TestChaos(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("chaos figures: seed %d; signals %d (SIGKILL %d, SIGTERM %d) over %s; pushes %d; cancels %d (%d stopped their check, %d came after its end); re-runs %d; daemon starts %d; runs started %d (again %d: %d forgotten after a kill before any step started, %d released at a stop before their session started, %d handed-over sessions gone); handed over %d, adopted %d (%d taken up after a kill; %d ended error after a kill, unable to go on); lost %d; duplicates %d; duplicate deliveries %d (fenced Job creates %d; %d runs' Jobs created again after the earlier one went); steps started %d, twice %d (the pods' witness; %d pods followed, %d gone before their log was read); takeovers after SIGKILL %s; checks final %s after the last signal, objects gone %s after it",
+	t.Logf("chaos figures: seed %d; signals %d (SIGKILL %d, SIGTERM %d) over %s; pushes %d; cancels %d (%d stopped their check, %d came after its end); re-runs %d; daemon starts %d; runs started %d (again %d: %d forgotten after a kill before any step started, %d released at a stop before their session started, %d handed-over sessions gone); handed over %d, adopted %d (%d taken up after a kill; %d ended error after a kill, unable to go on); lost %d; duplicates %d; duplicate deliveries %d (fenced Job creates %d; %d runs' Jobs created again after the earlier one went); steps started %d, twice %d (the pods' witness; %d pods followed, %d gone before their log was read); takeovers after SIGKILL %s, after SIGTERM %s; checks final %s after the last signal, objects gone %s after it",
 		seed, kills, sigKill, sigTerm, lastSignal.Sub(began).Round(time.Second), pushes, cancels, cancelsWon, cancels-cancelsWon, len(reruns), starts, runsStarted,
 		runsStarted-pushes-len(reruns), forgotten, released, gone,
-		handedOver, adopted, takenUp, endedDead, len(lost)+len(lostReruns), finishedTwice, redelivered, fenced, recreated, len(witnessed), startedTwice, podsFollowed, podsMissed, takeover, settledChecks.Round(time.Second), settled.Round(time.Second))
+		handedOver, adopted, takenUp, endedDead, len(lost)+len(lostReruns), finishedTwice, redelivered, fenced, recreated, len(witnessed), startedTwice, podsFollowed, podsMissed, takeover, termTakeover, settledChecks.Round(time.Second), settled.Round(time.Second))
 
 	checks := w.allChecks()
 	for _, p := range lost {
@@ -498,6 +514,17 @@ func (w *world) pushRecord(branch string, files map[string]string) (syntax.ATURI
 		Type: forge.CollectionRefUpdate, Repo: w.RepoURI.String(), Ref: ref, Old: old, New: commit, CreatedAt: forge.Now(),
 	})
 	return uri, commit
+}
+
+// spread sums durations up: how many, the median, p95 and the longest.
+func spread(ds []time.Duration) string {
+	slices.Sort(ds)
+	n := len(ds)
+	if n == 0 {
+		return "none"
+	}
+	return fmt.Sprintf("%d, median %s, p95 %s, max %s", n, ds[n/2].Round(10*time.Millisecond),
+		ds[(n*95+99)/100-1].Round(10*time.Millisecond), ds[n-1].Round(10*time.Millisecond))
 }
 
 // allChecks lists the runner's checks by commit.
