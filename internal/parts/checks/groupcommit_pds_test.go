@@ -74,12 +74,10 @@ func (h *heldWrites) take() []string {
 	return c
 }
 
-// TestGroupCommitOnThePDS writes the checks of four runs at once on a
-// real PDS, the first write held so that the three others wait for it:
-// they go as one commit (applyWrites), created or updated as they
-// should be, and a wrong guess of which records exist costs one refused
-// batch, its writes then made one by one.
-func TestGroupCommitOnThePDS(t *testing.T) {
+// runnerOnAPDS starts a PDS with a runner's account: login logs in to it
+// with an HTTP transport of the test's, checkOf makes a check record of
+// a push of the runner's own. It skips under -short.
+func runnerOnAPDS(t *testing.T) (login func(http.RoundTripper) *pdsclient.Account, checkOf func(string, Status) forge.Check) {
 	if testing.Short() {
 		t.Skip(pds.ErrSkip)
 	}
@@ -98,19 +96,34 @@ func TestGroupCommitOnThePDS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &heldWrites{}
-	acct, _, err := pdsclient.Login(ctx, pdsclient.LoginConfig{Host: srv.URL, Identifier: runner.DID.String(), Password: runner.Password,
-		HTTP: &http.Client{Transport: h}}, cat)
-	if err != nil {
-		t.Fatal(err)
+	login = func(h http.RoundTripper) *pdsclient.Account {
+		acct, _, err := pdsclient.Login(ctx, pdsclient.LoginConfig{Host: srv.URL, Identifier: runner.DID.String(), Password: runner.Password,
+			HTTP: &http.Client{Transport: h}}, cat)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return acct
 	}
-	rec := NewRecorder(acct, nil)
-	keys := []string{"a", "b", "c", "d"}
-	checkOf := func(key string, s Status) forge.Check {
+	checkOf = func(key string, s Status) forge.Check {
 		return forge.Check{Type: forge.CollectionCheck, Workflow: "ci", Status: string(s), CreatedAt: forge.Now(),
 			Subject: forge.Subject{Repo: "at://" + runner.DID.String() + "/" + forge.CollectionRepo + "/hello",
 				Commit: strings.Repeat(key, 40)[:40], Event: "at://" + runner.DID.String() + "/dev.knotless.refUpdate/" + key, Kind: "push"}}
 	}
+	return login, checkOf
+}
+
+// TestGroupCommitOnThePDS writes the checks of four runs at once on a
+// real PDS, the first write held so that the three others wait for it:
+// they go as one commit (applyWrites), created or updated as they
+// should be, and a wrong guess of which records exist costs one refused
+// batch, its writes then made one by one.
+func TestGroupCommitOnThePDS(t *testing.T) {
+	ctx := context.Background()
+	login, checkOf := runnerOnAPDS(t)
+	h := &heldWrites{}
+	acct := login(h)
+	rec := NewRecorder(acct, nil)
+	keys := []string{"a", "b", "c", "d"}
 	// round writes every key's check by t to status s, key a's write
 	// held until the others wait in the queue, and returns the write
 	// calls made.
@@ -198,42 +211,13 @@ func TestGroupCommitOnThePDS(t *testing.T) {
 // whole and its writes made one by one; a check known without its CID
 // (owed by an earlier process) is read before it is written.
 func TestChecksCompareAndSwapOnThePDS(t *testing.T) {
-	if testing.Short() {
-		t.Skip(pds.ErrSkip)
-	}
-	t.Parallel()
 	ctx := context.Background()
-	srv, err := pds.Start(ctx, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Stop)
-	runner, err := srv.CreateAccount(ctx, "runner")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cat, err := pdsclient.NewCatalog()
-	if err != nil {
-		t.Fatal(err)
-	}
-	login := func(h http.RoundTripper) *pdsclient.Account {
-		acct, _, err := pdsclient.Login(ctx, pdsclient.LoginConfig{Host: srv.URL, Identifier: runner.DID.String(), Password: runner.Password,
-			HTTP: &http.Client{Transport: h}}, cat)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return acct
-	}
+	login, checkOf := runnerOnAPDS(t)
 	h := &heldWrites{}
 	acctA := login(h)
 	a, b := NewRecorder(acctA, nil), NewRecorder(login(http.DefaultTransport), nil)
 	lostB := 0
 	b.OnSwapLost(func() { lostB++ })
-	checkOf := func(key string, s Status) forge.Check {
-		return forge.Check{Type: forge.CollectionCheck, Workflow: "ci", Status: string(s), CreatedAt: forge.Now(),
-			Subject: forge.Subject{Repo: "at://" + runner.DID.String() + "/" + forge.CollectionRepo + "/hello",
-				Commit: strings.Repeat(key, 40)[:40], Event: "at://" + runner.DID.String() + "/dev.knotless.refUpdate/" + key, Kind: "push"}}
-	}
 	onPDS := func(key string) Status {
 		var c forge.Check
 		if _, err := acctA.Get(ctx, forge.CollectionCheck, key, &c); err != nil {
