@@ -89,26 +89,7 @@ func TestDeploy(t *testing.T) {
 		t.Errorf("uninstall did not name the state directories it keeps:\n%s", out)
 	}
 	after := a.snapshot()
-	var added, removed []string
-	for p := range after {
-		kept := p == "/var/lib/knotless" || strings.HasPrefix(p, "/var/lib/knotless/") ||
-			p == "/var/lib/knotless-output" || strings.HasPrefix(p, "/var/lib/knotless-output/")
-		if _, ok := before[p]; !ok && !kept {
-			added = append(added, p)
-		}
-	}
-	for p, sum := range before {
-		if got, ok := after[p]; !ok {
-			removed = append(removed, p)
-		} else if sum != "" && got != sum {
-			added = append(added, p+" (changed)")
-		}
-	}
-	slices.Sort(added)
-	slices.Sort(removed)
-	if len(added) > 0 || len(removed) > 0 {
-		t.Errorf("uninstall left %v and removed %v", added, removed)
-	}
+	checkUninstalled(t, before, after, "/var/lib/knotless", "/var/lib/knotless-output")
 	if _, ok := after["/var/lib/knotless/kubeconfig"]; !ok {
 		t.Errorf("the state directory is gone")
 	}
@@ -259,11 +240,18 @@ func TestDeployInstance(t *testing.T) {
 	if !strings.Contains(out, "kept /var/lib/knotless,") || !strings.Contains(out, "kept /var/lib/knotless-beta,") {
 		t.Errorf("uninstall did not name the state directories it keeps:\n%s", out)
 	}
+	checkUninstalled(t, before, a.snapshot(), "/var/lib/knotless", "/var/lib/knotless-beta")
+}
+
+// checkUninstalled: what uninstall left is what was there before it
+// was installed (before and after: snapshots), but for the state
+// directories it keeps.
+func checkUninstalled(t *testing.T, before, after map[string]string, keep ...string) {
+	t.Helper()
 	var added, removed []string
-	after := a.snapshot()
 	for p := range after {
 		kept := false
-		for _, d := range []string{"/var/lib/knotless", "/var/lib/knotless-beta"} {
+		for _, d := range keep {
 			kept = kept || p == d || strings.HasPrefix(p, d+"/")
 		}
 		if _, ok := before[p]; !ok && !kept {
