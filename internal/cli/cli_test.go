@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"io"
 	"os"
@@ -261,7 +262,7 @@ func TestConfigErrorExitCode(t *testing.T) {
 		{"unknown settings key", []string{"serve", "--config", write("typo.json", `{"concurency": 2}`)}, ExitConfig, "unknown keys concurency"},
 		{"bad value", []string{"serve", "--config", write("bad.json", `{"stop-wait": "ten minutes"}`)}, ExitConfig, "stop-wait"},
 		{"unknown flag", []string{"serve", "--no-such-flag"}, ExitConfig, "--no-such-flag"},
-		{"cannot sign in", []string{"serve", "--did", "did:plc:7u2ld3ffgzqvezmv6wxgxiix", "--executor", "shell", "--pds", "http://127.0.0.1:1",
+		{"cannot sign in", []string{"serve", "--did", freshRunner(), "--executor", "shell", "--pds", "http://127.0.0.1:1",
 			"--plc-url", "http://127.0.0.1:1", "--app-password-file", write("pw", "x"), "--state-dir", dir, "--cache-dir", dir,
 			"--", "did:plc:ewvi7nxzyoun6zhxrhs64oiz/hello"}, ExitError, "log in to http://127.0.0.1:1"},
 		// A file that does not read is no configuration error: it may
@@ -378,7 +379,7 @@ func TestServeNoAppPassword(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			state := t.TempDir()
-			args := append([]string{"serve", "--did", "did:plc:7u2ld3ffgzqvezmv6wxgxiix", "--executor", "shell", "--pds", "http://127.0.0.1:1",
+			args := append([]string{"serve", "--did", freshRunner(), "--executor", "shell", "--pds", "http://127.0.0.1:1",
 				"--plc-url", "http://127.0.0.1:1", "--state-dir", state, "--cache-dir", state}, tt.args...)
 			r := runCLI(t, tt.env, append(args, "--", "did:plc:ewvi7nxzyoun6zhxrhs64oiz/hello")...)
 			if r.code != ExitError || !strings.Contains(r.stderr, "no app password and no usable saved session in --state-dir "+state) {
@@ -438,4 +439,12 @@ func TestStatusStateDirMissing(t *testing.T) {
 			t.Errorf("status --state-dir %s (missing): exit %d, stdout %q, stderr %q", dir, r.code, r.stdout, r.stderr)
 		}
 	}
+}
+
+// freshRunner is a did:plc of its own for a serve that reaches the
+// daemon with the shell executor: the daemon holds its runner on this
+// host, so two such tests at once (here, or in another test binary on
+// the host) must not share one.
+func freshRunner() string {
+	return "did:plc:" + strings.ToLower(rand.Text()[:24])
 }

@@ -35,7 +35,7 @@ func TestServeShellRefusesUntrusted(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(dir, "pulls.json"), []byte(`{"pulls": true}`), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			args := []string{"serve", "--executor", "shell", "--did", "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa",
+			args := []string{"serve", "--executor", "shell", "--did", freshRunner(),
 				"--pds", "http://127.0.0.1:1", "--state-dir", filepath.Join(dir, "state"), "--cache-dir", filepath.Join(dir, "cache"),
 				"--shell-root", dir, "did:plc:bbbbbbbbbbbbbbbbbbbbbbbb/hello"}
 			for _, a := range tc.args {

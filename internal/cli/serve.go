@@ -143,6 +143,7 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 		return err
 	}
 	in.Watchdog, _ = sddaemon.SdWatchdogEnabled(false)
+	in.Invocation = env.Getenv("INVOCATION_ID")
 	if in.Notify, err = c.notifier(log); err != nil {
 		return err
 	}
@@ -155,6 +156,10 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 		return nil
 	case errors.Is(err, pdsclient.ErrNoPassword):
 		return c.noPassword(env, err)
+	case errors.As(err, new(daemon.InUseError)):
+		// Another live process owns the state directory or the runner
+		// here: a restart would be refused the same way.
+		return usageError{err}
 	}
 	return err
 }

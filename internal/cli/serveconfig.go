@@ -32,7 +32,9 @@ type serveInputs struct {
 	Caches          run.Caches
 	Notify          func(string)
 	Watchdog        time.Duration
-	Logger          *slog.Logger
+	// Invocation is systemd's INVOCATION_ID ("": not under systemd).
+	Invocation string
+	Logger     *slog.Logger
 	// Telemetry is serve's metrics (nil without --metrics-listen), which
 	// observe the engine and the parts, and the executor's credentials.
 	Telemetry telemetry.Config
@@ -126,6 +128,7 @@ func (c *ServeCmd) config(in serveInputs) (daemon.Config, error) {
 		StopForeign:          in.StopForeign,
 		Notify:               in.Notify,
 		Watchdog:             in.Watchdog,
+		Invocation:           in.Invocation,
 		Logger:               in.Logger,
 		Telemetry:            tel,
 	}, nil

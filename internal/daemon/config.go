@@ -84,7 +84,12 @@ type Config struct {
 	OnCheck func(key string, c forge.Check)
 	// Watchdog is systemd's WatchdogSec (0: off).
 	Watchdog time.Duration
-	Logger   *slog.Logger
+	// Invocation is systemd's INVOCATION_ID of the unit ("": not under
+	// systemd), written with the pid, host and start time into the
+	// state directory's lock (and the runner's lock on this host) so a
+	// refused second process names this one.
+	Invocation string
+	Logger     *slog.Logger
 
 	// Telemetry is what the daemon tells of itself besides its journal:
 	// its metrics (nil: none) and where they are served (--metrics-listen),

@@ -97,6 +97,21 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
+	// One live process owns a state directory, and on this host a
+	// runner of an executor of this host (lock.go). Taken before
+	// anything is read; let go last, after the handover's final save
+	// and the status socket's removal, so the successor (started once
+	// this process has ended: systemd's restart, a StatefulSet's pod)
+	// finds it free.
+	locks, err := takeLocks(cfg)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := locks.release(); err != nil {
+			cfg.Logger.Warn("let the locks go", "component", "daemon", "err", err)
+		}
+	}()
 	store, out, err := open(ctx, &cfg)
 	if err != nil {
 		return err

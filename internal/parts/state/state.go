@@ -1,6 +1,7 @@
 // Package state is the daemon's state directory: state.json (the
 // session, cursors, the runs going on and what an executor needs to
-// reattach to them) and secrets-key.json (the sealing key pair). Each file
+// reattach to them), secrets-key.json (the sealing key pair) and lock
+// (held by the one live process that owns the directory). Each data file
 // is written atomically (temp file, fsync, rename) with mode 0600; a
 // corrupt file or one of an unknown version stops the start with an error
 // naming it and is never overwritten.
