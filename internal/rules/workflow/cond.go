@@ -90,7 +90,7 @@ var stateFuncs = []string{"success", "failure", "cancelled"}
 // condEnv is the type-checking environment of a workflow's conditions:
 // a step's (steps) with the step-state functions, which state, when not
 // nil, binds to it; the workflow's without them.
-func condEnv(inputs []Input, steps bool, state *State) (*cel.Env, error) {
+func condEnv(inputs []Input, matrix []string, steps bool, state *State) (*cel.Env, error) {
 	opts := []cel.EnvOption{cel.ParserExpressionSizeLimit(MaxCondBytes)}
 	if steps {
 		opts = append(opts, cel.Function("always", cel.Overload("always", nil, cel.BoolType,
@@ -119,6 +119,9 @@ func condEnv(inputs []Input, steps bool, state *State) (*cel.Env, error) {
 		}
 		opts = append(opts, cel.Variable("inputs."+in.Name, typ))
 	}
+	for _, k := range matrix {
+		opts = append(opts, cel.Variable("matrix."+k, cel.StringType))
+	}
 	return cel.NewEnv(opts...)
 }
 
@@ -127,15 +130,16 @@ func condEnv(inputs []Input, steps bool, state *State) (*cel.Env, error) {
 // binds the step-state functions to it (the workflow's: one, for
 // StateSuccess, without them).
 type condEnvs struct {
-	steps bool
-	check *cel.Env
-	bound [3]*cel.Env
+	steps  bool
+	matrix []string
+	check  *cel.Env
+	bound  [3]*cel.Env
 }
 
-func newCondEnvs(inputs []Input, steps bool) (*condEnvs, error) {
-	e := condEnvs{steps: steps}
+func newCondEnvs(inputs []Input, matrix []string, steps bool) (*condEnvs, error) {
+	e := condEnvs{steps: steps, matrix: matrix}
 	var err error
-	if e.check, err = condEnv(inputs, steps, nil); err != nil {
+	if e.check, err = condEnv(inputs, matrix, steps, nil); err != nil {
 		return nil, fmt.Errorf("condition environment: %w", err)
 	}
 	if !steps {
@@ -144,7 +148,7 @@ func newCondEnvs(inputs []Input, steps bool) (*condEnvs, error) {
 	}
 	for i := range e.bound {
 		st := State(i)
-		if e.bound[i], err = condEnv(inputs, true, &st); err != nil {
+		if e.bound[i], err = condEnv(inputs, matrix, true, &st); err != nil {
 			return nil, fmt.Errorf("condition environment: %w", err)
 		}
 	}
@@ -159,7 +163,7 @@ func (e *condEnvs) compile(text string, inputs []Input) (*Cond, error) {
 		ie := iss.Errors()[0]
 		ce := &CondError{Line: ie.Location.Line(), Column: ie.Location.Column(), Msg: strings.TrimSuffix(ie.Message, " (in container '')")}
 		if name, ok := strings.CutPrefix(ce.Msg, "undeclared reference to "); ok {
-			ce.Msg = fmt.Sprintf("unknown name %s (known: %s)", nameAt(text, ce.Line, ce.Column, strings.Trim(name, "'")), strings.Join(condNames(inputs, e.steps), ", "))
+			ce.Msg = fmt.Sprintf("unknown name %s (known: %s)", nameAt(text, ce.Line, ce.Column, strings.Trim(name, "'")), strings.Join(condNames(inputs, e.matrix, e.steps), ", "))
 		}
 		return nil, ce
 	}
@@ -257,6 +261,16 @@ func (w *Workflow) CondVars(ev CondEvent, vars []EnvVar) map[string]any {
 			m["inputs."+in.Name] = v
 		}
 	}
+	if w.Matrix != nil {
+		for _, k := range w.Matrix.Keys {
+			m["matrix."+k] = ""
+		}
+	}
+	if w.Leg != nil {
+		for _, v := range w.Leg.Values {
+			m["matrix."+v.Name] = v.Value
+		}
+	}
 	return m
 }
 
@@ -273,13 +287,13 @@ func (w *Workflow) StepRuns(i int, state State, vars map[string]any) (bool, erro
 // cond reads an if: field, of a step (steps) or of the workflow, with
 // the environments envs (made at the first); a problem is an error at
 // its place in the file.
-func (d *decoder) cond(what string, s scalar, inputs []Input, envs **condEnvs, steps bool) *Cond {
+func (d *decoder) cond(what string, s scalar, inputs []Input, matrix []string, envs **condEnvs, steps bool) *Cond {
 	if strings.TrimSpace(s.value) == "" {
 		d.errorAt(s.tk, "%s: want an expression, got nothing", what)
 		return nil
 	}
 	if *envs == nil {
-		e, err := newCondEnvs(inputs, steps)
+		e, err := newCondEnvs(inputs, matrix, steps)
 		if err != nil {
 			d.errorAt(s.tk, "%s: %v", what, err)
 			return nil
@@ -316,13 +330,16 @@ func (d *decoder) cond(what string, s scalar, inputs []Input, envs **condEnvs, s
 
 // condNames are the names a workflow's conditions may read, and their
 // functions.
-func condNames(inputs []Input, steps bool) []string {
+func condNames(inputs []Input, matrix []string, steps bool) []string {
 	var names []string
 	for _, v := range condVars {
 		names = append(names, v.name)
 	}
 	for _, in := range inputs {
 		names = append(names, "inputs."+in.Name)
+	}
+	for _, k := range matrix {
+		names = append(names, "matrix."+k)
 	}
 	if !steps {
 		return names

@@ -67,6 +67,8 @@ type decoder struct {
 	// stepConds are the steps' conditions' environments, made at the
 	// first step's if: (after the inputs are read).
 	stepConds *condEnvs
+	// matrixTk is where the matrix's errors point.
+	matrixTk *token.Token
 }
 
 func (d *decoder) errorAt(tk *token.Token, format string, args ...any) {
@@ -124,6 +126,9 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 	var stepsNode ast.Node
 	var ifScalar *scalar
 	var inputTokens []*token.Token
+	// refs are the scalars a matrix value may be substituted in (image,
+	// env, runners), checked once the matrix is known.
+	var refs []subRef
 	d.mapping(n, "workflow", map[string]func(string, ast.Node){
 		"on": func(k string, v ast.Node) { inputTokens = d.on(v, w) },
 		"branches": func(k string, v ast.Node) {
@@ -134,10 +139,16 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 				w.Branches = append(w.Branches, s.value)
 			}
 		},
-		"image": func(k string, v ast.Node) { w.Image = d.str(k, v).value },
+		"image": func(k string, v ast.Node) {
+			s := d.str(k, v)
+			w.Image = s.value
+			refs = append(refs, subRef{"image", s})
+		},
+		"matrix": func(k string, v ast.Node) { d.matrix(v, w) },
 		"runners": func(k string, v ast.Node) {
 			for _, s := range d.strings(k, v) {
-				if !strings.HasPrefix(s.value, "did:") {
+				refs = append(refs, subRef{"runners", s})
+				if !strings.HasPrefix(s.value, "did:") && !strings.Contains(s.value, "${{") {
 					d.errorAt(s.tk, "runners: %q is not a DID (want did:plc:… or did:web:…)", s.value)
 				}
 				w.Runners = append(w.Runners, s.value)
@@ -155,7 +166,9 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 				if !shellName.MatchString(name) || strings.HasPrefix(name, "KNOTLESS_") {
 					d.errorAt(mv.Key.GetToken(), "env: %q is not a usable variable name (letters, digits, _; KNOTLESS_ is reserved)", name)
 				}
-				w.Env = append(w.Env, EnvVar{name, d.str("env."+name, deref(mv.Value)).value})
+				s := d.str("env."+name, deref(mv.Value))
+				refs = append(refs, subRef{"env." + name, s})
+				w.Env = append(w.Env, EnvVar{name, s.value})
 			}
 		},
 		"secrets": func(k string, v ast.Node) { w.Secrets = d.names(k, v) },
@@ -207,10 +220,11 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 		},
 		"steps": func(k string, v ast.Node) { stepsNode = v },
 	}, "on", "steps")
+	d.matrixUses(w, refs)
 	if ifScalar != nil {
 		// After on: its inputs are names the condition reads.
 		var envs *condEnvs
-		w.If = d.cond("if", *ifScalar, w.Inputs, &envs, false)
+		w.If = d.cond("if", *ifScalar, w.Inputs, w.matrixKeys(), &envs, false)
 	}
 	// An input reaches the steps as a variable of its name: a granted
 	// secret's name would be shadowed by it.
@@ -244,7 +258,7 @@ func (d *decoder) steps(n ast.Node, w *Workflow) {
 			"uses":    func(k string, v ast.Node) { s.Uses = d.str(k, v).value },
 			"timeout": func(k string, v ast.Node) { s.Timeout = d.duration(k, v) },
 			"if": func(k string, v ast.Node) {
-				s.If = d.cond(fmt.Sprintf("steps[%d].if", i), d.str(k, v), w.Inputs, &d.stepConds, true)
+				s.If = d.cond(fmt.Sprintf("steps[%d].if", i), d.str(k, v), w.Inputs, w.matrixKeys(), &d.stepConds, true)
 			},
 			"continue-on-error": func(k string, v ast.Node) {
 				b, ok := v.(*ast.BoolNode)

@@ -61,6 +61,12 @@ type Workflow struct {
 	// If decides, for each event, whether the workflow runs: nil runs
 	// it for every event it is on.
 	If *Cond
+	// Matrix, when set, makes the workflow a set of legs, each a run
+	// with its own check (Legs).
+	Matrix *Matrix
+	// Leg is set on a leg of a matrix (Legs); nil on the workflow a
+	// file parses to.
+	Leg *Leg
 	// Warnings are fields that parse but are not acted on yet, in file
 	// order: validate prints them and the daemon logs them.
 	Warnings []Warning
