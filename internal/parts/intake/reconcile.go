@@ -230,7 +230,8 @@ type invalidFile struct {
 // files that did not parse (bad).
 func (in *Intake) plan(log *slog.Logger, ev work.Event, repo job.Repo, tree string, wfs []*workflow.Workflow, bad []error) plan {
 	var p plan
-	for _, wf := range wfs {
+	// Each leg of a matrix is a job of its own, named after its values.
+	for _, wf := range workflow.Plan(wfs) {
 		runs, ifErr := job.Runs(wf, ev)
 		if (!runs && ifErr == nil) || !wf.AllowsRunner(in.facts.Runner.String()) {
 			continue

@@ -153,7 +153,8 @@ func RunsFor(wf *workflow.Workflow, ev work.Event) bool {
 	return ok || err != nil
 }
 
-// Runs reports whether wf runs for ev: a pre-flight runs the queue:
+// Runs reports whether wf (a workflow or a matrix's leg,
+// workflow.Plan) runs for ev: a pre-flight runs the queue:
 // first workflows, a batch the on: batch ones, a pull the on: pull ones
 // and a push the on: push ones, each where the workflow's if holds for
 // the event; run-control work (a re-run, a dispatch, a tick) the
@@ -164,7 +165,12 @@ func Runs(wf *workflow.Workflow, ev work.Event) (bool, error) {
 	var on bool
 	switch {
 	case ev.Workflows != nil:
+		// A matrix's leg runs when its own name is named (a re-run of
+		// it) or its matrix's (a dispatch or tick of the workflow).
 		_, ok := ev.Workflows[wf.Name]
+		if wf.Leg != nil && !ok {
+			_, ok = ev.Workflows[wf.Leg.Base]
+		}
 		return ok, nil
 	case ev.Preflight:
 		on = wf.Queue == "first"

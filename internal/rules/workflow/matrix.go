@@ -130,6 +130,16 @@ func substitute(s string, values []EnvVar) string {
 	})
 }
 
+// FileName is the workflow's file stem: its name, or a leg's
+// matrix's name (what an operator's secret names, what a dispatch
+// names).
+func (w *Workflow) FileName() string {
+	if w.Leg != nil {
+		return w.Leg.Base
+	}
+	return w.Name
+}
+
 // LegOf finds the workflow or matrix leg named name among wfs' legs.
 func LegOf(wfs []*Workflow, name string) *Workflow {
 	for _, w := range wfs {
