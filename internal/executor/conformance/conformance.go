@@ -103,6 +103,7 @@ func testStatus(t *testing.T, h Harness) {
 		trusted    *bool    // default true
 		wantLog    []string // substrings of the log
 		notLog     []string // not in the log
+		leg        int      // of a matrix: which leg runs
 	}{
 		{
 			name:       "success",
@@ -234,6 +235,31 @@ steps:
 			notLog:  []string{"never-ran"},
 		},
 		{
+			name: "a matrix leg's values reach its steps, env, image and conditions",
+			src: `on: push
+image: "${{ matrix.img }}"
+env:
+  GREETING: "go-${{ matrix.go }}-on-${{matrix.os}}"
+matrix:
+  go: ["1.22", "1.23"]
+  os: [linux]
+  img: ["{{image}}"]
+steps:
+  - {name: vars, run: 'printf "leg go=%s os=%s greeting=%s workflow=%s\n" "$go" "$os" "$GREETING" "$KNOTLESS_RUN_WORKFLOW"'}
+  - {name: only-1.23, if: "matrix.go == '1.23'", run: 'echo never-ran'}
+  - {name: only-1.22, if: "matrix.go == '1.22' && matrix.os == 'linux'", run: 'echo ran-for-1.22'}
+`,
+			leg:        0,
+			wantStatus: run.Success,
+			wantSteps: []run.StepResult{
+				{Name: "vars", Status: run.Success, ExitCode: intp(0)}, {Name: "only-1.23", Status: run.Skipped},
+				{Name: "only-1.22", Status: run.Success, ExitCode: intp(0)},
+			},
+			wantLog: []string{"leg go=1.22 os=linux greeting=go-1.22-on-linux workflow=conformance (go=1.22, os=linux, img=", "ran-for-1.22\n",
+				"==> step 2/3: only-1.23: skipped (if: matrix.go == '1.23')"},
+			notLog: []string{"never-ran"},
+		},
+		{
 			name:       "uses a missing shared step",
 			src:        "on: push\nsteps:\n  - {uses: nothing-here}\n",
 			wantStatus: run.Error, wantError: "step nothing-here uses nothing-here",
@@ -253,6 +279,11 @@ steps:
 			// The run timeout starts before the session does.
 			runTimeout := (3*time.Second + h.StartTime).String()
 			src := strings.ReplaceAll(tt.src, "{{runTimeout}}", runTimeout)
+			image := h.Image
+			if image == "" {
+				image = "busybox:stable" // the shell executor runs none
+			}
+			src = strings.ReplaceAll(src, "{{image}}", image)
 			wantError := strings.ReplaceAll(tt.wantError, "{{runTimeout}}", runTimeout)
 			ctx := context.Background()
 			var live *cancelWriter
@@ -265,7 +296,7 @@ steps:
 				live = &cancelWriter{on: tt.cancelOn, cancel: cancel}
 			}
 			trusted := tt.trusted == nil || *tt.trusted
-			req := run.Request{RunID: runID(t), Workflow: parse(t, src), Checkout: checkout, Trusted: trusted, Event: tt.event}
+			req := run.Request{RunID: runID(t), Workflow: parse(t, src).Legs()[tt.leg], Checkout: checkout, Trusted: trusted, Event: tt.event}
 			if live != nil {
 				req.Live = live
 			}
