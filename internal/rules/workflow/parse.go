@@ -100,6 +100,8 @@ func (d *decoder) mapping(n ast.Node, what string, fields map[string]func(key st
 		switch {
 		case ok:
 			read(key, deref(mv.Value))
+		case key == "branches" && (what == "on.push" || what == "on.pull"):
+			d.errorAt(mv.Key.GetToken(), `%s: unknown field "branches": the branches a workflow runs for are its branches field (known here: paths, paths-ignore)`, what)
 		case key == "outputs" && what == "workflow":
 			d.errorAt(mv.Key.GetToken(), `unknown field "outputs": a step writes its outputs to the directory $KNOTLESS_RUN_OUTPUTS`)
 		default:

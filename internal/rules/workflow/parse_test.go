@@ -323,7 +323,10 @@ func TestParseDispatchAndScheduleErrors(t *testing.T) {
 			`w.yaml:3:8: on.schedule[0]: missing field "cron"`,
 		}},
 		{"push with settings", "on:\n  push: {branches: [main]}\nsteps: [{run: x}]\n", []string{
-			`w.yaml:2:9: on.push: takes no settings, got a mapping (the branches a workflow runs for are its branches field)`,
+			`w.yaml:2:10: on.push: unknown field "branches": the branches a workflow runs for are its branches field (known here: paths, paths-ignore)`,
+		}},
+		{"batch with settings", "on:\n  batch: {paths: [a]}\nsteps: [{run: x}]\n", []string{
+			`w.yaml:2:10: on.batch: takes no settings, got a mapping (the branches a workflow runs for are its branches field)`,
 		}},
 		{"unknown event in the mapping", "on:\n  deploy:\nsteps: [{run: x}]\n", []string{
 			`w.yaml:2:3: on: unknown event "deploy" (want push, pull, batch, dispatch or schedule)`,

@@ -61,6 +61,9 @@ type Workflow struct {
 	// If decides, for each event, whether the workflow runs: nil runs
 	// it for every event it is on.
 	If *Cond
+	// PathFilters are the paths or paths-ignore of the push and pull
+	// triggers that have them (PathsAdmit).
+	PathFilters map[Trigger]PathFilter
 	// Matrix, when set, makes the workflow a set of legs, each a run
 	// with its own check (Legs).
 	Matrix *Matrix
