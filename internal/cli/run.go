@@ -146,7 +146,7 @@ func (c *RunCmd) caches() (run.Caches, run.CacheScope, error) {
 
 func statusCode(s run.Status) int {
 	switch s {
-	case run.Success:
+	case run.Success, run.Skipped: // skipped: its path filters left it out, which is no failure
 		return ExitSuccess
 	case run.Failure:
 		return ExitFailure
