@@ -1,6 +1,10 @@
 package workflow
 
 import (
+	"errors"
+	"io/fs"
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -86,5 +90,32 @@ func TestPathFilterErrors(t *testing.T) {
 				t.Errorf("errors (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// The reference's examples of a matrix and of path filters are
+// workflows validate takes.
+func TestReferenceMatrixAndPathExamplesParse(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../../../docs/reference/workflow.md")
+	if errors.Is(err, fs.ErrNotExist) {
+		t.Skip("docs are left out of this source (the Nix package's)")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := 0
+	for i, block := range strings.Split(string(b), "```yaml\n")[1:] {
+		src, _, _ := strings.Cut(block, "```")
+		if !strings.Contains(src, "matrix:") && !strings.Contains(src, "paths") {
+			continue
+		}
+		blocks++
+		if _, err := Parse("example.yaml", []byte(src)); err != nil {
+			t.Errorf("yaml block %d of docs/reference/workflow.md: %v", i+1, err)
+		}
+	}
+	if blocks < 3 {
+		t.Errorf("%d examples of a matrix or path filters in docs/reference/workflow.md, want at least 3", blocks)
 	}
 }
