@@ -93,3 +93,43 @@ steps:
 		t.Errorf("at most %d legs ran at once, want 2 (max-parallel):\n%s", most, data)
 	}
 }
+
+// TestServeMatrixFailFast: with fail-fast, a failed leg cancels the
+// legs still queued (max-parallel 1 holds them), whose checks end
+// cancelled naming it; without, every leg runs.
+func TestServeMatrixFailFast(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.start(w.config(func(c *daemon.Config) { c.Scheduler.Concurrency = 2 }))
+	_, commit := w.Push(map[string]string{
+		".knotless/workflows/ff.yaml": workflowFile(`
+on: push
+matrix:
+  n: ["1", "2", "3"]
+  max-parallel: 1
+  fail-fast: true
+steps:
+  - run: 'test "$n" != 1'
+`),
+		".knotless/workflows/all.yaml": workflowFile(`
+on: push
+matrix:
+  n: ["1", "2"]
+  max-parallel: 1
+steps:
+  - run: 'test "$n" != 1'
+`),
+	})
+	if _, c := w.waitFinal("ff (n=1)", commit, 90*time.Second); c.Status != "failure" {
+		t.Errorf("ff (n=1): %s, want failure", c.Status)
+	}
+	for _, leg := range []string{"ff (n=2)", "ff (n=3)"} {
+		_, c := w.waitFinal(leg, commit, 90*time.Second)
+		if c.Status != "cancelled" || !strings.Contains(c.Error, "the failed leg ff (n=1) (fail-fast)") {
+			t.Errorf("%s: %s %q, want cancelled by the failed leg", leg, c.Status, c.Error)
+		}
+	}
+	if _, c := w.waitFinal("all (n=2)", commit, 90*time.Second); c.Status != "success" {
+		t.Errorf("all (n=2), without fail-fast: %s, want success", c.Status)
+	}
+}
