@@ -260,6 +260,26 @@ steps:
 			notLog: []string{"never-ran"},
 		},
 		{
+			name: "a step's outputs reach the later steps' if and env",
+			src: `on: push
+steps:
+  - {name: make, run: 'printf "version=1.2.3\\nflag=yes\\nbad line\\n" > "$KNOTLESS_RUN_STEP_OUTPUT"'}
+  - {name: plain, run: 'echo no-outputs'}
+  - name: use
+    if: steps.make.outputs.flag == "yes" && !has(steps.plain.outputs.x)
+    env: {VERSION: "v${{ steps.make.outputs.version }}", NONE: "[${{ steps.plain.outputs.x }}]"}
+    run: 'echo "got $VERSION $NONE"'
+  - {name: never, if: 'steps.make.outputs.flag == "no"', run: 'echo never-ran'}
+`,
+			wantStatus: run.Success,
+			wantSteps: []run.StepResult{
+				{Name: "make", Status: run.Success, ExitCode: intp(0)}, {Name: "plain", Status: run.Success, ExitCode: intp(0)},
+				{Name: "use", Status: run.Success, ExitCode: intp(0)}, {Name: "never", Status: run.Skipped},
+			},
+			wantLog: []string{"got v1.2.3 []\n", "knotless-run: the outputs of step make: line 3: not key=value with a key of letters, digits, _ and - (left out)"},
+			notLog:  []string{"never-ran"},
+		},
+		{
 			name:       "uses a missing shared step",
 			src:        "on: push\nsteps:\n  - {uses: nothing-here}\n",
 			wantStatus: run.Error, wantError: "step nothing-here uses nothing-here",

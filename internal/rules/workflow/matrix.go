@@ -110,6 +110,19 @@ func (w *Workflow) leg(values []EnvVar) *Workflow {
 		l.Env = append(l.Env, EnvVar{Name: e.Name, Value: sub(e.Value)})
 	}
 	l.Env = append(l.Env, values...)
+	if slices.ContainsFunc(w.Steps, func(s Step) bool { return len(s.Env) > 0 }) {
+		l.Steps = slices.Clone(w.Steps)
+		for i, s := range l.Steps {
+			if len(s.Env) == 0 {
+				continue
+			}
+			env := make([]EnvVar, len(s.Env))
+			for j, e := range s.Env {
+				env[j] = EnvVar{Name: e.Name, Value: sub(e.Value)}
+			}
+			l.Steps[i].Env = env
+		}
+	}
 	return &l
 }
 
@@ -481,6 +494,13 @@ func (w *Workflow) matrixKeys() []string {
 // a granted secret or a dispatch input of its name (the steps get it
 // as a variable of that name).
 func (d *decoder) matrixUses(w *Workflow, refs []subRef) {
+	d.matrixRefs(w, refs)
+	d.matrixKeysApart(w, refs)
+}
+
+// matrixRefs checks that each ${{ matrix.NAME }} of refs names a key of
+// the workflow's matrix.
+func (d *decoder) matrixRefs(w *Workflow, refs []subRef) {
 	keys := w.matrixKeys()
 	for _, r := range refs {
 		for _, loc := range anyMatrixRef.FindAllStringIndex(r.s.value, -1) {
@@ -496,6 +516,13 @@ func (d *decoder) matrixUses(w *Workflow, refs []subRef) {
 			}
 		}
 	}
+}
+
+// matrixKeysApart checks that each runner is a DID in every leg, and
+// that no key stands beside an env entry, a granted secret or a
+// dispatch input of its name.
+func (d *decoder) matrixKeysApart(w *Workflow, refs []subRef) {
+	keys := w.matrixKeys()
 	if w.Matrix == nil {
 		return
 	}

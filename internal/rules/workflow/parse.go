@@ -226,7 +226,7 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 	if ifScalar != nil {
 		// After on: its inputs are names the condition reads.
 		var envs *condEnvs
-		w.If = d.cond("if", *ifScalar, w.Inputs, w.matrixKeys(), &envs, false)
+		w.If = d.cond("if", *ifScalar, w.Inputs, w.matrixKeys(), nil, &envs, false)
 	}
 	// An input reaches the steps as a variable of its name: a granted
 	// secret's name would be shadowed by it.
@@ -247,10 +247,12 @@ func (d *decoder) steps(n ast.Node, w *Workflow) {
 		return
 	}
 	names := map[string]bool{}
+	ahead := stepNames(seq)
+	outputSteps := outputSteps(ahead)
 	for i, sn := range seq.Values {
 		sn = deref(sn)
 		s := Step{Line: tokenOf(sn).Position.Line}
-		var nameTk *token.Token
+		var nameTk, ifTk *token.Token
 		d.mapping(sn, fmt.Sprintf("steps[%d]", i), map[string]func(string, ast.Node){
 			"name": func(k string, v ast.Node) {
 				ss := d.str(k, v)
@@ -260,7 +262,13 @@ func (d *decoder) steps(n ast.Node, w *Workflow) {
 			"uses":    func(k string, v ast.Node) { s.Uses = d.str(k, v).value },
 			"timeout": func(k string, v ast.Node) { s.Timeout = d.duration(k, v) },
 			"if": func(k string, v ast.Node) {
-				s.If = d.cond(fmt.Sprintf("steps[%d].if", i), d.str(k, v), w.Inputs, w.matrixKeys(), &d.stepConds, true)
+				ifS := d.str(k, v)
+				s.If, ifTk = d.cond(fmt.Sprintf("steps[%d].if", i), ifS, w.Inputs, w.matrixKeys(), outputSteps, &d.stepConds, true), ifS.tk
+			},
+			"env": func(k string, v ast.Node) {
+				var reads bool
+				s.Env, reads = d.stepEnv(i, v, w, ahead)
+				s.ReadsOutputs = s.ReadsOutputs || reads
 			},
 			"continue-on-error": func(k string, v ast.Node) {
 				b, ok := v.(*ast.BoolNode)
@@ -287,6 +295,10 @@ func (d *decoder) steps(n ast.Node, w *Workflow) {
 				}
 			},
 		})
+		if s.If != nil && len(s.If.Outputs) > 0 {
+			d.checkCondOutputs(i, s.If, ifTk, ahead)
+			s.ReadsOutputs = true
+		}
 		switch {
 		case s.Run == "" && s.Uses == "":
 			d.errorAt(tokenOf(sn), "steps[%d]: want run or uses", i)

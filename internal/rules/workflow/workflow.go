@@ -152,7 +152,14 @@ type Step struct {
 	// WorkingDirectory is where the step starts, relative to the
 	// checkout ("" for the checkout itself); it holds no "..".
 	WorkingDirectory string
-	Line             int
+	// Env are the step's own variables, in file order, after the
+	// workflow's and the run's (StepEnv replaces the outputs of earlier
+	// steps they name).
+	Env []EnvVar
+	// ReadsOutputs: the step's if or env reads an earlier step's
+	// outputs, which are read from the session before it.
+	ReadsOutputs bool
+	Line         int
 }
 
 // Position is where an error is in a file.
