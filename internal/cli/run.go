@@ -31,6 +31,7 @@ type RunCmd struct {
 	Event     string   `help:"The event kind the steps' conditions (if:) read as event.kind; with pull, event.base is --ref's branch." enum:"push,pull,batch,dispatch,schedule" default:"push" placeholder:"KIND"`
 	Ref       string   `help:"The ref the steps' conditions read as event.ref (and event.branch or event.tag)." placeholder:"REF"`
 	RunID     string   `help:"The run's id (default: generated)." placeholder:"ID"`
+	Leg       int      `help:"Of a workflow with a matrix, the leg to run: its number, from 1, as validate lists them." default:"1" placeholder:"N"`
 	Runner    string   `help:"The runner's DID: labels every object a run makes." default:"did:web:localhost"`
 	CacheDir  string   `help:"Keep the workflow's caches in the store under DIR (serve's --cache-dir, to share the daemon's): the checkout directory names the repository (default: none, no caches)." placeholder:"DIR" group:"caches"`
 
@@ -145,7 +146,7 @@ func (c *RunCmd) caches() (run.Caches, run.CacheScope, error) {
 
 func statusCode(s run.Status) int {
 	switch s {
-	case run.Success:
+	case run.Success, run.Skipped: // skipped: its path filters left it out, which is no failure
 		return ExitSuccess
 	case run.Failure:
 		return ExitFailure
@@ -162,7 +163,11 @@ func (c *RunCmd) loadWorkflow() (*workflow.Workflow, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--workflow %s:\n%w", c.Workflow, err)
 		}
-		return wf, nil
+		legs := wf.Legs()
+		if c.Leg < 1 || c.Leg > len(legs) {
+			return nil, usageError{fmt.Errorf("--leg %d: %s has %d legs (from 1)", c.Leg, c.Workflow, len(legs))}
+		}
+		return legs[c.Leg-1], nil
 	}
 	return loadStepsFile(c.StepsFile)
 }

@@ -58,6 +58,11 @@ func (c *ValidateCmd) Run(env *Env) error {
 			continue
 		}
 		fmt.Fprintf(env.Stdout, "%s: ok\n", termsafe.Line(f))
+		if wf.Matrix != nil {
+			for i, leg := range wf.Legs() {
+				fmt.Fprintf(env.Stdout, "  leg %d: %s\n", i+1, termsafe.Line(leg.Name))
+			}
+		}
 	}
 	if bad > 0 {
 		fmt.Fprintf(env.Stderr, "knotless-run: %d of %d workflow files have errors\n", bad, len(files))

@@ -57,3 +57,28 @@ func TestValidateDispatchAndSchedule(t *testing.T) {
 		t.Errorf("badcron.yaml: exit %d, want 1 and %q\nstdout:\n%s\nstderr:\n%s", r.code, want, r.stdout, r.stderr)
 	}
 }
+
+// TestValidateMatrix: validate lists a matrix's legs by number (run
+// --leg's), refuses leg 257 naming the count, and run --leg runs the
+// leg it names.
+func TestValidateMatrix(t *testing.T) {
+	t.Parallel()
+	r := runCLI(t, nil, "validate", "testdata/matrix/test.yaml")
+	for _, want := range []string{"testdata/matrix/test.yaml: ok\n", "  leg 1: test (go=1.22, os=linux)\n", "  leg 2: test (go=1.23, os=linux)\n"} {
+		if r.code != ExitSuccess || !strings.Contains(r.stdout, want) {
+			t.Errorf("test.yaml: exit %d, want 0 and %q\nstdout:\n%s\nstderr:\n%s", r.code, want, r.stdout, r.stderr)
+		}
+	}
+	r = runCLI(t, nil, "validate", "testdata/matrix/big.yaml")
+	want := "testdata/matrix/big.yaml:3:3: matrix: 257 legs, more than the limit of 256"
+	if r.code != ExitFailure || !strings.Contains(r.stdout, want) {
+		t.Errorf("big.yaml: exit %d, want 1 and %q\nstdout:\n%s\nstderr:\n%s", r.code, want, r.stdout, r.stderr)
+	}
+	r = runCLI(t, nil, "run", "--executor", "shell", "--workflow", "testdata/matrix/test.yaml", "--workdir", t.TempDir(), "--leg", "2")
+	if r.code != ExitSuccess || !strings.Contains(r.stdout, "leg go=1.23 os=linux") {
+		t.Errorf("run --leg 2: exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+	if r = runCLI(t, nil, "run", "--executor", "shell", "--workflow", "testdata/matrix/test.yaml", "--leg", "3"); r.code != ExitConfig {
+		t.Errorf("run --leg 3: exit %d, want %d\nstderr:\n%s", r.code, ExitConfig, r.stderr)
+	}
+}

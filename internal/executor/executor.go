@@ -256,7 +256,15 @@ const (
 	EnvRunID    = "KNOTLESS_RUN_ID"
 	EnvWorkflow = "KNOTLESS_RUN_WORKFLOW"
 	EnvStep     = "KNOTLESS_RUN_STEP"
+	// EnvStepOutput names the file a step writes its outputs to
+	// (key=value lines), in the session's StepOutputsDir.
+	EnvStepOutput = "KNOTLESS_RUN_STEP_OUTPUT"
 )
+
+// StepOutputsDir is the directory of the steps' outputs files, under
+// the steps directory: the engine makes it with the scripts, and reads
+// it back (Get) before a step that reads an earlier step's outputs.
+const StepOutputsDir = "out"
 
 // PodDirs are the directories inside a pod or container.
 func PodDirs() Dirs {

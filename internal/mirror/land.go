@@ -189,3 +189,48 @@ func (r *Repo) Push(ctx context.Context, source, branch, old, new string, creds 
 func (r *Repo) Has(ctx context.Context, commit string) bool {
 	return ValidCommit(commit) && r.has(ctx, commit)
 }
+
+// MaxChanged bounds the paths Changed lists: a change that touches more
+// is too large to say which files it touched (ErrTooManyChanged).
+const MaxChanged = 20000
+
+// ErrTooManyChanged is a change of more than MaxChanged paths.
+var ErrTooManyChanged = errors.New("the change touches more paths than the runner lists")
+
+// Changed lists the paths that differ between the commits from and to
+// of the mirror (git diff-tree -r, renames as a deletion and an
+// addition), as git names them (-z: not C-quoted). With mergeBase, from
+// is first taken to its merge base with to: what a pull changed since
+// it left its base branch. Both are object ids the mirror holds; the
+// names are the source's, as a stranger wrote them, and only matched.
+func (r *Repo) Changed(ctx context.Context, from, to string, mergeBase bool) ([]string, error) {
+	if !ValidCommit(from) || !ValidCommit(to) {
+		return nil, fmt.Errorf("%w: changes from %q to %q: not object ids", ErrRefused, from, to)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if mergeBase {
+		out, err := r.git(ctx, "merge-base", from, to)
+		if err != nil {
+			return nil, fmt.Errorf("merge base of %s and %s: %w", from, to, err)
+		}
+		if from = strings.TrimSpace(out); !ValidCommit(from) {
+			return nil, fmt.Errorf("merge base of %s and %s: %q", from, to, out)
+		}
+	}
+	out, err := r.git(ctx, "diff-tree", "-r", "-z", "--name-only", "--no-renames", "--no-commit-id", from, to)
+	if err != nil {
+		return nil, fmt.Errorf("changes from %s to %s: %w", from, to, err)
+	}
+	var names []string
+	for _, n := range strings.Split(out, "\x00") {
+		if n == "" {
+			continue
+		}
+		if len(names) == MaxChanged {
+			return nil, fmt.Errorf("changes from %s to %s: %w (%d)", from, to, ErrTooManyChanged, MaxChanged)
+		}
+		names = append(names, n)
+	}
+	return names, nil
+}

@@ -57,11 +57,13 @@ func (r *runState) payload(dirs executor.Dirs, i int) (string, error) {
 		{Name: executor.EnvRunID, Value: r.req.RunID},
 		{Name: executor.EnvWorkflow, Value: r.req.Workflow.Name},
 		{Name: executor.EnvStep, Value: s.Name},
+		{Name: executor.EnvStepOutput, Value: path.Join(dirs.Steps, executor.StepOutputsDir, strconv.Itoa(i+1))},
 		{Name: "CI", Value: "true"},
 	}
-	// The workflow's env, then the run's variables: a run variable of
-	// the same name takes the place of the workflow's.
-	for _, vars := range [][]workflow.EnvVar{r.req.Workflow.Env, r.req.Vars} {
+	// The workflow's env, then the run's variables, then the step's own
+	// (with the earlier steps' outputs it names): a later one of the
+	// same name takes the place of the earlier.
+	for _, vars := range [][]workflow.EnvVar{r.req.Workflow.Env, r.req.Vars, r.req.Workflow.StepEnv(i, r.outputs)} {
 		for _, v := range vars {
 			env = slices.DeleteFunc(env, func(e payload.Var) bool { return e.Name == v.Name })
 			env = append(env, payload.Var{Name: v.Name, Value: v.Value})

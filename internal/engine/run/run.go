@@ -243,6 +243,11 @@ type runState struct {
 	// process that read it.
 	ledgerExit *int
 	outputLost bool
+	// outputs are the steps' outputs read from the session so far (for
+	// the steps that read them); outputsSaid, the steps whose outputs'
+	// problems the log has said.
+	outputs     workflow.Outputs
+	outputsSaid map[int]bool
 }
 
 // execute runs the run from its start: the session started here, or by

@@ -57,6 +57,7 @@ func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, 
 	ev := r.req.Event
 	ev.Trusted = r.req.Trusted
 	vars := r.req.Workflow.CondVars(ev, r.req.Vars)
+	r.req.Workflow.OutputVars(vars, r.outputs)
 	afterCancel := false
 	for i := first; i < len(steps); i++ {
 		s := steps[i]
@@ -68,6 +69,15 @@ func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, 
 			// Its header and the output up to Offset are in the log already.
 			at = stepStart{time: from.StepStartedAt, started: true, offset: from.Offset}
 		} else {
+			if s.ReadsOutputs {
+				// Its if or env reads an earlier step's outputs.
+				if err := r.loadOutputs(ctx, sess, dirs, i); err != nil {
+					sr.Status = Error
+					r.fail(Error, s.Name, fmt.Errorf("step %s: %w", s.Name, err))
+					continue
+				}
+				r.req.Workflow.OutputVars(vars, r.outputs)
+			}
 			state := r.stepState(cancelled() != nil, i)
 			runs, err := r.req.Workflow.StepRuns(i, state, vars)
 			switch {

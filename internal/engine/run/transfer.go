@@ -71,12 +71,17 @@ func (r *runState) putCheckout(ctx context.Context, sess executor.Session, dirs 
 	return nil
 }
 
-// packScripts adds each step's script, named its step number under dir.
+// packScripts adds each step's script, named its step number under dir,
+// and the directory the steps write their outputs files in (with an
+// empty file, as a tar stream's directory is made by its first entry).
 func (r *runState) packScripts(p *tarstream.Packer, dir string) error {
 	for i, s := range r.scripts {
 		if err := p.File(path.Join(dir, strconv.Itoa(i+1)), 0o755, s); err != nil {
 			return fmt.Errorf("pack step scripts: %w", err)
 		}
+	}
+	if err := p.File(path.Join(dir, executor.StepOutputsDir, ".keep"), 0o644, nil); err != nil {
+		return fmt.Errorf("pack step scripts: %w", err)
 	}
 	return nil
 }

@@ -108,6 +108,7 @@ func testStatus(t *testing.T, h Harness) {
 		trusted    *bool    // default true
 		wantLog    []string // substrings of the log
 		notLog     []string // not in the log
+		leg        int      // of a matrix: which leg runs
 	}{
 		{
 			name:       "success",
@@ -239,6 +240,51 @@ steps:
 			notLog:  []string{"never-ran"},
 		},
 		{
+			name: "a matrix leg's values reach its steps, env, image and conditions",
+			src: `on: push
+image: "${{ matrix.img }}"
+env:
+  GREETING: "go-${{ matrix.go }}-on-${{matrix.os}}"
+matrix:
+  go: ["1.22", "1.23"]
+  os: [linux]
+  img: ["{{image}}"]
+steps:
+  - {name: vars, run: 'printf "leg go=%s os=%s greeting=%s workflow=%s\n" "$go" "$os" "$GREETING" "$KNOTLESS_RUN_WORKFLOW"'}
+  - {name: only-1.23, if: "matrix.go == '1.23'", run: 'echo never-ran'}
+  - {name: only-1.22, if: "matrix.go == '1.22' && matrix.os == 'linux'", run: 'echo ran-for-1.22'}
+`,
+			leg:        0,
+			wantStatus: run.Success,
+			wantSteps: []run.StepResult{
+				{Name: "vars", Status: run.Success, ExitCode: intp(0)}, {Name: "only-1.23", Status: run.Skipped},
+				{Name: "only-1.22", Status: run.Success, ExitCode: intp(0)},
+			},
+			wantLog: []string{"leg go=1.22 os=linux greeting=go-1.22-on-linux workflow=conformance (go=1.22, os=linux, img=", "ran-for-1.22\n",
+				"==> step 2/3: only-1.23: skipped (if: matrix.go == '1.23')"},
+			notLog: []string{"never-ran"},
+		},
+		{
+			name: "a step's outputs reach the later steps' if and env",
+			src: `on: push
+steps:
+  - {name: make, run: 'printf "version=1.2.3\\nflag=yes\\nbad line\\n" > "$KNOTLESS_RUN_STEP_OUTPUT"'}
+  - {name: plain, run: 'echo no-outputs'}
+  - name: use
+    if: steps.make.outputs.flag == "yes" && !has(steps.plain.outputs.x)
+    env: {VERSION: "v${{ steps.make.outputs.version }}", NONE: "[${{ steps.plain.outputs.x }}]"}
+    run: 'echo "got $VERSION $NONE"'
+  - {name: never, if: 'steps.make.outputs.flag == "no"', run: 'echo never-ran'}
+`,
+			wantStatus: run.Success,
+			wantSteps: []run.StepResult{
+				{Name: "make", Status: run.Success, ExitCode: intp(0)}, {Name: "plain", Status: run.Success, ExitCode: intp(0)},
+				{Name: "use", Status: run.Success, ExitCode: intp(0)}, {Name: "never", Status: run.Skipped},
+			},
+			wantLog: []string{"got v1.2.3 []\n", "knotless-run: the outputs of step make: line 3: not key=value with a key of letters, digits, _ and - (left out)"},
+			notLog:  []string{"never-ran"},
+		},
+		{
 			name:       "uses a missing shared step",
 			src:        "on: push\nsteps:\n  - {uses: nothing-here}\n",
 			wantStatus: run.Error, wantError: "step nothing-here uses nothing-here",
@@ -258,6 +304,11 @@ steps:
 			// The run timeout starts before the session does.
 			runTimeout := (3*time.Second + h.StartTime).String()
 			src := strings.ReplaceAll(tt.src, "{{runTimeout}}", runTimeout)
+			image := h.Image
+			if image == "" {
+				image = "busybox:stable" // the shell executor runs none
+			}
+			src = strings.ReplaceAll(src, "{{image}}", image)
 			wantError := strings.ReplaceAll(tt.wantError, "{{runTimeout}}", runTimeout)
 			ctx := context.Background()
 			var live *cancelWriter
@@ -270,7 +321,7 @@ steps:
 				live = &cancelWriter{on: tt.cancelOn, cancel: cancel}
 			}
 			trusted := tt.trusted == nil || *tt.trusted
-			req := run.Request{RunID: runID(t), Workflow: parse(t, src), Checkout: checkout, Trusted: trusted, Event: tt.event}
+			req := run.Request{RunID: runID(t), Workflow: parse(t, src).Legs()[tt.leg], Checkout: checkout, Trusted: trusted, Event: tt.event}
 			if live != nil {
 				req.Live = live
 			}

@@ -41,7 +41,7 @@ var (
 	// RunStatuses are the final statuses of a run (run.Status).
 	RunStatuses = []string{"success", "failure", "error", "cancelled"}
 	// CheckStatuses are the statuses a check record is written with.
-	CheckStatuses = []string{"queued", "running", "success", "failure", "error", "cancelled"}
+	CheckStatuses = []string{"queued", "running", "success", "failure", "error", "cancelled", "skipped"}
 	// Kinds are the kinds of work (forge.KindPush, KindPull, KindBatch).
 	Kinds = []string{"push", "pull", "batch"}
 	// Executors are the executors' names.

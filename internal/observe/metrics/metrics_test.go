@@ -413,7 +413,7 @@ func TestLabelSetsAreTheRunnersValues(t *testing.T) {
 		got, want []string
 	}{
 		{"run statuses", metrics.RunStatuses, statuses},
-		{"check statuses", metrics.CheckStatuses, append([]string{forge.StatusQueued, forge.StatusRunning}, statuses...)},
+		{"check statuses", metrics.CheckStatuses, append(append([]string{forge.StatusQueued, forge.StatusRunning}, statuses...), string(run.Skipped))},
 		{"kinds", metrics.Kinds, []string{forge.KindPush, forge.KindPull, forge.KindBatch}},
 		{"executors", metrics.Executors, []string{kubernetes.Name, docker.Name, shell.Name}},
 		{"ejection reasons", metrics.EjectionReasons, []string{forge.EjectConflictBase, forge.EjectConflictPull, forge.EjectPreflight, forge.EjectBatch, forge.EjectHeadMoved, forge.EjectClosed}},

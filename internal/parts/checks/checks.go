@@ -31,6 +31,9 @@ const (
 	Failure          = Status(run.Failure)
 	Error            = Status(run.Error)
 	Cancelled        = Status(run.Cancelled)
+	// Skipped: the workflow did not run, as its path filters asked (it
+	// counts as passing for the merge queue: Verdict).
+	Skipped = Status(run.Skipped)
 )
 
 // Final reports whether s is a final status.

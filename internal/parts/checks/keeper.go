@@ -272,6 +272,20 @@ func (k *Keeper) Error(ctx context.Context, ev work.Event, wf, msg string) {
 	k.putFinal(ctx, Finish, key, ev, c, k.log)
 }
 
+// Skipped writes the final skipped check of the workflow wf of ev,
+// which its path filters leave out (why says which), unless its check
+// is final.
+func (k *Keeper) Skipped(ctx context.Context, ev work.Event, wf, why string) {
+	key := ev.CheckKey(wf)
+	if k.Final(key) {
+		return
+	}
+	now := forge.Now()
+	c := forge.Check{Type: forge.CollectionCheck, Subject: ev.Subject(), Workflow: wf, Status: string(Skipped),
+		Error: Truncate(why, MaxError), CreatedAt: now, FinishedAt: now, Attempt: ev.Attempt(wf), Cause: ev.Cause}
+	k.putFinal(ctx, Finish, key, ev, c, k.log)
+}
+
 // Map maps a run's result onto its check c, one to one: status, times,
 // failed step, error, steps with their exit codes and durations, the
 // log and the image outputs (read from outDir, where the run's outputs
@@ -348,13 +362,15 @@ type Verdict int
 
 // The verdicts, from best to worst.
 const (
-	Passed  Verdict = iota // every check succeeded
+	Passed  Verdict = iota // every check succeeded (or was skipped)
 	Waiting                // some check is not final yet
 	Unknown                // some check is not written yet
 	Failed                 // a check did not succeed
 )
 
-// Verdict reads the checks of the workflows of subject: all succeeded,
+// Verdict reads the checks of the workflows of subject: all succeeded
+// (a skipped check, which its path filters left out, counts as
+// passing: a required workflow filtered out does not hold the queue),
 // one failed (detail names it), or not there yet.
 func (k *Keeper) Verdict(subject forge.Subject, workflows []string) (Verdict, string) {
 	v := Passed
@@ -365,7 +381,7 @@ func (k *Keeper) Verdict(subject forge.Subject, workflows []string) (Verdict, st
 			v = max(v, Unknown)
 		case !Status(c.Status).Final():
 			v = max(v, Waiting)
-		case Status(c.Status) != Success:
+		case Status(c.Status) != Success && Status(c.Status) != Skipped:
 			detail := "workflow " + wf + ": " + c.Status
 			if c.FailedStep != "" {
 				detail += " in step " + c.FailedStep

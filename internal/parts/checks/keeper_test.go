@@ -382,6 +382,7 @@ func TestVerdict(t *testing.T) {
 	know("ok", "success", "")
 	know("going", "running", "")
 	know("bad", "failure", "test")
+	know("filtered", "skipped", "")
 	for _, tc := range []struct {
 		wfs    []string
 		want   Verdict
@@ -389,6 +390,8 @@ func TestVerdict(t *testing.T) {
 	}{
 		{nil, Passed, ""},
 		{[]string{"ok"}, Passed, ""},
+		{[]string{"ok", "filtered"}, Passed, ""}, // its path filters left it out: passing
+		{[]string{"filtered", "going"}, Waiting, ""},
 		{[]string{"ok", "going"}, Waiting, ""},
 		{[]string{"going", "unwritten"}, Unknown, ""},
 		{[]string{"ok", "going", "bad"}, Failed, "workflow bad: failure in step test"},

@@ -79,7 +79,9 @@ func runVars(ev work.Event, wf *workflow.Workflow) ([]workflow.EnvVar, error) {
 func missingWorkflows(ev work.Event, jobs []*job.Job, notRun []notRunnable, invalid func(string) bool) []notRunnable {
 	var out []notRunnable
 	for _, name := range slices.Sorted(maps.Keys(ev.Workflows)) {
-		if slices.ContainsFunc(jobs, func(j *job.Job) bool { return j.Workflow.Name == name }) ||
+		if slices.ContainsFunc(jobs, func(j *job.Job) bool {
+			return j.Workflow.Name == name || (j.Workflow.Leg != nil && j.Workflow.Leg.Base == name)
+		}) ||
 			slices.ContainsFunc(notRun, func(n notRunnable) bool { return n.name == name }) || invalid(name) {
 			continue
 		}

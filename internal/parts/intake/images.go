@@ -26,7 +26,7 @@ func (in *Intake) warnImages(ctx context.Context, ev work.Event, wfs []*workflow
 	if in.p.CheckImage == nil || !ev.Trusted {
 		return
 	}
-	for _, wf := range wfs {
+	for _, wf := range workflow.Plan(wfs) {
 		if !job.RunsFor(wf, ev) || !wf.AllowsRunner(in.facts.Runner.String()) {
 			continue
 		}

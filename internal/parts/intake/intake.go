@@ -111,6 +111,9 @@ type Scheduler interface {
 type Checks interface {
 	Final(key string) bool
 	Error(ctx context.Context, ev work.Event, wf, msg string)
+	// Skipped writes the skipped check of a workflow its path filters
+	// leave out.
+	Skipped(ctx context.Context, ev work.Event, wf, why string)
 	Forget(cutoff time.Time, need func(evKey string) bool) int
 	// Expect says a check write made with the context returned is
 	// about to come (checks.Recorder.Expect): a burst's lanes expect

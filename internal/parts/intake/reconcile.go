@@ -152,7 +152,7 @@ func (in *Intake) Consider(ctx context.Context, ev work.Event) error {
 		in.deferEvent(log, ev, dec, first)
 		return nil
 	}
-	repo, tree, conflict, err := in.Prepare(ctx, ev)
+	repo, tree, base, conflict, err := in.prepare(ctx, ev)
 	var wfs []*workflow.Workflow
 	var bad []error
 	if err == nil {
@@ -178,8 +178,8 @@ func (in *Intake) Consider(ctx context.Context, ev work.Event) error {
 	}
 	in.warnUnacted(log, ev.Repo.URI.String(), wfs)
 	in.warnImages(ctx, ev, wfs)
-	p := in.plan(log, ev, repo, tree, wfs, bad)
-	n := need{known: true, checks: len(p.jobs) + len(p.invalid) + len(p.notRun), runs: len(p.todo), errors: len(p.invalid) + len(p.notRun)}
+	p := in.plan(log, ev, repo, tree, wfs, bad, in.changes(ctx, log, ev, repo, base))
+	n := need{known: true, checks: len(p.jobs) + len(p.invalid) + len(p.notRun) + len(p.skipped), runs: len(p.todo), errors: len(p.invalid) + len(p.notRun)}
 	if conflict != nil {
 		n.runs, n.errors = 0, len(p.todo)+len(p.invalid)
 	}
@@ -217,6 +217,9 @@ type plan struct {
 	jobs, todo []*job.Job
 	notRun     []notRunnable
 	invalid    []invalidFile
+	// skipped are the workflows their path filters leave out, each a
+	// skipped check saying why.
+	skipped []notRunnable
 }
 
 // invalidFile is a workflow file that does not parse, by the name of
@@ -226,11 +229,14 @@ type invalidFile struct {
 	err  error
 }
 
-// plan makes ev's plan from the workflows read at tree (wfs) and the
-// files that did not parse (bad).
-func (in *Intake) plan(log *slog.Logger, ev work.Event, repo job.Repo, tree string, wfs []*workflow.Workflow, bad []error) plan {
+// plan makes ev's plan from the workflows read at tree (wfs), the
+// files that did not parse (bad) and the files the change touched, for
+// the path filters (changed: known false when they cannot be said, and
+// every workflow runs).
+func (in *Intake) plan(log *slog.Logger, ev work.Event, repo job.Repo, tree string, wfs []*workflow.Workflow, bad []error, changed func() ([]string, bool)) plan {
 	var p plan
-	for _, wf := range wfs {
+	// Each leg of a matrix is a job of its own, named after its values.
+	for _, wf := range workflow.Plan(wfs) {
 		runs, ifErr := job.Runs(wf, ev)
 		if (!runs && ifErr == nil) || !wf.AllowsRunner(in.facts.Runner.String()) {
 			continue
@@ -238,6 +244,14 @@ func (in *Intake) plan(log *slog.Logger, ev work.Event, repo job.Repo, tree stri
 		if ifErr != nil {
 			p.notRun = append(p.notRun, notRunnable{wf.Name, ifErr.Error()})
 			continue
+		}
+		if t, ok := job.PathTrigger(ev); ok && wf.HasPathFilter(t) {
+			if files, known := changed(); known {
+				if admit, why := wf.PathsAdmit(t, files); !admit {
+					p.skipped = append(p.skipped, notRunnable{wf.Name, why})
+					continue
+				}
+			}
 		}
 		j := job.New(ev, wf, repo, tree)
 		var err error
@@ -284,6 +298,9 @@ func (in *Intake) act(ctx context.Context, ev work.Event, p plan, conflict *mirr
 	for _, f := range p.notRun {
 		in.p.Checks.Error(ctx, ev, f.name, f.why)
 	}
+	for _, f := range p.skipped {
+		in.p.Checks.Skipped(ctx, ev, f.name, f.why)
+	}
 	todo := p.todo
 	if conflict != nil {
 		for _, j := range todo {
@@ -328,36 +345,72 @@ func (in *Intake) refused(ev work.Event, reason string) {
 // pull that does not merge, the conflict. A fetch that fails for a
 // reason other than a refusal is a *fetchError.
 func (in *Intake) Prepare(ctx context.Context, ev work.Event) (job.Repo, string, *mirror.ConflictError, error) {
+	repo, tree, _, conflict, err := in.prepare(ctx, ev)
+	return repo, tree, conflict, err
+}
+
+// prepare is Prepare, and for a pull the head of its base branch it was
+// merged onto (base).
+func (in *Intake) prepare(ctx context.Context, ev work.Event) (repo job.Repo, tree, base string, _ *mirror.ConflictError, _ error) {
 	repo, err := in.p.Mirrors.Open(ctx, job.MirrorKey(ev))
 	if err != nil {
-		return nil, "", nil, err
+		return nil, "", "", nil, err
 	}
 	if ev.Kind == forge.KindBatch {
 		// The lander squashed the batch into this mirror.
-		return repo, ev.Commit, nil, nil
+		return repo, ev.Commit, "", nil, nil
 	}
 	if ev.Kind != forge.KindPull {
 		if err := repo.Fetch(ctx, job.OwnerSource, ev.Repo.Value.Source, ev.Ref, ev.Commit); err != nil {
-			return nil, "", nil, fetchFailure(ev.Repo.Value.Source, err)
+			return nil, "", "", nil, fetchFailure(ev.Repo.Value.Source, err)
 		}
-		return repo, ev.Commit, nil, nil
+		return repo, ev.Commit, "", nil, nil
 	}
 	if err := repo.Fetch(ctx, job.PullSource, ev.Pull.Head.Source, ev.Pull.Head.Ref, ev.Commit); err != nil {
-		return nil, "", nil, fetchFailure(ev.Pull.Head.Source, err)
+		return nil, "", "", nil, fetchFailure(ev.Pull.Head.Source, err)
 	}
-	base, err := repo.Branch(ctx, ev.Repo.Value.Source, ev.Pull.Base)
+	base, err = repo.Branch(ctx, ev.Repo.Value.Source, ev.Pull.Base)
 	if err != nil {
-		return nil, "", nil, err
+		return nil, "", "", nil, err
 	}
 	merged, err := repo.Merge(ctx, base, ev.Commit)
 	var ce *mirror.ConflictError
 	switch {
 	case errors.As(err, &ce):
-		return repo, ev.Commit, ce, nil
+		return repo, ev.Commit, base, ce, nil
 	case err != nil:
-		return nil, "", nil, err
+		return nil, "", "", nil, err
 	}
-	return repo, merged, nil, nil
+	return repo, merged, base, nil, nil
+}
+
+// changes returns what the event changed, for the path filters, asked
+// of the mirror at the first call (job.ChangeRange: a push's
+// before..after, a pull's merge base to its head). Where that cannot be
+// said (a push that made its ref, a before the mirror lacks, a change
+// of more paths than mirror.MaxChanged, a git error) known is false and
+// every workflow runs: a filter never skips work on a guess.
+func (in *Intake) changes(ctx context.Context, log *slog.Logger, ev work.Event, repo job.Repo, base string) func() ([]string, bool) {
+	var files []string
+	var known, asked bool
+	return func() ([]string, bool) {
+		if asked {
+			return files, known
+		}
+		asked = true
+		from, to, mergeBase, ok := job.ChangeRange(ev, base)
+		if !ok || !repo.Has(ctx, from) {
+			log.Info("the files the change touched are not known; the path filters let every workflow run", "from", from)
+			return nil, false
+		}
+		var err error
+		if files, err = repo.Changed(ctx, from, to, mergeBase); err != nil {
+			log.Warn("the files the change touched are not known; the path filters let every workflow run", "err", err)
+			return nil, false
+		}
+		known = true
+		return files, true
+	}
 }
 
 // fetchError is a fetch of the event's commit that failed for a reason

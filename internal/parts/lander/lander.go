@@ -244,7 +244,7 @@ func (l *Lander) preflight(ctx context.Context, ev work.Event) (mergequeue.Prefl
 // all succeeded, one failed (detail names it), or not there yet.
 func (l *Lander) verdict(ev work.Event, wfs []*workflow.Workflow) (checks.Verdict, string) {
 	var names []string
-	for _, wf := range wfs {
+	for _, wf := range workflow.Plan(wfs) {
 		if job.RunsFor(wf, ev) && wf.AllowsRunner(l.runner) {
 			names = append(names, wf.Name)
 		}

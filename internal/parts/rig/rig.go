@@ -196,6 +196,10 @@ type Mirrors struct {
 	// Paths are the paths each pull head changes: two heads that change
 	// a path in common conflict when squashed onto one another.
 	Paths map[string][]string
+	// Changed are the paths each commit changed (Repo.Changed), and
+	// ChangedErr what Changed returns when set.
+	Changed    map[string][]string
+	ChangedErr error
 	// BaseConflicts are the pull heads that do not merge onto the base.
 	BaseConflicts map[string]bool
 	// objects are the squashed commits in the mirror; parent and stack
@@ -474,6 +478,16 @@ func (r repo) Push(ctx context.Context, source, branch, old, new string) error {
 	f.Heads[branch] = new
 	f.pushes = append(f.pushes, branch+" "+old+" "+new)
 	return nil
+}
+
+// Changed is what SetChanged set for to (nil: none), whatever from is.
+func (r repo) Changed(_ context.Context, from, to string, mergeBase bool) ([]string, error) {
+	r.f.mu.Lock()
+	defer r.f.mu.Unlock()
+	if r.f.ChangedErr != nil {
+		return nil, r.f.ChangedErr
+	}
+	return r.f.Changed[to], nil
 }
 
 func (r repo) Has(_ context.Context, commit string) bool {

@@ -149,7 +149,7 @@ func (p *Part) dispatches(ctx context.Context, snap *ingest.Snapshot) {
 		}
 		uri, rec := r.URI.String(), r.Value
 		key := forge.CheckKey(control.DispatchSubject(uri, rec, ""), rec.Workflow)
-		if olderThan(r.URI, cutoff) || p.p.Checks.Final(key) || p.p.Scheduler.HasCheck(key) {
+		if olderThan(r.URI, cutoff) || p.p.Checks.Final(key) || p.p.Scheduler.HasCheck(key) || p.legsServed(uri) {
 			continue // served, or past the retention
 		}
 		// Who may, before any git work.
@@ -174,6 +174,43 @@ func (p *Part) dispatches(ctx context.Context, snap *ingest.Snapshot) {
 			}
 		}
 	}
+}
+
+// noteLegs remembers the check keys of the legs of wf, a matrix
+// workflow the dispatch record uri runs (its subject's key takes no
+// commit), so that a served one is known without reading git again.
+func (p *Part) noteLegs(uri string, rec forge.Dispatch, wf *workflow.Workflow) {
+	if wf.Matrix == nil {
+		return
+	}
+	s := control.DispatchSubject(uri, rec, "")
+	var keys []string
+	for _, leg := range wf.Legs() {
+		keys = append(keys, forge.CheckKey(s, leg.Name))
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.legKeys) >= maxLegKeys {
+		clear(p.legKeys)
+	}
+	p.legKeys[uri] = keys
+}
+
+// legsServed reports whether the dispatch record uri ran a matrix whose
+// every leg's check is final or in hand.
+func (p *Part) legsServed(uri string) bool {
+	p.mu.Lock()
+	keys := p.legKeys[uri]
+	p.mu.Unlock()
+	if len(keys) == 0 {
+		return false
+	}
+	for _, k := range keys {
+		if !p.p.Checks.Final(k) && !p.p.Scheduler.HasCheck(k) {
+			return false
+		}
+	}
+	return true
 }
 
 // noCommit is the subject commit of a dispatch's error check when its
@@ -222,6 +259,7 @@ func (p *Part) dispatch(ctx context.Context, snap *ingest.Snapshot, r forge.Reco
 	switch plan.Verdict {
 	case control.Act:
 		ev.Vars = plan.Vars
+		p.noteLegs(uri, rec, wf)
 		if p.once.First("dispatch\x00" + uri) { // a deferred one is read again at each reconcile
 			p.log.Info("dispatch record: running", "dispatch", uri, "workflow", rec.Workflow, "commit", ev.Commit)
 		}

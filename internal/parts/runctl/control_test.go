@@ -438,3 +438,36 @@ func TestSchedules(t *testing.T) {
 		}
 	})
 }
+
+// A dispatch of a matrix workflow runs each leg, with a check of its
+// own; once every leg's check is final or in hand, the record is served
+// without opening the mirror again (its own key names no check).
+func TestDispatchOfAMatrix(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	deploy, err := workflow.Parse(".knotless/workflows/deploy.yaml", []byte("on: dispatch\nmatrix:\n  env: [staging, production]\nsteps: [{run: make}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.git.SetWorkflows(deploy)
+	w.git.MoveHead("main", rig.CommitID("main head"))
+	d := rig.DispatchOf(tid(1), "refs/heads/main", "deploy")
+	w.lister.SetRepos(rig.RepoRecord())
+	w.lister.SetControls(ingest.Controls{Dispatches: []forge.Record[forge.Dispatch]{d}})
+	w.reconcile(t)
+	for _, leg := range []string{"deploy (env=staging)", "deploy (env=production)"} {
+		key := forge.CheckKey(control.DispatchSubject(d.URI.String(), d.Value, ""), leg)
+		if c, _ := w.keeper.Get(key); c.Status != "queued" || c.Cause != d.URI.String() {
+			t.Errorf("%s: %+v, want queued for the dispatch", leg, c)
+		}
+	}
+	if _, known := w.keeper.Get(forge.CheckKey(control.DispatchSubject(d.URI.String(), d.Value, ""), "deploy")); known {
+		t.Error("a check of the matrix workflow itself")
+	}
+	opened := len(w.git.Opened())
+	w.reconcile(t)
+	w.reconcile(t)
+	if n := len(w.git.Opened()); n != opened {
+		t.Errorf("the served dispatch opened the mirror %d more times", n-opened)
+	}
+}

@@ -123,7 +123,15 @@ type Part struct {
 	// workflow (schedule.go).
 	schedules   map[string]*repoSchedule
 	queuedTicks map[string]map[string]queuedTick
+	// legKeys are the check keys of the legs of the matrix workflows
+	// dispatched, by dispatch record (control.go): the record's own key
+	// names no check. Bounded by maxLegKeys.
+	legKeys map[string][]string
 }
+
+// maxLegKeys bounds the dispatches whose leg keys are remembered; past
+// it they are forgotten (each is then read from git once more).
+const maxLegKeys = 10000
 
 // New returns the run-control part of runner.
 func New(cfg Config, runner syntax.DID, p Ports, log *slog.Logger) *Part {
@@ -134,7 +142,7 @@ func New(cfg Config, runner syntax.DID, p Ports, log *slog.Logger) *Part {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Part{cfg: cfg, runner: runner.String(), p: p, log: log, once: onceset.New(cfg.Remembered),
-		schedules: map[string]*repoSchedule{}, queuedTicks: map[string]map[string]queuedTick{}}
+		schedules: map[string]*repoSchedule{}, queuedTicks: map[string]map[string]queuedTick{}, legKeys: map[string][]string{}}
 }
 
 // Cancel acts on the listing's cancel records. Intake calls it before

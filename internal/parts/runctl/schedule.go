@@ -74,6 +74,9 @@ type repoSchedule struct {
 // and its tick.
 type queuedTick struct {
 	key, tick string
+	// legs are the check keys of a matrix workflow's other legs (key is
+	// the first's): the tick is queued while any of them is.
+	legs []string
 }
 
 // runSchedules runs the ticks due of the repositories' scheduled
@@ -199,7 +202,7 @@ func (p *Part) ticks(ctx context.Context, repo forge.Record[forge.Repo], branch 
 			mem.retry = true
 			continue
 		}
-		if !p.handled(ev) {
+		if !p.handled(ev, mem) {
 			// Over the owner's caps (or its commit's fetch backing
 			// off): not run yet, and not recorded as run; the newest
 			// tick due runs once the owner's runs end.
@@ -210,7 +213,8 @@ func (p *Part) ticks(ctx context.Context, repo forge.Record[forge.Repo], branch 
 			if err := p.p.State.SetScheduleLast(uri, name, run); err != nil {
 				log.Error("save state", "workflow", name, "err", err)
 			}
-			p.noteQueuedTick(uri, name, queuedTick{key: ev.CheckKey(name), tick: ev.Tick})
+			keys := tickKeys(ev, mem, name)
+			p.noteQueuedTick(uri, name, queuedTick{key: keys[0], tick: ev.Tick, legs: keys[1:]})
 		}
 	}
 }
@@ -221,10 +225,13 @@ func (p *Part) stillQueued(repo, wf string) (queuedTick, bool) {
 	p.mu.Lock()
 	q, ok := p.queuedTicks[repo][wf]
 	p.mu.Unlock()
-	if !ok || !p.p.Scheduler.Waiting(q.key) {
+	if !ok {
 		return queuedTick{}, false
 	}
-	return q, true
+	if p.p.Scheduler.Waiting(q.key) || slices.ContainsFunc(q.legs, p.p.Scheduler.Waiting) {
+		return q, true
+	}
+	return queuedTick{}, false
 }
 
 // noteQueuedTick remembers q as the newest tick queued of workflow wf
@@ -241,16 +248,32 @@ func (p *Part) noteQueuedTick(repo, wf string, q queuedTick) {
 // handled reports whether a tick's event was taken: done (refused, or
 // its checks final) or a job of it in hand. One that was not waits for
 // the owner's caps, or for its commit's fetch to be tried again.
-func (p *Part) handled(ev work.Event) bool {
+func (p *Part) handled(ev work.Event, mem *repoSchedule) bool {
 	if p.p.State.Done(ev.Key()) {
 		return true
 	}
 	for name := range ev.Workflows {
-		if key := ev.CheckKey(name); p.p.Scheduler.HasCheck(key) || p.p.Checks.Final(key) {
-			return true
+		for _, key := range tickKeys(ev, mem, name) {
+			if p.p.Scheduler.HasCheck(key) || p.p.Checks.Final(key) {
+				return true
+			}
 		}
 	}
 	return false
+}
+
+// tickKeys are the check keys of the tick ev of workflow name: its
+// own, or a matrix's legs', in order.
+func tickKeys(ev work.Event, mem *repoSchedule, name string) []string {
+	i := slices.IndexFunc(mem.workflows, func(w *workflow.Workflow) bool { return w.Name == name })
+	if i < 0 || mem.workflows[i].Matrix == nil {
+		return []string{ev.CheckKey(name)}
+	}
+	var keys []string
+	for _, leg := range mem.workflows[i].Legs() {
+		keys = append(keys, ev.CheckKey(leg.Name))
+	}
+	return keys
 }
 
 // forgetUnscheduled forgets what is kept of repo's workflows but those

@@ -267,3 +267,42 @@ func TestSchedulesForgotten(t *testing.T) {
 		}
 	})
 }
+
+// A matrix workflow's tick is its legs, each a check: while a leg of
+// the previous tick is queued, the next tick is skipped.
+func TestScheduleSkipsATickWhileALegOfThePreviousIsQueued(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t)
+		w.join()
+		wf, err := workflow.Parse(".knotless/workflows/slow.yaml", []byte("on:\n  schedule:\n    - cron: '* * * * *'\nmatrix:\n  a: [x, y]\nsteps: [{run: make}]\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.git.SetWorkflows(wf)
+		w.lister.SetRepos(rig.RepoRecord())
+		sleepTo(0, 30)
+		w.reconcile(t) // first sight
+		time.Sleep(time.Minute)
+		w.reconcile(t)
+		first := time.Now().Truncate(time.Minute)
+		for _, leg := range []string{"slow (a=x)", "slow (a=y)"} {
+			if c, _ := w.keeper.Get(tickKey(leg, first)); c.Status != "queued" {
+				t.Fatalf("the first tick's %s: %q, want queued", leg, c.Status)
+			}
+		}
+		w.drop(t, tickKey("slow (a=x)", first))
+		time.Sleep(time.Minute)
+		w.reconcile(t)
+		second := time.Now().Truncate(time.Minute)
+		if _, known := w.keeper.Get(tickKey("slow (a=x)", second)); known {
+			t.Error("the second tick was queued while a leg of the first is still queued")
+		}
+		w.drop(t, tickKey("slow (a=y)", first))
+		time.Sleep(time.Minute)
+		w.reconcile(t)
+		if c, _ := w.keeper.Get(tickKey("slow (a=y)", time.Now().Truncate(time.Minute))); c.Status != "queued" {
+			t.Errorf("the third tick: %q, want queued", c.Status)
+		}
+	})
+}

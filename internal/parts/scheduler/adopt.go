@@ -205,12 +205,7 @@ func (s *Scheduler) rebuild(ctx context.Context, key string, r state.Run, h *run
 	if err != nil {
 		return nil, err
 	}
-	var wf *workflow.Workflow
-	for _, w := range wfs {
-		if w.Name == r.Workflow {
-			wf = w
-		}
-	}
+	wf := workflow.LegOf(wfs, r.Workflow)
 	if wf == nil {
 		return nil, fmt.Errorf("workflow %s not found at %s", r.Workflow, saved.Tree)
 	}

@@ -172,7 +172,10 @@ func (q *queue) claim() *task {
 	if q.draining || q.paused > 0 || len(q.waiting) == 0 {
 		return nil
 	}
-	i := claimIndex(q.waiting)
+	i := claimIndex(q.waiting, q.legHeld)
+	if i < 0 {
+		return nil
+	}
 	t := q.waiting[i]
 	q.waiting = append(q.waiting[:i:i], q.waiting[i+1:]...)
 	q.running[t.Key] = t
@@ -236,22 +239,30 @@ func (q *queue) load(a string, all bool, ev work.Event) (runs, owing int) {
 	return runs, owing
 }
 
-// claimIndex is the queued task a worker takes next: the first
-// unwritten one (it came while a worker was free, which it was promised:
-// it has no check to show it waits), else the first trusted one (the
-// owner's pushes go ahead of strangers' pulls), else the first.
-func claimIndex(queue []*task) int {
+// claimIndex is the queued task a worker takes next, of those not held
+// (a matrix's leg past its max-parallel; held may be nil): the first
+// unwritten one (it came while a worker was free, which it was
+// promised: it has no check to show it waits), else the first trusted
+// one (the owner's pushes go ahead of strangers' pulls), else the
+// first; -1 when every task is held.
+func claimIndex(queue []*task, held func(*task) bool) int {
+	ok := func(t *task) bool { return held == nil || !held(t) }
 	for i, t := range queue {
-		if t.unwritten {
+		if t.unwritten && ok(t) {
 			return i
 		}
 	}
 	for i, t := range queue {
-		if t.Event.Trusted {
+		if t.Event.Trusted && ok(t) {
 			return i
 		}
 	}
-	return 0
+	for i, t := range queue {
+		if ok(t) {
+			return i
+		}
+	}
+	return -1
 }
 
 // expectedDone ends the expectation of t's running record, met or not.

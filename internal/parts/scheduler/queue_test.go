@@ -235,10 +235,10 @@ func TestClaimIndex(t *testing.T) {
 	t.Parallel()
 	q := []*task{{Job: &job.Job{Event: pullEvent("did:plc:a", "p1", "a")}}, {Job: &job.Job{Event: pullEvent("did:plc:b", "p2", "b")}},
 		{Job: &job.Job{Event: pushEvent("did:plc:o", "r1")}}, {Job: &job.Job{Event: pushEvent("did:plc:o", "r2")}}}
-	if got := claimIndex(q); got != 2 {
+	if got := claimIndex(q, nil); got != 2 {
 		t.Errorf("claimIndex = %d, want 2 (the first push)", got)
 	}
-	if got := claimIndex(q[:2]); got != 0 {
+	if got := claimIndex(q[:2], nil); got != 0 {
 		t.Errorf("pulls only: claimIndex = %d, want 0", got)
 	}
 }

@@ -79,7 +79,7 @@ func (s *Scheduler) secrets(ctx context.Context, j *job.Job) (map[string]string,
 	// ref. The first in the file's order wins.
 	given := map[string]bool{}
 	for _, o := range s.cfg.Secrets {
-		if given[o.Name] || !slices.Contains(j.Workflow.Secrets, o.Name) || !o.For(j.Event.Repo.URI.String(), j.Workflow.Name, j.Event.Ref) {
+		if given[o.Name] || !slices.Contains(j.Workflow.Secrets, o.Name) || !o.For(j.Event.Repo.URI.String(), j.Workflow.FileName(), j.Event.Ref) {
 			continue
 		}
 		given[o.Name] = true

@@ -30,7 +30,7 @@ func (s *Scheduler) Enqueue(ctx context.Context, j *job.Job) (bool, error) {
 		return false, nil
 	}
 	var t *task
-	if s.q.free() > 0 {
+	if s.q.free() > 0 && !s.q.legsFull(j) {
 		if c, ok := s.p.Checks.Unqueued(j.Key, j.Event, j.Workflow.Name); ok {
 			// Its running record comes in a moment: a burst's running
 			// records go as one commit.
@@ -253,6 +253,7 @@ func (s *Scheduler) runJob(ctx context.Context, t *task) {
 		final = s.p.Checks.Finished(wctx, end)
 	}
 	log.Info("run finished", "run", t.runID, "status", final.Status, "failed_step", res.FailedStep)
+	s.legEnded(wctx, t, final.Status)
 }
 
 // start writes the running check and records the run in state.json.

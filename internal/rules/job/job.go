@@ -13,6 +13,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
@@ -153,7 +154,8 @@ func RunsFor(wf *workflow.Workflow, ev work.Event) bool {
 	return ok || err != nil
 }
 
-// Runs reports whether wf runs for ev: a pre-flight runs the queue:
+// Runs reports whether wf (a workflow or a matrix's leg,
+// workflow.Plan) runs for ev: a pre-flight runs the queue:
 // first workflows, a batch the on: batch ones, a pull the on: pull ones
 // and a push the on: push ones, each where the workflow's if holds for
 // the event; run-control work (a re-run, a dispatch, a tick) the
@@ -164,7 +166,12 @@ func Runs(wf *workflow.Workflow, ev work.Event) (bool, error) {
 	var on bool
 	switch {
 	case ev.Workflows != nil:
+		// A matrix's leg runs when its own name is named (a re-run of
+		// it) or its matrix's (a dispatch or tick of the workflow).
 		_, ok := ev.Workflows[wf.Name]
+		if wf.Leg != nil && !ok {
+			_, ok = ev.Workflows[wf.Leg.Base]
+		}
 		return ok, nil
 	case ev.Preflight:
 		on = wf.Queue == "first"
@@ -179,6 +186,40 @@ func Runs(wf *workflow.Workflow, ev work.Event) (bool, error) {
 		return false, nil
 	}
 	return wf.Holds(ev.CondEvent(), nil)
+}
+
+// PathTrigger is the trigger whose path filters (paths, paths-ignore)
+// decide whether a workflow runs for ev: a push's, a pull's, and a
+// pull's pre-flight's (its check is the pull's, so the pull's filters
+// decide it the same); none for a batch and for run-control work (a
+// re-run, a dispatch, a tick run the workflows they name).
+func PathTrigger(ev work.Event) (workflow.Trigger, bool) {
+	if ev.Workflows != nil || ev.Cause != "" {
+		return "", false
+	}
+	switch ev.Kind {
+	case forge.KindPush:
+		return workflow.Push, true
+	case forge.KindPull:
+		return workflow.Pull, true
+	}
+	return "", false
+}
+
+// ChangeRange is what a path filter reads of ev: the commits the change
+// is between, from its first (before) to its last (after), and whether
+// from is the base branch, to be taken to its merge base with after (a
+// pull). A push's before is the ref update's old commit; a pull's is its
+// base branch's head (base). ok is false when there is no such range: a
+// push that made its ref (no old commit).
+func ChangeRange(ev work.Event, base string) (from, to string, mergeBase, ok bool) {
+	switch {
+	case ev.Kind == forge.KindPull:
+		return base, ev.Commit, true, base != ""
+	case ev.Push != nil && strings.Trim(ev.Push.Old, "0") != "":
+		return ev.Push.Old, ev.Commit, false, true
+	}
+	return "", "", false, false
 }
 
 // Saved is what state.json keeps of a started run's job, so that a
@@ -218,8 +259,8 @@ type Mirrors interface {
 }
 
 // Repo is one mirror (mirror.Repo, through mirror.Port):
-// fetch an event's commit, merge a pull, read the workflows of a tree
-// and export it for a run; for the lander, squash a batch and push it
+// fetch an event's commit, merge a pull, read the workflows of a tree,
+// list what a change touched and export it for a run; for the lander, squash a batch and push it
 // with a lease (with the push credentials the daemon bound to the
 // lander's mirrors).
 type Repo interface {
@@ -231,6 +272,10 @@ type Repo interface {
 	Squash(ctx context.Context, base string, pulls []SquashPull, who Identity, at time.Time) (string, []Squashed, error)
 	Push(ctx context.Context, source, branch, old, new string) error
 	Has(ctx context.Context, commit string) bool
+	// Changed lists the paths that differ from commit from to to (with
+	// mergeBase, from their merge base): what a push or a pull changed,
+	// for the workflows' path filters.
+	Changed(ctx context.Context, from, to string, mergeBase bool) ([]string, error)
 }
 
 // Origin says who named a git source, which decides what it may be

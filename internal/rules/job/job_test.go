@@ -211,3 +211,45 @@ func TestSavedRoundTrip(t *testing.T) {
 		t.Error("a corrupt job decoded")
 	}
 }
+
+// TestPathTriggerAndChangeRange: the path filters decide a push (from
+// its ref update's old commit), a pull and its pre-flight (from the
+// merge base with the base branch); a batch and run-control work
+// are not filtered; a push that made its ref has no range.
+func TestPathTriggerAndChangeRange(t *testing.T) {
+	t.Parallel()
+	push := pushEvent("did:plc:o", "3k1")
+	push.Push = &forge.RefUpdate{Old: "a1", New: push.Commit}
+	created := push
+	created.Push = &forge.RefUpdate{Old: "0000000000000000000000000000000000000000", New: push.Commit}
+	pull := pullEvent("did:plc:a", "3p1", "h1")
+	pre := pull
+	pre.Preflight = true
+	type got struct {
+		Trigger           workflow.Trigger
+		Filtered          bool
+		From, To          string
+		MergeBase, Ranged bool
+	}
+	for _, c := range []struct {
+		name string
+		ev   work.Event
+		want got
+	}{
+		{"push", push, got{workflow.Push, true, "a1", push.Commit, false, true}},
+		{"push that made its ref", created, got{workflow.Push, true, "", "", false, false}},
+		{"pull", pull, got{workflow.Pull, true, "base1", "h1", true, true}},
+		{"pre-flight", pre, got{workflow.Pull, true, "base1", "h1", true, true}},
+		{"batch", work.Event{Kind: forge.KindBatch}, got{}},
+		{"re-run", rerunOf(push, "did:plc:o"), got{}},
+	} {
+		var g got
+		g.Trigger, g.Filtered = PathTrigger(c.ev)
+		if g.Filtered {
+			g.From, g.To, g.MergeBase, g.Ranged = ChangeRange(c.ev, "base1")
+		}
+		if diff := cmp.Diff(c.want, g); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", c.name, diff)
+		}
+	}
+}

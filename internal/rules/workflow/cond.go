@@ -64,6 +64,9 @@ type Cond struct {
 	// without an if: `if: event.branch == "main"` does not run after a
 	// failure.
 	Implicit bool
+	// Outputs are the steps whose outputs the condition reads
+	// (steps.NAME.outputs), by name.
+	Outputs []string
 	// progs are the condition's program for each State: the step-state
 	// functions are bound to constants in each.
 	progs [3]cel.Program
@@ -90,7 +93,7 @@ var stateFuncs = []string{"success", "failure", "cancelled"}
 // condEnv is the type-checking environment of a workflow's conditions:
 // a step's (steps) with the step-state functions, which state, when not
 // nil, binds to it; the workflow's without them.
-func condEnv(inputs []Input, steps bool, state *State) (*cel.Env, error) {
+func condEnv(inputs []Input, matrix, outputs []string, steps bool, state *State) (*cel.Env, error) {
 	opts := []cel.EnvOption{cel.ParserExpressionSizeLimit(MaxCondBytes)}
 	if steps {
 		opts = append(opts, cel.Function("always", cel.Overload("always", nil, cel.BoolType,
@@ -119,6 +122,12 @@ func condEnv(inputs []Input, steps bool, state *State) (*cel.Env, error) {
 		}
 		opts = append(opts, cel.Variable("inputs."+in.Name, typ))
 	}
+	for _, k := range matrix {
+		opts = append(opts, cel.Variable("matrix."+k, cel.StringType))
+	}
+	for _, name := range outputs {
+		opts = append(opts, cel.Variable(stepOutputsVar(name), cel.MapType(cel.StringType, cel.StringType)))
+	}
 	return cel.NewEnv(opts...)
 }
 
@@ -127,15 +136,18 @@ func condEnv(inputs []Input, steps bool, state *State) (*cel.Env, error) {
 // binds the step-state functions to it (the workflow's: one, for
 // StateSuccess, without them).
 type condEnvs struct {
-	steps bool
-	check *cel.Env
-	bound [3]*cel.Env
+	steps  bool
+	matrix []string
+	// outputs are the steps whose outputs conditions read, by name.
+	outputs []string
+	check   *cel.Env
+	bound   [3]*cel.Env
 }
 
-func newCondEnvs(inputs []Input, steps bool) (*condEnvs, error) {
-	e := condEnvs{steps: steps}
+func newCondEnvs(inputs []Input, matrix, outputs []string, steps bool) (*condEnvs, error) {
+	e := condEnvs{steps: steps, matrix: matrix, outputs: outputs}
 	var err error
-	if e.check, err = condEnv(inputs, steps, nil); err != nil {
+	if e.check, err = condEnv(inputs, matrix, outputs, steps, nil); err != nil {
 		return nil, fmt.Errorf("condition environment: %w", err)
 	}
 	if !steps {
@@ -144,7 +156,7 @@ func newCondEnvs(inputs []Input, steps bool) (*condEnvs, error) {
 	}
 	for i := range e.bound {
 		st := State(i)
-		if e.bound[i], err = condEnv(inputs, true, &st); err != nil {
+		if e.bound[i], err = condEnv(inputs, matrix, outputs, true, &st); err != nil {
 			return nil, fmt.Errorf("condition environment: %w", err)
 		}
 	}
@@ -159,7 +171,7 @@ func (e *condEnvs) compile(text string, inputs []Input) (*Cond, error) {
 		ie := iss.Errors()[0]
 		ce := &CondError{Line: ie.Location.Line(), Column: ie.Location.Column(), Msg: strings.TrimSuffix(ie.Message, " (in container '')")}
 		if name, ok := strings.CutPrefix(ce.Msg, "undeclared reference to "); ok {
-			ce.Msg = fmt.Sprintf("unknown name %s (known: %s)", nameAt(text, ce.Line, ce.Column, strings.Trim(name, "'")), strings.Join(condNames(inputs, e.steps), ", "))
+			ce.Msg = fmt.Sprintf("unknown name %s (known: %s)", nameAt(text, ce.Line, ce.Column, strings.Trim(name, "'")), strings.Join(condNames(inputs, e.matrix, e.outputs, e.steps), ", "))
 		}
 		return nil, ce
 	}
@@ -167,6 +179,13 @@ func (e *condEnvs) compile(text string, inputs []Input) (*Cond, error) {
 		return nil, &CondError{Msg: fmt.Sprintf("want a bool, got %s", ast.OutputType())}
 	}
 	c := &Cond{Text: text, Implicit: e.steps && !callsStateFunc(ast)}
+	for _, ref := range ast.NativeRep().ReferenceMap() {
+		if name, ok := strings.CutPrefix(ref.Name, "steps."); ok {
+			if name, ok = strings.CutSuffix(name, ".outputs"); ok && !slices.Contains(c.Outputs, name) {
+				c.Outputs = append(c.Outputs, name)
+			}
+		}
+	}
 	for i, env := range e.bound {
 		if env == nil {
 			continue
@@ -257,6 +276,16 @@ func (w *Workflow) CondVars(ev CondEvent, vars []EnvVar) map[string]any {
 			m["inputs."+in.Name] = v
 		}
 	}
+	if w.Matrix != nil {
+		for _, k := range w.Matrix.Keys {
+			m["matrix."+k] = ""
+		}
+	}
+	if w.Leg != nil {
+		for _, v := range w.Leg.Values {
+			m["matrix."+v.Name] = v.Value
+		}
+	}
 	return m
 }
 
@@ -273,13 +302,13 @@ func (w *Workflow) StepRuns(i int, state State, vars map[string]any) (bool, erro
 // cond reads an if: field, of a step (steps) or of the workflow, with
 // the environments envs (made at the first); a problem is an error at
 // its place in the file.
-func (d *decoder) cond(what string, s scalar, inputs []Input, envs **condEnvs, steps bool) *Cond {
+func (d *decoder) cond(what string, s scalar, inputs []Input, matrix, outputs []string, envs **condEnvs, steps bool) *Cond {
 	if strings.TrimSpace(s.value) == "" {
 		d.errorAt(s.tk, "%s: want an expression, got nothing", what)
 		return nil
 	}
 	if *envs == nil {
-		e, err := newCondEnvs(inputs, steps)
+		e, err := newCondEnvs(inputs, matrix, outputs, steps)
 		if err != nil {
 			d.errorAt(s.tk, "%s: %v", what, err)
 			return nil
@@ -316,13 +345,19 @@ func (d *decoder) cond(what string, s scalar, inputs []Input, envs **condEnvs, s
 
 // condNames are the names a workflow's conditions may read, and their
 // functions.
-func condNames(inputs []Input, steps bool) []string {
+func condNames(inputs []Input, matrix, outputs []string, steps bool) []string {
 	var names []string
 	for _, v := range condVars {
 		names = append(names, v.name)
 	}
 	for _, in := range inputs {
 		names = append(names, "inputs."+in.Name)
+	}
+	for _, k := range matrix {
+		names = append(names, "matrix."+k)
+	}
+	for _, name := range outputs {
+		names = append(names, stepOutputsVar(name))
 	}
 	if !steps {
 		return names

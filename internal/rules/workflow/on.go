@@ -68,7 +68,11 @@ func (d *decoder) on(v ast.Node, w *Workflow) []*token.Token {
 		t := Trigger(ktk.Value)
 		val := deref(mv.Value)
 		switch t {
-		case Push, Pull, Batch:
+		case Push, Pull:
+			if !empty(val) {
+				d.triggerPaths(t, val, w)
+			}
+		case Batch:
 			if !empty(val) {
 				d.errorAt(val.GetToken(), "on.%s: takes no settings, got %s (the branches a workflow runs for are its branches field)", t, kind(val))
 			}

@@ -67,6 +67,8 @@ type decoder struct {
 	// stepConds are the steps' conditions' environments, made at the
 	// first step's if: (after the inputs are read).
 	stepConds *condEnvs
+	// matrixTk is where the matrix's errors point.
+	matrixTk *token.Token
 }
 
 func (d *decoder) errorAt(tk *token.Token, format string, args ...any) {
@@ -98,6 +100,8 @@ func (d *decoder) mapping(n ast.Node, what string, fields map[string]func(key st
 		switch {
 		case ok:
 			read(key, deref(mv.Value))
+		case key == "branches" && (what == "on.push" || what == "on.pull"):
+			d.errorAt(mv.Key.GetToken(), `%s: unknown field "branches": the branches a workflow runs for are its branches field (known here: paths, paths-ignore)`, what)
 		case key == "outputs" && what == "workflow":
 			d.errorAt(mv.Key.GetToken(), `unknown field "outputs": a step writes its outputs to the directory $KNOTLESS_RUN_OUTPUTS`)
 		default:
@@ -124,6 +128,9 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 	var stepsNode ast.Node
 	var ifScalar *scalar
 	var inputTokens []*token.Token
+	// refs are the scalars a matrix value may be substituted in (image,
+	// env, runners), checked once the matrix is known.
+	var refs []subRef
 	d.mapping(n, "workflow", map[string]func(string, ast.Node){
 		"on": func(k string, v ast.Node) { inputTokens = d.on(v, w) },
 		"branches": func(k string, v ast.Node) {
@@ -134,10 +141,16 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 				w.Branches = append(w.Branches, s.value)
 			}
 		},
-		"image": func(k string, v ast.Node) { w.Image = d.str(k, v).value },
+		"image": func(k string, v ast.Node) {
+			s := d.str(k, v)
+			w.Image = s.value
+			refs = append(refs, subRef{"image", s})
+		},
+		"matrix": func(k string, v ast.Node) { d.matrix(v, w) },
 		"runners": func(k string, v ast.Node) {
 			for _, s := range d.strings(k, v) {
-				if !strings.HasPrefix(s.value, "did:") {
+				refs = append(refs, subRef{"runners", s})
+				if !strings.HasPrefix(s.value, "did:") && !strings.Contains(s.value, "${{") {
 					d.errorAt(s.tk, "runners: %q is not a DID (want did:plc:… or did:web:…)", s.value)
 				}
 				w.Runners = append(w.Runners, s.value)
@@ -155,7 +168,9 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 				if !shellName.MatchString(name) || strings.HasPrefix(name, "KNOTLESS_") {
 					d.errorAt(mv.Key.GetToken(), "env: %q is not a usable variable name (letters, digits, _; KNOTLESS_ is reserved)", name)
 				}
-				w.Env = append(w.Env, EnvVar{name, d.str("env."+name, deref(mv.Value)).value})
+				s := d.str("env."+name, deref(mv.Value))
+				refs = append(refs, subRef{"env." + name, s})
+				w.Env = append(w.Env, EnvVar{name, s.value})
 			}
 		},
 		"secrets": func(k string, v ast.Node) { w.Secrets = d.names(k, v) },
@@ -207,10 +222,11 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 		},
 		"steps": func(k string, v ast.Node) { stepsNode = v },
 	}, "on", "steps")
+	d.matrixUses(w, refs)
 	if ifScalar != nil {
 		// After on: its inputs are names the condition reads.
 		var envs *condEnvs
-		w.If = d.cond("if", *ifScalar, w.Inputs, &envs, false)
+		w.If = d.cond("if", *ifScalar, w.Inputs, w.matrixKeys(), nil, &envs, false)
 	}
 	// An input reaches the steps as a variable of its name: a granted
 	// secret's name would be shadowed by it.
@@ -231,10 +247,12 @@ func (d *decoder) steps(n ast.Node, w *Workflow) {
 		return
 	}
 	names := map[string]bool{}
+	ahead := stepNames(seq)
+	outputSteps := outputSteps(ahead)
 	for i, sn := range seq.Values {
 		sn = deref(sn)
 		s := Step{Line: tokenOf(sn).Position.Line}
-		var nameTk *token.Token
+		var nameTk, ifTk *token.Token
 		d.mapping(sn, fmt.Sprintf("steps[%d]", i), map[string]func(string, ast.Node){
 			"name": func(k string, v ast.Node) {
 				ss := d.str(k, v)
@@ -244,7 +262,13 @@ func (d *decoder) steps(n ast.Node, w *Workflow) {
 			"uses":    func(k string, v ast.Node) { s.Uses = d.str(k, v).value },
 			"timeout": func(k string, v ast.Node) { s.Timeout = d.duration(k, v) },
 			"if": func(k string, v ast.Node) {
-				s.If = d.cond(fmt.Sprintf("steps[%d].if", i), d.str(k, v), w.Inputs, &d.stepConds, true)
+				ifS := d.str(k, v)
+				s.If, ifTk = d.cond(fmt.Sprintf("steps[%d].if", i), ifS, w.Inputs, w.matrixKeys(), outputSteps, &d.stepConds, true), ifS.tk
+			},
+			"env": func(k string, v ast.Node) {
+				var reads bool
+				s.Env, reads = d.stepEnv(i, v, w, ahead)
+				s.ReadsOutputs = s.ReadsOutputs || reads
 			},
 			"continue-on-error": func(k string, v ast.Node) {
 				b, ok := v.(*ast.BoolNode)
@@ -271,6 +295,10 @@ func (d *decoder) steps(n ast.Node, w *Workflow) {
 				}
 			},
 		})
+		if s.If != nil && len(s.If.Outputs) > 0 {
+			d.checkCondOutputs(i, s.If, ifTk, ahead)
+			s.ReadsOutputs = true
+		}
 		switch {
 		case s.Run == "" && s.Uses == "":
 			d.errorAt(tokenOf(sn), "steps[%d]: want run or uses", i)

@@ -70,7 +70,7 @@ func TestParseErrorsHavePositions(t *testing.T) {
 		want []string
 	}{
 		{"unknown field", "on: push\nstep:\n  - run: x\n", []string{
-			`w.yaml:2:1: workflow: unknown field "step" (known: artifacts, branches, cache, env, if, image, on, queue, resources, runners, secrets, steps, superseded, timeout)`,
+			`w.yaml:2:1: workflow: unknown field "step" (known: artifacts, branches, cache, env, if, image, matrix, on, queue, resources, runners, secrets, steps, superseded, timeout)`,
 			`w.yaml:1:1: workflow: missing field "steps"`,
 		}},
 		{"wrong types", "on: push\ntimeout: [1]\nsteps:\n  - run: x\n    timeout: 5\n", []string{
@@ -162,6 +162,8 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("on:\n  push:\n  dispatch:\n    inputs:\n      target: {type: choice, options: [a, b], default: a}\n      dry: {type: boolean, required: true}\n      note:\n  schedule:\n    - cron: '0 3 * * 1-5'\n    - cron: '@daily'\nsteps: [{run: x}]\n"))
 	f.Add([]byte("on: {schedule: [{cron: '61 * * * *'}, {cron: '@every 1h'}], dispatch: {inputs: {KNOTLESS_X: {type: number}}}}\nsteps: [{run: x}]\n"))
 	f.Add([]byte("on: push\nartifacts: [report.txt, 'site/**/*.html', '**']\nsteps: [{run: x}]\n"))
+	f.Add([]byte("on: push\nimage: 'i:${{ matrix.a }}'\nmatrix:\n  a: [x, y]\n  b: [1, 2]\n  exclude: [{a: x, b: 1}]\n  include: [{a: y, c: z}, {a: w}]\n  max-parallel: 2\n  fail-fast: true\nif: matrix.c == 'z'\nsteps: [{run: x, if: \"matrix.a == 'y'\"}]\n"))
+	f.Add([]byte("on:\n  push: {paths-ignore: ['docs/**']}\n  pull: {paths: ['src/**/*.go', go.mod]}\nsteps: [{run: x}]\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		w, err := Parse("f.yaml", data)
 		if err == nil && (w == nil || len(w.Steps) == 0 || (len(w.On) == 0 && len(w.Warnings) == 0)) {
@@ -186,6 +188,35 @@ func FuzzParse(f *testing.F) {
 			for _, a := range w.Artifacts {
 				if err := CheckArtifact(a); err != nil || MatchArtifact(a, "../x") || MatchArtifact(a, "/x") {
 					t.Fatalf("valid workflow with artifacts entry %q: %v", a, err)
+				}
+			}
+			// A matrix plans 1 to MaxLegs legs, each named apart, within
+			// a check's workflow field, its runners DIDs; a path filter
+			// has its patterns, each clean.
+			legs := w.Legs()
+			names := map[string]bool{}
+			for _, l := range legs {
+				if names[l.Name] || len(l.Name) > maxLegName || len(l.Runners) != len(w.Runners) {
+					t.Fatalf("leg %q named twice, too long, or without its runners", l.Name)
+				}
+				for _, r := range l.Runners {
+					if !strings.HasPrefix(r, "did:") {
+						t.Fatalf("leg %q with runner %q", l.Name, r)
+					}
+				}
+				names[l.Name] = true
+			}
+			if len(legs) < 1 || len(legs) > MaxLegs {
+				t.Fatalf("%d legs", len(legs))
+			}
+			for tr, f := range w.PathFilters {
+				if (tr != Push && tr != Pull) || (len(f.Paths) == 0) == (len(f.Ignore) == 0) {
+					t.Fatalf("path filter of %s: %+v", tr, f)
+				}
+				for _, p := range append(f.Paths, f.Ignore...) {
+					if err := CheckPathPattern(p); err != nil {
+						t.Fatalf("valid workflow with path pattern %q: %v", p, err)
+					}
 				}
 			}
 		}
@@ -323,7 +354,10 @@ func TestParseDispatchAndScheduleErrors(t *testing.T) {
 			`w.yaml:3:8: on.schedule[0]: missing field "cron"`,
 		}},
 		{"push with settings", "on:\n  push: {branches: [main]}\nsteps: [{run: x}]\n", []string{
-			`w.yaml:2:9: on.push: takes no settings, got a mapping (the branches a workflow runs for are its branches field)`,
+			`w.yaml:2:10: on.push: unknown field "branches": the branches a workflow runs for are its branches field (known here: paths, paths-ignore)`,
+		}},
+		{"batch with settings", "on:\n  batch: {paths: [a]}\nsteps: [{run: x}]\n", []string{
+			`w.yaml:2:10: on.batch: takes no settings, got a mapping (the branches a workflow runs for are its branches field)`,
 		}},
 		{"unknown event in the mapping", "on:\n  deploy:\nsteps: [{run: x}]\n", []string{
 			`w.yaml:2:3: on: unknown event "deploy" (want push, pull, batch, dispatch or schedule)`,

@@ -61,6 +61,15 @@ type Workflow struct {
 	// If decides, for each event, whether the workflow runs: nil runs
 	// it for every event it is on.
 	If *Cond
+	// PathFilters are the paths or paths-ignore of the push and pull
+	// triggers that have them (PathsAdmit).
+	PathFilters map[Trigger]PathFilter
+	// Matrix, when set, makes the workflow a set of legs, each a run
+	// with its own check (Legs).
+	Matrix *Matrix
+	// Leg is set on a leg of a matrix (Legs); nil on the workflow a
+	// file parses to.
+	Leg *Leg
 	// Warnings are fields that parse but are not acted on yet, in file
 	// order: validate prints them and the daemon logs them.
 	Warnings []Warning
@@ -143,7 +152,14 @@ type Step struct {
 	// WorkingDirectory is where the step starts, relative to the
 	// checkout ("" for the checkout itself); it holds no "..".
 	WorkingDirectory string
-	Line             int
+	// Env are the step's own variables, in file order, after the
+	// workflow's and the run's (StepEnv replaces the outputs of earlier
+	// steps they name).
+	Env []EnvVar
+	// ReadsOutputs: the step's if or env reads an earlier step's
+	// outputs, which are read from the session before it.
+	ReadsOutputs bool
+	Line         int
 }
 
 // Position is where an error is in a file.
