@@ -49,6 +49,7 @@ func (c *KubeconfigCmd) Run(ctx context.Context, env *Env) error {
 	if err != nil {
 		return fmt.Errorf("--admin-kubeconfig %s: %w", c.AdminKubeconfig, err)
 	}
+	unthrottled(admin)
 	cs, err := kubeclient.NewForConfig(admin)
 	if err != nil {
 		return fmt.Errorf("--admin-kubeconfig %s: %w", c.AdminKubeconfig, err)
@@ -85,6 +86,7 @@ func (c *KubeconfigCmd) Run(ctx context.Context, env *Env) error {
 	if err != nil {
 		return fmt.Errorf("new kubeconfig: %w", err)
 	}
+	unthrottled(cfg)
 	// The old file stays until the new credential has proved itself.
 	if _, err := kubecred.VerifySettled(ctx, cfg, c.Namespace, 15*time.Second); err != nil {
 		return fmt.Errorf("%w; %s left as it was", err, c.Out)
@@ -137,6 +139,7 @@ func (c *KubeconfigCmd) check(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
+	unthrottled(cfg)
 	token, expErr := kubecred.Token(cfg)
 	var exp time.Time
 	if expErr == nil {
@@ -171,4 +174,13 @@ func checkSecretNames(flag string, names []string) error {
 		}
 	}
 	return nil
+}
+
+// unthrottled lifts client-go's default client-side limit (5 requests a
+// second, 10 at once) off a one-shot command's config: minting and
+// checking a credential asks a few dozen questions (an access review a
+// right), which that limit spread over seconds at every start of the
+// runner's unit that pulls the refresh in.
+func unthrottled(cfg *rest.Config) {
+	cfg.QPS, cfg.Burst = 100, 100
 }
