@@ -121,6 +121,9 @@ type Check struct {
 	Cause string `json:"cause,omitempty"`
 	// CancelledBy is the cancel record that stopped the run.
 	CancelledBy string `json:"cancelledBy,omitempty"`
+	// QueuedBehind is, on a queued record, how many runs were waiting
+	// ahead of it when it was written (0: none, left out).
+	QueuedBehind int64 `json:"queuedBehind,omitempty"`
 	CreatedAt   string `json:"createdAt"`
 }
 

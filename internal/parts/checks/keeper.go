@@ -141,9 +141,9 @@ func (k *Keeper) Pending(ev work.Event) bool { return k.rec.Pending(ev.URI.Strin
 // Queued writes the queued check of the workflow wf of ev (key): the
 // work is in the queue. A check queued already is not written again;
 // one an earlier process left keeps its creation time.
-func (k *Keeper) Queued(ctx context.Context, key string, ev work.Event, wf string) (forge.Check, error) {
+func (k *Keeper) Queued(ctx context.Context, key string, ev work.Event, wf string, behind int) (forge.Check, error) {
 	c := forge.Check{Type: forge.CollectionCheck, Subject: ev.Subject(), Workflow: wf, Status: string(Queued), CreatedAt: forge.Now(),
-		Attempt: ev.Attempt(wf), Cause: ev.Cause}
+		Attempt: ev.Attempt(wf), Cause: ev.Cause, QueuedBehind: int64(behind)}
 	prev, known := k.rec.Get(key)
 	if known {
 		c.CreatedAt = prev.CreatedAt

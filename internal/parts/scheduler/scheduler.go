@@ -65,7 +65,7 @@ type Engine interface {
 // Checks is the checks part (checks.Keeper): every check the scheduler
 // causes is written there.
 type Checks interface {
-	Queued(ctx context.Context, key string, ev work.Event, wf string) (forge.Check, error)
+	Queued(ctx context.Context, key string, ev work.Event, wf string, behind int) (forge.Check, error)
 	Unqueued(key string, ev work.Event, wf string) (forge.Check, bool)
 	// ExpectWrite says the check of key is about to be written: the
 	// check writes queued meanwhile wait for it (a little), to go with

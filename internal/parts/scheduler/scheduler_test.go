@@ -23,6 +23,7 @@ import (
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/fakeexec"
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/forge/pdsclient"
 	"knotless.dev/run/internal/parts/rig"
 	"knotless.dev/run/internal/parts/state"
 	"knotless.dev/run/internal/rules/job"
@@ -947,5 +948,52 @@ func TestFence(t *testing.T) {
 			t.Errorf("sessions going %v, want the other process's %s alone", got, id)
 		}
 		close(gate)
+	})
+}
+
+// TestQueuedSaysWhatWaitsAhead: a queued check says how many runs were
+// waiting ahead of it when it was written (left out when none), and the
+// record is one the check lexicon takes.
+func TestQueuedSaysWhatWaitsAhead(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t)
+		gate := make(chan struct{})
+		w.exec.Script = func(string, string) fakeexec.Step { return fakeexec.Step{Gate: gate} }
+		stop := w.work(t, w.s)
+		var jobs []*job.Job
+		for i := range 4 {
+			ev := rig.Push(fmt.Sprintf("3k%d", i), fmt.Sprintf("c%d", i))
+			ev.Ref = fmt.Sprintf("refs/heads/b%d", i) // none supersedes another
+			j := w.runnable(ev, "ci", "make")
+			jobs = append(jobs, j)
+			if _, err := w.s.Enqueue(t.Context(), j); err != nil {
+				t.Fatal(err)
+			}
+			synctest.Wait()
+		}
+		checks := w.pds.Checks()
+		for i, want := range []int64{-1, 0, 1, 2} {
+			c := checks[jobs[i].Key]
+			switch {
+			case want < 0 && c.Status != "running":
+				t.Errorf("job %d: %s, want running (a worker was free)", i, c.Status)
+			case want >= 0 && (c.Status != "queued" || c.QueuedBehind != want):
+				t.Errorf("job %d: %s with %d waiting ahead, want queued with %d", i, c.Status, c.QueuedBehind, want)
+			}
+		}
+		// The lexicon takes it (the rig's commits are short: a real one).
+		c := checks[jobs[3].Key]
+		c.Subject.Commit = strings.Repeat("c", 40)
+		cat, err := pdsclient.NewCatalog()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cat.Encode(forge.CollectionCheck, c); err != nil {
+			t.Errorf("the lexicon refuses a queued check that says what waits ahead: %v", err)
+		}
+		close(gate)
+		synctest.Wait()
+		stop()
 	})
 }

@@ -37,10 +37,13 @@ func (s *Scheduler) Enqueue(ctx context.Context, j *job.Job) (bool, error) {
 			t = &task{Job: j, check: c, unwritten: true, seen: seen{queued: time.Now()}, expected: s.p.Checks.ExpectWrite(j.Key)}
 		}
 	}
+	behind := 0
 	if t == nil {
+		// The runs waiting ahead of it, and those being queued beside it.
+		behind = len(s.q.waiting) + len(s.q.reserved)
 		s.q.reserved[j.Key] = true
 		s.mu.Unlock()
-		c, err := s.p.Checks.Queued(ctx, j.Key, j.Event, j.Workflow.Name)
+		c, err := s.p.Checks.Queued(ctx, j.Key, j.Event, j.Workflow.Name, behind)
 		s.mu.Lock()
 		delete(s.q.reserved, j.Key)
 		if err != nil {
@@ -63,7 +66,7 @@ func (s *Scheduler) Enqueue(ctx context.Context, j *job.Job) (bool, error) {
 		s.p.Observer.Queued(j)
 	}
 	s.log.Info("queued", "check", j.Key, "workflow", j.Workflow.Name, "event", j.Event.URI.String(), "commit", j.Event.Commit,
-		"at_once", t.unwritten)
+		"at_once", t.unwritten, "waiting_ahead", behind)
 	return true, nil
 }
 
