@@ -29,7 +29,7 @@ func (e *Executor) Gone(ctx context.Context, ref executor.Ref) (bool, error) {
 	case err != nil:
 		return false, fmt.Errorf("get job %s/%s: %w", ref.Namespace, ref.Name, err)
 	}
-	pods, err := cs.CoreV1().Pods(ref.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=" + ref.Name})
+	pods, err := cs.CoreV1().Pods(ref.Namespace).List(ctx, podsOfJob(job.UID))
 	if err != nil {
 		return false, fmt.Errorf("list pods of job %s/%s: %w", ref.Namespace, ref.Name, err)
 	}

@@ -20,6 +20,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/reaper"
@@ -309,7 +310,7 @@ func (e *Executor) Sweep(ctx context.Context, keep []string) (swept []executor.R
 			continue
 		}
 		ref := executor.Ref{Executor: Name, RunID: run, Namespace: ns, Name: job.Name}
-		if err := deleteJob(ctx, cs.BatchV1().Jobs(ns), job.Name); err != nil {
+		if err := deleteJob(ctx, cs.BatchV1().Jobs(ns), job.Name, job.UID); err != nil {
 			e.cleanupFailures.Add(1)
 			e.obs.CleanupFailed()
 			e.log.Error("orphan not swept", "job", job.Name, "run", run, "namespace", ns, "image", jobImage(job),
@@ -362,12 +363,27 @@ type jobDeleter interface {
 	Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error
 }
 
-func deleteJob(ctx context.Context, jobs jobDeleter, name string) error {
-	err := jobs.Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: ptrTo(metav1.DeletePropagationBackground)})
-	if err != nil && !apierrors.IsNotFound(err) {
+// deleteJob deletes the Job name, only if it is still the one of uid
+// (when uid is set): a run's Job is named from the run (the fence), so
+// a later Job of the same run may have its name by now; that one is
+// not this caller's to delete, and the one it meant is gone.
+func deleteJob(ctx context.Context, jobs jobDeleter, name string, uid types.UID) error {
+	opts := metav1.DeleteOptions{PropagationPolicy: ptrTo(metav1.DeletePropagationBackground)}
+	if uid != "" {
+		opts.Preconditions = &metav1.Preconditions{UID: &uid}
+	}
+	err := jobs.Delete(ctx, name, opts)
+	if err != nil && !apierrors.IsNotFound(err) && !(uid != "" && apierrors.IsConflict(err)) {
 		return fmt.Errorf("delete job %s: %w", name, err)
 	}
 	return nil
+}
+
+// podsOfJob selects the pods of the Job of uid: by the Job controller's
+// label of its UID, not of its name, which a later Job of the same run
+// shares.
+func podsOfJob(uid types.UID) metav1.ListOptions {
+	return metav1.ListOptions{LabelSelector: batchv1.ControllerUidLabel + "=" + string(uid)}
 }
 
 func ptrTo[T any](v T) *T { return &v }

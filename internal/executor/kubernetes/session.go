@@ -574,7 +574,7 @@ func (s *Session) deleteJob(ctx context.Context) error {
 		return err
 	}
 	start := time.Now()
-	if err := deleteJob(ctx, cs.BatchV1().Jobs(s.ref.Namespace), s.ref.Name); err != nil {
+	if err := deleteJob(ctx, cs.BatchV1().Jobs(s.ref.Namespace), s.ref.Name, s.uid); err != nil {
 		return err
 	}
 	s.ex.warm.forget(s.ref.Name) // a Job taken from the warm pods
@@ -585,7 +585,7 @@ func (s *Session) deleteJob(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, deleteWait)
 	defer cancel()
-	sel := metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=" + s.ref.Name}
+	sel := podsOfJob(s.uid)
 	checked, leftToGC := map[string]bool{}, map[string]bool{}
 	for {
 		pods, err := cs.CoreV1().Pods(s.ref.Namespace).List(ctx, sel)

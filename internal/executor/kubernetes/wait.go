@@ -101,7 +101,7 @@ func (e *Executor) waitForPodWithin(ctx context.Context, cs *kubeclient.Clientse
 }
 
 func (w *podWaiter) wait(ctx context.Context) (*corev1.Pod, error) {
-	sel := metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=" + w.job.Name}
+	sel := podsOfJob(w.job.UID)
 	pods := w.cs.CoreV1().Pods(w.job.Namespace)
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()

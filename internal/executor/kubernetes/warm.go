@@ -327,7 +327,7 @@ func (e *Executor) deleteWarm(job *batchv1.Job, why string) {
 	defer cancel()
 	_, cs, _, err := e.clients.get()
 	if err == nil {
-		err = deleteJob(ctx, cs.BatchV1().Jobs(job.Namespace), job.Name)
+		err = deleteJob(ctx, cs.BatchV1().Jobs(job.Namespace), job.Name, job.UID)
 	}
 	if err != nil {
 		e.cleanupFailures.Add(1)
