@@ -123,8 +123,8 @@ type Check struct {
 	CancelledBy string `json:"cancelledBy,omitempty"`
 	// QueuedBehind is, on a queued record, how many runs were waiting
 	// ahead of it when it was written (0: none, left out).
-	QueuedBehind int64 `json:"queuedBehind,omitempty"`
-	CreatedAt   string `json:"createdAt"`
+	QueuedBehind int64  `json:"queuedBehind,omitempty"`
+	CreatedAt    string `json:"createdAt"`
 }
 
 // AttemptNumber is the check's attempt, 1 for a check that names none.

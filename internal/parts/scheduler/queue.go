@@ -132,6 +132,8 @@ func (q *queue) add(t *task) (dropped, cancel []*task) {
 			}
 		}
 	}
+	d, c := q.replaceInGroup(t)
+	dropped, cancel = append(dropped, d...), append(cancel, c...)
 	q.waiting = append(q.waiting, t)
 	q.signal()
 	return dropped, cancel
@@ -172,7 +174,7 @@ func (q *queue) claim() *task {
 	if q.draining || q.paused > 0 || len(q.waiting) == 0 {
 		return nil
 	}
-	i := claimIndex(q.waiting, q.legHeld)
+	i := claimIndex(q.waiting, func(t *task) bool { return q.legHeld(t) || q.groupHeld(t) })
 	if i < 0 {
 		return nil
 	}

@@ -997,3 +997,65 @@ func TestQueuedSaysWhatWaitsAhead(t *testing.T) {
 		stop()
 	})
 }
+
+// TestConcurrencyGroup: with two workers, pushes (to branches of their
+// own) of a workflow whose concurrency group is one: one run of the
+// group at a time. Without cancel-in-progress the second waits, queued,
+// while the first runs, and a third replaces it while it waits
+// (cancelled); with it, each newer run cancels the one running and runs
+// once it has stopped.
+func TestConcurrencyGroup(t *testing.T) {
+	t.Parallel()
+	for _, cancelInProgress := range []bool{false, true} {
+		t.Run(fmt.Sprintf("cancel-in-progress %v", cancelInProgress), func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				w := newWorld(t)
+				w.cfg.Concurrency = 2
+				w.s = New(w.cfg, w.facts, w.ports, nil)
+				gate := make(chan struct{})
+				w.exec.Script = func(string, string) fakeexec.Step { return fakeexec.Step{Gate: gate} }
+				stop := w.work(t, w.s)
+				var jobs []*job.Job
+				push := func(i int) {
+					ev := rig.Push(fmt.Sprintf("3k%d", i), fmt.Sprintf("c%d", i))
+					ev.Ref = fmt.Sprintf("refs/heads/b%d", i) // no push supersedes another
+					j := w.runnable(ev, "deploy", "make deploy")
+					j.Workflow.Concurrency = &workflow.Concurrency{Group: "deploy", CancelInProgress: cancelInProgress}
+					jobs = append(jobs, j)
+					if _, err := w.s.Enqueue(t.Context(), j); err != nil {
+						t.Fatal(err)
+					}
+					synctest.Wait()
+				}
+				want := func(when string, i int, statuses ...string) {
+					t.Helper()
+					if got := w.statuses(jobs[i]); !cmp.Equal(got, statuses) {
+						t.Errorf("%s: run %d %v, want %v", when, i, got, statuses)
+					}
+				}
+				push(0)
+				push(1)
+				push(2)
+				if !cancelInProgress {
+					want("three runs of one group, two workers", 0, "running")
+					want("three runs of one group, two workers", 1, "queued", "cancelled")
+					want("three runs of one group, two workers", 2, "queued")
+				} else {
+					want("three runs of one group, two workers", 0, "running", "cancelled")
+					want("three runs of one group, two workers", 1, "queued", "running", "cancelled")
+					want("three runs of one group, two workers", 2, "queued", "running")
+				}
+				close(gate)
+				synctest.Wait()
+				stop()
+				if !cancelInProgress {
+					want("at the end", 0, "running", "success")
+					want("at the end", 2, "queued", "running", "success")
+				} else {
+					want("at the end", 2, "queued", "running", "success")
+				}
+			})
+		})
+	}
+}

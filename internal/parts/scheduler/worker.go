@@ -30,7 +30,7 @@ func (s *Scheduler) Enqueue(ctx context.Context, j *job.Job) (bool, error) {
 		return false, nil
 	}
 	var t *task
-	if s.q.free() > 0 && !s.q.legsFull(j) {
+	if s.q.free() > 0 && !s.q.legsFull(j) && !s.q.groupBusy(j) {
 		if c, ok := s.p.Checks.Unqueued(j.Key, j.Event, j.Workflow.Name); ok {
 			// Its running record comes in a moment: a burst's running
 			// records go as one commit.

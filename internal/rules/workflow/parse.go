@@ -127,6 +127,7 @@ func (d *decoder) warnAt(tk *token.Token, field, format string, args ...any) {
 func (d *decoder) workflow(n ast.Node, w *Workflow) {
 	var stepsNode ast.Node
 	var ifScalar *scalar
+	var groupTmpl scalar
 	var inputTokens []*token.Token
 	// refs are the scalars a matrix value may be substituted in (image,
 	// env, runners), checked once the matrix is known.
@@ -203,6 +204,7 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 			}
 			w.Queue = s.value
 		},
+		"concurrency": func(k string, v ast.Node) { groupTmpl = d.concurrency(w, k, v) },
 		"superseded": func(k string, v ast.Node) {
 			s := d.str(k, v)
 			if s.value != "cancel" && s.value != "finish" {
@@ -223,6 +225,9 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 		"steps": func(k string, v ast.Node) { stepsNode = v },
 	}, "on", "steps")
 	d.matrixUses(w, refs)
+	if w.Concurrency != nil {
+		d.concurrencyRefs(w, groupTmpl)
+	}
 	if ifScalar != nil {
 		// After on: its inputs are names the condition reads.
 		var envs *condEnvs

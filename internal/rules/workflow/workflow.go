@@ -47,8 +47,10 @@ type Workflow struct {
 	Cache      []string
 	Queue      string // "" or "first"
 	Superseded string // "cancel" (the default) or "finish"
-	Resources  Resources
-	Steps      []Step
+	// Concurrency, when set, is the workflow's concurrency group.
+	Concurrency *Concurrency
+	Resources   Resources
+	Steps       []Step
 	// Inputs are what a dispatch of the workflow may give (on: dispatch),
 	// in file order.
 	Inputs []Input
