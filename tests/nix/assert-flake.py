@@ -111,8 +111,8 @@ missed = [new for old, new, n in typos if check_script(script.replace(old, new, 
 check("check-vm-script.py finds a misspelt Machine method, helper and function", not missed, missed)
 pyflakes = "/usr/bin/python3"
 if subprocess.run([pyflakes, "-m", "pyflakes", "--version"], capture_output=True).returncode == 0:
-    # The test driver provides the machines and subtest.
-    prelude = "from contextlib import nullcontext as subtest\nserver = agent = None\n"
+    # The test driver provides the machines, subtest and log.
+    prelude = "from contextlib import nullcontext as subtest\nserver = agent = log = None\n"
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(prelude + script)
     r = subprocess.run([pyflakes, "-m", "pyflakes", f.name], capture_output=True, text=True)
