@@ -59,7 +59,13 @@ check(
     (d["perSystem"]["packages"], img),
 )
 check("apps.default has meta.description", bool(d["app"].get("meta", {}).get("description")), d["app"])
-check("package: passthru.tests.version (testers.testVersion)", d["packageTests"] == ["version"], d["packageTests"])
+check("package: passthru.tests.version (testers.testVersion) and vm-k3s", d["packageTests"] == ["version", "vm-k3s"], d["packageTests"])
+vt = d["packageVmTest"]
+check(
+    "package: passthru.tests.vm-k3s is the VM test (nodes server and agent), the flake's checks.vm-k3s, and default.nix's tests.vm-k3s",
+    vt == {"name": "knotless-run-k3s", "sameScript": True, "nodes": ["agent", "server"]} and d["defaultNixVmTest"] == "knotless-run-k3s",
+    (vt, d["defaultNixVmTest"]),
+)
 check("apps.default runs bin/knotless-run of packages.default", d["app"]["program"].endswith(f"-{p['version']}@/bin/knotless-run") and d["app"]["type"] == "app", d["app"])
 check("package: subPackages = [ cmd/knotless-run ], mainProgram, MIT", (p["subPackages"], p["mainProgram"], p["license"]) == (["cmd/knotless-run"], "knotless-run", "MIT"), p)
 check(
