@@ -12,12 +12,14 @@
 // /nix/store holds the store objects the evaluation wrote (forge.py,
 // plc.py, the pushed trees, probe.yaml, the settings file). `k3s kubectl`
 // is kubectl against the test cluster (k3s.py), and `agent` is capacity
-// on the cluster's node. What this cannot show: the VM's kernel and
+// on the cluster's node, its Node a label there (so the script's node
+// counts are the cluster's). What this cannot show: the VM's kernel and
 // network, k3s itself, NixOS's boot and activation (driver.py says more).
 //
 // TestVMScript runs the script, then the script with each of the fixes
-// that made it pass reverted, and checks that each fails at the line the
-// real VM test would fail at.
+// that made it pass reverted (and with each mistake a node count guards
+// against made), and checks that each fails at the line the real VM test
+// would fail at.
 package vmscript_test
 
 import (
