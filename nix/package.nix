@@ -5,6 +5,7 @@
 # change the argument below (tests/nix/check.sh fails until they agree).
 {
   lib,
+  callPackage,
   gitMinimal,
   testers,
   buildGo126Module ?
@@ -82,6 +83,14 @@ let
         inherit package;
         command = "knotless-run version";
         inherit version;
+      };
+      # The NixOS VM test (nix/tests/k3s.nix: the module on a k3s server, a
+      # PDS, an agent that joins only when a run needs it), wired as nixpkgs
+      # packages wire theirs: `nix build .#knotless-run.tests.vm-k3s`. The
+      # flake's checks.vm-k3s is this one.
+      tests.vm-k3s = callPackage ./tests/k3s.nix {
+        inherit package;
+        module = ./module.nix;
       };
       # `serve --metrics-listen` exists (issue 33): the module's
       # metrics.enable asserts on this.

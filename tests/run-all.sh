@@ -92,8 +92,10 @@ disruptive_pkgs=$(packages_calling "$exclusive_call")
 
 # Tests on two nodes (they call clustertest.StartTwoNodes or
 # StartTwoNodesExclusive, and fail on a cluster without its second node)
-# run last, after tests/cluster/add-node changes the cluster's shape.
-twonode_call='clustertest\.StartTwoNodes(Exclusive)?\(t\)'
+# run last, after tests/cluster/add-node changes the cluster's shape; so
+# do the tests of the tenant pool (clustertest.StartNodePool), which
+# remove and add the second node as their scaler decides.
+twonode_call='clustertest\.(StartTwoNodes(Exclusive)?|StartNodePool)\(t\)'
 twonode=$(tests_calling "$twonode_call" | paste -sd'|')
 twonode_pkgs=$(packages_calling "$twonode_call")
 

@@ -288,6 +288,22 @@ pkgs.testers.runNixOSTest {
             f'test "$(${forge} check {runner_did} {event})" = {status}', timeout=timeout
         )
 
+    # Scale to zero as a number: at each stage, the count of the nodes a
+    # run can have (all but k3s's servers, which carry the control-plane
+    # role label; this one is also tainted), in the log and asserted.
+    node_counts = {}
+    run_nodes = "k3s kubectl get nodes -l '!node-role.kubernetes.io/control-plane' -o name"
+
+    def count_nodes(stage, want, timeout=0):
+        if timeout:
+            # A node joins (or goes) a moment after its VM starts (or
+            # stops): wait for it, then record what is there.
+            server.wait_until_succeeds(f'test "$({run_nodes} | wc -l)" -eq {want}', timeout=timeout)
+        got = server.succeed(run_nodes).split()
+        node_counts[stage] = len(got)
+        log.info(f"node count {stage}: {len(got)} ({' '.join(got)})")
+        assert len(got) == want, f"node count {stage}: {len(got)} ({got}), want {want}"
+
     server.start()
     server.wait_for_unit("k3s.service")
     server.wait_until_succeeds("k3s kubectl get node server", timeout=300)
@@ -356,6 +372,7 @@ pkgs.testers.runNixOSTest {
         server.fail(f"grep -rlF -e '{runner_pw}' $(systemctl show -P ExecStart knotless-run | grep -o '/nix/store/[^ ;]*json')")
 
     with subtest("scale to zero: a run waits for a node, completes, leaves nothing"):
+        count_nodes("before the agent joins", 0)
         event = push("${quick}/quick")
         server.wait_until_succeeds("k3s kubectl -n knotless-runs get pods -o name | grep -q .", timeout=300)
         server.wait_until_succeeds(
@@ -372,6 +389,15 @@ pkgs.testers.runNixOSTest {
 
         agent.start()
         agent.wait_for_unit("k3s.service")
+        # The run starts on the agent only with its image in the agent's
+        # containerd (nothing can be pulled in the VM): wait for k3s's
+        # import of services.k3s.images, as nixpkgs' own k3s tests do, so
+        # that a missing import fails here and says so.
+        agent.wait_until_succeeds(
+            "k3s crictl img -o json | jq -e '[.images[].repoTags[]] | index(\"test.local/runner:local\") != null'",
+            timeout=120,
+        )
+        count_nodes("while a run needs one", 1, timeout=300)
         server.wait_until_succeeds("k3s kubectl wait --for=condition=Ready node/agent --timeout=10s", timeout=300)
         wait_check(event)
         server.wait_until_succeeds('test -z "$(k3s kubectl -n knotless-runs get jobs,pods -o name)"', timeout=120)
@@ -413,8 +439,10 @@ pkgs.testers.runNixOSTest {
         kubectl("drain agent --ignore-daemonsets --delete-emptydir-data --timeout=120s")
         kubectl("delete node agent")
         agent.shutdown()
+        count_nodes("after the drain", 0)
         assert run_objects() == ""
         server.succeed("systemctl is-active knotless-run.service")
+        log.info(f"node counts: {node_counts}")
   '';
 
   meta.maintainers = [ ];

@@ -59,7 +59,13 @@ check(
     (d["perSystem"]["packages"], img),
 )
 check("apps.default has meta.description", bool(d["app"].get("meta", {}).get("description")), d["app"])
-check("package: passthru.tests.version (testers.testVersion)", d["packageTests"] == ["version"], d["packageTests"])
+check("package: passthru.tests.version (testers.testVersion) and vm-k3s", d["packageTests"] == ["version", "vm-k3s"], d["packageTests"])
+vt = d["packageVmTest"]
+check(
+    "package: passthru.tests.vm-k3s is the VM test (nodes server and agent), the flake's checks.vm-k3s, and default.nix's tests.vm-k3s",
+    vt == {"name": "knotless-run-k3s", "sameScript": True, "nodes": ["agent", "server"]} and d["defaultNixVmTest"] == "knotless-run-k3s",
+    (vt, d["defaultNixVmTest"]),
+)
 check("apps.default runs bin/knotless-run of packages.default", d["app"]["program"].endswith(f"-{p['version']}@/bin/knotless-run") and d["app"]["type"] == "app", d["app"])
 check("package: subPackages = [ cmd/knotless-run ], mainProgram, MIT", (p["subPackages"], p["mainProgram"], p["license"]) == (["cmd/knotless-run"], "knotless-run", "MIT"), p)
 check(
@@ -111,8 +117,8 @@ missed = [new for old, new, n in typos if check_script(script.replace(old, new, 
 check("check-vm-script.py finds a misspelt Machine method, helper and function", not missed, missed)
 pyflakes = "/usr/bin/python3"
 if subprocess.run([pyflakes, "-m", "pyflakes", "--version"], capture_output=True).returncode == 0:
-    # The test driver provides the machines and subtest.
-    prelude = "from contextlib import nullcontext as subtest\nserver = agent = None\n"
+    # The test driver provides the machines, subtest and log.
+    prelude = "from contextlib import nullcontext as subtest\nserver = agent = log = None\n"
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(prelude + script)
     r = subprocess.run([pyflakes, "-m", "pyflakes", f.name], capture_output=True, text=True)

@@ -144,6 +144,14 @@ in
   devShellPackages = map (p: p.name) out.devShells.x86_64-linux.default.packages;
   versionCheck = out.checks.x86_64-linux.version.testVersionArgs;
   vmCheck = out.checks.x86_64-linux.vm-k3s.name;
+  # passthru.tests.vm-k3s: the VM test, the same one as the flake's check.
+  packageVmTest = {
+    inherit (pkg.tests.vm-k3s) name;
+    sameScript = pkg.tests.vm-k3s.testScript == out.checks.x86_64-linux.vm-k3s.testScript;
+    nodes = builtins.attrNames pkg.tests.vm-k3s.nodes;
+  };
+  # The same through default.nix (no flake): nix-build -A tests.vm-k3s.
+  defaultNixVmTest = viaDefault.tests.vm-k3s.name;
   moduleImports = map (m: if builtins.isFunction m then "<function>" else baseNameOf (toString m)) out.nixosModules.default.imports;
   # The flake's module evaluated with the real module system (the option
   # declarations of nix/module.nix, NixOS stubs): the package it defaults

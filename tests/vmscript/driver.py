@@ -18,7 +18,12 @@ subtest, log, retry, machines. Each node is one of:
     booted before the script.
   - a ClusterNode: a k3s agent that is only capacity on the test
     cluster's node for the test's namespaces (see k3s.py): start() joins,
-    shutdown() leaves, wait_for_unit("k3s.service") is the join's wait.
+    shutdown() leaves (its Node stays, as a k3s agent's does),
+    wait_for_unit("k3s.service") is the join's wait and joins first if
+    the script did not start it (the driver boots a VM on its first
+    command). Its commands (succeed, wait_until_succeeds) run on this
+    host with the stand-in's k3s first in PATH, whose `k3s crictl img`
+    lists the cluster node's images.
 
 What it cannot show: the VM's kernel, its network (eth0/eth1, flannel),
 k3s itself (its API server, its scheduler's taints, its agent), NixOS's
@@ -265,9 +270,11 @@ class ClusterNode:
     """A k3s agent VM, which on the stand-in is capacity on the test
     cluster's node (k3s.py, `vmscript-agent`)."""
 
-    def __init__(self, name, via):
+    def __init__(self, name, via, path):
         self.name = name
         self.via = via
+        self.path = path
+        self.started = False
 
     def __repr__(self):
         return f"<ClusterNode '{self.name}' (stand-in)>"
@@ -276,17 +283,39 @@ class ClusterNode:
         log(f"{self.name}: {msg}")
 
     def start(self, allow_reboot=False):
+        if self.started:
+            return
         self.log("starting: joining the test cluster's node as capacity for the test's namespaces")
         self.via.succeed("k3s vmscript-agent join")
+        self.started = True
 
     def wait_for_unit(self, unit, user=None, timeout=900):
         if unit != "k3s.service":
             raise Exception(f"the stand-in's {self.name} has no unit {unit}: it is a k3s agent only")
+        self.start()
         self.log("k3s.service: the join waited for the node to be Ready")
 
+    def execute(self, command, check_return=True, check_output=True, timeout=900):
+        self.start()
+        argv = ["env", "-i", f"PATH={self.path}", "LANG=C.UTF-8"]
+        if timeout is not None:
+            argv += ["timeout", str(timeout)]
+        argv += ["bash", "-c", f"set -euo pipefail; {command}"]
+        p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for line in p.stderr.decode(errors="replace").rstrip("\n").splitlines():
+            self.log(f"  | {line}")
+        return p.returncode, p.stdout.decode(errors="replace")
+
+    succeed = Machine.succeed
+    fail = Machine.fail
+    wait_until_succeeds = Machine.wait_until_succeeds
+    wait_until_fails = Machine.wait_until_fails
+    nested = Machine.nested
+
     def shutdown(self):
-        self.log("shutting down: leaving")
+        self.log("shutting down: leaving (its Node stays until deleted)")
         self.via.succeed("k3s vmscript-agent leave")
+        self.started = False
 
     def __getattr__(self, name):
         raise AttributeError(f"{self.name}.{name}: the stand-in's {self.name} is a k3s agent only, with no shell")
@@ -345,7 +374,7 @@ def main():
         machines[name] = Machine(name, m["leader"], m["path"], m["bootUnits"])
     via = machines[cfg["clusterNodesVia"]]
     for name in cfg["clusterNodes"]:
-        machines[name] = ClusterNode(name, via)
+        machines[name] = ClusterNode(name, via, cfg["clusterNodePath"])
 
     def start_all():
         for m in machines.values():

@@ -12,12 +12,14 @@
 // /nix/store holds the store objects the evaluation wrote (forge.py,
 // plc.py, the pushed trees, probe.yaml, the settings file). `k3s kubectl`
 // is kubectl against the test cluster (k3s.py), and `agent` is capacity
-// on the cluster's node. What this cannot show: the VM's kernel and
+// on the cluster's node, its Node a label there (so the script's node
+// counts are the cluster's). What this cannot show: the VM's kernel and
 // network, k3s itself, NixOS's boot and activation (driver.py says more).
 //
 // TestVMScript runs the script, then the script with each of the fixes
-// that made it pass reverted, and checks that each fails at the line the
-// real VM test would fail at.
+// that made it pass reverted (and with each mistake a node count guards
+// against made), and checks that each fails at the line the real VM test
+// would fail at.
 package vmscript_test
 
 import (
@@ -35,6 +37,8 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
@@ -61,8 +65,13 @@ type revert struct {
 	fixed   string // text of the fix, once in file
 	broken  string // what was there before
 	failsAt string // in the script line the failure is reported at
-	cause   string // in the runner's journal, where the daemon says why
+	capAt   string // the line whose waits are capped, if not failsAt (a wait in a function the failsAt line calls)
+	cause   string // in the runner's journal, where the daemon says why ("": the script's own assertion says it)
 }
+
+// countWait is the wait of count_nodes in k3s.nix, the line a node count
+// that must wait fails at.
+const countWait = `server.wait_until_succeeds(f'test "$({run_nodes} | wc -l)" -eq {want}', timeout=timeout)`
 
 var reverts = []revert{
 	{
@@ -107,6 +116,46 @@ var reverts = []revert{
 `,
 		failsAt: `assert server.succeed("systemctl show -P ActiveState,SubState,NRestarts knotless-run").split() == [`,
 	},
+	// The node counts of scale to zero, each made to fail by the mistake
+	// it guards against; the counts are read from the cluster (k3s.py).
+	{
+		// The agent boots with the server: the cluster is never at zero.
+		name:    "agent-at-boot",
+		file:    "tests/k3s.nix",
+		fixed:   "    server.start()\n",
+		broken:  "    start_all()\n",
+		failsAt: `count_nodes("before the agent joins", 0)`,
+	},
+	{
+		// The agent never joins: no node for the run.
+		name: "agent-never-joins",
+		file: "tests/k3s.nix",
+		fixed: `        agent.start()
+        agent.wait_for_unit("k3s.service")
+        # The run starts on the agent only with its image in the agent's
+        # containerd (nothing can be pulled in the VM): wait for k3s's
+        # import of services.k3s.images, as nixpkgs' own k3s tests do, so
+        # that a missing import fails here and says so.
+        agent.wait_until_succeeds(
+            "k3s crictl img -o json | jq -e '[.images[].repoTags[]] | index(\"test.local/runner:local\") != null'",
+            timeout=120,
+        )
+`,
+		broken:  "",
+		failsAt: `count_nodes("while a run needs one", 1, timeout=300)`,
+		capAt:   countWait,
+	},
+	{
+		// A node left behind: the agent shuts down without being drained
+		// and deleted, and its Node stays.
+		name: "node-left-behind",
+		file: "tests/k3s.nix",
+		fixed: `        kubectl("drain agent --ignore-daemonsets --delete-emptydir-data --timeout=120s")
+        kubectl("delete node agent")
+`,
+		broken:  "",
+		failsAt: `count_nodes("after the drain", 0)`,
+	},
 }
 
 // revertWait is how long a run with a fix reverted waits at the line
@@ -116,6 +165,9 @@ const revertWait = 60 * time.Second
 func capLine(r *revert) string {
 	if r == nil {
 		return ""
+	}
+	if r.capAt != "" {
+		return r.capAt
 	}
 	return r.failsAt
 }
@@ -159,7 +211,10 @@ func TestVMScript(t *testing.T) {
 			t.Fatalf("the VM test's script failed at line %d (%s), in the statement at line %d (%s): %s",
 				got.Innermost.Line, got.Innermost.Text, got.Toplevel.Line, got.Toplevel.Text, got.Error)
 		}
-		t.Logf("the VM test's script passed in %.0f s", got.Seconds)
+		t.Logf("the VM test's script passed in %.0f s; %s", got.Seconds, strings.Join(got.NodeCounts, "; "))
+		if len(got.NodeCounts) < 4 {
+			t.Errorf("the script logged %d node count lines, want one per stage and the summary: %q", len(got.NodeCounts), got.NodeCounts)
+		}
 	})
 	for _, r := range reverts {
 		t.Run("without-fix/"+r.name, func(t *testing.T) {
@@ -172,7 +227,7 @@ func TestVMScript(t *testing.T) {
 				t.Fatalf("with the fix %s reverted, the script failed at line %d (%s), statement at line %d (%s): %s; want it to fail at %s",
 					r.name, got.Innermost.Line, got.Innermost.Text, got.Toplevel.Line, got.Toplevel.Text, got.Error, r.failsAt)
 			}
-			if !strings.Contains(got.Journal, r.cause) {
+			if r.cause != "" && !strings.Contains(got.Journal, r.cause) {
 				t.Fatalf("with the fix %s reverted, the runner's journal does not say %q", r.name, r.cause)
 			}
 			t.Logf("without the fix %s the script fails at line %d: %s (%s)", r.name, got.Innermost.Line, got.Innermost.Text, got.Error)
@@ -236,8 +291,9 @@ type result struct {
 		Line int
 		Text string
 	}
-	Seconds float64
-	Journal string `json:"-"` // the runner's, as journalctl -o json prints it
+	Seconds    float64
+	Journal    string   `json:"-"` // the runner's, as journalctl -o json prints it
+	NodeCounts []string `json:"-"` // the script's node counts, as it logged them
 }
 
 // evaluation is what eval.nix gives.
@@ -313,6 +369,15 @@ func (s *standin) run(t *testing.T, r *revert) result {
 			}
 		})
 	}
+	// The agent's Node is the cluster's node while it carries this label
+	// (k3s.py); none may stay after the test.
+	agentLabel := "agent.vmscript.knotless.dev/" + runs.Namespace
+	t.Cleanup(func() {
+		patch := []byte(`{"metadata":{"labels":{"` + agentLabel + `":null}}}`)
+		if _, err := runs.Clientset.CoreV1().Nodes().Patch(context.Background(), runs.Info.NodeName, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			t.Errorf("unlabel the node: %v", err)
+		}
+	})
 
 	ev, store := s.evaluate(t, dir, runs.Namespace)
 	if len(ev.Server.FailedAssertions) > 0 {
@@ -328,11 +393,28 @@ func (s *standin) run(t *testing.T, r *revert) result {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k3sConfig, err := json.Marshal(map[string]any{
-		"node":       runs.Info.NodeName,
-		"namespaces": map[string]string{"knotless-runs": runs.Namespace, "default": def.Namespace},
+	namespaces := map[string]string{"knotless-runs": runs.Namespace, "default": def.Namespace}
+	k3sConfig, err := json.Marshal(map[string]any{"node": runs.Info.NodeName, "namespaces": namespaces})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The agent's commands run on this host, with k3s.py as its k3s: its
+	// crictl lists the cluster node's images.
+	agentDir := filepath.Join(dir, "agent")
+	agentConfig, err := json.Marshal(map[string]any{
+		"node": runs.Info.NodeName, "namespaces": namespaces,
+		"kubeconfig": runs.Kubeconfig, "containerdSock": runs.Info.ContainerdSock,
 	})
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(agentDir, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(agentDir, "bin", "k3s"), read(t, "k3s.py"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(agentDir, "config.json"), agentConfig, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	m := systemdtest.Boot(t, systemdtest.Options{
@@ -395,6 +477,7 @@ func (s *standin) run(t *testing.T, r *revert) result {
 		}},
 		"clusterNodes":    clusterNodes,
 		"clusterNodesVia": "server",
+		"clusterNodePath": filepath.Join(agentDir, "bin") + ":/usr/sbin:/usr/bin:/sbin:/bin",
 		// With a fix reverted, a wait at the line the script must fail
 		// at waits revertWait, not the script's 300 s: the failure is
 		// certain, and the runner's journal must still say why.
@@ -424,6 +507,11 @@ func (s *standin) run(t *testing.T, r *revert) result {
 		t.Fatalf("the runner's journal: %v", err)
 	}
 	got.Journal = string(out)
+	for l := range strings.Lines(tail(logFile, 1<<20)) {
+		if strings.HasPrefix(l, "node count") {
+			got.NodeCounts = append(got.NodeCounts, strings.TrimSpace(l))
+		}
+	}
 	if !got.OK && r == nil || t.Failed() {
 		t.Logf("driver log (last 150 lines):\n%s", tail(logFile, 150))
 	}
