@@ -121,7 +121,7 @@ func (d *decoder) warnAt(tk *token.Token, field, format string, args ...any) {
 }
 
 func (d *decoder) workflow(n ast.Node, w *Workflow) {
-	var stepsNode ast.Node
+	var stepsNode, servicesNode ast.Node
 	var ifScalar *scalar
 	var inputTokens []*token.Token
 	d.mapping(n, "workflow", map[string]func(string, ast.Node){
@@ -205,8 +205,13 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 			s := d.str(k, v)
 			ifScalar = &s
 		},
-		"steps": func(k string, v ast.Node) { stepsNode = v },
+		"steps":    func(k string, v ast.Node) { stepsNode = v },
+		"services": func(k string, v ast.Node) { servicesNode = v },
 	}, "on", "steps")
+	if servicesNode != nil {
+		// After secrets: no service may name one.
+		d.services(servicesNode, w)
+	}
 	if ifScalar != nil {
 		// After on: its inputs are names the condition reads.
 		var envs *condEnvs

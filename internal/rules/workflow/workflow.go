@@ -49,6 +49,9 @@ type Workflow struct {
 	Superseded string // "cancel" (the default) or "finish"
 	Resources  Resources
 	Steps      []Step
+	// Services run beside the steps for the whole run, in file order
+	// (services.go).
+	Services []Service
 	// Inputs are what a dispatch of the workflow may give (on: dispatch),
 	// in file order.
 	Inputs []Input
