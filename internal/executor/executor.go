@@ -191,6 +191,9 @@ type Spec struct {
 	// the session's disk (cache paths relative to the work directory
 	// need nothing).
 	Caches []string
+	// Services run beside the steps (services.go); an executor whose
+	// sessions are no ServiceRunner refuses a Spec that has any.
+	Services []Service
 }
 
 // Resources are a run's requests.

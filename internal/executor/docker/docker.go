@@ -251,6 +251,9 @@ func (e *Executor) checkIsolation(apiVersion string) {
 // container, and returns when steps can run in it. Whatever it made is
 // removed again when it fails.
 func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Session, error) {
+	if err := executor.NoServices(Name, spec); err != nil {
+		return nil, err
+	}
 	if !validRunID.MatchString(spec.RunID) {
 		return nil, fmt.Errorf("run id %q cannot name a docker object", spec.RunID)
 	}

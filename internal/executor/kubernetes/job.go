@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -164,6 +165,9 @@ func BuildJob(namespace string, spec executor.Spec, opts PodOptions) (*batchv1.J
 	// autoscaler and every drain respect too). A warm pod says "true"
 	// until a run takes it (warm.go).
 	podAnnotations := map[string]string{AnnotationSafeToEvict: "false"}
+	if len(spec.Services) > 0 {
+		podAnnotations[AnnotationServiceTimeouts] = serviceTimeouts(spec.Services)
+	}
 	for k, v := range annotations {
 		podAnnotations[k] = v
 	}
@@ -249,6 +253,16 @@ func buildPod(spec executor.Spec, opts PodOptions) (corev1.PodSpec, error) {
 			VolumeMounts:    mounts,
 			SecurityContext: containerSC,
 		}},
+	}
+	services, servicePullSecrets, err := serviceContainers(spec.Services, opts, spec.Trusted, containerSC)
+	if err != nil {
+		return corev1.PodSpec{}, err
+	}
+	pod.Containers = append(pod.Containers, services...)
+	for _, name := range servicePullSecrets {
+		if !slices.Contains(pullSecrets, name) {
+			pullSecrets = append(pullSecrets, name)
+		}
 	}
 	for _, name := range pullSecrets {
 		pod.ImagePullSecrets = append(pod.ImagePullSecrets, corev1.LocalObjectReference{Name: name})
