@@ -95,7 +95,9 @@ func (d *decoder) services(n ast.Node, w *Workflow) {
 		}, "image")
 		if readyNode != nil {
 			s.Ready = d.probe(what+".ready", readyNode, s.Ports)
-		} else if len(s.Ports) > 0 {
+		}
+		if s.Ready.TCP == 0 && s.Ready.HTTPPath == "" && s.Ready.Command == "" && len(s.Ports) > 0 {
+			// No way named: the first port accepts a connection.
 			s.Ready.TCP = s.Ports[0]
 		}
 		if s.Ready.Timeout == 0 {

@@ -22,6 +22,10 @@ services:
     ports: [8080, 8443]
     command: [nginx, -g, daemon off;]
     ready: {http: /healthz, timeout: 30s}
+  late:
+    image: redis
+    ports: [6379]
+    ready: {timeout: 2m}
   check:
     image: busybox
     ready: {command: test -e /tmp/ready}
@@ -40,8 +44,9 @@ steps:
 			Ready: Probe{TCP: 5432, Timeout: DefaultServiceTimeout}, Line: 5},
 		{Name: "web", Image: "nginx", Ports: []int{8080, 8443}, Command: []string{"nginx", "-g", "daemon off;"},
 			Ready: Probe{HTTPPath: "/healthz", HTTPPort: 8080, Timeout: 30 * time.Second}, Line: 9},
-		{Name: "check", Image: "busybox", Ready: Probe{Command: "test -e /tmp/ready", Timeout: DefaultServiceTimeout}, Line: 14},
-		{Name: "bare", Image: "busybox", Command: []string{"sleep 1000"}, Ready: Probe{Timeout: DefaultServiceTimeout}, Line: 17},
+		{Name: "late", Image: "redis", Ports: []int{6379}, Ready: Probe{TCP: 6379, Timeout: 2 * time.Minute}, Line: 14},
+		{Name: "check", Image: "busybox", Ready: Probe{Command: "test -e /tmp/ready", Timeout: DefaultServiceTimeout}, Line: 18},
+		{Name: "bare", Image: "busybox", Command: []string{"sleep 1000"}, Ready: Probe{Timeout: DefaultServiceTimeout}, Line: 21},
 	}
 	if diff := cmp.Diff(want, got.Services); diff != "" {
 		t.Errorf("services (-want +got):\n%s", diff)
