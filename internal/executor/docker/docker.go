@@ -189,6 +189,7 @@ var validRunID = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
 // names are the objects of one run.
 type names struct {
 	container, network string
+	services           []string          // the ids of the service containers
 	volumes            map[string]string // by directory: work, steps, outputs, cache-N
 }
 
@@ -251,9 +252,6 @@ func (e *Executor) checkIsolation(apiVersion string) {
 // container, and returns when steps can run in it. Whatever it made is
 // removed again when it fails.
 func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Session, error) {
-	if err := executor.NoServices(Name, spec); err != nil {
-		return nil, err
-	}
 	if !validRunID.MatchString(spec.RunID) {
 		return nil, fmt.Errorf("run id %q cannot name a docker object", spec.RunID)
 	}
@@ -339,7 +337,10 @@ func (s *Session) create(ctx context.Context, spec executor.Spec, labels map[str
 	if err != nil {
 		return err
 	}
-	return s.startContainer(ctx, spec.Image, netMode, mounts, labels, res)
+	if err := s.startContainer(ctx, spec.Image, netMode, mounts, labels, res); err != nil {
+		return err
+	}
+	return s.startServices(ctx, spec, labels, res)
 }
 
 // createNetwork makes the run's own network when the executor gives
@@ -640,7 +641,12 @@ func (e *Executor) findRuns(ctx context.Context, value string, kept map[string]b
 		return e.daemonError(fmt.Errorf("sweep: list containers: %w", err))
 	}
 	for _, c := range cs.Items {
-		if run := c.Labels[LabelRun]; run != "" && !kept[run] {
+		run := c.Labels[LabelRun]
+		switch {
+		case run == "" || kept[run]:
+		case c.Labels[LabelService] != "":
+			found(run).services = append(found(run).services, c.ID)
+		default:
 			found(run).container = c.ID
 		}
 	}

@@ -40,6 +40,9 @@ type Session struct {
 	steps   map[string]*step
 	execs   []string // every exec made, for tests
 	stopped bool
+
+	// services are the run's service containers, in the order made.
+	services []*service
 }
 
 // step is one exec of the launcher and what it wrote.
@@ -400,6 +403,17 @@ func (s *Session) removeContainer(ctx context.Context) error {
 // that nothing of another run with a clashing name is touched.
 func (s *Session) remove(ctx context.Context) error {
 	var errs []error
+	// The services first: they are in the run container's network
+	// namespace.
+	ids := s.names.services
+	for _, svc := range s.services {
+		ids = append(ids, svc.id)
+	}
+	for _, id := range ids {
+		if _, err := s.ex.cli.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
+			errs = append(errs, s.ex.daemonError(fmt.Errorf("remove service container %s: %w", id, err)))
+		}
+	}
 	if err := s.removeContainer(ctx); err != nil {
 		errs = append(errs, err)
 	}
