@@ -52,6 +52,21 @@ steps:
 			runs:       3,
 		},
 		{
+			name: "http probe",
+			src: `on: push
+services:
+  web:
+    image: IMAGE
+    command: [sh, -c, "mkdir -p /tmp/www; sleep 3; echo web-up > /tmp/www/healthz; exec httpd -f -v -p 7004 -h /tmp/www"]
+    ports: [7004]
+    ready: {http: /healthz}
+steps:
+  - run: wget -q -O- http://127.0.0.1:7004/healthz
+`,
+			wantStatus: run.Success,
+			want:       []string{"web-up"},
+		},
+		{
 			name: "never ready",
 			src: `on: push
 services:
