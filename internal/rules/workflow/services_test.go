@@ -1,6 +1,9 @@
 package workflow
 
 import (
+	"errors"
+	"io/fs"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -100,5 +103,39 @@ func TestParseServicesErrors(t *testing.T) {
 				t.Errorf("errors (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// The services example of docs/reference/workflow.md is a valid
+// services: field, read as the page says.
+func TestReferenceServicesExampleParses(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../../../docs/reference/workflow.md")
+	if errors.Is(err, fs.ErrNotExist) {
+		t.Skip("docs are left out of this source (the Nix package's)")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "## Services\n\n```yaml\n")
+	if !ok {
+		t.Fatal("docs/reference/workflow.md has no services example")
+	}
+	src, _, _ := strings.Cut(section, "```")
+	w, err := Parse("example.yaml", []byte("on: push\nsteps: [{run: x}]\n"+src))
+	if err != nil {
+		t.Fatalf("the services example: %v", err)
+	}
+	got := map[string]Probe{}
+	for _, s := range w.Services {
+		got[s.Name] = s.Ready
+	}
+	want := map[string]Probe{
+		"db":   {TCP: 5432, Timeout: DefaultServiceTimeout},
+		"web":  {HTTPPath: "/healthz", HTTPPort: 8080, Timeout: 2 * time.Minute},
+		"seed": {Command: "test -e /tmp/up", Timeout: DefaultServiceTimeout},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("probes (-want +got):\n%s", diff)
 	}
 }
