@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -45,7 +46,7 @@ func serviceOf(container string) string {
 func serviceContainers(services []executor.Service, opts PodOptions, trusted bool, sc *corev1.SecurityContext) ([]corev1.Container, []string, error) {
 	var out []corev1.Container
 	var pullSecrets []string
-	limits, err := resources(executor.Resources{}, PodOptions{CPULimit: opts.CPULimit, MemoryLimit: opts.MemoryLimit})
+	limits, err := serviceResources(opts)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -70,6 +71,24 @@ func serviceContainers(services []executor.Service, opts PodOptions, trusted boo
 		out = append(out, c)
 	}
 	return out, pullSecrets, nil
+}
+
+// serviceResources are a service container's: the operator's limits,
+// and requests of zero, so that the limits are not taken as its requests
+// too (the API server's default): the run's requests are the run
+// container's, and a service adds none to what the pod asks a node for.
+func serviceResources(opts PodOptions) (corev1.ResourceRequirements, error) {
+	rr, err := resources(executor.Resources{}, PodOptions{CPULimit: opts.CPULimit, MemoryLimit: opts.MemoryLimit})
+	if err != nil {
+		return rr, err
+	}
+	for name := range rr.Limits {
+		if rr.Requests == nil {
+			rr.Requests = corev1.ResourceList{}
+		}
+		rr.Requests[name] = resource.MustParse("0")
+	}
+	return rr, nil
 }
 
 // readinessProbe is a service's probe as the kubelet runs it, every
