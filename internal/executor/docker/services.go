@@ -38,6 +38,8 @@ type service struct {
 func (s *Session) startServices(ctx context.Context, spec executor.Spec, labels map[string]string, res container.Resources) error {
 	e := s.ex
 	yes := true
+	pids := e.cfg.PidsLimit
+	res.PidsLimit = &pids
 	for _, svc := range spec.Services {
 		if err := e.ensureImage(ctx, svc.Image, s.log); err != nil {
 			return fmt.Errorf("service %s: %w", svc.Name, err)
