@@ -194,6 +194,11 @@ type Spec struct {
 	// Services run beside the steps (services.go); an executor whose
 	// sessions are no ServiceRunner refuses a Spec that has any.
 	Services []Service
+	// StepImages are the images of the steps that name their own, by
+	// step id (as StartStep names it): such a step runs in a container
+	// of its image that sees the run's directories (Dirs), beside the
+	// run's. An executor that cannot refuses a Spec that has any.
+	StepImages map[string]string
 }
 
 // Resources are a run's requests.

@@ -84,3 +84,19 @@ func NoServices(executor string, spec Spec) error {
 	}
 	return fmt.Errorf("the %s executor runs no services, and the workflow names service %s", executor, spec.Services[0].Name)
 }
+
+// NoStepImages is the error of an executor that runs every step in one
+// place for a Spec whose steps name images of their own, naming the
+// first such step.
+func NoStepImages(executor string, spec Spec) error {
+	if len(spec.StepImages) == 0 {
+		return nil
+	}
+	first := ""
+	for id := range spec.StepImages {
+		if n, m := len(id), len(first); first == "" || n < m || n == m && id < first {
+			first = id
+		}
+	}
+	return fmt.Errorf("the %s executor runs every step in one place, and step %s names an image of its own (%s)", executor, first, spec.StepImages[first])
+}

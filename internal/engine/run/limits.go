@@ -75,6 +75,11 @@ func (m Maximums) check(req Request) error {
 	}
 	// A service's image is run like the run's: the same globs bound it
 	// (the runner's default image is no service's).
+	for _, s := range wf.Steps {
+		if len(m.Images) > 0 && s.Image != "" && !imageAllowed(m.Images, s.Image) {
+			return &LimitError{Flag: "allow-image", What: "step " + s.Name + " image", Value: s.Image, Max: joinGlobs(m.Images)}
+		}
+	}
 	for _, s := range wf.Services {
 		if len(m.Images) > 0 && !imageAllowed(m.Images, s.Image) {
 			return &LimitError{Flag: "allow-image", What: "service " + s.Name + " image", Value: s.Image, Max: joinGlobs(m.Images)}

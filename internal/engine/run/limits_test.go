@@ -56,6 +56,8 @@ func TestMaximums(t *testing.T) {
 			wantErr: "image registry.example/ci/deep/x is not allowed"},
 		{name: "service image not allowed", wf: "on: [pull]\nservices:\n  db: {image: evil.example/db:1}\n" + steps, want: run.Error,
 			wantErr: "service db image evil.example/db:1 is not allowed by --allow-image registry.example/ci/*, busybox:*"},
+		{name: "step image not allowed", wf: "on: [pull]\nsteps:\n  - {name: lint, image: evil.example/lint:1, run: 'true'}\n", want: run.Error,
+			wantErr: "step lint image evil.example/lint:1 is not allowed by --allow-image registry.example/ci/*, busybox:*"},
 		{name: "within every limit", wf: "on: [pull]\ntimeout: 1h\nimage: registry.example/ci/go:1.26\nresources: {cpu: '2', memory: 4Gi}\n" + steps, want: run.Success},
 		{name: "default image always allowed", wf: "on: [pull]\n" + steps, want: run.Success},
 		{name: "trusted not bound", wf: "on: [push]\ntimeout: 6h\nimage: evil.example/miner\nresources: {cpu: '64', memory: 1Ti}\n" + steps, trusted: true, want: run.Success},

@@ -482,6 +482,7 @@ func (r *runState) spec() executor.Spec {
 		Annotations: r.req.Annotations,
 		Caches:      sessionCaches(wf.Cache),
 		Services:    r.serviceSpecs(),
+		StepImages:  r.stepImages(),
 	}
 }
 

@@ -3,6 +3,7 @@ package run
 import (
 	"context"
 	"errors"
+	"strconv"
 
 	"knotless.dev/run/internal/executor"
 )
@@ -19,6 +20,22 @@ func (r *runState) serviceSpecs() []executor.Service {
 			es.Env = append(es.Env, executor.EnvVar{Name: e.Name, Value: e.Value})
 		}
 		out = append(out, es)
+	}
+	return out
+}
+
+// stepImages are the images of the steps that name their own, by step
+// id.
+func (r *runState) stepImages() map[string]string {
+	var out map[string]string
+	for i, s := range r.req.Workflow.Steps {
+		if s.Image == "" {
+			continue
+		}
+		if out == nil {
+			out = map[string]string{}
+		}
+		out[strconv.Itoa(i+1)] = s.Image
 	}
 	return out
 }

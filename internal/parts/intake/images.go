@@ -34,8 +34,9 @@ func (in *Intake) warnImages(ctx context.Context, ev work.Event, wfs []*workflow
 		if image == "" {
 			image = in.facts.DefaultImage
 		}
-		// Its services' images are pulled for its runs as its own is.
-		for _, image := range append([]string{image}, wf.ServiceImages()...) {
+		// Its steps' and services' images are pulled for its runs as
+		// its own is.
+		for _, image := range append(append([]string{image}, wf.StepImages()...), wf.ServiceImages()...) {
 			in.warnImage(ctx, ev, wf, image)
 		}
 	}

@@ -246,6 +246,7 @@ func (d *decoder) steps(n ast.Node, w *Workflow) {
 				s.Name, nameTk = ss.value, ss.tk
 			},
 			"run":     func(k string, v ast.Node) { s.Run = d.str(k, v).value },
+			"image":   func(k string, v ast.Node) { s.Image = d.str(k, v).value },
 			"uses":    func(k string, v ast.Node) { s.Uses = d.str(k, v).value },
 			"timeout": func(k string, v ast.Node) { s.Timeout = d.duration(k, v) },
 			"if": func(k string, v ast.Node) {

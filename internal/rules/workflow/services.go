@@ -225,6 +225,18 @@ func (w *Workflow) ServiceImages() []string {
 	return out
 }
 
+// StepImages are the images the workflow's steps name for themselves,
+// in step order.
+func (w *Workflow) StepImages() []string {
+	var out []string
+	for _, s := range w.Steps {
+		if s.Image != "" {
+			out = append(out, s.Image)
+		}
+	}
+	return out
+}
+
 // String says how the probe tells the service is ready, for a log line.
 func (p Probe) String() string {
 	switch {

@@ -139,3 +139,19 @@ func TestReferenceServicesExampleParses(t *testing.T) {
 		t.Errorf("probes (-want +got):\n%s", diff)
 	}
 }
+
+// A step may name an image of its own; StepImages lists them in step
+// order.
+func TestParseStepImage(t *testing.T) {
+	t.Parallel()
+	w, err := Parse("ci.yaml", []byte("on: push\nsteps:\n  - run: a\n  - {run: b, image: golang:1.26}\n  - {run: c, image: node:22}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"", "golang:1.26", "node:22"}, []string{w.Steps[0].Image, w.Steps[1].Image, w.Steps[2].Image}); diff != "" {
+		t.Errorf("step images (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"golang:1.26", "node:22"}, w.StepImages()); diff != "" {
+		t.Errorf("StepImages (-want +got):\n%s", diff)
+	}
+}
