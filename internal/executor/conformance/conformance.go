@@ -59,6 +59,10 @@ type Harness struct {
 	// are executor.ServiceRunners); any other refuses a workflow with
 	// services.
 	Services bool
+	// StepImages: the executor runs a step that names an image in a
+	// container of that image beside the run's; any other refuses a
+	// workflow with such a step.
+	StepImages bool
 }
 
 // Run runs the whole table against h.
@@ -74,6 +78,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("caches", func(t *testing.T) { t.Parallel(); testCaches(t, h) })
 	t.Run("cache taint", func(t *testing.T) { t.Parallel(); testCacheTaint(t, h) })
 	t.Run("services", func(t *testing.T) { t.Parallel(); testServices(t, h) })
+	t.Run("step images", func(t *testing.T) { t.Parallel(); testStepImages(t, h) })
 	runCapabilities(t, h)
 }
 

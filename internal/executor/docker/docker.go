@@ -189,7 +189,7 @@ var validRunID = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
 // names are the objects of one run.
 type names struct {
 	container, network string
-	services           []string          // the ids of the service containers
+	beside             []string          // the ids of the containers beside the run's (its steps' own, its services')
 	volumes            map[string]string // by directory: work, steps, outputs, cache-N
 }
 
@@ -338,6 +338,9 @@ func (s *Session) create(ctx context.Context, spec executor.Spec, labels map[str
 		return err
 	}
 	if err := s.startContainer(ctx, spec.Image, netMode, mounts, labels, res); err != nil {
+		return err
+	}
+	if err := s.startStepContainers(ctx, spec, mounts, labels, res); err != nil {
 		return err
 	}
 	return s.startServices(ctx, spec, labels, res)
@@ -644,8 +647,8 @@ func (e *Executor) findRuns(ctx context.Context, value string, kept map[string]b
 		run := c.Labels[LabelRun]
 		switch {
 		case run == "" || kept[run]:
-		case c.Labels[LabelService] != "":
-			found(run).services = append(found(run).services, c.ID)
+		case c.Labels[LabelService] != "" || c.Labels[LabelStep] != "":
+			found(run).beside = append(found(run).beside, c.ID)
 		default:
 			found(run).container = c.ID
 		}

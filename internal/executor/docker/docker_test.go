@@ -69,9 +69,10 @@ func TestConformance(t *testing.T) {
 		SecretSearch: `$(ls -d /* | grep -vx -e /proc -e /sys -e /dev) /dev/shm`,
 		// Creating and starting a container with its network takes
 		// seconds on a loaded machine.
-		StartTime: 30 * time.Second,
-		Fenced:    true,
-		Services:  true,
+		StartTime:  30 * time.Second,
+		Fenced:     true,
+		Services:   true,
+		StepImages: true,
 	})
 }
 
@@ -768,9 +769,10 @@ func TestListening(t *testing.T) {
 	}
 }
 
-// A run's service containers carry its labels and go with it: removed
-// by Stop, and swept with the rest of an abandoned run (they share the
-// run container's network namespace, so they go first).
+// A run's service containers, and its steps' own, carry its labels and
+// go with it: removed by Stop, and swept with the rest of an abandoned
+// run (they share the run container's network namespace, so they go
+// first).
 func TestServicesLeaveNothing(t *testing.T) {
 	t.Parallel()
 	d := daemon.Get(t)
@@ -792,7 +794,7 @@ func TestServicesLeaveNothing(t *testing.T) {
 	if left := objects(t, d, did); len(left) > 0 {
 		t.Errorf("after Stop:\n%s", strings.Join(left, "\n"))
 	}
-	if _, err := old.Start(ctx, executor.Spec{RunID: "svcgone", Runner: did, Image: d.Image(), Services: svc}); err != nil {
+	if _, err := old.Start(ctx, executor.Spec{RunID: "svcgone", Runner: did, Image: d.Image(), Services: svc, StepImages: map[string]string{"2": d.Image()}}); err != nil {
 		t.Fatal(err)
 	}
 	old.Close()

@@ -84,6 +84,7 @@ func TestConformance(t *testing.T) {
 		SecretSearch: "/work /steps /outputs /knotless /tmp /etc /root /home /var",
 		Fenced:       true,
 		Services:     true,
+		StepImages:   true,
 	})
 }
 

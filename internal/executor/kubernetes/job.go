@@ -157,6 +157,10 @@ func BuildJob(namespace string, spec executor.Spec, opts PodOptions) (*batchv1.J
 	labels := map[string]string{LabelRunner: RunnerLabel(spec.Runner), LabelRun: spec.RunID, LabelManagedBy: managedByValue,
 		LabelEgress: string(opts.Egress.For(spec.Trusted))}
 	annotations := map[string]string{AnnotationDID: spec.Runner}
+	if len(spec.StepImages) > 0 {
+		byStep, _, _ := stepContainerNames(spec.StepImages)
+		annotations[AnnotationStepContainers] = stepContainersAnnotation(byStep)
+	}
 	for k, v := range spec.Annotations {
 		annotations[k] = v
 	}
@@ -254,11 +258,17 @@ func buildPod(spec executor.Spec, opts PodOptions) (corev1.PodSpec, error) {
 			SecurityContext: containerSC,
 		}},
 	}
+	steps, stepPullSecrets, err := stepContainers(spec, opts, mounts, containerSC)
+	if err != nil {
+		return corev1.PodSpec{}, err
+	}
+	pod.Containers = append(pod.Containers, steps...)
 	services, servicePullSecrets, err := serviceContainers(spec.Services, opts, spec.Trusted, containerSC)
 	if err != nil {
 		return corev1.PodSpec{}, err
 	}
 	pod.Containers = append(pod.Containers, services...)
+	servicePullSecrets = append(stepPullSecrets, servicePullSecrets...)
 	for _, name := range servicePullSecrets {
 		if !slices.Contains(pullSecrets, name) {
 			pullSecrets = append(pullSecrets, name)

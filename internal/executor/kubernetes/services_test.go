@@ -34,3 +34,22 @@ func TestBuildJobServicesGolden(t *testing.T) {
 	}
 	golden(t, "job-services.golden.yaml", job.Spec.Template)
 }
+
+// A step with an image of its own runs in a container of that image in
+// the run's pod, one per image, named after its first step: the
+// keep-alive, the run's directories mounted, locked down, its pull
+// credentials as the run's trust allows, and no requests of its own; the
+// Job records which container each such step runs in.
+func TestBuildJobStepImagesGolden(t *testing.T) {
+	t.Parallel()
+	spec := testSpec()
+	spec.StepImages = map[string]string{"2": "golang:1.26", "4": "node:22", "10": "golang:1.26"}
+	job, err := BuildJob("runs", spec, PodOptions{CPULimit: "4"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := job.Annotations[AnnotationStepContainers], "10=step-2,2=step-2,4=step-4"; got != want {
+		t.Errorf("annotation %s = %q, want %q", AnnotationStepContainers, got, want)
+	}
+	golden(t, "job-step-images.golden.yaml", job.Spec.Template.Spec.Containers[1:])
+}
