@@ -191,6 +191,14 @@ type Spec struct {
 	// the session's disk (cache paths relative to the work directory
 	// need nothing).
 	Caches []string
+	// Services run beside the steps (services.go); an executor whose
+	// sessions are no ServiceRunner refuses a Spec that has any.
+	Services []Service
+	// StepImages are the images of the steps that name their own, by
+	// step id (as StartStep names it): such a step runs in a container
+	// of its image that sees the run's directories (Dirs), beside the
+	// run's. An executor that cannot refuses a Spec that has any.
+	StepImages map[string]string
 }
 
 // Resources are a run's requests.

@@ -40,7 +40,7 @@ type LimitError struct {
 
 func (e *LimitError) Error() string {
 	if e.Flag == "allow-image" {
-		return fmt.Sprintf("image %s is not allowed by --allow-image %s", e.Value, e.Max)
+		return fmt.Sprintf("%s %s is not allowed by --allow-image %s", e.What, e.Value, e.Max)
 	}
 	return fmt.Sprintf("%s %s exceeds --%s %s", e.What, e.Value, e.Flag, e.Max)
 }
@@ -72,6 +72,18 @@ func (m Maximums) check(req Request) error {
 	}
 	if len(m.Images) > 0 && wf.Image != "" && !imageAllowed(m.Images, wf.Image) {
 		return &LimitError{Flag: "allow-image", What: "image", Value: wf.Image, Max: joinGlobs(m.Images)}
+	}
+	// A service's image is run like the run's: the same globs bound it
+	// (the runner's default image is no service's).
+	for _, s := range wf.Steps {
+		if len(m.Images) > 0 && s.Image != "" && !imageAllowed(m.Images, s.Image) {
+			return &LimitError{Flag: "allow-image", What: "step " + s.Name + " image", Value: s.Image, Max: joinGlobs(m.Images)}
+		}
+	}
+	for _, s := range wf.Services {
+		if len(m.Images) > 0 && !imageAllowed(m.Images, s.Image) {
+			return &LimitError{Flag: "allow-image", What: "service " + s.Name + " image", Value: s.Image, Max: joinGlobs(m.Images)}
+		}
 	}
 	return nil
 }

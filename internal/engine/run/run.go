@@ -434,6 +434,8 @@ func (r *runState) settleReplay(ctx context.Context, sess executor.Session, h *H
 func (r *runState) steps(ctx context.Context, sess executor.Session, from *Handover) {
 	runCtx, cancel := r.runContext(ctx)
 	defer cancel()
+	runCtx, stopWatch := r.watchServices(runCtx, sess)
+	defer stopWatch()
 	dirs := sess.Dirs()
 	if from == nil {
 		if err := r.putCheckout(runCtx, sess, dirs); err != nil {
@@ -443,9 +445,18 @@ func (r *runState) steps(ctx context.Context, sess executor.Session, from *Hando
 		r.restoreCaches(runCtx, sess, dirs)
 	}
 	r.runSteps(ctx, runCtx, sess, dirs, from)
+	stopWatch()
+	if se := serviceDied(runCtx); se != nil {
+		r.fail(Error, "", se)
+	}
 	r.saveCaches(ctx, sess, dirs)
 	if err := r.collectOutputs(ctx, sess, dirs); err != nil && r.res.Status == Success {
 		r.fail(Error, "", err)
+	}
+	if r.res.Status != Detached {
+		logCtx, cancelLog := context.WithTimeout(context.WithoutCancel(ctx), r.eng.cfg.CleanupTimeout)
+		r.logServices(logCtx, sess)
+		cancelLog()
 	}
 }
 
@@ -475,6 +486,8 @@ func (r *runState) spec() executor.Spec {
 		Trusted:     r.req.Trusted,
 		Annotations: r.req.Annotations,
 		Caches:      sessionCaches(wf.Cache),
+		Services:    r.serviceSpecs(),
+		StepImages:  r.stepImages(),
 	}
 }
 

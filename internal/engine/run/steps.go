@@ -88,6 +88,9 @@ func (r *runState) runSteps(ctx, runCtx context.Context, sess executor.Session, 
 			case !runs:
 				r.skipStep(i, state)
 				continue
+			case serviceDied(runCtx) != nil && cancelled() == nil:
+				r.logf("==> step %d/%d: %s: skipped: service %s ended", i+1, len(steps), s.Name, serviceDied(runCtx).Service)
+				continue
 			case runCtx.Err() != nil && cancelled() == nil:
 				r.logf("==> step %d/%d: %s: skipped: the run's timeout has passed", i+1, len(steps), s.Name)
 				continue
@@ -338,6 +341,8 @@ func (r *runState) runStep(ctx, runCtx context.Context, sess executor.Session, d
 		switch {
 		case ctx.Err() != nil:
 			return executor.Exit{}, fmt.Errorf("step %s: run cancelled", s.Name)
+		case serviceDied(runCtx) != nil:
+			return executor.Exit{}, fmt.Errorf("step %s: %w", s.Name, serviceDied(runCtx))
 		case runCtx.Err() != nil:
 			return executor.Exit{}, &StepError{Step: s.Name, TimedOut: true, Timeout: r.eng.cfg.Max.timeout(r.req)}
 		default:

@@ -55,6 +55,14 @@ type Harness struct {
 	// while the first session lives (the pod executors). The shell
 	// executor's sessions are directories of a fresh name each.
 	Fenced bool
+	// Services: the executor runs a workflow's services (its sessions
+	// are executor.ServiceRunners); any other refuses a workflow with
+	// services.
+	Services bool
+	// StepImages: the executor runs a step that names an image in a
+	// container of that image beside the run's; any other refuses a
+	// workflow with such a step.
+	StepImages bool
 }
 
 // Run runs the whole table against h.
@@ -69,6 +77,8 @@ func Run(t *testing.T, h Harness) {
 	t.Run("bounds", func(t *testing.T) { t.Parallel(); testBounds(t, h) })
 	t.Run("caches", func(t *testing.T) { t.Parallel(); testCaches(t, h) })
 	t.Run("cache taint", func(t *testing.T) { t.Parallel(); testCacheTaint(t, h) })
+	t.Run("services", func(t *testing.T) { t.Parallel(); testServices(t, h) })
+	t.Run("step images", func(t *testing.T) { t.Parallel(); testStepImages(t, h) })
 	runCapabilities(t, h)
 }
 

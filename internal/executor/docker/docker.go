@@ -189,6 +189,7 @@ var validRunID = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
 // names are the objects of one run.
 type names struct {
 	container, network string
+	beside             []string          // the ids of the containers beside the run's (its steps' own, its services')
 	volumes            map[string]string // by directory: work, steps, outputs, cache-N
 }
 
@@ -336,7 +337,13 @@ func (s *Session) create(ctx context.Context, spec executor.Spec, labels map[str
 	if err != nil {
 		return err
 	}
-	return s.startContainer(ctx, spec.Image, netMode, mounts, labels, res)
+	if err := s.startContainer(ctx, spec.Image, netMode, mounts, labels, res); err != nil {
+		return err
+	}
+	if err := s.startStepContainers(ctx, spec, mounts, labels, res); err != nil {
+		return err
+	}
+	return s.startServices(ctx, spec, labels, res)
 }
 
 // createNetwork makes the run's own network when the executor gives
@@ -637,7 +644,12 @@ func (e *Executor) findRuns(ctx context.Context, value string, kept map[string]b
 		return e.daemonError(fmt.Errorf("sweep: list containers: %w", err))
 	}
 	for _, c := range cs.Items {
-		if run := c.Labels[LabelRun]; run != "" && !kept[run] {
+		run := c.Labels[LabelRun]
+		switch {
+		case run == "" || kept[run]:
+		case c.Labels[LabelService] != "" || c.Labels[LabelStep] != "":
+			found(run).beside = append(found(run).beside, c.ID)
+		default:
 			found(run).container = c.ID
 		}
 	}

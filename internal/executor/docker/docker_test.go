@@ -69,8 +69,10 @@ func TestConformance(t *testing.T) {
 		SecretSearch: `$(ls -d /* | grep -vx -e /proc -e /sys -e /dev) /dev/shm`,
 		// Creating and starting a container with its network takes
 		// seconds on a loaded machine.
-		StartTime: 30 * time.Second,
-		Fenced:    true,
+		StartTime:  30 * time.Second,
+		Fenced:     true,
+		Services:   true,
+		StepImages: true,
 	})
 }
 
@@ -743,5 +745,64 @@ func TestImagePullFailsAtOnce(t *testing.T) {
 	t.Logf("an unreachable registry: %s", res.Error)
 	if left := objects(t, d, did); len(left) > 0 {
 		t.Errorf("left after the run:\n%s", strings.Join(left, "\n"))
+	}
+}
+
+// A TCP probe reads the namespace's socket table: a port is ready once a
+// socket listens on it (state 0A), over IPv4 or IPv6, and not while a
+// connection to or from it is merely established.
+func TestListening(t *testing.T) {
+	t.Parallel()
+	table := `  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000:1B58 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 1 1 0000000000000000 100 0 0 10 0
+   1: 0100007F:A2B0 0100007F:1B59 01 00000000:00000000 00:00000000 00000000  1000        0 2 1 0000000000000000 20 4 30 10 -1
+  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000000000000000000000000000:1F90 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 3 1 0000000000000000 100 0 0 10 0
+`
+	for _, tt := range []struct {
+		port int
+		want bool
+	}{{7000, true}, {8080, true}, {7001, false}, {41648, false}} {
+		if got := listening(table, tt.port); got != tt.want {
+			t.Errorf("listening(%d) = %v, want %v", tt.port, got, tt.want)
+		}
+	}
+}
+
+// A run's service containers, and its steps' own, carry its labels and
+// go with it: removed by Stop, and swept with the rest of an abandoned
+// run (they share the run container's network namespace, so they go
+// first).
+func TestServicesLeaveNothing(t *testing.T) {
+	t.Parallel()
+	d := daemon.Get(t)
+	did := runner(t)
+	ctx := context.Background()
+	svc := []executor.Service{{Name: "listen", Image: d.Image(), Command: []string{"nc", "-ll", "-p", "7000", "-e", "echo", "pong"}, Ports: []int{7000},
+		Ready: executor.Probe{TCP: 7000, Timeout: time.Minute}}}
+	old := newExecutor(t, d, did, Config{})
+	s, err := old.Start(ctx, executor.Spec{RunID: "svcstop", Runner: did, Image: d.Image(), Services: svc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(objects(t, d, did)); got != 6 {
+		t.Fatalf("%d objects for a run with a service, want 6:\n%s", got, strings.Join(objects(t, d, did), "\n"))
+	}
+	if err := s.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if left := objects(t, d, did); len(left) > 0 {
+		t.Errorf("after Stop:\n%s", strings.Join(left, "\n"))
+	}
+	if _, err := old.Start(ctx, executor.Spec{RunID: "svcgone", Runner: did, Image: d.Image(), Services: svc, StepImages: map[string]string{"2": d.Image()}}); err != nil {
+		t.Fatal(err)
+	}
+	old.Close()
+	refs, err := newExecutor(t, d, did, Config{}).Sweep(ctx, nil)
+	if err != nil || len(refs) != 1 {
+		t.Errorf("sweep: %v, %v; want the abandoned run", refs, err)
+	}
+	if left := objects(t, d, did); len(left) > 0 {
+		t.Errorf("after the sweep:\n%s", strings.Join(left, "\n"))
 	}
 }

@@ -40,11 +40,18 @@ type Session struct {
 	steps   map[string]*step
 	execs   []string // every exec made, for tests
 	stopped bool
+
+	// services are the run's service containers, in the order made.
+	services []*service
+	// stepCtrs are the containers of the steps with images of their
+	// own, by step id (their ids; one per image).
+	stepCtrs map[string]string
 }
 
 // step is one exec of the launcher and what it wrote.
 type step struct {
 	exec string
+	ctr  string // the id of the container it runs in
 	conn client.HijackedResponse
 	out  *spool.Spool
 	// sidKnown is closed when sid is known, or when the step ended
@@ -145,7 +152,8 @@ func (s *Session) StartStep(ctx context.Context, id string, payload []byte) erro
 	}
 	s.mu.Unlock()
 
-	ex, err := s.ex.cli.ExecCreate(ctx, s.id, client.ExecCreateOptions{
+	ctr := s.stepContainer(id)
+	ex, err := s.ex.cli.ExecCreate(ctx, ctr, client.ExecCreateOptions{
 		AttachStdin: true, AttachStdout: true, AttachStderr: true,
 		Cmd: []string{"sh", "-c", launcher},
 	})
@@ -156,7 +164,7 @@ func (s *Session) StartStep(ctx context.Context, id string, payload []byte) erro
 	if err != nil {
 		return s.ex.daemonError(fmt.Errorf("start exec for step %s: %w", id, err))
 	}
-	st := &step{exec: ex.ID, conn: att.HijackedResponse, out: spool.New(), sidKnown: make(chan struct{}), done: make(chan struct{})}
+	st := &step{exec: ex.ID, ctr: ctr, conn: att.HijackedResponse, out: spool.New(), sidKnown: make(chan struct{}), done: make(chan struct{})}
 	s.mu.Lock()
 	s.steps[id] = st
 	s.execs = append(s.execs, ex.ID)
@@ -202,7 +210,7 @@ func (s *Session) follow(st *step) {
 		if st.sid > 1 {
 			sid = strconv.Itoa(st.sid)
 		}
-		if err := s.reap(ctx, sid); err != nil && st.err == nil {
+		if err := s.reap(ctx, st.ctr, sid); err != nil && st.err == nil {
 			st.err = fmt.Errorf("kill the processes the step left: %w", err)
 		}
 	}
@@ -266,7 +274,7 @@ func (s *Session) KillStep(ctx context.Context, id string) error {
 	if st.sid <= 1 {
 		return fmt.Errorf("kill step %s: its session is unknown", id)
 	}
-	if err := s.reap(ctx, strconv.Itoa(st.sid)); err != nil {
+	if err := s.reap(ctx, st.ctr, strconv.Itoa(st.sid)); err != nil {
 		return fmt.Errorf("kill step %s: %w", id, err)
 	}
 	return nil
@@ -302,10 +310,10 @@ func (s *Session) untilStop() (context.Context, context.CancelFunc) {
 }
 
 // reap runs the reaper in the container and waits for it.
-func (s *Session) reap(ctx context.Context, sid string) error {
+func (s *Session) reap(ctx context.Context, ctr, sid string) error {
 	s.reapMu.Lock()
 	defer s.reapMu.Unlock()
-	ex, err := s.ex.cli.ExecCreate(ctx, s.id, client.ExecCreateOptions{
+	ex, err := s.ex.cli.ExecCreate(ctx, ctr, client.ExecCreateOptions{
 		AttachStdout: true, AttachStderr: true,
 		Cmd: []string{"sh", "-c", reapScript, "knotless-reaper", sid},
 	})
@@ -353,8 +361,10 @@ func (s *Session) Stop(ctx context.Context) error {
 
 	var errs []error
 	if s.keep && len(running) > 0 {
-		if err := s.reap(ctx, "all"); err != nil {
-			errs = append(errs, fmt.Errorf("kill steps: %w", err))
+		for _, ctr := range append([]string{s.id}, s.stepCtrIDs()...) {
+			if err := s.reap(ctx, ctr, "all"); err != nil {
+				errs = append(errs, fmt.Errorf("kill steps: %w", err))
+			}
 		}
 	}
 	if !s.keep {
@@ -400,6 +410,17 @@ func (s *Session) removeContainer(ctx context.Context) error {
 // that nothing of another run with a clashing name is touched.
 func (s *Session) remove(ctx context.Context) error {
 	var errs []error
+	// The containers beside the run's first (its steps' of their own
+	// images, its services'): they are in its network namespace.
+	ids := append(s.names.beside, s.stepCtrIDs()...)
+	for _, svc := range s.services {
+		ids = append(ids, svc.id)
+	}
+	for _, id := range ids {
+		if _, err := s.ex.cli.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
+			errs = append(errs, s.ex.daemonError(fmt.Errorf("remove service container %s: %w", id, err)))
+		}
+	}
 	if err := s.removeContainer(ctx); err != nil {
 		errs = append(errs, err)
 	}

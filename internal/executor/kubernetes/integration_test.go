@@ -83,6 +83,8 @@ func TestConformance(t *testing.T) {
 		Image:        os.Getenv(clustertest.EnvImage),
 		SecretSearch: "/work /steps /outputs /knotless /tmp /etc /root /home /var",
 		Fenced:       true,
+		Services:     true,
+		StepImages:   true,
 	})
 }
 

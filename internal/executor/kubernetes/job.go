@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -156,6 +157,10 @@ func BuildJob(namespace string, spec executor.Spec, opts PodOptions) (*batchv1.J
 	labels := map[string]string{LabelRunner: RunnerLabel(spec.Runner), LabelRun: spec.RunID, LabelManagedBy: managedByValue,
 		LabelEgress: string(opts.Egress.For(spec.Trusted))}
 	annotations := map[string]string{AnnotationDID: spec.Runner}
+	if len(spec.StepImages) > 0 {
+		byStep, _, _ := stepContainerNames(spec.StepImages)
+		annotations[AnnotationStepContainers] = stepContainersAnnotation(byStep)
+	}
 	for k, v := range spec.Annotations {
 		annotations[k] = v
 	}
@@ -164,6 +169,9 @@ func BuildJob(namespace string, spec executor.Spec, opts PodOptions) (*batchv1.J
 	// autoscaler and every drain respect too). A warm pod says "true"
 	// until a run takes it (warm.go).
 	podAnnotations := map[string]string{AnnotationSafeToEvict: "false"}
+	if len(spec.Services) > 0 {
+		podAnnotations[AnnotationServiceTimeouts] = serviceTimeouts(spec.Services)
+	}
 	for k, v := range annotations {
 		podAnnotations[k] = v
 	}
@@ -249,6 +257,22 @@ func buildPod(spec executor.Spec, opts PodOptions) (corev1.PodSpec, error) {
 			VolumeMounts:    mounts,
 			SecurityContext: containerSC,
 		}},
+	}
+	steps, stepPullSecrets, err := stepContainers(spec, opts, mounts, containerSC)
+	if err != nil {
+		return corev1.PodSpec{}, err
+	}
+	pod.Containers = append(pod.Containers, steps...)
+	services, servicePullSecrets, err := serviceContainers(spec.Services, opts, spec.Trusted, containerSC)
+	if err != nil {
+		return corev1.PodSpec{}, err
+	}
+	pod.Containers = append(pod.Containers, services...)
+	servicePullSecrets = append(stepPullSecrets, servicePullSecrets...)
+	for _, name := range servicePullSecrets {
+		if !slices.Contains(pullSecrets, name) {
+			pullSecrets = append(pullSecrets, name)
+		}
 	}
 	for _, name := range pullSecrets {
 		pod.ImagePullSecrets = append(pod.ImagePullSecrets, corev1.LocalObjectReference{Name: name})

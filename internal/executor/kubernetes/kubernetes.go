@@ -210,6 +210,8 @@ func (e *Executor) newSession(spec executor.Spec, job *batchv1.Job, log *slog.Lo
 		keep: spec.Keep,
 		uid:  job.UID,
 		log:  log,
+		// From the Job, as Resume reads it.
+		stepContainers: parseStepContainers(job.Annotations[AnnotationStepContainers]),
 	}
 }
 
@@ -225,7 +227,7 @@ func (e *Executor) Resume(ctx context.Context, ref executor.Ref) (executor.Sessi
 		return nil, fmt.Errorf("resume job %s/%s: %w", ref.Namespace, ref.Name, err)
 	}
 	log := e.log.With("run", ref.RunID, "job", ref.Name, "namespace", ref.Namespace, "image", jobImage(job))
-	s := &Session{ex: e, ref: ref, uid: job.UID, log: log}
+	s := &Session{ex: e, ref: ref, uid: job.UID, log: log, stepContainers: parseStepContainers(job.Annotations[AnnotationStepContainers])}
 	// The process that made the Job made its budget, unless it died
 	// between the two.
 	if err := createBudget(ctx, cs, job, ref.RunID, false); err != nil {

@@ -70,6 +70,11 @@ type Session struct {
 	// exec.
 	lastStep, emptyAfter string
 
+	// stepContainers names the container of each step with an image of
+	// its own (AnnotationStepContainers); any other runs in the run
+	// container.
+	stepContainers map[string]string
+
 	lostNode   string // the node a step found gone (under mu)
 	podVersion string // resource version of the pod last seen (under mu)
 
@@ -378,7 +383,7 @@ func (s *Session) pump(id string, st *step, mode string, payload []byte, started
 			in.first = launchInput(payload)
 		}
 		cmd := []string{"sh", "-c", stepScript, "knotless-step", mode, stepStateDir, id, strconv.FormatInt(offset, 10), s.Dirs().Outputs}
-		_, err := s.exec(ctx, cmd, kubeexec.Streams{Stdin: in, Stdout: st.out, Stderr: ctrl})
+		_, err := s.execIn(ctx, s.stepContainer(id), cmd, kubeexec.Streams{Stdin: in, Stdout: st.out, Stderr: ctrl})
 		if code, final, ok := ctrl.result(); ok && st.out.Len() >= final {
 			exit = executor.Exit{Code: code}
 			break
@@ -511,7 +516,7 @@ func (s *Session) FollowStep(ctx context.Context, id string, offset int64, out i
 // every process it started are killed inside the pod.
 func (s *Session) KillStep(ctx context.Context, id string) error {
 	var stderr bytes.Buffer
-	code, err := s.exec(ctx, []string{"sh", "-c", stepScript, "knotless-step", "kill", stepStateDir, id}, kubeexec.Streams{Stderr: &stderr})
+	code, err := s.execIn(ctx, s.stepContainer(id), []string{"sh", "-c", stepScript, "knotless-step", "kill", stepStateDir, id}, kubeexec.Streams{Stderr: &stderr})
 	if err != nil {
 		return fmt.Errorf("kill step %s: %w", id, err)
 	}

@@ -70,6 +70,7 @@ type podWaiter struct {
 
 	pullFailingSince time.Time
 	lastReason       string
+	services         serviceWait
 	refused          map[string]bool // pods a node refused at admission
 }
 
@@ -111,7 +112,7 @@ func (w *podWaiter) wait(ctx context.Context) (*corev1.Pod, error) {
 			return nil, fmt.Errorf("list pods of job %s: %w", w.job.Name, err)
 		}
 		for i := range list.Items {
-			if pod, done, err := w.check(&list.Items[i]); done || err != nil {
+			if pod, done, err := w.decide(ctx, &list.Items[i]); done || err != nil {
 				return pod, err
 			}
 		}
@@ -144,7 +145,7 @@ func (w *podWaiter) follow(ctx context.Context, watcher watch.Interface, tick *t
 		case <-tick.C:
 			// Time-based rules: a pull that keeps failing, a Job without a pod.
 			if last != nil {
-				if ready, done, err := w.check(last); done || err != nil {
+				if ready, done, err := w.decide(ctx, last); done || err != nil {
 					return ready, done, err
 				}
 			}
@@ -166,11 +167,20 @@ func (w *podWaiter) follow(ctx context.Context, watcher watch.Interface, tick *t
 				continue
 			}
 			seen, last = seen+1, pod
-			if ready, done, err := w.check(pod); done || err != nil {
+			if ready, done, err := w.decide(ctx, pod); done || err != nil {
 				return ready, done, err
 			}
 		}
 	}
+}
+
+// decide is check after the run's services: one that ended or is late
+// ends the wait, naming it.
+func (w *podWaiter) decide(ctx context.Context, pod *corev1.Pod) (*corev1.Pod, bool, error) {
+	if err := w.services.check(ctx, w.cs, pod, time.Now()); err != nil {
+		return nil, false, err
+	}
+	return w.check(pod)
 }
 
 // check decides on one pod: ready (returned), failed, or still waiting

@@ -80,6 +80,9 @@ const drainGrace = 2 * time.Second
 
 // Start creates the run's directory tree.
 func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Session, error) {
+	if err := errors.Join(executor.NoServices(Name, spec), executor.NoStepImages(Name, spec)); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(e.cfg.Root, 0o700); err != nil {
 		return nil, fmt.Errorf("create shell root %s: %w", e.cfg.Root, err)
 	}

@@ -15,7 +15,7 @@ const imageCheckTimeout = 10 * time.Second
 
 // warnImages warns, once per image in the process's life, when a
 // workflow that runs here for ev names an image (or takes the default
-// one) that the executor cannot find (Ports.CheckImage: on Docker, not
+// one, or names one for a service) that the executor cannot find (Ports.CheckImage: on Docker, not
 // on the daemon and not served by its registry). Its runs would end
 // error at their first pull; the warning says so before one runs, and
 // at start, after a move to another executor. Only the owner's pushes
@@ -34,16 +34,25 @@ func (in *Intake) warnImages(ctx context.Context, ev work.Event, wfs []*workflow
 		if image == "" {
 			image = in.facts.DefaultImage
 		}
-		if _, seen := in.images.LoadOrStore(image, true); seen {
-			continue
+		// Its steps' and services' images are pulled for its runs as
+		// its own is.
+		for _, image := range append(append([]string{image}, wf.StepImages()...), wf.ServiceImages()...) {
+			in.warnImage(ctx, ev, wf, image)
 		}
-		cctx, cancel := context.WithTimeout(ctx, imageCheckTimeout)
-		err := in.p.CheckImage(cctx, image)
-		cancel()
-		if err != nil && ctx.Err() == nil {
-			in.log.Warn("the executor cannot find the image a workflow names: its runs will end error", "image", image,
-				"workflow", wf.Name, "file", wf.File, "repo", ev.Repo.URI.String(), "err", err)
-		}
+	}
+}
+
+// warnImage is warnImages for one image of wf.
+func (in *Intake) warnImage(ctx context.Context, ev work.Event, wf *workflow.Workflow, image string) {
+	if _, seen := in.images.LoadOrStore(image, true); seen {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, imageCheckTimeout)
+	err := in.p.CheckImage(cctx, image)
+	cancel()
+	if err != nil && ctx.Err() == nil {
+		in.log.Warn("the executor cannot find the image a workflow names: its runs will end error", "image", image,
+			"workflow", wf.Name, "file", wf.File, "repo", ev.Repo.URI.String(), "err", err)
 	}
 }
 

@@ -650,13 +650,16 @@ func (c *imageChecks) got() []string {
 // each new push's; it warns once per image it cannot find, naming the
 // image, the workflow and the repository. A stranger's pull makes it
 // ask nothing (issue 35: after a move to Docker, a workflow whose image
-// the Docker daemon cannot find said so only when its run failed).
+// the Docker daemon cannot find said so only when its run failed). A
+// step's own image and a service's are asked about as the run's is.
 func TestWarnImages(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	deploy := rig.CI("deploy", "make deploy")
 	deploy.Image = "127.0.0.1:1/team/deploy:1"
 	deploy.On = []workflow.Trigger{workflow.Push}
+	deploy.Services = []workflow.Service{{Name: "db", Image: "127.0.0.1:1/team/db:1"}}
+	deploy.Steps[0].Image = "127.0.0.1:1/team/tool:1"
 	strangers := rig.CI("strangers", "make")
 	strangers.Image = "127.0.0.1:1/stranger/probe:1"
 	strangers.On = []workflow.Trigger{workflow.Pull}
@@ -679,7 +682,7 @@ func TestWarnImages(t *testing.T) {
 	w.git.Hold("c1", "c2")
 	w.lister.Set(old, done, rig.Pull("did:plc:stranger", "3k3", "c3"))
 	w.reconcile(t)
-	if diff := cmp.Diff([]string{"busybox:stable", deploy.Image}, checks.got()); diff != "" {
+	if diff := cmp.Diff([]string{"busybox:stable", deploy.Image, "127.0.0.1:1/team/tool:1", "127.0.0.1:1/team/db:1"}, checks.got()); diff != "" {
 		t.Errorf("images asked at start (-want +got):\n%s", diff)
 	}
 	warned := func() []string {
@@ -700,7 +703,7 @@ func TestWarnImages(t *testing.T) {
 	w.lister.Set(old, done, rig.Push("3k4", "c4"))
 	w.reconcile(t)
 	w.reconcile(t)
-	if got := checks.got(); len(got) != 2 {
+	if got := checks.got(); len(got) != 4 {
 		t.Errorf("images asked after more pushes: %v, want each once", got)
 	}
 	if got := warned(); len(got) != 1 {

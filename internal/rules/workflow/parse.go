@@ -125,7 +125,7 @@ func (d *decoder) warnAt(tk *token.Token, field, format string, args ...any) {
 }
 
 func (d *decoder) workflow(n ast.Node, w *Workflow) {
-	var stepsNode ast.Node
+	var stepsNode, servicesNode ast.Node
 	var ifScalar *scalar
 	var groupTmpl scalar
 	var inputTokens []*token.Token
@@ -222,11 +222,16 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 			s := d.str(k, v)
 			ifScalar = &s
 		},
-		"steps": func(k string, v ast.Node) { stepsNode = v },
+		"steps":    func(k string, v ast.Node) { stepsNode = v },
+		"services": func(k string, v ast.Node) { servicesNode = v },
 	}, "on", "steps")
 	d.matrixUses(w, refs)
 	if w.Concurrency != nil {
 		d.concurrencyRefs(w, groupTmpl)
+	}
+	if servicesNode != nil {
+		// After secrets: no service may name one.
+		d.services(servicesNode, w)
 	}
 	if ifScalar != nil {
 		// After on: its inputs are names the condition reads.
@@ -264,6 +269,7 @@ func (d *decoder) steps(n ast.Node, w *Workflow) {
 				s.Name, nameTk = ss.value, ss.tk
 			},
 			"run":     func(k string, v ast.Node) { s.Run = d.str(k, v).value },
+			"image":   func(k string, v ast.Node) { s.Image = d.str(k, v).value },
 			"uses":    func(k string, v ast.Node) { s.Uses = d.str(k, v).value },
 			"timeout": func(k string, v ast.Node) { s.Timeout = d.duration(k, v) },
 			"if": func(k string, v ast.Node) {

@@ -51,6 +51,9 @@ type Workflow struct {
 	Concurrency *Concurrency
 	Resources   Resources
 	Steps       []Step
+	// Services run beside the steps for the whole run, in file order
+	// (services.go).
+	Services []Service
 	// Inputs are what a dispatch of the workflow may give (on: dispatch),
 	// in file order.
 	Inputs []Input
@@ -140,9 +143,13 @@ type Resources struct {
 
 // Step is one step of a workflow.
 type Step struct {
-	Name    string
-	Run     string // the POSIX sh script, or empty when Uses is set
-	Uses    string // a shared step from .knotless/steps/<Uses>
+	Name string
+	Run  string // the POSIX sh script, or empty when Uses is set
+	Uses string // a shared step from .knotless/steps/<Uses>
+	// Image, when set, is the image of a container of the step's own
+	// that sees the run's directories (pod executors); "" runs it in
+	// the run's container.
+	Image   string
 	Timeout time.Duration
 	Secrets []string
 	// If decides whether the step runs; nil runs it while no earlier
