@@ -220,6 +220,7 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 			s := d.str(k, v)
 			ifScalar = &s
 		},
+		"retry": func(k string, v ast.Node) { d.retry(v, w) },
 		"steps": func(k string, v ast.Node) { stepsNode = v },
 	}, "on", "steps")
 	d.matrixUses(w, refs)
