@@ -2,6 +2,8 @@ package workflow
 
 import (
 	"errors"
+	"io/fs"
+	"os"
 	"strings"
 	"testing"
 
@@ -90,5 +92,35 @@ func TestRetryAgain(t *testing.T) {
 		if got := tt.r.Again(tt.tries, tt.failed, tt.lost); got != tt.want {
 			t.Errorf("%s: Again(%d, %v, %v) = %v, want %v", tt.name, tt.tries, tt.failed, tt.lost, got, tt.want)
 		}
+	}
+}
+
+// TestReferenceRetryExamplesParse: the reference's examples with a
+// retry parse, and say what they say.
+func TestReferenceRetryExamplesParse(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../../../docs/reference/workflow.md")
+	if errors.Is(err, fs.ErrNotExist) {
+		t.Skip("docs are left out of this source (the Nix package's)")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []Retry
+	for i, block := range strings.Split(string(b), "```yaml\n")[1:] {
+		src, _, _ := strings.Cut(block, "```")
+		if !strings.Contains(src, "retry:") {
+			continue
+		}
+		w, err := Parse("example.yaml", []byte(src))
+		if err != nil {
+			t.Errorf("yaml block %d of docs/reference/workflow.md: %v", i+1, err)
+			continue
+		}
+		got = append(got, *w.Retry)
+	}
+	want := []Retry{{Max: 2, When: RetryInfrastructure}, {Max: 2, When: RetryInfrastructure}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("the reference's retries (-want +got):\n%s", diff)
 	}
 }
