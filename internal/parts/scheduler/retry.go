@@ -69,7 +69,7 @@ func (s *Scheduler) tries(ctx context.Context, t *task, dir string, log *slog.Lo
 		_, _ = earlier.Write(res.Log)
 		_, _ = io.WriteString(earlier, line)
 		earlierSize += res.LogSize + int64(len(line))
-		// The lost try's directory goes; its session went with its end.
+		// The lost try's directory goes; its session is stopped by its end.
 		_ = os.RemoveAll(dir)
 		try++
 		s.mu.Lock()
