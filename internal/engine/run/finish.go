@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/lib/mask"
 )
 
@@ -36,6 +37,7 @@ func (r *runState) fail(status Status, step string, err error) {
 		return
 	}
 	r.res.Status, r.res.FailedStep, r.res.Error = status, step, err.Error()
+	r.res.Lost = status == Error && errors.Is(err, executor.ErrInfrastructure)
 	if se := (*StepError)(nil); errors.As(err, &se) {
 		r.res.StepError = se
 	}

@@ -57,6 +57,13 @@ type Result struct {
 	// so another process drives it. Status is Detached, Handover nil;
 	// the caller writes nothing of the run.
 	Fenced bool `json:"fenced,omitempty"`
+	// Lost: what ended the run (status error) was the infrastructure's
+	// (executor.ErrInfrastructure): its pod disrupted or deleted, its
+	// node gone. A workflow's retry tries such a run again.
+	Lost bool `json:"lost,omitempty"`
+	// Tries is how many runs of the work this result ends, the retries
+	// of a lost run (workflow.Retry) counted; 0 or 1 for one.
+	Tries int `json:"tries,omitempty"`
 	// Handover is where a Detached run stopped.
 	Handover *Handover `json:"handover,omitempty"`
 	// Log is the masked run log, capped; it is written on its own.

@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"knotless.dev/run/internal/executor"
 )
 
 // podDisrupted returns what Kubernetes said of a pod it is taking away
@@ -48,7 +50,7 @@ func reasonMessage(reason, message string) string {
 }
 
 // disruptedError is the run's error for a step whose pod Kubernetes
-// took away, in its words.
+// took away, in its words: the infrastructure's (executor.Lost).
 func (s *Session) disruptedError(pod *corev1.Pod, why string) error {
-	return fmt.Errorf("pod %s/%s on node %s was disrupted while the step ran (%s)", s.ref.Namespace, pod.Name, pod.Spec.NodeName, why)
+	return executor.Lost(fmt.Errorf("pod %s/%s on node %s was disrupted while the step ran (%s)", s.ref.Namespace, pod.Name, pod.Spec.NodeName, why))
 }

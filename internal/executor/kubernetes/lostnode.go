@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/kube/kubeclient"
 )
 
@@ -65,12 +66,13 @@ func execFoundNoNode(execErr error, pod *corev1.Pod) bool {
 }
 
 // lostNodeError is the run's error for a step whose node is gone; the
-// session remembers the node for Stop.
+// session remembers the node for Stop. It is the infrastructure's
+// (executor.Lost).
 func (s *Session) lostNodeError(node, why string) error {
 	s.mu.Lock()
 	s.lostNode = node
 	s.mu.Unlock()
-	return fmt.Errorf("node %s of pod %s/%s is gone (%s) while the step ran", node, s.ref.Namespace, s.pod, why)
+	return executor.Lost(fmt.Errorf("node %s of pod %s/%s is gone (%s) while the step ran", node, s.ref.Namespace, s.pod, why))
 }
 
 // knownLostNode is the node a step found lost, if any.
@@ -135,7 +137,7 @@ func (s *Session) watchPod(ctx context.Context, d time.Duration, dropped time.Ti
 				return s.disruptedError(pod, why)
 			}
 			if ev.Type == watch.Deleted {
-				return fmt.Errorf("pod %s/%s on node %s was deleted while the step ran", s.ref.Namespace, s.pod, pod.Spec.NodeName)
+				return executor.Lost(fmt.Errorf("pod %s/%s on node %s was deleted while the step ran", s.ref.Namespace, s.pod, pod.Spec.NodeName))
 			}
 		}
 	}

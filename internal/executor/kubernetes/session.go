@@ -459,7 +459,7 @@ func (s *Session) jobGone(ctx context.Context, execErr error, dropped time.Time)
 				return gone
 			}
 		}
-		return fmt.Errorf("pod %s/%s was deleted while the step ran", s.ref.Namespace, s.pod)
+		return executor.Lost(fmt.Errorf("pod %s/%s was deleted while the step ran", s.ref.Namespace, s.pod))
 	case err != nil:
 		return nil
 	}
@@ -484,7 +484,7 @@ func (s *Session) jobGone(ctx context.Context, execErr error, dropped time.Time)
 		return s.lostNodeError(pod.Spec.NodeName, "the API server has no Node "+pod.Spec.NodeName+" to reach the pod through")
 	}
 	if pod.DeletionTimestamp != nil {
-		return fmt.Errorf("pod %s/%s on node %s is being deleted while the step ran", s.ref.Namespace, s.pod, pod.Spec.NodeName)
+		return executor.Lost(fmt.Errorf("pod %s/%s on node %s is being deleted while the step ran", s.ref.Namespace, s.pod, pod.Spec.NodeName))
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/kube/kubeclient"
 )
 
@@ -160,7 +161,7 @@ func (w *podWaiter) follow(ctx context.Context, watcher watch.Interface, tick *t
 			case watch.Error:
 				return nil, false, nil
 			case watch.Deleted:
-				return nil, false, fmt.Errorf("pod of job %s was deleted before it was ready", w.job.Name)
+				return nil, false, executor.Lost(fmt.Errorf("pod of job %s was deleted before it was ready", w.job.Name))
 			}
 			pod, ok := ev.Object.(*corev1.Pod)
 			if !ok {
@@ -196,15 +197,15 @@ func (w *podWaiter) check(pod *corev1.Pod) (*corev1.Pod, bool, error) {
 				"reason", pod.Status.Reason, "message", pod.Status.Message, "refused", len(w.refused))
 		}
 		if len(w.refused) > admissionRetries {
-			return nil, false, fmt.Errorf("nodes refused %d pods of job %s at admission; the last, %s on node %s: %s: %s",
-				len(w.refused), w.job.Name, pod.Name, pod.Spec.NodeName, pod.Status.Reason, pod.Status.Message)
+			return nil, false, executor.Lost(fmt.Errorf("nodes refused %d pods of job %s at admission; the last, %s on node %s: %s: %s",
+				len(w.refused), w.job.Name, pod.Name, pod.Spec.NodeName, pod.Status.Reason, pod.Status.Message))
 		}
 		w.lastReason = "refused at admission: " + pod.Status.Reason + ": " + pod.Status.Message
 		return nil, false, nil // the Job makes another
 	}
 	if why, disrupted := podDisrupted(pod); disrupted {
 		// Evicted, preempted or its node lost: no step may start in it.
-		return nil, false, fmt.Errorf("pod %s on node %s was disrupted before the run started in it (%s)", pod.Name, pod.Spec.NodeName, why)
+		return nil, false, executor.Lost(fmt.Errorf("pod %s on node %s was disrupted before the run started in it (%s)", pod.Name, pod.Spec.NodeName, why))
 	}
 	switch pod.Status.Phase {
 	case corev1.PodSucceeded, corev1.PodFailed:
@@ -247,7 +248,7 @@ func (w *podWaiter) check(pod *corev1.Pod) (*corev1.Pod, bool, error) {
 			if pullDenied(wt.Message) {
 				return nil, false, fmt.Errorf("pod %s cannot pull image %s: the registry denied access (%s; a registry that needs credentials needs an --image-pull-secret whose pattern matches the image, marked ,untrusted for a pull's run): %s", pod.Name, cs.Image, wt.Reason, wt.Message)
 			}
-			return nil, false, fmt.Errorf("pod %s cannot pull image %s (%s; the node pulls it: the image must be one the cluster's nodes can pull): %s", pod.Name, cs.Image, wt.Reason, wt.Message)
+			return nil, false, pullLost(wt.Message, fmt.Errorf("pod %s cannot pull image %s (%s; the node pulls it: the image must be one the cluster's nodes can pull): %s", pod.Name, cs.Image, wt.Reason, wt.Message))
 		case wt.Reason == "ErrImagePull" || wt.Reason == "ImagePullBackOff":
 			// With pull secrets a denial waits out the grace: the kubelet
 			// pulls without them when its secret cache has not synced yet

@@ -62,6 +62,10 @@ var (
 	// because a step may have started and it could not go on ("ended"),
 	// or run again because no step had started ("again").
 	InheritedHows = []string{"handover", "checkpoint", "ended", "again"}
+	// RetryReasons are why a run was tried again (a workflow's retry):
+	// the infrastructure lost it ("infrastructure"), or it ended failure
+	// or error and the workflow says retry when: always ("failure").
+	RetryReasons = []string{"infrastructure", "failure"}
 	// FenceKinds are the fence's conflicts: a create of a run's objects
 	// found them there ("exists": AlreadyExists), or a check write lost
 	// its compare-and-swap to another writer ("lost_swap").
@@ -122,6 +126,7 @@ type Metrics struct {
 	refused         *prometheus.CounterVec
 	ticksSkipped    *prometheus.CounterVec
 	inherited       *prometheus.CounterVec
+	retries         *prometheus.CounterVec
 	fence           *prometheus.CounterVec
 
 	queueDepth  prometheus.Gauge
@@ -184,6 +189,8 @@ func New(reg *prometheus.Registry) (*Metrics, error) {
 	m.fence = counterVec("fence_conflicts_total", "Conflicts the fence resolved, by kind: exists (a create of a run's objects found them there: AlreadyExists; the run is another driver's, or an earlier one's deletion was waited out), lost_swap (a check write lost its compare-and-swap; the record was read again).", "kind")
 	m.inherited = counterVec("runs_inherited_total", "Runs an earlier process left going, by what this one did: handover (adopted), checkpoint (taken up after that process died), ended (error: a step may have started and it could not go on), again (no step had started: run again).", "how")
 
+	m.retries = counterVec("runs_retried_total", "Runs tried again by their workflow's retry, by reason: infrastructure (the infrastructure lost the run: its pod disrupted or deleted, its node gone), failure (it ended failure or error, and the workflow retries when: always).", "reason")
+
 	m.queueDepth = gauge("queue_depth", "Runs queued, waiting for a worker.")
 	m.runsGoing = gauge("runs_going", "Runs going (started, not final).")
 	m.owedChecks = gauge("owed_checks", "Final checks the PDS has not taken yet (kept in state.json, written later).")
@@ -204,6 +211,9 @@ func New(reg *prometheus.Registry) (*Metrics, error) {
 	for _, s := range CheckStatuses {
 		m.checkWrites.WithLabelValues(s)
 	}
+	for _, r := range RetryReasons {
+		m.retries.WithLabelValues(r)
+	}
 	for _, d := range []string{"restore", "save"} {
 		m.cacheBytes.WithLabelValues(d)
 	}
@@ -217,7 +227,7 @@ func New(reg *prometheus.Registry) (*Metrics, error) {
 		m.pickup, m.queueWait, m.sessionReady, m.takeover, m.stepDuration, m.runDuration, m.xferBytes, m.xferSeconds,
 		m.runs, m.sweeps, m.sweepErrors, m.swept, m.cleanupFailures, m.warmTaken, m.checkWrites, m.checkRefusals,
 		m.rateWaits, m.rateWaitSeconds, m.cacheHits, m.cacheMisses, m.cacheBytes, m.landings, m.ejections,
-		m.deferred, m.refused, m.ticksSkipped, m.inherited, m.fence,
+		m.deferred, m.refused, m.ticksSkipped, m.inherited, m.retries, m.fence,
 		m.queueDepth, m.runsGoing, m.owedChecks, m.warmPods, m.writeBudget, m.degraded, m.expiry,
 	} {
 		if err := reg.Register(c); err != nil {
@@ -471,6 +481,15 @@ func (m *Metrics) Inherited(how string) {
 		return
 	}
 	m.inherited.WithLabelValues(known(InheritedHows, how)).Inc()
+}
+
+// Retried: a run was tried again by its workflow's retry, for reason
+// (RetryReasons).
+func (m *Metrics) Retried(reason string) {
+	if m == nil {
+		return
+	}
+	m.retries.WithLabelValues(known(RetryReasons, reason)).Inc()
 }
 
 // TakenOver: a run an earlier process left going goes on here, after

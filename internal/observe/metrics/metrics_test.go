@@ -263,6 +263,7 @@ func TestUnknownLabelValuesAreOther(t *testing.T) {
 	m.Deferred("--max-everything")
 	m.Refused("whim")
 	m.TickSkipped("moon")
+	m.Retried("whim")
 	m.Transferred("sideways", 1, time.Second)
 	m.SetDegraded("moon", true)
 	m.CredentialExpiry("did:plc:abc", time.Now().Add(time.Hour))
@@ -285,6 +286,7 @@ func TestUnknownLabelValuesAreOther(t *testing.T) {
 		"knotless_run_events_deferred_total":        {"limit": "other"},
 		"knotless_run_events_refused_total":         {"reason": "other"},
 		"knotless_run_schedule_ticks_skipped_total": {"reason": "other"},
+		"knotless_run_runs_retried_total":           {"reason": "other"},
 	} {
 		if got := value(t, reg, name, labels); got != 1 {
 			t.Errorf("%s%v = %g, want 1", name, labels, got)
@@ -306,6 +308,7 @@ func TestSeriesAreBounded(t *testing.T) {
 		m.Deferred(v)
 		m.Refused(v)
 		m.TickSkipped(v)
+		m.Retried(v)
 	}
 	for name, max := range map[string]int{
 		"knotless_run_runs_total":                   (len(metrics.RunStatuses) + 1) * (len(metrics.Kinds) + 1) * (len(metrics.Executors) + 1),
@@ -314,6 +317,7 @@ func TestSeriesAreBounded(t *testing.T) {
 		"knotless_run_events_deferred_total":        len(metrics.Limits) + 1,
 		"knotless_run_events_refused_total":         len(metrics.RefusalReasons) + 1,
 		"knotless_run_schedule_ticks_skipped_total": len(metrics.TickSkipReasons) + 1,
+		"knotless_run_runs_retried_total":           len(metrics.RetryReasons) + 1,
 	} {
 		n, err := testutil.GatherAndCount(reg, name)
 		if err != nil {

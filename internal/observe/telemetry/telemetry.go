@@ -89,6 +89,9 @@ func (p Parts) TickSkipped(reason string) { p.M.TickSkipped(reason) }
 // Inherited: what was done with a run an earlier process left going.
 func (p Parts) Inherited(how string) { p.M.Inherited(how) }
 
+// Retried: a run was tried again by its workflow's retry, for reason.
+func (p Parts) Retried(_ *job.Job, reason string) { p.M.Retried(reason) }
+
 // TakenOver implements scheduler.Observer.
 func (p Parts) TakenOver(after time.Duration) { p.M.TakenOver(after) }
 

@@ -297,6 +297,10 @@ func (k *Keeper) Map(ctx context.Context, c forge.Check, res *run.Result, outDir
 	c.FinishedAt = forge.Datetime(res.FinishedAt)
 	c.FailedStep = Truncate(res.FailedStep, MaxName)
 	c.Error = Truncate(res.Error, MaxError)
+	c.Tries = 0
+	if res.Tries > 1 {
+		c.Tries = int64(res.Tries)
+	}
 	c.Steps = nil
 	for _, s := range res.Steps {
 		cs := forge.CheckStep{Name: Truncate(s.Name, MaxName), Status: string(s.Status), DurationMs: s.Duration.Milliseconds(), TimedOut: s.TimedOut}

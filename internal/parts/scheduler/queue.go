@@ -40,8 +40,13 @@ type task struct {
 	// expected ends the expectation of its running record, written
 	// soon after a worker claims it (nil: none).
 	expected func()
-	// live is the run's live output (Tap.Open); nil: none.
-	live io.Writer
+	// live is the run's live output (Tap.Open), opened for the run
+	// liveRun; nil: none.
+	live    io.Writer
+	liveRun string
+	// try is which try of the work the run is (retry.go): 0 or 1 for
+	// the first.
+	try int
 }
 
 // end is how t's work ended, to write its check with (checks.End): by

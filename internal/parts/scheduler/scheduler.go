@@ -124,6 +124,10 @@ type Observer interface {
 	Queued(j *job.Job)
 	Started(j *job.Job, runID string, queued time.Time)
 	Ended(j *job.Job, res *run.Result)
+	// Retried: its run is tried again by its workflow's retry (retry.go),
+	// for reason "infrastructure" (the run was lost to it) or "failure"
+	// (it ended failure or error, and the workflow retries when: always).
+	Retried(j *job.Job, reason string)
 	// Inherited: at start, what was done with a run an earlier process
 	// left going: "handover", "checkpoint", "ended" or "again"
 	// (metrics.InheritedHows).

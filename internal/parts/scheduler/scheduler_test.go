@@ -159,10 +159,13 @@ type observer struct {
 	events []string
 }
 
-func (o *observer) add(s string)                              { o.mu.Lock(); o.events = append(o.events, s); o.mu.Unlock() }
-func (o *observer) Queued(j *job.Job)                         { o.add("queued " + j.Workflow.Name) }
-func (o *observer) Inherited(how string)                      { o.add("inherited " + how) }
-func (o *observer) TakenOver(time.Duration)                   { o.add("taken over") }
+func (o *observer) add(s string)            { o.mu.Lock(); o.events = append(o.events, s); o.mu.Unlock() }
+func (o *observer) Queued(j *job.Job)       { o.add("queued " + j.Workflow.Name) }
+func (o *observer) Inherited(how string)    { o.add("inherited " + how) }
+func (o *observer) TakenOver(time.Duration) { o.add("taken over") }
+func (o *observer) Retried(j *job.Job, reason string) {
+	o.add("retried " + j.Workflow.Name + " " + reason)
+}
 func (o *observer) Started(j *job.Job, _ string, _ time.Time) { o.add("started " + j.Workflow.Name) }
 func (o *observer) Ended(j *job.Job, res *run.Result) {
 	o.add("ended " + j.Workflow.Name + " " + string(res.Status))
@@ -697,6 +700,7 @@ func (o *waits) Queued(*job.Job)             {}
 func (o *waits) Ended(*job.Job, *run.Result) {}
 func (o *waits) Inherited(string)            {}
 func (o *waits) TakenOver(time.Duration)     {}
+func (o *waits) Retried(*job.Job, string)    {}
 func (o *waits) Started(_ *job.Job, _ string, queued time.Time) {
 	o.mu.Lock()
 	o.d = append(o.d, time.Since(queued))

@@ -9,7 +9,7 @@ func (s *Scheduler) openLive(t *task) {
 	if s.p.Tap == nil {
 		return
 	}
-	t.live = s.p.Tap.Open(t.Job, t.runID, t.prior, t.adopt)
+	t.live, t.liveRun = s.p.Tap.Open(t.Job, t.runID, t.prior, t.adopt), t.runID
 }
 
 // endLive tells the tap how t's run ended, before its final check is
@@ -20,5 +20,6 @@ func (s *Scheduler) endLive(t *task, res *run.Result, outDir string) {
 	if s.p.Tap == nil || t.live == nil {
 		return
 	}
-	s.p.Tap.Ended(t.Job, t.runID, res, outDir)
+	// One stream for every try of the work (retry.go): the first's.
+	s.p.Tap.Ended(t.Job, t.liveRun, res, outDir)
 }

@@ -184,7 +184,7 @@ func (s *Scheduler) runJob(ctx context.Context, t *task) {
 		// any step started: the run goes again) is not this run's.
 		_ = os.RemoveAll(dir)
 	}
-	res := s.execute(ctx, t, dir, log)
+	res, dir := s.tries(ctx, t, dir, log)
 	if res.Fenced {
 		// Another process drives the run: nothing of it is written
 		// from here. The check is that driver's; if none writes it, it
@@ -265,7 +265,10 @@ func (s *Scheduler) start(ctx context.Context, t *task, log *slog.Logger) error 
 	s.mu.Lock()
 	t.seen.started = started
 	s.mu.Unlock()
-	t.check = s.p.Checks.Running(ctx, t.Key, t.check, started, log)
+	if t.try <= 1 {
+		// A retry's check is running already (retry.go).
+		t.check = s.p.Checks.Running(ctx, t.Key, t.check, started, log)
+	}
 	t.expectedDone()
 	saved, err := job.Encode(t.Job, t.check)
 	if err != nil {
@@ -406,7 +409,7 @@ func (s *Scheduler) execute(ctx context.Context, t *task, dir string, log *slog.
 
 // started tells the observer a run started (or an adopted one goes on).
 func (s *Scheduler) started(t *task) {
-	if s.p.Observer != nil {
+	if s.p.Observer != nil && t.try <= 1 { // a retry was picked up already
 		s.p.Observer.Started(t.Job, t.runID, t.seen.queued)
 	}
 }

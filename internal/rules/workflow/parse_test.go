@@ -70,7 +70,7 @@ func TestParseErrorsHavePositions(t *testing.T) {
 		want []string
 	}{
 		{"unknown field", "on: push\nstep:\n  - run: x\n", []string{
-			`w.yaml:2:1: workflow: unknown field "step" (known: artifacts, branches, cache, concurrency, env, if, image, matrix, on, queue, resources, runners, secrets, services, steps, superseded, timeout)`,
+			`w.yaml:2:1: workflow: unknown field "step" (known: artifacts, branches, cache, concurrency, env, if, image, matrix, on, queue, resources, retry, runners, secrets, services, steps, superseded, timeout)`,
 			`w.yaml:1:1: workflow: missing field "steps"`,
 		}},
 		{"wrong types", "on: push\ntimeout: [1]\nsteps:\n  - run: x\n    timeout: 5\n", []string{

@@ -72,6 +72,8 @@ type Workflow struct {
 	// Matrix, when set, makes the workflow a set of legs, each a run
 	// with its own check (Legs).
 	Matrix *Matrix
+	// Retry, when set, tries a run again (Retry.Again); nil: once.
+	Retry *Retry
 	// Leg is set on a leg of a matrix (Legs); nil on the workflow a
 	// file parses to.
 	Leg *Leg
