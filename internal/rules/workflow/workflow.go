@@ -48,7 +48,11 @@ type Workflow struct {
 	Queue      string // "" or "first"
 	Superseded string // "cancel" (the default) or "finish"
 	Resources  Resources
-	Steps      []Step
+	// Class names the operator's resource class the run is placed in
+	// and bounded by ("": the runner's default class). Whether the
+	// runner has it is known at run time only.
+	Class string
+	Steps []Step
 	// Inputs are what a dispatch of the workflow may give (on: dispatch),
 	// in file order.
 	Inputs []Input
