@@ -90,6 +90,18 @@ func (s Set) Names() []string {
 	return slices.Sorted(maps.Keys(s.byName))
 }
 
+// All are the set's classes, by name.
+func (s Set) All() []Class {
+	if s.byName == nil {
+		s, _ = NewSet(nil)
+	}
+	var out []Class
+	for _, n := range s.Names() {
+		out = append(out, s.byName[n])
+	}
+	return out
+}
+
 // Error is a run refused for the class it names: the run ends error.
 type Error struct {
 	Class string
