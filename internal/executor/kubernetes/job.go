@@ -146,7 +146,8 @@ type PodOptions struct {
 	// "restricted": the runs namespace must be labelled for it.
 	AllowRoot bool
 	// DefaultClass is the class of a run whose workflow names none
-	// (class.Set.Pick("")): warm pods are made in it.
+	// (class.Set.Pick("")): warm pods are made in it. Unset (no Name),
+	// New sets the built-in one.
 	DefaultClass class.Class
 }
 
