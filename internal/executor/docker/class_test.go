@@ -1,10 +1,12 @@
 package docker
 
 import (
+	"context"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/client"
 
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/rules/class"
@@ -38,5 +40,37 @@ func TestResourcesOfAClass(t *testing.T) {
 		if d := cmp.Diff(got, tt.want); d != "" {
 			t.Errorf("%s (-got +want):\n%s", tt.name, d)
 		}
+	}
+}
+
+// TestClassLimits: on the private dockerd, a run in a class gets the
+// class's CPU, memory and pids bounds as its container's, as its
+// processes see them in their cgroup.
+func TestClassLimits(t *testing.T) {
+	t.Parallel()
+	d := daemon.Get(t)
+	ex := newExecutor(t, d, runner(t), Config{PidsLimit: 300})
+	cls := class.Class{Name: "small", CPU: "250m", Memory: "128Mi", Pids: 64, EphemeralStorage: "10Gi"}
+	sess, err := ex.Start(context.Background(), executor.Spec{RunID: "class1", Runner: ex.cfg.Runner, Image: d.Image(), Class: cls})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sess.(*Session)
+	t.Cleanup(func() {
+		if err := s.Stop(context.Background()); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+	in, err := ex.cli.ContainerInspect(context.Background(), s.id, client.ContainerInspectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := in.Container.HostConfig
+	if hc.PidsLimit == nil || *hc.PidsLimit != 64 || hc.Memory != 128<<20 || hc.NanoCPUs != 250_000_000 {
+		t.Errorf("limits: pids %v memory %d nanocpus %d; want the class's 64, 128Mi, 250m", hc.PidsLimit, hc.Memory, hc.NanoCPUs)
+	}
+	out, code := runStep(t, s, "1", "cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/pids/pids.max 2>/dev/null || cat /sys/fs/cgroup/memory.max /sys/fs/cgroup/pids.max\n")
+	if want := "134217728\n64\n"; code != 0 || out != want {
+		t.Errorf("inside the container:\n%s(exit %d), want\n%s", out, code, want)
 	}
 }
