@@ -102,3 +102,23 @@ func TestClasses(t *testing.T) {
 		})
 	}
 }
+
+// TestDryRunClass: a dry run of a workflow naming a class the runner
+// lacks is refused naming it, as the run would be, not shown in a
+// session of no class.
+func TestDryRunClass(t *testing.T) {
+	t.Parallel()
+	eng := run.New(run.Config{DefaultImage: "busybox:stable", Classes: classSet(t, "large:cpu=8")})
+	req := run.Request{RunID: "dry", Workflow: parse(t, "on: [push]\nclass: huge\nsteps:\n  - run: echo hi\n"), Trusted: true}
+	_, err := eng.DryRun(req, executor.PodDirs())
+	if want := "class huge is not one of this runner's classes: default, large"; err == nil || err.Error() != want {
+		t.Errorf("dry run: %v, want %q", err, want)
+	}
+	req.Workflow = parse(t, "on: [push]\nclass: large\nsteps:\n  - run: echo hi\n")
+	if _, err := eng.DryRun(req, executor.PodDirs()); err != nil {
+		t.Errorf("dry run in class large: %v", err)
+	}
+	if c := eng.SessionSpec(req).Class; c.Name != "large" || c.CPU != "8" {
+		t.Errorf("dry run's session class: %+v, want large", c)
+	}
+}
