@@ -439,6 +439,27 @@ let
                 description = "How many runs execute at once.";
               };
 
+              class = mkOption {
+                type = types.nullOr (types.listOf types.str);
+                default = null;
+                example = [
+                  "large:cpu=8,memory=16Gi,ephemeral-storage=50Gi,node-selector=pool=big"
+                  "small:cpu=1,memory=2Gi,untrusted"
+                  "default:ephemeral-storage=20Gi"
+                ];
+                description = ''
+                  Resource classes a workflow names with `class:`, each
+                  `NAME:KEY=VALUE,...` (`--class`): bounds `cpu`, `memory`,
+                  `ephemeral-storage` (Kubernetes) and `pids` (Docker),
+                  placement `node-selector=LABEL=VALUE` and
+                  `toleration=KEY[=VALUE]:EFFECT` (Kubernetes), and
+                  `untrusted` when pulls may name the class. The class
+                  `default` is a run's that names none; without one here it
+                  bounds only the disk, at 10Gi. A key the executor cannot
+                  apply stops the daemon at start, naming the class.
+                '';
+              };
+
               "stop-wait" = mkOption {
                 type = goDuration;
                 default = "10m";

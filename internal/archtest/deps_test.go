@@ -17,6 +17,7 @@ const module = "knotless.dev/run/"
 var core = []string{
 	"internal/engine/run",
 	"internal/rules/workflow",
+	"internal/rules/class",
 	"internal/executor", // the contract only; its subpackages are executors
 	"internal/engine/payload",
 	"internal/lib/mask",
@@ -365,6 +366,7 @@ var pure = []string{
 	module + "internal/rules/control",
 	module + "internal/rules/mergequeue",
 	module + "internal/rules/workflow",
+	module + "internal/rules/class",
 }
 
 // pureIndigo are the packages of indigo the pure parts may use: atproto

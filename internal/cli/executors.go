@@ -12,6 +12,7 @@ import (
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/lib/tarstream"
 	"knotless.dev/run/internal/lib/version"
+	"knotless.dev/run/internal/rules/class"
 )
 
 // ExecutorFlags choose the executor and configure each one. run and serve
@@ -24,8 +25,9 @@ import (
 // struct and executorDef), embed its flags here and list it in
 // executors: two lines.
 type ExecutorFlags struct {
-	Executor string `help:"Where runs execute: ${executor_help}. Never chosen implicitly, never a fallback." enum:"${executor_enum}" default:"${executor_default}"`
-	Image    string `help:"Image for workflows that name none (pod executors)." default:"busybox:stable"`
+	Executor string   `help:"Where runs execute: ${executor_help}. Never chosen implicitly, never a fallback." enum:"${executor_enum}" default:"${executor_default}"`
+	Image    string   `help:"Image for workflows that name none (pod executors)." default:"busybox:stable"`
+	Class    []string `help:"A resource class workflows name with class: (repeatable): its bounds cpu, memory, ephemeral-storage (Kubernetes) and pids (Docker), its placement node-selector=LABEL=VALUE and toleration=KEY[=VALUE]:EFFECT (Kubernetes, each repeatable), untrusted when pulls may name it. The class default is a run's that names none, open to pulls; a class with no ephemeral-storage has the default's (10Gi unless set)." placeholder:"NAME:KEY=VALUE,..." sep:"none"`
 
 	KubeFlags   `embed:""`
 	DockerFlags `embed:""`
@@ -70,6 +72,8 @@ type executorOptions struct {
 	// Observer is told what the executor does (serve's metrics); nil:
 	// nothing.
 	Observer executor.Observer
+	// Classes are the runner's resource classes (ExecutorFlags.classes).
+	Classes class.Set
 }
 
 // executors lists the registered executors, in the order ExecutorFlags
@@ -101,8 +105,12 @@ func (f *ExecutorFlags) newExecutor(env *Env, runner string, concurrency int, li
 	if err != nil {
 		return nil, err
 	}
+	classes, err := f.classes()
+	if err != nil {
+		return nil, err
+	}
 	return d.New(env, executorOptions{Runner: runner, Image: f.Image, Concurrency: concurrency, Limits: lim,
-		Logger: log.With("component", "executor", "executor", d.Name), Observer: obs})
+		Logger: log.With("component", "executor", "executor", d.Name), Observer: obs, Classes: classes})
 }
 
 // stopForeign stops the sessions an earlier process handed over on

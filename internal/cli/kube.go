@@ -100,6 +100,7 @@ func (f *KubeFlags) newKubernetes(env *Env, o executorOptions) (*kubernetes.Exec
 	if err != nil {
 		return nil, err
 	}
+	pod.DefaultClass, _ = o.Classes.Pick("", true)
 	ex, err := kubernetes.New(kubernetes.Config{
 		Credentials: kubernetes.Credentials{
 			Kubeconfig:    f.Kubeconfig,

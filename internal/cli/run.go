@@ -63,6 +63,10 @@ func (c *RunCmd) Run(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
+	classes, err := c.classes()
+	if err != nil {
+		return err
+	}
 	// A dry run starts nothing, so it needs no executor (and no
 	// cluster credentials).
 	var exec executor.Executor
@@ -85,6 +89,7 @@ func (c *RunCmd) Run(ctx context.Context, env *Env) error {
 		Logger:       env.Logger.With("component", "run"),
 		DefaultImage: c.Image,
 		Max:          max,
+		Classes:      classes,
 		Checkout:     checkoutBound,
 		Outputs:      outputsBound,
 		Caches:       caches,

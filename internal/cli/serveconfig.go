@@ -80,6 +80,10 @@ func (c *ServeCmd) config(in serveInputs) (daemon.Config, error) {
 	if err != nil {
 		return daemon.Config{}, err
 	}
+	classes, err := c.classes()
+	if err != nil {
+		return daemon.Config{}, err
+	}
 	checkout, outputs := c.bounds()
 	tel := in.Telemetry
 	tel.Listen = c.MetricsListen
@@ -106,6 +110,7 @@ func (c *ServeCmd) config(in serveInputs) (daemon.Config, error) {
 			Executor:     in.Executor,
 			DefaultImage: c.Image,
 			Max:          max,
+			Classes:      classes,
 			Checkout:     checkout,
 			Outputs:      outputs,
 			Caches:       in.Caches,

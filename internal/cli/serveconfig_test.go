@@ -20,6 +20,7 @@ import (
 	"knotless.dev/run/internal/parts/lander"
 	"knotless.dev/run/internal/parts/live"
 	"knotless.dev/run/internal/parts/scheduler"
+	"knotless.dev/run/internal/rules/class"
 )
 
 // TestServeConfig: each flag's place in the daemon's config, one group
@@ -90,6 +91,23 @@ func TestServeConfig(t *testing.T) {
 			"--output-service-did", "did:web:out.example"}, func(c *daemon.Config) {
 			c.Live = live.Config{Listen: "127.0.0.1:8788", PublicURL: "https://ci.example", Service: "https://out.example", ServiceDID: "did:web:out.example"}
 		}, ""},
+		{"classes", []string{"--class", "large:cpu=4,memory=8Gi,node-selector=pool=big,toleration=ci:NoSchedule", "--class", "default:ephemeral-storage=2Gi",
+			"--class", "small:cpu=1,untrusted"}, func(c *daemon.Config) {
+			set, err := class.NewSet([]class.Class{
+				{Name: "large", CPU: "4", Memory: "8Gi", NodeSelector: map[string]string{"pool": "big"}, Tolerations: []class.Toleration{{Key: "ci", Effect: "NoSchedule"}}},
+				{Name: "default", EphemeralStorage: "2Gi"},
+				{Name: "small", CPU: "1", Untrusted: true},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Engine.Classes = set
+		}, ""},
+		{"a class twice", []string{"--class", "a:cpu=1", "--class", "a:cpu=2"}, nil, "--class: class a is defined twice"},
+		{"a class Kubernetes cannot apply", []string{"--class", "big:pids=100"}, nil, "--class big: pids: a Kubernetes pod has no process bound of its own"},
+		{"a class Docker cannot apply", []string{"--executor", "docker", "--class", "big:cpu=2,node-selector=pool=big"}, nil, "--class big: node-selector: the docker executor cannot apply it"},
+		{"a class the shell cannot apply", []string{"--executor", "shell", "--class", "big:cpu=2"}, nil, "--class big: cpu, memory and pids: the shell executor cannot apply it"},
+		{"a bad class", []string{"--class", "big:disk=1Gi"}, nil, "--class big: disk=1Gi: unknown key disk"},
 		{"no did", []string{"--did", ""}, nil, "--did (the runner's DID) is required"},
 		{"a bad did", []string{"--did", "nope"}, nil, `--did "nope"`},
 		{"a bad repository", []string{"--", "nope"}, nil, `repo "nope"`},
@@ -118,7 +136,8 @@ func TestServeConfig(t *testing.T) {
 			}
 			want := defaults()
 			tc.want(&want)
-			opts := []cmp.Option{cmpopts.IgnoreFields(daemon.Account{}, "Directory"), cmpopts.EquateEmpty()}
+			opts := []cmp.Option{cmpopts.IgnoreFields(daemon.Account{}, "Directory"), cmpopts.EquateEmpty(),
+				cmp.Comparer(func(a, b class.Set) bool { return cmp.Equal(a.All(), b.All(), cmpopts.EquateEmpty()) })}
 			if diff := cmp.Diff(want, got, opts...); diff != "" {
 				t.Errorf("config (-want +got):\n%s", diff)
 			}

@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"io"
 	"time"
+
+	"knotless.dev/run/internal/rules/class"
 )
 
 // Executor starts sessions and sweeps the leftovers of earlier runs.
@@ -174,6 +176,10 @@ type Spec struct {
 	Runner    string // the runner's DID
 	Image     string
 	Resources Resources
+	// Class is the operator's resource class the run is in: its bounds
+	// are the session's limits and its placement the session's (the
+	// engine has clamped Resources to it already).
+	Class class.Class
 	// Timeout bounds the whole run; an executor may enforce it as a
 	// last resort (a Job's active deadline).
 	Timeout time.Duration

@@ -42,7 +42,7 @@ type Start struct {
 func (e *Engine) Begin(ctx context.Context, req Request) *Start {
 	r := e.newRunState(req)
 	st := &Start{r: r, done: make(chan struct{})}
-	if workflow.CheckRunVars(req.Vars, req.Workflow.Secrets) != nil || e.cfg.Max.check(req) != nil {
+	if workflow.CheckRunVars(req.Vars, req.Workflow.Secrets) != nil || e.cfg.Max.check(req) != nil || e.classErr(req) != nil {
 		st.cancel, st.err = func() {}, errNotStarted
 		close(st.done)
 		return st
@@ -109,4 +109,11 @@ func (s *Start) Discard(ctx context.Context) {
 	s.stop()
 	s.r.res.Status = Error
 	s.r.eng.cleanUp(ctx, s.r)
+}
+
+// classErr is why req may not run in the class its workflow names, or
+// nil.
+func (e *Engine) classErr(req Request) error {
+	_, err := e.cfg.Classes.Pick(req.Workflow.Class, req.Trusted)
+	return err
 }

@@ -90,6 +90,10 @@ func (e *Engine) DryRun(req Request, dirs executor.Dirs) ([]string, error) {
 	if err := r.grantSecrets(); err != nil {
 		return nil, err
 	}
+	// The session it shows (SessionSpec) is of the run's class.
+	if err := e.classErr(req); err != nil {
+		return nil, err
+	}
 	var out []string
 	for i := range req.Workflow.Steps {
 		text, err := r.payload(dirs, i)

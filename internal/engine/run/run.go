@@ -20,6 +20,7 @@ import (
 	"knotless.dev/run/internal/engine/caplog"
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/lib/mask"
+	"knotless.dev/run/internal/rules/class"
 	"knotless.dev/run/internal/rules/workflow"
 )
 
@@ -41,6 +42,9 @@ type Config struct {
 	CleanupTimeout time.Duration
 	// Max bounds what a workflow may ask for (untrusted runs, or all).
 	Max Maximums
+	// Classes are the operator's resource classes; the zero Set holds
+	// only the built-in default class.
+	Classes class.Set
 	// Caches is the store of workflow caches; nil keeps none.
 	Caches Caches
 	// Observer is told how steps end and what caches did; nil observes
@@ -293,6 +297,14 @@ func (r *runState) prepare() error {
 	if err := r.eng.cfg.Max.check(r.req); err != nil {
 		return err
 	}
+	c, err := r.eng.cfg.Classes.Pick(r.req.Workflow.Class, r.req.Trusted)
+	if err != nil {
+		return err
+	}
+	_, _, lowered := c.Clamp(r.req.Workflow.Resources.CPU, r.req.Workflow.Resources.Memory)
+	for _, l := range lowered {
+		r.logf("knotless-run: %s", l)
+	}
 	return r.readScripts()
 }
 
@@ -476,11 +488,15 @@ func (r *runState) spec() executor.Spec {
 	if image == "" {
 		image = r.eng.cfg.DefaultImage
 	}
+	// A class the run may not name never reaches here (prepare, Begin).
+	c, _ := r.eng.cfg.Classes.Pick(wf.Class, r.req.Trusted)
+	cpu, memory, _ := c.Clamp(wf.Resources.CPU, wf.Resources.Memory)
 	return executor.Spec{
 		RunID:       r.req.RunID,
 		Runner:      r.eng.cfg.Runner,
 		Image:       image,
-		Resources:   executor.Resources{CPU: wf.Resources.CPU, Memory: wf.Resources.Memory},
+		Resources:   executor.Resources{CPU: cpu, Memory: memory},
+		Class:       c,
 		Timeout:     r.eng.cfg.Max.timeout(r.req),
 		Keep:        r.req.Keep,
 		Trusted:     r.req.Trusted,

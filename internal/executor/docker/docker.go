@@ -33,6 +33,7 @@ import (
 
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/lib/tarstream"
+	"knotless.dev/run/internal/rules/class"
 )
 
 // Name is the executor's name.
@@ -269,7 +270,7 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 	if err := e.ensureImage(ctx, spec.Image, log); err != nil {
 		return nil, err
 	}
-	res, err := e.resources(spec.Resources)
+	res, err := e.resources(spec.Resources, spec.Class)
 	if err != nil {
 		return nil, err
 	}
@@ -396,8 +397,10 @@ func (s *Session) createVolumes(ctx context.Context, caches []string, labels map
 func (s *Session) startContainer(ctx context.Context, image string, netMode container.NetworkMode, mounts []mount.Mount, labels map[string]string, res container.Resources) error {
 	e, n := s.ex, s.names
 	yes := true
-	pids := e.cfg.PidsLimit
-	res.PidsLimit = &pids
+	if res.PidsLimit == nil {
+		pids := e.cfg.PidsLimit
+		res.PidsLimit = &pids
+	}
 	created, err := e.cli.ContainerCreate(ctx, client.ContainerCreateOptions{
 		Name: n.container,
 		Config: &container.Config{
@@ -518,10 +521,19 @@ func (e *Executor) imagePresent(ctx context.Context, image string) (bool, error)
 	return false, nil
 }
 
-// resources turns a run's requests, or the configured defaults, into
-// container limits.
-func (e *Executor) resources(r executor.Resources) (container.Resources, error) {
+// resources turns a run's requests (clamped to its class by the
+// engine), else its class's bounds, else the configured defaults, into
+// container limits; the class's pids bound over the configured one. A
+// class's ephemeral storage is not applied: the container's writable
+// layer has no size bound on most storage drivers.
+func (e *Executor) resources(r executor.Resources, cls class.Class) (container.Resources, error) {
 	cpu, memory := e.cpu, e.memory
+	if r.CPU == "" {
+		r.CPU = cls.CPU
+	}
+	if r.Memory == "" {
+		r.Memory = cls.Memory
+	}
 	if r.CPU != "" {
 		v, err := parseCPU(r.CPU)
 		if err != nil {
@@ -537,6 +549,9 @@ func (e *Executor) resources(r executor.Resources) (container.Resources, error) 
 		memory = v
 	}
 	res := container.Resources{NanoCPUs: cpu, Memory: memory}
+	if cls.Pids > 0 {
+		res.PidsLimit = &cls.Pids
+	}
 	if memory > 0 {
 		res.MemorySwap = memory // no swap beyond the limit
 	}

@@ -40,6 +40,7 @@ func podDisrupted(pod *corev1.Pod) (string, bool) {
 }
 
 func reasonMessage(reason, message string) string {
+	message = strings.TrimSpace(message)
 	switch {
 	case reason == "":
 		return message

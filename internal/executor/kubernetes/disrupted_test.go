@@ -27,6 +27,8 @@ func TestPodDisrupted(t *testing.T) {
 			"TerminationByKubelet: The node was low on resource: memory.; Evicted: The node was low on resource: memory.", true},
 		{"node pressure, kubelet without it", corev1.PodStatus{Phase: corev1.PodFailed, Reason: "Evicted", Message: "The node was low on resource: ephemeral-storage."},
 			"Evicted: The node was low on resource: ephemeral-storage.", true},
+		{"past its ephemeral-storage limit (the kubelet's words end in a space)", corev1.PodStatus{Phase: corev1.PodFailed, Reason: "Evicted", Message: "Pod ephemeral local storage usage exceeds the total limit of containers 32Mi. "},
+			"Evicted: Pod ephemeral local storage usage exceeds the total limit of containers 32Mi.", true},
 		{"preempted", corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{cond(corev1.ConditionTrue, "PreemptionByScheduler", "Preempted by pod x")}},
 			"PreemptionByScheduler: Preempted by pod x", true},
 		{"a condition without words", corev1.PodStatus{Conditions: []corev1.PodCondition{cond(corev1.ConditionTrue, "", "")}}, "DisruptionTarget", true},

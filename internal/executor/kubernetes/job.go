@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/rules/class"
 )
 
 // Label and annotation keys on every object a run creates.
@@ -145,6 +146,10 @@ type PodOptions struct {
 	// otherwise. Such pods meet Pod Security "baseline", not
 	// "restricted": the runs namespace must be labelled for it.
 	AllowRoot bool
+	// DefaultClass is the class of a run whose workflow names none
+	// (class.Set.Pick("")): warm pods are made in it. Unset (no Name),
+	// New sets the built-in one.
+	DefaultClass class.Class
 }
 
 // BuildJob returns the Job for one run. It is pure: everything it needs
@@ -219,9 +224,12 @@ func buildPod(spec executor.Spec, opts PodOptions) (corev1.PodSpec, error) {
 	if image == "" {
 		image = opts.Image
 	}
-	res, err := resources(spec.Resources, opts)
+	res, err := resources(spec.Resources, spec.Class, opts)
 	if err != nil {
 		return corev1.PodSpec{}, err
+	}
+	if spec.Class.Pids > 0 {
+		return corev1.PodSpec{}, fmt.Errorf("class %s: pids: a Kubernetes pod has no process bound of its own (the kubelet's podPidsLimit sets one for every pod)", spec.Class.Name)
 	}
 	volumes, mounts, err := runVolumes(spec.Caches, opts.StateSizeLimit)
 	if err != nil {
@@ -235,8 +243,8 @@ func buildPod(spec executor.Spec, opts PodOptions) (corev1.PodSpec, error) {
 		EnableServiceLinks:            ptr.To(false),
 		TerminationGracePeriodSeconds: ptr.To[int64](5),
 		ServiceAccountName:            opts.ServiceAccount,
-		NodeSelector:                  opts.NodeSelector,
-		Tolerations:                   opts.Tolerations,
+		NodeSelector:                  nodeSelector(opts.NodeSelector, spec.Class.NodeSelector),
+		Tolerations:                   tolerations(opts.Tolerations, spec.Class.Tolerations),
 		SecurityContext:               podSC,
 		// One run per node: a run never shares a node with another run of
 		// this runner.
@@ -263,7 +271,7 @@ func buildPod(spec executor.Spec, opts PodOptions) (corev1.PodSpec, error) {
 		return corev1.PodSpec{}, err
 	}
 	pod.Containers = append(pod.Containers, steps...)
-	services, servicePullSecrets, err := serviceContainers(spec.Services, opts, spec.Trusted, containerSC)
+	services, servicePullSecrets, err := serviceContainers(spec.Services, opts, spec.Class.EphemeralStorage, spec.Trusted, containerSC)
 	if err != nil {
 		return corev1.PodSpec{}, err
 	}
@@ -321,8 +329,44 @@ func runVolumes(caches []string, stateSizeLimit string) ([]corev1.Volume, []core
 	return volumes, mounts, nil
 }
 
-// resources merges the workflow's requests over the operator's defaults.
-func resources(wf executor.Resources, opts PodOptions) (corev1.ResourceRequirements, error) {
+// nodeSelector is the operator's node selector with the class's over
+// it.
+func nodeSelector(all, class map[string]string) map[string]string {
+	if len(class) == 0 {
+		return all
+	}
+	out := make(map[string]string, len(all)+len(class))
+	for k, v := range all {
+		out[k] = v
+	}
+	for k, v := range class {
+		out[k] = v
+	}
+	return out
+}
+
+// tolerations are the operator's tolerations and then the class's.
+func tolerations(all []corev1.Toleration, cls []class.Toleration) []corev1.Toleration {
+	if len(cls) == 0 {
+		return all
+	}
+	out := append([]corev1.Toleration(nil), all...)
+	for _, t := range cls {
+		ct := corev1.Toleration{Key: t.Key, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffect(t.Effect)}
+		if t.Value != "" {
+			ct.Operator, ct.Value = corev1.TolerationOpEqual, t.Value
+		}
+		out = append(out, ct)
+	}
+	return out
+}
+
+// resources merges the workflow's requests (clamped to its class
+// already) over the operator's defaults; the class's bounds are the
+// limits, over the operator's, and its ephemeral storage the pod's disk
+// limit, past which the kubelet evicts the pod. A default request above
+// the class's limit is lowered to it.
+func resources(wf executor.Resources, cls class.Class, opts PodOptions) (corev1.ResourceRequirements, error) {
 	var rr corev1.ResourceRequirements
 	set := func(list *corev1.ResourceList, name corev1.ResourceName, values ...string) error {
 		for _, v := range values {
@@ -344,11 +388,19 @@ func resources(wf executor.Resources, opts PodOptions) (corev1.ResourceRequireme
 	for _, err := range []error{
 		set(&rr.Requests, corev1.ResourceCPU, wf.CPU, opts.CPURequest),
 		set(&rr.Requests, corev1.ResourceMemory, wf.Memory, opts.MemoryRequest),
-		set(&rr.Limits, corev1.ResourceCPU, opts.CPULimit),
-		set(&rr.Limits, corev1.ResourceMemory, opts.MemoryLimit),
+		set(&rr.Limits, corev1.ResourceCPU, cls.CPU, opts.CPULimit),
+		set(&rr.Limits, corev1.ResourceMemory, cls.Memory, opts.MemoryLimit),
+		set(&rr.Limits, corev1.ResourceEphemeralStorage, cls.EphemeralStorage),
 	} {
 		if err != nil {
 			return rr, err
+		}
+	}
+	for _, name := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+		req, hasReq := rr.Requests[name]
+		lim, hasLim := rr.Limits[name]
+		if hasReq && hasLim && req.Cmp(lim) > 0 {
+			rr.Requests[name] = lim
 		}
 	}
 	return rr, nil

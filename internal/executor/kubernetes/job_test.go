@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/rules/class"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -81,6 +82,48 @@ func TestBuildJobGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	golden(t, "job-allow-root.golden.yaml", root.Spec.Template.Spec.Containers[0].SecurityContext)
+}
+
+// A run in a class: the class's bounds are the container's limits (an
+// operator's default request above them lowered to them), its ephemeral
+// storage the disk limit the kubelet evicts the pod past, its node
+// selector over the operator's and its tolerations after them.
+func TestBuildJobClassGolden(t *testing.T) {
+	t.Parallel()
+	spec := testSpec()
+	spec.Resources = executor.Resources{CPU: "3"} // clamped by the engine already
+	spec.Class = class.Class{
+		Name: "large", CPU: "3", Memory: "6Gi", EphemeralStorage: "5Gi",
+		NodeSelector: map[string]string{"pool": "big"},
+		Tolerations:  []class.Toleration{{Key: "dedicated", Value: "ci", Effect: "NoSchedule"}},
+	}
+	job, err := BuildJob("runs", spec, PodOptions{
+		Image: "busybox:stable", MemoryRequest: "8Gi", CPULimit: "4", MemoryLimit: "16Gi",
+		NodeSelector: map[string]string{"pool": "ci", "zone": "a"},
+		Tolerations:  []corev1.Toleration{{Key: "ci", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "job-class.golden.yaml", job)
+	pod := job.Spec.Template.Spec
+	res := pod.Containers[0].Resources
+	for name, ok := range map[string]bool{
+		"ephemeral-storage limit 5Gi":   res.Limits.StorageEphemeral().String() == "5Gi",
+		"cpu limit the class's":         res.Limits.Cpu().String() == "3",
+		"memory limit the class's":      res.Limits.Memory().String() == "6Gi",
+		"memory request lowered to it":  res.Requests.Memory().String() == "6Gi",
+		"class's node selector over":    pod.NodeSelector["pool"] == "big" && pod.NodeSelector["zone"] == "a",
+		"class's toleration after ours": len(pod.Tolerations) == 2 && pod.Tolerations[1].Key == "dedicated" && pod.Tolerations[1].Value == "ci",
+	} {
+		if !ok {
+			t.Errorf("class large: not %s: %+v", name, res)
+		}
+	}
+	spec.Class.Pids = 100
+	if _, err := BuildJob("runs", spec, PodOptions{}); err == nil || !strings.HasPrefix(err.Error(), "class large: pids: ") {
+		t.Errorf("a class with pids: %v, want refused naming the class", err)
+	}
 }
 
 // A pull secret goes only to the images its pattern matches, whole and

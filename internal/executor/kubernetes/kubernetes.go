@@ -27,6 +27,7 @@ import (
 	"knotless.dev/run/internal/kube/kubeclient"
 	"knotless.dev/run/internal/kube/kubecred"
 	"knotless.dev/run/internal/lib/tarstream"
+	"knotless.dev/run/internal/rules/class"
 )
 
 // Name is the executor's name.
@@ -118,6 +119,10 @@ func New(cfg Config) (*Executor, error) {
 	}
 	if cfg.Burst == 0 {
 		cfg.Burst = DefaultBurst
+	}
+	if cfg.Pod.DefaultClass.Name == "" {
+		// The engine's default class when the operator defines none.
+		cfg.Pod.DefaultClass, _ = class.Set{}.Pick("", true)
 	}
 	e := &Executor{cfg: cfg, clients: &clients{creds: cfg.Credentials, qps: cfg.QPS, burst: cfg.Burst, log: cfg.Logger, obs: cfg.Observer}, log: cfg.Logger, obs: cfg.Observer, warm: newWarmPool()}
 	// An expired token is not a start failure: each run reports it until

@@ -18,6 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/rules/class"
 	"knotless.dev/run/internal/kube/kubeclient"
 )
 
@@ -43,10 +44,10 @@ func serviceOf(container string) string {
 // probe as a readiness probe: the pod is Ready, and Start returns, once
 // every service is. A service gets no volume of the run's: its env is
 // all it is given, and never a secret.
-func serviceContainers(services []executor.Service, opts PodOptions, trusted bool, sc *corev1.SecurityContext) ([]corev1.Container, []string, error) {
+func serviceContainers(services []executor.Service, opts PodOptions, storage string, trusted bool, sc *corev1.SecurityContext) ([]corev1.Container, []string, error) {
 	var out []corev1.Container
 	var pullSecrets []string
-	limits, err := serviceResources(opts)
+	limits, err := serviceResources(opts, storage)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -73,12 +74,15 @@ func serviceContainers(services []executor.Service, opts PodOptions, trusted boo
 	return out, pullSecrets, nil
 }
 
-// serviceResources are a service container's: the operator's limits,
-// and requests of zero, so that the limits are not taken as its requests
-// too (the API server's default): the run's requests are the run
-// container's, and a service adds none to what the pod asks a node for.
-func serviceResources(opts PodOptions) (corev1.ResourceRequirements, error) {
-	rr, err := resources(executor.Resources{}, PodOptions{CPULimit: opts.CPULimit, MemoryLimit: opts.MemoryLimit})
+// serviceResources are a side container's (a service, a step's own
+// image): the operator's limits and the run's class's disk bound
+// (storage: without a limit on every container, the kubelet bounds no
+// pod's emptyDirs), and requests of zero, so that the limits are not
+// taken as its requests too (the API server's default): the run's
+// requests are the run container's, and a side container adds none to
+// what the pod asks a node for.
+func serviceResources(opts PodOptions, storage string) (corev1.ResourceRequirements, error) {
+	rr, err := resources(executor.Resources{}, class.Class{EphemeralStorage: storage}, PodOptions{CPULimit: opts.CPULimit, MemoryLimit: opts.MemoryLimit})
 	if err != nil {
 		return rr, err
 	}

@@ -77,7 +77,7 @@ func stepContainers(spec executor.Spec, opts PodOptions, mounts []corev1.VolumeM
 	if len(spec.StepImages) == 0 {
 		return nil, nil, nil
 	}
-	res, err := serviceResources(opts)
+	res, err := serviceResources(opts, spec.Class.EphemeralStorage)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -143,9 +143,10 @@ func (e *Executor) Warm() WarmPods {
 }
 
 // warmSpec is the run a warm pod is made for: a trusted run of the
-// default image, with no requests of its own and no cache directories.
+// default image in the default class, with no requests of its own and
+// no cache directories.
 func (e *Executor) warmSpec() executor.Spec {
-	return executor.Spec{Runner: e.cfg.Runner, Trusted: true}
+	return executor.Spec{Runner: e.cfg.Runner, Trusted: true, Class: e.cfg.Pod.DefaultClass}
 }
 
 // KeepWarm implements executor.Warmer: it keeps n warm pods until ctx

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/rules/class"
 )
 
 // Which runs a warm pod may serve: only those whose pod would be the same
@@ -26,6 +27,7 @@ func TestFitsWarm(t *testing.T) {
 		t.Fatal(err)
 	}
 	base := PodOptions{Image: "busybox:stable"}
+	def, _ := class.Set{}.Pick("", true)
 	run := func(mod func(*executor.Spec)) executor.Spec {
 		s := executor.Spec{RunID: "r1", Runner: runner, Trusted: true,
 			Annotations: map[string]string{"dev.knotless.check": "at://x/dev.knotless.check/1"}}
@@ -59,6 +61,10 @@ func TestFitsWarm(t *testing.T) {
 			run(func(s *executor.Spec) { s.Trusted = false }), true},
 		{"a pull secret for another registry", PodOptions{Image: base.Image, ImagePullSecrets: []PullSecret{registryOnly}}, run(nil), true},
 		{"the operator's CPU request, as the warm pod has it", PodOptions{Image: base.Image, CPURequest: "500m"}, run(nil), true},
+		{"the default class, as the warm pod has it", PodOptions{Image: base.Image, DefaultClass: def},
+			run(func(s *executor.Spec) { s.Class = def }), true},
+		{"another class", PodOptions{Image: base.Image, DefaultClass: def},
+			run(func(s *executor.Spec) { s.Class = class.Class{Name: "large", CPU: "4", EphemeralStorage: "10Gi"} }), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

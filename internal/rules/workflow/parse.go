@@ -17,6 +17,7 @@ import (
 	"github.com/goccy/go-yaml/token"
 
 	"knotless.dev/run/internal/lib/quantity"
+	"knotless.dev/run/internal/rules/class"
 )
 
 var (
@@ -211,6 +212,13 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 				d.errorAt(s.tk, "superseded: want cancel or finish, got %q", s.value)
 			}
 			w.Superseded = s.value
+		},
+		"class": func(k string, v ast.Node) {
+			s := d.str(k, v)
+			if err := class.ValidName(s.value); err != nil {
+				d.errorAt(s.tk, "class: %v", err)
+			}
+			w.Class = s.value
 		},
 		"resources": func(k string, v ast.Node) {
 			d.mapping(v, "resources", map[string]func(string, ast.Node){

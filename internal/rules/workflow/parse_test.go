@@ -25,6 +25,7 @@ cache: [.cache/go, /root/.npm]
 artifacts: [report.txt, "coverage/**/*.html"]
 queue: first
 superseded: finish
+class: large
 resources: {cpu: 500m, memory: 1Gi}
 steps:
   - name: build
@@ -51,10 +52,11 @@ steps:
 		Artifacts:  []string{"report.txt", "coverage/**/*.html"},
 		Queue:      "first",
 		Superseded: "finish",
+		Class:      "large",
 		Resources:  Resources{CPU: "500m", Memory: "1Gi"},
 		Steps: []Step{
-			{Name: "build", Run: "go build ./...\n", Timeout: 2 * time.Minute, Secrets: []string{"TOKEN"}, Line: 16},
-			{Name: "lint", Uses: "lint", Line: 21},
+			{Name: "build", Run: "go build ./...\n", Timeout: 2 * time.Minute, Secrets: []string{"TOKEN"}, Line: 17},
+			{Name: "lint", Uses: "lint", Line: 22},
 		},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
@@ -70,8 +72,11 @@ func TestParseErrorsHavePositions(t *testing.T) {
 		want []string
 	}{
 		{"unknown field", "on: push\nstep:\n  - run: x\n", []string{
-			`w.yaml:2:1: workflow: unknown field "step" (known: artifacts, branches, cache, concurrency, env, if, image, matrix, on, queue, resources, retry, runners, secrets, services, steps, superseded, timeout)`,
+			`w.yaml:2:1: workflow: unknown field "step" (known: artifacts, branches, cache, class, concurrency, env, if, image, matrix, on, queue, resources, retry, runners, secrets, services, steps, superseded, timeout)`,
 			`w.yaml:1:1: workflow: missing field "steps"`,
+		}},
+		{"a class name no runner can have", "on: push\nclass: Large\nsteps:\n  - run: x\n", []string{
+			`w.yaml:2:8: class: class name "Large": want lower-case letters, digits and dashes, starting with a letter`,
 		}},
 		{"wrong types", "on: push\ntimeout: [1]\nsteps:\n  - run: x\n    timeout: 5\n", []string{
 			`w.yaml:2:10: timeout: want a string, got a list`,

@@ -50,7 +50,11 @@ type Workflow struct {
 	// Concurrency, when set, is the workflow's concurrency group.
 	Concurrency *Concurrency
 	Resources   Resources
-	Steps       []Step
+	// Class names the operator's resource class the run is placed in
+	// and bounded by ("": the runner's default class). Whether the
+	// runner has it is known at run time only.
+	Class string
+	Steps []Step
 	// Services run beside the steps for the whole run, in file order
 	// (services.go).
 	Services []Service
