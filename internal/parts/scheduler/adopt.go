@@ -175,19 +175,24 @@ func (s *Scheduler) stopForeign(ctx context.Context) {
 // executor and not stopped, or died running it), with the log the
 // earlier process kept (prior). The session, if any, is the sweep's.
 func (s *Scheduler) endOrphan(ctx context.Context, key string, r state.Run, prior []byte, why string, log *slog.Logger) {
+	now := time.Now().UTC()
+	res := &run.Result{RunID: r.RunID, Workflow: r.Workflow, Executor: s.facts.ExecutorName, Status: run.Error, Error: why,
+		StartedAt: r.StartedAt, FinishedAt: now, Log: append(prior, "knotless-run: error: "+why+"\n"...)}
+	s.endOrphanWith(ctx, key, r, res, log)
+}
+
+// endOrphanWith writes res as the final check of a run an earlier
+// process left, and removes its run directory.
+func (s *Scheduler) endOrphanWith(ctx context.Context, key string, r state.Run, res *run.Result, log *slog.Logger) {
 	saved, err := job.Decode(r.Job)
 	if err != nil {
 		log.Error("a run an earlier process left has no job to end; its work runs again", "err", err)
 		return
 	}
-	dir := s.runDir(r.RunID)
-	now := time.Now().UTC()
-	res := &run.Result{RunID: r.RunID, Workflow: r.Workflow, Executor: s.facts.ExecutorName, Status: run.Error, Error: why,
-		StartedAt: r.StartedAt, FinishedAt: now, Log: append(prior, "knotless-run: error: "+why+"\n"...)}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
 	s.p.Checks.Finished(wctx, checks.End{Key: key, Event: saved.Event, Check: saved.Check, Result: res, Log: log})
-	_ = os.RemoveAll(dir)
+	_ = os.RemoveAll(s.runDir(r.RunID))
 }
 
 // rebuild makes the task of a run to adopt from what state.json keeps,

@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"time"
 
 	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/lib/atomicfile"
@@ -118,6 +120,14 @@ func (s *Scheduler) takeUp(ctx context.Context) []orphaned {
 				}
 				cancel()
 			}
+			if h.Step >= len(h.Steps) {
+				// Every step had ended: nothing is left to run, and the
+				// checkpoint says how the run stands.
+				log.Warn("a run of a process that died after its last step ends as its steps did; its outputs went with its session", "why", why)
+				s.endAfterLastStep(ctx, key, r, h, prior, why, log)
+				s.inherited("checkpoint")
+				continue
+			}
 			log.Warn("a run of a process that died cannot go on; its check ends error", "where", where, "why", why)
 			s.endOrphan(ctx, key, r, prior, fmt.Sprintf("runner restarted %s (the process running it died), and %s: not run again, so that no step runs twice", where, why), log)
 			s.inherited("ended")
@@ -154,4 +164,22 @@ func (s *Scheduler) cannotAdopt(ctx context.Context, h run.Handover) string {
 		}
 	}
 	return ""
+}
+
+// endAfterLastStep writes the final check of a run whose process died
+// after its last step (its checkpoint at the end), where the run cannot
+// be taken up (why: its session is gone, or its executor resumes none):
+// the steps' results and the run's status are the checkpoint's, and the
+// log says the outputs and caches, which the run collects from its
+// session after its steps, went with it.
+func (s *Scheduler) endAfterLastStep(ctx context.Context, key string, r state.Run, h run.Handover, prior []byte, why string, log *slog.Logger) {
+	status := h.Status
+	if status == "" {
+		status = run.Success
+	}
+	line := fmt.Sprintf("knotless-run: the runner restarted after the run's last step (the process running it died), and %s: the run ends as its steps did; its outputs and caches were not collected\n", why)
+	now := time.Now().UTC()
+	res := &run.Result{RunID: r.RunID, Workflow: r.Workflow, Executor: s.facts.ExecutorName, Status: status, FailedStep: h.FailedStep, Error: h.Error,
+		Steps: h.Steps, StartedAt: r.StartedAt, FinishedAt: now, Log: append(prior, line...)}
+	s.endOrphanWith(ctx, key, r, res, log)
 }

@@ -836,7 +836,7 @@ func TestTakeUpDecides(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	keys := []string{"k-none", "k-going", "k-gone", "k-docker", "k-corrupt", "k-final"}
+	keys := []string{"k-none", "k-going", "k-gone", "k-docker", "k-corrupt", "k-final", "k-ended"}
 	for _, key := range keys {
 		j := pushJob(key, "main", "ci")
 		saved, err := job.Encode(j, forge.Check{Status: "running", Workflow: "ci"})
@@ -851,6 +851,15 @@ func TestTakeUpDecides(t *testing.T) {
 	checkpoint("r-k-gone", "plain", "job-gone")
 	checkpoint("r-k-docker", "docker", "c-docker")
 	checkpoint("r-k-final", "plain", "job-final")
+	// Killed after its last step, which failed; its Job went with the
+	// dead process's clean-up.
+	endedLog := []byte("==> step 1/2: build\nok\n==> step 2/2: test\nFAIL\n")
+	exit := 1
+	if err := s.writeCheckpoint("r-k-ended", run.Handover{Session: executor.Ref{Executor: "plain", RunID: "r-k-ended", Name: "job-gone"}, Step: 2, Replay: true,
+		Steps:  []run.StepResult{{Name: "build", Status: run.Success}, {Name: "test", Status: run.Failure, ExitCode: &exit}},
+		Status: run.Failure, FailedStep: "test", Error: "step test exited 1", LogSize: int64(len(endedLog))}, endedLog); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.MkdirAll(s.runDir("r-k-corrupt"), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -882,6 +891,11 @@ func TestTakeUpDecides(t *testing.T) {
 	}
 	if ended != 3 || again != 1 {
 		t.Errorf("observed %v; want 3 ended (gone, docker, corrupt) and 1 again (no checkpoint)", obs.events)
+	}
+	// After its last step, with its session gone: nothing to run, the
+	// checkpoint's verdict, the log saying its outputs were not collected.
+	if c, _ := w.keeper.Get("k-ended"); !slices.Equal(w.pds.Statuses("k-ended"), []string{"failure"}) || len(c.Steps) != 2 || c.Steps[1].Status != "failure" {
+		t.Errorf("k-ended: checks written %v, %+v; want one failure check of step test", w.pds.Statuses("k-ended"), c)
 	}
 	for key, want := range map[string]string{
 		"k-none":    "",
