@@ -8,13 +8,18 @@
 # store object the script and the units name (forge.py, plc.py, the pushed
 # trees, probe.yaml, the settings file) is written there, and the stand-in
 # shows that store as the machine's /nix/store. Packages are not built:
-# those of the host (python3, git, jq, coreutils) are its /usr, knotless-run
-# is the binary at optPath, and k3s and bluesky-pds are the stand-in's
-# (optPath/k3s, optPath/bluesky-pds).
+# those of the host (hostPackages) are directories hostPath/NAME whose bin
+# the stand-in fills with links to that package's tools of the host's /usr
+# (and only those), knotless-run is the binary at optPath, and k3s and
+# bluesky-pds are the stand-in's (optPath/k3s, optPath/bluesky-pds).
+#
+# Every service's PATH is rendered as NixOS writes it: the unit's `path`,
+# then coreutils, findutils, grep, sed and systemd.
 #
 #   nix-instantiate --eval --strict --json --read-write-mode --store DIR \
 #     tests/vmscript/eval.nix --arg lib 'import LIB' --arg k3s ./nix/tests/k3s.nix \
-#     --arg module ./nix/module.nix --argstr runsNamespace NS --argstr optPath /opt/knotless-test
+#     --arg module ./nix/module.nix --argstr runsNamespace NS --argstr optPath /opt/knotless-test \
+#     --argstr hostPath /opt/knotless-host
 {
   lib,
   k3s ? ../../nix/tests/k3s.nix,
@@ -23,6 +28,8 @@
   # place of the module's default (knotless-runs), which k3s kubectl maps.
   runsNamespace ? null,
   optPath ? "/opt/knotless-test",
+  # Where the host's packages are (a directory per package, hostPackages).
+  hostPath ? "/opt/knotless-host",
 }:
 let
   render = import ../nix/render.nix { inherit lib; };
@@ -32,7 +39,7 @@ let
     {
       type = "derivation";
       inherit name;
-      outPath = "/usr";
+      outPath = "${hostPath}/${name}";
       meta.mainProgram = name;
     };
   standin =
@@ -54,12 +61,30 @@ let
     outPath = optPath;
   };
 
-  pkgs = {
+  # The host's packages by their nixpkgs names; the stand-in makes each
+  # one's bin (tests/vmscript, hostPackages).
+  hostPackages = [
+    "python3"
+    "git"
+    "jq"
+    "coreutils"
+    "findutils"
+    "gnugrep"
+    "gnused"
+    "systemd"
+  ];
+
+  # What NixOS appends to every service's path (its systemd module).
+  defaultPath = map (n: pkgs.${n}) [
+    "coreutils"
+    "findutils"
+    "gnugrep"
+    "gnused"
+    "systemd"
+  ];
+
+  pkgs = lib.genAttrs hostPackages host // {
     inherit lib;
-    python3 = host "python3";
-    git = host "git";
-    jq = host "jq";
-    coreutils = host "coreutils";
     tini = stub "tini";
     busybox = stub "busybox";
     k3s = standin "k3s" "k3s" { };
@@ -116,10 +141,13 @@ in
 {
   inherit (test) name testScript;
   nodes = builtins.attrNames test.nodes;
+  inherit hostPackages;
   server = {
     failedAssertions = map (a: a.message) (lib.filter (a: !a.assertion) c.assertions);
     units =
-      lib.mapAttrs' (n: u: lib.nameValuePair "${n}.service" (render.renderService u)) c.systemd.services
+      lib.mapAttrs' (
+        n: u: lib.nameValuePair "${n}.service" (render.renderService (u // { path = u.path ++ defaultPath; }))
+      ) c.systemd.services
       // lib.mapAttrs' (n: u: lib.nameValuePair "${n}.timer" (render.renderTimer u)) c.systemd.timers;
     # What the boot starts: units wanted by multi-user.target.
     bootUnits = lib.attrNames (

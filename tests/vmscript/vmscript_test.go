@@ -298,9 +298,10 @@ type result struct {
 
 // evaluation is what eval.nix gives.
 type evaluation struct {
-	TestScript string
-	Nodes      []string
-	Server     struct {
+	TestScript   string
+	Nodes        []string
+	HostPackages []string
+	Server       struct {
 		FailedAssertions []string
 		Units            map[string]string
 		BootUnits        []string
@@ -315,7 +316,72 @@ type evaluation struct {
 const (
 	optPath     = systemdtest.OptPath
 	nodeModules = "/opt/bluesky-pds/node_modules"
+	// The host's packages (eval.nix, hostPackages): hostPath/NAME/bin.
+	hostPath = "/opt/knotless-host"
 )
+
+// debianPackages are the host's packages that stand for each of
+// eval.nix's hostPackages: the tools they install are that package's bin.
+var debianPackages = map[string][]string{
+	"python3":   {"python3-minimal", "python3"},
+	"git":       {"git"},
+	"jq":        {"jq"},
+	"coreutils": {"coreutils"},
+	"findutils": {"findutils"},
+	"gnugrep":   {"grep"},
+	"gnused":    {"sed"},
+	"systemd":   {"systemd"},
+}
+
+// hostPackages makes under dir, for each package of names, a bin that
+// links to the tools its Debian packages install (dpkg -L) and to no
+// other: so a unit's PATH holds what the VM's would, not all of /usr/bin.
+func hostPackages(t *testing.T, dir string, names []string) {
+	t.Helper()
+	for _, name := range names {
+		debs, ok := debianPackages[name]
+		if !ok {
+			t.Fatalf("eval.nix names the host package %s, which debianPackages does not map", name)
+		}
+		bin := filepath.Join(dir, name, "bin")
+		if err := os.MkdirAll(bin, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for _, deb := range debs {
+			out, err := exec.Command("dpkg", "-L", deb).Output()
+			if err != nil {
+				t.Fatalf("dpkg -L %s (for %s): %v", deb, name, err)
+			}
+			for f := range strings.Lines(string(out)) {
+				f = strings.TrimSpace(f)
+				switch filepath.Dir(f) {
+				case "/bin", "/sbin", "/usr/bin", "/usr/sbin":
+				default:
+					continue
+				}
+				if fi, err := os.Stat(f); err != nil || fi.IsDir() {
+					continue
+				}
+				link := filepath.Join(bin, filepath.Base(f))
+				if err := os.Symlink(f, link); err != nil && !os.IsExist(err) {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+}
+
+// unitPath is the PATH= of a rendered unit.
+func unitPath(t *testing.T, unit string) string {
+	t.Helper()
+	for l := range strings.Lines(unit) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), `Environment="PATH=`); ok {
+			return strings.TrimSuffix(v, `"`)
+		}
+	}
+	t.Fatalf("the unit sets no PATH:\n%s", unit)
+	return ""
+}
 
 // k3sUnit stands in for k3s.service: active once the test cluster's API
 // server answers.
@@ -388,7 +454,9 @@ func (s *standin) run(t *testing.T, r *revert) result {
 	for name, text := range ev.Server.Units {
 		units[name] = text
 	}
-	pdsWrapper := "#!/bin/sh\nNODE_PATH=" + nodeModules + " exec node " + optPath + "/bluesky-pds/lib/pds.js\n"
+	// nixpkgs' bin/pds names its node by store path: the unit's PATH has
+	// none.
+	pdsWrapper := "#!/bin/sh\nNODE_PATH=" + nodeModules + " exec /usr/bin/node " + optPath + "/bluesky-pds/lib/pds.js\n"
 	modules, err := filepath.EvalSymlinks(filepath.Join(pds.Dir(), "node_modules"))
 	if err != nil {
 		t.Fatal(err)
@@ -417,6 +485,8 @@ func (s *standin) run(t *testing.T, r *revert) result {
 	if err := os.WriteFile(filepath.Join(agentDir, "config.json"), agentConfig, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	hostDir := filepath.Join(dir, "host")
+	hostPackages(t, hostDir, ev.HostPackages)
 	m := systemdtest.Boot(t, systemdtest.Options{
 		Units: units,
 		Files: map[string][]byte{
@@ -426,7 +496,7 @@ func (s *standin) run(t *testing.T, r *revert) result {
 			"bluesky-pds/bin/pds":    []byte(pdsWrapper),
 			"bluesky-pds/lib/pds.js": read(t, "pds.js"),
 		},
-		BindsRO:        []string{store + ":/nix/store", modules + ":" + nodeModules},
+		BindsRO:        []string{store + ":/nix/store", modules + ":" + nodeModules, hostDir + ":" + hostPath},
 		PrivateNetwork: true,
 	})
 
@@ -447,6 +517,20 @@ func (s *standin) run(t *testing.T, r *revert) result {
 	writeIn(t, m, "/etc/rancher/k3s/k3s.yaml", adminKubeconfig(t, runs.Kubeconfig, def.Namespace), "0600")
 	if out, err := m.Exec(ctx, "systemd-sysusers"); err != nil {
 		t.Fatalf("systemd-sysusers: %v\n%s", err, out)
+	}
+
+	// The runner's PATH in the machine finds git and NixOS's default
+	// tools, and none of the host's others: the VM has none of them.
+	runnerPath := unitPath(t, ev.Server.Units["knotless-run.service"])
+	for _, tool := range []string{"git", "mv", "find", "grep", "sed", "systemctl"} {
+		if out, err := m.Exec(ctx, "/usr/bin/env", "PATH="+runnerPath, "/bin/sh", "-c", `command -v "$0"`, tool); err != nil {
+			t.Fatalf("the runner's PATH (%s) has no %s: %v\n%s", runnerPath, tool, err, out)
+		}
+	}
+	for _, tool := range []string{"python3", "node", "tar", "curl", "bash"} {
+		if out, err := m.Exec(ctx, "/usr/bin/env", "PATH="+runnerPath, "/bin/sh", "-c", `command -v "$0"`, tool); err == nil {
+			t.Fatalf("the runner's PATH (%s) has %s (%s), which the VM's has not", runnerPath, tool, strings.TrimSpace(string(out)))
+		}
 	}
 
 	// The script's PATH: the system packages' bin, then the host's.
@@ -529,7 +613,8 @@ func (s *standin) evaluate(t *testing.T, dir, runsNamespace string) (evaluation,
 		"--arg", "k3s", filepath.Join(dir, "nix", "tests", "k3s.nix"),
 		"--arg", "module", filepath.Join(dir, "nix", "module.nix"),
 		"--argstr", "runsNamespace", runsNamespace,
-		"--argstr", "optPath", optPath)
+		"--argstr", "optPath", optPath,
+		"--argstr", "hostPath", hostPath)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
