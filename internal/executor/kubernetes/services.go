@@ -18,8 +18,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"knotless.dev/run/internal/executor"
-	"knotless.dev/run/internal/rules/class"
 	"knotless.dev/run/internal/kube/kubeclient"
+	"knotless.dev/run/internal/rules/class"
 )
 
 // serviceContainerPrefix begins the name of a service's container in the
