@@ -152,19 +152,30 @@ func (s *Session) StartStep(ctx context.Context, id string, payload []byte) erro
 	}
 	s.mu.Unlock()
 
+	// No reaper runs while the launcher starts: until it has a session
+	// of its own (sidKnown), its processes are of no live session, which
+	// a reaper kills (an earlier step's, killed at a cancel, may still be
+	// at it), and runc's exec then fails ("broken pipe").
+	s.reapMu.Lock()
 	ctr := s.stepContainer(id)
 	ex, err := s.ex.cli.ExecCreate(ctx, ctr, client.ExecCreateOptions{
 		AttachStdin: true, AttachStdout: true, AttachStderr: true,
 		Cmd: []string{"sh", "-c", launcher},
 	})
 	if err != nil {
+		s.reapMu.Unlock()
 		return s.ex.daemonError(fmt.Errorf("create exec for step %s: %w", id, err))
 	}
 	att, err := s.ex.cli.ExecAttach(ctx, ex.ID, client.ExecAttachOptions{})
 	if err != nil {
+		s.reapMu.Unlock()
 		return s.ex.daemonError(fmt.Errorf("start exec for step %s: %w", id, err))
 	}
 	st := &step{exec: ex.ID, ctr: ctr, conn: att.HijackedResponse, out: spool.New(), sidKnown: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		<-st.sidKnown // closed once the session is known, or the step ended
+		s.reapMu.Unlock()
+	}()
 	s.mu.Lock()
 	s.steps[id] = st
 	s.execs = append(s.execs, ex.ID)
