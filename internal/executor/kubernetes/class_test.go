@@ -58,10 +58,14 @@ func TestPullClassNotOpen(t *testing.T) {
 // (alone: no other pod's disk is touched), and the run ends error with
 // the kubelet's reason, never success; nothing of it is left behind.
 // The kubelet measures disk use periodically: the step writes, then
-// waits to be evicted, bounded by the workflow's timeout.
+// waits to be evicted, bounded by the workflow's timeout. The kubelet's
+// eviction manager acts on the shared node, and under the load of the
+// other tests its status came after the follow gave up (the run ended
+// error, but without the kubelet's words): it runs in the phase of the
+// tests that have the cluster to themselves.
 func TestStepPastEphemeralStorageEvicted(t *testing.T) {
 	t.Parallel()
-	c := clustertest.Start(t)
+	c := clustertest.StartExclusive(t)
 	cleaner := run.NewCleaner(nil)
 	eng := run.New(run.Config{
 		Executor: newExecutor(t, c, nil), DefaultImage: c.Image, CleanupTimeout: time.Minute, Cleaner: cleaner,

@@ -411,6 +411,12 @@ func (s *Session) pump(id string, st *step, mode string, payload []byte, started
 		lastErr = orElseErr(err, "stream ended without the step's exit line")
 		if attempt >= reattachAttempts {
 			failed = fmt.Errorf("%w after %d reattach attempts: %v", executor.ErrExitUnknown, attempt, lastErr)
+			// The kubelet may not have said yet why the pod's container
+			// went (an eviction's status comes after the kill): a last
+			// look, bounded, so the run ends in its words if it can.
+			if gone := s.watchPod(ctx, lastLookWait, dropped); gone != nil {
+				failed = gone
+			}
 			break
 		}
 		s.log.Warn("step stream dropped; reattaching", "step", id, "offset", st.out.Len(), "attempt", attempt+1, "err", lastErr)
@@ -422,6 +428,10 @@ func (s *Session) pump(id string, st *step, mode string, payload []byte, started
 		mode = "follow"
 	}
 }
+
+// lastLookWait bounds the wait for the pod's status to say why a step
+// could not be followed any more, once the reattaches are spent.
+const lastLookWait = 30 * time.Second
 
 // launchInput is what the step tool reads at start: the payload's count
 // of lines, then the payload, ending in a newline. The tool reads whole
