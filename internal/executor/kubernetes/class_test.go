@@ -13,15 +13,7 @@ import (
 
 func classes(t *testing.T, specs ...string) class.Set {
 	t.Helper()
-	var cs []class.Class
-	for _, s := range specs {
-		c, err := class.Parse(s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cs = append(cs, c)
-	}
-	set, err := class.NewSet(cs)
+	set, err := class.ParseSet(specs...)
 	if err != nil {
 		t.Fatal(err)
 	}

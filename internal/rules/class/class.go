@@ -53,6 +53,19 @@ type Set struct {
 	byName map[string]Class
 }
 
+// ParseSet is NewSet of the classes specs name, each as Parse reads it.
+func ParseSet(specs ...string) (Set, error) {
+	cs := make([]Class, 0, len(specs))
+	for _, spec := range specs {
+		c, err := Parse(spec)
+		if err != nil {
+			return Set{}, err
+		}
+		cs = append(cs, c)
+	}
+	return NewSet(cs)
+}
+
 // NewSet returns the set of classes cs. A class that sets no ephemeral
 // storage gets the default class's. Two classes of one name are an
 // error naming it.
