@@ -326,6 +326,7 @@ var kubeAPIGroups = []string{
 	"k8s.io/api/authentication/v1",
 	"k8s.io/api/authorization/v1",
 	"k8s.io/api/batch/v1",
+	"k8s.io/api/coordination/v1", // serve --replicas: the replicas' Leases (one small type)
 	"k8s.io/api/core/v1",
 	"k8s.io/api/networking/v1",
 	"k8s.io/api/policy/v1",

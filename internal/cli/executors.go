@@ -32,6 +32,10 @@ type ExecutorFlags struct {
 	KubeFlags   `embed:""`
 	DockerFlags `embed:""`
 	ShellFlags  `embed:""`
+
+	// driver is serve's replica name with --replicas: the Kubernetes
+	// executor marks the Jobs it creates with it.
+	driver string `kong:"-"`
 }
 
 // defaultExecutor is the executor when --executor is not given.
@@ -74,6 +78,8 @@ type executorOptions struct {
 	Observer executor.Observer
 	// Classes are the runner's resource classes (ExecutorFlags.classes).
 	Classes class.Set
+	// Driver is serve's replica name with --replicas ("": one process).
+	Driver string
 }
 
 // executors lists the registered executors, in the order ExecutorFlags
@@ -110,7 +116,7 @@ func (f *ExecutorFlags) newExecutor(env *Env, runner string, concurrency int, li
 		return nil, err
 	}
 	return d.New(env, executorOptions{Runner: runner, Image: f.Image, Concurrency: concurrency, Limits: lim,
-		Logger: log.With("component", "executor", "executor", d.Name), Observer: obs, Classes: classes})
+		Logger: log.With("component", "executor", "executor", d.Name), Observer: obs, Classes: classes, Driver: f.driver})
 }
 
 // stopForeign stops the sessions an earlier process handed over on

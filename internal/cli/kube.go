@@ -110,6 +110,7 @@ func (f *KubeFlags) newKubernetes(env *Env, o executorOptions) (*kubernetes.Exec
 			Namespace:     f.Namespace,
 		},
 		Runner:          o.Runner,
+		Driver:          o.Driver,
 		Pod:             pod,
 		ScheduleTimeout: f.ScheduleTimeout,
 		QPS:             f.KubeQPS,

@@ -37,6 +37,8 @@ type ServeCmd struct {
 	Poll        time.Duration `help:"Reconcile by listing records this often." default:"1m"`
 	Retention   time.Duration `help:"Forget final work (done pushes, final checks) older than this; pushes, reruns and dispatches older than this are never acted on, and not listed past." default:"720h"`
 	WarmPods    int           `name:"warm-pods" help:"With --executor kubernetes: keep N pods started ahead of runs, each the pod a trusted run of the default --image gets (no cache directories, no requests of its own); a run whose pod would be the same takes one, which serves that run only and is replaced. Each holds a node (one run per node); a run that waits for a node takes one back." default:"0" placeholder:"N"`
+	Replicas    bool          `help:"With --executor kubernetes: run as one of several processes of this runner (same --did and configuration, each with its own --state-dir), which share the events through Leases in the runs' namespace; each run is driven by one of them. Not with --queue or --warm-pods."`
+	ReplicaName string        `name:"replica-name" help:"With --replicas: this process's name among the runner's replicas, stable across its restarts and its own (default: the host name, a StatefulSet pod's name)." placeholder:"NAME"`
 	LogBlobs    string        `name:"log-blobs" help:"Which runs' logs the final check carries as a blob: always, failures (runs that did not succeed) or never (a hosted PDS takes 1,000 blobs a day)." enum:"always,failures,never" default:"always"`
 
 	AllowLocalSources bool          `help:"UNSAFE ON A SHARED RUNNER: also fetch from local paths and file:// URLs, named by repository records and pulls alike, so any tenant reads what this user can read (the runner's own state and cache directories stay refused). For tests and single-tenant machines (default: off: https only, and ssh for a repository's own source)."`
@@ -100,11 +102,17 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 	if err != nil {
 		return err
 	}
+	replica, err := c.replicaName()
+	if err != nil {
+		return err
+	}
+	c.driver = replica
 	exec, err := c.newExecutor(env, runner.String(), c.Concurrency, c.transfer(c.CacheMax), log, observer)
 	if err != nil {
 		return err
 	}
 	in := serveInputs{Executor: exec, Logger: log, Telemetry: tel, StopForeign: c.stopForeign(env, runner.String(), log)}
+	in.Replicas = c.joinReplicas(env, exec, runner.String(), replica, log)
 	cfg, err := c.config(in)
 	if err != nil {
 		return err

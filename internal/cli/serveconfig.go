@@ -41,6 +41,9 @@ type serveInputs struct {
 	// StopForeign stops what a predecessor on another executor handed
 	// over (ExecutorFlags.stopForeign).
 	StopForeign func(ctx context.Context, ref executor.Ref) error
+	// Replicas joins the runner's replicas (serve --replicas); nil: one
+	// process.
+	Replicas func(ctx context.Context, changed func()) (daemon.Replicas, error)
 }
 
 // runner is --did, required.
@@ -131,6 +134,7 @@ func (c *ServeCmd) config(in serveInputs) (daemon.Config, error) {
 		WarmPods:             c.WarmPods,
 		UnsafeShellUntrusted: c.UnsafeShellUntrusted,
 		StopForeign:          in.StopForeign,
+		Replicas:             in.Replicas,
 		Notify:               in.Notify,
 		Watchdog:             in.Watchdog,
 		Invocation:           in.Invocation,

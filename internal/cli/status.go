@@ -112,6 +112,13 @@ func printStatus(w io.Writer, doc status.Doc, where, stateFile string) {
 	} else {
 		fmt.Fprintf(w, "daemon: not running (no answer at %s); what the last one left in %s:\n", q(where), q(stateFile))
 	}
+	if r := doc.Replicas; r != nil {
+		names := make([]string, 0, len(r.Live))
+		for _, m := range r.Live {
+			names = append(names, q(m.Name))
+		}
+		fmt.Fprintf(w, "replica %s: %d live (%s)\n", q(r.Self), len(r.Live), strings.Join(names, ", "))
+	}
 	for _, r := range doc.Degraded {
 		fmt.Fprintf(w, "degraded: %s\n", q(r))
 	}

@@ -17,6 +17,7 @@ import (
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/forge/ingest"
 	"knotless.dev/run/internal/forge/pdsclient"
+	"knotless.dev/run/internal/kube/replicas"
 	"knotless.dev/run/internal/mirror"
 	"knotless.dev/run/internal/observe/telemetry"
 	"knotless.dev/run/internal/parts/checks"
@@ -77,6 +78,12 @@ type Config struct {
 	// nil: this runner cannot reach any other.
 	StopForeign func(ctx context.Context, ref executor.Ref) error
 
+	// Replicas, when set, joins this process to the runner's replicas
+	// (serve --replicas): it is called once the state directory is
+	// this process's, with what to call when the live replicas change.
+	// nil: one process drives every event.
+	Replicas func(ctx context.Context, changed func()) (Replicas, error)
+
 	// Notify sends one sd_notify message (nil: not under systemd).
 	Notify func(state string)
 	// OnCheck, when set, is told of every check record written, after the
@@ -95,6 +102,16 @@ type Config struct {
 	// its metrics (nil: none) and where they are served (--metrics-listen),
 	// and the executor's credentials for the status.
 	Telemetry telemetry.Config
+}
+
+// Replicas is this process's place among the runner's processes
+// (replicas.Set): it keeps it until Run's ctx ends, and says which
+// events are this replica's.
+type Replicas interface {
+	Run(ctx context.Context)
+	Mine(evKey string) bool
+	Self() string
+	Members() []replicas.Member
 }
 
 // Account is the runner's atproto account.
@@ -181,6 +198,14 @@ func (c *Config) Validate() error {
 	}
 	if c.WarmPods > 0 && executor.CapabilitiesOf(c.Engine.Executor).Warmer == nil {
 		return fmt.Errorf("--warm-pods %d: only --executor kubernetes keeps warm pods", c.WarmPods)
+	}
+	if c.Replicas != nil {
+		if c.Lander.Queue {
+			return errors.New("serve: --replicas with --queue: the merge queue runs in one process only; run it on a runner of its own")
+		}
+		if c.WarmPods > 0 {
+			return fmt.Errorf("serve: --replicas with --warm-pods %d: warm pods are one process's; use one or the other", c.WarmPods)
+		}
 	}
 	if c.Lander.Queue && c.Lander.Batch < 1 {
 		return fmt.Errorf("--queue-batch %d: want 1 or more", c.Lander.Batch)

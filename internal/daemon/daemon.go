@@ -23,6 +23,7 @@ import (
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/forge/ingest"
 	"knotless.dev/run/internal/forge/pdsclient"
+	"knotless.dev/run/internal/kube/replicas"
 	"knotless.dev/run/internal/lib/backoff"
 	"knotless.dev/run/internal/lib/idlemem"
 	"knotless.dev/run/internal/lib/version"
@@ -61,6 +62,9 @@ type Daemon struct {
 	cleaner *run.Cleaner
 	// memory returns what the runs freed once the daemon is idle.
 	memory *idlemem.Releaser
+	// replicas is this process's place among the runner's replicas;
+	// nil for one process.
+	replicas Replicas
 }
 
 // outside is the part of the world each part reaches through its
@@ -112,11 +116,26 @@ func Run(ctx context.Context, cfg Config) error {
 			cfg.Logger.Warn("let the locks go", "component", "daemon", "err", err)
 		}
 	}()
+	// A replica joins the others once the state directory is its own:
+	// a process refused there never takes a replica's name.
+	var d *Daemon
+	var reps Replicas
+	if cfg.Replicas != nil {
+		if reps, err = cfg.Replicas(ctx, func() { d.replicasChanged() }); err != nil {
+			err = fmt.Errorf("serve --replicas: %w", err)
+			if errors.Is(err, replicas.ErrNameHeld) {
+				// Another live process has the name: a restart is
+				// refused the same way.
+				return InUseError{err}
+			}
+			return err
+		}
+	}
 	store, out, err := open(ctx, &cfg)
 	if err != nil {
 		return err
 	}
-	d := wire(cfg, store, out)
+	d = wire(cfg, store, out, reps)
 	srv, err := telemetry.Listen(cfg.StateDir, cfg.Telemetry.Listen, cfg.Telemetry.Metrics, d.tel, d.log)
 	if err != nil {
 		return err
@@ -216,8 +235,8 @@ func open(ctx context.Context, cfg *Config) (*state.Store, outside, error) {
 }
 
 // wire makes the parts and joins their ports.
-func wire(cfg Config, store *state.Store, out outside) *Daemon {
-	d := &Daemon{cfg: cfg, log: cfg.Logger.With("component", "daemon"), out: out, store: store}
+func wire(cfg Config, store *state.Store, out outside, reps Replicas) *Daemon {
+	d := &Daemon{cfg: cfg, log: cfg.Logger.With("component", "daemon"), out: out, store: store, replicas: reps}
 	logOf := func(part string) *slog.Logger { return cfg.Logger.With("component", part) }
 	retry := backoff.Policy{First: cfg.Retry.Backoff, Max: cfg.Retry.MaxBackoff}
 	runner := cfg.Account.Runner
@@ -277,12 +296,36 @@ func wire(cfg Config, store *state.Store, out outside) *Daemon {
 	if d.caps.Images != nil {
 		ports.CheckImage = d.caps.Images.CheckImage
 	}
+	if reps != nil {
+		ports.Mine = reps.Mine
+	}
 	d.intake = intake.New(cfg.Intake, intake.Facts{Runner: runner, Relay: cfg.Sources.Relay, LimitsAll: cfg.Engine.Max.All,
 		DefaultImage: cfg.Engine.DefaultImage}, ports, d.log)
 	d.tel = &telemetry.Status{Daemon: status.Daemon{PID: os.Getpid(), Version: version.Version, Started: time.Now().UTC(),
 		Executor: observe.Executor, Runner: runner.String()}, Work: d.sched.Work, Counts: d.sched.Counts, Owed: store.Owed, Down: d.executorDown,
 		Credentials: cfg.Telemetry.Credentials}
+	if reps != nil {
+		d.tel.Replicas = d.replicaStatus
+		m.SetReplicasLive(len(reps.Members()))
+	}
 	return d
+}
+
+// replicasChanged is told by the replicas' renew loop that the live
+// replicas changed: what is whose is looked at again at once (a dead
+// or stopped replica's share of the events is the survivors').
+func (d *Daemon) replicasChanged() {
+	d.cfg.Telemetry.Metrics.SetReplicasLive(len(d.replicas.Members()))
+	d.intake.Wake()
+}
+
+// replicaStatus is the replicas part of the status document.
+func (d *Daemon) replicaStatus() *status.Replicas {
+	r := &status.Replicas{Self: d.replicas.Self()}
+	for _, m := range d.replicas.Members() {
+		r.Live = append(r.Live, status.Replica{Name: m.Name, Invocation: m.Invocation, Renewed: m.Renewed})
+	}
+	return r
 }
 
 // viaIntake is the lander's and run control's port to intake, which is
@@ -354,6 +397,11 @@ func (d *Daemon) serve(ctx context.Context) error {
 	}
 	if d.cfg.Intake.Firehose {
 		aux.Go(func() { d.intake.Follow(auxCtx) })
+	}
+	if d.replicas != nil {
+		// Renewed until the stop begins; then given back, so that the
+		// others take the events at once while this one hands over.
+		aux.Go(func() { d.replicas.Run(auxCtx) })
 	}
 	aux.Go(func() { d.keeper.PayOwed(auxCtx) })
 	aux.Go(func() { d.watchExecutor(auxCtx) })

@@ -67,7 +67,7 @@ func (h *harness) wire(t *testing.T) *Daemon {
 				out = append(out, forge.Record[forge.Check]{URI: rig.OwnURI(forge.CollectionCheck, k), Value: c})
 			}
 			return out, nil, nil
-		}})
+		}}, nil)
 }
 
 // serve begins h's daemon and serves it (serve).

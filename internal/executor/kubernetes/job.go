@@ -23,12 +23,16 @@ const (
 	LabelManagedBy = "app.kubernetes.io/managed-by"
 	// LabelEgress on a run pod names its egress mode: the policy of
 	// that mode (BuildEgressPolicy) selects it.
-	LabelEgress    = "dev.knotless.egress"
-	AnnotationDID  = "dev.knotless.runner-did"
-	managedByValue = "knotless-run"
-	containerName  = "run"
-	stateDir       = "/knotless"
-	stepStateDir   = stateDir + "/steps"
+	LabelEgress   = "dev.knotless.egress"
+	AnnotationDID = "dev.knotless.runner-did"
+	// AnnotationDriver on a run's Job names the replica that drives it
+	// (Config.Driver); on the Job alone, not its pod, so that a
+	// survivor may take the run by changing it.
+	AnnotationDriver = "dev.knotless.driver"
+	managedByValue   = "knotless-run"
+	containerName    = "run"
+	stateDir         = "/knotless"
+	stepStateDir     = stateDir + "/steps"
 	// transferDir stages a whole transfer out on the node's disk (not
 	// the state tmpfs): the pod hashes it in one pass, not through a tee.
 	// A transfer in at / leaves its closing entry there.

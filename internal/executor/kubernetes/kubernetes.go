@@ -65,8 +65,14 @@ type Config struct {
 	// API server (client-go's token bucket, shared by every request of
 	// the executor): QPS requests a second on average, Burst at once.
 	// 0 takes DefaultQPS and DefaultBurst.
-	QPS    float32
-	Burst  int
+	QPS   float32
+	Burst int
+	// Driver is this process's replica name when the runner runs as
+	// replicas (serve --replicas): every Job it creates says so
+	// (AnnotationDriver), and its sweep leaves the Jobs other replicas
+	// drive alone. Empty: one process, which sweeps every Job of the
+	// runner's not in hand.
+	Driver string
 	Logger *slog.Logger
 	// Observer is told of sessions ready, transfers, sweeps, cleanup
 	// failures and the credential's expiry; nil observes nothing.
@@ -150,6 +156,14 @@ func (e *Executor) Namespace() (string, error) {
 	return ns, err
 }
 
+// API returns the clientset and namespace of the current credentials
+// (refreshed as the kubeconfig file is replaced): the replicas' Leases
+// go through it, under the executor's own rate limit.
+func (e *Executor) API() (*kubeclient.Clientset, string, error) {
+	_, cs, ns, err := e.clients.get()
+	return cs, ns, err
+}
+
 // Start takes a warm Job whose pod is the run's (warm.go), else creates
 // the run's Job and waits until its pod is Ready. Its log lines, and the
 // session's, name the run, the Job, its namespace and image, and once it
@@ -171,6 +185,9 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 	}
 	if s := e.startWarm(ctx, spec, job); s != nil {
 		return s, nil
+	}
+	if e.cfg.Driver != "" {
+		job.Annotations[AnnotationDriver] = e.cfg.Driver
 	}
 	log := e.log.With("run", spec.RunID, "job", job.Name, "namespace", ns, "image", jobImage(job))
 	created, err := e.createJob(ctx, cs, job, log)
@@ -290,7 +307,8 @@ func (e *Executor) ensureNetworkPolicies(ctx context.Context, apiServer string, 
 }
 
 // Sweep deletes this runner's Jobs whose run is not in keep, and its
-// warm Jobs that this process did not make. It logs
+// warm Jobs that this process did not make; as a replica (Driver), not
+// those another replica drives. It logs
 // each Job it deletes (run, Job, namespace, image) and what it did in
 // all, with the running totals of this process.
 func (e *Executor) Sweep(ctx context.Context, keep []string) (swept []executor.Ref, err error) {
@@ -308,6 +326,15 @@ func (e *Executor) Sweep(ctx context.Context, keep []string) (swept []executor.R
 	going := map[string]bool{}
 	for _, id := range keep {
 		going[id] = true
+	}
+	if e.cfg.Driver != "" {
+		// Another replica's runs are that replica's: it takes them up
+		// when it comes back under its name.
+		for i := range jobs.Items {
+			if d := jobs.Items[i].Annotations[AnnotationDriver]; d != "" && d != e.cfg.Driver {
+				going[jobs.Items[i].Labels[LabelRun]] = true
+			}
+		}
 	}
 	var errs []error
 	for i := range jobs.Items {

@@ -27,6 +27,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	batchv1 "k8s.io/api/batch/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -59,6 +60,7 @@ func init() {
 		authenticationv1.AddToScheme,
 		authorizationv1.AddToScheme,
 		batchv1.AddToScheme,
+		coordinationv1.AddToScheme,
 		corev1.AddToScheme,
 		networkingv1.AddToScheme,
 		policyv1.AddToScheme,
@@ -79,7 +81,7 @@ const ContentTypeJSON = runtime.ContentTypeJSON
 
 // Clientset has a REST client per API group version the runner uses.
 type Clientset struct {
-	core, batch, networking, policy, rbac, authorization, admissionregistration rest.Interface
+	core, batch, coordination, networking, policy, rbac, authorization, admissionregistration rest.Interface
 }
 
 // NewForConfig is kubernetes.NewForConfig for these groups: the
@@ -112,6 +114,7 @@ func NewForConfig(c *rest.Config) (*Clientset, error) {
 	}{
 		{&cs.core, corev1.SchemeGroupVersion},
 		{&cs.batch, batchv1.SchemeGroupVersion},
+		{&cs.coordination, coordinationv1.SchemeGroupVersion},
 		{&cs.networking, networkingv1.SchemeGroupVersion},
 		{&cs.policy, policyv1.SchemeGroupVersion},
 		{&cs.rbac, rbacv1.SchemeGroupVersion},
@@ -211,6 +214,19 @@ func (c *Clientset) BatchV1() BatchV1 { return BatchV1{c.batch} }
 func (c BatchV1) Jobs(namespace string) *gentype.ClientWithList[*batchv1.Job, *batchv1.JobList] {
 	return newClient(c.client, "jobs", namespace,
 		func() *batchv1.Job { return &batchv1.Job{} }, func() *batchv1.JobList { return &batchv1.JobList{} })
+}
+
+// CoordinationV1 is the coordination.k8s.io group's client: the
+// replicas' Leases (internal/kube/replicas).
+type CoordinationV1 struct{ client rest.Interface }
+
+// CoordinationV1 returns the coordination group's client.
+func (c *Clientset) CoordinationV1() CoordinationV1 { return CoordinationV1{c.coordination} }
+
+// Leases are namespace's leases.
+func (c CoordinationV1) Leases(namespace string) *gentype.ClientWithList[*coordinationv1.Lease, *coordinationv1.LeaseList] {
+	return newClient(c.client, "leases", namespace,
+		func() *coordinationv1.Lease { return &coordinationv1.Lease{} }, func() *coordinationv1.LeaseList { return &coordinationv1.LeaseList{} })
 }
 
 // NetworkingV1 is the networking.k8s.io/v1 group's client.

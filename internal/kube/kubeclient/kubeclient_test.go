@@ -391,7 +391,7 @@ func TestSchemeGroups(t *testing.T) {
 		}
 	}
 	got := slices.Sorted(maps.Keys(groups))
-	want := []string{"admissionregistration.k8s.io/v1", "authentication.k8s.io/v1", "authorization.k8s.io/v1", "batch/v1", "networking.k8s.io/v1", "policy/v1", "rbac.authorization.k8s.io/v1", "v1"}
+	want := []string{"admissionregistration.k8s.io/v1", "authentication.k8s.io/v1", "authorization.k8s.io/v1", "batch/v1", "coordination.k8s.io/v1", "networking.k8s.io/v1", "policy/v1", "rbac.authorization.k8s.io/v1", "v1"}
 	if !slices.Equal(got, want) {
 		t.Errorf("scheme groups %v, want %v", got, want)
 	}

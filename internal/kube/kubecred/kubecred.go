@@ -48,6 +48,9 @@ func Rules() []rbacv1.PolicyRule {
 		// Each run's disruption budget: made with its Job, deleted at its
 		// end, swept (list) at start. Never evict, never update one.
 		{APIGroups: []string{"policy"}, Resources: []string{"poddisruptionbudgets"}, Verbs: []string{"create", "delete", "list"}},
+		// serve --replicas: each replica's Lease, renewed, read by the
+		// others, given back at its stop (internal/kube/replicas).
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create", "get", "list", "update", "delete"}},
 	}
 }
 
@@ -128,6 +131,7 @@ func Checks() []Check {
 		{Verb: "create", Group: "policy", Resource: "poddisruptionbudgets", Want: true},
 		{Verb: "delete", Group: "policy", Resource: "poddisruptionbudgets", Want: true},
 		{Verb: "list", Group: "policy", Resource: "poddisruptionbudgets", Want: true},
+		{Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Want: true},
 		// A budget is the runner's to make and remove, not to loosen, and
 		// it evicts nothing.
 		{Verb: "update", Group: "policy", Resource: "poddisruptionbudgets", Want: false},

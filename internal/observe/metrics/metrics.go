@@ -134,6 +134,7 @@ type Metrics struct {
 	owedChecks  prometheus.Gauge
 	warmPods    *prometheus.GaugeVec
 	writeBudget *prometheus.GaugeVec // no labels: absent until the PDS reports it
+	replicas    *prometheus.GaugeVec // no labels: absent for one process
 	degraded    *prometheus.GaugeVec
 	expiry      *expiryCollector
 }
@@ -198,6 +199,8 @@ func New(reg *prometheus.Registry) (*Metrics, error) {
 		Help: "Pods kept warm for runs (serve --warm-pods), by state: ready, or starting."}, []string{"state"})
 	m.writeBudget = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "pds_write_budget_remaining",
 		Help: "Write points left in the PDS's rate-limit window, as its ratelimit-remaining header last said; absent until it says."}, nil)
+	m.replicas = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "replicas_live",
+		Help: "The runner's live replicas as this process sees them (serve --replicas: Leases renewed within their duration, this one's included); absent for one process."}, nil)
 	m.degraded = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "degraded",
 		Help: "1 while the runner is degraded for reason (executor: its executor cannot take runs), else 0."}, []string{"reason"})
 	m.expiry = newExpiryCollector(prometheus.NewDesc(Namespace+"_credential_expiry_seconds",
@@ -228,7 +231,7 @@ func New(reg *prometheus.Registry) (*Metrics, error) {
 		m.runs, m.sweeps, m.sweepErrors, m.swept, m.cleanupFailures, m.warmTaken, m.checkWrites, m.checkRefusals,
 		m.rateWaits, m.rateWaitSeconds, m.cacheHits, m.cacheMisses, m.cacheBytes, m.landings, m.ejections,
 		m.deferred, m.refused, m.ticksSkipped, m.inherited, m.retries, m.fence,
-		m.queueDepth, m.runsGoing, m.owedChecks, m.warmPods, m.writeBudget, m.degraded, m.expiry,
+		m.queueDepth, m.runsGoing, m.owedChecks, m.warmPods, m.writeBudget, m.replicas, m.degraded, m.expiry,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register metrics: %w", err)
@@ -420,6 +423,14 @@ func (m *Metrics) SetRunsGoing(n int) {
 		return
 	}
 	m.runsGoing.Set(float64(n))
+}
+
+// SetReplicasLive: n of the runner's replicas are live.
+func (m *Metrics) SetReplicasLive(n int) {
+	if m == nil {
+		return
+	}
+	m.replicas.WithLabelValues().Set(float64(n))
 }
 
 // SetOwedChecks: n final checks are owed to the PDS.

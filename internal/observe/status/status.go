@@ -63,6 +63,23 @@ type Doc struct {
 	Credentials []Credential `json:"credentials,omitempty"`
 	// Degraded says why the runner cannot take runs now, one reason each.
 	Degraded []string `json:"degraded,omitempty"`
+	// Replicas are the runner's live processes as this one sees them
+	// (serve --replicas); nil for one process.
+	Replicas *Replicas `json:"replicas,omitempty"`
+}
+
+// Replicas is this process's view of the runner's replicas.
+type Replicas struct {
+	Self string    `json:"self"`
+	Live []Replica `json:"live"`
+}
+
+// Replica is a live replica: its name, the process holding it and its
+// Lease's last renewal.
+type Replica struct {
+	Name       string    `json:"name"`
+	Invocation string    `json:"invocation,omitempty"`
+	Renewed    time.Time `json:"renewed"`
 }
 
 // Daemon is the process that answered.

@@ -27,6 +27,9 @@ type Status struct {
 	Down func() error
 	// Credentials are the executor's (Executor.Credentials); nil: none.
 	Credentials func() []status.Credential
+	// Replicas is this process's view of the runner's replicas; nil:
+	// one process.
+	Replicas func() *status.Replicas
 
 	ready atomic.Bool
 }
@@ -64,6 +67,9 @@ func (s *Status) Status(context.Context) status.Doc {
 	doc.Owed = status.FromState(&state.State{Owed: s.Owed()}, doc.At).Owed
 	if s.Credentials != nil {
 		doc.Credentials = s.Credentials()
+	}
+	if s.Replicas != nil {
+		doc.Replicas = s.Replicas()
 	}
 	return doc
 }

@@ -117,6 +117,11 @@ func NewKeeper(rec *Recorder, p Ports, retry backoff.Policy, log *slog.Logger) *
 // Know remembers a check listed from the PDS, without writing it.
 func (k *Keeper) Know(key string, c forge.Check) { k.rec.Know(key, c) }
 
+// Refresh reads the check of key from the PDS unless it is known final
+// (Recorder.Refresh): with replicas, another process of the runner may
+// have written it.
+func (k *Keeper) Refresh(ctx context.Context, key string) error { return k.rec.Refresh(ctx, key) }
+
 // KnowCID remembers the CID a listed check's record has: its next write
 // is a compare-and-swap from it (Recorder.KnowCID).
 func (k *Keeper) KnowCID(key, cid string) { k.rec.KnowCID(key, cid) }

@@ -200,6 +200,29 @@ func (r *Recorder) write(ctx context.Context, t Transition, key string, c forge.
 	return nil
 }
 
+// Refresh reads the record of key from the PDS, unless this runner
+// knows it final (a final check never changes), and knows it as read:
+// another process of the runner (a replica) may have written it since
+// this one last did. A record that is not there leaves what is known.
+// Without a Swapper (a writer that cannot read) it does nothing.
+func (r *Recorder) Refresh(ctx context.Context, key string) error {
+	sw := r.commit.sw
+	if c, ok := r.Get(key); sw == nil || (ok && Status(c.Status).Final()) {
+		return nil
+	}
+	var cur forge.Check
+	cid, err := sw.Get(ctx, forge.CollectionCheck, key, &cur)
+	switch {
+	case errors.Is(err, pdsclient.ErrNotFound):
+		return nil
+	case err != nil:
+		return fmt.Errorf("read check %s: %w", key, err)
+	}
+	r.Know(key, cur)
+	r.KnowCID(key, cid)
+	return nil
+}
+
 // lost resolves a write that lost its compare-and-swap: the record as
 // read (cur, at cid) is what the check is now; mine is not written.
 func (r *Recorder) lost(key string, cur forge.Check, cid string, mine forge.Check) error {

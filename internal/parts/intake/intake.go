@@ -115,6 +115,9 @@ type Checks interface {
 	// leave out.
 	Skipped(ctx context.Context, ev work.Event, wf, why string)
 	Forget(cutoff time.Time, need func(evKey string) bool) int
+	// Refresh reads a check from the PDS unless it is known final:
+	// with replicas, another process of the runner may have written it.
+	Refresh(ctx context.Context, key string) error
 	// Expect says a check write made with the context returned is
 	// about to come (checks.Recorder.Expect): a burst's lanes expect
 	// theirs, so that the writes of the burst go as one commit.
@@ -182,6 +185,12 @@ type Ports struct {
 	// (executor.ImageChecker); nil checks nothing (images.go).
 	CheckImage func(ctx context.Context, image string) error
 	Observer   Observer
+	// Mine, when set, says whether an event (by its key) is this
+	// replica's to take (replicas.Set.Mine, serve --replicas); the
+	// others' are left to them, and their checks are read from the PDS
+	// before this replica queues anything of an event. nil: every
+	// event is this process's.
+	Mine func(evKey string) bool
 }
 
 // Intake is the intake part.

@@ -144,6 +144,9 @@ func (in *Intake) Consider(ctx context.Context, ev work.Event) error {
 		pastRetention(ev, time.Now().Add(-in.cfg.Retention)) {
 		return nil
 	}
+	if in.p.Mine != nil && !in.p.Mine(ev.Key()) {
+		return nil // another replica's: not done here, looked at again if it dies
+	}
 	log := in.log.With("event", ev.URI.String(), "commit", ev.Commit)
 	if dec, first := in.capsSay(ev, need{}); dec.verdict == wait {
 		// Before any fetch and any check write: a deferred event costs
@@ -179,6 +182,14 @@ func (in *Intake) Consider(ctx context.Context, ev work.Event) error {
 	in.warnUnacted(log, ev.Repo.URI.String(), wfs)
 	in.warnImages(ctx, ev, wfs)
 	p := in.plan(log, ev, repo, tree, wfs, bad, in.changes(ctx, log, ev, repo, base))
+	if in.p.Mine != nil {
+		// Another replica may have run some of it (it drove the event
+		// before it died, or before the replicas changed): what its
+		// checks say now is read, and what is final is not queued.
+		if err := in.refresh(ctx, &p); err != nil {
+			return err
+		}
+	}
 	n := need{known: true, checks: len(p.jobs) + len(p.invalid) + len(p.notRun) + len(p.skipped), runs: len(p.todo), errors: len(p.invalid) + len(p.notRun)}
 	if conflict != nil {
 		n.runs, n.errors = 0, len(p.todo)+len(p.invalid)
@@ -205,6 +216,22 @@ func (in *Intake) Consider(ctx context.Context, ev work.Event) error {
 		return err
 	}
 	log.Debug("event considered", "workflows", len(wfs), "queued", queued)
+	return nil
+}
+
+// refresh reads the checks of p's jobs still to queue from the PDS and
+// drops those another process of the runner ended.
+func (in *Intake) refresh(ctx context.Context, p *plan) error {
+	todo := p.todo[:0]
+	for _, j := range p.todo {
+		if err := in.p.Checks.Refresh(ctx, j.Key); err != nil {
+			return err
+		}
+		if !in.p.Checks.Final(j.Key) {
+			todo = append(todo, j)
+		}
+	}
+	p.todo = todo
 	return nil
 }
 

@@ -1,0 +1,186 @@
+package daemon_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"knotless.dev/run/internal/daemon"
+	"knotless.dev/run/internal/executor/kubernetes"
+	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/kube/replicas"
+	"knotless.dev/run/tests/clustertest"
+)
+
+// replicaWrites records, per check key, which replica wrote each of its
+// records.
+type replicaWrites struct {
+	mu     sync.Mutex
+	by     map[string][]string // commit: replica names, one per write
+	finals map[string][]string // check key: replica names, one per final write
+	keys   map[string]string   // commit: check key
+}
+
+func (r *replicaWrites) hook(name string) func(string, forge.Check) {
+	return func(key string, c forge.Check) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.by[c.Subject.Commit] = append(r.by[c.Subject.Commit], name)
+		r.keys[c.Subject.Commit] = key
+		if c.Final() {
+			r.finals[key] = append(r.finals[key], name)
+		}
+	}
+}
+
+func (r *replicaWrites) final(key string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.finals[key]...)
+}
+
+// of returns the check key of commit's check ("" before any write) and
+// who wrote its records.
+func (r *replicaWrites) of(commit string) (string, []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.keys[commit], append([]string(nil), r.by[commit]...)
+}
+
+// TestReplicasShareTheEvents runs three replicas of one runner (one DID,
+// each with its own state directory) on the real cluster and PDS: each
+// push's run is driven by the one replica rendezvous hashing gives it,
+// which alone writes its check (queued, running, final); a replica that
+// stops gives its Lease back, and the pushes after go to the two left.
+// No run is started twice and no Job is left.
+func TestReplicasShareTheEvents(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t)
+	w := newWorld(t)
+	runner := w.Runner.DID.String()
+	writes := &replicaWrites{by: map[string][]string{}, finals: map[string][]string{}, keys: map[string]string{}}
+	names := []string{"replica-a", "replica-b", "replica-c"}
+	stops := map[string]func() error{}
+	for _, name := range names {
+		ex, err := kubernetes.New(kubernetes.Config{
+			Credentials: kubernetes.Credentials{Kubeconfig: c.Kubeconfig, Namespace: c.Namespace},
+			Runner:      runner, Driver: name, Pod: kubernetes.PodOptions{Image: c.Image}, ScheduleTimeout: 2 * time.Minute,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := w.config(func(cfg *daemon.Config) {
+			cfg.Engine.Executor, cfg.Engine.DefaultImage = ex, c.Image
+			cfg.StateDir, cfg.CacheDir = t.TempDir(), t.TempDir()
+			cfg.Logger = cfg.Logger.With("replica", name)
+			cfg.OnCheck = writes.hook(name)
+			cfg.Replicas = func(ctx context.Context, changed func()) (daemon.Replicas, error) {
+				return replicas.Join(ctx, replicas.Config{API: ex.API, Runner: runner, Name: name, Invocation: name + "-1",
+					Logger: cfg.Logger, Changed: changed})
+			}
+		})
+		stops[name] = w.start(cfg)
+	}
+	waitLog := func(what string, n int, match func(line string) bool) {
+		t.Helper()
+		deadline := time.Now().Add(90 * time.Second)
+		for {
+			got := 0
+			for _, l := range strings.Split(w.logText(), "\n") {
+				if match(l) {
+					got++
+				}
+			}
+			if got >= n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d of %d log lines after 90 s\n%s", what, got, n, w.logText())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	// Each replica has joined, seen the repository (the pushes before
+	// that are history) and is ready.
+	waitLog("three replicas ready", 3, func(l string) bool { return strings.Contains(l, `msg=ready`) })
+	time.Sleep(time.Second) // a reconcile of each after its ready
+
+	expect := func(live []string, pushes []int) {
+		t.Helper()
+		events := map[string]string{} // commit: event key
+		for _, i := range pushes {
+			uri, commit := w.Push(map[string]string{
+				".knotless/workflows/ci.yaml": workflowFile("on: [push]\nsteps:\n  - name: hello\n    run: echo hello from a replica\n"),
+				"n.txt":                       fmt.Sprint(i),
+			})
+			events[commit] = uri.String() + "@" + commit
+		}
+		for commit, ev := range events {
+			owner := replicas.Owner(live, ev)
+			deadline := time.Now().Add(3 * time.Minute)
+			for {
+				if key, _ := writes.of(commit); key != "" && len(writes.final(key)) > 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("no final check for %s (owner %s) after 3 min\n%s", ev, owner, w.logText())
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			_, by := writes.of(commit)
+			t.Logf("%s: owner %s, written by %v", ev, owner, by)
+			for _, b := range by {
+				if b != owner {
+					t.Errorf("check of %s written by %v: want only its owner %s among %v", ev, by, owner, live)
+					break
+				}
+			}
+		}
+	}
+	expect(names, []int{1, 2, 3, 4, 5, 6})
+
+	// replica-c stops: its Lease goes with it, and a and b take the
+	// events from then on.
+	if err := stops["replica-c"](); err != nil {
+		t.Fatal(err)
+	}
+	waitLog("a and b see c gone", 2, func(l string) bool {
+		return strings.Contains(l, "live replicas changed") && !strings.Contains(l, "replica-c ") && strings.Contains(l, "live=\"[replica-a replica-b]\"")
+	})
+	expect(names[:2], []int{7, 8, 9})
+
+	// Every run once: one final check each, none written twice.
+	for _, r := range w.Checks() {
+		if n := len(writes.final(r.URI.RecordKey().String())); n != 1 {
+			t.Errorf("check %s (%s) has %d final writes, want 1", r.URI.RecordKey(), r.Value.Status, n)
+		}
+		// A later push to main supersedes a run its replica still
+		// holds (cancelled); every other run succeeds.
+		if r.Value.Status != "success" && r.Value.Status != "cancelled" {
+			t.Errorf("check %s: %s, want success (or cancelled, superseded)", r.URI.RecordKey(), r.Value.Status)
+		}
+	}
+	if strings.Contains(w.logText(), "run fenced") {
+		t.Logf("a run was fenced (two replicas took one event while they disagreed on who lives): the fence held")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for {
+		jobs, err := c.Clientset.BatchV1().Jobs(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: kubernetes.LabelRunner + "=" + kubernetes.RunnerLabel(runner)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(jobs.Items) == 0 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%d Jobs of the runner left", len(jobs.Items))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

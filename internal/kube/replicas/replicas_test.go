@@ -1,0 +1,165 @@
+package replicas_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"knotless.dev/run/internal/kube/kubeclient"
+	"knotless.dev/run/internal/kube/replicas"
+	"knotless.dev/run/tests/clustertest"
+)
+
+func TestMain(m *testing.M) { clustertest.Main(m) }
+
+func TestOwnerSpreadsAndMovesOnlyTheDeadShare(t *testing.T) {
+	t.Parallel()
+	names := []string{"a", "b", "c"}
+	count := map[string]int{}
+	moved := 0
+	for i := range 3000 {
+		key := fmt.Sprintf("at://did:plc:x/dev.knotless.push/%d", i)
+		o := replicas.Owner(names, key)
+		count[o]++
+		after := replicas.Owner([]string{"a", "c"}, key)
+		if o != "b" && after != o {
+			moved++
+		}
+		if o == "b" && after == "b" {
+			t.Fatalf("key %s still owned by the dead replica b", key)
+		}
+	}
+	for _, n := range names {
+		if count[n] < 800 || count[n] > 1200 {
+			t.Errorf("replica %s owns %d of 3000 keys: want about a third each (%v)", n, count[n], count)
+		}
+	}
+	if moved != 0 {
+		t.Errorf("%d keys of the live replicas changed owner when b died: want 0", moved)
+	}
+	if replicas.Owner(nil, "k") != "" {
+		t.Error("Owner of no replicas is not empty")
+	}
+}
+
+// TestReplicasOnTheCluster runs three replicas' Sets on the real API
+// server: each sees the three, every key is exactly one's, a second
+// process with a live replica's name is refused, a replica that stops
+// gives its share up at once, and one that dies (stops renewing) after
+// its Lease's duration.
+func TestReplicasOnTheCluster(t *testing.T) {
+	c := clustertest.Start(t)
+	cs, err := kubeclient.NewForConfig(c.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := func() (*kubeclient.Clientset, string, error) { return cs, c.Namespace, nil }
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const runner = "did:plc:replicastest"
+	changed := make(chan string, 16)
+	join := func(name, inv string) (*replicas.Set, context.CancelFunc, chan struct{}) {
+		t.Helper()
+		s, err := replicas.Join(ctx, replicas.Config{API: api, Runner: runner, Name: name, Invocation: inv,
+			Duration: 3 * time.Second, Renew: 300 * time.Millisecond, Changed: func() { changed <- name }})
+		if err != nil {
+			t.Fatalf("join %s: %v", name, err)
+		}
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); s.Run(rctx) }()
+		return s, stop, done
+	}
+	a, stopA, doneA := join("a", "inv-a")
+	defer func() { stopA(); <-doneA }()
+	b, stopB, doneB := join("b", "inv-b")
+	defer func() { stopB(); <-doneB }()
+	x, stopC, doneC := join("c", "inv-c")
+	sets := []*replicas.Set{a, b, x}
+	waitLive := func(what string, want int, sets ...*replicas.Set) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for _, s := range sets {
+			for len(s.Members()) != want {
+				if time.Now().After(deadline) {
+					t.Fatalf("%s: replica %s sees %v, want %d live", what, s.Self(), s.Members(), want)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+	}
+	waitLive("three joined", 3, sets...)
+	ownersOf := func(sets ...*replicas.Set) map[string]int {
+		owned := map[string]int{}
+		for i := range 300 {
+			key := fmt.Sprint("event-", i)
+			n := 0
+			for _, s := range sets {
+				if s.Mine(key) {
+					n++
+					owned[s.Self()]++
+				}
+			}
+			if n != 1 {
+				t.Fatalf("key %s is %d replicas' (want exactly 1)", key, n)
+			}
+		}
+		return owned
+	}
+	if owned := ownersOf(sets...); len(owned) != 3 {
+		t.Fatalf("300 keys went to %v: want each of the three to have some", owned)
+	}
+
+	// A second process under a live name is refused, naming the holder.
+	_, err = replicas.Join(ctx, replicas.Config{API: api, Runner: runner, Name: "b", Invocation: "inv-b2", Duration: 3 * time.Second})
+	if !errors.Is(err, replicas.ErrNameHeld) {
+		t.Fatalf("second process as replica b: err %v, want ErrNameHeld", err)
+	}
+	t.Logf("refused: %v", err)
+
+	// c stops: it deletes its Lease, and the others take its share at
+	// once (well before the Lease's 3 s).
+	stopC()
+	<-doneC
+	waitLive("c stopped", 2, a, b)
+	if owned := ownersOf(a, b); owned["c"] != 0 || len(owned) != 2 {
+		t.Fatalf("after c stopped: %v", owned)
+	}
+	if a.Alive("c") {
+		t.Fatal("a says the stopped c is alive")
+	}
+
+	// b stops too; then d joins and dies: its Lease is renewed once (by
+	// Join) and never again, as a replica killed outright leaves it. a
+	// takes d for dead once the Lease's duration has passed.
+	stopB()
+	<-doneB
+	waitLive("b stopped", 1, a)
+	dead, err := replicas.Join(ctx, replicas.Config{API: api, Runner: runner, Name: "d", Invocation: "inv-d", Duration: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitLive("d joined", 2, a)
+	if !a.Alive("d") || a.Alive("b") {
+		t.Fatalf("a sees %v: want a and d", a.Members())
+	}
+	start := time.Now()
+	waitLive("d died", 1, a)
+	if since := time.Since(start); since < time.Second {
+		t.Errorf("d taken for dead %s after its last renewal: want its Lease's duration (3 s) to pass first", since)
+	}
+	if dead.Mine("anything") {
+		t.Error("d, unrenewed past its duration, still takes keys")
+	}
+	for i := range 50 {
+		if !a.Mine(fmt.Sprint("event-", i)) {
+			t.Fatal("a alone does not own every key")
+		}
+	}
+	// A new process of d takes its expired Lease.
+	if _, err := replicas.Join(ctx, replicas.Config{API: api, Runner: runner, Name: "d", Invocation: "inv-d2", Duration: 3 * time.Second}); err != nil {
+		t.Fatalf("a new process of the dead replica d: %v", err)
+	}
+}
