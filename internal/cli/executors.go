@@ -35,7 +35,7 @@ type ExecutorFlags struct {
 
 	// driver is serve's replica name with --replicas: the Kubernetes
 	// executor marks the Jobs it creates with it.
-	driver string `kong:"-"`
+	driver, driverInvocation string `kong:"-"`
 }
 
 // defaultExecutor is the executor when --executor is not given.
@@ -78,8 +78,9 @@ type executorOptions struct {
 	Observer executor.Observer
 	// Classes are the runner's resource classes (ExecutorFlags.classes).
 	Classes class.Set
-	// Driver is serve's replica name with --replicas ("": one process).
-	Driver string
+	// Driver is serve's replica name with --replicas ("": one process),
+	// DriverInvocation this process.
+	Driver, DriverInvocation string
 }
 
 // executors lists the registered executors, in the order ExecutorFlags
@@ -116,7 +117,7 @@ func (f *ExecutorFlags) newExecutor(env *Env, runner string, concurrency int, li
 		return nil, err
 	}
 	return d.New(env, executorOptions{Runner: runner, Image: f.Image, Concurrency: concurrency, Limits: lim,
-		Logger: log.With("component", "executor", "executor", d.Name), Observer: obs, Classes: classes, Driver: f.driver})
+		Logger: log.With("component", "executor", "executor", d.Name), Observer: obs, Classes: classes, Driver: f.driver, DriverInvocation: f.driverInvocation})
 }
 
 // stopForeign stops the sessions an earlier process handed over on

@@ -109,14 +109,15 @@ func (f *KubeFlags) newKubernetes(env *Env, o executorOptions) (*kubernetes.Exec
 			Context:       f.Context,
 			Namespace:     f.Namespace,
 		},
-		Runner:          o.Runner,
-		Driver:          o.Driver,
-		Pod:             pod,
-		ScheduleTimeout: f.ScheduleTimeout,
-		QPS:             f.KubeQPS,
-		Burst:           f.KubeBurst,
-		Logger:          o.Logger,
-		Observer:        o.Observer,
+		Runner:           o.Runner,
+		Driver:           o.Driver,
+		DriverInvocation: o.DriverInvocation,
+		Pod:              pod,
+		ScheduleTimeout:  f.ScheduleTimeout,
+		QPS:              f.KubeQPS,
+		Burst:            f.KubeBurst,
+		Logger:           o.Logger,
+		Observer:         o.Observer,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("--executor kubernetes: %w", err)

@@ -44,11 +44,20 @@ func (c *ServeCmd) replicaName() (string, error) {
 	return name, nil
 }
 
+// invocation is this process among those of its replica name:
+// systemd's INVOCATION_ID, or its pid and start.
+func invocation(env *Env) string {
+	if id := env.Getenv("INVOCATION_ID"); id != "" {
+		return id
+	}
+	return fmt.Sprintf("pid-%d-%d", os.Getpid(), time.Now().UnixNano())
+}
+
 // joinReplicas is how serve --replicas joins the runner's replicas, once
 // the daemon holds its state directory: a Lease named after the
 // replica, in the executor's namespace, through its credentials. nil
 // without --replicas.
-func (c *ServeCmd) joinReplicas(env *Env, exec executor.Executor, runner, name string, log *slog.Logger) func(context.Context, func()) (daemon.Replicas, error) {
+func (c *ServeCmd) joinReplicas(exec executor.Executor, runner, name, invocation string, log *slog.Logger) func(context.Context, func()) (daemon.Replicas, error) {
 	if name == "" {
 		return nil
 	}
@@ -56,14 +65,12 @@ func (c *ServeCmd) joinReplicas(env *Env, exec executor.Executor, runner, name s
 	if !ok {
 		return nil
 	}
-	invocation := env.Getenv("INVOCATION_ID")
-	if invocation == "" {
-		// Not under systemd: this process, told apart from an earlier
-		// one of the same name by its pid and start.
-		invocation = fmt.Sprintf("pid-%d-%d", os.Getpid(), time.Now().UnixNano())
-	}
 	return func(ctx context.Context, changed func()) (daemon.Replicas, error) {
-		return replicas.Join(ctx, replicas.Config{API: kex.API, Runner: runner, Name: name, Invocation: invocation,
+		set, err := replicas.Join(ctx, replicas.Config{API: kex.API, Runner: runner, Name: name, Invocation: invocation,
 			Logger: log, Changed: changed})
+		if err != nil {
+			return nil, err
+		}
+		return replicas.Both(set), nil
 	}
 }

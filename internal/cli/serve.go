@@ -106,13 +106,13 @@ func (c *ServeCmd) serve(ctx context.Context, env *Env, log *slog.Logger) error 
 	if err != nil {
 		return err
 	}
-	c.driver = replica
+	c.driver, c.driverInvocation = replica, invocation(env)
 	exec, err := c.newExecutor(env, runner.String(), c.Concurrency, c.transfer(c.CacheMax), log, observer)
 	if err != nil {
 		return err
 	}
 	in := serveInputs{Executor: exec, Logger: log, Telemetry: tel, StopForeign: c.stopForeign(env, runner.String(), log)}
-	in.Replicas = c.joinReplicas(env, exec, runner.String(), replica, log)
+	in.Replicas = c.joinReplicas(exec, runner.String(), replica, c.driverInvocation, log)
 	cfg, err := c.config(in)
 	if err != nil {
 		return err

@@ -105,13 +105,17 @@ type Config struct {
 }
 
 // Replicas is this process's place among the runner's processes
-// (replicas.Set): it keeps it until Run's ctx ends, and says which
-// events are this replica's.
+// (replicas.Replica): it keeps it until Run's ctx ends, says which
+// events are this replica's, and keeps its runs' checkpoints in the
+// cluster for a survivor.
 type Replicas interface {
 	Run(ctx context.Context)
 	Mine(evKey string) bool
 	Self() string
 	Members() []replicas.Member
+	// The records of the runs it drives, and its claims on the runs
+	// of replicas that died (replicas.Runs).
+	scheduler.Drivers
 }
 
 // Account is the runner's atproto account.

@@ -277,7 +277,7 @@ func wire(cfg Config, store *state.Store, out outside, reps Replicas) *Daemon {
 			RunsDir: filepath.Join(cfg.CacheDir, "runs"), LimitsAll: cfg.Engine.Max.All},
 		scheduler.Ports{Engine: engine, Checks: d.keeper, State: store, Mirrors: out.mirrors, Sealed: out.sealed, Key: out.key,
 			Sweeper: cfg.Engine.Executor, Down: d.executorDown, Wake: func() { d.intake.Wake() }, Changed: d.status, Tap: d.live, Observer: observe,
-			StopForeign: cfg.StopForeign},
+			StopForeign: cfg.StopForeign, Drivers: drivers(reps)},
 		d.log)
 
 	var landing intake.Lander
@@ -309,6 +309,14 @@ func wire(cfg Config, store *state.Store, out outside, reps Replicas) *Daemon {
 		m.SetReplicasLive(len(reps.Members()))
 	}
 	return d
+}
+
+// drivers is reps as the scheduler's Drivers; nil for one process.
+func drivers(reps Replicas) scheduler.Drivers {
+	if reps == nil {
+		return nil
+	}
+	return reps
 }
 
 // replicasChanged is told by the replicas' renew loop that the live

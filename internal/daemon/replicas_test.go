@@ -80,8 +80,12 @@ func TestReplicasShareTheEvents(t *testing.T) {
 			cfg.Logger = cfg.Logger.With("replica", name)
 			cfg.OnCheck = writes.hook(name)
 			cfg.Replicas = func(ctx context.Context, changed func()) (daemon.Replicas, error) {
-				return replicas.Join(ctx, replicas.Config{API: ex.API, Runner: runner, Name: name, Invocation: name + "-1",
+				set, err := replicas.Join(ctx, replicas.Config{API: ex.API, Runner: runner, Name: name, Invocation: name + "-1",
 					Logger: cfg.Logger, Changed: changed})
+				if err != nil {
+					return nil, err
+				}
+				return replicas.Both(set), nil
 			}
 		})
 		stops[name] = w.start(cfg)

@@ -29,10 +29,15 @@ const (
 	// (Config.Driver); on the Job alone, not its pod, so that a
 	// survivor may take the run by changing it.
 	AnnotationDriver = "dev.knotless.driver"
-	managedByValue   = "knotless-run"
-	containerName    = "run"
-	stateDir         = "/knotless"
-	stepStateDir     = stateDir + "/steps"
+	// AnnotationDriverInvocation is the driving process (a replica's
+	// name outlives its processes): a claim by a restarted process of
+	// the same replica changes it, so a survivor's claim made from an
+	// older read of the Job fails.
+	AnnotationDriverInvocation = "dev.knotless.driver-invocation"
+	managedByValue             = "knotless-run"
+	containerName              = "run"
+	stateDir                   = "/knotless"
+	stepStateDir               = stateDir + "/steps"
 	// transferDir stages a whole transfer out on the node's disk (not
 	// the state tmpfs): the pod hashes it in one pass, not through a tee.
 	// A transfer in at / leaves its closing entry there.

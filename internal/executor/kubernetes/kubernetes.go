@@ -73,7 +73,10 @@ type Config struct {
 	// drive alone. Empty: one process, which sweeps every Job of the
 	// runner's not in hand.
 	Driver string
-	Logger *slog.Logger
+	// DriverInvocation is this process, beside Driver
+	// (AnnotationDriverInvocation).
+	DriverInvocation string
+	Logger           *slog.Logger
 	// Observer is told of sessions ready, transfers, sweeps, cleanup
 	// failures and the credential's expiry; nil observes nothing.
 	Observer executor.Observer
@@ -188,6 +191,7 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 	}
 	if e.cfg.Driver != "" {
 		job.Annotations[AnnotationDriver] = e.cfg.Driver
+		job.Annotations[AnnotationDriverInvocation] = e.cfg.DriverInvocation
 	}
 	log := e.log.With("run", spec.RunID, "job", job.Name, "namespace", ns, "image", jobImage(job))
 	created, err := e.createJob(ctx, cs, job, log)

@@ -168,6 +168,12 @@ func (c CoreV1) Events(namespace string) *gentype.ClientWithList[*corev1.Event, 
 		func() *corev1.Event { return &corev1.Event{} }, func() *corev1.EventList { return &corev1.EventList{} })
 }
 
+// ConfigMaps are namespace's config maps.
+func (c CoreV1) ConfigMaps(namespace string) *gentype.ClientWithList[*corev1.ConfigMap, *corev1.ConfigMapList] {
+	return newClient(c.client, "configmaps", namespace,
+		func() *corev1.ConfigMap { return &corev1.ConfigMap{} }, func() *corev1.ConfigMapList { return &corev1.ConfigMapList{} })
+}
+
 // Namespaces are the cluster's namespaces.
 func (c CoreV1) Namespaces() *gentype.ClientWithList[*corev1.Namespace, *corev1.NamespaceList] {
 	return newClient(c.client, "namespaces", "",

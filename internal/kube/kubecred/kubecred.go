@@ -51,6 +51,9 @@ func Rules() []rbacv1.PolicyRule {
 		// serve --replicas: each replica's Lease, renewed, read by the
 		// others, given back at its stop (internal/kube/replicas).
 		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create", "get", "list", "update", "delete"}},
+		// serve --replicas: each run's checkpoint beside its Job (owned
+		// by it, collected with it), for a survivor of its driver.
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"create", "get", "update"}},
 	}
 }
 

@@ -60,8 +60,10 @@ var (
 	// left going: adopted at its handover ("handover"), taken up from
 	// its checkpoint after that process died ("checkpoint"), ended error
 	// because a step may have started and it could not go on ("ended"),
-	// or run again because no step had started ("again").
-	InheritedHows = []string{"handover", "checkpoint", "ended", "again"}
+	// or run again because no step had started ("again"); with
+	// replicas, taken over from a replica that died ("replica"), or
+	// left to another replica that had claimed it ("elsewhere").
+	InheritedHows = []string{"handover", "checkpoint", "ended", "again", "replica", "elsewhere"}
 	// RetryReasons are why a run was tried again (a workflow's retry):
 	// the infrastructure lost it ("infrastructure"), or it ended failure
 	// or error and the workflow says retry when: always ("failure").
@@ -188,7 +190,7 @@ func New(reg *prometheus.Registry) (*Metrics, error) {
 	m.refused = counterVec("events_refused_total", "Events given one error check instead of runs, by the limit's flag or source.", "reason")
 	m.ticksSkipped = counterVec("schedule_ticks_skipped_total", "Schedule ticks not run, by reason (queued: the workflow's previous tick was still queued).", "reason")
 	m.fence = counterVec("fence_conflicts_total", "Conflicts the fence resolved, by kind: exists (a create of a run's objects found them there: AlreadyExists; the run is another driver's, or an earlier one's deletion was waited out), lost_swap (a check write lost its compare-and-swap; the record was read again).", "kind")
-	m.inherited = counterVec("runs_inherited_total", "Runs an earlier process left going, by what this one did: handover (adopted), checkpoint (taken up after that process died), ended (error: a step may have started and it could not go on), again (no step had started: run again).", "how")
+	m.inherited = counterVec("runs_inherited_total", "Runs an earlier process left going, by what this one did: handover (adopted), checkpoint (taken up after that process died), ended (error: a step may have started and it could not go on), again (no step had started: run again), replica (with replicas: taken over from a replica that died), elsewhere (with replicas: another replica had claimed it).", "how")
 
 	m.retries = counterVec("runs_retried_total", "Runs tried again by their workflow's retry, by reason: infrastructure (the infrastructure lost the run: its pod disrupted or deleted, its node gone), failure (it ended failure or error, and the workflow retries when: always).", "reason")
 

@@ -401,6 +401,7 @@ func TestNilMetricsObserveNothing(t *testing.T) {
 	m.WriteBudget(1)
 	m.SetQueueDepth(1)
 	m.SetRunsGoing(1)
+	m.SetReplicasLive(3)
 	m.SetOwedChecks(1)
 	m.SetDegraded("executor", true)
 	m.Landed()
@@ -489,6 +490,7 @@ func touchAll(m *metrics.Metrics, runs int) {
 	m.WriteBudget(100)
 	m.SetQueueDepth(1)
 	m.SetRunsGoing(1)
+	m.SetReplicasLive(3)
 	m.SetOwedChecks(1)
 	m.Landed()
 }

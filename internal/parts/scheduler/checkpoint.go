@@ -24,19 +24,37 @@ import (
 const checkpointFile = "checkpoint"
 
 // writeCheckpoint replaces the run's checkpoint, atomically: a reader
-// finds the old one or the new one.
-func (s *Scheduler) writeCheckpoint(runID string, h run.Handover, log []byte) error {
-	head, err := json.Marshal(h)
+// finds the old one or the new one. With replicas it is kept beside the
+// run's session too (Drivers), for a survivor.
+func (s *Scheduler) writeCheckpoint(ctx context.Context, runID string, h run.Handover, log []byte) error {
+	b, err := encodeCheckpoint(h, log)
 	if err != nil {
-		return fmt.Errorf("encode checkpoint: %w", err)
+		return err
 	}
 	dir := s.runDir(runID)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
+	if err := atomicfile.Write(filepath.Join(dir, checkpointFile), b, 0o600); err != nil {
+		return err
+	}
+	if s.p.Drivers != nil {
+		// Beside the run's session, whatever becomes of the run's own
+		// context: a checkpoint is what a survivor goes on from.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		return s.p.Drivers.Save(sctx, runID, b)
+	}
+	return nil
+}
+
+func encodeCheckpoint(h run.Handover, log []byte) ([]byte, error) {
+	head, err := json.Marshal(h)
+	if err != nil {
+		return nil, fmt.Errorf("encode checkpoint: %w", err)
+	}
 	b := make([]byte, 0, len(head)+1+len(log))
-	b = append(append(append(b, head...), '\n'), log...)
-	return atomicfile.Write(filepath.Join(dir, checkpointFile), b, 0o600)
+	return append(append(append(b, head...), '\n'), log...), nil
 }
 
 // readCheckpoint reads a run's checkpoint; ok is false when it has none
@@ -49,19 +67,24 @@ func (s *Scheduler) readCheckpoint(runID string) (h run.Handover, log []byte, ok
 	if err != nil {
 		return h, nil, false, fmt.Errorf("read checkpoint: %w", err)
 	}
+	h, log, err = decodeCheckpoint(b)
+	return h, log, err == nil, err
+}
+
+func decodeCheckpoint(b []byte) (h run.Handover, log []byte, err error) {
 	head, log, found := bytes.Cut(b, []byte("\n"))
 	if !found {
-		return h, nil, false, errors.New("checkpoint has no log line")
+		return h, nil, errors.New("checkpoint has no log line")
 	}
 	dec := json.NewDecoder(bytes.NewReader(head))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&h); err != nil {
-		return h, nil, false, fmt.Errorf("checkpoint is corrupt: %w", err)
+		return h, nil, fmt.Errorf("checkpoint is corrupt: %w", err)
 	}
 	if !h.Replay || int64(len(log)) > h.LogSize {
-		return h, nil, false, errors.New("checkpoint is corrupt: not a replay, or more log than it counts")
+		return h, nil, errors.New("checkpoint is corrupt: not a replay, or more log than it counts")
 	}
-	return h, log, true, nil
+	return h, log, nil
 }
 
 // orphaned is a run an earlier process was running when it died
@@ -108,6 +131,24 @@ func (s *Scheduler) takeUp(ctx context.Context) []orphaned {
 		}
 		switch why := s.cannotAdopt(ctx, h); why {
 		case "":
+			if s.p.Drivers != nil {
+				// A replica: another may have taken the run meanwhile.
+				ckpt, claimed, err := s.p.Drivers.Claim(ctx, r.RunID)
+				if err != nil || !claimed {
+					log.Info("a run of this replica's earlier process is driven by another replica now, or cannot be claimed; left to it", "err", err)
+					s.inherited("elsewhere")
+					continue
+				}
+				if ckpt == nil {
+					log.Info("a run of this replica's earlier process had recorded no checkpoint in the cluster; its work runs again")
+					s.inherited("again")
+					continue
+				}
+				if h, prior, err = decodeCheckpoint(ckpt); err != nil {
+					log.Warn("the cluster's checkpoint of a run of this replica's earlier process does not read; its local one is used", "err", err)
+					h, prior, _, _ = s.readCheckpoint(r.RunID)
+				}
+			}
 			log.Info("a run of a process that died is taken up where it stands", "where", where, "session", h.Session.String())
 			adopt = append(adopt, orphaned{key: key, r: r, h: h, log: prior})
 		default:
@@ -182,4 +223,47 @@ func (s *Scheduler) endAfterLastStep(ctx context.Context, key string, r state.Ru
 	res := &run.Result{RunID: r.RunID, Workflow: r.Workflow, Executor: s.facts.ExecutorName, Status: status, FailedStep: h.FailedStep, Error: h.Error,
 		Steps: h.Steps, StartedAt: r.StartedAt, FinishedAt: now, Log: append(prior, line...)}
 	s.endOrphanWith(ctx, key, r, res, log)
+}
+
+// takeOver is asked when a run's start met its session there already
+// (the fence) with replicas: when the session's driver is gone (a
+// replica that died, or this replica's earlier process), this process
+// claims the run (Drivers.Claim) and goes on with it from its
+// checkpoint, or starts it again when none was recorded (its session
+// was deleted: no step had started). It reports whether the run is to
+// be tried again here; false leaves it to its live driver.
+func (s *Scheduler) takeOver(ctx context.Context, t *task, log *slog.Logger) bool {
+	if s.p.Drivers == nil || t.adopt != nil {
+		return false
+	}
+	ckpt, claimed, err := s.p.Drivers.Claim(ctx, t.runID)
+	if err != nil {
+		log.Warn("the run's session is there and it cannot be claimed; left to its driver", "run", t.runID, "err", err)
+		return false
+	}
+	if !claimed {
+		return false
+	}
+	if ckpt == nil {
+		log.Info("took over a run whose driver is gone and had started no step: it starts again", "run", t.runID)
+		return true
+	}
+	h, prior, err := decodeCheckpoint(ckpt)
+	if err == nil {
+		// Here first: if this process dies too, its successor takes
+		// the run up from it.
+		err = s.writeCheckpoint(ctx, t.runID, h, prior)
+	}
+	if err != nil {
+		log.Error("took over a run whose driver is gone, and its checkpoint does not read or keep; not run here, so that no step runs twice", "run", t.runID, "err", err)
+		return false
+	}
+	log.Info("took over a run whose driver is gone, where it stands", "run", t.runID, "step", h.Step+1, "steps", len(h.Steps))
+	if s.p.Observer != nil {
+		s.p.Observer.Inherited("replica")
+	}
+	s.mu.Lock()
+	t.adopt, t.prior = &h, prior
+	s.mu.Unlock()
+	return true
 }

@@ -175,9 +175,29 @@ type Ports struct {
 	// which this one cannot adopt, and returns once it is gone; nil, or
 	// an error, when this process cannot reach that executor.
 	StopForeign func(ctx context.Context, ref executor.Ref) error
+	// Drivers, with replicas (serve --replicas), keeps each run's
+	// checkpoint beside its session and lets a replica take the run of
+	// one that died (checkpoint.go); nil: one process.
+	Drivers Drivers
 	// Observer and Tap may be nil.
 	Observer Observer
 	Tap      Tap
+}
+
+// Drivers is the cluster's record of the runs of the runner's replicas
+// (replicas.Runs).
+type Drivers interface {
+	// Save keeps run runID's checkpoint (checkpointFile's bytes) beside
+	// its session.
+	Save(ctx context.Context, runID string, checkpoint []byte) error
+	// Claim takes run runID, whose session exists, when its driver is
+	// gone (or an earlier process of this replica): claimed is false
+	// while its driver lives. Claimed, checkpoint is where the run
+	// stands, or nil when its driver recorded none (no step had
+	// started) and its session was deleted: the run starts again.
+	Claim(ctx context.Context, runID string) (checkpoint []byte, claimed bool, err error)
+	// Forget is told that run runID ended here.
+	Forget(runID string)
 }
 
 // Scheduler is the scheduler part.

@@ -832,7 +832,7 @@ func TestTakeUpDecides(t *testing.T) {
 		log := []byte("==> step 1/2: build\nok\n")
 		h := run.Handover{Session: executor.Ref{Executor: exec, RunID: runID, Name: session}, Step: 1, Replay: true,
 			Steps: make([]run.StepResult, 2), LogSize: int64(len(log))}
-		if err := s.writeCheckpoint(runID, h, log); err != nil {
+		if err := s.writeCheckpoint(context.Background(), runID, h, log); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -855,7 +855,7 @@ func TestTakeUpDecides(t *testing.T) {
 	// dead process's clean-up.
 	endedLog := []byte("==> step 1/2: build\nok\n==> step 2/2: test\nFAIL\n")
 	exit := 1
-	if err := s.writeCheckpoint("r-k-ended", run.Handover{Session: executor.Ref{Executor: "plain", RunID: "r-k-ended", Name: "job-gone"}, Step: 2, Replay: true,
+	if err := s.writeCheckpoint(context.Background(), "r-k-ended", run.Handover{Session: executor.Ref{Executor: "plain", RunID: "r-k-ended", Name: "job-gone"}, Step: 2, Replay: true,
 		Steps:  []run.StepResult{{Name: "build", Status: run.Success}, {Name: "test", Status: run.Failure, ExitCode: &exit}},
 		Status: run.Failure, FailedStep: "test", Error: "step test exited 1", LogSize: int64(len(endedLog))}, endedLog); err != nil {
 		t.Fatal(err)

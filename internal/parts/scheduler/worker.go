@@ -177,6 +177,9 @@ func (s *Scheduler) jobEnded(t *task) {
 // final check: it is recorded for the successor.
 func (s *Scheduler) runJob(ctx context.Context, t *task) {
 	log := s.log.With("check", t.Key, "workflow", t.Workflow.Name, "event", t.Event.URI.String())
+	if s.p.Drivers != nil {
+		defer func() { s.p.Drivers.Forget(t.runID) }()
+	}
 	s.openLive(t)
 	dir := s.runDir(t.runID)
 	if t.adopt == nil {
@@ -185,6 +188,10 @@ func (s *Scheduler) runJob(ctx context.Context, t *task) {
 		_ = os.RemoveAll(dir)
 	}
 	res, dir := s.tries(ctx, t, dir, log)
+	if res.Fenced && s.takeOver(ctx, t, log) {
+		// Its driver is gone: this replica drives it now.
+		res, dir = s.tries(ctx, t, dir, log)
+	}
 	if res.Fenced {
 		// Another process drives the run: nothing of it is written
 		// from here. The check is that driver's; if none writes it, it
@@ -355,7 +362,7 @@ func (s *Scheduler) execute(ctx context.Context, t *task, dir string, log *slog.
 		req.Live = t.live
 	}
 	req.Progress = func(p run.Progress) { s.setProgress(t, p) }
-	req.Checkpoint = func(h run.Handover, log []byte) error { return s.writeCheckpoint(t.runID, h, log) }
+	req.Checkpoint = func(h run.Handover, log []byte) error { return s.writeCheckpoint(ctx, t.runID, h, log) }
 	if t.adopt != nil {
 		s.started(t)
 		if s.p.Observer != nil {
