@@ -324,6 +324,7 @@ func drivers(reps Replicas) scheduler.Drivers {
 // or stopped replica's share of the events is the survivors').
 func (d *Daemon) replicasChanged() {
 	d.cfg.Telemetry.Metrics.SetReplicasLive(len(d.replicas.Members()))
+	d.sched.ReplicasChanged()
 	d.intake.Wake()
 }
 

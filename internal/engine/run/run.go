@@ -136,6 +136,14 @@ type Request struct {
 	// recorded. An error before a step ends the run error without
 	// starting it: a run that cannot be taken up again must not go on.
 	Checkpoint func(h Handover, log []byte) error
+	// Fence, when set, is asked once the run's session has started and
+	// before anything of the run goes into it: an error wrapping
+	// executor.ErrRunExists says another process ran the run or runs
+	// it (with replicas: one that ended it and removed its session
+	// while this one decided to start it). The session, just made, is
+	// stopped and the run is fenced: it writes nothing. Any other error
+	// ends the run error.
+	Fence func(ctx context.Context) error
 }
 
 // Progress is the step a run is at.
@@ -282,6 +290,20 @@ func (r *runState) execute(ctx context.Context, st *Start) {
 		return
 	}
 	r.sess = sess
+	if f := r.req.Fence; f != nil {
+		if err := f(ctx); errors.Is(err, executor.ErrRunExists) {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.eng.cfg.CleanupTimeout)
+			if serr := sess.Stop(sctx); serr != nil {
+				r.log.Error("stop the session of a run another process ran; the next sweep removes it", "session", sess.Ref().String(), "err", serr)
+			}
+			cancel()
+			r.fenced(err)
+			return
+		} else if err != nil {
+			r.fail(Error, "", err)
+			return
+		}
+	}
 	r.steps(ctx, sess, nil)
 }
 

@@ -21,6 +21,7 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
+	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/forge/ingest"
 	"knotless.dev/run/internal/lib/keymu"
 	"knotless.dev/run/internal/lib/onceset"
@@ -104,6 +105,13 @@ type Scheduler interface {
 	InHand(evKey string) bool
 	HasCheck(key string) bool
 	Load(author string, ev work.Event) (runs, owing int)
+	// Elsewhere reports whether another live replica drives the run of
+	// key (scheduler.Scheduler.Elsewhere).
+	Elsewhere(key string) bool
+	// TakeOver takes a job whose check another process of the runner
+	// left running, with replicas, and says whether it is handled
+	// (scheduler.Scheduler.TakeOver).
+	TakeOver(ctx context.Context, j *job.Job) bool
 }
 
 // Checks is the checks part (checks.Keeper): what is final, the error
@@ -118,6 +126,8 @@ type Checks interface {
 	// Refresh reads a check from the PDS unless it is known final:
 	// with replicas, another process of the runner may have written it.
 	Refresh(ctx context.Context, key string) error
+	// Get is the check of key as last written or read.
+	Get(key string) (forge.Check, bool)
 	// Expect says a check write made with the context returned is
 	// about to come (checks.Recorder.Expect): a burst's lanes expect
 	// theirs, so that the writes of the burst go as one commit.

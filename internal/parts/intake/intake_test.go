@@ -109,9 +109,11 @@ func (s *recordingScheduler) Enqueue(_ context.Context, j *job.Job) (bool, error
 	s.vars = append(s.vars, j.Vars)
 	return true, nil
 }
-func (s *recordingScheduler) InHand(string) bool                 { return false }
-func (s *recordingScheduler) HasCheck(string) bool               { return false }
-func (s *recordingScheduler) Load(string, work.Event) (int, int) { return 0, 0 }
+func (s *recordingScheduler) InHand(string) bool                      { return false }
+func (s *recordingScheduler) HasCheck(string) bool                    { return false }
+func (s *recordingScheduler) Load(string, work.Event) (int, int)      { return 0, 0 }
+func (s *recordingScheduler) TakeOver(context.Context, *job.Job) bool { return false }
+func (s *recordingScheduler) Elsewhere(string) bool                   { return false }
 
 // What cannot run gets one final error check, and the event is done:
 // a pull that does not merge, a refused source, an unreadable workflow

@@ -224,12 +224,23 @@ func (in *Intake) Consider(ctx context.Context, ev work.Event) error {
 func (in *Intake) refresh(ctx context.Context, p *plan) error {
 	todo := p.todo[:0]
 	for _, j := range p.todo {
+		if in.p.Scheduler.Elsewhere(j.Key) {
+			p.elsewhere++ // another live replica's run: left to it
+			continue
+		}
 		if err := in.p.Checks.Refresh(ctx, j.Key); err != nil {
 			return err
 		}
-		if !in.p.Checks.Final(j.Key) {
-			todo = append(todo, j)
+		if in.p.Checks.Final(j.Key) {
+			continue
 		}
+		if c, _ := in.p.Checks.Get(j.Key); c.Status == forge.StatusRunning && in.p.Scheduler.TakeOver(ctx, j) {
+			// Another process's run: taken over (in hand now), or left
+			// to its live driver.
+			p.elsewhere++
+			continue
+		}
+		todo = append(todo, j)
 	}
 	p.todo = todo
 	return nil
@@ -247,6 +258,10 @@ type plan struct {
 	// skipped are the workflows their path filters leave out, each a
 	// skipped check saying why.
 	skipped []notRunnable
+	// elsewhere counts the jobs another live replica drives (or this
+	// one took over): the event is not done here until their checks
+	// say so.
+	elsewhere int
 }
 
 // invalidFile is a workflow file that does not parse, by the name of
@@ -345,7 +360,7 @@ func (in *Intake) act(ctx context.Context, ev work.Event, p plan, conflict *mirr
 			queued++
 		}
 	}
-	if queued == 0 {
+	if queued == 0 && p.elsewhere == 0 {
 		in.markDone(ev)
 	}
 	return queued, nil

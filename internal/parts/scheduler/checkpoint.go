@@ -15,6 +15,7 @@ import (
 	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/lib/atomicfile"
 	"knotless.dev/run/internal/parts/state"
+	"knotless.dev/run/internal/rules/job"
 )
 
 // checkpointFile is, in a run's directory, where the run stood at its
@@ -265,5 +266,68 @@ func (s *Scheduler) takeOver(ctx context.Context, t *task, log *slog.Logger) boo
 	s.mu.Lock()
 	t.adopt, t.prior = &h, prior
 	s.mu.Unlock()
+	return true
+}
+
+// TakeOver is asked by intake, with replicas, for a job whose check
+// another process of the runner left running: when the run's driver
+// is gone, this replica claims the run and goes on with it where it
+// stands at once, beside the workers (no slot of theirs is waited
+// for: the run's session is there and its step may be going). It
+// reports whether the job is handled: taken over, in hand, driven by a
+// live replica (left to it), or not claimable now (tried again at a
+// later reconcile). false: its driver had started no step and its Job
+// is gone; the job is queued as any.
+func (s *Scheduler) TakeOver(ctx context.Context, j *job.Job) bool {
+	if s.p.Drivers == nil {
+		return false
+	}
+	s.mu.Lock()
+	started := s.workers != nil && !s.q.draining
+	s.mu.Unlock()
+	if !started || s.Elsewhere(j.Key) || s.HasCheck(j.Key) || s.InHand(j.Event.Key()) {
+		return true
+	}
+	runID := run.IDFor(s.facts.Runner.String(), j.Key)
+	log := s.log.With("check", j.Key, "workflow", j.Workflow.Name, "event", j.Event.URI.String(), "run", runID)
+	ckpt, claimed, err := s.p.Drivers.Claim(ctx, runID)
+	switch {
+	case err != nil:
+		log.Warn("a run left running by another process cannot be claimed now; tried again at the next reconcile", "err", err)
+		return true
+	case !claimed:
+		s.drivenElsewhere(j.Key)
+		return true
+	case ckpt == nil:
+		log.Info("took over a run whose driver is gone and had started no step: it is queued again")
+		return false
+	}
+	h, prior, err := decodeCheckpoint(ckpt)
+	if err == nil {
+		err = s.writeCheckpoint(ctx, runID, h, prior)
+	}
+	c, _ := s.p.Checks.Unqueued(j.Key, j.Event, j.Workflow.Name)
+	t := &task{Job: j, runID: runID, check: c, adopt: &h, prior: prior, seen: seen{queued: time.Now(), started: time.Now()}}
+	if err == nil {
+		var saved []byte
+		if saved, err = job.Encode(j, c); err == nil {
+			err = s.p.State.StartRun(j.Key, state.Run{CheckKey: j.Key, RunID: runID, Workflow: j.Workflow.Name, Event: j.Event.URI.String(),
+				Commit: j.Event.Commit, StartedAt: h.StartedAt, Job: saved})
+		}
+	}
+	if err != nil {
+		log.Error("took over a run whose driver is gone, and cannot keep where it stands; not run here, so that no step runs twice", "err", err)
+		return true
+	}
+	log.Info("took over a run whose driver is gone, where it stands", "step", h.Step+1, "steps", len(h.Steps))
+	if s.p.Observer != nil {
+		s.p.Observer.Inherited("replica")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.q.draining || s.q.has(j.Key) {
+		return true
+	}
+	s.launch(t)
 	return true
 }

@@ -29,6 +29,8 @@ type task struct {
 	// released is set when a stopping daemon cancelled the run: its check
 	// goes back to queued for the successor.
 	released bool
+	// fenced is set when the run's session was another process's.
+	fenced bool
 	// adopt is where an earlier process handed the run over, and prior
 	// that process's log; nil for a run this process starts.
 	adopt *run.Handover

@@ -83,6 +83,9 @@ type Checks interface {
 	// Final reports whether the check of key is known final (written,
 	// or owed to the PDS).
 	Final(key string) bool
+	// Refresh reads the check of key from the PDS unless it is known
+	// final: with replicas, another may have written it.
+	Refresh(ctx context.Context, key string) error
 }
 
 // State is the scheduler's part of state.json (state.Store): the going
@@ -219,6 +222,13 @@ type Scheduler struct {
 	// before READY=1 (Adopt) and started by Start.
 	adopted  []*task
 	detached int // runs handed over by detaching
+	// elsewhere are the check keys whose runs other live replicas
+	// drive, by when that was seen (HasCheck).
+	elsewhere map[string]time.Time
+	// runCtx and workers are Start's: what a run taken over later
+	// (TakeOver) goes under, and the wait for it.
+	runCtx  context.Context
+	workers *sync.WaitGroup
 }
 
 // New returns a scheduler with an empty queue.
@@ -284,6 +294,44 @@ func (s *Scheduler) HasCheck(key string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.q.has(key)
+}
+
+// Elsewhere reports whether key's run was seen driven by another live
+// replica a moment ago (its start here was fenced): it is left alone
+// until elsewhereHold has passed or the live replicas changed.
+func (s *Scheduler) Elsewhere(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	at, ok := s.elsewhere[key]
+	if ok && time.Since(at) >= elsewhereHold {
+		delete(s.elsewhere, key)
+		return false
+	}
+	return ok
+}
+
+// elsewhereHold is how long a replica leaves alone the work whose run
+// another live replica drives (its start was fenced and the driver
+// lives), unless the live replicas change first (ReplicasChanged).
+const elsewhereHold = 30 * time.Second
+
+// drivenElsewhere notes that key's run is another live replica's.
+func (s *Scheduler) drivenElsewhere(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.elsewhere == nil {
+		s.elsewhere = map[string]time.Time{}
+	}
+	s.elsewhere[key] = time.Now()
+}
+
+// ReplicasChanged is told that the runner's live replicas changed: the
+// work another replica drove is looked at again at once (its driver
+// may be the one gone).
+func (s *Scheduler) ReplicasChanged() {
+	s.mu.Lock()
+	clear(s.elsewhere)
+	s.mu.Unlock()
 }
 
 // Load is what author a has in hand, as the flood caps count it: its

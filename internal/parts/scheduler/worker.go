@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"knotless.dev/run/internal/engine/run"
+	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/parts/state"
 	"knotless.dev/run/internal/rules/job"
@@ -30,7 +31,15 @@ func (s *Scheduler) Enqueue(ctx context.Context, j *job.Job) (bool, error) {
 		return false, nil
 	}
 	var t *task
-	if s.q.free() > 0 && !s.q.legsFull(j) && !s.q.groupBusy(j) {
+	if s.p.Drivers != nil {
+		// A replica writes no queued record: until its run's Job is made
+		// (the fence), another replica may drive the run, and a record
+		// written here would break that driver's chain of
+		// compare-and-swaps. The first record is the running one,
+		// written once the Job is this replica's (execute's Fence).
+		c, _ := s.p.Checks.Unqueued(j.Key, j.Event, j.Workflow.Name)
+		t = &task{Job: j, check: c, unwritten: true, seen: seen{queued: time.Now()}}
+	} else if s.q.free() > 0 && !s.q.legsFull(j) && !s.q.groupBusy(j) {
 		if c, ok := s.p.Checks.Unqueued(j.Key, j.Event, j.Workflow.Name); ok {
 			// Its running record comes in a moment: a burst's running
 			// records go as one commit.
@@ -77,18 +86,13 @@ func (s *Scheduler) Enqueue(ctx context.Context, j *job.Job) (bool, error) {
 // daemon's; runCtx ends only when a stopping daemon gives up waiting
 // for the runs.
 func (s *Scheduler) Start(ctx, runCtx context.Context) (wait func()) {
-	var workers sync.WaitGroup
+	workers := &sync.WaitGroup{}
 	s.mu.Lock()
+	s.runCtx, s.workers = runCtx, workers
 	adopted := s.adopted
 	s.adopted = nil
 	for _, t := range adopted {
-		var jctx context.Context
-		jctx, t.cancel = context.WithCancel(runCtx)
-		s.q.start(t)
-		workers.Go(func() {
-			s.runJob(jctx, t)
-			s.jobEnded(t)
-		})
+		s.launch(t)
 	}
 	s.mu.Unlock()
 	if len(adopted) > 0 {
@@ -103,6 +107,18 @@ func (s *Scheduler) Start(ctx, runCtx context.Context) (wait func()) {
 	}
 	ready.Wait()
 	return workers.Wait
+}
+
+// launch starts an adopted run beside the workers (it takes none of
+// their slots: its session is there already). s.mu is held.
+func (s *Scheduler) launch(t *task) {
+	var jctx context.Context
+	jctx, t.cancel = context.WithCancel(s.runCtx)
+	s.q.start(t)
+	s.workers.Go(func() {
+		s.runJob(jctx, t)
+		s.jobEnded(t)
+	})
 }
 
 // next waits for a task and gives it a context under runCtx; nil means
@@ -162,8 +178,13 @@ func (s *Scheduler) jobEnded(t *task) {
 	t.expectedDone()
 	s.mu.Lock()
 	s.q.end(t)
+	fenced := t.fenced
 	s.mu.Unlock()
-	s.markDoneIfIdle(t.Event)
+	if !fenced {
+		// A fenced run's work is another process's: the event is done
+		// when its check says so, not here.
+		s.markDoneIfIdle(t.Event)
+	}
 	s.p.Changed()
 	if !t.Event.Trusted || job.Author(t.Event, s.facts.LimitsAll) != "" {
 		// A slot of its author's cap is free: a deferred event may go
@@ -193,6 +214,12 @@ func (s *Scheduler) runJob(ctx context.Context, t *task) {
 		res, dir = s.tries(ctx, t, dir, log)
 	}
 	if res.Fenced {
+		s.mu.Lock()
+		t.fenced = true
+		s.mu.Unlock()
+		if s.p.Drivers != nil {
+			s.drivenElsewhere(t.Key)
+		}
 		// Another process drives the run: nothing of it is written
 		// from here. The check is that driver's; if none writes it, it
 		// is not final, and the next reconciliation queues the work.
@@ -248,8 +275,12 @@ func (s *Scheduler) runJob(ctx context.Context, t *task) {
 	var final forge.Check
 	switch {
 	case released:
-		// Not final: the successor runs the work; nothing is owed.
-		s.p.Checks.Released(wctx, end)
+		// Not final: the successor runs the work; nothing is owed. A
+		// replica writes nothing: the run's Job is gone, and the next
+		// driver's records follow whatever stands.
+		if s.p.Drivers == nil {
+			s.p.Checks.Released(wctx, end)
+		}
 		return
 	case superseded != "" && cancelled:
 		end.By = superseded
@@ -363,6 +394,23 @@ func (s *Scheduler) execute(ctx context.Context, t *task, dir string, log *slog.
 	}
 	req.Progress = func(p run.Progress) { s.setProgress(t, p) }
 	req.Checkpoint = func(h run.Handover, log []byte) error { return s.writeCheckpoint(ctx, t.runID, h, log) }
+	replica := s.p.Drivers != nil
+	if replica {
+		// The running record and the run's record in state.json wait
+		// for the Job: only the run's driver writes its check.
+		req.Fence = func(ctx context.Context) error {
+			if err := s.endedElsewhere(ctx, t); err != nil {
+				return err
+			}
+			if err := s.start(ctx, t, log); err != nil {
+				log.Error("record the run", "err", err)
+			}
+			s.p.Changed()
+			log.Info("run started", "run", t.runID)
+			s.started(t)
+			return nil
+		}
+	}
 	if t.adopt != nil {
 		s.started(t)
 		if s.p.Observer != nil {
@@ -383,15 +431,19 @@ func (s *Scheduler) execute(ctx context.Context, t *task, dir string, log *slog.
 	// Beside the session's start: the running check and the run's
 	// record (on disk before the run can be handed over).
 	recorded := make(chan struct{})
-	go func() {
-		defer close(recorded)
-		if err := s.start(ctx, t, log); err != nil {
-			log.Error("record the run", "err", err)
-		}
-		s.p.Changed()
-		log.Info("run started", "run", t.runID)
-		s.started(t)
-	}()
+	if replica {
+		close(recorded)
+	} else {
+		go func() {
+			defer close(recorded)
+			if err := s.start(ctx, t, log); err != nil {
+				log.Error("record the run", "err", err)
+			}
+			s.p.Changed()
+			log.Info("run started", "run", t.runID)
+			s.started(t)
+		}()
+	}
 	defer func() { <-recorded }()
 	prepare := func() (map[string]string, error) {
 		if down != nil {
@@ -412,6 +464,21 @@ func (s *Scheduler) execute(ctx context.Context, t *task, dir string, log *slog.
 	}
 	<-recorded
 	return st.Run(ctx, checkout, secrets)
+}
+
+// endedElsewhere is a replica's last look before a run it started goes
+// into its new session: another replica may have ended the run and
+// removed its session (the fence's object) after this one read the
+// check and before it made the session. Read now, a final check says
+// so, and the run is fenced.
+func (s *Scheduler) endedElsewhere(ctx context.Context, t *task) error {
+	if err := s.p.Checks.Refresh(ctx, t.Key); err != nil {
+		return fmt.Errorf("read the run's check before its first step: %w", err)
+	}
+	if s.p.Checks.Final(t.Key) {
+		return fmt.Errorf("%w: its check is final, written by another process of the runner", executor.ErrRunExists)
+	}
+	return nil
 }
 
 // started tells the observer a run started (or an adopted one goes on).
