@@ -41,7 +41,9 @@ func (s *Session) podEnded(ctx context.Context, pod *corev1.Pod) error {
 	if why := s.evictedEvent(ctx, pod.UID, evictionEventWait); why != "" {
 		return s.evictedError(pod, why)
 	}
-	return executor.Lost(fmt.Errorf("pod %s/%s on node %s ended (%s) while the step ran", s.ref.Namespace, pod.Name, pod.Spec.NodeName, pod.Status.Phase))
+	// Not the infrastructure's for sure: a step may end the pod itself
+	// (its keep-alive is in the step's container).
+	return fmt.Errorf("%w: pod %s/%s on node %s ended (%s) while the step ran, and no event says why", executor.ErrExitUnknown, s.ref.Namespace, pod.Name, pod.Spec.NodeName, pod.Status.Phase)
 }
 
 // evictedError is the run's error for a pod the kubelet evicted, in its
