@@ -127,6 +127,7 @@ type Executor struct {
 	cleanupFailures atomic.Int64 // runs whose objects could not all be removed
 
 	isolationChecked sync.Once // the engine's network isolation judged, at the first Start
+	diskWarned       sync.Once // said, at the first Start with a disk bound, that it is not applied
 }
 
 // New returns a docker executor for the daemon at cfg.Host. It does not
@@ -249,6 +250,26 @@ func (e *Executor) checkIsolation(apiVersion string) {
 	})
 }
 
+// warnDiskUnbounded says once, at the first Start of a run whose class
+// bounds the disk (every class does: a class without ephemeral-storage
+// has the default class's), that the Docker executor does not apply the
+// bound. Docker bounds a container's writable layer (--storage-opt
+// size) only on some storage drivers (overlay2 only over xfs mounted
+// with pquota) and its volumes, where the checkout and the steps'
+// files are, not at all; a class that sets ephemeral-storage itself is
+// refused at start (cli).
+func (e *Executor) warnDiskUnbounded(cls class.Class) {
+	if cls.EphemeralStorage == "" {
+		return
+	}
+	e.diskWarned.Do(func() {
+		e.log.Warn("runs' disk is not bounded on the docker executor: the class's ephemeral-storage is not applied",
+			"class", cls.Name, "ephemeral_storage", cls.EphemeralStorage,
+			"why", "docker bounds a container's writable layer only on some storage drivers (overlay2 over xfs with pquota) and its volumes not at all",
+			"fix", "the kubernetes executor, or a data root on a disk of its own")
+	})
+}
+
 // Start creates the run's network, volumes and container, starts the
 // container, and returns when steps can run in it. Whatever it made is
 // removed again when it fails.
@@ -270,6 +291,7 @@ func (e *Executor) Start(ctx context.Context, spec executor.Spec) (executor.Sess
 	if err := e.ensureImage(ctx, spec.Image, log); err != nil {
 		return nil, err
 	}
+	e.warnDiskUnbounded(spec.Class)
 	res, err := e.resources(spec.Resources, spec.Class)
 	if err != nil {
 		return nil, err

@@ -42,3 +42,24 @@ func TestPodDisrupted(t *testing.T) {
 		}
 	}
 }
+
+// TestOwnLimit: the kubelet's eviction messages for a pod's own bounds
+// (each as the kubelet words it) are the run's doing; node pressure is
+// not.
+func TestOwnLimit(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		why  string
+		want bool
+	}{
+		{"Evicted: Pod ephemeral local storage usage exceeds the total limit of containers 32Mi.", true},
+		{`Evicted: Container run exceeded its local ephemeral storage limit "32Mi".`, true},
+		{`Evicted: Usage of EmptyDir volume "work" exceeds the limit "1Gi".`, true},
+		{"Evicted: The node was low on resource: ephemeral-storage.", false},
+		{"Evicted: The node was low on resource: memory. Threshold quantity: 100Mi, available: 90Mi. Container run was using 2Gi, request is 0, has larger consumption of memory.", false},
+	} {
+		if got := ownLimit(tt.why); got != tt.want {
+			t.Errorf("ownLimit(%q) = %v, want %v", tt.why, got, tt.want)
+		}
+	}
+}

@@ -275,6 +275,14 @@ func TestFailureMatrix(t *testing.T) {
 			wantStatus: run.Error, wantError: "was deleted while the step ran",
 		},
 		{
+			// The step's container's keep-alive is its PID 1: the pod
+			// ends Succeeded and no event says why. The run ends at
+			// once (the pod is terminal), not after the reattaches, and
+			// not as lost: the step did it.
+			name: "a step ends its own pod", src: "on: push\nsteps: [{name: kill, run: 'echo started; kill 1; sleep 120'}]\n",
+			wantStatus: run.Error, wantError: "ended (Succeeded) while the step ran, and no event says why",
+		},
+		{
 			name: "cancelled while a step runs", src: "on: push\nsteps: [{name: long, run: 'echo started; sleep 120'}]\n",
 			during: func(t *testing.T, c *clustertest.Cluster, runID string) { waitForLog(t, c, runID) },
 			cancel: true, wantStatus: run.Cancelled,

@@ -87,14 +87,16 @@ func (s *Session) knownLostNode() string {
 // was under way, is replayed): it returns the error naming the node as
 // soon as the pod garbage collector's mark shows, also on the pod's
 // deletion (the delete event carries it, which no later get could), and
-// an error as soon as the pod is deleted without it. Without a watch it
-// just waits. dropped is when the step's stream first dropped.
+// an error as soon as the pod is deleted without it or ends (podEnded).
+// Without a watch it just waits. dropped is when the step's stream first dropped.
 func (s *Session) watchPod(ctx context.Context, d time.Duration, dropped time.Time) error {
-	ctx, cancel := context.WithTimeout(ctx, d)
+	// The watch is bounded by d; a reason looked for once the pod has
+	// ended has a bound of its own (evictedEvent), within ctx.
+	wctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	var w watch.Interface
 	if _, cs, _, err := s.ex.clients.get(); err == nil {
-		w, err = cs.CoreV1().Pods(s.ref.Namespace).Watch(ctx, metav1.ListOptions{
+		w, err = cs.CoreV1().Pods(s.ref.Namespace).Watch(wctx, metav1.ListOptions{
 			FieldSelector:   fields.OneTermEqualSelector("metadata.name", s.pod).String(),
 			ResourceVersion: s.lastPodVersion(),
 		})
@@ -103,17 +105,17 @@ func (s *Session) watchPod(ctx context.Context, d time.Duration, dropped time.Ti
 		}
 	}
 	if w == nil {
-		<-ctx.Done()
+		<-wctx.Done()
 		return nil
 	}
 	defer w.Stop()
 	for {
 		select {
-		case <-ctx.Done():
+		case <-wctx.Done():
 			return nil
 		case ev, ok := <-w.ResultChan():
 			if !ok {
-				<-ctx.Done()
+				<-wctx.Done()
 				return nil
 			}
 			if ev.Type == watch.Error {
@@ -131,12 +133,15 @@ func (s *Session) watchPod(ctx context.Context, d time.Duration, dropped time.Ti
 					"after_stream_dropped", time.Since(dropped).Round(time.Millisecond))
 				return s.lostNodeError(node, why)
 			}
-			if why, disrupted := podDisrupted(pod); disrupted {
-				s.log.Warn("the run's pod was disrupted", "pod", pod.Name, "node", pod.Spec.NodeName, "why", why,
+			if ended := s.podEnded(ctx, pod); ended != nil {
+				s.log.Warn("the run's pod was disrupted or ended", "pod", pod.Name, "node", pod.Spec.NodeName, "err", ended,
 					"after_stream_dropped", time.Since(dropped).Round(time.Millisecond))
-				return s.disruptedError(pod, why)
+				return ended
 			}
 			if ev.Type == watch.Deleted {
+				if why := s.evictedEvent(ctx, pod.UID, podReplayWait); why != "" {
+					return s.evictedError(pod, why)
+				}
 				return executor.Lost(fmt.Errorf("pod %s/%s on node %s was deleted while the step ran", s.ref.Namespace, s.pod, pod.Spec.NodeName))
 			}
 		}

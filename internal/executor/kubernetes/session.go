@@ -45,12 +45,15 @@ const (
 
 // Session is one run's Job and pod.
 type Session struct {
-	ex   *Executor
-	ref  executor.Ref
-	uid  types.UID
-	pod  string
-	node string // where the pod was scheduled
-	keep bool
+	ex  *Executor
+	ref executor.Ref
+	uid types.UID
+	pod string
+	// podUID is the pod's UID: the kubelet's events name it, also
+	// after the pod is deleted.
+	podUID types.UID
+	node   string // where the pod was scheduled
+	keep   bool
 	// log names the run, the Job, its namespace and image, and (once
 	// the pod is Ready) the pod and its node.
 	log *slog.Logger
@@ -117,7 +120,7 @@ func (st *step) settle(exit executor.Exit, err error) {
 // its node from then on.
 func (s *Session) setPod(pod *corev1.Pod) {
 	s.sawPod(pod) // what happens to it later is replayed from here
-	s.pod, s.node = pod.Name, pod.Spec.NodeName
+	s.pod, s.podUID, s.node = pod.Name, pod.UID, pod.Spec.NodeName
 	s.log = s.log.With("pod", s.pod, "node", s.node)
 }
 
@@ -411,12 +414,6 @@ func (s *Session) pump(id string, st *step, mode string, payload []byte, started
 		lastErr = orElseErr(err, "stream ended without the step's exit line")
 		if attempt >= reattachAttempts {
 			failed = fmt.Errorf("%w after %d reattach attempts: %v", executor.ErrExitUnknown, attempt, lastErr)
-			// The kubelet may not have said yet why the pod's container
-			// went (an eviction's status comes after the kill): a last
-			// look, bounded, so the run ends in its words if it can.
-			if gone := s.watchPod(ctx, lastLookWait, dropped); gone != nil {
-				failed = gone
-			}
 			break
 		}
 		s.log.Warn("step stream dropped; reattaching", "step", id, "offset", st.out.Len(), "attempt", attempt+1, "err", lastErr)
@@ -428,10 +425,6 @@ func (s *Session) pump(id string, st *step, mode string, payload []byte, started
 		mode = "follow"
 	}
 }
-
-// lastLookWait bounds the wait for the pod's status to say why a step
-// could not be followed any more, once the reattaches are spent.
-const lastLookWait = 30 * time.Second
 
 // launchInput is what the step tool reads at start: the payload's count
 // of lines, then the payload, ending in a newline. The tool reads whole
@@ -469,6 +462,10 @@ func (s *Session) jobGone(ctx context.Context, execErr error, dropped time.Time)
 				return gone
 			}
 		}
+		// Evicted, then deleted: the kubelet's event outlives the pod.
+		if why := s.evictedEvent(ctx, s.podUID, podReplayWait); why != "" {
+			return s.evictedError(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: s.pod}, Spec: corev1.PodSpec{NodeName: s.node}}, why)
+		}
 		return executor.Lost(fmt.Errorf("pod %s/%s was deleted while the step ran", s.ref.Namespace, s.pod))
 	case err != nil:
 		return nil
@@ -482,8 +479,8 @@ func (s *Session) jobGone(ctx context.Context, execErr error, dropped time.Time)
 	if node, why, lost := nodeLost(pod); lost {
 		return s.lostNodeError(node, why)
 	}
-	if why, disrupted := podDisrupted(pod); disrupted {
-		return s.disruptedError(pod, why)
+	if ended := s.podEnded(ctx, pod); ended != nil {
+		return ended
 	}
 	if node := pod.Spec.NodeName; node != "" {
 		if _, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); apierrors.IsNotFound(err) {
