@@ -120,14 +120,17 @@ func (m *runMarks) when(msg, id string) time.Time {
 	return m.at[msg][id]
 }
 
-// count is how many of ids have logged msg.
-func (m *runMarks) count(msg string, ids []string) int {
+// count is how many of ids have logged any of msgs.
+func (m *runMarks) count(ids []string, msgs ...string) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	n := 0
 	for _, id := range ids {
-		if _, ok := m.at[msg][id]; ok {
-			n++
+		for _, msg := range msgs {
+			if _, ok := m.at[msg][id]; ok {
+				n++
+				break
+			}
 		}
 	}
 	return n
@@ -218,8 +221,10 @@ func TestRunsInFlight(t *testing.T) {
 	nowhere := parse(t, "on: push\nclass: nowhere\nsteps:\n  - name: never\n    run: 'true'\n")
 
 	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
 	var wg sync.WaitGroup
+	// A test that fails half-way stops its runs too, and waits for them
+	// to delete their Jobs, before the rig and the namespace go.
+	t.Cleanup(func() { stop(); wg.Wait() })
 	results := make(chan *run.Result, runs+probes)
 	var ids []string
 	start := func(id string, pick bool) {
@@ -238,7 +243,7 @@ func TestRunsInFlight(t *testing.T) {
 	}
 	// In flight: each run's pod seen by the runner, bound to a fake node
 	// ("pod scheduled") or unschedulable ("pod not ready").
-	waitInFlight(t, marks, ids, results, time.Duration(runs)*time.Second+2*time.Minute)
+	waitInFlight(t, marks, ids, results, time.Duration(runs)*2*time.Second+2*time.Minute)
 	fill, fillReqs := time.Since(t0), requestCount.Load()-reqs0
 
 	// Held: only the runner's watches and timers.
@@ -337,12 +342,12 @@ func waitInFlight(t *testing.T, marks *runMarks, ids []string, results <-chan *r
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		seen := marks.count("pod scheduled", ids) + marks.count("pod not ready", ids)
+		seen := marks.count(ids, "pod scheduled", "pod not ready")
 		if seen == len(ids) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d runs in flight after %s: %d Jobs created", seen, len(ids), timeout, marks.count("job created", ids))
+			t.Fatalf("%d of %d runs in flight after %s: %d Jobs created", seen, len(ids), timeout, marks.count(ids, "job created"))
 		}
 		select {
 		case r := <-results:
