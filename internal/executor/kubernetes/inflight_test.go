@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"runtime"
 	"slices"
@@ -57,12 +58,34 @@ const (
 // per process.
 var (
 	requestCount    atomic.Int64
+	limitedCount    atomic.Int64
 	registerCounter sync.Once
 )
 
 type countRequests struct{}
 
 func (countRequests) Increment(context.Context, string, string, string) { requestCount.Add(1) }
+
+// countLimited counts the requests that passed the client-side limiter:
+// client-go times that wait for each of them, and for no watch (it does
+// not limit watches).
+type countLimited struct{}
+
+func (countLimited) Observe(context.Context, string, url.URL, time.Duration) { limitedCount.Add(1) }
+
+// requests is the count of requests so far, and of those through the
+// limiter.
+type requests struct{ all, limited int64 }
+
+func requestsNow() requests { return requests{requestCount.Load(), limitedCount.Load()} }
+
+// since says the requests since r over took.
+func (r requests) since(took time.Duration) string {
+	now := requestsNow()
+	all, limited := now.all-r.all, now.limited-r.limited
+	return fmt.Sprintf("%d requests, %d through the limiter (%.1f/s), %d outside it (watches)",
+		all, limited, float64(limited)/took.Seconds(), all-limited)
+}
 
 // runMarks is a slog handler that keeps, per run, when each message was
 // first logged for it.
@@ -193,7 +216,9 @@ func TestRunsInFlight(t *testing.T) {
 	runs := envInt(t, envCapacityRuns, 20)
 	bound, probes := (runs+1)/2, max(5, runs/10) // runs on the rig: every other one
 	c, rig := clustertest.StartKwok(t, bound+probes)
-	registerCounter.Do(func() { clientmetrics.Register(clientmetrics.RegisterOpts{RequestResult: countRequests{}}) })
+	registerCounter.Do(func() {
+		clientmetrics.Register(clientmetrics.RegisterOpts{RequestResult: countRequests{}, RateLimiterLatency: countLimited{}})
+	})
 
 	qps, burst := float32(kubernetes.DefaultQPS), kubernetes.DefaultBurst
 	if s := os.Getenv(envCapacityQPS); s != "" {
@@ -237,24 +262,26 @@ func TestRunsInFlight(t *testing.T) {
 			results <- eng.Run(ctx, run.Request{RunID: id, Workflow: wf, Checkout: t.TempDir(), Trusted: true})
 		})
 	}
-	rss0, reqs0, t0 := procStatus(t, "VmRSS"), requestCount.Load(), time.Now()
+	rss0, reqs0, t0 := procStatus(t, "VmRSS"), requestsNow(), time.Now()
 	for i := range runs {
 		start(fmt.Sprintf("cap%04d", i), i%2 == 0)
 	}
 	// In flight: each run's pod seen by the runner, bound to a fake node
 	// ("pod scheduled") or unschedulable ("pod not ready").
 	waitInFlight(t, marks, ids, results, time.Duration(runs)*2*time.Second+2*time.Minute)
-	fill, fillReqs := time.Since(t0), requestCount.Load()-reqs0
+	fill := time.Since(t0)
+	fillReqs := reqs0.since(fill)
 
 	// Held: only the runner's watches and timers.
 	const hold = 30 * time.Second
-	reqs1, t1 := requestCount.Load(), time.Now()
+	reqs1, t1 := requestsNow(), time.Now()
 	time.Sleep(hold)
-	holdReqs, holdTook := requestCount.Load()-reqs1, time.Since(t1)
+	holdTook := time.Since(t1)
+	holdReqs := reqs1.since(holdTook)
 
 	// Probes: one at a time, each left in flight.
 	var pickups []time.Duration
-	reqs2, t2 := requestCount.Load(), time.Now()
+	reqs2, t2 := requestsNow(), time.Now()
 	for i := range probes {
 		id := fmt.Sprintf("probe%03d", i)
 		called := time.Now()
@@ -267,7 +294,8 @@ func TestRunsInFlight(t *testing.T) {
 		}
 		pickups = append(pickups, marks.when("job created", id).Sub(called))
 	}
-	probeReqs, probeTook := requestCount.Load()-reqs2, time.Since(t2)
+	probeTook := time.Since(t2)
+	probeReqs := reqs2.since(probeTook)
 	waitInFlight(t, marks, ids, results, 2*time.Minute)
 	rss, hwm := procStatus(t, "VmRSS"), procStatus(t, "VmHWM")
 	var ms runtime.MemStats
@@ -308,15 +336,15 @@ func TestRunsInFlight(t *testing.T) {
 	}
 
 	t.Logf("capacity: %d runs in flight (+%d probes) on %d fake nodes; --kube-qps %g --kube-burst %d", runs, probes, rig.Nodes, qps, burst)
-	t.Logf("capacity: fill %s, %d requests (%.1f/s)", fill.Round(time.Millisecond), fillReqs, float64(fillReqs)/fill.Seconds())
-	t.Logf("capacity: held %s, %d requests (%.2f/s)", holdTook.Round(time.Millisecond), holdReqs, float64(holdReqs)/holdTook.Seconds())
-	t.Logf("capacity: probes %s, %d requests (%.1f/s); pickup p50 %s p99 %s max %s", probeTook.Round(time.Millisecond), probeReqs,
-		float64(probeReqs)/probeTook.Seconds(), percentile(pickups, 0.5).Round(time.Millisecond),
+	t.Logf("capacity: fill %s, %s", fill.Round(time.Millisecond), fillReqs)
+	t.Logf("capacity: held %s, %s", holdTook.Round(time.Millisecond), holdReqs)
+	t.Logf("capacity: probes %s, %s; pickup p50 %s p99 %s max %s", probeTook.Round(time.Millisecond), probeReqs,
+		percentile(pickups, 0.5).Round(time.Millisecond),
 		percentile(pickups, 0.99).Round(time.Millisecond), slices.Max(pickups).Round(time.Millisecond))
 	t.Logf("capacity: RSS %.1f MiB before, %.1f MiB in flight, peak %.1f MiB; Go heap in use %.1f MiB, %d goroutines",
 		rss0, rss, hwm, float64(ms.HeapInuse)/(1<<20), runtime.NumGoroutine())
-	if requestCount.Load() == 0 {
-		t.Errorf("no API request counted: client-go's request metric was registered elsewhere first")
+	if requestCount.Load() == 0 || limitedCount.Load() == 0 {
+		t.Errorf("no API request counted: client-go's request metrics were registered elsewhere first")
 	}
 
 	// The runner stops them all: each ends cancelled, its Job deleted.
