@@ -37,7 +37,7 @@ import (
 // watch of the pod, its Job, its PodDisruptionBudget. No step runs (a
 // step's load, an exec stream, is BenchmarkOneStepRun's).
 //
-// make test runs a short version (20 runs, 10 fake nodes); the figure of
+// make test runs a short version (20 runs, 15 fake nodes); the figure of
 // the issue is opt-in:
 //
 //	KNOTLESS_CAPACITY_RUNS=500 go test -count=1 -timeout 30m -run TestRunsInFlight ./internal/executor/kubernetes
