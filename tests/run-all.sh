@@ -84,9 +84,10 @@ packages_calling() {
 }
 
 # Tests that disrupt the shared cluster (they call clustertest.StartExclusive:
-# an API server restart, say) run in a phase of their own after the others,
+# an API server restart, say; or clustertest.StartKwok: the capacity rig's
+# hundreds of fake nodes) run in a phase of their own after the others,
 # so no test depends on another package not running beside it.
-exclusive_call='clustertest\.StartExclusive\(t\)'
+exclusive_call='clustertest\.(StartExclusive\(t\)|StartKwok\(t, )'
 disruptive=$(tests_calling "$exclusive_call" | paste -sd'|')
 disruptive_pkgs=$(packages_calling "$exclusive_call")
 

@@ -325,7 +325,7 @@ ktc_our_pids() {
 	for pid in $(pgrep -f -- "$KTC_DIR/" || true); do
 		exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || continue
 		case ${exe##*/} in
-		kube | kube-router | containerd | containerd-shim* | etcd | runc)
+		kube | kube-router | kwok | containerd | containerd-shim* | etcd | runc)
 			ktc_is_ours "$pid" && echo "$pid"
 			;;
 		esac
@@ -956,4 +956,82 @@ ktc_load_config() {
 		# shellcheck source=lib.sh
 		source "$KTC_SRC/lib.sh"
 	fi
+}
+
+# ---------------------------------------------------------------------------
+# The capacity rig (kwok-up, kwok-down): fake nodes that kwok's controller
+# keeps alive (leases, status) and on whose pods it acts only to delete
+# them: a pod bound to a fake node stays Pending, never runs a container.
+
+KTC_KWOK_VERSION=v0.8.0
+KTC_KWOK_DIR=$KTC_DIR/kwok
+# Every fake node carries the label, the annotation kwok's controller
+# selects by, and the taint that keeps every pod without the toleration
+# (every other test's) off it.
+KTC_KWOK_LABEL=knotless.test/kwok
+KTC_KWOK_ANNOTATION=kwok.x-k8s.io/node
+KTC_KWOK_TAINT=kwok.x-k8s.io/node
+# The fake nodes' address: on loopback, where nothing listens for them.
+KTC_KWOK_NODE_IP=${KNOTLESS_CLUSTER_KWOK_NODE_IP:-127.0.0.2}
+
+# ktc_kwok_build builds (or finds cached) kwok's controller, as its own
+# module from the Go module proxy (it needs other k8s.io versions than
+# the runner's or the cluster's), and sets KTC_KWOK to it.
+ktc_kwok_build() {
+	local out=$KTC_CACHE/kwok-$KTC_KWOK_VERSION-$(go env GOVERSION) tmp
+	KTC_KWOK=$out/kwok
+	[[ -x $KTC_KWOK ]] && return 0
+	mkdir -p "$KTC_CACHE"
+	tmp=$(mktemp -d "$KTC_CACHE/kwok-build.XXXXXX")
+	ktc_log "building kwok $KTC_KWOK_VERSION into $out (a few minutes on 2 cores with an empty Go build cache)"
+	(cd "$tmp" && CGO_ENABLED=0 GOFLAGS=-mod=mod GOBIN="$tmp/bin" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KTC_KWOK_VERSION") || {
+		rm -rf "$tmp"
+		ktc_die "build kwok $KTC_KWOK_VERSION failed"
+	}
+	rm -rf "$out"
+	mkdir -p "$out"
+	mv "$tmp/bin/kwok" "$KTC_KWOK"
+	rm -rf "$tmp"
+	find "$KTC_CACHE" -mindepth 1 -maxdepth 1 -name 'kwok-v*' ! -path "$out" -exec rm -rf {} +
+}
+
+# ktc_kwok_nodes prints the names of the fake nodes.
+ktc_kwok_nodes() {
+	ktc_api "/api/v1/nodes?labelSelector=$KTC_KWOK_LABEL%3Dtrue" | jq -r '.items[].metadata.name'
+}
+
+# ktc_kwok_teardown removes every fake node and the pods bound to them,
+# and stops kwok's controller; safe to run any number of times.
+ktc_kwok_teardown() {
+	local nodes pods
+	mapfile -t nodes < <(ktc_kwok_nodes 2>/dev/null || true)
+	if ((${#nodes[@]} > 0)); then
+		# Pods on a fake node never ran a container: nothing of theirs
+		# needs a grace period.
+		mapfile -t pods < <(ktc_api "/api/v1/pods?fieldSelector=status.phase%21%3DSucceeded" |
+			jq -r --arg p "$KTC_NAME-kwok-" '.items[] | select((.spec.nodeName // "") | startswith($p)) | "\(.metadata.namespace)/\(.metadata.name)"')
+		local p
+		for p in "${pods[@]}"; do
+			ktc_api "/api/v1/namespaces/${p%%/*}/pods/${p#*/}" -X DELETE -H 'Content-Type: application/json' \
+				-d '{"gracePeriodSeconds":0}' >/dev/null || true
+		done
+		ktc_api "/api/v1/nodes?labelSelector=$KTC_KWOK_LABEL%3Dtrue" -X DELETE >/dev/null || true
+	fi
+	local f=$KTC_PIDS/kwok.pid pid
+	if [[ -f $f ]]; then
+		pid=$(<"$f")
+		if [[ $pid =~ ^[0-9]+$ ]] && ktc_is_ours "$pid"; then
+			kill -TERM "$pid" 2>/dev/null || true
+			local i
+			for i in $(seq 50); do
+				kill -0 "$pid" 2>/dev/null || break
+				sleep 0.1
+			done
+			kill -KILL "$pid" 2>/dev/null || true
+		fi
+		rm -f "$f"
+	fi
+	ktc_kwok_none() { [[ -z $(ktc_kwok_nodes) ]]; }
+	ktc_wait "the fake nodes to go" 60 ktc_kwok_none || return 1
+	rm -f "$KTC_KWOK_DIR/up"
 }

@@ -36,14 +36,17 @@ func TestConcurrencyAboveNodes(t *testing.T) {
 	}
 	holdID, waitID, giveUpID := randomID("hold"), randomID("wait"), randomID("giveup")
 	type result struct {
-		id  string
-		res *run.Result
+		id   string
+		res  *run.Result
+		took time.Duration // from Run's call
 	}
 	results := make(chan result, 3)
 	start := func(id string, timeout time.Duration, src string) {
 		go func() {
 			ex := newExecutor(t, c, withLog(timeout))
-			results <- result{id, engine(ex, c.Image).Run(ctx, run.Request{RunID: id, Workflow: parse(t, src), Checkout: t.TempDir(), Trusted: true})}
+			called := time.Now()
+			res := engine(ex, c.Image).Run(ctx, run.Request{RunID: id, Workflow: parse(t, src), Checkout: t.TempDir(), Trusted: true})
+			results <- result{id, res, time.Since(called)}
 		}()
 	}
 	start(holdID, 2*time.Minute, "on: push\nsteps: [{run: 'echo holding; while [ ! -e release ]; do sleep 0.2; done'}]\n")
@@ -62,7 +65,7 @@ func TestConcurrencyAboveNodes(t *testing.T) {
 	if first.id != giveUpID {
 		t.Fatalf("run %s ended first (%s: %s), want the one with the short --schedule-timeout", first.id, first.res.Status, first.res.Error)
 	}
-	t.Logf("short --schedule-timeout: %s", first.res.Error)
+	t.Logf("short --schedule-timeout: ended %s after Run's call: %s", first.took.Round(time.Millisecond), first.res.Error)
 	if r := first.res; r.Status != run.Error || !strings.Contains(r.Error, "not ready after --schedule-timeout 4s") ||
 		!strings.Contains(r.Error, "one run per node") || !strings.Contains(r.Error, "anti-affinity") {
 		t.Errorf("run with a short --schedule-timeout: status %s (%s), want error quoting the wait for a node", r.Status, r.Error)

@@ -143,10 +143,24 @@ func TestImagePullFailsAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	ex := newExecutor(t, c, func(cfg *kubernetes.Config) { cfg.PullGrace, cfg.ScheduleTimeout = time.Hour, 3*time.Minute })
+	called := time.Now()
 	res := engine(ex, c.Image).Run(context.Background(), run.Request{RunID: randomID("unreach"), Workflow: wf, Checkout: t.TempDir(), Trusted: true})
+	ended := time.Now()
 	if res.Status != run.Error || !strings.Contains(res.Error, "workflow nightly") || !strings.Contains(res.Error, "cannot pull image "+image) {
 		t.Errorf("status %s (%s), want error naming the workflow nightly and the image %s\nlog:\n%s", res.Status, res.Error, image, res.Log)
 	}
 	t.Logf("an unreachable registry: %s", res.Error)
+	// The figure of docs/performance.md: the run's end against the
+	// kubelet's first failed pull (its event's time is to the second).
+	failed := time.Time{}
+	if evs, err := c.Clientset.CoreV1().Events(c.Namespace).List(context.Background(), metav1.ListOptions{FieldSelector: "reason=Failed"}); err == nil {
+		for _, e := range evs.Items {
+			if at := e.FirstTimestamp.Time; failed.IsZero() || at.Before(failed) {
+				failed = at
+			}
+		}
+	}
+	t.Logf("an unreachable registry: the run ended error %s after Run's call; the kubelet's first failed pull at %s, the end at %s",
+		ended.Sub(called).Round(time.Millisecond), failed.Format("15:04:05"), ended.Format("15:04:05.000"))
 	assertNoRunObjects(t, c)
 }

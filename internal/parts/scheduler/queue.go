@@ -174,6 +174,21 @@ func (q *queue) free() int {
 	return max(n, 0)
 }
 
+// ahead is how many runs a job queued now waits behind: the waiting
+// tasks that wait for a worker, and those being queued. A task that
+// found a worker free (unwritten) is not among them: a worker takes it
+// before any other, so it waits for no one, and counting it would give
+// the next job the count the one after it gets once it is claimed.
+func (q *queue) ahead() int {
+	n := len(q.reserved)
+	for _, t := range q.waiting {
+		if !t.unwritten {
+			n++
+		}
+	}
+	return n
+}
+
 // claim moves the task a worker takes next (claimIndex) from waiting to
 // running; nil when there is none, or the claiming is paused or
 // stopped.

@@ -48,8 +48,7 @@ func (s *Scheduler) Enqueue(ctx context.Context, j *job.Job) (bool, error) {
 	}
 	behind := 0
 	if t == nil {
-		// The runs waiting ahead of it, and those being queued beside it.
-		behind = len(s.q.waiting) + len(s.q.reserved)
+		behind = s.q.ahead()
 		s.q.reserved[j.Key] = true
 		s.mu.Unlock()
 		c, err := s.p.Checks.Queued(ctx, j.Key, j.Event, j.Workflow.Name, behind)
