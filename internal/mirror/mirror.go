@@ -448,6 +448,23 @@ func (r *Repo) Workflows(ctx context.Context, treeish string) ([]*workflow.Workf
 		}
 		wfs = append(wfs, wf)
 	}
+	// A workflow whose needs are wrong (a name that is no workflow, a
+	// cycle) is a file with errors too: it gets an error check.
+	var invalid []string
+	for _, e := range bad {
+		invalid = append(invalid, workflow.FileName(e))
+	}
+	if needErrs := workflow.CheckNeeds(wfs, invalid...); len(needErrs) > 0 {
+		good := wfs[:0]
+		for _, wf := range wfs {
+			if errs := needErrs[wf.Name]; len(errs) > 0 {
+				bad = append(bad, errs)
+				continue
+			}
+			good = append(good, wf)
+		}
+		wfs = good
+	}
 	return wfs, bad, nil
 }
 

@@ -174,10 +174,12 @@ func LegOf(wfs []*Workflow, name string) *Workflow {
 	return nil
 }
 
-// Plan is the legs of every workflow of wfs, in order (Legs).
+// Plan is the legs of every workflow of wfs (Legs), in order, but that
+// a workflow comes after those it needs, whose runs its needs name
+// (Need.Runs).
 func Plan(wfs []*Workflow) []*Workflow {
 	var out []*Workflow
-	for _, w := range wfs {
+	for _, w := range planNeeds(wfs) {
 		out = append(out, w.Legs()...)
 	}
 	return out

@@ -230,6 +230,7 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 			s := d.str(k, v)
 			ifScalar = &s
 		},
+		"needs":    func(k string, v ast.Node) { d.needs(w, k, v) },
 		"retry":    func(k string, v ast.Node) { d.retry(v, w) },
 		"steps":    func(k string, v ast.Node) { stepsNode = v },
 		"services": func(k string, v ast.Node) { servicesNode = v },
