@@ -30,7 +30,7 @@ func (s *Scheduler) Enqueue(ctx context.Context, j *job.Job) (bool, error) {
 		return false, nil
 	}
 	var t *task
-	if s.q.free() > 0 && !s.q.legsFull(j) && !s.q.groupBusy(j) {
+	if s.q.free() > 0 && !s.q.legsFull(j) && !s.q.groupBusy(j) && !s.q.needsHeld(j) {
 		if c, ok := s.p.Checks.Unqueued(j.Key, j.Event, j.Workflow.Name); ok {
 			// Its running record comes in a moment: a burst's running
 			// records go as one commit.
@@ -41,9 +41,10 @@ func (s *Scheduler) Enqueue(ctx context.Context, j *job.Job) (bool, error) {
 	if t == nil {
 		// The runs waiting ahead of it, and those being queued beside it.
 		behind = len(s.q.waiting) + len(s.q.reserved)
+		waits := s.q.waitsFor(j)
 		s.q.reserved[j.Key] = true
 		s.mu.Unlock()
-		c, err := s.p.Checks.Queued(ctx, j.Key, j.Event, j.Workflow.Name, behind)
+		c, err := s.p.Checks.Queued(ctx, j.Key, j.Event, j.Workflow.Name, behind, waits)
 		s.mu.Lock()
 		delete(s.q.reserved, j.Key)
 		if err != nil {
@@ -177,6 +178,9 @@ func (s *Scheduler) jobEnded(t *task) {
 // final check: it is recorded for the successor.
 func (s *Scheduler) runJob(ctx context.Context, t *task) {
 	log := s.log.With("check", t.Key, "workflow", t.Workflow.Name, "event", t.Event.URI.String())
+	if s.needsSkip(ctx, t) {
+		return
+	}
 	s.openLive(t)
 	dir := s.runDir(t.runID)
 	if t.adopt == nil {
@@ -256,6 +260,7 @@ func (s *Scheduler) runJob(ctx context.Context, t *task) {
 		final = s.p.Checks.Finished(wctx, end)
 	}
 	log.Info("run finished", "run", t.runID, "status", final.Status, "failed_step", res.FailedStep)
+	s.keepArtifacts(t, res, outDir)
 	s.legEnded(wctx, t, final.Status)
 }
 
@@ -391,6 +396,9 @@ func (s *Scheduler) execute(ctx context.Context, t *task, dir string, log *slog.
 			return nil, down
 		}
 		if err := t.Repo.Export(ctx, t.Tree, checkout); err != nil {
+			return nil, err
+		}
+		if err := s.placeArtifacts(t, checkout); err != nil {
 			return nil, err
 		}
 		return s.runSecrets(ctx, t)

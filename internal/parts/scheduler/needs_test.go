@@ -1,0 +1,209 @@
+package scheduler
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+
+	"github.com/google/go-cmp/cmp"
+
+	"knotless.dev/run/internal/engine/run"
+	"knotless.dev/run/internal/executor"
+	"knotless.dev/run/internal/executor/fakeexec"
+	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/parts/rig"
+	"knotless.dev/run/internal/rules/job"
+	"knotless.dev/run/internal/rules/work"
+	"knotless.dev/run/internal/rules/workflow"
+)
+
+// neededJobs are the jobs, in Plan's order, of the workflows srcs (by
+// name) for ev, from repo (nil: none).
+func neededJobs(t *testing.T, ev work.Event, repo job.Repo, srcs map[string]string) map[string]*job.Job {
+	t.Helper()
+	var wfs []*workflow.Workflow
+	for name, src := range srcs {
+		wf, err := workflow.Parse(".knotless/workflows/"+name+".yaml", []byte(src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wfs = append(wfs, wf)
+	}
+	if errs := workflow.CheckNeeds(wfs); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	jobs := map[string]*job.Job{}
+	for _, wf := range workflow.Plan(wfs) {
+		jobs[wf.Name] = job.New(ev, wf, repo, ev.Commit)
+	}
+	return jobs
+}
+
+var buildAndTest = map[string]string{
+	"build": "on: push\nartifacts: [bin/*]\nsteps: [{run: make}]\n",
+	"test":  "on: push\nneeds: [build]\nsteps: [{run: make test}]\n",
+}
+
+// TestNeedsHoldTheQueue: a run waits, unclaimed, while a run it needs
+// of the same event is in hand, and its queued check says so; a run of
+// another event, or of no needs, is not held.
+func TestNeedsHoldTheQueue(t *testing.T) {
+	t.Parallel()
+	q := newQueue()
+	jobs := neededJobs(t, rig.Push("3k1", "c1"), nil, buildAndTest)
+	otherEv := rig.Push("3k2", "c2")
+	otherEv.Ref = "refs/heads/dev" // another branch: nothing supersedes
+	other := neededJobs(t, otherEv, nil, buildAndTest)
+	q.add(one(jobs["build"]))
+	if got := q.waitsFor(jobs["test"]); got != "waits for build" {
+		t.Errorf("waitsFor: %q, want waits for build", got)
+	}
+	q.add(one(jobs["test"]))
+	q.add(one(other["test"]))
+	var claimed []string
+	for t := q.claim(); t != nil; t = q.claim() {
+		claimed = append(claimed, t.Key)
+	}
+	if diff := cmp.Diff([]string{jobs["build"].Key, other["test"].Key}, claimed); diff != "" {
+		t.Errorf("claimed while build is in hand (-want +got):\n%s", diff)
+	}
+	q.end(q.running[jobs["build"].Key])
+	if got := q.claim(); got == nil || got.Key != jobs["test"].Key {
+		t.Errorf("after build ended, claimed %v, want test", got)
+	}
+	if q.waitsFor(other["build"]) != "" {
+		t.Error("a workflow without needs waits for something")
+	}
+}
+
+// TestNeedsVerdict: a run goes when every run it needs (each leg of a
+// matrix) ended success; else it names the first that did not.
+func TestNeedsVerdict(t *testing.T) {
+	t.Parallel()
+	ev := rig.Push("3k1", "c1")
+	jobs := neededJobs(t, ev, nil, map[string]string{
+		"build":  "on: push\nmatrix: {os: [a, b]}\nsteps: [{run: make}]\n",
+		"lint":   "on: push\nsteps: [{run: make}]\n",
+		"deploy": "on: push\nneeds: [lint, build]\nsteps: [{run: make}]\n",
+	})
+	for _, tt := range []struct {
+		name     string
+		statuses map[string]string
+		ok       bool
+		why      string
+	}{
+		{"all succeeded", map[string]string{"lint": "success", "build (os=a)": "success", "build (os=b)": "success"}, true, ""},
+		{"a leg failed", map[string]string{"lint": "success", "build (os=a)": "success", "build (os=b)": "failure"}, false, "needs build (os=b), which ended failure"},
+		{"skipped by its paths", map[string]string{"lint": "skipped", "build (os=a)": "success", "build (os=b)": "success"}, false, "needs lint, which ended skipped"},
+		{"did not run", map[string]string{"build (os=a)": "success", "build (os=b)": "success"}, false, "needs lint, which did not run for this event"},
+	} {
+		checks := map[string]forge.Check{}
+		for name, st := range tt.statuses {
+			checks[ev.CheckKey(name)] = forge.Check{Status: st}
+		}
+		ok, why := needsVerdict(jobs["deploy"], func(key string) (forge.Check, bool) { c, ok := checks[key]; return c, ok })
+		if ok != tt.ok || why != tt.why {
+			t.Errorf("%s: %v %q, want %v %q", tt.name, ok, why, tt.ok, tt.why)
+		}
+	}
+}
+
+// needsWorld is a world of two workers running build and test (which
+// needs build) of one push: build publishes bin/tool; secret.txt, an
+// output no artifacts entry names, stays behind. It returns the runs
+// each session received, by workflow, and the keys' final checks.
+func needsWorld(t *testing.T, buildCode int) (w *world, jobs map[string]*job.Job, received map[string]map[string]string, testStartedAfter string) {
+	w = newWorld(t)
+	w.cfg.Concurrency = 2
+	w.s = New(w.cfg, w.facts, w.ports, nil)
+	w.exec.Outputs = map[string]string{"bin/tool": "built", "secret.txt": "x"}
+	ev := rig.Push("3k1", "c1")
+	repo, _ := w.git.Open(context.Background(), job.MirrorKey(ev))
+	jobs = neededJobs(t, ev, repo, buildAndTest)
+	buildRun, testRun := run.IDFor(rig.Runner, jobs["build"].Key), run.IDFor(rig.Runner, jobs["test"].Key)
+	var mu sync.Mutex
+	w.exec.OnStart = func(spec executor.Spec) {
+		if spec.RunID == testRun {
+			// What build's check says as test's session starts.
+			c, _ := w.keeper.Get(jobs["build"].Key)
+			mu.Lock()
+			testStartedAfter = c.Status
+			mu.Unlock()
+		}
+	}
+	w.exec.Script = func(runID, id string) fakeexec.Step {
+		if runID == buildRun {
+			return fakeexec.Step{Code: buildCode}
+		}
+		return fakeexec.Step{}
+	}
+	stop := w.work(t, w.s)
+	for _, name := range []string{"build", "test"} {
+		if _, err := w.s.Enqueue(t.Context(), jobs[name]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	synctest.Wait()
+	stop()
+	received = map[string]map[string]string{}
+	for name, j := range jobs {
+		if sess := w.exec.Session(run.IDFor(rig.Runner, j.Key)); sess != nil {
+			received[name] = sess.Received()
+		}
+	}
+	return w, jobs, received, testStartedAfter
+}
+
+// TestNeedsRunAfterWithArtifacts: test, which needs build, waits
+// (queued, saying so) until build's run ended success, then runs with
+// build's artifact in its checkout, and only that output.
+func TestNeedsRunAfterWithArtifacts(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		w, jobs, received, after := needsWorld(t, 0)
+		if diff := cmp.Diff([]string{"running", "success"}, w.statuses(jobs["build"])); diff != "" {
+			t.Errorf("build's statuses (-want +got):\n%s", diff)
+		}
+		if diff := cmp.Diff([]string{"queued", "running", "success"}, w.statuses(jobs["test"])); diff != "" {
+			t.Errorf("test's statuses (-want +got):\n%s", diff)
+		}
+		if after != "success" {
+			t.Errorf("test's session started while build's check was %q", after)
+		}
+		got := map[string]string{}
+		for name, data := range received["test"] {
+			if _, rel, ok := strings.Cut(name, "/"+workflow.ArtifactsDir+"/"); ok {
+				got[rel] = data
+			}
+		}
+		if diff := cmp.Diff(map[string]string{"build/bin/tool": "built"}, got); diff != "" {
+			t.Errorf("artifacts in test's checkout (-want +got):\n%s", diff)
+		}
+	})
+}
+
+// TestNeedsSkipWhenANeedFails: when build fails, test never runs: its
+// check ends skipped, naming build.
+func TestNeedsSkipWhenANeedFails(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		w, jobs, received, _ := needsWorld(t, 1)
+		if diff := cmp.Diff([]string{"running", "failure"}, w.statuses(jobs["build"])); diff != "" {
+			t.Errorf("build's statuses (-want +got):\n%s", diff)
+		}
+		if diff := cmp.Diff([]string{"queued", "skipped"}, w.statuses(jobs["test"])); diff != "" {
+			t.Errorf("test's statuses (-want +got):\n%s", diff)
+		}
+		if c := w.pds.Checks()[jobs["test"].Key]; c.Error != "needs build, which ended failure" {
+			t.Errorf("test's check says %q", c.Error)
+		}
+		if _, ok := received["test"]; ok {
+			t.Error("test's session started")
+		}
+		if !w.store.Done(jobs["test"].Event.Key()) {
+			t.Error("the event is not done")
+		}
+	})
+}
