@@ -2,6 +2,8 @@ package scheduler
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -206,4 +208,90 @@ func TestNeedsSkipWhenANeedFails(t *testing.T) {
 			t.Error("the event is not done")
 		}
 	})
+}
+
+// TestArtifactsHostilePaths: a kept artifact that is a symbolic link
+// out of the outputs or has a path that is not clean is not copied (a
+// link to a file in them is copied as that file); a checkout whose tree has .knotless/artifacts
+// (a file, or a link out of it) gets the runner's directory in its
+// place, and nothing is written out of the checkout.
+func TestArtifactsHostilePaths(t *testing.T) {
+	t.Parallel()
+	outside := t.TempDir()
+	if err := os.WriteFile(filepath.Join(outside, "secret"), []byte("host"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(filepath.Join(out, "bin"), 0o755))
+	must(os.WriteFile(filepath.Join(out, "bin/tool"), []byte("built"), 0o755))
+	must(os.Symlink(filepath.Join(outside, "secret"), filepath.Join(out, "bin/escape")))
+	must(os.Symlink("tool", filepath.Join(out, "bin/alias")))
+	kept := t.TempDir()
+	for _, name := range []string{"bin/escape", "../x", "/etc/passwd", "bin/./tool"} {
+		if err := copyFiles(out, kept, []string{name}); err == nil {
+			t.Errorf("copied %s", name)
+		}
+	}
+	must(copyFiles(out, kept, []string{"bin/tool", "bin/alias"}))
+	names, err := listKept(kept)
+	must(err)
+	if alias, _ := os.ReadFile(filepath.Join(kept, "bin/alias")); string(alias) != "built" {
+		t.Errorf("the link in the outputs was kept as %q", alias)
+	}
+	if diff := cmp.Diff([]string{"bin/alias", "bin/tool"}, names); diff != "" {
+		t.Errorf("kept (-want +got):\n%s", diff)
+	}
+
+	w := newWorld(t)
+	ev := rig.Push("3k1", "c1")
+	jobs := neededJobs(t, ev, nil, buildAndTest)
+	must(copyFiles(out, mkdir(t, w.s.keptDir(jobs["build"].Key)), []string{"bin/tool"}))
+	for name, plant := range map[string]func(checkout string) error{
+		"a file": func(c string) error {
+			return os.WriteFile(filepath.Join(c, ".knotless/artifacts"), []byte("tree's"), 0o644)
+		},
+		"a link out": func(c string) error {
+			return os.Symlink(outside, filepath.Join(c, ".knotless/artifacts"))
+		},
+		"a linked parent": func(c string) error {
+			must(os.Remove(filepath.Join(c, ".knotless")))
+			return os.Symlink(outside, filepath.Join(c, ".knotless"))
+		},
+	} {
+		checkout := t.TempDir()
+		must(os.MkdirAll(filepath.Join(checkout, ".knotless"), 0o755))
+		must(plant(checkout))
+		err := w.s.placeArtifacts(&task{Job: jobs["test"]}, checkout)
+		if left, _ := os.ReadDir(outside); len(left) != 1 {
+			t.Errorf("%s: written out of the checkout: %v", name, left)
+		}
+		if name == "a linked parent" {
+			if err == nil {
+				t.Errorf("%s: placed through a link out of the checkout", name)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(checkout, ".knotless/artifacts/build/bin/tool"))
+		if err != nil || string(data) != "built" {
+			t.Errorf("%s: the artifact in the checkout: %q, %v", name, data, err)
+		}
+	}
+}
+
+func mkdir(t *testing.T, dir string) string {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
