@@ -109,4 +109,3 @@ func (c *checkLog) wrote(workflow, commit, status, why string) bool {
 	}
 	return false
 }
-
