@@ -5,8 +5,10 @@ import (
 	"time"
 
 	"knotless.dev/run/internal/daemon"
+	"knotless.dev/run/internal/executor/docker"
 	"knotless.dev/run/internal/executor/kubernetes"
 	"knotless.dev/run/tests/clustertest"
+	"knotless.dev/run/tests/dockerd"
 )
 
 // needsFiles are build, which publishes bin/tool (and not notes.txt);
@@ -95,6 +97,26 @@ func TestServeNeedsOnKubernetes(t *testing.T) {
 	_, commit := w.Push(needsFiles)
 	w.start(w.config(onCluster(t, c, w, kubernetes.PodOptions{Image: c.Image}), func(c *daemon.Config) { c.Scheduler.Concurrency = 2 }))
 	checkNeeds(t, w, commit, 5*time.Minute)
+}
+
+// TestServeNeedsOnDocker: the same on a private dockerd: the artifact
+// crosses from build's container to test's.
+func TestServeNeedsOnDocker(t *testing.T) {
+	t.Parallel()
+	needPDS(t)
+	d := dockerd.Start(t)
+	w := newWorld(t)
+	_, commit := w.Push(needsFiles)
+	w.start(w.config(func(c *daemon.Config) {
+		ex, err := docker.New(docker.Config{Host: d.Host(), Runner: w.Runner.DID.String(), Logger: c.Logger})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ex.Close() })
+		c.Engine.Executor, c.Engine.DefaultImage = ex, d.Image()
+		c.Scheduler.Concurrency = 2
+	}))
+	checkNeeds(t, w, commit, 3*time.Minute)
 }
 
 // wrote reports whether a check of workflow on commit was written with
