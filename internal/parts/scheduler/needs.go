@@ -16,6 +16,7 @@ import (
 
 	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/lib/mask"
 	"knotless.dev/run/internal/rules/job"
 	"knotless.dev/run/internal/rules/workflow"
 )
@@ -139,7 +140,7 @@ func (s *Scheduler) keepArtifacts(t *task, res *run.Result, outDir string) {
 		s.log.Warn("artifacts not kept for the runs that need them", "check", t.Key, "err", err)
 		return
 	}
-	if err := copyFiles(outDir, dst, res.Artifacts); err != nil {
+	if err := copyFiles(outDir, dst, res.Artifacts, res.Mask); err != nil {
 		s.log.Warn("artifacts not kept for the runs that need them", "check", t.Key, "err", err)
 	}
 }
@@ -223,9 +224,11 @@ func listKept(dir string) ([]string, error) {
 }
 
 // copyFiles copies the regular files names (slash-separated, relative
-// to from) from from to to, at the same paths; from is read through an
-// os.Root, so that no name leads out of it.
-func copyFiles(from, to string, names []string) error {
+// to from) from from to to, at the same paths, through m (the run's
+// run.Result.Mask: a granted secret is masked as in the log and in
+// the files published); from is read through an os.Root, so that no
+// name leads out of it.
+func copyFiles(from, to string, names []string, m *mask.Set) error {
 	src, err := os.OpenRoot(from)
 	if err != nil {
 		return err
@@ -237,7 +240,7 @@ func copyFiles(from, to string, names []string) error {
 	}
 	defer dst.Close()
 	for _, name := range names {
-		if err := copyOne(src, dst, name); err != nil {
+		if err := copyOne(src, dst, name, m); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
 	}
@@ -252,16 +255,17 @@ func copyInto(from string, dst *os.Root, names []string) error {
 	}
 	defer src.Close()
 	for _, name := range names {
-		if err := copyOne(src, dst, name); err != nil {
+		if err := copyOne(src, dst, name, nil); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
 	}
 	return nil
 }
 
-// copyOne copies the regular file name from src to dst, refusing a
-// name that is not a clean relative path.
-func copyOne(src, dst *os.Root, name string) error {
+// copyOne copies the regular file name from src to dst, through m
+// when it is not nil, refusing a name that is not a clean relative
+// path.
+func copyOne(src, dst *os.Root, name string, m *mask.Set) error {
 	if !fs.ValidPath(name) || name == "." {
 		return errors.New("not a clean relative path")
 	}
@@ -287,7 +291,16 @@ func copyOne(src, dst *os.Root, name string) error {
 	if err != nil {
 		return err
 	}
-	_, err = io.Copy(out, io.LimitReader(in, fi.Size()))
+	var w io.Writer = out
+	var mw *mask.Writer
+	if m != nil {
+		mw = m.Writer(out)
+		w = mw
+	}
+	_, err = io.Copy(w, io.LimitReader(in, fi.Size()))
+	if err == nil && mw != nil {
+		err = mw.Flush()
+	}
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}

@@ -15,6 +15,7 @@ import (
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/fakeexec"
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/lib/mask"
 	"knotless.dev/run/internal/parts/rig"
 	"knotless.dev/run/internal/rules/job"
 	"knotless.dev/run/internal/rules/work"
@@ -234,11 +235,11 @@ func TestArtifactsHostilePaths(t *testing.T) {
 	must(os.Symlink("tool", filepath.Join(out, "bin/alias")))
 	kept := t.TempDir()
 	for _, name := range []string{"bin/escape", "../x", "/etc/passwd", "bin/./tool"} {
-		if err := copyFiles(out, kept, []string{name}); err == nil {
+		if err := copyFiles(out, kept, []string{name}, nil); err == nil {
 			t.Errorf("copied %s", name)
 		}
 	}
-	must(copyFiles(out, kept, []string{"bin/tool", "bin/alias"}))
+	must(copyFiles(out, kept, []string{"bin/tool", "bin/alias"}, nil))
 	names, err := listKept(kept)
 	must(err)
 	if alias, _ := os.ReadFile(filepath.Join(kept, "bin/alias")); string(alias) != "built" {
@@ -251,7 +252,7 @@ func TestArtifactsHostilePaths(t *testing.T) {
 	w := newWorld(t)
 	ev := rig.Push("3k1", "c1")
 	jobs := neededJobs(t, ev, nil, buildAndTest)
-	must(copyFiles(out, mkdir(t, w.s.keptDir(jobs["build"].Key)), []string{"bin/tool"}))
+	must(copyFiles(out, mkdir(t, w.s.keptDir(jobs["build"].Key)), []string{"bin/tool"}, nil))
 	for name, plant := range map[string]func(checkout string) error{
 		"a file": func(c string) error {
 			return os.WriteFile(filepath.Join(c, ".knotless/artifacts"), []byte("tree's"), 0o644)
@@ -294,4 +295,21 @@ func mkdir(t *testing.T, dir string) string {
 		t.Fatal(err)
 	}
 	return dir
+}
+
+// TestArtifactsMasked: an artifact handed on is masked as the log and
+// the files published are: a run that needs it, granted no secret,
+// cannot print one its need was granted.
+func TestArtifactsMasked(t *testing.T) {
+	t.Parallel()
+	out, kept := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(out, "deploy.env"), []byte("TOKEN=s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := copyFiles(out, kept, []string{"deploy.env"}, mask.NewSet([]string{"s3cret"})); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(kept, "deploy.env")); string(got) != "TOKEN=***\n" {
+		t.Errorf("kept %q, want the secret masked", got)
+	}
 }
