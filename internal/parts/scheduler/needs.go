@@ -161,7 +161,8 @@ func (s *Scheduler) dropOldArtifacts() {
 
 // placeArtifacts puts the kept artifacts of the runs t needs into its
 // checkout, at workflow.ArtifactsDir/<run>/<path>: whatever the tree
-// has there goes first. A needed run that published none puts nothing.
+// has there goes first. A needed run that published none puts nothing;
+// one whose artifacts are not kept here is an error.
 func (s *Scheduler) placeArtifacts(t *task, checkout string) error {
 	if len(t.Workflow.Needs) == 0 {
 		return nil
@@ -177,6 +178,11 @@ func (s *Scheduler) placeArtifacts(t *task, checkout string) error {
 	for _, n := range t.Workflow.Needs {
 		for _, r := range n.Runs {
 			src := s.keptDir(t.Event.CheckKey(r))
+			if _, err := os.Stat(src); errors.Is(err, fs.ErrNotExist) {
+				// Its run succeeded, so its directory was made, even for
+				// no artifact: it was dropped, or made by another runner.
+				return fmt.Errorf("the artifacts of %s are not kept on this runner (a needed run's are kept %s, by the runner that ran it): run %s again", r, artifactsKeep, n.Name)
+			}
 			names, err := listKept(src)
 			if err != nil {
 				return fmt.Errorf("artifacts of %s: %w", r, err)

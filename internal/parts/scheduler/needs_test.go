@@ -313,3 +313,15 @@ func TestArtifactsMasked(t *testing.T) {
 		t.Errorf("kept %q, want the secret masked", got)
 	}
 }
+
+// TestArtifactsNotKept: a run whose need's artifacts are not kept on
+// this runner is told so, not run without them.
+func TestArtifactsNotKept(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	jobs := neededJobs(t, rig.Push("3k1", "c1"), nil, buildAndTest)
+	err := w.s.placeArtifacts(&task{Job: jobs["test"]}, t.TempDir())
+	if err == nil || !strings.Contains(err.Error(), "the artifacts of build are not kept on this runner") {
+		t.Errorf("got %v, want the artifacts of build not kept", err)
+	}
+}
