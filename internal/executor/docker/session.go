@@ -243,7 +243,7 @@ func (s *Session) follow(st *step) {
 // lostCause says how a step that died of a signal, or whose end could
 // not be learned (err), was lost to the infrastructure: its container
 // removed, or stopped (the docker daemon restarted, someone stopped or
-// killed it) under it. Nil when the container still runs after
+// killed it) under it, or the docker daemon is not reachable. Nil when the container still runs after
 // lostSettle (the step's own end), was killed by its memory bound (the
 // workflow's), or cannot be inspected. The container is asked a few
 // times: the exec of a container being removed dies before the
@@ -259,6 +259,10 @@ func (s *Session) lostCause(ctx context.Context, ctr string, err error) error {
 		switch {
 		case cerrdefs.IsNotFound(ierr):
 			return executor.Lost(fmt.Errorf("container %s was removed while the step ran%s", ctr, suffix))
+		case ierr != nil && s.ex.daemonError(ierr) != ierr:
+			// The daemon is gone (crashed, restarting): its answer wraps
+			// ierr as not reachable.
+			return executor.Lost(fmt.Errorf("the docker daemon went away while the step ran%s", suffixOr(suffix, s.ex.daemonError(ierr))))
 		case ierr != nil:
 			return nil
 		}
@@ -277,6 +281,14 @@ func (s *Session) lostCause(ctx context.Context, ctr string, err error) error {
 		case <-time.After(wait):
 		}
 	}
+}
+
+// suffixOr is suffix, or ": "+err when suffix is empty.
+func suffixOr(suffix string, err error) string {
+	if suffix != "" {
+		return suffix
+	}
+	return ": " + err.Error()
 }
 
 // lostSettle bounds how long a step's end waits for its container's
