@@ -215,7 +215,10 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 		},
 		"class": func(k string, v ast.Node) {
 			s := d.str(k, v)
-			if err := class.ValidName(s.value); err != nil {
+			if strings.Contains(s.value, "${{") {
+				// Each leg's class is checked once the matrix is known.
+				refs = append(refs, subRef{"class", s})
+			} else if err := class.ValidName(s.value); err != nil {
 				d.errorAt(s.tk, "class: %v", err)
 			}
 			w.Class = s.value
