@@ -55,8 +55,9 @@ func (d *decoder) needs(w *Workflow, k string, v ast.Node) {
 // CheckNeeds checks the needs of the workflows of one directory
 // against each other: each needed workflow is one of them (or one of
 // invalid, the names of its files that do not parse, whose own errors
-// say why), runs on every trigger of the workflow that needs it, and no
-// workflow needs itself through others (a cycle). It returns the errors
+// say why), runs on every trigger of the workflow that needs it (and is
+// a pre-flight, queue: first, when it is), and no workflow needs itself
+// through others (a cycle). It returns the errors
 // of each workflow that has some, by name, each an Errors of its file.
 func CheckNeeds(wfs []*Workflow, invalid ...string) map[string]Errors {
 	byName := map[string]*Workflow{}
@@ -78,6 +79,9 @@ func CheckNeeds(wfs []*Workflow, invalid ...string) map[string]Errors {
 					add(w, n.Position, "needs: %q: no workflow of that name in %s (known: %s)", n.Name, path.Dir(w.File), strings.Join(names, ", "))
 				}
 				continue
+			}
+			if w.Queue == "first" && other.Queue != "first" {
+				add(w, n.Position, "needs: %q is not queue: first, which %s is: a pre-flight runs only the queue: first workflows", n.Name, w.Name)
 			}
 			for _, t := range w.On {
 				if !slices.Contains(other.On, t) {

@@ -45,6 +45,7 @@ func TestCheckNeeds(t *testing.T) {
 		parseAs(t, "d/test.yaml", "on: [push, pull]\nneeds: [build, broken]\nsteps: [{run: x}]\n"),
 		parseAs(t, "d/deploy.yaml", "on: push\nneeds:\n  - test\n  - nosuch\nsteps: [{run: x}]\n"),
 		parseAs(t, "d/pr.yaml", "on: [push, pull]\nneeds: deploy\nsteps: [{run: x}]\n"),
+		parseAs(t, "d/pre.yaml", "on: pull\nqueue: first\nneeds: test\nsteps: [{run: x}]\n"),
 		parseAs(t, "d/a.yaml", "on: push\nneeds: b\nsteps: [{run: x}]\n"),
 		parseAs(t, "d/b.yaml", "on: push\nneeds: [c]\nsteps: [{run: x}]\n"),
 		parseAs(t, "d/c.yaml", "on: push\nneeds: [a]\nsteps: [{run: x}]\n"),
@@ -56,8 +57,9 @@ func TestCheckNeeds(t *testing.T) {
 		}
 	}
 	want := map[string][]string{
-		"deploy": {`d/deploy.yaml:4:5: needs: "nosuch": no workflow of that name in d (known: a, b, build, c, deploy, pr, test)`},
+		"deploy": {`d/deploy.yaml:4:5: needs: "nosuch": no workflow of that name in d (known: a, b, build, c, deploy, pr, pre, test)`},
 		"pr":     {`d/pr.yaml:2:8: needs: "deploy" does not run on pull, which pr runs on: a needed workflow runs on every event of the one that needs it`},
+		"pre":    {`d/pre.yaml:3:8: needs: "test" is not queue: first, which pre is: a pre-flight runs only the queue: first workflows`},
 		"a":      {`d/a.yaml:2:8: needs: "b" makes a cycle: a → b → c → a`},
 		"b":      {`d/b.yaml:2:9: needs: "c" makes a cycle: a → b → c → a`},
 		"c":      {`d/c.yaml:2:9: needs: "a" makes a cycle: a → b → c → a`},
