@@ -399,7 +399,8 @@ func (r *Repo) lsTree(ctx context.Context, recursive bool, treeish string) ([]en
 }
 
 // Workflows reads .knotless/workflows/*.yaml at treeish (an object id).
-// Files that do not parse are returned as errors beside the ones that
+// Files that do not parse, or whose needs are wrong
+// (workflow.CheckNeeds), are returned as errors beside the ones that
 // do. More files than MaxWorkflows, or one larger than MaxWorkflowBytes,
 // is an error wrapping ErrRefused, found from the listing and the
 // files' sizes before any file is read. One git process reads it all
