@@ -17,6 +17,7 @@ import (
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/lib/mask"
 	"knotless.dev/run/internal/parts/rig"
+	"knotless.dev/run/internal/parts/state"
 	"knotless.dev/run/internal/rules/job"
 	"knotless.dev/run/internal/rules/work"
 	"knotless.dev/run/internal/rules/workflow"
@@ -323,5 +324,35 @@ func TestArtifactsNotKept(t *testing.T) {
 	err := w.s.placeArtifacts(&task{Job: jobs["test"]}, t.TempDir())
 	if err == nil || !strings.Contains(err.Error(), "the artifacts of build are not kept on this runner") {
 		t.Errorf("got %v, want the artifacts of build not kept", err)
+	}
+}
+
+// TestAdoptedNeededRunKeepsItsArtifacts: a needed run taken over from
+// an earlier process is rebuilt as planned, so its artifacts are kept
+// for the runs that need it when it ends here.
+func TestAdoptedNeededRunKeepsItsArtifacts(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	var wfs []*workflow.Workflow
+	for name, src := range buildAndTest {
+		wf, err := workflow.Parse(".knotless/workflows/"+name+".yaml", []byte(src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wfs = append(wfs, wf)
+	}
+	w.git.SetWorkflows(wfs...)
+	ev := rig.Push("3k1", "c1")
+	j := neededJobs(t, ev, nil, buildAndTest)["build"]
+	saved, err := job.Encode(j, forge.Check{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rebuilt, err := w.s.rebuild(t.Context(), j.Key, state.Run{RunID: "r1", Workflow: "build", Job: saved}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rebuilt.Workflow.Needed {
+		t.Error("the adopted build is not marked needed: its artifacts would not be kept")
 	}
 }
