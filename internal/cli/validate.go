@@ -42,9 +42,30 @@ func (c *ValidateCmd) Run(env *Env) error {
 	if len(files) == 0 {
 		return fmt.Errorf("validate: no workflow files in %s", strings.Join(paths, ", "))
 	}
+	// Every file is read before any is judged: a workflow's needs name
+	// the others (workflow.CheckNeeds).
+	loaded := make([]*workflow.Workflow, len(files))
+	loadErrs := make([]error, len(files))
+	var good []*workflow.Workflow
+	var invalid []string
+	for i, f := range files {
+		loaded[i], loadErrs[i] = workflow.Load(f)
+		if loadErrs[i] != nil {
+			invalid = append(invalid, workflow.FileName(loadErrs[i]))
+			continue
+		}
+		good = append(good, loaded[i])
+	}
+	// A file given alone is checked against the other workflows of its
+	// directory, which are read, not reported.
+	good, invalid = withSiblings(files, good, invalid)
+	needErrs := workflow.CheckNeeds(good, invalid...)
 	bad := 0
-	for _, f := range files {
-		wf, err := workflow.Load(f)
+	for i, f := range files {
+		wf, err := loaded[i], loadErrs[i]
+		if err == nil && len(needErrs[wf.Name]) > 0 {
+			err = needErrs[wf.Name]
+		}
 		if err != nil {
 			bad++
 			fmt.Fprintln(env.Stdout, termsafe.Text(err.Error()))
@@ -69,4 +90,33 @@ func (c *ValidateCmd) Run(env *Env) error {
 		return exitError{ExitFailure}
 	}
 	return nil
+}
+
+// withSiblings adds to the workflows read (good) and the names of the
+// files that do not parse (invalid) those of the other workflow files
+// in the directories of files, which were not given.
+func withSiblings(files []string, good []*workflow.Workflow, invalid []string) ([]*workflow.Workflow, []string) {
+	given := map[string]bool{}
+	dirs := map[string]bool{}
+	for _, f := range files {
+		given[filepath.Clean(f)] = true
+		dirs[filepath.Dir(filepath.Clean(f))] = true
+	}
+	for dir := range dirs {
+		for _, pattern := range []string{"*.yaml", "*.yml"} {
+			found, _ := filepath.Glob(filepath.Join(dir, pattern))
+			for _, f := range found {
+				if given[filepath.Clean(f)] {
+					continue
+				}
+				wf, err := workflow.Load(f)
+				if err != nil {
+					invalid = append(invalid, workflow.FileName(err))
+					continue
+				}
+				good = append(good, wf)
+			}
+		}
+	}
+	return good, invalid
 }

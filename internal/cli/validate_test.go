@@ -82,3 +82,29 @@ func TestValidateMatrix(t *testing.T) {
 		t.Errorf("run --leg 3: exit %d, want %d\nstderr:\n%s", r.code, ExitConfig, r.stderr)
 	}
 }
+
+// TestValidateNeeds: needs are checked across the workflows of a
+// directory, also when one file is given alone; a cycle names its
+// workflows in each of them, a missing name is an error at its place.
+func TestValidateNeeds(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"testdata/needs/good"}, {"testdata/needs/good/test.yaml"}} {
+		r := runCLI(t, nil, append([]string{"validate"}, args...)...)
+		if r.code != ExitSuccess || !strings.Contains(r.stdout, "testdata/needs/good/test.yaml: ok") {
+			t.Errorf("validate %v: exit %d, want 0\nstdout:\n%s\nstderr:\n%s", args, r.code, r.stdout, r.stderr)
+		}
+	}
+	r := runCLI(t, nil, "validate", "testdata/needs/cycle")
+	for _, want := range []string{
+		`testdata/needs/cycle/a.yaml:2:9: needs: "b" makes a cycle: a → b → a`,
+		`testdata/needs/cycle/b.yaml:3:5: needs: "a" makes a cycle: a → b → a`,
+		`testdata/needs/cycle/b.yaml:4:5: needs: "gone": no workflow of that name in testdata/needs/cycle (known: a, b)`,
+	} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("validate output lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	if r.code != ExitFailure {
+		t.Errorf("exit %d, want 1", r.code)
+	}
+}

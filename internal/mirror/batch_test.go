@@ -43,6 +43,13 @@ func TestWorkflowsShapes(t *testing.T) {
 			want:  []string{"a"}, bad: 1},
 		{name: "a file that does not parse", files: map[string]string{".knotless/workflows/a.yaml": ok("a"), ".knotless/workflows/b.yaml": "on: [nothing]\n"},
 			want: []string{"a"}, bad: 1},
+		{name: "needs: a cycle and a missing name are files with errors", files: map[string]string{
+			".knotless/workflows/a.yaml": ok("a"),
+			".knotless/workflows/b.yaml": "on: [push]\nneeds: [c]\nsteps: [{run: x}]\n",
+			".knotless/workflows/c.yaml": "on: [push]\nneeds: [b]\nsteps: [{run: x}]\n",
+			".knotless/workflows/d.yaml": "on: [push]\nneeds: [gone]\nsteps: [{run: x}]\n",
+			".knotless/workflows/e.yaml": "on: [push]\nneeds: [a]\nsteps: [{run: x}]\n",
+		}, want: []string{"a", "e"}, bad: 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -399,7 +399,8 @@ func (r *Repo) lsTree(ctx context.Context, recursive bool, treeish string) ([]en
 }
 
 // Workflows reads .knotless/workflows/*.yaml at treeish (an object id).
-// Files that do not parse are returned as errors beside the ones that
+// Files that do not parse, or whose needs are wrong
+// (workflow.CheckNeeds), are returned as errors beside the ones that
 // do. More files than MaxWorkflows, or one larger than MaxWorkflowBytes,
 // is an error wrapping ErrRefused, found from the listing and the
 // files' sizes before any file is read. One git process reads it all
@@ -447,6 +448,23 @@ func (r *Repo) Workflows(ctx context.Context, treeish string) ([]*workflow.Workf
 			continue
 		}
 		wfs = append(wfs, wf)
+	}
+	// A workflow whose needs are wrong (a name that is no workflow, a
+	// cycle) is a file with errors too: it gets an error check.
+	var invalid []string
+	for _, e := range bad {
+		invalid = append(invalid, workflow.FileName(e))
+	}
+	if needErrs := workflow.CheckNeeds(wfs, invalid...); len(needErrs) > 0 {
+		good := wfs[:0]
+		for _, wf := range wfs {
+			if errs := needErrs[wf.Name]; len(errs) > 0 {
+				bad = append(bad, errs)
+				continue
+			}
+			good = append(good, wf)
+		}
+		wfs = good
 	}
 	return wfs, bad, nil
 }

@@ -114,3 +114,24 @@ func TestDryRunClass(t *testing.T) {
 		t.Errorf("dry run's session class: %+v, want large", c)
 	}
 }
+
+// TestLegClasses: each leg of a matrix whose class is templated by its
+// values starts its session in its own class.
+func TestLegClasses(t *testing.T) {
+	t.Parallel()
+	wf := parse(t, "on: [push]\nmatrix: {size: [small, large]}\nclass: ${{ matrix.size }}\nsteps:\n  - run: echo hello\n")
+	var got []string
+	for _, leg := range wf.Legs() {
+		var specs []executor.Spec
+		fake := &fakeexec.Executor{OnStart: func(s executor.Spec) { specs = append(specs, s) }}
+		eng := run.New(run.Config{Executor: fake, DefaultImage: "busybox:stable", Classes: classSet(t, "large:cpu=8", "small:cpu=1")})
+		res := eng.Run(context.Background(), run.Request{RunID: "leg", Workflow: leg, Checkout: t.TempDir(), Trusted: true})
+		if res.Status != run.Success || len(specs) != 1 {
+			t.Fatalf("leg %s: %s %q, %d sessions", leg.Name, res.Status, res.Error, len(specs))
+		}
+		got = append(got, leg.Name+": "+specs[0].Class.Name)
+	}
+	if d := cmp.Diff([]string{"limits (size=small): small", "limits (size=large): large"}, got); d != "" {
+		t.Errorf("legs' sessions' classes (-want +got):\n%s", d)
+	}
+}

@@ -661,6 +661,9 @@ func TestDaemonFaults(t *testing.T) {
 		if res.Status != run.Error || !strings.Contains(res.Error, "docker daemon at "+d.Host()) || time.Since(start) > time.Minute {
 			t.Errorf("status %s, error %q after %s; want error naming the docker daemon\nlog:\n%s", res.Status, res.Error, time.Since(start), res.Log)
 		}
+		if !res.Lost {
+			t.Errorf("a run whose docker daemon died is not lost to the infrastructure: %q", res.Error)
+		}
 		t.Logf("error: %s", res.Error)
 	})
 }

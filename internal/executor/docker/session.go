@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -61,6 +62,8 @@ type step struct {
 	done     chan struct{} // closed when exit and err are final
 	exit     executor.Exit
 	err      error
+	// killed is set by KillStep: an end by a signal is its.
+	killed atomic.Bool
 }
 
 // Ref implements executor.Session.
@@ -212,6 +215,15 @@ func (s *Session) follow(st *step) {
 	ctx, cancel := s.untilStop()
 	defer cancel()
 	st.exit, st.err = s.exitOf(ctx, st.exec)
+	if (st.err != nil || st.exit.Code >= 128) && !st.killed.Load() && !s.isStopped() {
+		if lost := s.lostCause(ctx, st.ctr, st.err); lost != nil {
+			// Nothing is left in a container that is gone or stopped to
+			// reap.
+			st.exit, st.err = executor.Exit{}, lost
+			_ = st.out.Close()
+			return
+		}
+	}
 	// A launcher that died of a signal (KillStep, or a step that killed
 	// it) or never told its session may not have cleaned up: the reaper
 	// does it from outside. The step's session has no live process now,
@@ -227,6 +239,61 @@ func (s *Session) follow(st *step) {
 	}
 	_ = st.out.Close()
 }
+
+// lostCause says how a step that died of a signal, or whose end could
+// not be learned (err), was lost to the infrastructure: its container
+// removed, or stopped (the docker daemon restarted, someone stopped or
+// killed it) under it, or the docker daemon is not reachable. Nil when the container still runs after
+// lostSettle (the step's own end), was killed by its memory bound (the
+// workflow's), or cannot be inspected. The container is asked a few
+// times: the exec of a container being removed dies before the
+// container is said to have stopped.
+func (s *Session) lostCause(ctx context.Context, ctr string, err error) error {
+	suffix := ""
+	if err != nil {
+		suffix = ": " + err.Error()
+	}
+	deadline := time.Now().Add(lostSettle)
+	for wait := 50 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
+		in, ierr := s.ex.cli.ContainerInspect(ctx, ctr, client.ContainerInspectOptions{})
+		switch {
+		case cerrdefs.IsNotFound(ierr):
+			return executor.Lost(fmt.Errorf("container %s was removed while the step ran%s", ctr, suffix))
+		case ierr != nil && s.ex.daemonError(ierr) != ierr:
+			// The daemon is gone (crashed, restarting): its answer wraps
+			// ierr as not reachable.
+			return executor.Lost(fmt.Errorf("the docker daemon went away while the step ran%s", suffixOr(suffix, s.ex.daemonError(ierr))))
+		case ierr != nil:
+			return nil
+		}
+		st := in.Container.State
+		switch {
+		case st == nil || st.OOMKilled:
+			return nil
+		case !st.Running || st.Restarting:
+			return executor.Lost(fmt.Errorf("container %s stopped while the step ran (%s, exit %d)%s", ctr, st.Status, st.ExitCode, suffix))
+		case time.Now().After(deadline):
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+	}
+}
+
+// suffixOr is suffix, or ": "+err when suffix is empty.
+func suffixOr(suffix string, err error) string {
+	if suffix != "" {
+		return suffix
+	}
+	return ": " + err.Error()
+}
+
+// lostSettle bounds how long a step's end waits for its container's
+// state to say whether the container went under it.
+const lostSettle = 3 * time.Second
 
 // exitOf reads an ended exec's exit status. The stream can end before
 // the exec does (a broken connection): then it waits for the exec.
@@ -285,6 +352,7 @@ func (s *Session) KillStep(ctx context.Context, id string) error {
 	if st.sid <= 1 {
 		return fmt.Errorf("kill step %s: its session is unknown", id)
 	}
+	st.killed.Store(true) // its end by a signal is this kill's, not the infrastructure's
 	if err := s.reap(ctx, st.ctr, strconv.Itoa(st.sid)); err != nil {
 		return fmt.Errorf("kill step %s: %w", id, err)
 	}

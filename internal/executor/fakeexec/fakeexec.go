@@ -13,7 +13,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"path"
 	"sort"
+	"strings"
 	"sync"
 
 	"knotless.dev/run/internal/executor"
@@ -190,6 +193,7 @@ type Session struct {
 	ended    map[string]int    // exit code by step id, once followed to its end
 	dropped  map[string]bool   // steps whose output and exit the session let go of
 	killed   []string
+	received map[string]string // the regular files put, by path
 	released int
 	stopped  bool
 	stops    int
@@ -207,24 +211,41 @@ func (s *Session) Dirs() executor.Dirs { return executor.PodDirs() }
 func (s *Session) Spec() executor.Spec { return s.spec }
 
 // Put implements executor.Session: it reads the tar stream and keeps
-// nothing.
-func (s *Session) Put(_ context.Context, _ string, r io.Reader) error {
+// its regular files (Received).
+func (s *Session) Put(_ context.Context, dir string, r io.Reader) error {
 	if s.e.PutErr != nil {
 		return s.e.PutErr
 	}
 	tr := tar.NewReader(r)
 	for {
-		_, err := tr.Next()
+		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
 		if err != nil {
 			return err
 		}
-		if _, err := io.Copy(io.Discard, tr); err != nil {
+		var data strings.Builder
+		if _, err := io.Copy(&data, tr); err != nil {
 			return err
 		}
+		if h.Typeflag == tar.TypeReg {
+			s.e.mu.Lock()
+			if s.received == nil {
+				s.received = map[string]string{}
+			}
+			s.received[path.Join(dir, h.Name)] = data.String()
+			s.e.mu.Unlock()
+		}
 	}
+}
+
+// Received are the regular files put into the session, by path (the
+// directory put to joined with the name in the stream).
+func (s *Session) Received() map[string]string {
+	s.e.mu.Lock()
+	defer s.e.mu.Unlock()
+	return maps.Clone(s.received)
 }
 
 // Get implements executor.Session: the outputs directory holds the

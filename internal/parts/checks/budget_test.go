@@ -71,7 +71,7 @@ func TestLowBudgetHoldsBackNonFinalWrites(t *testing.T) {
 	ctx := t.Context()
 	ev := pushEvent("3k1")
 	key := forge.CheckKey(ev.Subject(), "ci")
-	c, err := k.Queued(ctx, key, ev, "ci", 0)
+	c, err := k.Queued(ctx, key, ev, "ci", 0, "")
 	if err != nil {
 		t.Fatal(err)
 	}

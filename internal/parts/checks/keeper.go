@@ -144,11 +144,13 @@ func (k *Keeper) Final(key string) bool {
 func (k *Keeper) Pending(ev work.Event) bool { return k.rec.Pending(ev.URI.String(), ev.Commit) }
 
 // Queued writes the queued check of the workflow wf of ev (key): the
-// work is in the queue. A check queued already is not written again;
-// one an earlier process left keeps its creation time.
-func (k *Keeper) Queued(ctx context.Context, key string, ev work.Event, wf string, behind int) (forge.Check, error) {
+// work is in the queue, behind others, and, when waits is not "", says
+// what else it waits for (the runs it needs). A check queued already is
+// not written again; one an earlier process left keeps its creation
+// time.
+func (k *Keeper) Queued(ctx context.Context, key string, ev work.Event, wf string, behind int, waits string) (forge.Check, error) {
 	c := forge.Check{Type: forge.CollectionCheck, Subject: ev.Subject(), Workflow: wf, Status: string(Queued), CreatedAt: forge.Now(),
-		Attempt: ev.Attempt(wf), Cause: ev.Cause, QueuedBehind: int64(behind)}
+		Attempt: ev.Attempt(wf), Cause: ev.Cause, QueuedBehind: int64(behind), Error: Truncate(waits, MaxError)}
 	prev, known := k.rec.Get(key)
 	if known {
 		c.CreatedAt = prev.CreatedAt
@@ -278,8 +280,8 @@ func (k *Keeper) Error(ctx context.Context, ev work.Event, wf, msg string) {
 }
 
 // Skipped writes the final skipped check of the workflow wf of ev,
-// which its path filters leave out (why says which), unless its check
-// is final.
+// which its path filters leave out or whose needs did not succeed (why
+// says which), unless its check is final.
 func (k *Keeper) Skipped(ctx context.Context, ev work.Event, wf, why string) {
 	key := ev.CheckKey(wf)
 	if k.Final(key) {

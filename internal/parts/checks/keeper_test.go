@@ -76,11 +76,11 @@ func TestKeeperLifecycle(t *testing.T) {
 	ctx := t.Context()
 	ev := pushEvent("3k1")
 	key := forge.CheckKey(ev.Subject(), "ci")
-	c, err := k.Queued(ctx, key, ev, "ci", 0)
+	c, err := k.Queued(ctx, key, ev, "ci", 0, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, err := k.Queued(ctx, key, ev, "ci", 0)
+	again, err := k.Queued(ctx, key, ev, "ci", 0, "")
 	if err != nil || again.CreatedAt != c.CreatedAt {
 		t.Fatalf("queued again: %+v, %v", again, err)
 	}
@@ -175,7 +175,7 @@ func TestKeeperSupersededAndReleased(t *testing.T) {
 	ev := pushEvent("3k1")
 	for _, wf := range []string{"queued", "running", "released"} {
 		key := forge.CheckKey(ev.Subject(), wf)
-		c, err := k.Queued(ctx, key, ev, wf, 0)
+		c, err := k.Queued(ctx, key, ev, wf, 0, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -499,7 +499,7 @@ func TestKeeperLiveOutput(t *testing.T) {
 	k := NewKeeper(NewRecorder(&fakePDS{}, nil), Ports{Blobs: &fakeBlobs{}, Outbox: st, Live: live}, backoff.Policy{First: time.Second, Max: time.Minute}, nil)
 	ctx := t.Context()
 
-	c, err := k.Queued(ctx, key, ev, "ci", 0)
+	c, err := k.Queued(ctx, key, ev, "ci", 0, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -521,7 +521,7 @@ func TestKeeperLiveOutput(t *testing.T) {
 		t.Errorf("final check's files (-want +got):\n%s", diff)
 	}
 
-	c, err = k.Queued(ctx, none, other, "ci", 0)
+	c, err = k.Queued(ctx, none, other, "ci", 0, "")
 	if err != nil {
 		t.Fatal(err)
 	}

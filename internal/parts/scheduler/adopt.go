@@ -210,7 +210,15 @@ func (s *Scheduler) rebuild(ctx context.Context, key string, r state.Run, h *run
 	if err != nil {
 		return nil, err
 	}
-	wf := workflow.LegOf(wfs, r.Workflow)
+	// As planned (workflow.Plan): a needed run's artifacts are kept
+	// for the runs that need it, also when it ends here.
+	var wf *workflow.Workflow
+	for _, p := range workflow.Plan(wfs) {
+		if p.Name == r.Workflow {
+			wf = p
+			break
+		}
+	}
 	if wf == nil {
 		return nil, fmt.Errorf("workflow %s not found at %s", r.Workflow, saved.Tree)
 	}

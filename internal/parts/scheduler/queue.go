@@ -196,7 +196,7 @@ func (q *queue) claim() *task {
 	if q.draining || q.paused > 0 || len(q.waiting) == 0 {
 		return nil
 	}
-	i := claimIndex(q.waiting, func(t *task) bool { return q.legHeld(t) || q.groupHeld(t) })
+	i := claimIndex(q.waiting, func(t *task) bool { return q.legHeld(t) || q.groupHeld(t) || q.needsHeld(t.Job) })
 	if i < 0 {
 		return nil
 	}

@@ -65,7 +65,7 @@ type Engine interface {
 // Checks is the checks part (checks.Keeper): every check the scheduler
 // causes is written there.
 type Checks interface {
-	Queued(ctx context.Context, key string, ev work.Event, wf string, behind int) (forge.Check, error)
+	Queued(ctx context.Context, key string, ev work.Event, wf string, behind int, waits string) (forge.Check, error)
 	Unqueued(key string, ev work.Event, wf string) (forge.Check, bool)
 	// ExpectWrite says the check of key is about to be written: the
 	// check writes queued meanwhile wait for it (a little), to go with
@@ -86,6 +86,10 @@ type Checks interface {
 	// Refresh reads the check of key from the PDS unless it is known
 	// final: with replicas, another may have written it.
 	Refresh(ctx context.Context, key string) error
+	// Get is the check of key as last written (or owed); Skipped writes
+	// the final skipped check of work that does not run (needs.go).
+	Get(key string) (forge.Check, bool)
+	Skipped(ctx context.Context, ev work.Event, wf, why string)
 }
 
 // State is the scheduler's part of state.json (state.Store): the going

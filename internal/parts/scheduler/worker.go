@@ -39,7 +39,7 @@ func (s *Scheduler) Enqueue(ctx context.Context, j *job.Job) (bool, error) {
 		// written once the Job is this replica's (execute's Fence).
 		c, _ := s.p.Checks.Unqueued(j.Key, j.Event, j.Workflow.Name)
 		t = &task{Job: j, check: c, unwritten: true, seen: seen{queued: time.Now()}}
-	} else if s.q.free() > 0 && !s.q.legsFull(j) && !s.q.groupBusy(j) {
+	} else if s.q.free() > 0 && !s.q.legsFull(j) && !s.q.groupBusy(j) && !s.q.needsHeld(j) {
 		if c, ok := s.p.Checks.Unqueued(j.Key, j.Event, j.Workflow.Name); ok {
 			// Its running record comes in a moment: a burst's running
 			// records go as one commit.
@@ -49,9 +49,10 @@ func (s *Scheduler) Enqueue(ctx context.Context, j *job.Job) (bool, error) {
 	behind := 0
 	if t == nil {
 		behind = s.q.ahead()
+		waits := s.q.waitsFor(j)
 		s.q.reserved[j.Key] = true
 		s.mu.Unlock()
-		c, err := s.p.Checks.Queued(ctx, j.Key, j.Event, j.Workflow.Name, behind)
+		c, err := s.p.Checks.Queued(ctx, j.Key, j.Event, j.Workflow.Name, behind, waits)
 		s.mu.Lock()
 		delete(s.q.reserved, j.Key)
 		if err != nil {
@@ -200,6 +201,9 @@ func (s *Scheduler) runJob(ctx context.Context, t *task) {
 	if s.p.Drivers != nil {
 		defer func() { s.p.Drivers.Forget(t.runID) }()
 	}
+	if s.needsSkip(ctx, t) {
+		return
+	}
 	s.openLive(t)
 	dir := s.runDir(t.runID)
 	if t.adopt == nil {
@@ -293,6 +297,7 @@ func (s *Scheduler) runJob(ctx context.Context, t *task) {
 		final = s.p.Checks.Finished(wctx, end)
 	}
 	log.Info("run finished", "run", t.runID, "status", final.Status, "failed_step", res.FailedStep)
+	s.keepArtifacts(t, res, outDir)
 	s.legEnded(wctx, t, final.Status)
 }
 
@@ -449,6 +454,9 @@ func (s *Scheduler) execute(ctx context.Context, t *task, dir string, log *slog.
 			return nil, down
 		}
 		if err := t.Repo.Export(ctx, t.Tree, checkout); err != nil {
+			return nil, err
+		}
+		if err := s.placeArtifacts(t, checkout); err != nil {
 			return nil, err
 		}
 		return s.runSecrets(ctx, t)

@@ -11,6 +11,7 @@ import (
 	"github.com/goccy/go-yaml/token"
 
 	"knotless.dev/run/internal/lib/termsafe"
+	"knotless.dev/run/internal/rules/class"
 )
 
 // Bounds on a matrix: every leg is a run and a check, and the file is
@@ -101,6 +102,7 @@ func (w *Workflow) leg(values []EnvVar) *Workflow {
 	l.Leg = &Leg{Base: w.Name, Values: values, MaxParallel: w.Matrix.MaxParallel, FailFast: w.Matrix.FailFast}
 	sub := func(s string) string { return substitute(s, values) }
 	l.Image = sub(w.Image)
+	l.Class = sub(w.Class)
 	l.Runners = make([]string, len(w.Runners))
 	for i, r := range w.Runners {
 		l.Runners[i] = sub(r)
@@ -174,10 +176,12 @@ func LegOf(wfs []*Workflow, name string) *Workflow {
 	return nil
 }
 
-// Plan is the legs of every workflow of wfs, in order (Legs).
+// Plan is the legs of every workflow of wfs (Legs), in order, but that
+// a workflow comes after those it needs, whose runs its needs name
+// (Need.Runs).
 func Plan(wfs []*Workflow) []*Workflow {
 	var out []*Workflow
-	for _, w := range wfs {
+	for _, w := range planNeeds(wfs) {
 		out = append(out, w.Legs()...)
 	}
 	return out
@@ -518,13 +522,25 @@ func (d *decoder) matrixRefs(w *Workflow, refs []subRef) {
 	}
 }
 
-// matrixKeysApart checks that each runner is a DID in every leg, and
+// matrixKeysApart checks that each leg's class is a class's name and
+// each runner a DID in every leg, and
 // that no key stands beside an env entry, a granted secret or a
 // dispatch input of its name.
 func (d *decoder) matrixKeysApart(w *Workflow, refs []subRef) {
 	keys := w.matrixKeys()
 	if w.Matrix == nil {
 		return
+	}
+	for _, r := range refs {
+		if r.field != "class" || !strings.Contains(r.s.value, "${{") {
+			continue
+		}
+		for _, values := range w.Matrix.legs {
+			if err := class.ValidName(substitute(r.s.value, values)); err != nil {
+				d.errorAt(r.s.tk, "class: in the leg %s: %v", LegName(w.Name, values), err)
+				break
+			}
+		}
 	}
 	for _, r := range refs {
 		if r.field != "runners" || !strings.Contains(r.s.value, "${{") {

@@ -251,3 +251,31 @@ steps:
 		}
 	}
 }
+
+// TestMatrixClass: class may be templated by the matrix's values, each
+// leg in its own class; a leg whose class is no class's name, or a
+// template without a matrix, is an error at the class.
+func TestMatrixClass(t *testing.T) {
+	t.Parallel()
+	w, err := Parse("w.yaml", []byte("on: push\nmatrix: {size: [small, large]}\nclass: build-${{ matrix.size }}\nsteps: [{run: x}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, l := range w.Legs() {
+		got = append(got, l.Name+": "+l.Class)
+	}
+	if diff := cmp.Diff([]string{"w (size=small): build-small", "w (size=large): build-large"}, got); diff != "" {
+		t.Errorf("legs' classes (-want +got):\n%s", diff)
+	}
+	for _, tt := range []struct{ src, want string }{
+		{"on: push\nmatrix: {size: [small, Large]}\nclass: ${{ matrix.size }}\nsteps: [{run: x}]\n", "w.yaml:3:8: class: in the leg w (size=Large): "},
+		{"on: push\nclass: ${{ matrix.size }}\nsteps: [{run: x}]\n", `w.yaml:2:8: class: "${{ matrix.size }}": the workflow has no matrix`},
+		{"on: push\nmatrix: {size: [a]}\nclass: ${{ matrix.os }}\nsteps: [{run: x}]\n", `w.yaml:3:8: class: "${{ matrix.os }}": the matrix has no "os"`},
+	} {
+		_, err := Parse("w.yaml", []byte(tt.src))
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%q: got %v, want %s", tt.src, err, tt.want)
+		}
+	}
+}

@@ -215,7 +215,10 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 		},
 		"class": func(k string, v ast.Node) {
 			s := d.str(k, v)
-			if err := class.ValidName(s.value); err != nil {
+			if strings.Contains(s.value, "${{") {
+				// Each leg's class is checked once the matrix is known.
+				refs = append(refs, subRef{"class", s})
+			} else if err := class.ValidName(s.value); err != nil {
 				d.errorAt(s.tk, "class: %v", err)
 			}
 			w.Class = s.value
@@ -230,6 +233,7 @@ func (d *decoder) workflow(n ast.Node, w *Workflow) {
 			s := d.str(k, v)
 			ifScalar = &s
 		},
+		"needs":    func(k string, v ast.Node) { d.needs(w, k, v) },
 		"retry":    func(k string, v ast.Node) { d.retry(v, w) },
 		"steps":    func(k string, v ast.Node) { stepsNode = v },
 		"services": func(k string, v ast.Node) { servicesNode = v },

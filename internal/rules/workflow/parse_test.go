@@ -72,7 +72,7 @@ func TestParseErrorsHavePositions(t *testing.T) {
 		want []string
 	}{
 		{"unknown field", "on: push\nstep:\n  - run: x\n", []string{
-			`w.yaml:2:1: workflow: unknown field "step" (known: artifacts, branches, cache, class, concurrency, env, if, image, matrix, on, queue, resources, retry, runners, secrets, services, steps, superseded, timeout)`,
+			`w.yaml:2:1: workflow: unknown field "step" (known: artifacts, branches, cache, class, concurrency, env, if, image, matrix, needs, on, queue, resources, retry, runners, secrets, services, steps, superseded, timeout)`,
 			`w.yaml:1:1: workflow: missing field "steps"`,
 		}},
 		{"a class name no runner can have", "on: push\nclass: Large\nsteps:\n  - run: x\n", []string{

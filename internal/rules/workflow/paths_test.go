@@ -93,7 +93,7 @@ func TestPathFilterErrors(t *testing.T) {
 	}
 }
 
-// The reference's examples of a matrix and of path filters are
+// The reference's examples of a matrix, of path filters and of needs are
 // workflows validate takes.
 func TestReferenceMatrixAndPathExamplesParse(t *testing.T) {
 	t.Parallel()
@@ -107,7 +107,7 @@ func TestReferenceMatrixAndPathExamplesParse(t *testing.T) {
 	blocks := 0
 	for i, block := range strings.Split(string(b), "```yaml\n")[1:] {
 		src, _, _ := strings.Cut(block, "```")
-		if !strings.Contains(src, "matrix:") && !strings.Contains(src, "paths") {
+		if !strings.Contains(src, "matrix:") && !strings.Contains(src, "paths") && !strings.Contains(src, "needs:") {
 			continue
 		}
 		blocks++

@@ -76,6 +76,12 @@ type Workflow struct {
 	// Matrix, when set, makes the workflow a set of legs, each a run
 	// with its own check (Legs).
 	Matrix *Matrix
+	// Needs are the workflows whose runs for the same event must
+	// succeed before this one runs (needs.go), in file order.
+	Needs []Need
+	// Needed is set by Plan on a workflow another of its directory
+	// needs: its artifacts are kept for the runs that need it.
+	Needed bool
 	// Retry, when set, tries a run again (Retry.Again); nil: once.
 	Retry *Retry
 	// Leg is set on a leg of a matrix (Legs); nil on the workflow a
