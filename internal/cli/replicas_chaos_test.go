@@ -271,9 +271,9 @@ func quantiles(ds []time.Duration) string {
 
 // chaosReplicas are the loop's serve processes, by replica name.
 type chaosReplicas struct {
-	t    *testing.T
-	ctx  context.Context
-	dir  string
+	t   *testing.T
+	ctx context.Context
+	dir string
 
 	mu    sync.Mutex
 	procs map[string]*exec.Cmd

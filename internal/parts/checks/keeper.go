@@ -117,6 +117,13 @@ func NewKeeper(rec *Recorder, p Ports, retry backoff.Policy, log *slog.Logger) *
 // Know remembers a check listed from the PDS, without writing it.
 func (k *Keeper) Know(key string, c forge.Check) { k.rec.Know(key, c) }
 
+// Going reports whether the check of key, as last written or read,
+// says its run is going (running).
+func (k *Keeper) Going(key string) bool {
+	c, ok := k.rec.Get(key)
+	return ok && Status(c.Status) == Running
+}
+
 // Refresh reads the check of key from the PDS unless it is known final
 // (Recorder.Refresh): with replicas, another process of the runner may
 // have written it.

@@ -21,7 +21,6 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
-	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/forge/ingest"
 	"knotless.dev/run/internal/lib/keymu"
 	"knotless.dev/run/internal/lib/onceset"
@@ -126,8 +125,8 @@ type Checks interface {
 	// Refresh reads a check from the PDS unless it is known final:
 	// with replicas, another process of the runner may have written it.
 	Refresh(ctx context.Context, key string) error
-	// Get is the check of key as last written or read.
-	Get(key string) (forge.Check, bool)
+	// Going reports whether the check of key says its run is going.
+	Going(key string) bool
 	// Expect says a check write made with the context returned is
 	// about to come (checks.Recorder.Expect): a burst's lanes expect
 	// theirs, so that the writes of the burst go as one commit.

@@ -234,7 +234,7 @@ func (in *Intake) refresh(ctx context.Context, p *plan) error {
 		if in.p.Checks.Final(j.Key) {
 			continue
 		}
-		if c, _ := in.p.Checks.Get(j.Key); c.Status == forge.StatusRunning && in.p.Scheduler.TakeOver(ctx, j) {
+		if in.p.Checks.Going(j.Key) && in.p.Scheduler.TakeOver(ctx, j) {
 			// Another process's run: taken over (in hand now), or left
 			// to its live driver.
 			p.elsewhere++
