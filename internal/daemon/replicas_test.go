@@ -112,7 +112,14 @@ func TestReplicasShareTheEvents(t *testing.T) {
 	// Each replica has joined, seen the repository (the pushes before
 	// that are history) and is ready.
 	waitLog("three replicas ready", 3, func(l string) bool { return strings.Contains(l, `msg=ready`) })
-	time.Sleep(time.Second) // a reconcile of each after its ready
+	// Each sees the three (a replica that joined first saw itself alone
+	// until its next read of the Leases), and has reconciled since.
+	for _, name := range names {
+		waitLog(name+" sees the three", 1, func(l string) bool {
+			return strings.Contains(l, "replica="+name+" ") && strings.Contains(l, `live="[replica-a replica-b replica-c]"`)
+		})
+	}
+	time.Sleep(time.Second)
 
 	expect := func(live []string, pushes []int) {
 		t.Helper()
@@ -166,7 +173,7 @@ func TestReplicasShareTheEvents(t *testing.T) {
 		// A later push to main supersedes a run its replica still
 		// holds (cancelled); every other run succeeds.
 		if r.Value.Status != "success" && r.Value.Status != "cancelled" {
-			t.Errorf("check %s: %s, want success (or cancelled, superseded)", r.URI.RecordKey(), r.Value.Status)
+			t.Errorf("check %s: %s (%s), want success (or cancelled, superseded)", r.URI.RecordKey(), r.Value.Status, r.Value.Error)
 		}
 	}
 	if strings.Contains(w.logText(), "run fenced") {

@@ -369,11 +369,18 @@ func (s *Scheduler) execute(ctx context.Context, t *task, dir string, log *slog.
 			s.log.Info("a run failed before its session started while stopping; released", "check", t.Key, "err", err)
 			return &run.Result{RunID: t.runID, Workflow: t.Workflow.Name, Status: run.Detached, StartedAt: now, FinishedAt: now}
 		}
-		line := "knotless-run: error: " + err.Error() + "\n"
+		status := run.Error
+		if ctx.Err() != nil {
+			// Cancelled while it got ready (superseded, a cancel
+			// record): the run was cancelled, as the engine says of a
+			// run cancelled later.
+			status = run.Cancelled
+		}
+		line := "knotless-run: " + string(status) + ": " + err.Error() + "\n"
 		if t.live != nil {
 			_, _ = io.WriteString(t.live, line) // the stream is the log
 		}
-		return &run.Result{RunID: t.runID, Workflow: t.Workflow.Name, Status: run.Error, Error: err.Error(), StartedAt: now, FinishedAt: now,
+		return &run.Result{RunID: t.runID, Workflow: t.Workflow.Name, Status: status, Error: err.Error(), StartedAt: now, FinishedAt: now,
 			Log: append(t.prior, line...)}
 	}
 	checkout := filepath.Join(dir, "checkout")
