@@ -93,6 +93,10 @@ type Set struct {
 	mu      sync.Mutex
 	live    []Member  // by name
 	renewed time.Time // this replica's last successful renewal
+	// gone are the replicas that left the live ones, by their Lease's
+	// last renewal: when a survivor claims a run, the takeover's time
+	// counts from it.
+	gone map[string]time.Time
 	// changes counts how many times the live set changed.
 	changes int64
 }
@@ -297,6 +301,14 @@ func (s *Set) read(ctx context.Context) error {
 	s.mu.Lock()
 	changed := !slices.EqualFunc(members, s.live, func(a, b Member) bool { return a.Name == b.Name && a.Invocation == b.Invocation })
 	before := namesOf(s.live)
+	for _, m := range s.live {
+		if !slices.ContainsFunc(members, func(n Member) bool { return n.Name == m.Name }) {
+			if s.gone == nil {
+				s.gone = map[string]time.Time{}
+			}
+			s.gone[m.Name] = m.Renewed
+		}
+	}
 	s.live = members
 	if changed {
 		s.changes++
@@ -373,6 +385,14 @@ func (s *Set) Alive(name string) bool {
 		return time.Since(s.renewed) < s.cfg.Duration
 	}
 	return slices.ContainsFunc(s.live, func(m Member) bool { return m.Name == name })
+}
+
+// LastSeen is when replica name, no longer live, last renewed its
+// Lease as this replica saw it (zero: not seen leave).
+func (s *Set) LastSeen(name string) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.gone[name]
 }
 
 // Mine reports whether key (an event's) is this replica's to take: the

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -128,39 +129,44 @@ func (r *Runs) Forget(runID string) {
 // won): the run is the driver's. Claimed, it returns the run's
 // checkpoint, or nil when the dead driver recorded none (no step had
 // started): the Job is then deleted, so that the run starts again.
-func (r *Runs) Claim(ctx context.Context, runID string) (checkpoint []byte, claimed bool, err error) {
+// lastSeen is when the dead driver last renewed its Lease, as this
+// replica saw it (zero: unknown, or this replica's earlier process).
+func (r *Runs) Claim(ctx context.Context, runID string) (checkpoint []byte, claimed bool, lastSeen time.Time, err error) {
 	cs, ns, err := r.set.cfg.API()
 	if err != nil {
-		return nil, false, err
+		return nil, false, time.Time{}, err
 	}
 	jobs := cs.BatchV1().Jobs(ns)
 	name := kubernetes.JobName(runID)
 	job, err := jobs.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return nil, false, nil // gone meanwhile: the next start makes it
+		return nil, false, time.Time{}, nil // gone meanwhile: the next start makes it
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("claim run %s: read its Job: %w", runID, err)
+		return nil, false, time.Time{}, fmt.Errorf("claim run %s: read its Job: %w", runID, err)
 	}
 	driver, inv := job.Annotations[kubernetes.AnnotationDriver], job.Annotations[kubernetes.AnnotationDriverInvocation]
 	self := r.set.Self()
 	switch {
 	case job.DeletionTimestamp != nil:
-		return nil, false, nil
+		return nil, false, time.Time{}, nil
 	case driver == "":
 		// Made by a runner process that is no replica: not this
 		// replica's to take.
-		return nil, false, nil
+		return nil, false, time.Time{}, nil
 	case driver == self && inv == r.invocation:
 		// Already this process's.
 	case driver != self && r.set.Alive(driver):
-		return nil, false, nil
+		return nil, false, time.Time{}, nil
 	default:
 		if err := r.claim(ctx, jobs, job); err != nil {
 			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-				return nil, false, nil // another claimant went first
+				return nil, false, time.Time{}, nil // another claimant went first
 			}
-			return nil, false, fmt.Errorf("claim run %s from replica %s: %w", runID, driver, err)
+			return nil, false, time.Time{}, fmt.Errorf("claim run %s from replica %s: %w", runID, driver, err)
+		}
+		if driver != self {
+			lastSeen = r.set.LastSeen(driver)
 		}
 		r.set.log.Info("claimed the run of a replica that is gone", "run", runID, "from", driver, "from_invocation", inv)
 	}
@@ -171,21 +177,21 @@ func (r *Runs) Claim(ctx context.Context, runID string) (checkpoint []byte, clai
 		err := jobs.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid},
 			PropagationPolicy: ptrTo(metav1.DeletePropagationBackground)})
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-			return nil, true, fmt.Errorf("claim run %s: delete its Job, which started no step: %w", runID, err)
+			return nil, true, lastSeen, fmt.Errorf("claim run %s: delete its Job, which started no step: %w", runID, err)
 		}
-		return nil, true, nil
+		return nil, true, lastSeen, nil
 	}
 	if err != nil {
-		return nil, true, fmt.Errorf("claim run %s: read its checkpoint: %w", runID, err)
+		return nil, true, lastSeen, fmt.Errorf("claim run %s: read its checkpoint: %w", runID, err)
 	}
 	checkpoint, err = decompress(cm.BinaryData[checkpointKey])
 	if err != nil {
-		return nil, true, fmt.Errorf("claim run %s: checkpoint %s/%s: %w", runID, ns, cm.Name, err)
+		return nil, true, lastSeen, fmt.Errorf("claim run %s: checkpoint %s/%s: %w", runID, ns, cm.Name, err)
 	}
 	r.mu.Lock()
 	r.uids[runID] = job.UID
 	r.mu.Unlock()
-	return checkpoint, true, nil
+	return checkpoint, true, lastSeen, nil
 }
 
 // claim makes this process job's driver, if job is as read.

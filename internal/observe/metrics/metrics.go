@@ -164,7 +164,7 @@ func New(reg *prometheus.Registry) (*Metrics, error) {
 
 	m.pickup = histogram("pickup_seconds", "Time from an event (a push, pull or batch record) to its run queued.", pickupBuckets)
 	m.queueWait = histogram("queue_wait_seconds", "Time a run waited queued before it started running.", waitBuckets)
-	m.takeover = histogram("takeover_seconds", "Time from this process's start to each run an earlier process left going (handed over, or taken up after it died) going on here.", readyBuckets)
+	m.takeover = histogram("takeover_seconds", "Time from this process's start to each run an earlier process left going (handed over, or taken up after it died) going on here; with replicas, for a run taken over from a replica that died, from that replica's last Lease renewal.", readyBuckets)
 	m.sessionReady = histogram("session_ready_seconds", "Time from a run's session created (a Job) to ready (its pod Ready).", readyBuckets)
 	m.stepDuration = histogramVec("step_duration_seconds", "Duration of a step, by how it ended.", stepBuckets, "status")
 	m.runDuration = histogramVec("duration_seconds", "Duration of a finished run, by status and kind.", runBuckets, "status", "kind")

@@ -134,7 +134,7 @@ func (s *Scheduler) takeUp(ctx context.Context) []orphaned {
 		case "":
 			if s.p.Drivers != nil {
 				// A replica: another may have taken the run meanwhile.
-				ckpt, claimed, err := s.p.Drivers.Claim(ctx, r.RunID)
+				ckpt, claimed, _, err := s.p.Drivers.Claim(ctx, r.RunID)
 				if err != nil || !claimed {
 					log.Info("a run of this replica's earlier process is driven by another replica now, or cannot be claimed; left to it", "err", err)
 					s.inherited("elsewhere")
@@ -237,7 +237,7 @@ func (s *Scheduler) takeOver(ctx context.Context, t *task, log *slog.Logger) boo
 	if s.p.Drivers == nil || t.adopt != nil {
 		return false
 	}
-	ckpt, claimed, err := s.p.Drivers.Claim(ctx, t.runID)
+	ckpt, claimed, lastSeen, err := s.p.Drivers.Claim(ctx, t.runID)
 	if err != nil {
 		log.Warn("the run's session is there and it cannot be claimed; left to its driver", "run", t.runID, "err", err)
 		return false
@@ -264,7 +264,7 @@ func (s *Scheduler) takeOver(ctx context.Context, t *task, log *slog.Logger) boo
 		s.p.Observer.Inherited("replica")
 	}
 	s.mu.Lock()
-	t.adopt, t.prior = &h, prior
+	t.adopt, t.prior, t.driverSeen = &h, prior, lastSeen
 	s.mu.Unlock()
 	return true
 }
@@ -290,7 +290,7 @@ func (s *Scheduler) TakeOver(ctx context.Context, j *job.Job) bool {
 	}
 	runID := run.IDFor(s.facts.Runner.String(), j.Key)
 	log := s.log.With("check", j.Key, "workflow", j.Workflow.Name, "event", j.Event.URI.String(), "run", runID)
-	ckpt, claimed, err := s.p.Drivers.Claim(ctx, runID)
+	ckpt, claimed, lastSeen, err := s.p.Drivers.Claim(ctx, runID)
 	switch {
 	case err != nil:
 		log.Warn("a run left running by another process cannot be claimed now; tried again at the next reconcile", "err", err)
@@ -307,7 +307,7 @@ func (s *Scheduler) TakeOver(ctx context.Context, j *job.Job) bool {
 		err = s.writeCheckpoint(ctx, runID, h, prior)
 	}
 	c, _ := s.p.Checks.Unqueued(j.Key, j.Event, j.Workflow.Name)
-	t := &task{Job: j, runID: runID, check: c, adopt: &h, prior: prior, seen: seen{queued: time.Now(), started: time.Now()}}
+	t := &task{Job: j, runID: runID, check: c, adopt: &h, prior: prior, driverSeen: lastSeen, seen: seen{queued: time.Now(), started: time.Now()}}
 	if err == nil {
 		var saved []byte
 		if saved, err = job.Encode(j, c); err == nil {

@@ -35,6 +35,9 @@ type task struct {
 	// that process's log; nil for a run this process starts.
 	adopt *run.Handover
 	prior []byte
+	// driverSeen is, for a run taken over from a replica that died,
+	// that driver's last sign of life (zero: none known).
+	driverSeen time.Time
 	// unwritten: no queued record was written, as a worker was free when
 	// the task came; it is claimed before any other, and its running
 	// record is its check's first.

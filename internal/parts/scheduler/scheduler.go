@@ -202,7 +202,9 @@ type Drivers interface {
 	// while its driver lives. Claimed, checkpoint is where the run
 	// stands, or nil when its driver recorded none (no step had
 	// started) and its session was deleted: the run starts again.
-	Claim(ctx context.Context, runID string) (checkpoint []byte, claimed bool, err error)
+	// lastSeen is the dead driver's last sign of life (its Lease's last
+	// renewal; zero: unknown), which the takeover's time counts from.
+	Claim(ctx context.Context, runID string) (checkpoint []byte, claimed bool, lastSeen time.Time, err error)
 	// Forget is told that run runID ended here.
 	Forget(runID string)
 }

@@ -425,7 +425,13 @@ func (s *Scheduler) execute(ctx context.Context, t *task, dir string, log *slog.
 	if t.adopt != nil {
 		s.started(t)
 		if s.p.Observer != nil {
-			s.p.Observer.TakenOver(time.Since(s.born))
+			// From the dead driver's last sign of life when a replica
+			// took the run over, else from this process's start.
+			from := s.born
+			if !t.driverSeen.IsZero() {
+				from = t.driverSeen
+			}
+			s.p.Observer.TakenOver(time.Since(from))
 		}
 		secrets, err := s.runSecrets(ctx, t)
 		if err != nil {
