@@ -45,6 +45,10 @@ let
 
   cfg = config.services.knotless-run;
 
+  # The default replica name (services.knotless-run.replicas.name): the
+  # runner submodules' own `config` hides the host's.
+  hostName = config.networking.hostName or "";
+
   # The names of a runner: instance null is the default runner.
   names =
     instance:
@@ -871,6 +875,46 @@ let
           };
         };
 
+        replicas = {
+          enable = mkEnableOption ''
+            this runner as one of several processes of one runner (`serve
+            --replicas`): the same DID and configuration on several hosts,
+            each with its own state directory, sharing the events through
+            Leases in the runs' namespace; each run is driven by one of them.
+            Kubernetes executor only; not with the merge queue
+            (`settings.queue`) or warm pods (`settings.warm-pods`).
+            docs/guide/nixos.md, "Several replicas of one runner"'';
+
+          name = mkOption {
+            type = types.nullOr (types.strMatching "[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?");
+            default = if hostName != "" then hostName else null;
+            defaultText = literalExpression "config.networking.hostName";
+            example = "ci-2";
+            description = ''
+              This process's name among the runner's replicas
+              (`serve --replica-name`): its own, and the same across its
+              restarts. null: the host's name when the daemon starts (with
+              an empty `networking.hostName`, the one DHCP gave).
+            '';
+          };
+
+          sealingKeyFile = mkOption {
+            type = types.nullOr secretPath;
+            default = null;
+            example = "/run/secrets/knotless-run/secrets-key.json";
+            description = ''
+              The runner's sealing key pair, a copy of `secrets-key.json` from
+              one replica's state directory (`/var/lib/knotless` or
+              `/var/lib/knotless-<name>`). Every replica must hold the same
+              key, since repositories seal their secrets to its public half.
+              systemd hands it to the unit as the credential `secrets-key`,
+              and it is copied into the state directory (mode 0600) at every
+              start, replacing the key there. null: the state directory's own
+              key (put the same file there on every host yourself).
+            '';
+          };
+        };
+
         inCluster = mkOption {
           type = types.bool;
           default = false;
@@ -1016,10 +1060,15 @@ let
           }. Listen on a wider address (\"[::]:PORT\"), or leave the firewall closed.";
       openable = listen: listen != null && listenPort listen != null && !loopbackListen listen;
       live = icfg.liveOutput;
+      rep = icfg.replicas;
+      keyFile = "${n.stateDir}/secrets-key.json";
       liveOn = live.listen != null || live.service != null;
       settings =
         filterAttrs (_: v: v != null) icfg.settings
         // lib.optionalAttrs icfg.metrics.enable { "metrics-listen" = icfg.metrics.listen; }
+        // lib.optionalAttrs rep.enable (
+          { replicas = true; } // lib.optionalAttrs (rep.name != null) { "replica-name" = rep.name; }
+        )
         // filterAttrs (_: v: v != null) {
           listen = live.listen;
           "public-url" = live.publicUrl;
@@ -1139,6 +1188,27 @@ let
           assertion = refresh.enable -> executor == "kubernetes";
           message = "${p}.kubeconfigRefresh is for the kubernetes executor; ${p}.settings.executor is ${executor}.";
         }
+        # serve refuses these too (exit 78); the module says so at switch.
+        {
+          assertion = rep.enable -> executor == "kubernetes";
+          message = "${p}.replicas.enable needs ${p}.settings.executor = \"kubernetes\" (it is ${executor}): replicas coordinate through the cluster, so only the Kubernetes executor runs as several processes of one runner.";
+        }
+        {
+          assertion = rep.enable -> !((icfg.settings.queue or false) == true || argFlag "--queue");
+          message = "${p}.replicas.enable with ${p}.settings.queue (--queue): the merge queue's bisection lives in one process's state; land the queue on a runner of its own, without replicas.";
+        }
+        {
+          assertion = rep.enable -> (icfg.settings."warm-pods" or 0) == 0 && !argFlag "--warm-pods";
+          message = "${p}.replicas.enable with ${p}.settings.warm-pods (--warm-pods): warm pods are one process's pool; use one or the other.";
+        }
+        {
+          assertion = rep.sealingKeyFile != null -> rep.enable;
+          message = "${p}.replicas.sealingKeyFile is set but ${p}.replicas.enable is false: the key is copied only for replicas.";
+        }
+        {
+          assertion = rep.enable -> (icfg.package.hasReplicas or false);
+          message = "${p}.replicas.enable needs a knotless-run whose serve has --replicas (issue 48)";
+        }
       ];
 
       # The default user and group are the module's; another is the
@@ -1227,7 +1297,8 @@ let
               optional (icfg.appPasswordFile != null) "app-password:${toString icfg.appPasswordFile}"
               ++ optional (icfg.secretsFile != null) "secrets:${toString icfg.secretsFile}"
               ++ lib.imap0 (i: c: "push-credential-${toString i}:${toString c.file}") icfg.pushCredentials
-              ++ optional (icfg.kubeconfigFile != null) "kubeconfig:${toString icfg.kubeconfigFile}";
+              ++ optional (icfg.kubeconfigFile != null) "kubeconfig:${toString icfg.kubeconfigFile}"
+              ++ optional (rep.sealingKeyFile != null) "secrets-key:${toString rep.sealingKeyFile}";
             EnvironmentFile =
               optional (icfg.environmentFile != null) (toString icfg.environmentFile)
               ++ map toString icfg.environmentFiles;
@@ -1238,6 +1309,20 @@ let
           }
           (mkIf (groups != [ ]) {
             SupplementaryGroups = groups;
+          })
+          (mkIf (rep.sealingKeyFile != null) {
+            # Every replica opens what repositories sealed to the one key:
+            # the operator's copy replaces the state directory's at each
+            # start, written beside it and renamed over it.
+            ExecStartPre = [
+              ("${execLine [ "${pkgs.coreutils}/bin/install" "-m" "0600" "-T" ]} %d/secrets-key " + execLine [ "${keyFile}.new" ])
+              (execLine [
+                "${pkgs.coreutils}/bin/mv"
+                "-fT"
+                "${keyFile}.new"
+                keyFile
+              ])
+            ];
           })
           # The Kubernetes executor reads this host's addresses (netlink)
           # to keep run pods of the public and allow-dns egress modes

@@ -102,6 +102,9 @@ let
       # output-service command exist (issue 31): the module's liveOutput
       # and outputService assert on this.
       hasLiveOutput = true;
+      # serve --replicas and --replica-name exist (issue 48): the
+      # module's replicas.enable asserts on this.
+      hasReplicas = true;
     };
 
     meta = {

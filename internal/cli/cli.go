@@ -59,7 +59,7 @@ type CLI struct {
 	Cache         CacheCmd         `cmd:"" help:"Show and clear the store of workflow caches."`
 	Validate      ValidateCmd      `cmd:"" help:"Check workflow files and print every error with file:line:column."`
 	Kubeconfig    KubeconfigCmd    `cmd:"" help:"Mint the runner's scoped 24-hour kubeconfig (or --check one)."`
-	Manifests     ManifestsCmd     `cmd:"" help:"Print the YAML that runs the runner inside the cluster: runs namespace, ServiceAccount, Role, RoleBinding, StatefulSet."`
+	Manifests     ManifestsCmd     `cmd:"" help:"Print the YAML that runs the runner inside the cluster: runs namespace, ServiceAccount, Role, RoleBinding, StatefulSet (and its PodDisruptionBudget with --replicas above 1)."`
 	Ready         ReadyCmd         `cmd:"" help:"Readiness probe: exit 0 while the daemon of serve --ready-file is ready, else print why and exit 1."`
 	Logs          LogsCmd          `cmd:"" help:"Print a check's output; with --follow, follow it live to the run's end."`
 	OutputService OutputServiceCmd `cmd:"" name:"output-service" help:"The output service: take runs' output pushed by the runners named with --runner (atproto service auth) and serve it to readers."`

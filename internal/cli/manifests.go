@@ -24,6 +24,9 @@ type ManifestsCmd struct {
 	AllowImagePullSecret []string `help:"Secret the admission policy lets run pods name in imagePullSecrets (repeatable): the Secrets given to serve's --image-pull-secret. Run pods may name no other." placeholder:"NAME"`
 	SkipAdmissionPolicy  bool     `help:"Leave out the admission policy (for API servers older than Kubernetes 1.30, which do not serve ValidatingAdmissionPolicy). A stolen runner credential can then mount the runs namespace's Secrets in a Job."`
 	EgressUntrusted      string   `help:"serve's --egress-untrusted: what pulls' run pods may send out (public: DNS and the public internet only)." enum:"open,public,deny,allow-dns" default:"public"`
+
+	Replicas         int    `help:"How many pods run the runner: more than 1 run serve --replicas, each named after its pod, with a PodDisruptionBudget (one down at a time) and spread across nodes; they need --sealing-key-secret. Not with --serve-flag --queue or --warm-pods." default:"1" placeholder:"N"`
+	SealingKeySecret string `help:"Secret in --namespace holding the runner's sealing key pair (a state directory's secrets-key.json) under the key secrets-key.json, mounted into every pod; required with --replicas above 1 (default: each pod keeps the key it made)." placeholder:"NAME"`
 }
 
 // Run prints the manifests as YAML to stdout.
@@ -31,12 +34,15 @@ func (c *ManifestsCmd) Run(env *Env) error {
 	if err := checkSecretNames("--allow-image-pull-secret", c.AllowImagePullSecret); err != nil {
 		return err
 	}
+	if c.Replicas < 1 {
+		return usageError{fmt.Errorf("manifests: --replicas %d: want 1 or more", c.Replicas)}
+	}
 	objs, err := manifests.Objects(manifests.Options{
 		Namespace: c.Namespace, RunsNamespace: c.RunsNamespace, Name: c.Name,
 		Image: c.Image, StorageClass: c.StorageClass, StorageSize: c.StorageSize,
 		DID: c.DID, PDS: c.PDS, AppPasswordSecret: c.AppPasswordSecret, Repos: c.Repos,
 		ServeFlags: c.ServeFlag, AllowImagePullSecrets: c.AllowImagePullSecret, SkipAdmissionPolicy: c.SkipAdmissionPolicy,
-		EgressUntrusted: c.EgressUntrusted,
+		EgressUntrusted: c.EgressUntrusted, Replicas: c.Replicas, SealingKeySecret: c.SealingKeySecret,
 	})
 	if err != nil {
 		// Every refusal of Objects is of a flag's value.

@@ -45,6 +45,7 @@ check(
     p["hasMetricsListen"] is True and mp["metricsRefused"] == [],
     (p["hasMetricsListen"], mp["metricsRefused"]),
 )
+check("package: passthru.hasReplicas (serve --replicas)", p["hasReplicas"] is True, p["hasReplicas"])
 img = d["image"]
 image_meta = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "nix", "image.json")))
 uid = str(image_meta["uid"])

@@ -434,6 +434,42 @@ check(
     (eg, s["egress"]["failedAssertions"]),
 )
 
+# Replicas (serve --replicas): settings replicas and replica-name (the
+# host's name by default, none with an empty one), the sealing key as a
+# credential copied into the state directory before the daemon starts,
+# and what serve refuses refused at evaluation.
+def settings_of(name):
+    return json.loads(s[name]["settingsJSON"])
+rp, rn, rh = settings_of("replicas"), settings_of("replicas-named"), settings_of("replicas-no-host-name")
+check(
+    "replicas.enable: replicas and replica-name (networking.hostName) in serve's settings; none by default",
+    (rp.get("replicas"), rp.get("replica-name"), rn.get("replica-name"), rh.get("replicas"), "replica-name" in rh)
+    == (True, "nixos", "ci-2", True, False)
+    and "replicas" not in settings and "replica-name" not in settings
+    and asserted("replicas") == [] and asserted("replicas-named") == [] and asserted("replicas-no-host-name") == [],
+    (rp, rn, rh, asserted("replicas"), asserted("replicas-named")),
+)
+rs = s["replicas-named"]["service"]
+check(
+    "replicas.sealingKeyFile: credential secrets-key, installed 0600 beside the state's key and renamed over it before start",
+    "secrets-key:/run/secrets/knotless-run/secrets-key.json" in rs["LoadCredential"].split("\n")
+    and rs.get("ExecStartPre", "").split("\n")
+    == [
+        "@coreutils@/bin/install -m 0600 -T %d/secrets-key /var/lib/knotless/secrets-key.json.new",
+        "@coreutils@/bin/mv -fT /var/lib/knotless/secrets-key.json.new /var/lib/knotless/secrets-key.json",
+    ]
+    and "ExecStartPre" not in s["replicas"]["service"] and "secrets-key" not in s["replicas"]["service"]["LoadCredential"],
+    (rs["LoadCredential"], rs.get("ExecStartPre")),
+)
+for name, needle in [
+    ("replicas-shell", 'replicas.enable needs services.knotless-run.settings.executor = "kubernetes" (it is shell)'),
+    ("replicas-queue", "replicas.enable with services.knotless-run.settings.queue (--queue)"),
+    ("replicas-warm-pods", "replicas.enable with services.knotless-run.settings.warm-pods (--warm-pods)"),
+    ("replicas-key-alone", "replicas.sealingKeyFile is set but services.knotless-run.replicas.enable is false"),
+    ("replicas-unsupported", "serve has --replicas (issue 48)"),
+]:
+    check(f"refused: {name}", any(needle in m for m in asserted(name)), asserted(name))
+
 # Executors.
 dk, sh = s["docker"]["service"], s["shell"]["service"]
 check("docker: SupplementaryGroups=docker, PrivateUsers=false", (dk.get("SupplementaryGroups"), dk["PrivateUsers"]) == ("docker", "false"), dk)

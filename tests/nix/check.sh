@@ -269,7 +269,7 @@ else
       chmod +x "$work/verify/pkg/bin/knotless-run"
       cp "$work/units/knotless-run.json" "$work/verify/knotless-run.json"
       for f in "$work"/units/*.service "$work"/units/*.timer; do
-        b=$(basename "$f" | sed 's/\.\(docker\|shell\|podman\|credential\)\.service$/-\1.service/')
+        b=$(basename "$f" | sed 's/\.\(docker\|shell\|podman\|credential\|replicas\)\.service$/-\1.service/')
         sed -e "s|@knotless-run@|$work/verify/pkg|g" -e "s|@coreutils@|/usr|g" \
           -e "s|@config@|$work/verify/knotless-run.json|g" "$f" >"$work/verify/units/$b"
       done
@@ -301,7 +301,7 @@ else
       else
         fail "deploy/: RestartSteps=/RestartMaxDelaySec= must be in restart-backoff.conf alone"
       fi
-      for u in knotless-run knotless-run-docker knotless-run-shell knotless-run-podman knotless-run-credential knotless-run-kubeconfig knotless-run-alpha knotless-run-beta knotless-output; do
+      for u in knotless-run knotless-run-docker knotless-run-shell knotless-run-podman knotless-run-credential knotless-run-replicas knotless-run-kubeconfig knotless-run-alpha knotless-run-beta knotless-output; do
         score=$(cd "$work/verify/units" && systemd-analyze security --offline=yes "./$u.service" 2>/dev/null | sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p')
         if [ -n "$score" ] && awk -v s="$score" 'BEGIN { exit !(s <= 2.0) }'; then
           pass "systemd-analyze security: $u.service exposure $score (at most 2.0)"

@@ -129,6 +129,7 @@ in
       ldflags
       hasKubeconfigCommand
       hasMetricsListen
+      hasReplicas
       goLine
       ;
     mainProgram = pkg.meta.mainProgram;

@@ -80,6 +80,7 @@ let
     hasLiveOutput = true;
   };
   withoutCommand = stubPackage "knotless-run" { };
+  withReplicas = stubPackage "knotless-run" { hasReplicas = true; };
 
   # cfg is services.knotless-run; its attribute `nixos`, if any, is the
   # rest of the host's configuration (virtualisation.docker.enable, …).
@@ -604,6 +605,34 @@ in
         };
       }
     );
+    # Replicas (serve --replicas): the host's name, or one given, and
+    # the sealing key as a credential copied into the state directory.
+    replicas = scenario withReplicas (kube { replicas.enable = true; });
+    replicas-named = scenario withReplicas (kube {
+      replicas = {
+        enable = true;
+        name = "ci-2";
+        sealingKeyFile = "/run/secrets/knotless-run/secrets-key.json";
+      };
+    });
+    replicas-no-host-name = scenario withReplicas (kube {
+      replicas.enable = true;
+      nixos.networking.hostName = "";
+    });
+    replicas-shell = scenario withReplicas (minimal {
+      settings.executor = "shell";
+      replicas.enable = true;
+    });
+    replicas-queue = scenario withReplicas (kube {
+      settings.queue = true;
+      replicas.enable = true;
+    });
+    replicas-warm-pods = scenario withReplicas (kube {
+      settings."warm-pods" = 2;
+      replicas.enable = true;
+    });
+    replicas-key-alone = scenario withReplicas (kube { replicas.sealingKeyFile = "/run/secrets/knotless-run/secrets-key.json"; });
+    replicas-unsupported = scenario withoutCommand (kube { replicas.enable = true; });
     egress = scenario withoutCommand (kube {
       settings.egress = "deny";
       settings."egress-untrusted" = "allow-dns";
@@ -717,6 +746,13 @@ in
     badStopWait = fails (minimal { settings."stop-wait" = "10 minutes"; });
     badExecutor = fails (minimal { settings.executor = "podman"; });
     stateDirSet = fails (minimal { settings."state-dir" = "/srv/knotless"; });
+    badReplicaName = fails (minimal {
+      replicas = {
+        enable = true;
+        name = "-ci";
+      };
+    });
+    storeSealingKey = fails (minimal { replicas.sealingKeyFile = ./eval.nix; });
     badEgressUntrusted = fails (minimal { settings."egress-untrusted" = "everything"; });
   };
 }

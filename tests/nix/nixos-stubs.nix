@@ -107,6 +107,11 @@ in
       type = types.listOf types.package;
       default = [ ];
     };
+    # The default of replicas.name; NixOS's own default.
+    networking.hostName = mkOption {
+      type = types.str;
+      default = "nixos";
+    };
     # The module opens its listeners' ports here (openFirewall) and reads
     # whether Docker or Podman is on (the docker executor). Anything else
     # set under these (a VM test's firewall or VM size) is taken as is.

@@ -9,7 +9,8 @@
 # (knotless-run.docker.service, knotless-run.shell.service), the docker
 # executor on Podman as user ci with extraGroups, environment and
 # serviceOverrides (knotless-run.podman.service), a runner given k3s.yaml
-# as a credential (knotless-run.credential.service), and the units
+# as a credential (knotless-run.credential.service), a replica with its
+# sealing key as a credential (knotless-run.replicas.service), and the units
 # of two instances beside the default runner (knotless-run-alpha.service,
 # its -kubeconfig service and timer; knotless-run-beta.service, a shell
 # runner with extraPackages), and the output service's
@@ -55,6 +56,7 @@ files["knotless-run.docker.service"] = d["docker"]["units"]["knotless-run.servic
 files["knotless-run.shell.service"] = d["shell"]["units"]["knotless-run.service"]
 files["knotless-run.podman.service"] = d["podman"]["units"]["knotless-run.service"]
 files["knotless-run.credential.service"] = d["kubeconfig-credential"]["units"]["knotless-run.service"]
+files["knotless-run.replicas.service"] = d["replicas-named"]["units"]["knotless-run.service"]
 files["knotless-output.service"] = d["output-service"]["units"]["knotless-output.service"]
 for name, text in d["instances"]["units"].items():
     if name.startswith(("knotless-run-alpha", "knotless-run-beta")):

@@ -2,7 +2,9 @@
 // inside the cluster it runs Jobs on: the runs namespace, the runner's
 // ServiceAccount, its Role and RoleBinding (kubecred's rules, the same
 // rights `knotless-run kubeconfig` grants), the admission policy that
-// `kubeconfig` installs, and a one-replica StatefulSet.
+// `kubeconfig` installs, and the runner's StatefulSet: one replica, or
+// several (serve --replicas) with a PodDisruptionBudget, spread across
+// nodes.
 package manifests
 
 import (
@@ -14,10 +16,12 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 
 	"knotless.dev/run/internal/executor/kubernetes"
@@ -47,16 +51,28 @@ type Options struct {
 	// EgressUntrusted is serve's --egress-untrusted, what pulls' run
 	// pods may send out; "" is public.
 	EgressUntrusted string
+	// Replicas is how many pods run the runner (0 is 1). More than one
+	// run serve --replicas, each named after its pod, and need
+	// SealingKeySecret.
+	Replicas int
+	// SealingKeySecret is a Secret in Namespace holding the runner's
+	// sealing key pair (a state directory's secrets-key.json) under the
+	// key SealingKeyKey, mounted as every pod's own; "": each pod's
+	// state volume keeps the key it made.
+	SealingKeySecret string
 }
 
 // Paths and numbers inside the runner's pod.
 const (
 	AppPasswordKey = "app-password"
-	secretDir      = "/run/secrets/knotless"
-	stateDir       = "/var/lib/knotless"
-	cacheDir       = "/var/cache/knotless"
-	readyFile      = "/tmp/knotless-ready"
-	uid            = 65532
+	// SealingKeyKey is the key of the sealing key in SealingKeySecret:
+	// the file's name in a state directory (state.KeyFile).
+	SealingKeyKey = "secrets-key.json"
+	secretDir     = "/run/secrets/knotless"
+	stateDir      = "/var/lib/knotless"
+	cacheDir      = "/var/cache/knotless"
+	readyFile     = "/tmp/knotless-ready"
+	uid           = 65532
 	// On SIGTERM the Kubernetes executor detaches started runs at once
 	// (their Jobs go on; the successor adopts them from state.json): the
 	// grace period covers that handover, never the runs themselves.
@@ -64,6 +80,7 @@ const (
 	dataVolume      = "data"
 	tmpVolume       = "tmp"
 	secretVolume    = "app-password"
+	keyVolume       = "sealing-key"
 	appLabel        = "app.kubernetes.io/name"
 	appLabelValue   = "knotless-run"
 	instanceLabel   = "app.kubernetes.io/instance"
@@ -100,12 +117,23 @@ func Objects(o Options) ([]runtime.Object, error) {
 	binding.TypeMeta, binding.ObjectMeta = meta("RoleBinding", "rbac.authorization.k8s.io/v1", o.RunsNamespace)
 	sts := statefulSet(o, size, labels)
 	sts.TypeMeta, sts.ObjectMeta = meta("StatefulSet", "apps/v1", o.Namespace)
+	runner := []runtime.Object{sts}
+	if o.Replicas > 1 {
+		// A drain or an upgrade takes one replica at a time: the others
+		// take its share of the events and its runs.
+		pdb := &policyv1.PodDisruptionBudget{Spec: policyv1.PodDisruptionBudgetSpec{
+			MaxUnavailable: ptr(intstr.FromInt32(1)),
+			Selector:       sts.Spec.Selector,
+		}}
+		pdb.TypeMeta, pdb.ObjectMeta = meta("PodDisruptionBudget", "policy/v1", o.Namespace)
+		runner = append(runner, pdb)
+	}
 	// The admission policy before the runner that it holds.
 	policy, err := admissionObjects(o)
 	if err != nil {
 		return nil, err
 	}
-	return slices.Concat([]runtime.Object{ns, sa, role, binding}, policy, []runtime.Object{sts}), nil
+	return slices.Concat([]runtime.Object{ns, sa, role, binding}, policy, runner), nil
 }
 
 // complete fills in o's defaults and checks it: the storage size (also
@@ -130,6 +158,22 @@ func complete(o Options) (Options, resource.Quantity, error) {
 	}
 	if _, err := kubernetes.ParseEgressMode(o.EgressUntrusted); err != nil {
 		return o, size, fmt.Errorf("--egress-untrusted: %w", err)
+	}
+	if o.Replicas < 0 {
+		return o, size, fmt.Errorf("--replicas %d: want 1 or more", o.Replicas)
+	}
+	if o.Replicas > 1 {
+		// Every replica must open what repositories sealed to the one key.
+		if o.SealingKeySecret == "" {
+			return o, size, fmt.Errorf("--replicas %d needs --sealing-key-secret: every replica must hold the same sealing key", o.Replicas)
+		}
+		// serve refuses these with --replicas (exit 78): say so now.
+		for _, f := range o.ServeFlags {
+			name, _, _ := strings.Cut(f, "=")
+			if name == "--queue" || name == "--warm-pods" {
+				return o, size, fmt.Errorf("--serve-flag %s with --replicas %d: serve refuses %s with replicas", name, o.Replicas, name)
+			}
+		}
 	}
 	for _, req := range [][2]string{{"namespace", o.Namespace}, {"runs namespace", o.RunsNamespace}, {"image", o.Image}, {"app password secret", o.AppPasswordSecret}, {"did", o.DID}} {
 		if req[1] == "" {
@@ -159,15 +203,21 @@ func serveArgs(o Options) []string {
 		// API server, the nodes, the cluster's Services or the metadata
 		// addresses.
 		"--egress-untrusted", o.EgressUntrusted)
+	if o.Replicas > 1 {
+		// Each replica's name is its host's: the pod's, stable across
+		// its restarts.
+		args = append(args, "--replicas")
+	}
 	args = append(args, o.ServeFlags...)
 	args = append(args, o.Repos...)
 	return args
 }
 
-// statefulSet is the runner: one replica of serveArgs, locked down,
-// with a volume claim of size for its state and caches, and the app
-// password mounted from its Secret. Its own type and object metadata
-// are the caller's.
+// statefulSet is the runner: o.Replicas pods of serveArgs (several
+// spread across nodes), locked down, each with a volume claim of size
+// for its state and caches, the app password mounted from its Secret,
+// and the sealing key from its Secret when there is one. Its own type
+// and object metadata are the caller's.
 func statefulSet(o Options, size resource.Quantity, labels map[string]string) *appsv1.StatefulSet {
 	selector := map[string]string{appLabel: appLabelValue, instanceLabel: o.Name}
 	args := serveArgs(o)
@@ -181,9 +231,44 @@ func statefulSet(o Options, size resource.Quantity, labels map[string]string) *a
 	if o.StorageClass != "" {
 		pvc.Spec.StorageClassName = ptr(o.StorageClass)
 	}
+	mounts := []corev1.VolumeMount{
+		{Name: dataVolume, MountPath: stateDir, SubPath: "state"},
+		{Name: dataVolume, MountPath: cacheDir, SubPath: "cache"},
+		{Name: secretVolume, MountPath: secretDir, ReadOnly: true},
+		{Name: tmpVolume, MountPath: "/tmp"},
+	}
+	volumes := []corev1.Volume{
+		{Name: secretVolume, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName:  o.AppPasswordSecret,
+			Items:       []corev1.KeyToPath{{Key: AppPasswordKey, Path: AppPasswordKey}},
+			DefaultMode: ptr(int32(0o440)),
+		}}},
+		{Name: tmpVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+	}
+	if o.SealingKeySecret != "" {
+		// The file serve reads in its state directory (it makes one only
+		// where there is none), over the pod's own volume.
+		mounts = append(mounts, corev1.VolumeMount{Name: keyVolume, MountPath: stateDir + "/" + SealingKeyKey, SubPath: SealingKeyKey, ReadOnly: true})
+		volumes = append(volumes, corev1.Volume{Name: keyVolume, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName:  o.SealingKeySecret,
+			Items:       []corev1.KeyToPath{{Key: SealingKeyKey, Path: SealingKeyKey}},
+			DefaultMode: ptr(int32(0o440)),
+		}}})
+	}
+	var spread []corev1.TopologySpreadConstraint
+	if o.Replicas > 1 {
+		// Preferred, not required: a cluster of fewer nodes than
+		// replicas still runs them all.
+		spread = []corev1.TopologySpreadConstraint{{
+			MaxSkew:           1,
+			TopologyKey:       corev1.LabelHostname,
+			WhenUnsatisfiable: corev1.ScheduleAnyway,
+			LabelSelector:     &metav1.LabelSelector{MatchLabels: selector},
+		}}
+	}
 	sts := &appsv1.StatefulSet{
 		Spec: appsv1.StatefulSetSpec{
-			Replicas:             ptr(int32(1)),
+			Replicas:             ptr(int32(max(o.Replicas, 1))),
 			ServiceName:          o.Name,
 			Selector:             &metav1.LabelSelector{MatchLabels: selector},
 			VolumeClaimTemplates: []corev1.PersistentVolumeClaim{pvc},
@@ -193,6 +278,7 @@ func statefulSet(o Options, size resource.Quantity, labels map[string]string) *a
 					ServiceAccountName:            o.Name,
 					AutomountServiceAccountToken:  ptr(true),
 					TerminationGracePeriodSeconds: ptr(int64(gracePeriod)),
+					TopologySpreadConstraints:     spread,
 					SecurityContext: &corev1.PodSecurityContext{
 						RunAsNonRoot:   ptr(true),
 						RunAsUser:      ptr(int64(uid)),
@@ -214,12 +300,7 @@ func statefulSet(o Options, size resource.Quantity, labels map[string]string) *a
 							TimeoutSeconds:   5,
 							FailureThreshold: 2,
 						},
-						VolumeMounts: []corev1.VolumeMount{
-							{Name: dataVolume, MountPath: stateDir, SubPath: "state"},
-							{Name: dataVolume, MountPath: cacheDir, SubPath: "cache"},
-							{Name: secretVolume, MountPath: secretDir, ReadOnly: true},
-							{Name: tmpVolume, MountPath: "/tmp"},
-						},
+						VolumeMounts: mounts,
 						SecurityContext: &corev1.SecurityContext{
 							RunAsNonRoot:             ptr(true),
 							AllowPrivilegeEscalation: ptr(false),
@@ -228,14 +309,7 @@ func statefulSet(o Options, size resource.Quantity, labels map[string]string) *a
 							SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 						},
 					}},
-					Volumes: []corev1.Volume{
-						{Name: secretVolume, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-							SecretName:  o.AppPasswordSecret,
-							Items:       []corev1.KeyToPath{{Key: AppPasswordKey, Path: AppPasswordKey}},
-							DefaultMode: ptr(int32(0o440)),
-						}}},
-						{Name: tmpVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
-					},
+					Volumes: volumes,
 				},
 			},
 		},
@@ -244,9 +318,11 @@ func statefulSet(o Options, size resource.Quantity, labels map[string]string) *a
 }
 
 // ownFlags are the serve flags the manifests set themselves, and
-// --kubeconfig: the runner uses its pod's service account.
+// --kubeconfig (the runner uses its pod's service account) and
+// --replica-name (a replica's name is its pod's).
 var ownFlags = []string{"--executor", "--namespace", "--did", "--pds", "--app-password-file",
-	"--state-dir", "--cache-dir", "--ready-file", "--kubeconfig", "--context", "--config", "--egress-untrusted"}
+	"--state-dir", "--cache-dir", "--ready-file", "--kubeconfig", "--context", "--config", "--egress-untrusted",
+	"--replicas", "--replica-name"}
 
 // checkServeFlags refuses a flag the manifests set, and an argument list
 // that does not start with a flag.

@@ -10,6 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 
 	"knotless.dev/run/internal/kube/kubecred"
@@ -27,28 +28,104 @@ func testOptions() Options {
 	}
 }
 
+// replicaOptions are testOptions with three replicas and the sealing
+// key's Secret.
+func replicaOptions() Options {
+	o := testOptions()
+	o.Replicas = 3
+	o.SealingKeySecret = "knotless-sealing-key"
+	return o
+}
+
 func TestManifestsGolden(t *testing.T) {
 	t.Parallel()
-	objs, err := Objects(testOptions())
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := YAML(objs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const path = "testdata/manifests.golden.yaml"
-	if *update {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
+	for _, tt := range []struct {
+		path string
+		o    Options
+	}{
+		{"testdata/manifests.golden.yaml", testOptions()},
+		// serve --replicas: three pods, a PodDisruptionBudget, spread
+		// across nodes, the sealing key from its Secret.
+		{"testdata/manifests-replicas.golden.yaml", replicaOptions()},
+	} {
+		objs, err := Objects(tt.o)
+		if err != nil {
 			t.Fatal(err)
 		}
+		got, err := YAML(objs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if *update {
+			if err := os.WriteFile(tt.path, got, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want, err := os.ReadFile(tt.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(string(want), string(got)); diff != "" {
+			t.Errorf("%s (-want +got; go test -update to rewrite):\n%s", tt.path, diff)
+		}
 	}
-	want, err := os.ReadFile(path)
+}
+
+// TestManifestsReplicas: several replicas run serve --replicas, each
+// named after its pod, with one sealing key; what serve refuses with
+// replicas is refused here, naming the flag.
+func TestManifestsReplicas(t *testing.T) {
+	t.Parallel()
+	objs, err := Objects(replicaOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(string(want), string(got)); diff != "" {
-		t.Errorf("manifests (-want +got; go test -update to rewrite):\n%s", diff)
+	var kinds []string
+	for _, obj := range objs {
+		kinds = append(kinds, obj.GetObjectKind().GroupVersionKind().Kind)
+		if sts, ok := obj.(*appsv1.StatefulSet); ok {
+			args := sts.Spec.Template.Spec.Containers[0].Args
+			if got := *sts.Spec.Replicas; got != 3 || !slices.Contains(args, "--replicas") || slices.Contains(args, "--replica-name") {
+				t.Errorf("StatefulSet replicas %d, serve args %q: want 3, --replicas and no --replica-name (the pod's name)", got, args)
+			}
+		}
+	}
+	if got, want := kinds[len(kinds)-2:], []string{"StatefulSet", "PodDisruptionBudget"}; !slices.Equal(got, want) {
+		t.Errorf("last objects %q, want %q", got, want)
+	}
+
+	for _, tt := range []struct {
+		name string
+		edit func(*Options)
+		want string
+	}{
+		{"no key", func(o *Options) { o.SealingKeySecret = "" }, "--replicas 3 needs --sealing-key-secret"},
+		{"queue", func(o *Options) { o.ServeFlags = []string{"--queue"} }, "--serve-flag --queue with --replicas 3"},
+		{"warm pods", func(o *Options) { o.ServeFlags = []string{"--warm-pods=2"} }, "--serve-flag --warm-pods with --replicas 3"},
+		{"replica name", func(o *Options) { o.ServeFlags = []string{"--replica-name", "x"} }, "--serve-flag --replica-name: set by the manifests"},
+		{"negative", func(o *Options) { o.Replicas = -1 }, "--replicas -1"},
+	} {
+		o := replicaOptions()
+		tt.edit(&o)
+		if _, err := Objects(o); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: %v, want an error with %q", tt.name, err, tt.want)
+		}
+	}
+
+	// One replica is one process, as before: no --replicas, no budget.
+	objs, err = Objects(testOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, obj := range objs {
+		switch obj := obj.(type) {
+		case *policyv1.PodDisruptionBudget:
+			t.Error("one replica: a PodDisruptionBudget")
+		case *appsv1.StatefulSet:
+			if args := obj.Spec.Template.Spec.Containers[0].Args; slices.Contains(args, "--replicas") {
+				t.Errorf("one replica: serve args %q", args)
+			}
+		}
 	}
 }
 
