@@ -156,7 +156,7 @@ func (r *Runs) Claim(ctx context.Context, runID string) (checkpoint []byte, clai
 		return nil, false, time.Time{}, nil
 	case driver == self && inv == r.invocation:
 		// Already this process's.
-	case driver != self && r.set.Alive(driver):
+	case driver != self && r.driverLives(ctx, cs, ns, driver, inv):
 		return nil, false, time.Time{}, nil
 	default:
 		if err := r.claim(ctx, jobs, job); err != nil {
@@ -192,6 +192,24 @@ func (r *Runs) Claim(ctx context.Context, runID string) (checkpoint []byte, clai
 	r.uids[runID] = job.UID
 	r.mu.Unlock()
 	return checkpoint, true, lastSeen, nil
+}
+
+// driverLives reads the driver's Lease afresh (this replica's view of
+// the others may be a renewal old): the driving process lives while
+// its replica's Lease is within its duration and held by that process.
+// A Lease its replica's next process holds means the driving process
+// died. A Lease that cannot be read counts as alive: nothing is
+// claimed on a guess.
+func (r *Runs) driverLives(ctx context.Context, cs *kubeclient.Clientset, ns, driver, inv string) bool {
+	l, err := cs.CoordinationV1().Leases(ns).Get(ctx, LeaseName(r.set.cfg.Runner, driver), metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return false
+	case err != nil:
+		r.set.log.Warn("cannot read the Lease of a run's driver; the run is left to it", "driver", driver, "err", err)
+		return true
+	}
+	return live(l, time.Now()) && (inv == "" || l.Annotations[AnnotationInvocation] == inv)
 }
 
 // claim makes this process job's driver, if job is as read.

@@ -72,6 +72,17 @@ func (s *Scheduler) handedOver(ctx context.Context) []*task {
 	var keys []string
 	for _, key := range s.toAdopt(ctx) {
 		r, _ := s.p.State.Run(key)
+		if s.p.Drivers != nil {
+			// A replica: while it was down, another may have claimed
+			// the run it handed over (its Lease was given back at the
+			// stop). One claim wins; a run another won is its.
+			_, claimed, _, err := s.p.Drivers.Claim(ctx, r.RunID)
+			if err != nil || !claimed {
+				s.log.Info("a run this replica handed over is driven by another replica now, or cannot be claimed; left to it", "check", key, "run", r.RunID, "err", err)
+				s.inherited("elsewhere")
+				continue
+			}
+		}
 		prior, err := os.ReadFile(filepath.Join(s.runDir(r.RunID), handoverLog))
 		var t *task
 		if err == nil {
