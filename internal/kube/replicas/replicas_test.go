@@ -7,6 +7,12 @@ import (
 	"testing"
 	"time"
 
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"knotless.dev/run/internal/executor/kubernetes"
 	"knotless.dev/run/internal/kube/kubeclient"
 	"knotless.dev/run/internal/kube/replicas"
 	"knotless.dev/run/tests/clustertest"
@@ -161,5 +167,95 @@ func TestReplicasOnTheCluster(t *testing.T) {
 	// A new process of d takes its expired Lease.
 	if _, err := replicas.Join(ctx, replicas.Config{API: api, Runner: runner, Name: "d", Invocation: "inv-d2", Duration: 3 * time.Second}); err != nil {
 		t.Fatalf("a new process of the dead replica d: %v", err)
+	}
+}
+
+// TestClaimReadsTheDriversLease: Runs.Claim on the real API server
+// takes a run's Job only when its driving process is dead, as the
+// driver's Lease says when read afresh: not while that process renews
+// it (whatever the claimant's view), yes once the Lease is gone,
+// expired, or held by the replica's next process; one claim of two
+// wins; a Job with no checkpoint is deleted (no step had started).
+func TestClaimReadsTheDriversLease(t *testing.T) {
+	c := clustertest.Start(t)
+	cs, err := kubeclient.NewForConfig(c.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := func() (*kubeclient.Clientset, string, error) { return cs, c.Namespace, nil }
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const runner = "did:plc:claimtest"
+	join := func(name, inv string) *replicas.Set {
+		t.Helper()
+		s, err := replicas.Join(ctx, replicas.Config{API: api, Runner: runner, Name: name, Invocation: inv, Duration: 3 * time.Second, Renew: 300 * time.Millisecond})
+		if err != nil {
+			t.Fatalf("join %s: %v", name, err)
+		}
+		return s
+	}
+	var saver *replicas.Runs
+	job := func(runID, driver, inv string, checkpoint bool) {
+		t.Helper()
+		j := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: kubernetes.JobName(runID), Namespace: c.Namespace,
+			Annotations: map[string]string{kubernetes.AnnotationDriver: driver, kubernetes.AnnotationDriverInvocation: inv}},
+			Spec: batchv1.JobSpec{Suspend: ptr.To(true), Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
+				Containers: []corev1.Container{{Name: "run", Image: c.Image}}}}}}
+		if _, err := cs.BatchV1().Jobs(c.Namespace).Create(ctx, j, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if checkpoint {
+			if err := saver.Save(ctx, runID, []byte("{}\nlog")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// The driver d1 (invocation 1) lives: it renews its Lease.
+	driver := join("d1", "1")
+	saver = replicas.NewRuns(driver)
+	rctx, stopDriver := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); driver.Run(rctx) }()
+	job("claimlives", "d1", "1", true)
+	// The claimant's view of d1 does not matter: the Lease is read.
+	claimant := replicas.NewRuns(join("s", "s-1"))
+	if _, claimed, _, err := claimant.Claim(ctx, "claimlives"); err != nil || claimed {
+		t.Fatalf("claim of a live driver's run: claimed %v, err %v", claimed, err)
+	}
+	// d1's next process holds its Lease: the Job's process (1) is dead.
+	job("claimnext", "d1", "0", true)
+	ckpt, claimed, _, err := claimant.Claim(ctx, "claimnext")
+	if err != nil || !claimed || string(ckpt) != "{}\nlog" {
+		t.Fatalf("claim of a run of the driver's earlier process: claimed %v, checkpoint %q, err %v", claimed, ckpt, err)
+	}
+	got, err := cs.BatchV1().Jobs(c.Namespace).Get(ctx, kubernetes.JobName("claimnext"), metav1.GetOptions{})
+	if err != nil || got.Annotations[kubernetes.AnnotationDriver] != "s" || got.Annotations[kubernetes.AnnotationDriverInvocation] != "s-1" {
+		t.Fatalf("claimed Job's driver: %v, %v", got.Annotations, err)
+	}
+	// A second claimant of the same run finds s alive: not claimed.
+	other := replicas.NewRuns(join("o", "o-1"))
+	sctx, stopS := context.WithCancel(ctx)
+	sDone := make(chan struct{})
+	sSet := join("s", "s-1")
+	go func() { defer close(sDone); sSet.Run(sctx) }()
+	if _, claimed, _, err := other.Claim(ctx, "claimnext"); err != nil || claimed {
+		t.Fatalf("second claim of a claimed run: claimed %v, err %v", claimed, err)
+	}
+	stopS()
+	<-sDone
+	// d1 stops (its Lease given back): its run is claimed; one with no
+	// checkpoint is claimed and its Job deleted.
+	stopDriver()
+	<-done
+	if _, claimed, _, err := claimant.Claim(ctx, "claimlives"); err != nil || !claimed {
+		t.Fatalf("claim of a stopped driver's run: claimed %v, err %v", claimed, err)
+	}
+	job("claimnockpt", "gone", "x", false)
+	ckpt, claimed, _, err = claimant.Claim(ctx, "claimnockpt")
+	if err != nil || !claimed || ckpt != nil {
+		t.Fatalf("claim of a run with no checkpoint: claimed %v, checkpoint %q, err %v", claimed, ckpt, err)
+	}
+	if j, err := cs.BatchV1().Jobs(c.Namespace).Get(ctx, kubernetes.JobName("claimnockpt"), metav1.GetOptions{}); err == nil && j.DeletionTimestamp == nil {
+		t.Fatal("the Job of a run with no checkpoint is still there after its claim")
 	}
 }
