@@ -1,9 +1,15 @@
 package kubernetes
 
 import (
+	"context"
+	"errors"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"knotless.dev/run/internal/executor"
 )
 
 // TestPodDisrupted: the shapes in which Kubernetes says it takes a pod
@@ -60,6 +66,32 @@ func TestOwnLimit(t *testing.T) {
 	} {
 		if got := ownLimit(tt.why); got != tt.want {
 			t.Errorf("ownLimit(%q) = %v, want %v", tt.why, got, tt.want)
+		}
+	}
+}
+
+// TestPodEndedEvictedByItsOwnLimit: a pod whose Failed/Evicted status
+// reached the API server (the kubelet's status is not always sent, the
+// event is: evicted.go) ends the step in the kubelet's words, lost to
+// the infrastructure only when the node's pressure evicted it.
+func TestPodEndedEvictedByItsOwnLimit(t *testing.T) {
+	t.Parallel()
+	s := &Session{ref: executor.Ref{Executor: Name, RunID: "r", Namespace: "ns", Name: "knotless-r"}}
+	for _, tt := range []struct {
+		message string
+		lost    bool
+	}{
+		{"Pod ephemeral local storage usage exceeds the total limit of containers 32Mi.", false},
+		{"The node was low on resource: ephemeral-storage.", true},
+	} {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: corev1.PodSpec{NodeName: "n"},
+			Status: corev1.PodStatus{Phase: corev1.PodFailed, Reason: "Evicted", Message: tt.message}}
+		err := s.podEnded(context.Background(), pod)
+		if err == nil || !strings.Contains(err.Error(), tt.message) {
+			t.Fatalf("%q: err %v, want the kubelet's words", tt.message, err)
+		}
+		if got := errors.Is(err, executor.ErrInfrastructure); got != tt.lost {
+			t.Errorf("%q: lost to the infrastructure %v, want %v (%v)", tt.message, got, tt.lost, err)
 		}
 	}
 }

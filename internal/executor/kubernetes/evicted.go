@@ -33,7 +33,10 @@ const evictionEventWait = 20 * time.Second
 // reliably says why.
 func (s *Session) podEnded(ctx context.Context, pod *corev1.Pod) error {
 	if why, disrupted := podDisrupted(pod); disrupted {
-		return s.disruptedError(pod, why)
+		// The kubelet's Failed/Evicted status did reach the API server
+		// this time: its words say whose the eviction was, as the
+		// event's do.
+		return s.evictedError(pod, why)
 	}
 	if pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
 		return nil
