@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/kubernetes"
@@ -138,44 +139,55 @@ func (r *Runs) Claim(ctx context.Context, runID string) (checkpoint []byte, clai
 	}
 	jobs := cs.BatchV1().Jobs(ns)
 	name := kubernetes.JobName(runID)
-	job, err := jobs.Get(ctx, name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil, false, time.Time{}, nil // gone meanwhile: the next start makes it
-	}
-	if err != nil {
-		return nil, false, time.Time{}, fmt.Errorf("claim run %s: read its Job: %w", runID, err)
-	}
-	driver, inv := job.Annotations[kubernetes.AnnotationDriver], job.Annotations[kubernetes.AnnotationDriverInvocation]
-	self := r.set.Self()
-	switch {
-	case job.DeletionTimestamp != nil:
-		return nil, false, time.Time{}, nil
-	case driver == "":
-		// Made by a runner process that is no replica: not this
-		// replica's to take.
-		return nil, false, time.Time{}, nil
-	case driver == self && inv == r.invocation:
-		// Already this process's.
-	case driver != self && r.driverLives(ctx, cs, ns, driver, inv):
-		return nil, false, time.Time{}, nil
-	default:
-		if err := r.claim(ctx, jobs, job); err != nil {
-			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-				return nil, false, time.Time{}, nil // another claimant went first
+	// A conflict on the claim is another writer of the Job since it was
+	// read: another claimant (read again, it is the driver and lives)
+	// or the Job controller's status update (read again, nothing
+	// changed for the claim). So the Job is read again, a few times.
+	var job *batchv1.Job
+	for attempt := 1; ; attempt++ {
+		job, err = jobs.Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil, false, time.Time{}, nil // gone meanwhile: the next start makes it
+		}
+		if err != nil {
+			return nil, false, time.Time{}, fmt.Errorf("claim run %s: read its Job: %w", runID, err)
+		}
+		driver, inv := job.Annotations[kubernetes.AnnotationDriver], job.Annotations[kubernetes.AnnotationDriverInvocation]
+		self := r.set.Self()
+		switch {
+		case job.DeletionTimestamp != nil:
+			return nil, false, time.Time{}, nil
+		case driver == "":
+			// Made by a runner process that is no replica: not this
+			// replica's to take.
+			return nil, false, time.Time{}, nil
+		case driver == self && inv == r.invocation:
+			// Already this process's.
+		case driver != self && r.driverLives(ctx, cs, ns, driver, inv):
+			return nil, false, time.Time{}, nil
+		default:
+			err := r.claim(ctx, jobs, job)
+			switch {
+			case apierrors.IsConflict(err) && attempt < 3:
+				continue
+			case apierrors.IsConflict(err) || apierrors.IsNotFound(err):
+				return nil, false, time.Time{}, nil
+			case err != nil:
+				return nil, false, time.Time{}, fmt.Errorf("claim run %s from replica %s: %w", runID, driver, err)
 			}
-			return nil, false, time.Time{}, fmt.Errorf("claim run %s from replica %s: %w", runID, driver, err)
+			if driver != self {
+				lastSeen = r.set.LastSeen(driver)
+			}
+			r.set.log.Info("claimed the run of a replica that is gone", "run", runID, "from", driver, "from_invocation", inv)
 		}
-		if driver != self {
-			lastSeen = r.set.LastSeen(driver)
-		}
-		r.set.log.Info("claimed the run of a replica that is gone", "run", runID, "from", driver, "from_invocation", inv)
+		break
 	}
 	cm, err := cs.CoreV1().ConfigMaps(ns).Get(ctx, checkpointName(runID), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		// No step had started: the run starts again, after its Job.
 		uid := job.UID
 		err := jobs.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid},
-			PropagationPolicy: ptrTo(metav1.DeletePropagationBackground)})
+			PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return nil, true, lastSeen, fmt.Errorf("claim run %s: delete its Job, which started no step: %w", runID, err)
 		}
@@ -266,8 +278,6 @@ func decompress(b []byte) ([]byte, error) {
 	}
 	return out, nil
 }
-
-func ptrTo[T any](v T) *T { return &v }
 
 // Replica is a joined replica whole: its place among the runner's
 // replicas and the records of the runs it drives.
