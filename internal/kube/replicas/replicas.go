@@ -97,8 +97,6 @@ type Set struct {
 	// last renewal: when a survivor claims a run, the takeover's time
 	// counts from it.
 	gone map[string]time.Time
-	// changes counts how many times the live set changed.
-	changes int64
 }
 
 // LeaseName is the name of the Lease of replica name of runner.
@@ -310,9 +308,6 @@ func (s *Set) read(ctx context.Context) error {
 		}
 	}
 	s.live = members
-	if changed {
-		s.changes++
-	}
 	s.mu.Unlock()
 	if changed && before != nil {
 		s.log.Info("the runner's live replicas changed", "live", namesOf(members), "before", before)
@@ -367,24 +362,6 @@ func (s *Set) Members() []Member {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.live)
-}
-
-// Changes is how many times the live replicas changed since Join.
-func (s *Set) Changes() int64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.changes
-}
-
-// Alive reports whether replica name was live at the last read (this
-// replica is, while its own Lease is within its duration).
-func (s *Set) Alive(name string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if name == s.cfg.Name {
-		return time.Since(s.renewed) < s.cfg.Duration
-	}
-	return slices.ContainsFunc(s.live, func(m Member) bool { return m.Name == name })
 }
 
 // LastSeen is when replica name, no longer live, last renewed its
