@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -102,6 +103,8 @@ type mirrors struct {
 	open, branch, read error
 	wfs                []*workflow.Workflow
 	bad                []error
+	// branches counts the Branch calls (a fetch of the source each).
+	branches atomic.Int32
 }
 
 func (m *mirrors) Open(context.Context, string) (job.Repo, error) {
@@ -117,6 +120,7 @@ type repo struct {
 }
 
 func (r repo) Branch(context.Context, string, string) (string, error) {
+	r.m.branches.Add(1)
 	return rig.BaseCommit("main"), r.m.branch
 }
 func (r repo) Workflows(context.Context, string) ([]*workflow.Workflow, []error, error) {
@@ -340,6 +344,33 @@ func TestScheduleFailures(t *testing.T) {
 				t.Errorf("kept %+v, want retry %v", mem, tc.retry)
 			}
 		})
+	}
+}
+
+// A repository whose default branch is not in its source has no
+// schedules, said once: the branch is not fetched again at each
+// reconcile, only once a push to it is seen.
+func TestScheduleWithoutTheDefaultBranch(t *testing.T) {
+	t.Parallel()
+	f := newFake()
+	m := &mirrors{branch: fmt.Errorf("%w main at file:///src", mirror.ErrNoBranch)}
+	buf := &syncbuf.Buffer{}
+	p := part(f, m, buf)
+	snap := &ingest.Snapshot{Repos: []forge.Record[forge.Repo]{rig.RepoRecord()}, Complete: true}
+	for range 3 {
+		p.Act(t.Context(), snap)
+	}
+	if n := m.branches.Load(); n != 1 {
+		t.Errorf("the source's branch read %d times in 3 reconciles, want 1", n)
+	}
+	if n := strings.Count(buf.String(), "no schedules: the default branch is not in the source"); n != 1 || strings.Contains(buf.String(), "schedules not read") {
+		t.Errorf("said %d times, want once and no warning; logged:\n%s", n, buf)
+	}
+	// A push to the branch: read again.
+	snap.Events = append(snap.Events, rig.Push("3k9", "c9"))
+	p.Act(t.Context(), snap)
+	if n := m.branches.Load(); n != 2 {
+		t.Errorf("after a push to it the branch was read %d times in all, want 2", n)
 	}
 }
 

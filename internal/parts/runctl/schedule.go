@@ -2,6 +2,7 @@ package runctl
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"slices"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/forge/ingest"
+	"knotless.dev/run/internal/mirror"
 	"knotless.dev/run/internal/rules/control"
 	"knotless.dev/run/internal/rules/job"
 	"knotless.dev/run/internal/rules/work"
@@ -99,7 +101,16 @@ func (p *Part) runSchedules(ctx context.Context, snap *ingest.Snapshot) {
 		p.mu.Unlock()
 		if mem == nil || mem.push != push || mem.retry || (!mem.next.IsZero() && !now.Before(mem.next)) {
 			read, err := p.readSchedules(ctx, repo, branch, push)
-			if err != nil {
+			switch {
+			case errors.Is(err, mirror.ErrNoBranch):
+				// A repository without its default branch (yet) has no
+				// schedules: read again when a push to it is seen, not
+				// at every reconcile (a fetch each time, and a line).
+				if mem == nil || mem.head != "" || mem.push != push {
+					p.log.Info("no schedules: the default branch is not in the source; read again at its next push", "repo", uri, "branch", branch)
+				}
+				read = &repoSchedule{push: push}
+			case err != nil:
 				p.log.Warn("schedules not read; tried again at the next reconcile", "repo", uri, "branch", branch, "err", err)
 				continue
 			}
