@@ -116,8 +116,16 @@ func (e *Engine) cleanUp(ctx context.Context, r *runState) {
 	if sess == nil || r.res.Status == Detached {
 		return
 	}
-	log, keep, timeout := r.log, r.req.Keep, e.cfg.CleanupTimeout
+	log, keep, timeout, hold := r.log, r.req.Keep, e.cfg.CleanupTimeout, r.req.HoldSession
 	stop := func(ctx context.Context, sess executor.Session) error {
+		if hold != nil {
+			select {
+			case <-hold:
+			case <-ctx.Done():
+				log.Warn("session held for the run's final check, and the runner stops first: the next sweep removes it", "session", sess.Ref().String())
+				return ctx.Err()
+			}
+		}
 		ctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
 		if err := sess.Stop(ctx); err != nil {
@@ -132,6 +140,7 @@ func (e *Engine) cleanUp(ctx context.Context, r *runState) {
 		return nil
 	}
 	if e.cfg.Cleaner == nil {
+		hold = nil // Run has not returned: nothing can close it yet
 		_ = stop(context.WithoutCancel(ctx), sess)
 		return
 	}

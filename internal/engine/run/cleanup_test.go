@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/executor/fakeexec"
@@ -105,5 +106,39 @@ func TestCleanerWaitCutsShort(t *testing.T) {
 	}
 	if cleaner.Failures() != 3 {
 		t.Errorf("%d failed, want 3", cleaner.Failures())
+	}
+}
+
+// A held session (Request.HoldSession, with replicas: kept until the
+// run's final check is written) is not stopped while held: a Cleaner cut
+// short meanwhile leaves it to the sweep; once released, it is stopped.
+func TestHeldSessionOutlivesTheRun(t *testing.T) {
+	t.Parallel()
+	for _, release := range []bool{false, true} {
+		ex := &fakeexec.Executor{Outputs: map[string]string{"out.txt": "x"}}
+		cleaner := run.NewCleaner(nil)
+		hold := make(chan struct{})
+		res := run.New(run.Config{Executor: ex, Cleaner: cleaner}).Run(t.Context(), run.Request{
+			RunID: "r", Workflow: twoSteps(), Checkout: t.TempDir(), Outputs: t.TempDir(), HoldSession: hold})
+		if res.Status != run.Success {
+			t.Fatalf("status %s (%q), want success", res.Status, res.Error)
+		}
+		s := ex.Session("r")
+		if !release {
+			ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+			err := cleaner.Wait(ctx)
+			cancel()
+			if err == nil || s.Stops() != 0 || s.Stopped() {
+				t.Errorf("held: Wait %v, Stop called %d times, stopped %v; want the clean-up cut short and no Stop", err, s.Stops(), s.Stopped())
+			}
+			continue
+		}
+		close(hold)
+		if err := cleaner.Wait(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if !s.Stopped() || cleaner.Failures() != 0 {
+			t.Errorf("released: stopped %v, %d failed; want it stopped", s.Stopped(), cleaner.Failures())
+		}
 	}
 }

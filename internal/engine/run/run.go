@@ -144,6 +144,13 @@ type Request struct {
 	// stopped and the run is fenced: it writes nothing. Any other error
 	// ends the run error.
 	Fence func(ctx context.Context) error
+	// HoldSession, when set, keeps the run's session after the run
+	// until it is closed (or the Cleaner's owner cuts its clean-ups
+	// short): with replicas, the session outlives the run's final
+	// check, so that a run whose check says running always has its
+	// session for a survivor to claim. Only the Cleaner waits for it (a
+	// clean-up before Run returns cannot).
+	HoldSession <-chan struct{}
 }
 
 // Progress is the step a run is at.

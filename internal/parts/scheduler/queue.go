@@ -38,6 +38,9 @@ type task struct {
 	// driverSeen is, for a run taken over from a replica that died,
 	// that driver's last sign of life (zero: none known).
 	driverSeen time.Time
+	// hold keeps the session of the try going (with replicas) until
+	// the check says how it ended (releaseSession).
+	hold chan struct{}
 	// unwritten: no queued record was written, as a worker was free when
 	// the task came; it is claimed before any other, and its running
 	// record is its check's first.

@@ -200,6 +200,9 @@ func (s *Scheduler) runJob(ctx context.Context, t *task) {
 	log := s.log.With("check", t.Key, "workflow", t.Workflow.Name, "event", t.Event.URI.String())
 	if s.p.Drivers != nil {
 		defer func() { s.p.Drivers.Forget(t.runID) }()
+		// Once the check says how the run ended (or the run is
+		// another's, or handed over), its session may go.
+		defer s.releaseSession(t)
 	}
 	if s.needsSkip(ctx, t) {
 		return
@@ -407,6 +410,14 @@ func (s *Scheduler) execute(ctx context.Context, t *task, dir string, log *slog.
 	req.Checkpoint = func(h run.Handover, log []byte) error { return s.writeCheckpoint(ctx, t.runID, h, log) }
 	replica := s.p.Drivers != nil
 	if replica {
+		// The session outlives the final check: a check that says
+		// running always has its Job, for a survivor to claim.
+		s.releaseSession(t)
+		hold := make(chan struct{})
+		s.mu.Lock()
+		t.hold = hold
+		s.mu.Unlock()
+		req.HoldSession = hold
 		// The running record and the run's record in state.json wait
 		// for the Job: only the run's driver writes its check.
 		req.Fence = func(ctx context.Context) error {
@@ -484,6 +495,16 @@ func (s *Scheduler) execute(ctx context.Context, t *task, dir string, log *slog.
 	}
 	<-recorded
 	return st.Run(ctx, checkout, secrets)
+}
+
+// releaseSession lets the session of t's last try go (HoldSession).
+func (s *Scheduler) releaseSession(t *task) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t.hold != nil {
+		close(t.hold)
+		t.hold = nil
+	}
 }
 
 // endedElsewhere is a replica's last look before a run it started goes
