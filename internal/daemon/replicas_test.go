@@ -8,9 +8,13 @@ import (
 	"testing"
 	"time"
 
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"knotless.dev/run/internal/daemon"
+	"knotless.dev/run/internal/engine/run"
 	"knotless.dev/run/internal/executor/kubernetes"
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/kube/replicas"
@@ -199,4 +203,109 @@ func TestReplicasShareTheEvents(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// TestReplicaStartsAgainARunItsDeadDriverHadNotStarted: a replica that
+// died after its run's running check and before the run's first step
+// left a Job with no checkpoint. The replica that takes the event claims
+// the run and starts it again: its check is queued again before the Job
+// goes, so that a check that says running always has a Job to claim.
+// That replica stops too while its new Job waits for a node (released:
+// a replica writes nothing then): the check says queued, nothing is
+// left in the cluster, and the next replica runs the work, once.
+// Were the check still running with its Job gone, no replica could
+// claim the run and it would never end.
+func TestReplicaStartsAgainARunItsDeadDriverHadNotStarted(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t)
+	w := newWorld(t)
+	runner := w.Runner.DID.String()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	uri, commit := w.Push(map[string]string{".knotless/workflows/ci.yaml": workflowFile("on: [push]\nsteps:\n  - name: hello\n    run: echo \"run $((1+1)) once\"\n")})
+	subject := forge.Subject{Repo: w.RepoURI.String(), Commit: commit, Ref: "refs/heads/main", Event: uri.String(), Kind: forge.KindPush}
+	key := forge.CheckKey(subject, "ci")
+	runID := run.IDFor(runner, key)
+	sel := kubernetes.LabelRunner + "=" + kubernetes.RunnerLabel(runner)
+
+	// What the dead driver d0 left: its running check and its run's
+	// Job (suspended: no pod), with no checkpoint.
+	w.Put(w.Runner, forge.CollectionCheck, key, forge.Check{Type: forge.CollectionCheck, Subject: subject, Workflow: "ci",
+		Status: "running", CreatedAt: forge.Now(), StartedAt: forge.Now()})
+	dead := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: kubernetes.JobName(runID), Namespace: c.Namespace,
+		Labels:      map[string]string{kubernetes.LabelRunner: kubernetes.RunnerLabel(runner), kubernetes.LabelRun: runID},
+		Annotations: map[string]string{kubernetes.AnnotationDriver: "d0", kubernetes.AnnotationDriverInvocation: "d0-1"}},
+		Spec: batchv1.JobSpec{Suspend: ptr.To(true), Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
+			Containers: []corev1.Container{{Name: "run", Image: c.Image}}}}}}
+	dead, err := c.Clientset.BatchV1().Jobs(c.Namespace).Create(ctx, dead, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	replica := func(name string, pod kubernetes.PodOptions) func() error {
+		pod.Image = c.Image
+		ex, err := kubernetes.New(kubernetes.Config{
+			Credentials: kubernetes.Credentials{Kubeconfig: c.Kubeconfig, Namespace: c.Namespace},
+			Runner:      runner, Driver: name, Pod: pod, ScheduleTimeout: 2 * time.Minute,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w.start(w.config(func(cfg *daemon.Config) {
+			cfg.Engine.Executor, cfg.Engine.DefaultImage = ex, c.Image
+			cfg.StateDir, cfg.CacheDir = t.TempDir(), t.TempDir()
+			cfg.Logger = cfg.Logger.With("replica", name)
+			cfg.Replicas = func(ctx context.Context, changed func()) (daemon.Replicas, error) {
+				set, err := replicas.Join(ctx, replicas.Config{API: ex.API, Runner: runner, Name: name, Invocation: name + "-1",
+					Logger: cfg.Logger, Changed: changed})
+				if err != nil {
+					return nil, err
+				}
+				return replicas.Both(set), nil
+			}
+		}))
+	}
+	jobOf := func() (*batchv1.Job, error) {
+		jobs, err := c.Clientset.BatchV1().Jobs(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
+		if err != nil || len(jobs.Items) == 0 {
+			return nil, err
+		}
+		return &jobs.Items[0], nil
+	}
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		for !ok() {
+			if ctx.Err() != nil {
+				t.Fatalf("%s: not so before the test's deadline\n%s", what, w.logText())
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+
+	// s1's pods select no node: its Job waits.
+	stop1 := replica("s1", kubernetes.PodOptions{NodeSelector: map[string]string{"knotless.dev/test-no-such-node": "none"}})
+	waitFor("s1 made the run's Job again", func() bool {
+		j, _ := jobOf()
+		return j != nil && j.UID != dead.UID && j.Annotations[kubernetes.AnnotationDriver] == "s1"
+	})
+	if got := w.check(key); got.Status != "queued" || !strings.Contains(got.Error, "stopped before the run's first step") {
+		t.Fatalf("check while s1 starts the run again: %s (%q), want queued, saying why", got.Status, got.Error)
+	}
+	if err := stop1(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("s1's Job gone after its stop", func() bool { j, err := jobOf(); return err == nil && j == nil })
+	if got := w.check(key); got.Status != "queued" {
+		t.Fatalf("check after s1 stopped with the run unstarted: %s (%q), want queued", got.Status, got.Error)
+	}
+
+	// s2 can place its pod: the run goes, once.
+	replica("s2", kubernetes.PodOptions{})
+	if got := w.waitKey(key, 3*time.Minute); got.Status != "success" {
+		t.Fatalf("check: %s (%q), want success", got.Status, got.Error)
+	}
+	if n := strings.Count(w.runLog(w.check(key)), "run 2 once"); n != 1 {
+		t.Errorf("the step's output is in the run's log %d times, want once", n)
+	}
+	waitFor("no Job of the runner left", func() bool { j, err := jobOf(); return err == nil && j == nil })
 }

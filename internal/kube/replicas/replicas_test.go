@@ -177,7 +177,8 @@ func TestReplicasOnTheCluster(t *testing.T) {
 // driver's Lease says when read afresh: not while that process renews
 // it (whatever the claimant's view), yes once the Lease is gone,
 // expired, or held by the replica's next process; one claim of two
-// wins; a Job with no checkpoint is deleted (no step had started).
+// wins; a Job with no checkpoint is claimed, and deleted only when its
+// claimant drops it (no step had started).
 func TestClaimReadsTheDriversLease(t *testing.T) {
 	c := clustertest.Start(t)
 	cs, err := kubeclient.NewForConfig(c.Config)
@@ -257,7 +258,19 @@ func TestClaimReadsTheDriversLease(t *testing.T) {
 	if err != nil || !claimed || ckpt != nil {
 		t.Fatalf("claim of a run with no checkpoint: claimed %v, checkpoint %q, err %v", claimed, ckpt, err)
 	}
+	// Its Job stays until the claimant has queued the run's check again
+	// and drops it: a check that says running always has its Job.
+	if j, err := cs.BatchV1().Jobs(c.Namespace).Get(ctx, kubernetes.JobName("claimnockpt"), metav1.GetOptions{}); err != nil || j.DeletionTimestamp != nil ||
+		j.Annotations[kubernetes.AnnotationDriver] != "s" {
+		t.Fatalf("the Job of a run with no checkpoint after its claim: %v, %v; want it there, driven by s", j, err)
+	}
+	if err := other.Drop(ctx, "claimnockpt"); err == nil {
+		t.Fatal("a replica that did not claim the run dropped its Job")
+	}
+	if err := claimant.Drop(ctx, "claimnockpt"); err != nil {
+		t.Fatal(err)
+	}
 	if j, err := cs.BatchV1().Jobs(c.Namespace).Get(ctx, kubernetes.JobName("claimnockpt"), metav1.GetOptions{}); err == nil && j.DeletionTimestamp == nil {
-		t.Fatal("the Job of a run with no checkpoint is still there after its claim")
+		t.Fatal("the Job of a run with no checkpoint is still there after its claimant dropped it")
 	}
 }

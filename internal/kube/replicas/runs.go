@@ -129,7 +129,10 @@ func (r *Runs) Forget(runID string) {
 // It returns claimed false when the driver lives (or another claimant
 // won): the run is the driver's. Claimed, it returns the run's
 // checkpoint, or nil when the dead driver recorded none (no step had
-// started): the Job is then deleted, so that the run starts again.
+// started): the claimant then queues the run's check again and deletes
+// the Job (Drop), so that the run starts again. Until the check says
+// queued, the Job stays: a check that says running has its Job, for
+// the next claimant if this one dies too.
 // lastSeen is when the dead driver last renewed its Lease, as this
 // replica saw it (zero: unknown, or this replica's earlier process).
 func (r *Runs) Claim(ctx context.Context, runID string) (checkpoint []byte, claimed bool, lastSeen time.Time, err error) {
@@ -182,16 +185,12 @@ func (r *Runs) Claim(ctx context.Context, runID string) (checkpoint []byte, clai
 		}
 		break
 	}
+	r.mu.Lock()
+	r.uids[runID] = job.UID
+	r.mu.Unlock()
 	cm, err := cs.CoreV1().ConfigMaps(ns).Get(ctx, checkpointName(runID), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		// No step had started: the run starts again, after its Job.
-		uid := job.UID
-		err := jobs.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid},
-			PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
-		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-			return nil, true, lastSeen, fmt.Errorf("claim run %s: delete its Job, which started no step: %w", runID, err)
-		}
-		return nil, true, lastSeen, nil
+		return nil, true, lastSeen, nil // no step had started: Drop, once its check is queued
 	}
 	if err != nil {
 		return nil, true, lastSeen, fmt.Errorf("claim run %s: read its checkpoint: %w", runID, err)
@@ -200,10 +199,33 @@ func (r *Runs) Claim(ctx context.Context, runID string) (checkpoint []byte, clai
 	if err != nil {
 		return nil, true, lastSeen, fmt.Errorf("claim run %s: checkpoint %s/%s: %w", runID, ns, cm.Name, err)
 	}
-	r.mu.Lock()
-	r.uids[runID] = job.UID
-	r.mu.Unlock()
 	return checkpoint, true, lastSeen, nil
+}
+
+// Drop deletes the Job of run runID, which this process claimed with no
+// checkpoint (no step had started), once the run's check is queued
+// again: the run starts again from its start. A Job gone already is
+// dropped.
+func (r *Runs) Drop(ctx context.Context, runID string) error {
+	cs, ns, err := r.set.cfg.API()
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	uid, ok := r.uids[runID]
+	r.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("drop run %s: not claimed by this process", runID)
+	}
+	// The UID precondition: only the Job claimed, never a Job the run's
+	// next start made meanwhile.
+	err = cs.BatchV1().Jobs(ns).Delete(ctx, kubernetes.JobName(runID), metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid},
+		PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return fmt.Errorf("drop run %s: delete its Job, which started no step: %w", runID, err)
+	}
+	r.Forget(runID)
+	return nil
 }
 
 // driverLives reads the driver's Lease afresh (this replica's view of

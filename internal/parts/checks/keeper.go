@@ -272,6 +272,25 @@ func (k *Keeper) Released(ctx context.Context, e End) {
 	}
 }
 
+// Requeued writes the check of key, which says running, queued again:
+// with replicas, its driver died before the run's first step and a
+// survivor claimed the run, which starts again (why says so). The
+// record is written now or not at all (never held back for the PDS's
+// budget): the run's Job goes only once it is. It is read from the PDS
+// first; a check not running is left as it is.
+func (k *Keeper) Requeued(ctx context.Context, key, why string) error {
+	// As the PDS has it now: this process may not have read it yet.
+	if err := k.rec.Refresh(ctx, key); err != nil {
+		return err
+	}
+	c, known := k.rec.Get(key)
+	if !known || Status(c.Status) != Running {
+		return nil
+	}
+	c.Status, c.Error, c.StartedAt, c.Live = string(Queued), Truncate(why, MaxError), "", nil
+	return k.rec.WriteFrom(ctx, Release, key, Running, c)
+}
+
 // Error writes the final error check of the workflow wf of ev, which
 // cannot run (an invalid file, a refused event, a commit that does not
 // fetch, a pull that does not merge), unless its check is final.

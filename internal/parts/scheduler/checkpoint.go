@@ -141,6 +141,10 @@ func (s *Scheduler) takeUp(ctx context.Context) []orphaned {
 					continue
 				}
 				if ckpt == nil {
+					if err := s.startAgain(ctx, key, r.RunID); err != nil {
+						log.Warn("a run of this replica's earlier process had recorded no checkpoint in the cluster, and cannot start again now; tried again at the next reconcile", "err", err)
+						continue
+					}
 					log.Info("a run of this replica's earlier process had recorded no checkpoint in the cluster; its work runs again")
 					s.inherited("again")
 					continue
@@ -246,6 +250,10 @@ func (s *Scheduler) takeOver(ctx context.Context, t *task, log *slog.Logger) boo
 		return false
 	}
 	if ckpt == nil {
+		if err := s.startAgain(ctx, t.Key, t.runID); err != nil {
+			log.Warn("took over a run whose driver is gone and had started no step, and cannot start it again now; tried again at the next reconcile", "run", t.runID, "err", err)
+			return false
+		}
 		log.Info("took over a run whose driver is gone and had started no step: it starts again", "run", t.runID)
 		return true
 	}
@@ -267,6 +275,19 @@ func (s *Scheduler) takeOver(ctx context.Context, t *task, log *slog.Logger) boo
 	t.adopt, t.prior, t.driverSeen = &h, prior, lastSeen
 	s.mu.Unlock()
 	return true
+}
+
+// startAgain starts again the run of the check of key, claimed from a
+// dead driver that had started no step: its check is queued again
+// first, then its session (runID's) goes. In that order, a check that
+// says running always has its session, which the next survivor claims
+// if this one dies too; a session gone with its check still running
+// would be claimed by nobody.
+func (s *Scheduler) startAgain(ctx context.Context, key, runID string) error {
+	if err := s.p.Checks.Requeued(ctx, key, "its runner process stopped before the run's first step: it runs again"); err != nil {
+		return fmt.Errorf("queue its check again: %w", err)
+	}
+	return s.p.Drivers.Drop(ctx, runID)
 }
 
 // TakeOver is asked by intake, with replicas, for a job whose check
@@ -299,6 +320,10 @@ func (s *Scheduler) TakeOver(ctx context.Context, j *job.Job) bool {
 		s.drivenElsewhere(j.Key)
 		return true
 	case ckpt == nil:
+		if err := s.startAgain(ctx, j.Key, runID); err != nil {
+			log.Warn("took over a run whose driver is gone and had started no step, and cannot queue it again now; tried again at the next reconcile", "err", err)
+			return true
+		}
 		log.Info("took over a run whose driver is gone and had started no step: it is queued again")
 		return false
 	}

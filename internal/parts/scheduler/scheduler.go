@@ -90,6 +90,10 @@ type Checks interface {
 	// the final skipped check of work that does not run (needs.go).
 	Get(key string) (forge.Check, bool)
 	Skipped(ctx context.Context, ev work.Event, wf, why string)
+	// Requeued writes the check of key, which says running, queued
+	// again (why), now or not at all: with replicas, its dead driver
+	// had started no step.
+	Requeued(ctx context.Context, key, why string) error
 }
 
 // State is the scheduler's part of state.json (state.Store): the going
@@ -201,10 +205,13 @@ type Drivers interface {
 	// gone (or an earlier process of this replica): claimed is false
 	// while its driver lives. Claimed, checkpoint is where the run
 	// stands, or nil when its driver recorded none (no step had
-	// started) and its session was deleted: the run starts again.
+	// started): the run starts again (startAgain).
 	// lastSeen is the dead driver's last sign of life (its Lease's last
 	// renewal; zero: unknown), which the takeover's time counts from.
 	Claim(ctx context.Context, runID string) (checkpoint []byte, claimed bool, lastSeen time.Time, err error)
+	// Drop deletes the session of run runID, claimed with no
+	// checkpoint, once its check is queued again (startAgain).
+	Drop(ctx context.Context, runID string) error
 	// Forget is told that run runID ended here.
 	Forget(runID string)
 }
