@@ -5,6 +5,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -46,6 +47,10 @@ var (
 // -replicas.signals is not given.
 const EnvReplicaSignals = "KNOTLESS_REPLICA_SIGNALS"
 
+// EnvReplicaLogs names a directory the replicas' chaos loop writes each
+// replica's whole log to (NAME.log), passed or failed.
+const EnvReplicaLogs = "KNOTLESS_REPLICA_LOGS"
+
 // TestReplicasChaos: three real serve processes with --replicas, one
 // runner, on the real cluster and PDS. Pushes come (each on a branch of
 // its own, a step that sleeps and one after it) while a random replica
@@ -82,6 +87,14 @@ func TestReplicasChaos(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, seed))
 	t.Logf("replicas chaos: seed %d, %d signals, %d pushes (again: -replicas.seed=%d -replicas.signals=%d -replicas.pushes=%d)", seed, signals, pushes, seed, signals, pushes)
 
+	// Said again last, after the replicas' logs (a CI log's tail is
+	// often all there is of it).
+	var verdict string
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("replicas chaos failed: seed %d, %d signals, %d pushes: %s", seed, signals, pushes, verdict)
+		}
+	})
 	c := clustertest.Start(t)
 	if err := pds.Installed(); err != nil {
 		t.Fatal(err)
@@ -123,6 +136,7 @@ func TestReplicasChaos(t *testing.T) {
 		commit string
 		old    string
 		branch string
+		at     time.Time
 	}
 	var pushed []push
 	pushOne := func() {
@@ -145,7 +159,7 @@ steps:
 		commit := w.Src.Commit(branch, map[string]string{".knotless/workflows/ci.yaml": wf})
 		uri := w.Put(w.Owner, forge.CollectionRefUpdate, "", forge.RefUpdate{Type: forge.CollectionRefUpdate, Repo: w.RepoURI.String(),
 			Ref: "refs/heads/" + branch, Old: old, New: commit, CreatedAt: forge.Now()})
-		pushed = append(pushed, push{uri: uri, commit: commit, old: old, branch: branch})
+		pushed = append(pushed, push{uri: uri, commit: commit, old: old, branch: branch, at: time.Now()})
 	}
 	redelivered := 0
 	redeliver := func() {
@@ -201,32 +215,44 @@ steps:
 
 	// Every push ends: one final check each, success.
 	deadline := time.Now().Add(10 * time.Minute)
+	took := map[int]time.Duration{} // push: from the push to its final check
 	for {
 		byCommit := map[string][]forge.Check{}
 		for _, r := range w.Checks() {
 			byCommit[r.Value.Subject.Commit] = append(byCommit[r.Value.Subject.Commit], r.Value)
 		}
-		done, bad := 0, []string{}
+		done, bad, open := 0, []string{}, []string{}
 		for i, p := range pushed {
 			cs := byCommit[p.commit]
 			switch {
+			case len(cs) == 0:
+				open = append(open, fmt.Sprintf("push %d: no check", i))
+			case len(cs) == 1 && !cs[0].Final():
+				open = append(open, fmt.Sprintf("push %d: %s (%s)", i, cs[0].Status, cs[0].Error))
 			case len(cs) > 1:
 				bad = append(bad, fmt.Sprintf("push %d: %d check records", i, len(cs)))
 			case len(cs) == 1 && cs[0].Final():
 				done++
+				if _, ok := took[i]; !ok {
+					if end, err := time.Parse(time.RFC3339Nano, string(cs[0].FinishedAt)); err == nil {
+						took[i] = end.Sub(p.at)
+					}
+				}
 				if cs[0].Status != "success" {
 					bad = append(bad, fmt.Sprintf("push %d: %s (%s)", i, cs[0].Status, cs[0].Error))
 				}
 			}
 		}
 		if len(bad) > 0 {
-			t.Fatalf("checks: %s", strings.Join(bad, "; "))
+			verdict = "checks: " + strings.Join(bad, "; ")
+			t.Fatal(verdict)
 		}
 		if done == len(pushed) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d pushes have a final check 10 min after the last signal", done, len(pushed))
+			verdict = fmt.Sprintf("%d of %d pushes have a final check 10 min after the last signal; %s", done, len(pushed), strings.Join(open, "; "))
+			t.Fatal(verdict)
 		}
 		time.Sleep(time.Second)
 	}
@@ -238,7 +264,8 @@ steps:
 			break
 		}
 		if ctx.Err() != nil {
-			t.Fatalf("left in the namespace: %v Jobs, %v checkpoints (%v %v)", len(jobs.Items), len(cms.Items), err1, err2)
+			verdict = fmt.Sprintf("left in the namespace: %v Jobs, %v checkpoints (%v %v)", len(jobs.Items), len(cms.Items), err1, err2)
+			t.Fatal(verdict)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
@@ -248,6 +275,7 @@ steps:
 		if n > 1 {
 			twice++
 			t.Errorf("step %s started %d times (the pods' witness)", step, n)
+			verdict += fmt.Sprintf("step %s started %d times; ", step, n)
 		}
 	}
 	// A Job is made again only after the earlier one was deleted: a
@@ -258,8 +286,9 @@ steps:
 		remade += len(uids) - 1
 	}
 	slices.Sort(takeovers)
-	t.Logf("replicas chaos figures: seed %d; signals %d (SIGKILL %d, SIGTERM %d); pushes %d; duplicate deliveries %d; steps started %d, twice %d; Jobs %d (made again after the earlier one was deleted, no step started: %d); takeovers by a survivor after SIGKILL %d: %s",
-		seed, signals, kills, terms, len(pushed), redelivered, len(starts), twice, len(jobsMade), remade, len(takeovers), quantiles(takeovers))
+	ends := slices.Sorted(maps.Values(took))
+	t.Logf("replicas chaos figures: seed %d; signals %d (SIGKILL %d, SIGTERM %d); pushes %d; duplicate deliveries %d; steps started %d, twice %d; Jobs %d (made again after the earlier one was deleted, no step started: %d); takeovers by a survivor after SIGKILL %d: %s; push to final check: %s",
+		seed, signals, kills, terms, len(pushed), redelivered, len(starts), twice, len(jobsMade), remade, len(takeovers), quantiles(takeovers), quantiles(ends))
 }
 
 // quantiles formats p50, p95 and max of sorted durations.
@@ -353,6 +382,12 @@ func (r *chaosReplicas) stopAll() {
 		_ = cmd.Wait()
 		if r.t.Failed() {
 			r.t.Logf("replica %s:\n%s", name, r.logs[name].String())
+		}
+		if dir := os.Getenv(EnvReplicaLogs); dir != "" {
+			f := filepath.Join(dir, name+".log")
+			if err := os.WriteFile(f, []byte(r.logs[name].String()), 0o644); err != nil {
+				r.t.Errorf("%s: %v", EnvReplicaLogs, err)
+			}
 		}
 	}
 }
