@@ -31,6 +31,9 @@ type task struct {
 	released bool
 	// fenced is set when the run's session was another process's.
 	fenced bool
+	// givenBack is set when the run was released at a stop: its work
+	// is the successor's, its event not done here.
+	givenBack bool
 	// adopt is where an earlier process handed the run over, and prior
 	// that process's log; nil for a run this process starts.
 	adopt *run.Handover

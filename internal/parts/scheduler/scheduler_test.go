@@ -361,6 +361,53 @@ func TestReleaseRunning(t *testing.T) {
 	})
 }
 
+// noDrivers are the Drivers of a replica alone: nothing to claim.
+type noDrivers struct{}
+
+func (noDrivers) Save(context.Context, string, []byte) error { return nil }
+func (noDrivers) Claim(context.Context, string) ([]byte, bool, time.Time, error) {
+	return nil, false, time.Time{}, nil
+}
+func (noDrivers) Drop(context.Context, string) error { return nil }
+func (noDrivers) Forget(string)                      {}
+
+// A replica's run released at a stop before its session started has no
+// check record at all (a replica's first record is the running one,
+// written once its Job is its own): its event is not done, so that the
+// replica that takes it next runs it. Marked done, the push was lost.
+func TestReleasedBeforeAnyRecordIsNotDone(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t)
+		w.facts.Executor = executor.Capabilities{} // cannot detach
+		w.ports.Drivers = noDrivers{}
+		never := make(chan struct{})
+		w.exec.StartGate = never // the pod never gets a node
+		w.s = New(w.cfg, w.facts, w.ports, nil)
+		j := w.runnable(rig.Push("3k1", "c1"), "ci", "make")
+		runCtx, stopRuns := context.WithCancel(context.Background())
+		ctx, cancel := context.WithCancel(context.Background())
+		wait := w.s.Start(ctx, runCtx)
+		if _, err := w.s.Enqueue(t.Context(), j); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		w.s.Drain()
+		cancel()
+		if n := w.s.ReleaseRunning(); n != 1 {
+			t.Errorf("released %d running", n)
+		}
+		stopRuns()
+		wait()
+		if got := w.statuses(j); len(got) != 0 {
+			t.Errorf("a replica wrote %v for a run released before its session", got)
+		}
+		if w.store.Done(j.Event.Key()) {
+			t.Error("the event of a run released with no record is done: no replica would run it")
+		}
+	})
+}
+
 // At SIGTERM on an executor that resumes sessions a going run is
 // detached: state.json keeps its handover and its log beside its run
 // directory; the successor adopts it (its sweep keeps the session) and

@@ -178,11 +178,13 @@ func (s *Scheduler) jobEnded(t *task) {
 	t.expectedDone()
 	s.mu.Lock()
 	s.q.end(t)
-	fenced := t.fenced
+	notHere := t.fenced || t.givenBack
 	s.mu.Unlock()
-	if !fenced {
-		// A fenced run's work is another process's: the event is done
-		// when its check says so, not here.
+	if !notHere {
+		// A fenced run's work is another process's, a released one's
+		// the successor's: the event is done when its check says so,
+		// not here (a released run may have no record at all: with
+		// replicas, or before its first write).
 		s.markDoneIfIdle(t.Event)
 	}
 	s.p.Changed()
@@ -259,6 +261,7 @@ func (s *Scheduler) runJob(ctx context.Context, t *task) {
 	s.mu.Lock()
 	cancelled := res.Status == run.Cancelled
 	released := unstarted || (t.released && cancelled)
+	t.givenBack = released
 	superseded, why, cancelledAt := t.superseded, t.cancelled, t.cancelledAt
 	s.mu.Unlock()
 	// The run leaves state.json once its check says how it ended (a
