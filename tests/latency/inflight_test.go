@@ -1,8 +1,10 @@
 package latency
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"knotless.dev/run/internal/engine/run"
@@ -67,19 +70,38 @@ func TestServeRunsInFlight(t *testing.T) {
 	if os.Getenv(envServeRuns) != "" {
 		bin, process = buildBinary(t), "knotless-run built as the package builds it"
 	}
-	c, rig := clustertest.StartKwok(t, bound+probes)
+	// A few fake nodes more than pods of the rig: the scheduler weighs
+	// the pods' anti-affinity against pods it has yet to bind, and may
+	// find no node for one while as many nodes as pods remain.
+	c, rig := clustertest.StartKwok(t, bound+probes+max(1, (bound+probes)/20))
 	srv := startPDS(t)
 	w := forgeworld.New(t, srv, forgeworld.Options{App: "capacity"})
 	qps := os.Getenv("KNOTLESS_CAPACITY_QPS")
 	extra := []string{"--concurrency", strconv.Itoa(runs + probes), "--schedule-timeout", "2h", "--log-blobs", "never",
-		"--class", clustertest.KwokClass, "--class", nowhereClass}
+		"--class", clustertest.KwokClass, "--class", nowhereClass, "--metrics-listen", "127.0.0.1:0"}
 	if qps != "" {
 		extra = append(extra, "--kube-qps", qps)
 	}
 	d := startServe(t, w, c, bin, extra)
 	pid := d.cmd.Process.Pid
-	type mem struct{ rss, hwm, anon float64 }
-	memNow := func() mem { return mem{memMB(t, pid, "VmRSS"), memMB(t, pid, "VmHWM"), memMB(t, pid, "RssAnon")} }
+	listening, ok := d.logs.wait(time.Time{}, time.Minute, func(r record) bool { return r.Msg == "serving metrics" })
+	if !ok {
+		t.Fatalf("serve: no metrics address\n%s", d.logs.text())
+	}
+	metricsURL, _ := listening.Fields["address"].(string)
+	// mem is serve's memory: the kernel's figures, and the Go runtime's
+	// from serve's metrics (what of the RSS is heap in use, and where
+	// the collector lets it grow to before it collects).
+	type mem struct {
+		rss, hwm, anon      float64
+		heapInuse, nextGC   float64
+		goroutines, running float64
+	}
+	memNow := func() mem {
+		m := scrape(t, metricsURL)
+		return mem{memMB(t, pid, "VmRSS"), memMB(t, pid, "VmHWM"), memMB(t, pid, "RssAnon"),
+			m["go_memstats_heap_inuse_bytes"] / (1 << 20), m["go_memstats_next_gc_bytes"] / (1 << 20), m["go_goroutines"], m["knotless_run_runs_going"]}
+	}
 	idle := memNow()
 
 	sel := kubernetes.LabelRunner + "=" + kubernetes.RunnerLabel(w.Runner.DID.String())
@@ -127,7 +149,7 @@ func TestServeRunsInFlight(t *testing.T) {
 	held := memNow()
 
 	// Probes: one at a time, each left in flight.
-	var fromWrite, fromEvent []time.Duration
+	var fromWrite, fromEvent, toListed, listedToJob []time.Duration
 	for i := range probes {
 		p := push(fmt.Sprintf("probe-%03d", i), "kwok")
 		runID := d.runOf(t, p, 2*time.Minute)
@@ -141,17 +163,55 @@ func TestServeRunsInFlight(t *testing.T) {
 		if !ok {
 			t.Fatalf("probe %d: no event received in the serve log\n%s", i, d.logs.text())
 		}
+		// The reconcile the event woke: its listing done.
+		listed, ok := d.logs.wait(ev.Time, time.Minute, func(r record) bool { return r.Msg == "listed" })
+		if !ok {
+			t.Fatalf("probe %d: no listing after the event in the serve log\n%s", i, d.logs.text())
+		}
 		fromWrite = append(fromWrite, job.Time.Sub(p.written.Truncate(time.Millisecond)))
 		fromEvent = append(fromEvent, job.Time.Sub(ev.Time))
+		toListed = append(toListed, listed.Time.Sub(ev.Time))
+		listedToJob = append(listedToJob, job.Time.Sub(listed.Time))
 	}
 	d.waitInFlight(t, pushes, 3*time.Minute)
 	withProbes := memNow()
 
+	t.Logf("serve in flight: %s; %d runs (%d on %d fake nodes, %d unschedulable) + %d probes; --concurrency %d, --kube-qps %s",
+		process, runs, bound, rig.Nodes, runs-bound, probes, runs+probes, orDefault(qps, "50 (the default)"))
+	t.Logf("serve in flight: %d refUpdates written in %s; all %d in flight %s after the first write", runs, written.Round(time.Millisecond), runs, fill.Round(time.Millisecond))
+	for _, m := range []struct {
+		what string
+		m    mem
+	}{{"idle", idle}, {fmt.Sprintf("%d in flight", runs), inFlight}, {fmt.Sprintf("held %s", hold), held}, {fmt.Sprintf("%d in flight", runs+probes), withProbes}} {
+		t.Logf("serve in flight: %s: VmRSS %.1f MiB, VmHWM %.1f MiB, RssAnon %.1f MiB; Go heap in use %.1f MiB, next collection at %.1f MiB; %.0f goroutines, %.0f runs going",
+			m.what, m.m.rss, m.m.hwm, m.m.anon, m.m.heapInuse, m.m.nextGC, m.m.goroutines, m.m.running)
+	}
+	t.Logf("serve in flight: pickup of %d probes, refUpdate written → Job created: p50 %s, p99 %s, max %s", probes,
+		percentile(fromWrite, 0.5), percentile(fromWrite, 0.99), slices.Max(fromWrite))
+	t.Logf("serve in flight: pickup of %d probes, event received → Job created: p50 %s, p99 %s, max %s", probes,
+		percentile(fromEvent, 0.5), percentile(fromEvent, 0.99), slices.Max(fromEvent))
+	t.Logf("serve in flight: of which event received → listed: p50 %s, p99 %s; listed → Job created: p50 %s, p99 %s",
+		percentile(toListed, 0.5), percentile(toListed, 0.99), percentile(listedToJob, 0.5), percentile(listedToJob, 0.99))
+
 	// The pods as the API server has them: the rig's runs and the
-	// probes bound to fake nodes, the others unschedulable.
-	onFake, unschedulable := countPods(t, c, sel)
-	if onFake != bound+probes || unschedulable != runs-bound {
-		t.Errorf("pods: %d on fake nodes, %d unschedulable; want %d and %d", onFake, unschedulable, bound+probes, runs-bound)
+	// probes bound to fake nodes, the others unschedulable. The
+	// scheduler may first find no node for a pod of the rig and bind it
+	// when it tries again (at the latest after 5 minutes, its
+	// podMaxInUnschedulablePodsDuration).
+	var pods podCount
+	for end := time.Now().Add(6 * time.Minute); ; time.Sleep(2 * time.Second) {
+		pods = countPods(t, c, sel)
+		if pods.onFake == bound+probes && pods.unschedulable == runs-bound || time.Now().After(end) {
+			break
+		}
+	}
+	t.Logf("serve in flight: pods: %d on fake nodes, %d unschedulable", pods.onFake, pods.unschedulable)
+	if pods.onFake != bound+probes || pods.unschedulable != runs-bound {
+		t.Errorf("pods: %d on fake nodes, %d unschedulable; want %d and %d; pods of the rig unschedulable: %s",
+			pods.onFake, pods.unschedulable, bound+probes, runs-bound, strings.Join(pods.rigUnschedulable, "; "))
+	}
+	if int(withProbes.running) != runs+probes {
+		t.Errorf("serve's metrics say %.0f runs going, want %d", withProbes.running, runs+probes)
 	}
 	// Every push has its check, one record, running: none dropped.
 	checks := checksByKey(t, w)
@@ -163,20 +223,6 @@ func TestServeRunsInFlight(t *testing.T) {
 	if t.Failed() {
 		t.FailNow()
 	}
-
-	t.Logf("serve in flight: %s; %d runs (%d on %d fake nodes, %d unschedulable) + %d probes; --concurrency %d, --kube-qps %s",
-		process, runs, bound, rig.Nodes, runs-bound, probes, runs+probes, orDefault(qps, "50 (the default)"))
-	t.Logf("serve in flight: %d refUpdates written in %s; all %d in flight %s after the first write", runs, written.Round(time.Millisecond), runs, fill.Round(time.Millisecond))
-	for _, m := range []struct {
-		what string
-		m    mem
-	}{{"idle", idle}, {fmt.Sprintf("%d in flight", runs), inFlight}, {fmt.Sprintf("held %s", hold), held}, {fmt.Sprintf("%d in flight", runs+probes), withProbes}} {
-		t.Logf("serve in flight: RSS %s: VmRSS %.1f MiB, VmHWM %.1f MiB, RssAnon %.1f MiB", m.what, m.m.rss, m.m.hwm, m.m.anon)
-	}
-	t.Logf("serve in flight: pickup of %d probes, refUpdate written → Job created: p50 %s, p99 %s, max %s", probes,
-		percentile(fromWrite, 0.5), percentile(fromWrite, 0.99), slices.Max(fromWrite))
-	t.Logf("serve in flight: pickup of %d probes, event received → Job created: p50 %s, p99 %s, max %s", probes,
-		percentile(fromEvent, 0.5), percentile(fromEvent, 0.99), slices.Max(fromEvent))
 
 	// The owner cancels every run; each check ends cancelled and the
 	// runner deletes what it made.
@@ -214,8 +260,49 @@ func TestServeRunsInFlight(t *testing.T) {
 	if left != "" {
 		t.Fatalf("left in the namespace: %s", left)
 	}
-	t.Logf("serve in flight: %d runs cancelled by their records, every check cancelled in %s, nothing left %s after the first cancel",
-		len(pushes), cancelled.Round(time.Millisecond), time.Since(t1).Round(time.Millisecond))
+	after := memNow()
+	if after.running != 0 {
+		t.Errorf("serve's metrics say %.0f runs going once every check is cancelled, want none", after.running)
+	}
+	t.Logf("serve in flight: %d runs cancelled by their records, every check cancelled in %s, nothing left %s after the first cancel; then VmRSS %.1f MiB, VmHWM %.1f MiB, RssAnon %.1f MiB; Go heap in use %.1f MiB; %.0f runs going",
+		len(pushes), cancelled.Round(time.Millisecond), time.Since(t1).Round(time.Millisecond), after.rss, after.hwm, after.anon, after.heapInuse, after.running)
+}
+
+// scrape reads the unlabelled samples of serve's metrics at url.
+func scrape(t *testing.T, url string) map[string]float64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("scrape serve's metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		name, v, ok := strings.Cut(sc.Text(), " ")
+		if !ok || strings.HasPrefix(name, "#") || strings.Contains(name, "{") {
+			continue
+		}
+		if f, err := strconv.ParseFloat(v, 64); err == nil {
+			out[name] = f
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatalf("scrape serve's metrics: %v", err)
+	}
+	for _, name := range []string{"go_memstats_heap_inuse_bytes", "go_memstats_next_gc_bytes", "go_goroutines", "knotless_run_runs_going"} {
+		if _, ok := out[name]; !ok {
+			t.Fatalf("serve's metrics have no %s", name)
+		}
+	}
+	return out
 }
 
 // capPush is one push of TestServeRunsInFlight.
@@ -260,9 +347,17 @@ func (d *daemon) waitInFlight(t *testing.T, pushes []*capPush, timeout time.Dura
 	}
 }
 
+// podCount is the runner's pods bound to a fake node of the rig, those
+// unschedulable, and the scheduler's word on those of the rig among
+// them.
+type podCount struct {
+	onFake, unschedulable int
+	rigUnschedulable      []string
+}
+
 // countPods counts the runner's pods bound to a fake node of the rig
 // and those unschedulable; any other fails the test.
-func countPods(t *testing.T, c *clustertest.Cluster, sel string) (onFake, unschedulable int) {
+func countPods(t *testing.T, c *clustertest.Cluster, sel string) podCount {
 	t.Helper()
 	ctx := context.Background()
 	pods, err := c.Clientset.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
@@ -277,17 +372,25 @@ func countPods(t *testing.T, c *clustertest.Cluster, sel string) (onFake, unsche
 	for _, n := range nodes.Items {
 		fake[n.Name] = true
 	}
+	var n podCount
 	for _, p := range pods.Items {
 		switch {
 		case fake[p.Spec.NodeName]:
-			onFake++
+			n.onFake++
 		case p.Spec.NodeName == "" && clustertest.PodUnschedulable(&p):
-			unschedulable++
+			n.unschedulable++
+			if p.Spec.NodeSelector[clustertest.KwokLabel] != "" {
+				for _, cond := range p.Status.Conditions {
+					if cond.Type == corev1.PodScheduled {
+						n.rigUnschedulable = append(n.rigUnschedulable, p.Name+": "+cond.Message)
+					}
+				}
+			}
 		default:
 			t.Errorf("pod %s on node %q, phase %s: want it on a fake node or unschedulable", p.Name, p.Spec.NodeName, p.Status.Phase)
 		}
 	}
-	return onFake, unschedulable
+	return n
 }
 
 // checksByKey lists the runner's checks by record key.
