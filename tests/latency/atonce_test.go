@@ -32,7 +32,9 @@ const envEventsAtOnce = "KNOTLESS_EVENTS_AT_ONCE"
 // the test makes). Asserted, while they are held: every push has its
 // one check, none dropped: 4 running, the others queued, their
 // queuedBehind each of 0 to N-5 once; once released, every check ends
-// success on its own commit. The times are logged, not asserted.
+// success on its own commit, and serve's metrics count N-4 queued, N
+// running and N success checks written. The times are logged, not
+// asserted.
 //
 //	KNOTLESS_EVENTS_AT_ONCE=1000 go test -count=1 -timeout 30m -run '^TestServeEventsAtOnceOnPDS$' -v ./tests/latency
 func TestServeEventsAtOnceOnPDS(t *testing.T) {
@@ -100,8 +102,13 @@ func TestServeEventsAtOnceOnPDS(t *testing.T) {
 
 	shell := []string{"--executor", "shell", "--shell-root", t.TempDir()}
 	t1 := time.Now()
-	d := startServeOn(t, w, shell, "", []string{"--concurrency", strconv.Itoa(workers), "--log-blobs", "never"})
+	d := startServeOn(t, w, shell, "", []string{"--concurrency", strconv.Itoa(workers), "--log-blobs", "never", "--metrics-listen", "127.0.0.1:0"})
 	ready := time.Since(t1)
+	listening, ok := d.logs.wait(time.Time{}, time.Minute, func(r record) bool { return r.Msg == "serving metrics" })
+	if !ok {
+		t.Fatalf("serve: no metrics address\n%s", d.logs.text())
+	}
+	metricsURL, _ := listening.Fields["address"].(string)
 
 	// Held: every push gets its check.
 	deadline := time.Now().Add(time.Duration(n)*200*time.Millisecond + 3*time.Minute)
@@ -175,6 +182,23 @@ func TestServeEventsAtOnceOnPDS(t *testing.T) {
 		}
 		time.Sleep(time.Second)
 	}
+	// Each check written once queued (but the workers' first 4), once
+	// running, once success: the runner's own count of its writes.
+	// (Its count follows the write, which the PDS shows first.)
+	m := scrape(t, metricsURL)
+	for end := time.Now().Add(30 * time.Second); int(m[`knotless_run_check_writes_total{status="success"}`]) < n && time.Now().Before(end); {
+		time.Sleep(200 * time.Millisecond)
+		m = scrape(t, metricsURL)
+	}
+	writes := 0.0
+	for status, want := range map[string]int{"queued": n - workers, "running": n, "success": n} {
+		got := m[`knotless_run_check_writes_total{status="`+status+`"}`]
+		writes += got
+		if int(got) != want {
+			t.Errorf("serve wrote %.0f %s checks, want %d", got, status, want)
+		}
+	}
+	t.Logf("%d events at once on the PDS: %.0f check writes", n, writes)
 	t.Logf("%d events at once on the PDS: written by 8 writers in %s; serve ready %s after; every push checked %s after serve started; all %d success %s after the release",
 		n, written.Round(time.Millisecond), ready.Round(time.Millisecond), allChecked.Round(time.Millisecond), n, time.Since(t2).Round(time.Millisecond))
 }

@@ -268,7 +268,8 @@ func TestServeRunsInFlight(t *testing.T) {
 		len(pushes), cancelled.Round(time.Millisecond), time.Since(t1).Round(time.Millisecond), after.rss, after.hwm, after.anon, after.heapInuse, after.running)
 }
 
-// scrape reads the unlabelled samples of serve's metrics at url.
+// scrape reads the samples of serve's metrics at url, by name with
+// their labels as written (knotless_run_check_writes_total{status="queued"}).
 func scrape(t *testing.T, url string) map[string]float64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -286,10 +287,12 @@ func scrape(t *testing.T, url string) map[string]float64 {
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		name, v, ok := strings.Cut(sc.Text(), " ")
-		if !ok || strings.HasPrefix(name, "#") || strings.Contains(name, "{") {
+		line := sc.Text()
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 || strings.HasPrefix(line, "#") {
 			continue
 		}
+		name, v := line[:i], line[i+1:]
 		if f, err := strconv.ParseFloat(v, 64); err == nil {
 			out[name] = f
 		}
