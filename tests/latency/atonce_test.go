@@ -16,6 +16,7 @@ import (
 
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/tests/forgeworld"
+	"knotless.dev/run/tests/pds"
 )
 
 // envEventsAtOnce sets how many pushes TestServeEventsAtOnceOnPDS
@@ -39,7 +40,7 @@ const envEventsAtOnce = "KNOTLESS_EVENTS_AT_ONCE"
 //	KNOTLESS_EVENTS_AT_ONCE=1000 go test -count=1 -timeout 30m -run '^TestServeEventsAtOnceOnPDS$' -v ./tests/latency
 func TestServeEventsAtOnceOnPDS(t *testing.T) {
 	if testing.Short() {
-		t.Skip("the real PDS (tests/pds) and a serve process: not with -short")
+		t.Skip(pds.ErrSkip)
 	}
 	n := 50
 	if s := os.Getenv(envEventsAtOnce); s != "" {
