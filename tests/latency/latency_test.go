@@ -189,6 +189,13 @@ type daemon struct {
 // this test binary run as knotless-run (serveHelper).
 func startServe(tb testing.TB, w *forgeworld.World, c *clustertest.Cluster, bin string, extra []string) *daemon {
 	tb.Helper()
+	executor := []string{"--executor", "kubernetes", "--kubeconfig", c.Kubeconfig, "--namespace", c.Namespace, "--image", c.Image}
+	return startServeOn(tb, w, executor, bin, extra)
+}
+
+// startServeOn is startServe with the executor's flags given.
+func startServeOn(tb testing.TB, w *forgeworld.World, executor []string, bin string, extra []string) *daemon {
+	tb.Helper()
 	dir := tb.TempDir()
 	pw := filepath.Join(dir, "app-password")
 	if err := os.WriteFile(pw, []byte(w.Password+"\n"), 0o600); err != nil {
@@ -197,9 +204,8 @@ func startServe(tb testing.TB, w *forgeworld.World, c *clustertest.Cluster, bin 
 	args := []string{"--log-format", "json", "--log-level", "debug", "serve",
 		"--did", w.Runner.DID.String(), "--pds", w.Server.PublicURL, "--plc-url", w.Server.PLCURL,
 		"--app-password-file", pw, "--state-dir", filepath.Join(dir, "state"), "--cache-dir", filepath.Join(dir, "cache"),
-		"--allow-local-sources", "--poll", "10m", "--stop-wait", "1m",
-		"--executor", "kubernetes", "--kubeconfig", c.Kubeconfig, "--namespace", c.Namespace, "--image", c.Image}
-	args = append(append(args, extra...), w.Owner.DID.String()+"/"+forgeworld.RepoName)
+		"--allow-local-sources", "--poll", "10m", "--stop-wait", "1m"}
+	args = append(append(append(args, executor...), extra...), w.Owner.DID.String()+"/"+forgeworld.RepoName)
 	var cmd *exec.Cmd
 	if bin != "" {
 		cmd = exec.Command(bin, args...)
