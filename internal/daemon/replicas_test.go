@@ -56,6 +56,25 @@ func (r *replicaWrites) of(commit string) (string, []string) {
 	return r.keys[commit], append([]string(nil), r.by[commit]...)
 }
 
+// asReplica makes a daemon's config that of replica name of the runner
+// on the cluster, its executor ex, with a state directory of its own.
+func asReplica(t *testing.T, c *clustertest.Cluster, ex *kubernetes.Executor, name string) func(*daemon.Config) {
+	return func(cfg *daemon.Config) {
+		cfg.Engine.Executor, cfg.Engine.DefaultImage = ex, c.Image
+		cfg.StateDir, cfg.CacheDir = t.TempDir(), t.TempDir()
+		cfg.Logger = cfg.Logger.With("replica", name)
+		runner, log := cfg.Account.Runner.String(), cfg.Logger
+		cfg.Replicas = func(ctx context.Context, changed func()) (daemon.Replicas, error) {
+			set, err := replicas.Join(ctx, replicas.Config{API: ex.API, Runner: runner, Name: name, Invocation: name + "-1",
+				Logger: log, Changed: changed})
+			if err != nil {
+				return nil, err
+			}
+			return replicas.Both(set), nil
+		}
+	}
+}
+
 // TestReplicasShareTheEvents runs three replicas of one runner (one DID,
 // each with its own state directory) on the real cluster and PDS: each
 // push's run is driven by the one replica rendezvous hashing gives it,
@@ -78,20 +97,7 @@ func TestReplicasShareTheEvents(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg := w.config(func(cfg *daemon.Config) {
-			cfg.Engine.Executor, cfg.Engine.DefaultImage = ex, c.Image
-			cfg.StateDir, cfg.CacheDir = t.TempDir(), t.TempDir()
-			cfg.Logger = cfg.Logger.With("replica", name)
-			cfg.OnCheck = writes.hook(name)
-			cfg.Replicas = func(ctx context.Context, changed func()) (daemon.Replicas, error) {
-				set, err := replicas.Join(ctx, replicas.Config{API: ex.API, Runner: runner, Name: name, Invocation: name + "-1",
-					Logger: cfg.Logger, Changed: changed})
-				if err != nil {
-					return nil, err
-				}
-				return replicas.Both(set), nil
-			}
-		})
+		cfg := w.config(asReplica(t, c, ex, name), func(cfg *daemon.Config) { cfg.OnCheck = writes.hook(name) })
 		stops[name] = w.start(cfg)
 	}
 	waitLog := func(what string, n int, match func(line string) bool) {
@@ -251,19 +257,7 @@ func TestReplicaStartsAgainARunItsDeadDriverHadNotStarted(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return w.start(w.config(func(cfg *daemon.Config) {
-			cfg.Engine.Executor, cfg.Engine.DefaultImage = ex, c.Image
-			cfg.StateDir, cfg.CacheDir = t.TempDir(), t.TempDir()
-			cfg.Logger = cfg.Logger.With("replica", name)
-			cfg.Replicas = func(ctx context.Context, changed func()) (daemon.Replicas, error) {
-				set, err := replicas.Join(ctx, replicas.Config{API: ex.API, Runner: runner, Name: name, Invocation: name + "-1",
-					Logger: cfg.Logger, Changed: changed})
-				if err != nil {
-					return nil, err
-				}
-				return replicas.Both(set), nil
-			}
-		}))
+		return w.start(w.config(asReplica(t, c, ex, name)))
 	}
 	jobOf := func() (*batchv1.Job, error) {
 		jobs, err := c.Clientset.BatchV1().Jobs(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
