@@ -258,6 +258,10 @@ var ErrTransferCorrupt = errors.New("transfer corrupted")
 // the work again, nor write its check: it is fenced.
 var ErrRunExists = errors.New("the run's session exists already")
 
+// ErrSessionGone means the run's session is not there (or is being
+// deleted): with replicas, a claim of the run finds nothing to claim.
+var ErrSessionGone = errors.New("the run's session is gone")
+
 // ErrNotImplemented is returned by executors that are not built yet.
 var ErrNotImplemented = errors.New("executor not implemented")
 

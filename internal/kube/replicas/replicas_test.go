@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/executor/kubernetes"
 	"knotless.dev/run/internal/kube/kubeclient"
 	"knotless.dev/run/internal/kube/replicas"
@@ -257,6 +258,10 @@ func TestClaimReadsTheDriversLease(t *testing.T) {
 	ckpt, claimed, _, err = claimant.Claim(ctx, "claimnockpt")
 	if err != nil || !claimed || ckpt != nil {
 		t.Fatalf("claim of a run with no checkpoint: claimed %v, checkpoint %q, err %v", claimed, ckpt, err)
+	}
+	// A run with no Job: nothing to claim, and the claimant is told so.
+	if _, claimed, _, err := claimant.Claim(ctx, "claimnojob"); !errors.Is(err, executor.ErrSessionGone) || claimed {
+		t.Fatalf("claim of a run with no Job: claimed %v, err %v; want executor.ErrSessionGone", claimed, err)
 	}
 	// Its Job stays until the claimant has queued the run's check again
 	// and drops it: a check that says running always has its Job.

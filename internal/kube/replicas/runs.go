@@ -127,7 +127,9 @@ func (r *Runs) Forget(runID string) {
 // not alive, it takes the run: the Job's driver becomes this process,
 // by an update that fails if anyone changed the Job since it was read.
 // It returns claimed false when the driver lives (or another claimant
-// won): the run is the driver's. Claimed, it returns the run's
+// won): the run is the driver's; an error wrapping
+// executor.ErrSessionGone when the Job is not there (or being deleted).
+// Claimed, it returns the run's
 // checkpoint, or nil when the dead driver recorded none (no step had
 // started): the claimant then queues the run's check again and deletes
 // the Job (Drop), so that the run starts again. Until the check says
@@ -150,7 +152,7 @@ func (r *Runs) Claim(ctx context.Context, runID string) (checkpoint []byte, clai
 	for attempt := 1; ; attempt++ {
 		job, err = jobs.Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
-			return nil, false, time.Time{}, nil // gone meanwhile: the next start makes it
+			return nil, false, time.Time{}, fmt.Errorf("claim run %s: %w", runID, executor.ErrSessionGone)
 		}
 		if err != nil {
 			return nil, false, time.Time{}, fmt.Errorf("claim run %s: read its Job: %w", runID, err)
@@ -159,7 +161,7 @@ func (r *Runs) Claim(ctx context.Context, runID string) (checkpoint []byte, clai
 		self := r.set.Self()
 		switch {
 		case job.DeletionTimestamp != nil:
-			return nil, false, time.Time{}, nil
+			return nil, false, time.Time{}, fmt.Errorf("claim run %s: its Job is being deleted: %w", runID, executor.ErrSessionGone)
 		case driver == "":
 			// Made by a runner process that is no replica: not this
 			// replica's to take.
@@ -173,7 +175,9 @@ func (r *Runs) Claim(ctx context.Context, runID string) (checkpoint []byte, clai
 			switch {
 			case apierrors.IsConflict(err) && attempt < 3:
 				continue
-			case apierrors.IsConflict(err) || apierrors.IsNotFound(err):
+			case apierrors.IsNotFound(err):
+				return nil, false, time.Time{}, fmt.Errorf("claim run %s: %w", runID, executor.ErrSessionGone)
+			case apierrors.IsConflict(err):
 				return nil, false, time.Time{}, nil
 			case err != nil:
 				return nil, false, time.Time{}, fmt.Errorf("claim run %s from replica %s: %w", runID, driver, err)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"knotless.dev/run/internal/engine/run"
+	"knotless.dev/run/internal/executor"
 	"knotless.dev/run/internal/lib/atomicfile"
 	"knotless.dev/run/internal/parts/state"
 	"knotless.dev/run/internal/rules/job"
@@ -309,10 +310,34 @@ func (s *Scheduler) TakeOver(ctx context.Context, j *job.Job) bool {
 	if !started || s.Elsewhere(j.Key) || s.HasCheck(j.Key) || s.InHand(j.Event.Key()) {
 		return true
 	}
-	runID := run.IDFor(s.facts.Runner.String(), j.Key)
+	// A retried run's later tries are runs of their own (TryKey): the
+	// one whose Job is there is the one going.
+	tries := 1
+	if j.Workflow.Retry != nil {
+		tries += j.Workflow.Retry.Max
+	}
+	var (
+		runID, try = "", 0
+		ckpt       []byte
+		claimed    bool
+		lastSeen   time.Time
+		err        error
+	)
+	for try = 1; try <= tries; try++ {
+		runID = run.IDFor(s.facts.Runner.String(), TryKey(j.Key, try))
+		ckpt, claimed, lastSeen, err = s.p.Drivers.Claim(ctx, runID)
+		if !errors.Is(err, executor.ErrSessionGone) {
+			break
+		}
+	}
 	log := s.log.With("check", j.Key, "workflow", j.Workflow.Name, "event", j.Event.URI.String(), "run", runID)
-	ckpt, claimed, lastSeen, err := s.p.Drivers.Claim(ctx, runID)
 	switch {
+	case errors.Is(err, executor.ErrSessionGone):
+		// No try's Job is there: a live driver is between two tries.
+		// (A dead driver's run whose Job someone else deleted stays
+		// running: nothing here can tell whether its steps ran.)
+		s.drivenElsewhere(j.Key)
+		return true
 	case err != nil:
 		log.Warn("a run left running by another process cannot be claimed now; tried again at the next reconcile", "err", err)
 		return true
@@ -332,7 +357,7 @@ func (s *Scheduler) TakeOver(ctx context.Context, j *job.Job) bool {
 		err = s.writeCheckpoint(ctx, runID, h, prior)
 	}
 	c, _ := s.p.Checks.Unqueued(j.Key, j.Event, j.Workflow.Name)
-	t := &task{Job: j, runID: runID, check: c, adopt: &h, prior: prior, driverSeen: lastSeen, seen: seen{queued: time.Now(), started: time.Now()}}
+	t := &task{Job: j, runID: runID, try: try, check: c, adopt: &h, prior: prior, driverSeen: lastSeen, seen: seen{queued: time.Now(), started: time.Now()}}
 	if err == nil {
 		var saved []byte
 		if saved, err = job.Encode(j, c); err == nil {

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -238,4 +240,63 @@ func TestRetryKeepsOneRunInState(t *testing.T) {
 			t.Errorf("statuses (-want +got):\n%s", diff)
 		}
 	})
+}
+
+// claimTries are the Drivers of a replica whose runs' Jobs are only the
+// second try's of one check (by its run ID): claimed, with no checkpoint.
+type claimTries struct {
+	mu      sync.Mutex
+	there   string // the run ID whose Job is there
+	claimed []string
+	dropped []string
+}
+
+func (d *claimTries) Save(context.Context, string, []byte) error { return nil }
+func (d *claimTries) Claim(_ context.Context, runID string) ([]byte, bool, time.Time, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.claimed = append(d.claimed, runID)
+	if runID != d.there {
+		return nil, false, time.Time{}, fmt.Errorf("claim run %s: %w", runID, executor.ErrSessionGone)
+	}
+	return nil, true, time.Time{}, nil
+}
+func (d *claimTries) Drop(_ context.Context, runID string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.dropped = append(d.dropped, runID)
+	return nil
+}
+func (d *claimTries) Forget(string) {}
+
+// A retried run whose driver died during its second try: the survivor's
+// takeover finds the second try's Job (the first try's is gone), claims
+// it and, no step of it having started, queues the check again before it
+// drops that Job. Looking for the first try's Job only, it found none
+// and left the run to its dead driver: running for ever.
+func TestTakeOverFindsTheTryGoing(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	j := w.runnable(rig.Push("3k1", "c1"), "ci", "make")
+	j.Workflow.Retry = &workflow.Retry{Max: 2}
+	second := run.IDFor(rig.Runner, TryKey(j.Key, 2))
+	d := &claimTries{there: second}
+	w.ports.Drivers = d
+	w.s = New(w.cfg, w.facts, w.ports, nil)
+	w.work(t, w.s)
+	c, _ := w.keeper.Unqueued(j.Key, j.Event, j.Workflow.Name)
+	w.keeper.Running(t.Context(), j.Key, c, time.Now(), w.s.log) // the dead driver's
+	if w.s.TakeOver(t.Context(), j) {
+		t.Fatal("TakeOver handled the run: want it queued again here (its try had started no step)")
+	}
+	first := run.IDFor(rig.Runner, j.Key)
+	if diff := cmp.Diff([]string{first, second}, d.claimed); diff != "" {
+		t.Errorf("claims (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{second}, d.dropped); diff != "" {
+		t.Errorf("dropped (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"running", "queued"}, w.statuses(j)); diff != "" {
+		t.Errorf("statuses (-want +got):\n%s", diff)
+	}
 }
