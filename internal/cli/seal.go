@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
@@ -14,12 +15,40 @@ import (
 	"knotless.dev/run/internal/forge"
 	"knotless.dev/run/internal/forge/ingest"
 	"knotless.dev/run/internal/forge/pdsclient"
+	"knotless.dev/run/internal/parts/state"
 )
 
 // SecretCmd groups the secret helpers.
 type SecretCmd struct {
 	Set  SecretSetCmd  `cmd:"" help:"Seal a secret value to a runner's key and write the dev.knotless.secret record with the session of login (or --print it)."`
 	Seal SecretSealCmd `cmd:"" help:"Seal a secret value to a runner's key and print the dev.knotless.secret record to write (secret set --print)."`
+	Key  SecretKeyCmd  `cmd:"" help:"Make a runner's sealing key pair in DIR/secrets-key.json (the one file replicas share), or keep the one there; print its public half."`
+}
+
+// SecretKeyCmd makes the sealing key pair a runner's replicas share
+// (serve makes one in its state directory at its first start; replicas
+// need one copy of it), and prints the public half repositories seal to.
+type SecretKeyCmd struct {
+	Dir string `help:"Directory of the key file (secrets-key.json, mode 0600): made if missing; a key there is kept, never replaced." required:"" placeholder:"DIR"`
+}
+
+// Run makes or reads the key and prints its public half.
+func (c *SecretKeyCmd) Run(env *Env) error {
+	if err := os.MkdirAll(c.Dir, 0o700); err != nil {
+		return fmt.Errorf("--dir %s: %w", c.Dir, err)
+	}
+	kp, created, err := state.LoadKey(c.Dir)
+	if err != nil {
+		return fmt.Errorf("--dir %s: %w", c.Dir, err)
+	}
+	name := filepath.Join(c.Dir, state.KeyFile)
+	if created {
+		fmt.Fprintf(env.Stderr, "made %s: copy it to every replica (a Secret, or the NixOS module's replicas.sealingKeyFile); its public half, which repositories seal to:\n", name)
+	} else {
+		fmt.Fprintf(env.Stderr, "kept the key pair in %s; its public half:\n", name)
+	}
+	_, err = fmt.Fprintln(env.Stdout, kp.PublicString())
+	return err
 }
 
 // SecretSetCmd seals a secret and writes its record. Its key is derived

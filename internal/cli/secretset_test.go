@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"knotless.dev/run/internal/forge"
+	"knotless.dev/run/internal/parts/state"
 )
 
 // TestSecretSetFromTheTerminal drives secret set as a user types it,
@@ -128,4 +130,35 @@ func getRecord(t *testing.T, base string, uri syntax.ATURI) []byte {
 		t.Fatalf("getRecord %s: %s %v\n%s", uri, resp.Status, err, b)
 	}
 	return b
+}
+
+// secret key makes the sealing key pair replicas share, 0600, and
+// prints its public half; run again it keeps the pair and prints the
+// same; a --dir that cannot be one is named in the error.
+func TestSecretKey(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "runner-key")
+	first := runCLI(t, nil, "secret", "key", "--dir", dir)
+	if first.code != 0 || !strings.Contains(first.stderr, "made ") {
+		t.Fatalf("first: exit %d, stderr %q", first.code, first.stderr)
+	}
+	name := filepath.Join(dir, state.KeyFile)
+	fi, err := os.Stat(name)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("key file: %v, %v; want mode 0600", fi, err)
+	}
+	before, _ := os.ReadFile(name)
+	kp, created, err := state.LoadKey(dir)
+	if err != nil || created || strings.TrimSpace(first.stdout) != kp.PublicString() {
+		t.Fatalf("printed %q; the file's public half %q (created %v, %v)", first.stdout, kp.PublicString(), created, err)
+	}
+	again := runCLI(t, nil, "secret", "key", "--dir", dir)
+	after, _ := os.ReadFile(name)
+	if again.code != 0 || again.stdout != first.stdout || !strings.Contains(again.stderr, "kept") || string(after) != string(before) {
+		t.Errorf("again: exit %d, stdout %q (first %q), stderr %q, file changed %v", again.code, again.stdout, first.stdout, again.stderr, string(after) != string(before))
+	}
+	bad := runCLI(t, nil, "secret", "key", "--dir", filepath.Join(name, "x"))
+	if bad.code == 0 || !strings.Contains(bad.stderr, "--dir") {
+		t.Errorf("a --dir under a file: exit %d, stderr %q; want an error naming --dir", bad.code, bad.stderr)
+	}
 }
