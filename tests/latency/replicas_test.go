@@ -240,11 +240,14 @@ func TestReplicasPickup(t *testing.T) {
 	waitGauges("before the probes", nil)
 	fill := time.Since(t0)
 
-	// Probes: one at a time, each left in flight on a fake node.
+	// Probes: one at a time, each left in flight on a fake node. A new
+	// branch starts from the one checked out (the last hold's): its
+	// workflows go, staged, so that a probe runs only its own.
+	w.Src.Git("rm", "--quiet", "-r", ".knotless")
 	probeFiles := map[string]string{".knotless/workflows/ci.yaml": "on: [push]\nclass: kwok\nsteps:\n  - name: never\n    run: 'true'\n"}
 	var probed []pickupPush
 	probesOf := map[string]int{}
-	var fromWrite, fromEvent []time.Duration
+	var fromWrite, fromEvent, toListed, listedToJob []time.Duration
 	for i := range probes {
 		p := push(fmt.Sprintf("probe-%03d", i), probeFiles, "ci")
 		probed = append(probed, p)
@@ -257,8 +260,15 @@ func TestReplicasPickup(t *testing.T) {
 		if !ok {
 			t.Fatalf("%s: no event received in its owner's log\n%s", what, reps[p.owner].logs.text())
 		}
+		// The reconcile the event woke: its listing done.
+		listed, ok := reps[p.owner].logs.wait(ev.Time, time.Minute, func(r record) bool { return r.Msg == "listed" })
+		if !ok {
+			t.Fatalf("%s: no listing after the event in its owner's log\n%s", what, reps[p.owner].logs.text())
+		}
 		fromWrite = append(fromWrite, job.Time.Sub(p.written.Truncate(time.Millisecond)))
 		fromEvent = append(fromEvent, job.Time.Sub(ev.Time))
+		toListed = append(toListed, listed.Time.Sub(ev.Time))
+		listedToJob = append(listedToJob, job.Time.Sub(listed.Time))
 		inFlight(what, p)
 	}
 	probesTook := time.Since(t0) - fill
@@ -301,6 +311,8 @@ func TestReplicasPickup(t *testing.T) {
 	t.Logf("replicas pickup: %d runs queued behind %d held runs %s after the first push; %d probes in %s", queued, holds, fill.Round(time.Millisecond), probes, probesTook.Round(time.Millisecond))
 	t.Logf("replicas pickup: %d probes, event received (by its owner) → Job created: p50 %s, p99 %s, max %s", probes,
 		percentile(fromEvent, 0.5), percentile(fromEvent, 0.99), slices.Max(fromEvent))
+	t.Logf("replicas pickup: of which event received → listed: p50 %s, p99 %s; listed → Job created: p50 %s, p99 %s",
+		percentile(toListed, 0.5), percentile(toListed, 0.99), percentile(listedToJob, 0.5), percentile(listedToJob, 0.99))
 	t.Logf("replicas pickup: %d probes, refUpdate written → Job created: p50 %s, p99 %s, max %s", probes,
 		percentile(fromWrite, 0.5), percentile(fromWrite, 0.99), slices.Max(fromWrite))
 
