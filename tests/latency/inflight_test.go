@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -256,7 +257,7 @@ func TestServeRunsInFlight(t *testing.T) {
 		time.Sleep(time.Second)
 	}
 	cancelled := time.Since(t1)
-	left := waitNothingLeft(t, c, sel, 5*time.Minute)
+	left := waitNothingLeft(t, c, sel, false, 5*time.Minute)
 	if left != "" {
 		t.Fatalf("left in the namespace: %s", left)
 	}
@@ -407,9 +408,9 @@ func checksByKey(t *testing.T, w *forgeworld.World) map[string]forge.Check {
 }
 
 // waitNothingLeft waits until no Job, pod, PodDisruptionBudget or
-// ConfigMap of sel is left, and says what is left if some still is
-// after timeout ("" when none).
-func waitNothingLeft(t *testing.T, c *clustertest.Cluster, sel string, timeout time.Duration) string {
+// ConfigMap of sel is left (and, with leases, no Lease: replicas'), and
+// says what is left if some still is after timeout ("" when none).
+func waitNothingLeft(t *testing.T, c *clustertest.Cluster, sel string, leases bool, timeout time.Duration) string {
 	t.Helper()
 	ctx := context.Background()
 	opts := metav1.ListOptions{LabelSelector: sel}
@@ -419,12 +420,20 @@ func waitNothingLeft(t *testing.T, c *clustertest.Cluster, sel string, timeout t
 		pods, err2 := c.Clientset.CoreV1().Pods(c.Namespace).List(ctx, opts)
 		pdbs, err3 := c.Clientset.PolicyV1().PodDisruptionBudgets(c.Namespace).List(ctx, opts)
 		cms, err4 := c.Clientset.CoreV1().ConfigMaps(c.Namespace).List(ctx, opts)
+		var nLeases int
+		var err5 error
+		if leases {
+			var ls *coordinationv1.LeaseList
+			if ls, err5 = c.Clientset.CoordinationV1().Leases(c.Namespace).List(ctx, opts); err5 == nil {
+				nLeases = len(ls.Items)
+			}
+		}
 		left := ""
 		switch {
-		case err1 != nil || err2 != nil || err3 != nil || err4 != nil:
-			left = fmt.Sprintf("listing failed: %v %v %v %v", err1, err2, err3, err4)
-		case len(jobs.Items)+len(pods.Items)+len(pdbs.Items)+len(cms.Items) > 0:
-			left = fmt.Sprintf("%d Jobs, %d pods, %d disruption budgets, %d ConfigMaps", len(jobs.Items), len(pods.Items), len(pdbs.Items), len(cms.Items))
+		case err1 != nil || err2 != nil || err3 != nil || err4 != nil || err5 != nil:
+			left = fmt.Sprintf("listing failed: %v %v %v %v %v", err1, err2, err3, err4, err5)
+		case len(jobs.Items)+len(pods.Items)+len(pdbs.Items)+len(cms.Items)+nLeases > 0:
+			left = fmt.Sprintf("%d Jobs, %d pods, %d disruption budgets, %d ConfigMaps, %d Leases", len(jobs.Items), len(pods.Items), len(pdbs.Items), len(cms.Items), nLeases)
 		}
 		if left == "" || time.Now().After(deadline) {
 			return left

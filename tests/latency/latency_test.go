@@ -181,6 +181,9 @@ type daemon struct {
 	cmd  *exec.Cmd
 	logs *records
 	done chan struct{}
+	// stop interrupts the process and waits for it to end; once, from
+	// the test or its clean-up, whichever comes first.
+	stop func()
 }
 
 // startServe starts serve on the cluster for w's repository, with
@@ -225,10 +228,13 @@ func startServeOn(tb testing.TB, w *forgeworld.World, executor []string, bin str
 		defer close(d.done)
 		d.logs.read(stderr)
 	}()
-	tb.Cleanup(func() {
+	d.stop = sync.OnceFunc(func() {
 		_ = cmd.Process.Signal(os.Interrupt)
 		<-d.done
 		_ = cmd.Wait()
+	})
+	tb.Cleanup(func() {
+		d.stop()
 		if tb.Failed() {
 			tb.Logf("serve log:\n%s", d.logs.text())
 		}

@@ -166,6 +166,9 @@ func (s *Scheduler) worker(ctx, runCtx context.Context, ready func()) {
 		if t == nil {
 			return
 		}
+		// Claimed: one fewer waiting, one more going. Said now, as a
+		// replica's run says nothing more until its pod is Ready.
+		s.p.Changed()
 		s.runJob(jctx, t)
 		s.jobEnded(t)
 	}
