@@ -54,7 +54,7 @@ const pickupLegs = 5
 // A run whose pod never becomes Ready never writes its running check
 // with replicas (the driver's first record waits for the session), so
 // no cancel record can name it: the runs end by the replicas'
-// --schedule-timeout, long enough for the probes (90 s, and 6 s a
+// --schedule-timeout, long enough for the probes (60 s, and 6 s a
 // probe). Each hold and probe then ends `error` naming it, and each leg
 // `skipped` (its need did not succeed).
 //
@@ -99,7 +99,7 @@ func TestReplicasPickup(t *testing.T) {
 	})
 
 	names := []string{"r1", "r2", "r3"}
-	scheduleTimeout := 90*time.Second + time.Duration(probes)*6*time.Second
+	scheduleTimeout := 60*time.Second + time.Duration(probes)*6*time.Second
 	reps := map[string]*daemon{}
 	metricsURL := map[string]string{}
 	for _, name := range names {
