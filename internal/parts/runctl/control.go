@@ -53,7 +53,7 @@ func (p *Part) cancels(ctx context.Context, snap *ingest.Snapshot) {
 			}
 			log := p.log.With("check", r.Value.Check, "cancel", uri)
 			if !p.p.Scheduler.CancelCheck(ctx, r.Value.Check, uri, eventOf(*check, snap), *check) {
-				log.Debug("cancel: the work is being queued; cancelled at the next reconcile")
+				log.Debug("cancel: not acted on here now (the work is being queued, or another replica drives the run); looked at again at the next reconcile")
 				continue
 			}
 			p.once.First(acted)

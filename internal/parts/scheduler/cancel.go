@@ -16,12 +16,19 @@ import (
 // when the work is being queued at that moment: the caller tries again
 // at its next reconcile. The transition table keeps a check that is
 // final already as it is, so of a cancel and a run's end one final
-// check is written, whichever comes first.
+// check is written, whichever comes first. A replica does not write a
+// check another process left running: only a run's driver writes its
+// check, and the driver (or the survivor that takes the run over)
+// stops the run when it sees the same record; false then too.
 func (s *Scheduler) CancelCheck(ctx context.Context, key, by string, ev work.Event, c forge.Check) bool {
 	s.mu.Lock()
 	if s.q.has(key) {
 		s.mu.Unlock()
 		return s.Cancel(ctx, key, by)
+	}
+	if s.p.Drivers != nil && checks.Status(c.Status) == checks.Running {
+		s.mu.Unlock()
+		return false
 	}
 	s.q.reserved[key] = true
 	s.mu.Unlock()

@@ -42,6 +42,29 @@ func TestCancelCheckNotInHand(t *testing.T) {
 	}
 }
 
+// A replica leaves a check another process left running to that run's
+// driver (it stops the run and writes the check when it sees the same
+// record); one left queued it cancels, as one process does.
+func TestReplicaCancelsOnlyWhatNoOneDrives(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.ports.Drivers = noDrivers{}
+	w.s = New(w.cfg, w.facts, w.ports, nil)
+	ev := rig.Push("3k1", "c1")
+	j := w.runnable(ev, "ci", "make")
+	w.keeper.Know(j.Key, forge.Check{Type: forge.CollectionCheck, Subject: ev.Subject(), Workflow: "ci", Status: "running", CreatedAt: forge.Now()})
+	if w.s.CancelCheck(t.Context(), j.Key, cancelRecord, ev, mustGet(t, w, j.Key)) {
+		t.Error("a replica acted on the cancel of a run another process drives")
+	}
+	if got := w.pds.Statuses(j.Key); len(got) != 0 {
+		t.Errorf("a replica wrote %v over another's running check", got)
+	}
+	w.keeper.Know(j.Key, forge.Check{Type: forge.CollectionCheck, Subject: ev.Subject(), Workflow: "ci", Status: "queued", CreatedAt: forge.Now()})
+	if !w.s.CancelCheck(t.Context(), j.Key, cancelRecord, ev, mustGet(t, w, j.Key)) || mustGet(t, w, j.Key).Status != "cancelled" {
+		t.Errorf("a queued check no one drives: %s, want cancelled", mustGet(t, w, j.Key).Status)
+	}
+}
+
 // A cancel that races the run's end leaves one final check, whichever
 // wins, never two: the run's gate and the cancel go at once, many
 // times, the cancel after more and more of the run's end (every fourth
