@@ -29,7 +29,17 @@ const goneWait = 2 * time.Minute
 func (e *Executor) createJob(ctx context.Context, cs *kubeclient.Clientset, job *batchv1.Job, log *slog.Logger) (*batchv1.Job, error) {
 	jobs := cs.BatchV1().Jobs(job.Namespace)
 	for {
-		created, err := jobs.Create(ctx, job, metav1.CreateOptions{})
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("create job %s/%s: %w", job.Namespace, job.Name, err)
+		}
+		// Once sent, the create is seen through: a caller's cancel
+		// (a superseded run) that cut it short could lose the answer
+		// of a Job the API server made, which nothing would delete
+		// and whose pod would hold its node. Made, it is deleted by
+		// the failed start that follows.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), createWait)
+		created, err := jobs.Create(cctx, job, metav1.CreateOptions{})
+		cancel()
 		if err == nil {
 			return created, nil
 		}
@@ -53,6 +63,10 @@ func (e *Executor) createJob(ctx context.Context, cs *kubeclient.Clientset, job 
 		}
 	}
 }
+
+// createWait bounds a Job's create, which the caller's cancel does not
+// cut short.
+const createWait = 30 * time.Second
 
 // waitJobGone waits until Job old (that uid) is gone, at most goneWait.
 func (e *Executor) waitJobGone(ctx context.Context, cs *kubeclient.Clientset, old *batchv1.Job) error {
