@@ -53,18 +53,25 @@ func TestOwnerSpreadsAndMovesOnlyTheDeadShare(t *testing.T) {
 	}
 }
 
+// clusterAPI is the test's namespace on the real cluster, its clientset,
+// and the Sets' API port on it.
+func clusterAPI(t *testing.T) (*clustertest.Cluster, *kubeclient.Clientset, func() (*kubeclient.Clientset, string, error)) {
+	t.Helper()
+	c := clustertest.Start(t)
+	cs, err := kubeclient.NewForConfig(c.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, cs, func() (*kubeclient.Clientset, string, error) { return cs, c.Namespace, nil }
+}
+
 // TestReplicasOnTheCluster runs three replicas' Sets on the real API
 // server: each sees the three, every key is exactly one's, a second
 // process with a live replica's name is refused, a replica that stops
 // gives its share up at once, and one that dies (stops renewing) after
 // its Lease's duration.
 func TestReplicasOnTheCluster(t *testing.T) {
-	c := clustertest.Start(t)
-	cs, err := kubeclient.NewForConfig(c.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	api := func() (*kubeclient.Clientset, string, error) { return cs, c.Namespace, nil }
+	_, _, api := clusterAPI(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const runner = "did:plc:replicastest"
@@ -122,7 +129,7 @@ func TestReplicasOnTheCluster(t *testing.T) {
 	}
 
 	// A second process under a live name is refused, naming the holder.
-	_, err = replicas.Join(ctx, replicas.Config{API: api, Runner: runner, Name: "b", Invocation: "inv-b2", Duration: 3 * time.Second})
+	_, err := replicas.Join(ctx, replicas.Config{API: api, Runner: runner, Name: "b", Invocation: "inv-b2", Duration: 3 * time.Second})
 	if !errors.Is(err, replicas.ErrNameHeld) {
 		t.Fatalf("second process as replica b: err %v, want ErrNameHeld", err)
 	}
@@ -181,12 +188,7 @@ func TestReplicasOnTheCluster(t *testing.T) {
 // wins; a Job with no checkpoint is claimed, and deleted only when its
 // claimant drops it (no step had started).
 func TestClaimReadsTheDriversLease(t *testing.T) {
-	c := clustertest.Start(t)
-	cs, err := kubeclient.NewForConfig(c.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	api := func() (*kubeclient.Clientset, string, error) { return cs, c.Namespace, nil }
+	c, cs, api := clusterAPI(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const runner = "did:plc:claimtest"

@@ -319,6 +319,29 @@ func TestCancel(t *testing.T) {
 	})
 }
 
+// releaseAtStop runs j on w's scheduler until it is going, then stops
+// the scheduler as a SIGTERM past the stop wait does: drained, its run
+// released.
+func releaseAtStop(t *testing.T, w *world, j *job.Job) {
+	t.Helper()
+	runCtx, stopRuns := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.Background())
+	wait := w.s.Start(ctx, runCtx)
+	if _, err := w.s.Enqueue(t.Context(), j); err != nil {
+		t.Fatal(err)
+	}
+	synctest.Wait()
+	if released, going := w.s.Drain(); released != 0 || going != 1 {
+		t.Errorf("drain: %d released, %d going", released, going)
+	}
+	cancel()
+	if n := w.s.ReleaseRunning(); n != 1 {
+		t.Errorf("released %d running", n)
+	}
+	stopRuns()
+	wait()
+}
+
 // At the stop wait a run still going is released: its check back to
 // queued, not done, for the successor; its live output is not ended
 // (the successor's run of the work replaces it).
@@ -333,22 +356,7 @@ func TestReleaseRunning(t *testing.T) {
 		never := make(chan struct{})
 		w.exec.Script = func(string, string) fakeexec.Step { return fakeexec.Step{Gate: never} }
 		j := w.runnable(rig.Push("3k1", "c1"), "ci", "make")
-		runCtx, stopRuns := context.WithCancel(context.Background())
-		ctx, cancel := context.WithCancel(context.Background())
-		wait := w.s.Start(ctx, runCtx)
-		if _, err := w.s.Enqueue(t.Context(), j); err != nil {
-			t.Fatal(err)
-		}
-		synctest.Wait()
-		if released, going := w.s.Drain(); released != 0 || going != 1 {
-			t.Errorf("drain: %d released, %d going", released, going)
-		}
-		cancel()
-		if n := w.s.ReleaseRunning(); n != 1 {
-			t.Errorf("released %d running", n)
-		}
-		stopRuns()
-		wait()
+		releaseAtStop(t, w, j)
 		if diff := cmp.Diff([]string{"running", "queued"}, w.statuses(j)); diff != "" {
 			t.Errorf("statuses (-want +got):\n%s", diff)
 		}
@@ -385,20 +393,7 @@ func TestReleasedBeforeAnyRecordIsNotDone(t *testing.T) {
 		w.exec.StartGate = never // the pod never gets a node
 		w.s = New(w.cfg, w.facts, w.ports, nil)
 		j := w.runnable(rig.Push("3k1", "c1"), "ci", "make")
-		runCtx, stopRuns := context.WithCancel(context.Background())
-		ctx, cancel := context.WithCancel(context.Background())
-		wait := w.s.Start(ctx, runCtx)
-		if _, err := w.s.Enqueue(t.Context(), j); err != nil {
-			t.Fatal(err)
-		}
-		synctest.Wait()
-		w.s.Drain()
-		cancel()
-		if n := w.s.ReleaseRunning(); n != 1 {
-			t.Errorf("released %d running", n)
-		}
-		stopRuns()
-		wait()
+		releaseAtStop(t, w, j)
 		if got := w.statuses(j); len(got) != 0 {
 			t.Errorf("a replica wrote %v for a run released before its session", got)
 		}
