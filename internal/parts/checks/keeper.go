@@ -195,13 +195,6 @@ func (k *Keeper) Running(ctx context.Context, key string, c forge.Check, started
 	if k.live != nil {
 		c.Live = k.live.Where(key)
 	}
-	// The run's cancel (a newer push superseding it) does not cut the
-	// write short: the PDS may take it all the same, its answer lost,
-	// and the run's final write, a compare-and-swap from the record
-	// this one makes, would then find a record it does not know and
-	// leave the check running.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-	defer cancel()
 	if err := k.nonFinal(ctx, Start, key, c, log); err != nil {
 		log.Error("write running check", "err", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 	"unicode/utf8"
 
 	"github.com/bluesky-social/indigo/atproto/atclient"
@@ -150,6 +151,10 @@ func (r *Recorder) WriteFrom(ctx context.Context, t Transition, key string, from
 	return r.write(ctx, t, key, c)
 }
 
+// writeWait bounds a check write, which its caller's cancel does not
+// cut short.
+const writeWait = time.Minute
+
 func (r *Recorder) write(ctx context.Context, t Transition, key string, c forge.Check) error {
 	prev, _ := r.Get(key)
 	if err := Allowed(t, Status(prev.Status), Status(c.Status)); err != nil {
@@ -177,7 +182,13 @@ func (r *Recorder) write(ctx context.Context, t Transition, key string, c forge.
 			}
 		}
 	}
-	cid, err := r.commit.put(ctx, write)
+	// Once begun, a write runs to its answer: cut short by its caller's
+	// cancel (a superseded run), the PDS may take it all the same with
+	// the answer lost, and the next write, a compare-and-swap from the
+	// record known, would find one it does not know.
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeWait)
+	defer cancel()
+	cid, err := r.commit.put(pctx, write)
 	if errors.Is(err, pdsclient.ErrSwapLost) {
 		// Another writer went first: what it wrote is read, never
 		// overwritten blindly.
